@@ -1,0 +1,65 @@
+"""``ConfigManager``: the original's view of a sweep, over :class:`Sweep`.
+
+Same methods and return shapes as the original. Unlike it, constructing one
+writes nothing (the original created ``temp_folder``) and never changes the
+caller's dict, and runs are produced lazily.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Iterator, List, Optional
+
+from .config_files import ConfigSource
+from .sweep import RunSpec, Sweep
+
+
+class ConfigManager:
+    def __init__(self, config: ConfigSource) -> None:
+        self._sweep = Sweep(config)
+        self._runs: Iterator[RunSpec] = iter(self._sweep)
+        self._counter = 0
+        self._total = len(self._sweep)
+
+    @property
+    def sweep(self) -> Sweep:
+        return self._sweep
+
+    def iter_runs(self) -> Iterator[RunSpec]:
+        """Every run of the sweep, from the start, independent of get_next_config()."""
+        return iter(self._sweep)
+
+    def get_all_scheduler_config(self) -> Dict[str, Any]:
+        return self._sweep.options.as_dict()
+
+    def get_all_global_config(self) -> Dict[str, Any]:
+        return copy.deepcopy(self._sweep.global_config)
+
+    def get_all_test_config(self) -> List[Dict[str, Any]]:
+        return [test_config for _, test_config in self._sweep.test_configs()]
+
+    def get_all_test_config_in_string(self) -> str:
+        return self._sweep.all_test_config_in_string()
+
+    def get_gpu_envs(self) -> List[Dict[str, Any]]:
+        return [{"name": slot.name, "env": slot.env()} for slot in self._sweep.options.slots]
+
+    def get_next_config(self, create_dir: bool = False) -> Dict[str, Any]:
+        """The next run as ``{"config", "test_config_string", "test_config_string_filtered",
+        "work_dir"}``, or ``{"config": None}`` when none is left. ``create_dir`` is
+        accepted for compatibility and ignored, as in the original."""
+        spec: Optional[RunSpec] = next(self._runs, None)
+        if spec is None:
+            return {"config": None}
+        self._counter += 1
+        return {
+            "config": spec.config,
+            "test_config_string": spec.test_config_string,
+            "test_config_string_filtered": spec.name,
+            "work_dir": spec.work_dir,
+        }
+
+    def get_num_left_config(self) -> int:
+        return self._total - self._counter
+
+    def get_num_gpu(self) -> int:
+        return len(self._sweep.options.slots)

@@ -1,0 +1,57 @@
+"""The package's errors: one root, a few precise subclasses.
+
+Each subclass also derives from the built-in exception the original
+GPUTaskScheduler raised in the same situation (``ValueError`` for a bad
+config), so ``except ValueError`` in existing user code keeps working.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable, Optional
+
+
+class GTSError(Exception):
+    """Root of every error raised by gpu_task_scheduler."""
+
+
+class ConfigError(GTSError, ValueError):
+    """The config (or a value derived from it) is invalid.
+
+    Raised before anything runs or is written to disk.
+    """
+
+
+class TaskClassError(GTSError, TypeError):
+    """The task class given to the scheduler is not usable."""
+
+
+class SchedulerBusyError(GTSError, RuntimeError):
+    """Another scheduler holds the lock on the same result root."""
+
+
+class LedgerError(GTSError, RuntimeError):
+    """The ledger under the result root cannot be read or written."""
+
+
+class RunsFailedError(GTSError, RuntimeError):
+    """Raised by :meth:`SweepSummary.raise_for_failures` when runs failed."""
+
+    def __init__(self, message: str, summary: "object") -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+def closest(word: str, choices: Iterable[str]) -> Optional[str]:
+    """The valid choice closest to a misspelt ``word``, or None."""
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_key_message(where: str, key: object, valid: Iterable[str]) -> str:
+    """``unknown key 'foo' in scheduler_config; did you mean 'bar'? Valid keys: ...``"""
+    valid = sorted(valid)
+    message = f"unknown key {key!r} in {where}"
+    guess = closest(key, valid) if isinstance(key, str) else None
+    if guess is not None:
+        message += f"; did you mean {guess!r}?"
+    return message + f" Valid keys: {', '.join(valid)}."

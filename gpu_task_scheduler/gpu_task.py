@@ -1,0 +1,39 @@
+"""The base class of a user's task (import path of the original kept)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+
+class GPUTask:
+    """Subclass this and implement :meth:`main`.
+
+    The scheduler creates one instance per run, ``Task(config, work_dir)``,
+    calls :meth:`required_env` once the run folder exists, and then calls
+    :meth:`main` in a fresh process whose ``CUDA_VISIBLE_DEVICES`` names the
+    run's GPUs, with the launcher's working directory as the current
+    directory. Attributes set in ``__init__`` or ``required_env`` reach
+    ``main()`` (the instance is pickled across). Whatever ``main()`` returns
+    (a dict of metrics, typically) is recorded as the run's result.
+    """
+
+    def __init__(self, config: Dict[str, Any], work_dir: str) -> None:
+        self._config = config
+        self._work_dir = work_dir
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The run's merged config (``global_config`` updated with its test values)."""
+        return self._config
+
+    @property
+    def work_dir(self) -> str:
+        """The run's result folder."""
+        return self._work_dir
+
+    def required_env(self) -> Mapping[str, str]:
+        """Extra environment variables for the run's process."""
+        return {}
+
+    def main(self) -> Any:
+        """The run itself. Raise (or exit non-zero) to mark the run failed."""
+        raise NotImplementedError(f"{type(self).__name__} must implement main()")

@@ -1,0 +1,135 @@
+"""Preparing one attempt of a run: its folder, task object and environment.
+
+Runs in the scheduler process, right before the child starts. Whatever fails
+here (the task's ``__init__`` or ``required_env()`` raises, the task object
+cannot be pickled, the folder cannot be written) fails this run only.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Type
+
+from .devices import Slot
+from .gpu_task import GPUTask
+from .paths import RunPaths, atomic_write, atomic_write_json
+from .sweep import RunSpec, to_jsonable
+
+
+# The child starts our runner even when this package is not installed but only
+# importable from the launcher's sys.path; appending keeps the child's own
+# import precedence unchanged.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RUNNER_BOOT = (
+    f"import sys; sys.path.append({_PACKAGE_PARENT!r}); "
+    "from gpu_task_scheduler.runner import main; main()"
+)
+
+
+class LaunchError(Exception):
+    """This attempt of the run could not be started (internal; recorded as a failure)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: List[str]
+    env: Dict[str, str]
+    cwd: str
+
+
+def _checked_env(env: Any, task_class: type) -> Dict[str, str]:
+    where = f"{task_class.__name__}.required_env()"
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise LaunchError(f"{where} must return a dict of environment variables; got {type(env).__name__}")
+    checked = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise LaunchError(f"{where} returned the invalid variable name {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or "\0" in str(value):
+            raise LaunchError(f"{where} returned {key}={value!r}; values must be strings")
+        checked[key] = str(value)
+    return checked
+
+
+def _pickle_task(task: GPUTask) -> bytes:
+    module = type(task).__module__
+    try:
+        if module == "__main__" and not getattr(sys.modules["__main__"], "__file__", None):
+            try:  # defined interactively: only pickling by value can carry the class across
+                import cloudpickle
+            except ImportError:
+                raise LaunchError(
+                    f"{type(task).__name__} is defined interactively; define it in a module or script file "
+                    "(or install cloudpickle)"
+                ) from None
+            return cloudpickle.dumps(task)
+        return pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
+    except LaunchError:
+        raise
+    except Exception as error:
+        raise LaunchError(f"the {type(task).__name__} object cannot be pickled for its process: {error}") from error
+
+
+def _rotate_log(paths: RunPaths, attempt: int) -> None:
+    """Keep the log of an earlier attempt instead of overwriting it."""
+    if paths.log and os.path.exists(paths.log):
+        old = paths.old_log(attempt - 1)
+        os.makedirs(os.path.dirname(old), exist_ok=True)
+        os.replace(paths.log, old)
+
+
+def prepare(*, spec: RunSpec, slot: Slot, task_class: Type[GPUTask], paths: RunPaths,
+            token: str, attempt: int, python: str = sys.executable) -> Launch:
+    try:
+        os.makedirs(paths.meta, exist_ok=True)
+        try:
+            os.unlink(paths.outcome)
+        except FileNotFoundError:
+            pass
+        _rotate_log(paths, attempt)
+        if paths.log:
+            os.makedirs(os.path.dirname(paths.log), exist_ok=True)
+        atomic_write_json(paths.config, to_jsonable(spec.config))
+    except OSError as error:
+        raise LaunchError(f"could not prepare the run folder: {error}") from error
+    try:
+        task = task_class(copy.deepcopy(spec.config), spec.work_dir)
+        extra_env = _checked_env(task.required_env(), task_class)
+    except LaunchError:
+        raise
+    except Exception as error:
+        raise LaunchError(f"{task_class.__name__} failed before main(): {type(error).__name__}: {error}") from error
+    payload = _pickle_task(task)
+    main_file = None
+    if task_class.__module__ == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        main_file = os.path.abspath(main_file) if main_file else None
+    child_spec = {
+        "token": token,
+        "config_hash": spec.config_hash,
+        "task_file": os.path.abspath(paths.task),
+        "outcome_file": os.path.abspath(paths.outcome),
+        "main_file": main_file,
+        "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)],
+    }
+    try:
+        atomic_write(paths.task, payload)
+        atomic_write_json(paths.spec, child_spec)
+    except OSError as error:
+        raise LaunchError(f"could not write the run's start files: {error}") from error
+    env = dict(os.environ)
+    env.update(slot.env())
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so GPU ids mean the same to CUDA as to nvidia-smi and NVML
+    env["MPLBACKEND"] = "Agg"  # runs have no screen; a task may override it through required_env()
+    env["PYTHONUNBUFFERED"] = "1"  # so the log file follows the run live
+    env.update(extra_env)
+    return Launch(
+        argv=[python, "-c", _RUNNER_BOOT, os.path.abspath(paths.spec)],
+        env=env,
+        cwd=os.getcwd(),
+    )

@@ -1,0 +1,237 @@
+"""The record of every run, in SQLite under the result root.
+
+Only the scheduler process writes it, each change in its own transaction
+(WAL journal, ``synchronous=FULL``), so a scheduler killed at any moment
+leaves a consistent ledger. A run is recorded as ``running`` *before* its
+child starts; on the next start, a run still marked ``running`` is settled
+from the outcome file its child writes (``succeeded``) or marked
+``interrupted`` and run again.
+
+A :class:`SweepLock` (an ``flock`` on ``.gts/lock``) stops two schedulers
+from working on the same result root; the kernel drops it when its holder
+dies, so a killed scheduler never leaves a stale lock behind.
+"""
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import os
+import socket
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from .errors import LedgerError, SchedulerBusyError
+from .paths import RootPaths
+
+SCHEMA_VERSION = 1
+_COLUMNS = (
+    "name", "run_index", "config_hash", "status", "attempts", "slot", "pid", "token", "work_dir",
+    "started_at", "ended_at", "exit_code", "signal", "cause", "log_tail", "result",
+)
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (
+    name TEXT PRIMARY KEY,
+    run_index INTEGER,
+    config_hash TEXT,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
+    started_at REAL, ended_at REAL,
+    exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
+"""
+
+
+class RunStatus(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    name: str
+    run_index: Optional[int]
+    config_hash: Optional[str]
+    status: RunStatus
+    attempts: int
+    slot: Optional[str]
+    pid: Optional[int]
+    token: Optional[str]
+    work_dir: Optional[str]
+    started_at: Optional[float]
+    ended_at: Optional[float]
+    exit_code: Optional[int]
+    signal: Optional[str]
+    cause: Optional[str]
+    log_tail: Optional[str]
+    result: Optional[str]  # JSON text of what main() returned
+
+    @property
+    def result_value(self) -> Any:
+        return None if self.result is None else json.loads(self.result)
+
+
+def _corrupt(path: str, error: Exception) -> LedgerError:
+    return LedgerError(
+        f"the ledger {path!r} cannot be used ({error}). Move it aside and start again: "
+        "runs that succeeded are recognised from the .gts/outcome.json in their folders; "
+        "every other run will run again."
+    )
+
+
+class Ledger:
+    def __init__(self, paths: RootPaths, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = paths.ledger
+        self._clock = clock
+        os.makedirs(paths.meta, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            version = self.get_meta("schema_version")
+        except sqlite3.DatabaseError as error:
+            raise _corrupt(self.path, error) from error
+        if version != str(SCHEMA_VERSION):
+            raise LedgerError(f"the ledger {self.path!r} has schema version {version}; this version reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, sql: str, params: tuple) -> None:
+        try:
+            with self._db:  # one transaction per change
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(sql, params)
+        except sqlite3.DatabaseError as error:
+            raise _corrupt(self.path, error) from error
+
+    def get_meta(self, key: str) -> Optional[str]:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    @staticmethod
+    def _record(row: sqlite3.Row) -> RunRecord:
+        values = dict(row)
+        values["status"] = RunStatus(values["status"])
+        return RunRecord(**values)
+
+    def get(self, name: str) -> Optional[RunRecord]:
+        try:
+            row = self._db.execute("SELECT * FROM runs WHERE name = ?", (name,)).fetchone()
+        except sqlite3.DatabaseError as error:
+            raise _corrupt(self.path, error) from error
+        return None if row is None else self._record(row)
+
+    def records(self) -> Iterator[RunRecord]:
+        for row in self._db.execute("SELECT * FROM runs ORDER BY run_index, name"):
+            yield self._record(row)
+
+    def counts(self) -> Dict[RunStatus, int]:
+        rows = self._db.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
+        return {RunStatus(status): count for status, count in rows}
+
+    def mark_running(self, *, name: str, run_index: int, config_hash: str, slot: str,
+                     token: str, work_dir: str) -> int:
+        """Record a new attempt before its child starts; return the attempt number."""
+        self._write(
+            """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at)
+               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?)
+               ON CONFLICT(name) DO UPDATE SET
+                 run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
+                 attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
+                 work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
+                 exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL""",
+            (name, run_index, config_hash, slot, token, work_dir, self._clock()),
+        )
+        record = self.get(name)
+        assert record is not None
+        return record.attempts
+
+    def set_pid(self, name: str, pid: int) -> None:
+        self._write("UPDATE runs SET pid = ? WHERE name = ?", (pid, name))
+
+    def finish(self, name: str, status: RunStatus, *, exit_code: Optional[int] = None,
+               signal: Optional[str] = None, cause: Optional[str] = None,
+               log_tail: Optional[str] = None, result: Optional[str] = None,
+               ended_at: Optional[float] = None) -> None:
+        self._write(
+            """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
+               log_tail = ?, result = ? WHERE name = ?""",
+            (status.value, self._clock() if ended_at is None else ended_at, exit_code, signal, cause,
+             log_tail, result, name),
+        )
+
+    def adopt(self, *, name: str, run_index: int, config_hash: str, work_dir: str,
+              result: Optional[str], ended_at: Optional[float]) -> None:
+        """Record a success found in a run folder but missing from the ledger."""
+        self._write(
+            """INSERT OR REPLACE INTO runs (name, run_index, config_hash, status, attempts, work_dir,
+               ended_at, cause, result) VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?)""",
+            (name, run_index, config_hash, work_dir, ended_at,
+             "recovered from the run folder's outcome file", result),
+        )
+
+    def running(self) -> Iterator[RunRecord]:
+        for row in self._db.execute("SELECT * FROM runs WHERE status = 'running'").fetchall():
+            yield self._record(row)
+
+
+class SweepLock:
+    """An exclusive lock on a result root, released by the kernel if we die."""
+
+    def __init__(self, paths: RootPaths) -> None:
+        self._paths = paths
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        os.makedirs(self._paths.meta, exist_ok=True)
+        fd = os.open(self._paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise SchedulerBusyError(
+                f"another scheduler is already running on {self._paths.root!r} ({holder}); "
+                "wait for it to finish or stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "SweepLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

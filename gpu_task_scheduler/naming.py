@@ -1,0 +1,116 @@
+"""Run folder names: the original algorithm, made safe and collision-free.
+
+The original GPUTaskScheduler names a run's folder after its test-block
+values: keys sorted, each written ``key`` + indicator + ``str(value)[:maxlen]``
++ separator, then every ignored character removed from the whole string.
+:func:`config_string` reproduces that byte for byte, so existing result
+folders keep their names.
+
+On top of it, :func:`safe_folder_name` makes sure a name is one path component
+inside the result root (no ``/``, NUL, control characters, ``.``/``..``, or
+more than 255 bytes), and :class:`NameRegistry` gives two *different* configs
+that end up with the same name distinct folders instead of letting the second
+one be skipped as "already done".
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Dict, Iterable, Mapping, Optional, Tuple
+
+# Linux and macOS limit one path component to 255 bytes.
+MAX_NAME_BYTES = 255
+_HASH_CHARS = 8
+
+
+def config_string(
+    test_config: Mapping[str, object],
+    *,
+    indicator: str,
+    separator: str,
+    maxlen: Optional[int],
+    ignored_keys: Iterable[str] = (),
+    ignored_characters: Iterable[str] = (),
+) -> str:
+    """The original folder-name string for one run's test values.
+
+    >>> config_string({"wd": 0.0, "lr": 0.001}, indicator="-", separator=",", maxlen=30)
+    'lr-0.001,wd-0.0,'
+    >>> config_string({"layers": [64, 64]}, indicator="-", separator=",", maxlen=30,
+    ...               ignored_characters=[" ", "[", "]"])
+    'layers-64,64,'
+    """
+    skip = set(ignored_keys)
+    parts = []
+    for key in sorted(test_config):
+        if key in skip:
+            continue
+        parts.append(f"{key}{indicator}{str(test_config[key])[:maxlen]}{separator}")
+    name = "".join(parts)
+    for character in ignored_characters:
+        name = name.replace(character, "")
+    return name
+
+
+def _escape_character(character: str) -> str:
+    if character == "/" or ord(character) < 0x20 or ord(character) == 0x7F:
+        return "%{:02X}".format(ord(character))
+    return character
+
+
+def short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+
+
+def safe_folder_name(name: str) -> str:
+    """Make ``name`` a single, portable path component.
+
+    Names that are already safe come back unchanged (the common case, and the
+    one the original produced). Path separators and control characters become
+    ``%XX``; ``.`` and ``..`` are escaped; names over 255 bytes are cut and end
+    with a hash of the full name so that they stay distinct.
+
+    >>> safe_folder_name("lr-0.001,")
+    'lr-0.001,'
+    >>> safe_folder_name("path-../../etc,")
+    'path-..%2F..%2Fetc,'
+    """
+    escaped = "".join(_escape_character(c) for c in name)
+    if escaped in (".", ".."):
+        escaped = escaped.replace(".", "%2E")
+    encoded = escaped.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_NAME_BYTES:
+        keep = MAX_NAME_BYTES - _HASH_CHARS - 1
+        head = encoded[:keep].decode("utf-8", "ignore")
+        escaped = f"{head}~{short_hash(name)}"
+    return escaped
+
+
+class NameRegistry:
+    """Remembers which config each folder name was given to in one sweep.
+
+    ``assign(name, config_hash)`` returns ``(final_name, duplicate)``:
+    the same config under the same name is a duplicate (run once); a different
+    config that wants a taken name gets ``name~<hash>``, stable across restarts
+    because it depends only on the config.
+    """
+
+    def __init__(self) -> None:
+        self._owner: Dict[str, str] = {}
+
+    def assign(self, name: str, config_hash: str) -> Tuple[str, bool]:
+        owner = self._owner.get(name)
+        if owner is None:
+            self._owner[name] = config_hash
+            return name, False
+        if owner == config_hash:
+            return name, True
+        width = _HASH_CHARS
+        while True:
+            candidate = safe_folder_name(f"{name}~{config_hash[:width]}")
+            owner = self._owner.get(candidate)
+            if owner is None:
+                self._owner[candidate] = config_hash
+                return candidate, False
+            if owner == config_hash:
+                return candidate, True
+            width += 4

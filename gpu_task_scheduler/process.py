@@ -1,0 +1,108 @@
+"""Starting, watching and stopping one child process per run.
+
+Every child is the leader of a new session (and so of its own process
+group): stopping a run signals the whole group, so processes the run started
+itself (data loaders, shell pipelines) stop with it. Each child also gets the
+read end of a *lifeline* pipe whose write end only the scheduler holds; when
+the scheduler dies, even by SIGKILL, the kernel closes that end and the
+child's runner kills its group (see ``runner.py``). Nothing outlives the
+scheduler.
+
+Completion is an event: a watcher thread per child blocks in ``waitid`` and
+posts to the scheduler's queue the moment the child exits. It waits with
+``WNOWAIT``, leaving the child a zombie until the scheduler reaps it, so the
+group id cannot be reused by another process while we still signal it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+LIFELINE_ENV = "GTS_LIFELINE_FD"
+
+
+def describe_returncode(returncode: int) -> Tuple[Optional[int], Optional[str]]:
+    """``(exit_code, signal_name)`` for a ``Popen.returncode``.
+
+    >>> describe_returncode(3)
+    (3, None)
+    >>> describe_returncode(-11)
+    (None, 'SIGSEGV')
+    """
+    if returncode >= 0:
+        return returncode, None
+    try:
+        return None, signal.Signals(-returncode).name
+    except ValueError:
+        return None, f"signal {-returncode}"
+
+
+class Child:
+    """A running child process, leader of its own process group."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Dict[str, str],
+        cwd: str,
+        log_path: Optional[str],
+        on_exit: Callable[[], Any],
+    ) -> None:
+        read_end, self._lifeline = os.pipe()
+        env = dict(env)
+        env[LIFELINE_ENV] = str(read_end)
+        log = open(log_path, "ab") if log_path else open(os.devnull, "wb")
+        try:
+            self._popen = subprocess.Popen(
+                list(argv),
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(read_end,),
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(self._lifeline)
+            raise
+        finally:
+            os.close(read_end)
+            log.close()
+        self.pid = self._popen.pid
+        self._watcher = threading.Thread(
+            target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self, on_exit: Callable[[], Any]) -> None:
+        if hasattr(os, "waitid"):
+            try:
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                pass
+        else:  # macOS has no waitid; reaping here is the only way to wait
+            self._popen.wait()
+        on_exit()
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to every process of the run's group."""
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is already gone
+
+    def reap(self) -> int:
+        """After the exit event: kill what the run left behind, reap, and return the returncode."""
+        self.signal_group(signal.SIGKILL)
+        returncode = self._popen.wait()
+        self._watcher.join()
+        if self._lifeline >= 0:
+            os.close(self._lifeline)
+            self._lifeline = -1
+        return returncode

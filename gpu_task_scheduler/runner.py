@@ -1,0 +1,143 @@
+"""The child process of one run: ``python -m gpu_task_scheduler.runner SPEC``.
+
+It loads the task object the scheduler prepared, calls its ``main()``, and
+records the outcome in the run folder *before* exiting, atomically, so a run
+whose ``main()`` returned is never repeated even if the scheduler dies a
+moment later. Exit codes: 0 ``main()`` returned, 1 it raised, 3 the task
+could not be loaded (import or unpickle error), 4 the outcome could not be
+written.
+
+A task class defined in the user's ``__main__`` script is found by loading
+that script under another module name, so its ``if __name__ == "__main__":``
+block (which starts the sweep) does not run again.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from types import ModuleType
+from typing import Any, Dict, Optional
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_LOAD_ERROR = 3
+EXIT_OUTCOME_ERROR = 4
+MAIN_ALIAS = "__gts_main__"
+
+
+def _watch_lifeline() -> None:
+    """Kill this run's whole process group when the scheduler goes away."""
+    from .process import LIFELINE_ENV
+
+    fd_text = os.environ.pop(LIFELINE_ENV, None)
+    if fd_text is None:
+        return
+    fd = int(fd_text)
+
+    def wait_for_eof() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            return  # the run closed our descriptor itself; nothing left to watch
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=wait_for_eof, name="gts-lifeline", daemon=True).start()
+
+
+class _TaskUnpickler(pickle.Unpickler):
+    def __init__(self, handle: Any, main_module: Optional[ModuleType]) -> None:
+        super().__init__(handle)
+        self._main = main_module
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__" and self._main is not None:
+            module = self._main.__name__
+        return super().find_class(module, name)
+
+
+def _load_main_script(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(MAIN_ALIAS, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the script {path!r} that defines the task class")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MAIN_ALIAS] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_task(spec: Dict[str, Any]) -> Any:
+    sys.path[:0] = [entry for entry in spec["sys_path"] if entry not in sys.path]
+    main_module = _load_main_script(spec["main_file"]) if spec.get("main_file") else None
+    with open(spec["task_file"], "rb") as handle:
+        return _TaskUnpickler(handle, main_module).load()
+
+
+def _jsonable_result(result: Any) -> Dict[str, Any]:
+    try:
+        return {"result": json.loads(json.dumps(result, allow_nan=False))}
+    except (TypeError, ValueError):
+        from .sweep import to_jsonable
+
+        return {"result": to_jsonable(result), "result_note": f"converted from {type(result).__name__}"}
+
+
+def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
+    from .paths import atomic_write_json
+
+    outcome.update(token=spec["token"], config_hash=spec["config_hash"], finished_at=time.time(), pid=os.getpid())
+    atomic_write_json(spec["outcome_file"], outcome)
+
+
+def _error(phase: str, error: BaseException) -> Dict[str, Any]:
+    return {"status": "failed", "phase": phase, "error": f"{type(error).__name__}: {error}"}
+
+
+def run(spec_path: str) -> int:
+    _watch_lifeline()
+    with open(spec_path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    try:
+        task = load_task(spec)
+    except BaseException as error:  # anything the user's module does at import time
+        traceback.print_exc()
+        print(f"gpu_task_scheduler: the task could not be loaded: {type(error).__name__}: {error}", file=sys.stderr)
+        _write_outcome(spec, _error("load", error))
+        return EXIT_LOAD_ERROR
+    try:
+        result = task.main()
+    except SystemExit as error:
+        if error.code not in (None, 0):
+            _write_outcome(spec, _error("main", error))
+            raise
+        result = None  # sys.exit(0) inside main() is a successful end
+    except BaseException as error:
+        traceback.print_exc()
+        _write_outcome(spec, _error("main", error))
+        return EXIT_FAILED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        _write_outcome(spec, {"status": "succeeded", **_jsonable_result(result)})
+    except OSError as error:
+        print(f"gpu_task_scheduler: could not record the run's success: {error}", file=sys.stderr)
+        return EXIT_OUTCOME_ERROR
+    return EXIT_OK
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        print("usage: python -m gpu_task_scheduler.runner SPEC_FILE (started by the scheduler)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()

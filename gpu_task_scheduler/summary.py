@@ -1,0 +1,99 @@
+"""What ``GPUTaskScheduler.start()`` returns: the sweep's outcome."""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .errors import RunsFailedError
+from .ledger import RunStatus
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one run of this sweep ended (its last attempt)."""
+
+    name: str
+    work_dir: str
+    status: RunStatus
+    attempts: int = 0  # attempts made by this start()
+    slot: Optional[str] = None
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    cause: Optional[str] = None  # why it failed, in words
+    log_path: Optional[str] = None
+    log_tail: str = ""
+    duration: Optional[float] = None
+    result: Any = None  # what main() returned, as JSON-compatible data
+
+    def describe(self) -> str:
+        if self.cause:
+            return self.cause
+        if self.signal:
+            return f"killed by {self.signal}"
+        if self.exit_code is not None:
+            return f"exit code {self.exit_code}"
+        return str(self.status)
+
+
+@dataclass
+class SweepSummary:
+    """Succeeded, failed and skipped runs of one ``start()``.
+
+    ``summary.ok`` is False when any run failed or the sweep was interrupted;
+    ``summary.exit_code`` is a process exit status for scripts (0 all fine,
+    1 some runs failed, 130 interrupted); ``summary.raise_for_failures()``
+    raises :class:`RunsFailedError` when anything failed.
+    """
+
+    outcomes: Dict[str, RunOutcome] = field(default_factory=dict)
+    skipped: List[str] = field(default_factory=list)
+    interrupted_by: Optional[str] = None  # "SIGINT", "SIGTERM" when the sweep was stopped
+    duration: float = 0.0
+
+    def record(self, outcome: RunOutcome) -> None:
+        self.outcomes[outcome.name] = outcome  # a retry replaces the earlier attempt
+
+    def _with(self, *statuses: RunStatus) -> List[RunOutcome]:
+        return [o for o in self.outcomes.values() if o.status in statuses]
+
+    @property
+    def succeeded(self) -> List[RunOutcome]:
+        return self._with(RunStatus.SUCCEEDED)
+
+    @property
+    def failed(self) -> List[RunOutcome]:
+        """Runs that failed, timed out or were interrupted."""
+        return self._with(RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.INTERRUPTED)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and self.interrupted_by is None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted_by is not None:
+            return 130
+        return 1 if self.failed else 0
+
+    def raise_for_failures(self) -> None:
+        if not self.ok:
+            raise RunsFailedError(self.report(), self)
+
+    def report(self) -> str:
+        head = (
+            f"{len(self.succeeded)} succeeded, {len(self.failed)} failed, "
+            f"{len(self.skipped)} skipped in {self.duration:.1f}s"
+        )
+        if self.interrupted_by:
+            head += f" (interrupted by {self.interrupted_by})"
+        lines = [f"Sweep summary: {head}"]
+        for outcome in self.failed:
+            lines.append(f"  {outcome.status}: {outcome.work_dir} ({outcome.describe()})")
+            if outcome.log_path:
+                lines.append(f"    log: {outcome.log_path}")
+            if outcome.log_tail:
+                lines.append(textwrap.indent(outcome.log_tail, "    | "))
+        return "\n".join(lines)
+
+    __str__ = report

@@ -1,0 +1,329 @@
+"""Config in, runs out: validation and lazy expansion of a sweep.
+
+Pure: nothing here touches the filesystem (beyond reading a config file) or
+the GPUs. The whole config is validated when a :class:`Sweep` is built, so a
+bad value is reported before the first run starts or the first file is
+written; runs are then produced one at a time, so a sweep of a million runs
+never sits in memory.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import logging
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from .config_files import ConfigSource, load_config
+from .devices import Slot, normalize_gpu_entries, parse_slots
+from .errors import ConfigError, unknown_key_message
+from .naming import NameRegistry, config_string, safe_folder_name
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config")
+
+
+# --- scheduler_config: every key, its default and its check -----------------
+
+def _bool(value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else "a bool (true or false)"
+
+
+def _text(value: Any) -> Optional[str]:
+    return None if isinstance(value, str) else "a string"
+
+
+def _path(value: Any) -> Optional[str]:
+    return None if isinstance(value, (str, os.PathLike)) and os.fspath(value) else "a non-empty path"
+
+
+def _optional(check: Callable[[Any], Optional[str]]) -> Callable[[Any], Optional[str]]:
+    def optional(value: Any) -> Optional[str]:
+        problem = check(value)
+        return None if value is None or problem is None else f"{problem} or null"
+
+    return optional
+
+
+def _int_at_least(minimum: int) -> Callable[[Any], Optional[str]]:
+    def check(value: Any) -> Optional[str]:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+        return None if ok else f"an integer >= {minimum}"
+
+    return check
+
+
+def _seconds(allow_zero: bool) -> Callable[[Any], Optional[str]]:
+    def check(value: Any) -> Optional[str]:
+        ok = (
+            isinstance(value, numbers.Real)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value >= 0 if allow_zero else value > 0)
+        )
+        return None if ok else ("a number of seconds >= 0" if allow_zero else "a number of seconds > 0")
+
+    return check
+
+
+def _string_list(value: Any) -> Optional[str]:
+    ok = isinstance(value, (list, tuple)) and all(isinstance(item, str) and item for item in value)
+    return None if ok else "a list of non-empty strings"
+
+
+def _log_file(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or os.path.isabs(value) or ".." in value.split("/"):
+        return "a file name relative to the run folder (without '..') or null"
+    return None
+
+
+# key -> (default factory, check). Defaults match the original GPUTaskScheduler.
+SCHEDULER_KEYS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], Optional[str]]]] = {
+    "force_rerun": (lambda: False, _bool),
+    "result_root_folder": (lambda: os.path.abspath("results/"), _path),
+    "temp_folder": (lambda: os.path.abspath("temp/"), _path),
+    "test_config_string_indicator": (lambda: "-", _text),
+    "test_config_string_separator": (lambda: ",", _text),
+    "test_config_string_inst_separator": (lambda: "+", _text),
+    "log_file": (lambda: "worker.log", _log_file),
+    "scheduler_log_file_path": (lambda: "scheduler.log", _optional(_path)),
+    "config_string_value_maxlen": (lambda: 30, _optional(_int_at_least(1))),
+    "ignored_keys_for_folder_name": (lambda: [], _string_list),
+    "ignored_characters_for_folder_name": (lambda: [" ", "[", "]"], _string_list),
+    # Beyond the original.
+    "skip_existing_folders": (lambda: False, _bool),
+    "max_retries": (lambda: 0, _int_at_least(0)),
+    "timeout": (lambda: None, _optional(_seconds(allow_zero=False))),
+    "grace_period": (lambda: 10.0, _seconds(allow_zero=True)),
+}
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """``scheduler_config`` after validation, with every default filled in."""
+
+    values: Mapping[str, Any]
+    slots: Tuple[Slot, ...]
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.values[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return copy.deepcopy(dict(self.values))
+
+
+def parse_scheduler_config(raw: Any) -> SchedulerOptions:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"scheduler_config must be a dict; got {type(raw).__name__} {raw!r}")
+    for key in raw:
+        if key != "gpu" and key not in SCHEDULER_KEYS:
+            raise ConfigError(unknown_key_message("scheduler_config", key, ["gpu", *SCHEDULER_KEYS]))
+    if "gpu" not in raw:
+        raise ConfigError('could not find gpu in scheduler_config; add e.g. "gpu": ["0", "1"] or "gpu": ["cpu"]')
+    slots = tuple(parse_slots(raw["gpu"]))
+    values: Dict[str, Any] = {"gpu": normalize_gpu_entries(raw["gpu"])}
+    for key, (default, check) in SCHEDULER_KEYS.items():
+        if key not in raw:
+            values[key] = default()
+            continue
+        value = raw[key]
+        problem = check(value)
+        if problem is not None:
+            raise ConfigError(f"scheduler_config[{key!r}] must be {problem}; got {value!r} ({type(value).__name__})")
+        values[key] = os.fspath(value) if isinstance(value, os.PathLike) else copy.deepcopy(value)
+    root = values["result_root_folder"]
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ConfigError(f"scheduler_config['result_root_folder'] is {root!r}, which exists and is not a folder")
+    return SchedulerOptions(values=values, slots=slots)
+
+
+# --- global_config and test_config ------------------------------------------
+
+def _check_keys(mapping: Mapping[Any, Any], where: str) -> None:
+    for key in mapping:
+        if not isinstance(key, str):
+            raise ConfigError(f"{where} has the key {key!r} ({type(key).__name__}); keys must be strings")
+        if not key:
+            raise ConfigError(f"{where} has an empty key; keys must be non-empty strings")
+
+
+def _values(value: Any, where: str) -> Sequence[Any]:
+    """A test-block entry must be an ordered, re-iterable, non-empty sequence."""
+    hint = f"; write a list of values, e.g. [{value!r}]"
+    if isinstance(value, (str, bytes)):
+        raise ConfigError(f"{where} is the string {value!r}, not a list of values{hint}")
+    if isinstance(value, Mapping):
+        raise ConfigError(f"{where} is a dict, not a list of values")
+    if isinstance(value, (set, frozenset)):
+        raise ConfigError(f"{where} is a set, whose order changes between runs; use a list")
+    if isinstance(value, (list, tuple, range)) or (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
+        if len(value) == 0:
+            raise ConfigError(f"{where} is an empty list; give at least one value or remove the key")
+        return value
+    if hasattr(value, "__iter__"):
+        raise ConfigError(f"{where} is a one-shot iterator ({type(value).__name__}); use a list")
+    raise ConfigError(f"{where} is {value!r}, not a list of values{hint}")
+
+
+def parse_global_config(raw: Any) -> Dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"global_config must be a dict; got {type(raw).__name__} {raw!r}")
+    _check_keys(raw, "global_config")
+    return dict(raw)
+
+
+def parse_test_config(raw: Any) -> List[Dict[str, Sequence[Any]]]:
+    if raw is None:
+        return [{}]
+    if isinstance(raw, Mapping):
+        raise ConfigError("test_config must be a list of blocks (dicts); wrap the dict in a list: [{...}]")
+    if not isinstance(raw, (list, tuple)):
+        raise ConfigError(f"test_config must be a list of blocks (dicts); got {type(raw).__name__} {raw!r}")
+    blocks = []
+    for index, block in enumerate(raw):
+        where = f"test_config[{index}]"
+        if not isinstance(block, Mapping):
+            raise ConfigError(f"{where} must be a dict of key -> list of values; got {type(block).__name__} {block!r}")
+        _check_keys(block, where)
+        blocks.append({key: _values(values, f"{where}[{key!r}]") for key, values in block.items()})
+    return blocks
+
+
+# --- hashing ------------------------------------------------------------------
+
+def to_jsonable(value: Any) -> Any:
+    """A JSON-compatible, deterministic form of a config value."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else repr(number)
+    if isinstance(value, Mapping):
+        items = sorted(((str(k), to_jsonable(v)) for k, v in value.items()), key=lambda item: item[0])
+        return dict(items)
+    if isinstance(value, (list, tuple, range)):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((to_jsonable(item) for item in value), key=repr)
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return to_jsonable(value.tolist())
+    return repr(value)
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    text = json.dumps(to_jsonable(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# --- runs -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the sweep."""
+
+    index: int  # position in the sweep, 0-based, in the original's order
+    block: int  # which test_config block produced it
+    test_config: Dict[str, Any]  # the block's values for this run
+    config: Dict[str, Any]  # global_config updated with test_config
+    test_config_string: str  # the original's unfiltered name, shown in the scheduler log
+    name: str  # the folder name (filtered, made safe and unique)
+    work_dir: str
+    config_hash: str
+    duplicate: bool  # the same config under the same name came earlier in the sweep
+    renamed_from: Optional[str] = None  # the colliding name, when the name was disambiguated
+
+
+class Sweep:
+    """A validated sweep. Iterating it yields :class:`RunSpec` lazily."""
+
+    def __init__(self, config: ConfigSource) -> None:
+        raw = load_config(config)
+        for key in raw:
+            if key not in TOP_LEVEL_KEYS:
+                raise ConfigError(unknown_key_message("the config", key, TOP_LEVEL_KEYS))
+        if "scheduler_config" not in raw:
+            raise ConfigError(
+                "could not find scheduler_config in config; add e.g. {'scheduler_config': {'gpu': ['0']}}"
+            )
+        self.options = parse_scheduler_config(raw["scheduler_config"])
+        try:
+            self.global_config = copy.deepcopy(parse_global_config(raw.get("global_config")))
+            self.blocks = copy.deepcopy(parse_test_config(raw.get("test_config")))
+        except (TypeError, copy.Error) as error:
+            raise ConfigError(f"config values could not be copied: {error}") from error
+        self._has_test_config = raw.get("test_config") is not None
+
+    def __len__(self) -> int:
+        return sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
+
+    def _name(self, test_config: Mapping[str, Any], filter_keys: bool) -> str:
+        o = self.options
+        return config_string(
+            test_config,
+            indicator=o.test_config_string_indicator,
+            separator=o.test_config_string_separator,
+            maxlen=o.config_string_value_maxlen,
+            ignored_keys=o.ignored_keys_for_folder_name if filter_keys else (),
+            ignored_characters=o.ignored_characters_for_folder_name,
+        )
+
+    def test_configs(self) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        """(block index, test values) for every run, in the original's order."""
+        for block_index, block in enumerate(self.blocks):
+            keys = list(block)
+            for values in itertools.product(*block.values()):
+                yield block_index, dict(zip(keys, values))
+
+    def __iter__(self) -> Iterator[RunSpec]:
+        registry = NameRegistry()
+        root = self.options.result_root_folder
+        for index, (block_index, test_config) in enumerate(self.test_configs()):
+            merged = copy.deepcopy(self.global_config)
+            merged.update(test_config)
+            digest = config_hash(merged)
+            wanted = safe_folder_name(self._name(test_config, filter_keys=True))
+            name, duplicate = registry.assign(wanted, digest)
+            renamed_from = None
+            if name != wanted:
+                renamed_from = wanted
+                logger.warning(
+                    "run %d would share folder %r with a different config; using %r instead",
+                    index, wanted, name,
+                )
+            yield RunSpec(
+                index=index,
+                block=block_index,
+                test_config=test_config,
+                config=merged,
+                test_config_string=safe_folder_name(self._name(test_config, filter_keys=False)),
+                name=name,
+                work_dir=os.path.join(root, name),
+                config_hash=digest,
+                duplicate=duplicate,
+                renamed_from=renamed_from,
+            )
+
+    def all_test_config_in_string(self) -> str:
+        """The original's ``get_all_test_config_in_string()``: raw blocks, as written."""
+        o = self.options
+        text = ""
+        for block in self.blocks if self._has_test_config else []:
+            for key in sorted(block):
+                text += f"{key}{o.test_config_string_indicator}{block[key]}{o.test_config_string_separator}"
+            text += o.test_config_string_inst_separator
+        return text

@@ -119,7 +119,8 @@ def run(spec_path: str) -> int:
             raise
         result = None  # sys.exit(0) inside main() is a successful end
     except BaseException as error:
-        traceback.print_exc()
+        # The user's frames only: the runner's own frame is noise in their log.
+        traceback.print_exception(type(error), error, error.__traceback__.tb_next)
         _write_outcome(spec, _error("main", error))
         return EXIT_FAILED
     sys.stdout.flush()

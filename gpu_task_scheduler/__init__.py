@@ -2,7 +2,7 @@
 from .config_manager import ConfigManager
 from .errors import ConfigError, GTSError, LedgerError, RunsFailedError, SchedulerBusyError, TaskClassError
 from .gpu_task import GPUTask
-from .gpu_task_scheduler import GPUTaskScheduler, SweepInterrupted
+from .gpu_task_scheduler import GPUTaskScheduler
 from .lazy import lazy_import
 from .ledger import Ledger, RunRecord, RunStatus
 from .summary import RunOutcome, SweepSummary
@@ -13,5 +13,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError", "ConfigManager", "GPUTask", "GPUTaskScheduler", "GTSError", "Ledger", "LedgerError",
     "RunOutcome", "RunRecord", "RunSpec", "RunStatus", "RunsFailedError", "SchedulerBusyError", "Sweep",
-    "SweepInterrupted", "SweepSummary", "TaskClassError", "lazy_import",
+    "SweepSummary", "TaskClassError", "lazy_import",
 ]

@@ -21,14 +21,6 @@ _FORMAT = "%(asctime)s %(levelname)s %(message)s"
 _DATE_FORMAT = "%a, %d %b %Y %H:%M:%S"
 
 
-class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the sweep; ``.summary`` tells what had finished."""
-
-    def __init__(self, summary: SweepSummary) -> None:
-        super().__init__(summary.report())
-        self.summary = summary
-
-
 def check_task_class(task_class: object) -> Type[GPUTask]:
     if not (inspect.isclass(task_class) and issubclass(task_class, GPUTask)):
         raise TaskClassError(
@@ -89,15 +81,18 @@ class GPUTaskScheduler:
 
         Runs that succeeded before are skipped (unless ``force_rerun``); a
         failed run does not stop the others. On Ctrl-C the running runs are
-        stopped and :class:`SweepInterrupted` (a ``KeyboardInterrupt``) is
-        raised; on SIGTERM they are stopped and SIGTERM is delivered again to
+        stopped and ``KeyboardInterrupt`` is raised (with the summary as its
+        ``summary`` attribute; a plain ``KeyboardInterrupt``, so that an
+        uncaught one ends the process with SIGINT's status); on SIGTERM they are stopped and SIGTERM is delivered again to
         the previous handler (by default ending the process).
         """
         with scheduler_logging(self._sweep.options.scheduler_log_file_path):
             summary = Scheduler(self._sweep, self._gpu_task_class).run()
             (logger.info if summary.ok else logger.error)("%s", summary.report())
         if summary.interrupted_by == "SIGINT":
-            raise SweepInterrupted(summary)
+            interrupt = KeyboardInterrupt(summary.report())
+            interrupt.summary = summary  # type: ignore[attr-defined]
+            raise interrupt
         if summary.interrupted_by == "SIGTERM":
             os.kill(os.getpid(), signal.SIGTERM)
         return summary

@@ -1,0 +1,63 @@
+import os
+import time
+import uuid
+
+import pytest
+
+MARK = "GTS_TEST_MARK"
+
+
+def marked_pids(mark):
+    """Processes (any parent) whose environment carries this test's mark."""
+    needle = f"{MARK}={mark}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in environ and state != b"Z":
+            pids.append(int(entry))
+    return pids
+
+
+def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
+    """Wait for a condition that has no event to wait on (a file appearing, a process dying)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(monkeypatch):
+    """Every process a test starts carries a mark; none may survive the test."""
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    yield mark
+    try:
+        wait_until(lambda: not marked_pids(mark), timeout=10, message="the test's processes to exit")
+    except AssertionError:
+        leaked = marked_pids(mark)
+        for pid in leaked:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"processes left running after the test: {leaked}")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run the test with a fresh temporary folder as the current directory."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

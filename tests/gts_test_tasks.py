@@ -1,0 +1,143 @@
+"""Tiny tasks the scheduler tests run in real child processes.
+
+Each task appends ``start <name>`` / ``end <name>`` lines to the file named by
+the config key ``journal`` (O_APPEND, one write per line), so tests can count
+exactly how often each run's main() started and completed.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from gpu_task_scheduler import GPUTask
+
+
+def journal(config, event, work_dir):
+    path = config.get("journal")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{event} {os.path.basename(work_dir)}\n".encode())
+        finally:
+            os.close(fd)
+
+
+class RecordTask(GPUTask):
+    """Succeeds unless a file ``fail_if`` exists; sleeps ``sleep`` seconds first."""
+
+    def required_env(self):
+        self.from_required_env = "kept"
+        return {"OMP_NUM_THREADS": "4", "GTS_TEST_NUMBER": 7}
+
+    def main(self):
+        journal(self._config, "start", self._work_dir)
+        print(f"hello from {self._work_dir}")
+        time.sleep(self._config.get("sleep", 0))
+        fail_if = self._config.get("fail_if")
+        if fail_if and os.path.exists(fail_if):
+            raise RuntimeError(f"asked to fail by {fail_if}")
+        journal(self._config, "end", self._work_dir)
+        return {
+            "config": self._config,
+            "cwd": os.getcwd(),
+            "pid": os.getpid(),
+            "attribute": getattr(self, "from_required_env", None),
+            "env": {key: os.environ.get(key) for key in (
+                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MPLBACKEND", "OMP_NUM_THREADS", "GTS_TEST_NUMBER")},
+        }
+
+
+class FailTask(GPUTask):
+    """Ends in the way named by config['mode']."""
+
+    def main(self):
+        mode = self._config["mode"]
+        print(f"about to {mode}", flush=True)
+        if mode == "raise":
+            raise ValueError("boom")
+        if mode == "exit2":
+            sys.exit(2)
+        if mode == "exit0":
+            sys.exit(0)
+        if mode == "os_exit3":
+            os._exit(3)
+        if mode == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if mode == "hang":
+            time.sleep(600)
+        return {"mode": mode}
+
+
+class FlakyTask(GPUTask):
+    """Fails on its first attempt, succeeds afterwards (counts attempts in a file)."""
+
+    def main(self):
+        counter = os.path.join(self._work_dir, "attempts.txt")
+        attempts = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+        with open(counter, "w") as handle:
+            handle.write(str(attempts))
+        if attempts < self._config["succeed_on"]:
+            raise RuntimeError(f"flaky failure on attempt {attempts}")
+        return {"attempts": attempts}
+
+
+class BadInitTask(GPUTask):
+    def __init__(self, config, work_dir):
+        super().__init__(config, work_dir)
+        if config.get("bad"):
+            raise KeyError("missing dataset")
+
+    def main(self):
+        return "ok"
+
+
+class UnpicklableTask(GPUTask):
+    def __init__(self, config, work_dir):
+        super().__init__(config, work_dir)
+        self.callback = lambda: None
+
+    def main(self):
+        return "unreachable"
+
+
+class BadEnvTask(GPUTask):
+    def required_env(self):
+        return {"GOOD": "1", "BAD": ["not", "a", "string"]}
+
+    def main(self):
+        return "unreachable"
+
+
+class GrandchildTask(GPUTask):
+    """Starts a long-lived grandchild, records its pid, then ends or hangs."""
+
+    def main(self):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.path.join(self._work_dir, "grandchild.pid"), "w") as handle:
+            handle.write(str(child.pid))
+        if self._config.get("hang"):
+            time.sleep(600)
+        return {"grandchild": child.pid}
+
+
+class BlockTask(GPUTask):
+    """Announces that it runs, then sleeps (``GTS_TEST_SLEEP`` overrides); may ignore SIGTERM."""
+
+    def main(self):
+        if self._config.get("ignore_term"):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        journal(self._config, "start", self._work_dir)
+        with open(os.path.join(self._work_dir, "started"), "w") as handle:
+            handle.write(str(os.getpid()))
+        seconds = float(os.environ.get("GTS_TEST_SLEEP", self._config.get("sleep", 600)))
+        time.sleep(seconds)
+        journal(self._config, "end", self._work_dir)
+        return {"slept": seconds}
+
+
+class NoisyTask(GPUTask):
+    """Returns values that JSON cannot hold as they are."""
+
+    def main(self):
+        return {"tuple": (1, 2), "set": {3}, "nan": float("nan"), "object": object}

@@ -1,0 +1,29 @@
+import os
+import sqlite3
+
+
+def make_config(root, test_config, *, slots=("cpu",), global_config=None, **options):
+    scheduler = {"gpu": list(slots), "result_root_folder": str(root),
+                 "scheduler_log_file_path": os.path.join(str(root), "scheduler.log"), **options}
+    config = {"scheduler_config": scheduler, "test_config": test_config}
+    if global_config is not None:
+        config["global_config"] = global_config
+    return config
+
+
+def journal_lines(path):
+    try:
+        with open(path) as handle:
+            return handle.read().split("\n")[:-1]
+    except FileNotFoundError:
+        return []
+
+
+def ledger_rows(root):
+    """The ledger's rows read directly with sqlite3, independent of the Ledger class."""
+    db = sqlite3.connect(os.path.join(str(root), ".gts", "ledger.sqlite3"))
+    db.row_factory = sqlite3.Row
+    try:
+        return {row["name"]: dict(row) for row in db.execute("SELECT * FROM runs")}
+    finally:
+        db.close()

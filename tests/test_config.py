@@ -1,0 +1,280 @@
+"""ConfigManager compatibility, config files, laziness and validation."""
+import copy
+import json
+import os
+import sys
+import time
+import tracemalloc
+
+import pytest
+
+from gpu_task_scheduler import ConfigError, ConfigManager, GPUTaskScheduler, Sweep, TaskClassError
+from gpu_task_scheduler.gpu_task import GPUTask
+
+README_CONFIG = {
+    "scheduler_config": {"gpu": ["0", "1", "2"]},
+    "global_config": {"num_run": 5, "num_epoch": 200},
+    "test_config": [
+        {"method": ["GAN", "ALI"], "num_packing": [1], "num_zmode": [1]},
+        {"method": ["WGAN"], "num_packing": [3], "num_zmode": [1, 2]},
+    ],
+}
+
+
+def test_runs_in_the_original_order_with_merged_configs(in_tmp):
+    manager = ConfigManager(README_CONFIG)
+    assert manager.get_num_left_config() == 4
+    runs = []
+    while True:
+        run = manager.get_next_config()
+        if run["config"] is None:
+            assert run == {"config": None}
+            break
+        assert set(run) == {"config", "test_config_string", "test_config_string_filtered", "work_dir"}
+        runs.append(run)
+    assert manager.get_num_left_config() == 0
+    assert [r["config"] for r in runs] == [
+        {"num_run": 5, "num_epoch": 200, "method": "GAN", "num_packing": 1, "num_zmode": 1},
+        {"num_run": 5, "num_epoch": 200, "method": "ALI", "num_packing": 1, "num_zmode": 1},
+        {"num_run": 5, "num_epoch": 200, "method": "WGAN", "num_packing": 3, "num_zmode": 1},
+        {"num_run": 5, "num_epoch": 200, "method": "WGAN", "num_packing": 3, "num_zmode": 2},
+    ]
+    assert list(runs[0]["config"]) == ["num_run", "num_epoch", "method", "num_packing", "num_zmode"]
+    assert runs[2]["work_dir"] == os.path.join(os.path.abspath("results/"), "method-WGAN,num_packing-3,num_zmode-1,")
+
+
+def test_first_key_varies_slowest():
+    manager = ConfigManager({"scheduler_config": {"gpu": ["0"]}, "test_config": [{"b": [1, 2], "a": ["x", "y"]}]})
+    assert manager.get_all_test_config() == [{"b": 1, "a": "x"}, {"b": 1, "a": "y"},
+                                             {"b": 2, "a": "x"}, {"b": 2, "a": "y"}]
+
+
+def test_scheduler_defaults_match_the_original(in_tmp):
+    config = {"scheduler_config": {"gpu": ["0", ["1", "2"], 3]}}
+    assert ConfigManager(config).get_all_scheduler_config() == {
+        "gpu": ["0", "1,2", "3"],
+        "force_rerun": False,
+        "result_root_folder": os.path.join(str(in_tmp), "results"),
+        "temp_folder": os.path.join(str(in_tmp), "temp"),
+        "test_config_string_indicator": "-",
+        "test_config_string_separator": ",",
+        "test_config_string_inst_separator": "+",
+        "log_file": "worker.log",
+        "scheduler_log_file_path": "scheduler.log",
+        "config_string_value_maxlen": 30,
+        "ignored_keys_for_folder_name": [],
+        "ignored_characters_for_folder_name": [" ", "[", "]"],
+        "skip_existing_folders": False,
+        "max_retries": 0,
+        "timeout": None,
+        "grace_period": 10.0,
+    }
+
+
+def test_other_getters(in_tmp):
+    manager = ConfigManager(README_CONFIG)
+    assert manager.get_all_global_config() == {"num_run": 5, "num_epoch": 200}
+    assert manager.get_num_gpu() == 3
+    assert manager.get_gpu_envs() == [
+        {"name": "gpu0", "env": {"CUDA_VISIBLE_DEVICES": "0"}},
+        {"name": "gpu1", "env": {"CUDA_VISIBLE_DEVICES": "1"}},
+        {"name": "gpu2", "env": {"CUDA_VISIBLE_DEVICES": "2"}},
+    ]
+    assert manager.get_all_test_config_in_string() == (
+        "method-['GAN', 'ALI'],num_packing-[1],num_zmode-[1],+method-['WGAN'],num_packing-[3],num_zmode-[1, 2],+"
+    )
+
+
+def test_group_and_cpu_slots():
+    manager = ConfigManager({"scheduler_config": {"gpu": [["1", "2"], "cpu", "cpu", "1,2"]}})
+    assert manager.get_gpu_envs() == [
+        {"name": "gpu1,2", "env": {"CUDA_VISIBLE_DEVICES": "1,2"}},
+        {"name": "cpu0", "env": {"CUDA_VISIBLE_DEVICES": ""}},
+        {"name": "cpu1", "env": {"CUDA_VISIBLE_DEVICES": ""}},
+        {"name": "gpu1,2", "env": {"CUDA_VISIBLE_DEVICES": "1,2"}},
+    ]
+
+
+def test_range_prints_like_the_original():
+    manager = ConfigManager({"scheduler_config": {"gpu": ["0"], "test_config_string_inst_separator": "|"},
+                             "test_config": [{"seed": range(3)}]})
+    assert manager.get_all_test_config_in_string() == "seed-range(0, 3),|"
+    assert [c["seed"] for c in manager.get_all_test_config()] == [0, 1, 2]
+
+
+def test_relative_result_root_stays_relative():
+    manager = ConfigManager({"scheduler_config": {"gpu": ["0"], "result_root_folder": "out"},
+                             "test_config": [{"a": [1]}]})
+    assert manager.get_next_config()["work_dir"] == os.path.join("out", "a-1,")
+
+
+def test_no_test_config_gives_one_run_in_the_root():
+    manager = ConfigManager({"scheduler_config": {"gpu": ["0"], "result_root_folder": "out"},
+                             "global_config": {"x": 1}})
+    assert manager.get_next_config() == {"config": {"x": 1}, "test_config_string": "",
+                                         "test_config_string_filtered": "", "work_dir": os.path.join("out", "")}
+    assert manager.get_next_config() == {"config": None}
+
+
+def test_the_callers_dict_is_never_changed_and_nothing_is_written(in_tmp):
+    config = copy.deepcopy(README_CONFIG)
+    config["scheduler_config"]["gpu"].append(["3", "4"])
+    before = copy.deepcopy(config)
+    manager = ConfigManager(config)
+    run = manager.get_next_config()
+    run["config"]["num_run"] = 99
+    manager.get_all_scheduler_config()["gpu"].append("9")
+    manager.get_all_global_config()["num_run"] = 7
+
+    class Task(GPUTask):
+        def main(self):
+            return None
+
+    GPUTaskScheduler(config, Task)
+    assert config == before
+    assert ConfigManager(config).get_next_config()["config"]["num_run"] == 5
+    assert os.listdir(in_tmp) == []
+
+
+def test_config_files(in_tmp):
+    (in_tmp / "c.yaml").write_text("scheduler_config:\n  gpu: [cpu]\ntest_config:\n  - lr: [0.1, 0.2]\n")
+    (in_tmp / "c.json").write_text(json.dumps({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"lr": [0.1, 0.2]}]}))
+    (in_tmp / "c.py").write_text(
+        "config = {'scheduler_config': {'gpu': ['cpu']}, 'test_config': [{'lr': [0.1, 0.2]}]}\n"
+        "if __name__ == '__main__':\n    raise SystemExit('the main block must not run')\n"
+    )
+    for name in ("c.yaml", "c.json", "c.py"):
+        assert [r.name for r in Sweep(str(in_tmp / name))] == ["lr-0.1,", "lr-0.2,"]
+    assert ConfigManager(in_tmp / "c.yaml").get_num_left_config() == 2
+
+
+@pytest.mark.parametrize("content, suffix, message", [
+    ("scheduler_config: [", ".yaml", "could not read config file"),
+    ("- 1\n- 2\n", ".yml", "must hold a mapping"),
+    ("x = 1\n", ".py", "no variable named 'config'"),
+    ("{}", ".toml", "unknown suffix"),
+])
+def test_bad_config_files(in_tmp, content, suffix, message):
+    path = in_tmp / f"bad{suffix}"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        Sweep(str(path))
+
+
+def test_missing_config_file(in_tmp):
+    with pytest.raises(ConfigError, match="does not exist"):
+        Sweep("nope.yaml")
+
+
+def test_a_million_runs_are_not_materialised():
+    config = {"scheduler_config": {"gpu": ["0"]},
+              "test_config": [{"a": list(range(100)), "b": list(range(100)), "c": list(range(100))}]}
+    tracemalloc.start()
+    started = time.perf_counter()
+    manager = ConfigManager(config)
+    first = manager.get_next_config()
+    elapsed = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert first["config"] == {"a": 0, "b": 0, "c": 0}
+    assert manager.get_num_left_config() == 999_999
+    assert len(manager.sweep) == 1_000_000
+    assert elapsed < 1.0 and peak < 5_000_000
+
+
+BASE = {"scheduler_config": {"gpu": ["0"]}}
+
+
+def with_scheduler(**values):
+    return {"scheduler_config": {"gpu": ["0"], **values}}
+
+
+INVALID = [
+    (["scheduler_config"], ["list"], "must be a dict or the path"),
+    ("config-without-suffix", ["config-without-suffix", ".yaml"], "unknown suffix"),
+    ({}, ["scheduler_config"], "could not find scheduler_config"),
+    ({"scheduler_config": {}}, ["gpu"], "could not find gpu"),
+    ({"scheduler_config": {"gpu": []}}, ["gpu"], "is empty"),
+    ({"scheduler_config": {"gpu": "0"}}, ["gpu"], "must be a list of slots"),
+    ({"scheduler_config": {"gpu": ["zero"]}}, ["gpu", "'zero'"], "not a GPU id"),
+    ({"scheduler_config": {"gpu": [-1]}}, ["gpu", "-1"], "not a GPU id"),
+    ({"scheduler_config": {"gpu": [1.5]}}, ["gpu", "1.5"], "expected"),
+    ({"scheduler_config": {"gpu": [["0", "0"]]}}, ["gpu"], "same GPU twice"),
+    ({"scheduler_config": {"gpu": [[]]}}, ["gpu"], "empty GPU group"),
+    ({"scheduler_config": "gpu0"}, ["scheduler_config"], "must be a dict"),
+    (with_scheduler(force_rerunn=True), ["force_rerunn", "did you mean 'force_rerun'"], "unknown key"),
+    (with_scheduler(force_rerun="yes"), ["force_rerun", "'yes'"], "must be a bool"),
+    (with_scheduler(config_string_value_maxlen="30"), ["config_string_value_maxlen", "'30'"], "integer >= 1"),
+    (with_scheduler(config_string_value_maxlen=0), ["config_string_value_maxlen"], "integer >= 1"),
+    (with_scheduler(config_string_value_maxlen=True), ["config_string_value_maxlen"], "integer >= 1"),
+    (with_scheduler(ignored_keys_for_folder_name="seed"), ["ignored_keys_for_folder_name", "'seed'"], "list"),
+    (with_scheduler(ignored_characters_for_folder_name=[" ", 1]), ["ignored_characters_for_folder_name"], "list"),
+    (with_scheduler(max_retries=-1), ["max_retries"], "integer >= 0"),
+    (with_scheduler(timeout=0), ["timeout"], "seconds > 0"),
+    (with_scheduler(timeout=float("nan")), ["timeout"], "seconds > 0"),
+    (with_scheduler(grace_period="10"), ["grace_period"], "seconds >= 0"),
+    (with_scheduler(log_file="../escape.log"), ["log_file"], "relative to the run folder"),
+    (with_scheduler(log_file="/abs.log"), ["log_file"], "relative to the run folder"),
+    (with_scheduler(result_root_folder=""), ["result_root_folder"], "non-empty path"),
+    ({**BASE, "global_config": [1, 2]}, ["global_config"], "must be a dict"),
+    ({**BASE, "global_config": {1: "a"}}, ["global_config", "1"], "keys must be strings"),
+    ({**BASE, "test_config": {"lr": [1]}}, ["test_config"], "wrap the dict in a list"),
+    ({**BASE, "test_config": "lr"}, ["test_config"], "list of blocks"),
+    ({**BASE, "test_config": [["lr", [1]]]}, ["test_config[0]"], "must be a dict"),
+    ({**BASE, "test_config": [{"lr": 0.1}]}, ["test_config[0]['lr']", "0.1"], "not a list of values"),
+    ({**BASE, "test_config": [{"lr": "0.1"}]}, ["test_config[0]['lr']", "'0.1'", "['0.1']"], "string"),
+    ({**BASE, "test_config": [{"lr": [1]}, {"lr": []}]}, ["test_config[1]['lr']"], "empty list"),
+    ({**BASE, "test_config": [{"lr": {0.1, 0.2}}]}, ["test_config[0]['lr']"], "is a set"),
+    ({**BASE, "test_config": [{"lr": (x for x in [1])}]}, ["test_config[0]['lr']"], "one-shot iterator"),
+    ({**BASE, "test_config": [{"lr": {"a": 1}}]}, ["test_config[0]['lr']"], "is a dict"),
+    ({**BASE, "test_config": [{("a",): [1]}]}, ["test_config[0]", "('a',)"], "keys must be strings"),
+    ({**BASE, "test_config": [{"": [1]}]}, ["test_config[0]"], "empty key"),
+    ({**BASE, "tests_config": []}, ["tests_config", "did you mean 'test_config'"], "unknown key"),
+]
+
+
+@pytest.mark.parametrize("config, mentions, message", INVALID)
+def test_invalid_configs_are_reported_clearly(in_tmp, config, mentions, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        ConfigManager(config)
+    for text in mentions:
+        assert text in str(raised.value)
+    assert isinstance(raised.value, ValueError)  # the original raised ValueError
+    assert os.listdir(in_tmp) == []
+
+
+def test_result_root_that_is_a_file(in_tmp):
+    (in_tmp / "results").write_text("")
+    with pytest.raises(ConfigError, match="not a folder"):
+        GPUTaskScheduler({"scheduler_config": {"gpu": ["0"], "result_root_folder": "results"}}, GPUTask)
+
+
+@pytest.mark.parametrize("task_class", [object, GPUTask({}, "w"), "my.Task", None])
+def test_task_class_must_be_a_gpu_task(task_class):
+    with pytest.raises(TaskClassError, match="subclass of gpu_task_scheduler.gpu_task.GPUTask"):
+        GPUTaskScheduler({"scheduler_config": {"gpu": ["0"]}}, task_class)
+
+
+def test_numpy_like_sequences_are_accepted():
+    class Values:  # stands in for a numpy array: sized and indexable, not a list
+        def __init__(self, items):
+            self._items = items
+
+        def __len__(self):
+            return len(self._items)
+
+        def __getitem__(self, index):
+            return self._items[index]
+
+    runs = list(Sweep({"scheduler_config": {"gpu": ["0"]}, "test_config": [{"lr": Values([0.1, 0.2])}]}))
+    assert [r.config["lr"] for r in runs] == [0.1, 0.2]
+
+
+def test_public_import_paths():
+    import gpu_task_scheduler
+    from gpu_task_scheduler.config_manager import ConfigManager as A
+    from gpu_task_scheduler.gpu_task import GPUTask as B
+    from gpu_task_scheduler.gpu_task_scheduler import GPUTaskScheduler as C
+
+    assert (gpu_task_scheduler.ConfigManager, gpu_task_scheduler.GPUTask, gpu_task_scheduler.GPUTaskScheduler) == (A, B, C)
+    assert "gpu_task_scheduler" in sys.modules

@@ -28,6 +28,7 @@ class RecordTask(GPUTask):
 
     def required_env(self):
         self.from_required_env = "kept"
+        self.folder_existed = os.path.isdir(self._work_dir)
         return {"OMP_NUM_THREADS": "4", "GTS_TEST_NUMBER": 7}
 
     def main(self):
@@ -43,6 +44,7 @@ class RecordTask(GPUTask):
             "cwd": os.getcwd(),
             "pid": os.getpid(),
             "attribute": getattr(self, "from_required_env", None),
+            "folder_existed_in_required_env": self.folder_existed,
             "env": {key: os.environ.get(key) for key in (
                 "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MPLBACKEND", "OMP_NUM_THREADS", "GTS_TEST_NUMBER")},
         }
@@ -141,3 +143,17 @@ class NoisyTask(GPUTask):
 
     def main(self):
         return {"tuple": (1, 2), "set": {3}, "nan": float("nan"), "object": object}
+
+
+class RendezvousTask(GPUTask):
+    """Succeeds only if ``expect`` runs of the sweep are running at the same time."""
+
+    def main(self):
+        root = os.path.dirname(self._work_dir)
+        open(os.path.join(self._work_dir, "here"), "w").close()
+        deadline = time.monotonic() + 30
+        while sum(os.path.exists(os.path.join(root, d, "here")) for d in os.listdir(root)) < self._config["expect"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other runs never ran at the same time")
+            time.sleep(0.01)
+        return {"slot": os.environ["CUDA_VISIBLE_DEVICES"]}

@@ -46,7 +46,7 @@ def test_environment_working_directory_and_task_state(in_tmp):
     config = make_config(in_tmp / "r", [{"i": [0]}], slots=("3",))
     result = start(config).succeeded[0].result
     assert result["cwd"] == str(in_tmp)
-    assert result["attribute"] == "kept"
+    assert result["attribute"] == "kept" and result["folder_existed_in_required_env"] is True
     assert result["env"] == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "MPLBACKEND": "Agg",
                              "OMP_NUM_THREADS": "4", "GTS_TEST_NUMBER": "7"}
     assert result["pid"] != os.getpid()
@@ -270,3 +270,24 @@ def test_signal_handlers_are_restored(in_tmp):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     start(make_config(in_tmp / "r", [{"i": [0]}]))
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_gpu_listed_twice_runs_two_runs_at_once(in_tmp):
+    root = in_tmp / "r"
+    summary = start(make_config(root, [{"i": [0, 1]}], slots=("5", "5"), global_config={"expect": 2}),
+                    tasks.RendezvousTask)
+    assert summary.ok and [o.result["slot"] for o in summary.succeeded] == ["5", "5"]
+    assert sorted(o.slot for o in summary.succeeded) == ["gpu5", "gpu5"]
+
+
+def test_hostile_values_create_folders_only_inside_the_root(in_tmp):
+    root = in_tmp / "deep" / "r"
+    values = ["../../escaped", "/abs/path", "..", "new\nline", "semi;colon $(touch pwned) `id`", "ünicöde"]
+    summary = start(make_config(root, [{"v": values}], slots=("cpu", "cpu")))
+    assert len(summary.succeeded) == len(values)
+    assert sorted(o.result["config"]["v"] for o in summary.succeeded) == sorted(values)
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["deep"]
+    assert sorted(p.name for p in (in_tmp / "deep").iterdir()) == ["r"]
+    folders = [p for p in root.iterdir() if p.name != ".gts" and p.name != "scheduler.log"]
+    assert len(folders) == len(values) and all(p.parent == root and p.is_dir() for p in folders)
+    assert not (in_tmp / "pwned").exists()

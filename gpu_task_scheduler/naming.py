@@ -98,19 +98,13 @@ class NameRegistry:
         self._owner: Dict[str, str] = {}
 
     def assign(self, name: str, config_hash: str) -> Tuple[str, bool]:
-        owner = self._owner.get(name)
-        if owner is None:
-            self._owner[name] = config_hash
-            return name, False
-        if owner == config_hash:
-            return name, True
-        width = _HASH_CHARS
+        candidate, width = name, _HASH_CHARS
         while True:
-            candidate = safe_folder_name(f"{name}~{config_hash[:width]}")
             owner = self._owner.get(candidate)
             if owner is None:
                 self._owner[candidate] = config_hash
                 return candidate, False
             if owner == config_hash:
                 return candidate, True
+            candidate = safe_folder_name(f"{name}~{config_hash[:width]}")
             width += 4

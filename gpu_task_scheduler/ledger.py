@@ -21,7 +21,7 @@ import socket
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .errors import LedgerError, SchedulerBusyError
 from .paths import RootPaths
@@ -83,9 +83,14 @@ class RunRecord:
         return None if self.result is None else json.loads(self.result)
 
 
-def _corrupt(path: str, error: Exception) -> LedgerError:
+def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
+    if isinstance(error, sqlite3.OperationalError):  # disk full, read-only, I/O error, locked
+        return LedgerError(
+            f"cannot use the ledger {path!r}: {error}. Nothing is lost: fix the cause and start again; "
+            "runs that finished meanwhile are recognised from their folders."
+        )
     return LedgerError(
-        f"the ledger {path!r} cannot be used ({error}). Move it aside and start again: "
+        f"the ledger {path!r} is damaged ({error}). Move it aside and start again: "
         "runs that succeeded are recognised from the .gts/outcome.json in their folders; "
         "every other run will run again."
     )
@@ -104,7 +109,7 @@ class Ledger:
             self._db.executescript(_SCHEMA)
             version = self.get_meta("schema_version")
         except sqlite3.DatabaseError as error:
-            raise _corrupt(self.path, error) from error
+            raise _ledger_error(self.path, error) from error
         if version != str(SCHEMA_VERSION):
             raise LedgerError(f"the ledger {self.path!r} has schema version {version}; this version reads {SCHEMA_VERSION}")
 
@@ -123,11 +128,17 @@ class Ledger:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(sql, params)
         except sqlite3.DatabaseError as error:
-            raise _corrupt(self.path, error) from error
+            raise _ledger_error(self.path, error) from error
+
+    def _query(self, sql: str, params: tuple = ()) -> List[sqlite3.Row]:
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as error:
+            raise _ledger_error(self.path, error) from error
 
     def get_meta(self, key: str) -> Optional[str]:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row[0]
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
 
     def set_meta(self, key: str, value: str) -> None:
         self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
@@ -139,18 +150,14 @@ class Ledger:
         return RunRecord(**values)
 
     def get(self, name: str) -> Optional[RunRecord]:
-        try:
-            row = self._db.execute("SELECT * FROM runs WHERE name = ?", (name,)).fetchone()
-        except sqlite3.DatabaseError as error:
-            raise _corrupt(self.path, error) from error
-        return None if row is None else self._record(row)
+        rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
+        return self._record(rows[0]) if rows else None
 
-    def records(self) -> Iterator[RunRecord]:
-        for row in self._db.execute("SELECT * FROM runs ORDER BY run_index, name"):
-            yield self._record(row)
+    def records(self) -> List[RunRecord]:
+        return [self._record(row) for row in self._query("SELECT * FROM runs ORDER BY run_index, name")]
 
     def counts(self) -> Dict[RunStatus, int]:
-        rows = self._db.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
+        rows = self._query("SELECT status, COUNT(*) FROM runs GROUP BY status")
         return {RunStatus(status): count for status, count in rows}
 
     def mark_running(self, *, name: str, run_index: int, config_hash: str, slot: str,
@@ -194,9 +201,8 @@ class Ledger:
              "recovered from the run folder's outcome file", result),
         )
 
-    def running(self) -> Iterator[RunRecord]:
-        for row in self._db.execute("SELECT * FROM runs WHERE status = 'running'").fetchall():
-            yield self._record(row)
+    def running(self) -> List[RunRecord]:
+        return [self._record(row) for row in self._query("SELECT * FROM runs WHERE status = 'running'")]
 
 
 class SweepLock:

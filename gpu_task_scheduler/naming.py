@@ -44,11 +44,20 @@ def config_string(
     for key in sorted(test_config):
         if key in skip:
             continue
-        parts.append(f"{key}{indicator}{str(test_config[key])[:maxlen]}{separator}")
+        parts.append(f"{key}{indicator}{_text(test_config[key])[:maxlen]}{separator}")
     name = "".join(parts)
     for character in ignored_characters:
         name = name.replace(character, "")
     return name
+
+
+def _text(value: object) -> str:
+    """``str(value)``, or a placeholder for values that cannot be printed
+    (integers of over 4300 digits, objects whose ``__str__`` raises)."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
 
 
 def _escape_character(character: str) -> str:

@@ -31,6 +31,11 @@ EXIT_LOAD_ERROR = 3
 EXIT_OUTCOME_ERROR = 4
 MAIN_ALIAS = "__gts_main__"
 
+# Held while the outcome is written: if the scheduler dies at that moment, the
+# lifeline waits for the record to be complete before killing the run, so a
+# main() that returned is always recorded.
+_RECORDING = threading.Lock()
+
 
 def _watch_lifeline() -> None:
     """Kill this run's whole process group when the scheduler goes away."""
@@ -47,7 +52,8 @@ def _watch_lifeline() -> None:
                 pass
         except OSError:
             return  # the run closed our descriptor itself; nothing left to watch
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        with _RECORDING:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=wait_for_eof, name="gts-lifeline", daemon=True).start()
 
@@ -93,7 +99,8 @@ def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
     from .paths import atomic_write_json
 
     outcome.update(token=spec["token"], config_hash=spec["config_hash"], finished_at=time.time(), pid=os.getpid())
-    atomic_write_json(spec["outcome_file"], outcome)
+    with _RECORDING:
+        atomic_write_json(spec["outcome_file"], outcome)
 
 
 def _error(phase: str, error: BaseException) -> Dict[str, Any]:

@@ -229,6 +229,8 @@ class Scheduler:
         else:
             status = RunStatus.FAILED
             cause = (outcome or {}).get("error")
+            if cause is not None and outcome.get("phase") == "load":
+                cause = f"the task could not be loaded in the run's process: {cause}"
             if cause is None and not os.path.isdir(spec.work_dir):
                 cause = "the run folder disappeared"
             if cause is None and exit_code == 0:

@@ -40,7 +40,9 @@ def _text(value: Any) -> Optional[str]:
 
 
 def _path(value: Any) -> Optional[str]:
-    return None if isinstance(value, (str, os.PathLike)) and os.fspath(value) else "a non-empty path"
+    ok = isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str)
+    ok = ok and bool(os.fspath(value)) and "\0" not in os.fspath(value)
+    return None if ok else "a non-empty path (without NUL characters)"
 
 
 def _optional(check: Callable[[Any], Optional[str]]) -> Callable[[Any], Optional[str]]:
@@ -80,7 +82,7 @@ def _string_list(value: Any) -> Optional[str]:
 def _log_file(value: Any) -> Optional[str]:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or os.path.isabs(value) or ".." in value.split("/"):
+    if not isinstance(value, str) or not value or os.path.isabs(value) or ".." in value.split("/") or "\0" in value:
         return "a file name relative to the run folder (without '..') or null"
     return None
 
@@ -209,7 +211,9 @@ def to_jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, numbers.Integral):
-        return int(value)
+        number = int(value)
+        # Python refuses to print integers of more than 4300 digits in decimal.
+        return number if number.bit_length() < 14000 else f"int:{number:#x}"
     if isinstance(value, numbers.Real):
         number = float(value)
         return number if math.isfinite(number) else repr(number)

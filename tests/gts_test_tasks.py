@@ -38,8 +38,7 @@ class RecordTask(GPUTask):
         fail_if = self._config.get("fail_if")
         if fail_if and os.path.exists(fail_if):
             raise RuntimeError(f"asked to fail by {fail_if}")
-        journal(self._config, "end", self._work_dir)
-        return {
+        result = {
             "config": self._config,
             "cwd": os.getcwd(),
             "pid": os.getpid(),
@@ -48,6 +47,8 @@ class RecordTask(GPUTask):
             "env": {key: os.environ.get(key) for key in (
                 "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MPLBACKEND", "OMP_NUM_THREADS", "GTS_TEST_NUMBER")},
         }
+        journal(self._config, "end", self._work_dir)  # last, so "end" means main() returned
+        return result
 
 
 class FailTask(GPUTask):
@@ -157,3 +158,46 @@ class RendezvousTask(GPUTask):
                 raise TimeoutError("the other runs never ran at the same time")
             time.sleep(0.01)
         return {"slot": os.environ["CUDA_VISIBLE_DEVICES"]}
+
+
+class HugeOutputTask(GPUTask):
+    """Prints 100 MB, then succeeds."""
+
+    def main(self):
+        line = b"x" * 1023 + b"\n"
+        for _ in range(100 * 1024):
+            sys.stdout.buffer.write(line)
+        print("done printing", flush=True)
+        return {"bytes": 100 * 1024 * 1024}
+
+
+class SelfDeletingTask(GPUTask):
+    def main(self):
+        import shutil
+
+        shutil.rmtree(self._work_dir)
+        return "deleted my own folder"
+
+
+class UnpicklableStateTask(GPUTask):
+    """Pickles fine in the scheduler, but cannot be restored in the run's process."""
+
+    def __setstate__(self, state):
+        raise RuntimeError("cannot restore this task")
+
+    def main(self):
+        return "unreachable"
+
+
+class FullDiskTask(GPUTask):
+    """The run's log hits a file-size limit, as on a full disk: writes fail with an error."""
+
+    def main(self):
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        for _ in range(4096):
+            sys.stdout.write("y" * 1023 + "\n")
+            sys.stdout.flush()
+        return "unreachable"

@@ -107,6 +107,19 @@ def _error(phase: str, error: BaseException) -> Dict[str, Any]:
     return {"status": "failed", "phase": phase, "error": f"{type(error).__name__}: {error}"}
 
 
+def _print_traceback(error: BaseException, headline: Optional[str] = None) -> None:
+    """The user's frames only (the runner's own frame is noise in their log).
+    The log itself may be what failed (a full disk): the outcome is already
+    recorded, so a failure to print is ignored."""
+    try:
+        traceback.print_exception(type(error), error, error.__traceback__.tb_next if error.__traceback__ else None)
+        if headline:
+            print(f"gpu_task_scheduler: {headline}: {type(error).__name__}: {error}", file=sys.stderr)
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
 def run(spec_path: str) -> int:
     _watch_lifeline()
     with open(spec_path, encoding="utf-8") as handle:
@@ -114,9 +127,8 @@ def run(spec_path: str) -> int:
     try:
         task = load_task(spec)
     except BaseException as error:  # anything the user's module does at import time
-        traceback.print_exc()
-        print(f"gpu_task_scheduler: the task could not be loaded: {type(error).__name__}: {error}", file=sys.stderr)
         _write_outcome(spec, _error("load", error))
+        _print_traceback(error, "the task could not be loaded")
         return EXIT_LOAD_ERROR
     try:
         result = task.main()
@@ -126,9 +138,8 @@ def run(spec_path: str) -> int:
             raise
         result = None  # sys.exit(0) inside main() is a successful end
     except BaseException as error:
-        # The user's frames only: the runner's own frame is noise in their log.
-        traceback.print_exception(type(error), error, error.__traceback__.tb_next)
         _write_outcome(spec, _error("main", error))
+        _print_traceback(error)
         return EXIT_FAILED
     sys.stdout.flush()
     sys.stderr.flush()

@@ -10,6 +10,7 @@ import copy
 from typing import Any, Dict, Iterator, List, Optional
 
 from .config_files import ConfigSource
+from .devices import Slot
 from .sweep import RunSpec, Sweep
 
 
@@ -41,7 +42,15 @@ class ConfigManager:
         return self._sweep.all_test_config_in_string()
 
     def get_gpu_envs(self) -> List[Dict[str, Any]]:
-        return [{"name": slot.name, "env": slot.env()} for slot in self._sweep.options.slots]
+        return [{"name": slot.name, "env": slot.env()} for slot in self._slots()]
+
+    def _slots(self) -> List[Slot]:
+        slots = self._sweep.options.slots
+        if slots is None:  # "all": ask the machine
+            from .placement import machine_slots
+
+            return machine_slots(self._sweep.options)
+        return list(slots)
 
     def get_next_config(self, create_dir: bool = False) -> Dict[str, Any]:
         """The next run as ``{"config", "test_config_string", "test_config_string_filtered",
@@ -62,4 +71,4 @@ class ConfigManager:
         return self._total - self._counter
 
     def get_num_gpu(self) -> int:
-        return len(self._sweep.options.slots)
+        return len(self._slots())

@@ -7,17 +7,23 @@ Each entry of ``gpu`` is one slot, i.e. one run at a time:
 * ``"cpu"``: a slot with no GPU at all (``CUDA_VISIBLE_DEVICES`` empty), so
   sweeps run on laptops and CI. List it several times for several CPU slots.
 
-Listing the same GPU twice gives two slots sharing it, as in the original.
+``"gpu": "all"`` means one slot per GPU that NVML sees (and an inherited
+``CUDA_VISIBLE_DEVICES`` allows). Listing the same GPU twice gives two slots
+sharing it, as in the original.
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import ConfigError
+from .errors import ConfigError, GTSError
+
+logger = logging.getLogger("gpu_task_scheduler")
 
 CPU = "cpu"
+ALL = "all"
 _GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f][0-9A-Fa-f-]*|MIG-[0-9A-Za-z][0-9A-Za-z/-]*)$")
 _ALLOWED = (
     'a GPU index ("0" or 0), a GPU or MIG UUID ("GPU-...", "MIG-..."), '
@@ -68,25 +74,30 @@ def _entry_ids(entry: object, where: str) -> Tuple[str, ...]:
     return (_gpu_id(entry, where),)
 
 
-def normalize_gpu_entries(value: object) -> List[str]:
+def normalize_gpu_entries(value: object) -> Union[str, List[str]]:
     """The ``gpu`` list as the original's ``get_all_scheduler_config()`` shows it.
 
     >>> normalize_gpu_entries(["0", ["1", "2"], 3, "cpu"])
     ['0', '1,2', '3', 'cpu']
     """
-    return [CPU if slot.is_cpu else slot.cuda_visible_devices for slot in parse_slots(value)]
+    slots = parse_slots(value)
+    if slots is None:
+        return ALL
+    return [CPU if slot.is_cpu else slot.cuda_visible_devices for slot in slots]
 
 
-def parse_slots(value: object) -> List[Slot]:
+def parse_slots(value: object) -> Optional[List[Slot]]:
     """Validate ``scheduler_config['gpu']`` and turn it into slots.
 
     >>> [s.name for s in parse_slots(["0", ["1", "2"], "cpu", "cpu"])]
     ['gpu0', 'gpu1,2', 'cpu0', 'cpu1']
     """
     where = "scheduler_config['gpu']"
+    if isinstance(value, str) and value.strip().lower() == ALL:
+        return None  # resolved against the machine when the sweep starts
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ConfigError(
-            f"{where} must be a list of slots such as [\"0\", \"1\"] or [\"cpu\"]; got {value!r}"
+            f"{where} must be \"all\" or a list of slots such as [\"0\", \"1\"] or [\"cpu\"]; got {value!r}"
         )
     if len(value) == 0:
         raise ConfigError(f"{where} is empty; list at least one slot, e.g. [\"0\"] or [\"cpu\"]")
@@ -100,3 +111,84 @@ def parse_slots(value: object) -> List[Slot]:
             slots.append(Slot(name=f"cpu{cpu_count}", gpu_ids=()))
             cpu_count += 1
     return slots
+
+
+def resolve_slots(slots: Optional[Sequence[Slot]], *, gpu_count: Optional[int], visible: Optional[List[str]],
+                  cpu_fallback: int = 0, why_no_gpu: str = "") -> List[Slot]:
+    """The slots a sweep runs on, on this machine.
+
+    ``slots`` is the parsed config (None for ``"all"``), ``gpu_count`` what NVML
+    sees (None without NVML) and ``visible`` an inherited
+    ``CUDA_VISIBLE_DEVICES`` (None when unset). Index ids in the config count
+    within the visible GPUs, as CUDA would count them.
+
+    >>> [s.name for s in resolve_slots(None, gpu_count=4, visible=["2", "3"])]
+    ['gpu2', 'gpu3']
+    >>> [s.cuda_visible_devices for s in resolve_slots(parse_slots(["1", "0"]), gpu_count=4, visible=["2", "3"])]
+    ['3', '2']
+    """
+    if slots is None:
+        ids = visible if visible is not None else [str(i) for i in range(gpu_count or 0)]
+        if not ids:
+            reason = why_no_gpu or ("CUDA_VISIBLE_DEVICES hides every GPU" if visible == [] else "NVML sees no GPU")
+            if cpu_fallback > 0:
+                logger.warning("gpu is \"all\" but no GPU is available (%s); running on %d CPU slot(s)",
+                               reason, cpu_fallback)
+                return [Slot(name=f"cpu{i}", gpu_ids=()) for i in range(cpu_fallback)]
+            raise GTSError(
+                f'gpu is "all" but no GPU is available ({reason}). List GPUs explicitly, use "gpu": ["cpu"], '
+                'or set "cpu_fallback" to a number of CPU slots to use when no GPU is found.'
+            )
+        return [Slot(name=f"gpu{gpu_id}", gpu_ids=(gpu_id,)) for gpu_id in ids]
+    if visible is None:
+        return list(slots)
+    resolved = []
+    for slot in slots:
+        ids = []
+        for gpu_id in slot.gpu_ids:
+            if gpu_id.isdigit():
+                if int(gpu_id) >= len(visible):
+                    raise GTSError(
+                        f"gpu {gpu_id} is not visible: the inherited CUDA_VISIBLE_DEVICES="
+                        f"{','.join(visible)!r} allows {len(visible)} GPU(s), numbered from 0"
+                    )
+                gpu_id = visible[int(gpu_id)]
+            ids.append(gpu_id)
+        resolved.append(Slot(name="gpu" + ",".join(ids), gpu_ids=tuple(ids)) if ids else slot)
+    return resolved
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_memory(value: object, where: str) -> int:
+    """Bytes from an int or a string such as ``"10GB"``, ``"10 GiB"``, ``"512MiB"``.
+
+    >>> parse_memory("1.5GiB", "x"), parse_memory("10GB", "x"), parse_memory(2048, "x")
+    (1610612736, 10000000000, 2048)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{where} must be a memory size such as 10000000000, \"10GB\" or \"9.5GiB\"; got {value!r}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.match(value)
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{where} is {value!r}, not a memory size; use e.g. \"10GB\", \"9.5GiB\" or \"512MiB\"")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    if not number >= 0 or number == float("inf"):
+        raise ConfigError(f"{where} must be a memory size >= 0; got {value!r}")
+    return int(number * _UNITS[unit])
+
+
+def format_memory(size: Optional[int]) -> str:
+    """Bytes for people.
+
+    >>> format_memory(10 * 2**30)
+    '10.0 GiB'
+    """
+    if size is None:
+        return "unknown"
+    return f"{size / (1 << 30):.1f} GiB"

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from types import ModuleType
 from typing import Iterator, Optional, Type
 
 from .config_files import ConfigSource
@@ -68,9 +69,11 @@ class GPUTaskScheduler:
     until :meth:`start`.
     """
 
-    def __init__(self, config: ConfigSource, gpu_task_class: Type[GPUTask]) -> None:
+    def __init__(self, config: ConfigSource, gpu_task_class: Type[GPUTask], *,
+                 nvml: Optional[ModuleType] = None) -> None:
         self._sweep = Sweep(config)
         self._gpu_task_class = check_task_class(gpu_task_class)
+        self._nvml = nvml  # a module with pynvml's interface; the real bindings when None
 
     @property
     def sweep(self) -> Sweep:
@@ -86,8 +89,10 @@ class GPUTaskScheduler:
         uncaught one ends the process with SIGINT's status); on SIGTERM they are stopped and SIGTERM is delivered again to
         the previous handler (by default ending the process).
         """
+        scheduler = Scheduler(self._sweep, self._gpu_task_class, nvml=self._nvml)
+        scheduler.setup()  # no GPU for "all": an error before anything is written
         with scheduler_logging(self._sweep.options.scheduler_log_file_path):
-            summary = Scheduler(self._sweep, self._gpu_task_class).run()
+            summary = scheduler.run()
             (logger.info if summary.ok else logger.error)("%s", summary.report())
         if summary.interrupted_by == "SIGINT":
             interrupt = KeyboardInterrupt(summary.report())

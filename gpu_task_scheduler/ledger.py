@@ -27,10 +27,6 @@ from .errors import LedgerError, SchedulerBusyError
 from .paths import RootPaths
 
 SCHEMA_VERSION = 1
-_COLUMNS = (
-    "name", "run_index", "config_hash", "status", "attempts", "slot", "pid", "token", "work_dir",
-    "started_at", "ended_at", "exit_code", "signal", "cause", "log_tail", "result",
-)
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
     name TEXT PRIMARY KEY,
@@ -40,7 +36,8 @@ CREATE TABLE IF NOT EXISTS runs (
     attempts INTEGER NOT NULL DEFAULT 0,
     slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
     started_at REAL, ended_at REAL,
-    exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT
+    exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
+    gpu_memory_peak INTEGER
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
@@ -77,6 +74,7 @@ class RunRecord:
     cause: Optional[str]
     log_tail: Optional[str]
     result: Optional[str]  # JSON text of what main() returned
+    gpu_memory_peak: Optional[int] = None  # bytes on one GPU, as NVML saw the run's processes
 
     @property
     def result_value(self) -> Any:
@@ -170,7 +168,8 @@ class Ledger:
                  run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
                  attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
-                 exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL""",
+                 exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
+                 gpu_memory_peak = NULL""",
             (name, run_index, config_hash, slot, token, work_dir, self._clock()),
         )
         record = self.get(name)
@@ -183,12 +182,12 @@ class Ledger:
     def finish(self, name: str, status: RunStatus, *, exit_code: Optional[int] = None,
                signal: Optional[str] = None, cause: Optional[str] = None,
                log_tail: Optional[str] = None, result: Optional[str] = None,
-               ended_at: Optional[float] = None) -> None:
+               ended_at: Optional[float] = None, gpu_memory_peak: Optional[int] = None) -> None:
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
-               log_tail = ?, result = ? WHERE name = ?""",
+               log_tail = ?, result = ?, gpu_memory_peak = ? WHERE name = ?""",
             (status.value, self._clock() if ended_at is None else ended_at, exit_code, signal, cause,
-             log_tail, result, name),
+             log_tail, result, gpu_memory_peak, name),
         )
 
     def adopt(self, *, name: str, run_index: int, config_hash: str, work_dir: str,

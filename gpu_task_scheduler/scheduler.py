@@ -1,10 +1,11 @@
-"""The event loop: place runs on free slots, react to exits, timeouts and signals.
+"""The event loop: place runs on slots, react to exits, timeouts, signals and GPU state.
 
 One thread (the caller's) makes every decision and every ledger write; child
 watcher threads and signal handlers only post events to a queue. The loop
-sleeps in ``queue.get`` until an event arrives or the nearest deadline (a run
-timeout, the end of a grace period) passes, so a slot gets its next run the
-moment its child exits.
+sleeps in ``queue.get`` until an event arrives or the nearest deadline passes
+(a run's timeout, the end of a grace period, the next look at the GPUs while
+runs are waiting for memory or being measured), so a slot gets its next run
+the moment its child exits.
 """
 from __future__ import annotations
 
@@ -13,19 +14,26 @@ import json
 import logging
 import os
 import queue
+import random
 import signal
+import statistics
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple, Type
 
-from .devices import Slot
+from .devices import Slot, format_memory
 from .errors import GTSError
 from .gpu_task import GPUTask
+from .host import HostProbe
 from .launch import LaunchError, prepare
 from .ledger import Ledger, RunStatus, SweepLock
+from .nvml import GpuMonitor, NvmlUnavailable
+from .oom import detect_oom
 from .paths import RootPaths, RunPaths, read_json
+from .placement import EXCLUSIVE, Reservation, SlotView, book, busy_reason, choose, machine_slots, process_group
 from .process import Child, describe_returncode
 from .summary import RunOutcome, SweepSummary
 from .sweep import RunSpec, Sweep
@@ -33,50 +41,95 @@ from .sweep import RunSpec, Sweep
 logger = logging.getLogger("gpu_task_scheduler")
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+OOM_GROWTH = 1.5  # after an out-of-memory failure, a run's estimate grows by this factor
+
+
+@dataclass
+class _Pending:
+    spec: RunSpec
+    tries: int = 0  # attempts of this run in this start()
+    oom_retries: int = 0
+    need: Optional[int] = None  # the memory estimate raised after an out-of-memory failure
 
 
 @dataclass
 class _Active:
-    spec: RunSpec
+    item: _Pending
+    slot_index: int
     slot: Slot
     child: Child
     paths: RunPaths
     token: str
-    tries: int  # attempts of this run in this start()
     started: float
     deadline: Optional[float]
+    reservation: Reservation
     stop_reason: Optional[RunStatus] = None  # TIMED_OUT or INTERRUPTED once we stop it
     stop_cause: Optional[str] = None
     kill_at: Optional[float] = None
 
+    @property
+    def spec(self) -> RunSpec:
+        return self.item.spec
+
 
 class Scheduler:
-    def __init__(self, sweep: Sweep, task_class: Type[GPUTask], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, sweep: Sweep, task_class: Type[GPUTask], *, nvml: Optional[ModuleType] = None,
+                 clock: Callable[[], float] = time.monotonic, host: Optional[HostProbe] = None) -> None:
         self.sweep = sweep
         self.options = sweep.options
         self.task_class = task_class
+        self._nvml_module = nvml
         self._clock = clock
+        self._host = host or HostProbe()
         self._events: "queue.SimpleQueue[Tuple[str, Any]]" = queue.SimpleQueue()
         self._active: Dict[int, _Active] = {}
-        self._free: Deque[int] = collections.deque(range(len(self.options.slots)))
-        self._idle_reported: set = set()
-        self._retry: Deque[Tuple[RunSpec, int]] = collections.deque()
+        self._keys = iter(range(1 << 62))
+        self._retry: Deque[_Pending] = collections.deque()
+        self._deferred: Deque[_Pending] = collections.deque()  # out-of-memory retries, after everything else
+        self._held: Optional[_Pending] = None  # the next run, waiting for room
         self._runs: Optional[Iterator[RunSpec]] = None
+        self._exhausted = False
+        self._idle_reported: set = set()
         self._stop_level = 0
         self._summary = SweepSummary()
+        self._monitor: Optional[GpuMonitor] = None
+        self._learned: List[int] = []
+        self._last_slot = -1
+        self._rng = random.Random(0)
+        self._waiting_for: Optional[str] = None
+        self._next_poll: Optional[float] = None
+        self._setup_done = False
+        self._gpu_states: Dict[str, Any] = {}
 
     # --- entry ----------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
+        if self._setup_done:
+            return
+        try:
+            self._setup_slots()
+        except BaseException:
+            self._close_monitor()
+            raise
+        self._setup_done = True
 
     def run(self) -> SweepSummary:
         started = self._clock()
         root = RootPaths(self.options.result_root_folder)
+        self.setup()
+        self._log_gpus()
         try:
             os.makedirs(root.root, exist_ok=True)
         except OSError as error:
+            self._close_monitor()
             raise GTSError(f"cannot create the result root {root.root!r}: {error}") from error
         lock = SweepLock(root)
-        lock.acquire()
+        try:
+            lock.acquire()
+        except BaseException:
+            self._close_monitor()
+            raise
         try:
             self._ledger = Ledger(root)
             try:
@@ -89,8 +142,45 @@ class Scheduler:
                 self._ledger.close()
         finally:
             lock.release()
+            self._close_monitor()
         self._summary.duration = self._clock() - started
         return self._summary
+
+    def _setup_slots(self) -> None:
+        o = self.options
+        wants_gpus = o.slots is None or any(not slot.is_cpu for slot in o.slots)
+        if wants_gpus:
+            try:
+                self._monitor = GpuMonitor(self._nvml_module)
+            except NvmlUnavailable as error:
+                packing = o.max_runs_per_gpu > 1 or o.gpu_memory is not None or o.busy_memory_fraction is not None \
+                    or o.busy_utilization is not None
+                if o.slots is not None:
+                    (logger.warning if packing else logger.info)(
+                        "GPU state is unknown (%s): one run per slot, without memory checks", error)
+        self.slots: List[Slot] = machine_slots(o, self._monitor)
+        packing_ok = self._monitor is not None
+        self._capacity = [1 if slot.is_cpu or not packing_ok else o.max_runs_per_gpu for slot in self.slots]
+        self._running = [0] * len(self.slots)
+        if self._monitor is not None:
+            ids = sorted({gpu for slot in self.slots for gpu in slot.gpu_ids})
+            try:
+                self._gpu_states = self._monitor.snapshot(ids)
+            except Exception as error:  # NVMLError subclasses: a GPU id NVML does not know
+                self._close_monitor()
+                raise GTSError(f"cannot read GPU {', '.join(ids)} through NVML: {error}") from error
+        if o.max_host_cpu_percent is not None:
+            self._host.cpu_percent()  # start the first measuring interval
+
+    def _log_gpus(self) -> None:
+        for gpu_id, state in self._gpu_states.items():
+            logger.info("gpu %s: %s, %s total, %s free, %d process(es)", gpu_id, state.name,
+                        format_memory(state.total_memory), format_memory(state.free_memory), len(state.processes))
+
+    def _close_monitor(self) -> None:
+        if self._monitor is not None:
+            self._monitor.close()
+            self._monitor = None
 
     def _settle_previous(self) -> None:
         """Runs a killed scheduler left marked ``running``: done, or interrupted."""
@@ -108,8 +198,8 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             if self._stop_level == 0:
-                self._fill_free_slots()
-            if not self._active:
+                self._fill()
+            if not self._active and (self._stop_level or self._held is None):
                 return
             try:
                 kind, value = self._events.get(timeout=self._seconds_to_next_deadline())
@@ -121,41 +211,81 @@ class Scheduler:
                 self._on_signal(value)
             self._enforce_deadlines()
 
+    def _needs_polling(self) -> bool:
+        measuring = self._monitor is not None and any(a.reservation.gpu_ids for a in self._active.values())
+        return self._held is not None or measuring
+
     def _seconds_to_next_deadline(self) -> Optional[float]:
         deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at) if d is not None]
+        if self._needs_polling() and self._stop_level == 0:
+            if self._next_poll is None or self._next_poll <= self._clock():
+                self._next_poll = self._clock() + self.options.gpu_poll_interval
+            deadlines.append(self._next_poll)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - self._clock())
 
-    def _next_spec(self) -> Optional[Tuple[RunSpec, int]]:
-        if self._retry:
-            return self._retry.popleft()
-        assert self._runs is not None
-        spec = next(self._runs, None)
-        return None if spec is None else (spec, 0)
+    def _next(self) -> Optional[_Pending]:
+        if self._held is None:
+            if self._retry:
+                self._held = self._retry.popleft()
+            elif not self._exhausted:
+                assert self._runs is not None
+                spec = next(self._runs, None)
+                if spec is None:
+                    self._exhausted = True
+                else:
+                    self._held = _Pending(spec)
+            if self._held is None and self._exhausted and self._deferred:
+                self._held = self._deferred.popleft()
+        return self._held
 
-    def _fill_free_slots(self) -> None:
-        while self._free:
-            index = self._free[0]
-            slot = self.options.slots[index]
-            item = self._next_spec()
+    def _fill(self) -> None:
+        while True:
+            item = self._next()
             if item is None:
-                for idle in self._free:
-                    if idle not in self._idle_reported:
-                        self._idle_reported.add(idle)
-                        logger.info("%s finished", self.options.slots[idle].name)
+                self._report_idle_slots()
                 return
-            spec, tries = item
-            self._idle_reported.discard(index)
-            logger.info("%s receives task %s", slot.name, spec.test_config_string)
-            reason = None if tries else self._skip_reason(spec)
-            if reason is not None:
-                logger.info("%s skips task %s", slot.name, spec.test_config_string)
-                logger.debug("skipped %s: %s", spec.name, reason)
-                self._summary.skipped.append(spec.name)
+            if not item.tries:
+                reason = self._skip_reason(item.spec)
+                if reason is not None:
+                    name = self._name_for_log()
+                    logger.info("%s receives task %s", name, item.spec.test_config_string)
+                    logger.info("%s skips task %s", name, item.spec.test_config_string)
+                    logger.debug("skipped %s: %s", item.spec.name, reason)
+                    self._summary.skipped.append(item.spec.name)
+                    self._held = None
+                    continue
+            need = self._need(item)
+            views = self._views()
+            impossible = self._impossible(views, need)
+            if impossible is not None:
+                self._held = None
+                self._fail_unstarted(item, impossible)
                 continue
-            if self._launch(spec, index, tries + 1):
-                self._free.popleft()
+            blocked = self._host_blocked()
+            view = None if blocked else choose(views, need, self.options.placement, last=self._last_slot,
+                                               rng=self._rng)
+            if view is None:
+                self._wait(item, need, views, blocked)
+                return
+            self._held = None
+            self._waiting_for = None
+            self._last_slot = view.index
+            logger.info("%s receives task %s", view.slot.name, item.spec.test_config_string)
+            self._launch(item, view.index, need)
+
+    def _name_for_log(self) -> str:
+        for index, slot in enumerate(self.slots):
+            if self._running[index] < self._capacity[index]:
+                return slot.name
+        return self.slots[0].name
+
+    def _report_idle_slots(self) -> None:
+        for index, slot in enumerate(self.slots):
+            if self._running[index] == 0 and index not in self._idle_reported:
+                self._idle_reported.add(index)
+                logger.info("%s finished", slot.name)
 
     def _skip_reason(self, spec: RunSpec) -> Optional[str]:
         if spec.duplicate:
@@ -184,44 +314,153 @@ class Scheduler:
             return "its folder exists (skip_existing_folders)"
         return None
 
+    # --- GPU memory -------------------------------------------------------------
+
+    def _need(self, item: _Pending) -> Optional[int]:
+        """Bytes per GPU the run needs; EXCLUSIVE: unknown, so the whole GPU; None: no accounting."""
+        if self._monitor is None:
+            return None
+        if item.need is not None:
+            return item.need
+        declared = self.sweep.memory_need(item.spec.config)
+        if declared is not None:
+            return declared
+        if self.options.learn_gpu_memory and self._learned:
+            pick = max if self.options.learn_gpu_memory == "max" else statistics.mean
+            return int(pick(self._learned))
+        return EXCLUSIVE if self.options.max_runs_per_gpu > 1 else None
+
+    def _views(self) -> List[SlotView]:
+        books = {}
+        if self._monitor is not None:
+            ids = sorted({gpu for slot in self.slots for gpu in slot.gpu_ids})
+            try:
+                states = self._monitor.snapshot(ids)
+            except Exception as error:  # an NVMLError: a GPU fell off the bus, the driver restarts
+                logger.warning("cannot read the GPUs through NVML (%s); waiting", error)
+                return [SlotView(i, s, self._running[i], self._capacity[i], None, 0, f"NVML error: {error}")
+                        for i, s in enumerate(self.slots)]
+            margin = self.sweep.memory_margin()
+            books = book(states, [a.reservation for a in self._active.values()], margin, process_group)
+        views = []
+        for index, slot in enumerate(self.slots):
+            gpus = [books[gpu] for gpu in slot.gpu_ids if gpu in books]
+            busy = None
+            for gpu_id, gpu in zip(slot.gpu_ids, gpus):
+                reason = busy_reason(gpu, memory_fraction=self.options.busy_memory_fraction,
+                                     utilization=self.options.busy_utilization)
+                if reason:
+                    busy = f"gpu {gpu_id}: {reason}"
+                    break
+            views.append(SlotView(
+                index=index, slot=slot, running=self._running[index], capacity=self._capacity[index],
+                available=min(g.available for g in gpus) if gpus else None,
+                ours_on_gpus=max((g.ours for g in gpus), default=0), busy=busy,
+            ))
+        return views
+
+    def _impossible(self, views: List[SlotView], need: Optional[int]) -> Optional[str]:
+        """Why the run can never start here (it needs more than any GPU has), or None."""
+        if need is None or need == EXCLUSIVE or self._monitor is None:
+            return None
+        totals = [self._monitor.state(gpu).total_memory for v in views for gpu in v.slot.gpu_ids]
+        if not totals:
+            return None
+        largest = max(totals) - self.sweep.memory_margin()
+        if need > largest:
+            return (f"it needs {format_memory(need)} per GPU, more than any GPU here can give "
+                    f"({format_memory(largest)} after the {format_memory(self.sweep.memory_margin())} margin)")
+        return None
+
+    def _host_blocked(self) -> Optional[str]:
+        o = self.options
+        if o.max_host_cpu_percent is not None:
+            percent = self._host.cpu_percent()
+            if percent is not None and percent > o.max_host_cpu_percent:
+                return f"host CPU utilisation is {percent:.0f}% (max_host_cpu_percent {o.max_host_cpu_percent:g})"
+        if o.min_host_free_memory is not None:
+            free = self._host.available_memory()
+            wanted = self.sweep.host_memory_floor()
+            if free < wanted:
+                return f"host has {format_memory(free)} of RAM available (min_host_free_memory {format_memory(wanted)})"
+        return None
+
+    def _wait(self, item: _Pending, need: Optional[int], views: List[SlotView], host: Optional[str]) -> None:
+        if host is not None:
+            reason = host
+        else:
+            wanted = "the whole GPU" if need == EXCLUSIVE else (
+                "a free slot" if need is None else f"{format_memory(need)} per GPU")
+            states = []
+            for view in views:
+                if view.busy:
+                    states.append(f"{view.slot.name} busy ({view.busy})")
+                elif view.running >= view.capacity:
+                    states.append(f"{view.slot.name} full ({view.running} of ours)")
+                else:
+                    states.append(f"{view.slot.name} {format_memory(view.available)} available")
+            reason = f"needs {wanted}; " + "; ".join(states)
+        message = f"waiting to start {item.spec.name}: {reason}"
+        if message != self._waiting_for:
+            self._waiting_for = message
+            # Waiting for our own runs to end is the normal case; waiting for others is news.
+            (logger.info if self._active and host is None else logger.warning)("%s", message)
+
     # --- starting and ending runs ----------------------------------------------
 
-    def _launch(self, spec: RunSpec, slot_index: int, tries: int) -> bool:
-        slot = self.options.slots[slot_index]
+    def _fail_unstarted(self, item: _Pending, cause: str) -> None:
+        spec = item.spec
+        logger.error("%s fails task %s (%s)", self._name_for_log(), spec.test_config_string, cause)
+        self._summary.record(RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED,
+                                        attempts=item.tries, cause=cause))
+
+    def _launch(self, item: _Pending, slot_index: int, need: Optional[int]) -> None:
+        spec = item.spec
+        item.tries += 1
+        slot = self.slots[slot_index]
         paths = RunPaths(spec.work_dir, self.options.log_file)
         token = uuid.uuid4().hex
         attempt = self._ledger.mark_running(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
                                             slot=slot.name, token=token, work_dir=spec.work_dir)
+        key = next(self._keys)
         try:
             launch = prepare(spec=spec, slot=slot, task_class=self.task_class, paths=paths,
                              token=token, attempt=attempt)
             child = Child(launch.argv, env=launch.env, cwd=launch.cwd, log_path=paths.log,
-                          on_exit=lambda: self._events.put(("exit", slot_index)))
+                          on_exit=lambda: self._events.put(("exit", key)))
         except (LaunchError, OSError) as error:
             cause = f"could not start: {error}"
             self._ledger.finish(spec.name, RunStatus.FAILED, cause=cause)
             logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, cause)
             self._summary.record(RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED,
-                                            attempts=tries, slot=slot.name, cause=cause, log_path=paths.log))
-            return False
+                                            attempts=item.tries, slot=slot.name, cause=cause, log_path=paths.log))
+            return
         self._ledger.set_pid(spec.name, child.pid)
         now = self._clock()
         timeout = self.options.timeout
-        self._active[slot_index] = _Active(spec=spec, slot=slot, child=child, paths=paths, token=token,
-                                           tries=tries, started=now,
-                                           deadline=None if timeout is None else now + timeout)
-        return True
+        self._running[slot_index] += 1
+        self._idle_reported.discard(slot_index)
+        self._active[key] = _Active(
+            item=item, slot_index=slot_index, slot=slot, child=child, paths=paths, token=token, started=now,
+            deadline=None if timeout is None else now + timeout,
+            reservation=Reservation(gpu_ids=slot.gpu_ids, pgid=child.pid, reserved=need or 0),
+        )
 
-    def _on_exit(self, slot_index: int) -> None:
-        active = self._active.pop(slot_index)
+    def _on_exit(self, key: int) -> None:
+        active = self._active.pop(key)
+        if self._monitor is not None and active.reservation.gpu_ids:
+            self._views()  # a last look at what the run allocated
         returncode = active.child.reap()
+        self._running[active.slot_index] -= 1
         duration = self._clock() - active.started
-        spec, paths = active.spec, active.paths
+        spec, paths, item = active.spec, active.paths, active.item
         exit_code, signal_name = describe_returncode(returncode)
         outcome = read_json(paths.outcome)
         if outcome is not None and outcome.get("token") != active.token:
             outcome = None
         result = None
+        oom = None
+        tail = paths.tail()
         if outcome is not None and outcome.get("status") == "succeeded":
             status, cause, result = RunStatus.SUCCEEDED, None, outcome.get("result")
         elif active.stop_reason is not None:
@@ -235,23 +474,38 @@ class Scheduler:
                 cause = "the run folder disappeared"
             if cause is None and exit_code == 0:
                 cause = "the process exited without recording an outcome"
-        tail = paths.tail()
+            oom = detect_oom(tail)
+            if oom is not None:
+                cause = f"GPU out of memory ({oom})" + (f": {cause}" if cause else "")
+        peak = active.reservation.peak or None
+        if peak and oom is None:
+            self._learned.append(peak)
         self._ledger.finish(spec.name, status, exit_code=exit_code, signal=signal_name, cause=cause,
-                            log_tail=tail, result=None if result is None else json.dumps(result))
-        record = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=status, attempts=active.tries,
+                            log_tail=tail, result=None if result is None else json.dumps(result),
+                            gpu_memory_peak=peak)
+        record = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=status, attempts=item.tries,
                             slot=active.slot.name, exit_code=exit_code, signal=signal_name, cause=cause,
                             log_path=paths.log, log_tail=tail, duration=duration, result=result)
         self._summary.record(record)
         if status is RunStatus.SUCCEEDED:
             logger.info("%s finishes task %s", active.slot.name, spec.test_config_string)
-        else:
-            logger.error("%s fails task %s (%s)", active.slot.name, spec.test_config_string, record.describe())
-            retryable = status in (RunStatus.FAILED, RunStatus.TIMED_OUT)
-            if retryable and self._stop_level == 0 and active.tries <= self.options.max_retries:
-                logger.info("%s will be retried (attempt %d of %d)", spec.name, active.tries + 1,
-                            self.options.max_retries + 1)
-                self._retry.append((spec, active.tries))
-        self._free.append(slot_index)
+            return
+        logger.error("%s fails task %s (%s)", active.slot.name, spec.test_config_string, record.describe())
+        if self._stop_level:
+            return
+        if oom is not None and item.oom_retries < self.options.max_oom_retries:
+            item.oom_retries += 1
+            grown = max(active.reservation.reserved, peak or 0)
+            item.need = int(grown * OOM_GROWTH) if grown > 0 else EXCLUSIVE
+            logger.info("%s ran out of GPU memory; it will run again later, reserving %s (out-of-memory "
+                        "retry %d of %d)", spec.name, "the whole GPU" if item.need == EXCLUSIVE
+                        else format_memory(item.need), item.oom_retries, self.options.max_oom_retries)
+            self._deferred.append(item)
+        elif oom is None and status in (RunStatus.FAILED, RunStatus.TIMED_OUT) \
+                and item.tries - item.oom_retries <= self.options.max_retries:
+            logger.info("%s will be retried (attempt %d of %d)", spec.name, item.tries + 1,
+                        self.options.max_retries + 1)
+            self._retry.append(item)
 
     def _stop(self, active: _Active, reason: RunStatus, cause: str) -> None:
         """SIGTERM the run's group now, SIGKILL it when the grace period ends."""
@@ -290,10 +544,10 @@ class Scheduler:
 
     def _kill_everything(self) -> None:
         """Last resort when the loop ends abnormally: no child may outlive us."""
-        for slot_index, active in list(self._active.items()):
+        for key, active in list(self._active.items()):
             active.child.signal_group(signal.SIGKILL)
             active.child.reap()
-            del self._active[slot_index]
+            del self._active[key]
             try:
                 self._ledger.finish(active.spec.name, RunStatus.INTERRUPTED,
                                     cause="the scheduler stopped on an error")

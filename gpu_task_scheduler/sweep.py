@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .config_files import ConfigSource, load_config
-from .devices import Slot, normalize_gpu_entries, parse_slots
+from .devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
 from .errors import ConfigError, unknown_key_message
 from .naming import NameRegistry, config_string, safe_folder_name
 
@@ -87,6 +87,33 @@ def _log_file(value: Any) -> Optional[str]:
     return None
 
 
+def _memory(value: Any) -> Optional[str]:
+    try:
+        parse_memory(value, "")
+    except ConfigError:
+        return 'a memory size such as 10000000000, "10GB" or "9.5GiB"'
+    return None
+
+
+def _one_of(*choices: Any) -> Callable[[Any], Optional[str]]:
+    def check(value: Any) -> Optional[str]:
+        return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
+
+    return check
+
+
+def _fraction(value: Any) -> Optional[str]:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
+    return None if ok else "a fraction in (0, 1]"
+
+
+def _percent(value: Any) -> Optional[str]:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 100
+    return None if ok else "a percentage in (0, 100]"
+
+
+PLACEMENTS = ("first_fit", "round_robin", "random", "most_free")
+
 # key -> (default factory, check). Defaults match the original GPUTaskScheduler.
 SCHEDULER_KEYS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], Optional[str]]]] = {
     "force_rerun": (lambda: False, _bool),
@@ -105,6 +132,20 @@ SCHEDULER_KEYS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], Optional[str]
     "max_retries": (lambda: 0, _int_at_least(0)),
     "timeout": (lambda: None, _optional(_seconds(allow_zero=False))),
     "grace_period": (lambda: 10.0, _seconds(allow_zero=True)),
+    # GPU awareness (see placement.py).
+    "max_runs_per_gpu": (lambda: 1, _int_at_least(1)),
+    "gpu_memory": (lambda: None, _optional(_memory)),
+    "gpu_memory_key": (lambda: "gpu_memory", _text),
+    "learn_gpu_memory": (lambda: "max", _one_of("max", "mean", None)),
+    "memory_margin": (lambda: "512MiB", _memory),
+    "placement": (lambda: "first_fit", _one_of(*PLACEMENTS)),
+    "busy_memory_fraction": (lambda: None, _optional(_fraction)),
+    "busy_utilization": (lambda: None, _optional(_percent)),
+    "max_oom_retries": (lambda: 2, _int_at_least(0)),
+    "gpu_poll_interval": (lambda: 2.0, _seconds(allow_zero=False)),
+    "cpu_fallback": (lambda: 0, _int_at_least(0)),
+    "max_host_cpu_percent": (lambda: None, _optional(_percent)),
+    "min_host_free_memory": (lambda: None, _optional(_memory)),
 }
 
 
@@ -113,7 +154,7 @@ class SchedulerOptions:
     """``scheduler_config`` after validation, with every default filled in."""
 
     values: Mapping[str, Any]
-    slots: Tuple[Slot, ...]
+    slots: Optional[Tuple[Slot, ...]]  # None for "gpu": "all", resolved when the sweep starts
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -133,7 +174,8 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
             raise ConfigError(unknown_key_message("scheduler_config", key, ["gpu", *SCHEDULER_KEYS]))
     if "gpu" not in raw:
         raise ConfigError('could not find gpu in scheduler_config; add e.g. "gpu": ["0", "1"] or "gpu": ["cpu"]')
-    slots = tuple(parse_slots(raw["gpu"]))
+    parsed = parse_slots(raw["gpu"])
+    slots = None if parsed is None else tuple(parsed)
     values: Dict[str, Any] = {"gpu": normalize_gpu_entries(raw["gpu"])}
     for key, (default, check) in SCHEDULER_KEYS.items():
         if key not in raw:
@@ -270,7 +312,28 @@ class Sweep:
             self.blocks = copy.deepcopy(parse_test_config(raw.get("test_config")))
         except (TypeError, copy.Error) as error:
             raise ConfigError(f"config values could not be copied: {error}") from error
+        self._check_memory_values()
         self._has_test_config = raw.get("test_config") is not None
+
+    def _check_memory_values(self) -> None:
+        """Per-run GPU memory needs (``gpu_memory_key``) are checked up front too."""
+        key = self.options.gpu_memory_key
+        if key in self.global_config:
+            parse_memory(self.global_config[key], f"global_config[{key!r}]")
+        for index, block in enumerate(self.blocks):
+            for value in block.get(key, ()):
+                parse_memory(value, f"test_config[{index}][{key!r}]")
+
+    def memory_margin(self) -> int:
+        return parse_memory(self.options.memory_margin, "memory_margin")
+
+    def host_memory_floor(self) -> int:
+        return parse_memory(self.options.min_host_free_memory, "min_host_free_memory")
+
+    def memory_need(self, config: Mapping[str, Any]) -> Optional[int]:
+        """The GPU memory a run declares (its config, else ``gpu_memory``), in bytes, or None."""
+        value = config.get(self.options.gpu_memory_key, self.options.gpu_memory)
+        return None if value is None else parse_memory(value, self.options.gpu_memory_key)
 
     def __len__(self) -> int:
         return sum(math.prod(len(values) for values in block.values()) for block in self.blocks)

@@ -201,3 +201,35 @@ class FullDiskTask(GPUTask):
             sys.stdout.write("y" * 1023 + "\n")
             sys.stdout.flush()
         return "unreachable"
+
+
+class FakeGpuTask(GPUTask):
+    """Allocates ``alloc_gb`` on its (fake) GPU, notes how many of the sweep's runs share it, waits, ends.
+
+    ``clear_foreign`` / ``add_foreign`` change another user's process on a GPU, as if it ended or appeared.
+    """
+
+    def main(self):
+        import fake_nvml
+
+        gpu = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
+        fake_nvml.allocate(gpu, int(self._config["alloc_gb"] * 1e9))
+        with fake_nvml._locked() as state:
+            sharing = sum(1 for p in fake_nvml._find(state, gpu)["processes"]
+                          if p["pid"] > 1 and fake_nvml._alive(p["pid"]))
+        if self._config.get("clear_foreign") is not None:
+            fake_nvml.set_gpu(self._config["clear_foreign"], processes=[])
+        if self._config.get("add_foreign") is not None:
+            fake_nvml.set_gpu(self._config["add_foreign"], processes=[{"pid": 1, "used": int(75e9)}])
+        time.sleep(self._config.get("hold", 0.5))
+        if self._config.get("oom_until", 0) >= self._attempt():
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+            sys.exit(1)
+        return {"gpu": gpu, "sharing": sharing}
+
+    def _attempt(self):
+        counter = os.path.join(self._work_dir, "attempts.txt")
+        attempts = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+        with open(counter, "w") as handle:
+            handle.write(str(attempts))
+        return attempts

@@ -68,6 +68,19 @@ def test_scheduler_defaults_match_the_original(in_tmp):
         "max_retries": 0,
         "timeout": None,
         "grace_period": 10.0,
+        "max_runs_per_gpu": 1,
+        "gpu_memory": None,
+        "gpu_memory_key": "gpu_memory",
+        "learn_gpu_memory": "max",
+        "memory_margin": "512MiB",
+        "placement": "first_fit",
+        "busy_memory_fraction": None,
+        "busy_utilization": None,
+        "max_oom_retries": 2,
+        "gpu_poll_interval": 2.0,
+        "cpu_fallback": 0,
+        "max_host_cpu_percent": None,
+        "min_host_free_memory": None,
     }
 
 
@@ -195,7 +208,7 @@ INVALID = [
     ({}, ["scheduler_config"], "could not find scheduler_config"),
     ({"scheduler_config": {}}, ["gpu"], "could not find gpu"),
     ({"scheduler_config": {"gpu": []}}, ["gpu"], "is empty"),
-    ({"scheduler_config": {"gpu": "0"}}, ["gpu"], "must be a list of slots"),
+    ({"scheduler_config": {"gpu": "0"}}, ["gpu"], "must be \"all\" or a list of slots"),
     ({"scheduler_config": {"gpu": ["zero"]}}, ["gpu", "'zero'"], "not a GPU id"),
     ({"scheduler_config": {"gpu": [-1]}}, ["gpu", "-1"], "not a GPU id"),
     ({"scheduler_config": {"gpu": [1.5]}}, ["gpu", "1.5"], "expected"),

@@ -1,0 +1,36 @@
+"""Host conditions for starting a run: CPU utilisation and free RAM (Linux /proc)."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+
+def _read(path: str) -> str:
+    with open(path) as handle:
+        return handle.read()
+
+
+class HostProbe:
+    """CPU utilisation since the previous call, and available memory."""
+
+    def __init__(self, read: Callable[[str], str] = _read) -> None:
+        self._read = read
+        self._last: Optional[Tuple[int, int]] = None
+
+    def _cpu_times(self) -> Tuple[int, int]:
+        fields = [int(x) for x in self._read("/proc/stat").splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    def cpu_percent(self) -> Optional[float]:
+        """Busy share of all cores since the last call (None on the first call)."""
+        now = self._cpu_times()
+        last, self._last = self._last, now
+        if last is None or now[0] == last[0]:
+            return None
+        return 100.0 * (1 - (now[1] - last[1]) / (now[0] - last[0]))
+
+    def available_memory(self) -> int:
+        for line in self._read("/proc/meminfo").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+        raise OSError("MemAvailable missing from /proc/meminfo")

@@ -1,0 +1,141 @@
+"""What the GPUs hold right now, read through the NVML Python bindings.
+
+Everything NVML is behind :class:`GpuMonitor`, built from a module with the
+``pynvml`` interface: the real bindings (the ``nvidia-ml-py`` distribution) by
+default, or a fake with the same function names, exception classes and return
+shapes in tests. Nothing else in the package calls NVML.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory: Optional[int]  # bytes; None where NVML cannot tell (e.g. Windows WDDM)
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU (or MIG instance) as NVML sees it at one moment."""
+
+    index: Optional[int]  # NVML index (PCI bus order); None for a MIG instance
+    uuid: str
+    name: str
+    total_memory: int
+    free_memory: int
+    used_memory: int
+    utilization: Optional[int]  # percent of time a kernel ran in the last sample period
+    processes: Tuple[GpuProcess, ...] = field(default=())
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here (no driver, no GPU, no bindings); ``str()`` says why."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class GpuMonitor:
+    """Reads GPU state through a ``pynvml``-like module."""
+
+    def __init__(self, module: Optional[ModuleType] = None) -> None:
+        if module is None:
+            try:
+                import pynvml as module  # type: ignore[no-redef]
+            except ImportError as error:
+                raise NvmlUnavailable(f"the NVML bindings are not installed ({error})") from None
+        self._nvml = module
+        try:
+            module.nvmlInit()
+        except module.NVMLError as error:
+            raise NvmlUnavailable(f"NVML could not start: {error}") from None
+        self._handles: Dict[str, Any] = {}
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass
+
+    def __enter__(self) -> "GpuMonitor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def count(self) -> int:
+        return int(self._nvml.nvmlDeviceGetCount())
+
+    def _handle(self, gpu_id: str) -> Any:
+        handle = self._handles.get(gpu_id)
+        if handle is None:
+            nvml = self._nvml
+            if gpu_id.isdigit():
+                handle = nvml.nvmlDeviceGetHandleByIndex(int(gpu_id))
+            else:
+                handle = nvml.nvmlDeviceGetHandleByUUID(gpu_id)
+            self._handles[gpu_id] = handle
+        return handle
+
+    def state(self, gpu_id: str) -> GpuState:
+        """The state of one GPU, by NVML index (``"0"``) or UUID."""
+        nvml = self._nvml
+        handle = self._handle(gpu_id)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            utilization: Optional[int] = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nvml.NVMLError:  # not supported on MIG instances
+            utilization = None
+        try:
+            processes = tuple(
+                GpuProcess(pid=int(p.pid), used_memory=None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            )
+        except nvml.NVMLError:
+            processes = ()
+        return GpuState(
+            index=int(gpu_id) if gpu_id.isdigit() else None,
+            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            name=_text(nvml.nvmlDeviceGetName(handle)),
+            total_memory=int(memory.total),
+            free_memory=int(memory.free),
+            used_memory=int(memory.used),
+            utilization=utilization,
+            processes=processes,
+        )
+
+    def snapshot(self, gpu_ids: Iterable[str]) -> Dict[str, GpuState]:
+        return {gpu_id: self.state(gpu_id) for gpu_id in gpu_ids}
+
+    def all(self) -> List[GpuState]:
+        return [self.state(str(index)) for index in range(self.count())]
+
+
+def visible_ids(environ: Optional[Dict[str, str]] = None) -> Optional[List[str]]:
+    """The GPUs an inherited ``CUDA_VISIBLE_DEVICES`` allows, or None when it is unset.
+
+    >>> visible_ids({"CUDA_VISIBLE_DEVICES": "2, 3"})
+    ['2', '3']
+    >>> visible_ids({})
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    ids = [item.strip() for item in value.split(",") if item.strip()]
+    # CUDA stops at the first invalid entry (e.g. "-1" hides every GPU).
+    valid = []
+    for item in ids:
+        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
+            break
+        valid.append(item)
+    return valid

@@ -1,0 +1,157 @@
+"""Which slot gets the next run: memory accounting and placement policies.
+
+Pure logic over a snapshot, so it is tested without hardware. A GPU's
+*available* memory is what NVML reports free, minus what our runs have
+reserved but not allocated yet, minus a safety margin:
+
+    available = free - sum(max(0, reserved - allocated) for our runs on it) - margin
+
+Reserving at launch and releasing only as NVML shows the run's processes
+allocating means that several runs started at the same moment never
+double-book the same free memory, without any fixed "put interval".
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .devices import Slot, format_memory, resolve_slots
+from .nvml import GpuMonitor, GpuState, NvmlUnavailable, visible_ids
+
+# A run whose memory need is unknown, on a GPU shared by several runs, reserves
+# the whole GPU until an estimate has been learned.
+EXCLUSIVE = -1
+
+
+@dataclass
+class Reservation:
+    """One active run of ours, as the memory accounting sees it."""
+
+    gpu_ids: Tuple[str, ...]
+    pgid: int
+    reserved: int  # bytes per GPU; EXCLUSIVE for "the whole GPU"; 0 for no accounting
+    allocated: Dict[str, int] = field(default_factory=dict)  # per GPU, from NVML
+    peak: int = 0  # the most it has allocated on one GPU so far
+
+
+@dataclass(frozen=True)
+class GpuBook:
+    """A GPU's memory from our point of view."""
+
+    state: GpuState
+    available: int
+    foreign_used: int  # used by processes that are not our runs
+    ours: int  # how many of our runs use it
+
+
+@dataclass(frozen=True)
+class SlotView:
+    index: int
+    slot: Slot
+    running: int
+    capacity: int
+    available: Optional[int]  # bytes a new run may use (min over the slot's GPUs); None without NVML
+    ours_on_gpus: int  # runs of ours on the slot's GPUs, from any slot
+    busy: Optional[str]  # why other users make it unusable now
+
+
+def book(states: Mapping[str, GpuState], runs: Iterable[Reservation], margin: int,
+         pgid_of: Callable[[int], Optional[int]]) -> Dict[str, GpuBook]:
+    """Update each run's allocation from NVML and return every GPU's account."""
+    runs = list(runs)
+    by_pgid = {run.pgid: run for run in runs}
+    books = {}
+    for gpu_id, state in states.items():
+        foreign = 0
+        allocated: Dict[int, int] = {}
+        for process in state.processes:
+            owner = pgid_of(process.pid)
+            if owner in by_pgid:
+                allocated[owner] = allocated.get(owner, 0) + (process.used_memory or 0)
+            else:
+                foreign += process.used_memory or 0
+        pending = 0
+        ours = 0
+        for run in runs:
+            if gpu_id not in run.gpu_ids:
+                continue
+            ours += 1
+            used = allocated.get(run.pgid, 0)
+            run.allocated[gpu_id] = used
+            run.peak = max(run.peak, used)
+            reserved = state.total_memory if run.reserved == EXCLUSIVE else run.reserved
+            pending += max(0, reserved - used)
+        books[gpu_id] = GpuBook(state=state, available=state.free_memory - pending - margin,
+                                foreign_used=foreign, ours=ours)
+    return books
+
+
+def busy_reason(gpu: GpuBook, *, memory_fraction: Optional[float], utilization: Optional[float]) -> Optional[str]:
+    state = gpu.state
+    if memory_fraction is not None and state.total_memory and gpu.foreign_used / state.total_memory > memory_fraction:
+        return (f"other users' processes use {format_memory(gpu.foreign_used)} of "
+                f"{format_memory(state.total_memory)} (busy_memory_fraction {memory_fraction:g})")
+    if utilization is not None and state.utilization is not None and gpu.ours == 0 \
+            and state.utilization >= utilization:
+        return f"utilisation is {state.utilization}% without any run of ours (busy_utilization {utilization:g})"
+    return None
+
+
+def fits(view: SlotView, need: Optional[int]) -> bool:
+    if view.running >= view.capacity or view.busy is not None:
+        return False
+    if need == EXCLUSIVE:
+        return view.ours_on_gpus == 0
+    return need is None or view.available is None or need <= view.available
+
+
+def choose(views: Sequence[SlotView], need: Optional[int], policy: str, *, last: int = -1,
+           rng: Optional[random.Random] = None) -> Optional[SlotView]:
+    """The slot for a run needing ``need`` bytes per GPU (None: unknown, no accounting).
+
+    * ``first_fit``: the first slot in config order (the original's behaviour);
+    * ``round_robin``: the next fitting slot after the one chosen ``last``;
+    * ``random``: any fitting slot;
+    * ``most_free``: the fitting slot with the most available memory.
+    """
+    candidates = [view for view in views if fits(view, need)]
+    if not candidates:
+        return None
+    if policy == "round_robin":
+        later = [view for view in candidates if view.index > last]
+        return (later or candidates)[0]
+    if policy == "random":
+        return (rng or random).choice(candidates)
+    if policy == "most_free":
+        return sorted(candidates, key=lambda view: -(view.available if view.available is not None else -1))[0]
+    return candidates[0]
+
+
+def machine_slots(options: object, monitor: Optional[GpuMonitor] = None,
+                  environ: Optional[Mapping[str, str]] = None) -> List[Slot]:
+    """The config's slots resolved on this machine (``"all"``, inherited ``CUDA_VISIBLE_DEVICES``)."""
+    environ = os.environ if environ is None else environ
+    slots = getattr(options, "slots")
+    count, why = None, ""
+    if slots is None:
+        try:
+            owned = monitor is None
+            monitor = monitor or GpuMonitor()
+            try:
+                count = monitor.count()
+            finally:
+                if owned:
+                    monitor.close()
+        except NvmlUnavailable as error:
+            why = str(error)
+    return resolve_slots(slots, gpu_count=count, visible=visible_ids(dict(environ)),
+                         cpu_fallback=getattr(options, "cpu_fallback"), why_no_gpu=why)
+
+
+def process_group(pid: int) -> Optional[int]:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None  # not in our PID namespace, or gone

@@ -1,0 +1,247 @@
+"""GPU awareness against a fake NVML: discovery, packing by memory, sharing, OOM recovery."""
+import os
+import random
+import signal
+
+import pytest
+
+import fake_nvml
+import gts_test_tasks as tasks
+from conftest import wait_until
+from fake_nvml import write_state
+from helpers import ledger_rows, make_config
+from test_process_control import finish, launch
+from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, GTSError
+from gpu_task_scheduler.devices import Slot
+from gpu_task_scheduler.host import HostProbe
+from gpu_task_scheduler.nvml import GpuMonitor, GpuProcess, GpuState, NvmlUnavailable
+from gpu_task_scheduler.placement import EXCLUSIVE, Reservation, SlotView, book, choose
+
+GB = 10 ** 9
+
+
+@pytest.fixture
+def gpus(in_tmp, monkeypatch):
+    """Two fake 80 GB GPUs; returns a function to rewrite the table."""
+    path = in_tmp / "nvml.json"
+    monkeypatch.setenv(fake_nvml.ENV, str(path))
+
+    def set_up(*specs, library_missing=False):
+        write_state(str(path), [dict(spec) for spec in specs], library_missing=library_missing)
+
+    set_up({"name": "Fake H100 80GB", "total": 80 * GB}, {"name": "Fake H100 80GB", "total": 80 * GB})
+    return set_up
+
+
+def run(config, task=tasks.FakeGpuTask):
+    return GPUTaskScheduler(config, task, nvml=fake_nvml).start()
+
+
+def by_gpu(summary):
+    result = {}
+    for outcome in summary.succeeded:
+        result.setdefault(outcome.result["gpu"], []).append(outcome.result["sharing"])
+    return result
+
+
+# --- discovery ---------------------------------------------------------------------
+
+def test_monitor_reads_the_fake_like_nvml(gpus):
+    with GpuMonitor(fake_nvml) as monitor:
+        assert monitor.count() == 2
+        state = monitor.state("1")
+        assert (state.index, state.name, state.total_memory, state.free_memory, state.used_memory) == (
+            1, "Fake H100 80GB", 80 * GB, 80 * GB, 0)
+        assert monitor.state(state.uuid).uuid == state.uuid
+
+
+def test_missing_nvml_library_is_a_clear_message(gpus):
+    gpus({"name": "x", "total": GB}, library_missing=True)
+    with pytest.raises(NvmlUnavailable, match="NVML Shared Library Not Found"):
+        GpuMonitor(fake_nvml)
+
+
+def test_all_means_every_visible_gpu(gpus, in_tmp, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    config = make_config(in_tmp / "r", [{"i": [0, 1]}], slots=(), alloc_gb=1)
+    config["scheduler_config"]["gpu"] = "all"
+    config["global_config"] = {"alloc_gb": 1, "hold": 0}
+    del config["scheduler_config"]["alloc_gb"]
+    assert ConfigManager(config).get_all_scheduler_config()["gpu"] == "all"
+    summary = run(config)
+    assert sorted(o.slot for o in summary.succeeded) == ["gpu0", "gpu1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    summary = run({**config, "scheduler_config": {**config["scheduler_config"], "force_rerun": True}})
+    assert sorted(o.result["gpu"] for o in summary.succeeded) == ["1", "1"]
+
+
+def test_inherited_cuda_visible_devices_renumbers_explicit_ids(gpus, in_tmp, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    summary = run(make_config(in_tmp / "r", [{"i": [0]}], slots=("0",), global_config={"alloc_gb": 1, "hold": 0}))
+    assert summary.succeeded[0].result["gpu"] == "1" and summary.succeeded[0].slot == "gpu1"
+    with pytest.raises(GTSError, match="gpu 1 is not visible: the inherited CUDA_VISIBLE_DEVICES='1'"):
+        run(make_config(in_tmp / "r2", [{"i": [0]}], slots=("1",), global_config={"alloc_gb": 1}))
+
+
+def test_all_without_nvml_fails_clearly_or_falls_back_to_cpu(gpus, in_tmp, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus({"name": "x", "total": GB}, library_missing=True)
+    config = make_config(in_tmp / "r", [{"i": [0, 1]}])
+    config["scheduler_config"]["gpu"] = "all"
+    with pytest.raises(GTSError, match='gpu is "all" but no GPU is available .*NVML Shared Library Not Found'):
+        GPUTaskScheduler(config, tasks.RecordTask, nvml=fake_nvml).start()
+    assert not (in_tmp / "r").exists()
+    config["scheduler_config"]["cpu_fallback"] = 2
+    summary = GPUTaskScheduler(config, tasks.RecordTask, nvml=fake_nvml).start()
+    assert sorted(o.slot for o in summary.succeeded) == ["cpu0", "cpu1"]
+    assert {o.result["env"]["CUDA_VISIBLE_DEVICES"] for o in summary.succeeded} == {""}
+
+
+def test_explicit_gpus_without_nvml_run_one_per_slot(gpus, in_tmp):
+    gpus({"name": "x", "total": GB}, library_missing=True)
+    summary = GPUTaskScheduler(make_config(in_tmp / "r", [{"i": [0, 1]}], slots=("0",), max_runs_per_gpu=4),
+                               tasks.RecordTask, nvml=fake_nvml).start()
+    assert summary.ok and [o.result["env"]["CUDA_VISIBLE_DEVICES"] for o in summary.succeeded] == ["0", "0"]
+
+
+# --- packing by memory -----------------------------------------------------------------
+
+def packing_config(root, runs=20, **options):
+    return make_config(root, [{"i": list(range(runs))}], slots=("0", "1"),
+                       global_config={"alloc_gb": 10, "hold": 1.0}, gpu_memory="10GB", max_runs_per_gpu=8,
+                       gpu_poll_interval=0.2, **options)
+
+
+@pytest.mark.parametrize("margin, expected", [(None, {"0": 7, "1": 1}), ("0", {"0": 8, "1": 2})])
+def test_twenty_10gb_runs_on_two_80gb_gpus_one_shared(gpus, in_tmp, margin, expected):
+    gpus({"name": "A", "total": 80 * GB}, {"name": "B", "total": 80 * GB, "processes": [{"pid": 1, "used": 60 * GB}]})
+    options = {} if margin is None else {"memory_margin": margin}
+    root = in_tmp / "r"
+    summary = run(packing_config(root, **options))
+    assert len(summary.succeeded) == 20 and summary.ok
+    sharing = by_gpu(summary)
+    assert {gpu: max(counts) for gpu, counts in sharing.items()} == expected
+    rows = ledger_rows(root)
+    assert sorted({row["slot"] for row in rows.values()}) == ["gpu0", "gpu1"]
+    assert all(row["gpu_memory_peak"] == 10 * GB for row in rows.values())
+    print(f"margin {margin or 'default 512MiB'}: at most {expected} runs at once; "
+          f"runs per GPU {{gpu: len}} = { {gpu: len(c) for gpu, c in sharing.items()} }")
+
+
+def test_a_run_that_can_never_fit_fails_at_once(gpus, in_tmp):
+    summary = run(make_config(in_tmp / "r", [{"gpu_memory": ["100GB", "1GB"]}], slots=("0",),
+                              global_config={"alloc_gb": 1, "hold": 0}, max_runs_per_gpu=2))
+    (failed,) = summary.failed
+    assert "needs 93.1 GiB per GPU, more than any GPU here can give" in failed.cause
+    assert len(summary.succeeded) == 1
+
+
+def test_unknown_needs_run_alone_until_an_estimate_is_learned(gpus, in_tmp):
+    gpus({"name": "A", "total": 80 * GB})
+    summary = run(make_config(in_tmp / "r", [{"i": list(range(5))}], slots=("0",), max_runs_per_gpu=4,
+                              global_config={"alloc_gb": 30, "hold": 0.6}, gpu_poll_interval=0.1))
+    sharing = [o.result["sharing"] for o in sorted(summary.succeeded, key=lambda o: o.name)]
+    assert sharing[0] == 1  # nothing known yet: the first run has the GPU to itself
+    assert max(sharing) == 2  # then 30 GB each: two fit in 80 GB, three do not
+
+
+def test_busy_gpus_are_avoided_and_used_once_free(gpus, in_tmp):
+    gpus({"name": "A", "total": 80 * GB, "processes": [{"pid": 1, "used": 70 * GB}]},
+         {"name": "B", "total": 80 * GB})
+    root = in_tmp / "r"
+    config = make_config(root, [{"i": [0], "clear_foreign": [0]}, {"i": [1, 2, 3]}], slots=("0", "1"),
+                         global_config={"alloc_gb": 1, "hold": 0.5}, busy_memory_fraction=0.5,
+                         gpu_poll_interval=0.1, ignored_keys_for_folder_name=["clear_foreign"])
+    summary = run(config)
+    assert summary.ok
+    gpu_of = {o.name: o.result["gpu"] for o in summary.succeeded}
+    assert gpu_of["i-0,"] == "1"  # GPU 0 was busy with another user's 70 GB
+    assert "0" in [gpu_of[f"i-{i},"] for i in (1, 2, 3)]  # ... and was used once they left
+    log = (root / "scheduler.log").read_text()
+    assert "gpu0 busy (gpu 0: other users' processes use 65.2 GiB of 74.5 GiB" in log
+
+
+def test_a_user_process_appearing_makes_a_gpu_busy(gpus, in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"i": [0], "add_foreign": [1]}, {"i": [1, 2]}], slots=("1", "0"),
+                         global_config={"alloc_gb": 1, "hold": 0.3}, busy_memory_fraction=0.5,
+                         gpu_poll_interval=0.1, ignored_keys_for_folder_name=["add_foreign"])
+    summary = run(config)
+    gpu_of = {o.name: o.result["gpu"] for o in summary.succeeded}
+    assert gpu_of["i-0,"] == "1" and gpu_of["i-1,"] == "0"
+    assert gpu_of["i-2,"] == "0"  # GPU 1 is now taken by someone else
+
+
+def test_out_of_memory_runs_are_retried_later_with_a_bound(gpus, in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"i": [0], "oom_until": [1]}, {"i": [1], "oom_until": [9]}, {"i": [2, 3]}],
+                         slots=("0",), global_config={"alloc_gb": 10, "hold": 0.1}, gpu_memory="10GB",
+                         max_runs_per_gpu=1, max_oom_retries=2, ignored_keys_for_folder_name=["oom_until"])
+    summary = run(config)
+    outcomes = summary.outcomes
+    assert outcomes["i-0,"].status.value == "succeeded" and outcomes["i-0,"].attempts == 2
+    assert outcomes["i-1,"].status.value == "failed" and outcomes["i-1,"].attempts == 3
+    assert outcomes["i-1,"].cause.startswith("GPU out of memory (PyTorch)")
+    rows = ledger_rows(root)
+    assert rows["i-1,"]["attempts"] == 3 and rows["i-1,"]["cause"].startswith("GPU out of memory (PyTorch)")
+    # Retried later: after the runs that had not started yet.
+    assert rows["i-0,"]["started_at"] > rows["i-3,"]["started_at"]
+    log = (root / "scheduler.log").read_text()
+    assert "i-0, ran out of GPU memory; it will run again later, reserving 14.0 GiB (out-of-memory retry 1 of 2)" in log
+
+
+def test_waiting_for_the_host_is_shown_and_ctrl_c_still_works(gpus, in_tmp):
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"a": [1]}], min_host_free_memory="1000TB"), "RecordTask")
+    wait_until(lambda: (root / "scheduler.log").exists() and "waiting to start a-1,: host has"
+               in (root / "scheduler.log").read_text(), message="the wait to be logged")
+    scheduler.send_signal(signal.SIGINT)
+    finish(scheduler)
+    assert scheduler.returncode == -signal.SIGINT and not (root / "a-1,").exists()
+
+
+# --- placement, pure ----------------------------------------------------------------------
+
+def state(gpu_id, total, free, processes=()):
+    return GpuState(index=int(gpu_id), uuid=f"GPU-{gpu_id}", name="g", total_memory=total, free_memory=free,
+                    used_memory=total - free, utilization=0, processes=tuple(processes))
+
+
+def test_reservations_are_not_double_booked_until_allocated():
+    runs = [Reservation(gpu_ids=("0",), pgid=100, reserved=10 * GB), Reservation(("0",), 200, 10 * GB)]
+    pgids = {1000: 100, 2000: 200}.get
+    # Neither run has allocated yet: both reservations count against the free memory.
+    books = book({"0": state("0", 80 * GB, 80 * GB)}, runs, 0, pgids)
+    assert books["0"].available == 60 * GB and books["0"].ours == 2
+    # One has allocated 10 GB (now used, no longer pending); the other 4 GB of its 10.
+    processes = [GpuProcess(1000, 10 * GB), GpuProcess(2000, 4 * GB), GpuProcess(3000, 5 * GB)]
+    books = book({"0": state("0", 80 * GB, 61 * GB, processes)}, runs, GB, pgids)
+    assert books["0"].available == 61 * GB - 6 * GB - GB
+    assert books["0"].foreign_used == 5 * GB and runs[1].peak == 4 * GB
+
+
+def views(*available, running=0, capacity=4):
+    return [SlotView(index=i, slot=Slot(f"gpu{i}", (str(i),)), running=running, capacity=capacity,
+                     available=a, ours_on_gpus=running, busy=None) for i, a in enumerate(available)]
+
+
+def test_placement_policies():
+    slots = views(5 * GB, 30 * GB, 20 * GB, 1 * GB)
+    assert choose(slots, 10 * GB, "first_fit").index == 1
+    assert choose(slots, 10 * GB, "most_free").index == 1
+    assert choose(slots, 2 * GB, "most_free").index == 1
+    assert [choose(slots, 2 * GB, "round_robin", last=last).index for last in (-1, 0, 1, 2)] == [0, 1, 2, 0]
+    rng = random.Random(3)
+    assert {choose(slots, 10 * GB, "random", rng=rng).index for _ in range(50)} == {1, 2}
+    assert choose(slots, 40 * GB, "first_fit") is None
+    assert choose(views(None, None), 10 * GB, "first_fit").index == 0  # no NVML: capacity only
+    assert choose(views(80 * GB, running=1), EXCLUSIVE, "first_fit") is None
+    assert choose(views(80 * GB, running=4, capacity=4), None, "first_fit") is None
+
+
+def test_host_probe_reads_proc():
+    files = {"/proc/stat": "cpu  100 0 100 800 0 0 0 0 0 0\n", "/proc/meminfo": "MemAvailable:    2048 kB\n"}
+    probe = HostProbe(read=lambda path: files[path])
+    assert probe.cpu_percent() is None and probe.available_memory() == 2048 * 1024
+    files["/proc/stat"] = "cpu  150 0 150 900 0 0 0 0 0 0\n"
+    assert probe.cpu_percent() == 50.0

@@ -245,3 +245,12 @@ def test_host_probe_reads_proc():
     assert probe.cpu_percent() is None and probe.available_memory() == 2048 * 1024
     files["/proc/stat"] = "cpu  150 0 150 900 0 0 0 0 0 0\n"
     assert probe.cpu_percent() == 50.0
+
+
+def test_gpus_by_uuid(gpus, in_tmp):
+    uuid = "GPU-00000001-fake-0000-0000-000000000000"
+    summary = run(make_config(in_tmp / "r", [{"i": [0, 1]}], slots=(uuid,), max_runs_per_gpu=2,
+                              gpu_memory="10GB", global_config={"alloc_gb": 10, "hold": 0.5}))
+    assert [o.result["gpu"] for o in summary.succeeded] == [uuid, uuid]
+    assert [o.slot for o in summary.succeeded] == [f"gpu{uuid}"] * 2
+    assert max(o.result["sharing"] for o in summary.succeeded) == 2

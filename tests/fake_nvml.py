@@ -45,7 +45,7 @@ class NVMLError_Uninitialized(NVMLError):
 def write_state(path, gpus, *, library_missing=False):
     """gpus: [{"name", "total", "uuid"?, "utilization"?, "processes": [{"pid", "used"}]}]."""
     for index, gpu in enumerate(gpus):
-        gpu.setdefault("uuid", f"GPU-{index:08d}-fake-0000-0000-000000000000")
+        gpu.setdefault("uuid", f"GPU-{index:08d}-0000-4000-8000-000000000000")
         gpu.setdefault("utilization", 0)
         gpu.setdefault("processes", [])
     with open(path, "w") as handle:

@@ -248,7 +248,7 @@ def test_host_probe_reads_proc():
 
 
 def test_gpus_by_uuid(gpus, in_tmp):
-    uuid = "GPU-00000001-fake-0000-0000-000000000000"
+    uuid = "GPU-00000001-0000-4000-8000-000000000000"
     summary = run(make_config(in_tmp / "r", [{"i": [0, 1]}], slots=(uuid,), max_runs_per_gpu=2,
                               gpu_memory="10GB", global_config={"alloc_gb": 10, "hold": 0.5}))
     assert [o.result["gpu"] for o in summary.succeeded] == [uuid, uuid]

@@ -2,20 +2,26 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import importlib
 import inspect
 import logging
 import os
 import signal
 import sys
 from types import ModuleType
-from typing import Iterator, Optional, Type
+from typing import Any, Callable, Iterator, Optional, Sequence, Type
 
+from .commands import CommandTask, check_template
 from .config_files import ConfigSource
-from .errors import TaskClassError
+from .devices import Slot
+from .errors import ConfigError, TaskClassError
 from .gpu_task import GPUTask
-from .scheduler import Scheduler
-from .summary import SweepSummary
-from .sweep import Sweep
+from .launch import TaskFactory
+from .notify import run_notify_command, send_email
+from .scheduler import Hooks, Scheduler
+from .summary import RunOutcome, SweepSummary
+from .sweep import RunSpec, Sweep
 
 logger = logging.getLogger("gpu_task_scheduler")
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -31,7 +37,7 @@ def check_task_class(task_class: object) -> Type[GPUTask]:
 
 
 @contextlib.contextmanager
-def scheduler_logging(path: Optional[str]) -> Iterator[None]:
+def scheduler_logging(path: Optional[str], console: Optional[logging.Handler] = None) -> Iterator[None]:
     """The original's scheduler log: appended to ``path`` and shown on the console.
 
     Handlers go on this package's logger for the duration of ``start()`` only;
@@ -43,7 +49,9 @@ def scheduler_logging(path: Optional[str]) -> Iterator[None]:
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
         handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
-    if not logging.getLogger().handlers:
+    if console is not None:
+        handlers.append(console)
+    elif not logging.getLogger().handlers:
         handlers.append(logging.StreamHandler(sys.stderr))
     formatter = logging.Formatter(_FORMAT, datefmt=_DATE_FORMAT)
     previous_level = logger.level
@@ -61,19 +69,95 @@ def scheduler_logging(path: Optional[str]) -> Iterator[None]:
         logger.setLevel(previous_level)
 
 
+class _Callbacks(Hooks):
+    def __init__(self, hooks: Sequence[Hooks], on_run_start: Optional[Callable] = None,
+                 on_run_end: Optional[Callable] = None, on_sweep_end: Optional[Callable] = None) -> None:
+        self._hooks = list(hooks)
+        self._functions = {"on_run_start": on_run_start, "on_run_end": on_run_end, "on_sweep_end": on_sweep_end}
+
+    def _each(self, name: str, *args: Any) -> None:
+        for hook in self._hooks:
+            try:
+                getattr(hook, name)(*args)
+            except Exception:
+                logger.exception("the %s callback raised; the sweep goes on", name)
+        function = self._functions.get(name)
+        if function is not None:
+            function(*args)
+
+    def on_run_start(self, spec: RunSpec, slot: Slot) -> None:
+        self._each("on_run_start", spec, slot)
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        self._each("on_run_end", outcome)
+
+    def on_skip(self, spec: RunSpec) -> None:
+        self._each("on_skip", spec)
+
+    def on_sweep_end(self, summary: SweepSummary) -> None:
+        self._each("on_sweep_end", summary)
+
+
+def import_task(reference: str) -> Type[GPUTask]:
+    """``"package.module:ClassName"`` -> the class (the current directory is importable, as with ``python -m``)."""
+    module_name, _, class_name = reference.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+        task_class = getattr(module, class_name)
+    except Exception as error:
+        raise ConfigError(f"cannot import the task {reference!r}: {type(error).__name__}: {error}") from error
+    return check_task_class(task_class)
+
+
+def command_factory(sweep: Sweep, command: Any, shell: bool) -> TaskFactory:
+    parts = check_template(command, sweep.keys(), shell=shell)
+
+    def make(spec: RunSpec) -> GPUTask:
+        return CommandTask(copy.deepcopy(spec.config), spec.work_dir, parts=parts, shell=shell,
+                           run_name=spec.name, run_index=spec.index)
+
+    make.__name__ = "CommandTask"
+    return make
+
+
 class GPUTaskScheduler:
-    """Run every run of a sweep with ``gpu_task_class``, in parallel over the slots.
+    """Run every run of a sweep, in parallel over the slots.
 
     ``config`` is a dict or the path of a ``.yaml``/``.yml``/``.json``/``.py``
-    config file. It is validated here, completely; nothing is written to disk
-    until :meth:`start`.
+    config file. Each run is ``gpu_task_class``'s ``main()``, or, without a
+    class, the config's ``task`` (``"package.module:Class"``) or ``command``
+    template (also given here as ``command=``, see ``commands.py``). The
+    config is validated here, completely; nothing is written to disk until
+    :meth:`start`.
+
+    ``on_run_start(spec, slot)``, ``on_run_end(outcome)`` and
+    ``on_sweep_end(summary)`` are called in the scheduler process; an
+    exception they raise is logged and the sweep goes on.
     """
 
-    def __init__(self, config: ConfigSource, gpu_task_class: Type[GPUTask], *,
-                 nvml: Optional[ModuleType] = None) -> None:
+    def __init__(self, config: ConfigSource, gpu_task_class: Optional[Type[GPUTask]] = None, *,
+                 command: Any = None, shell: Optional[bool] = None, nvml: Optional[ModuleType] = None,
+                 on_run_start: Optional[Callable[[RunSpec, Slot], Any]] = None,
+                 on_run_end: Optional[Callable[[RunOutcome], Any]] = None,
+                 on_sweep_end: Optional[Callable[[SweepSummary], Any]] = None,
+                 hooks: Sequence[Hooks] = (), console: Optional[logging.Handler] = None) -> None:
         self._sweep = Sweep(config)
-        self._gpu_task_class = check_task_class(gpu_task_class)
+        shell = self._sweep.shell if shell is None else shell
+        if gpu_task_class is not None:
+            self._make_task: Any = check_task_class(gpu_task_class)
+        elif command is not None or self._sweep.command is not None:
+            self._make_task = command_factory(self._sweep, command if command is not None else self._sweep.command,
+                                              shell)
+        elif self._sweep.task_ref is not None:
+            self._make_task = import_task(self._sweep.task_ref)
+        else:
+            raise TaskClassError("no task to run: pass gpu_task_class, or set task ('package.module:Class') "
+                                 "or command in the config")
         self._nvml = nvml  # a module with pynvml's interface; the real bindings when None
+        self._hooks = _Callbacks(hooks, on_run_start, on_run_end, on_sweep_end)
+        self._console = console
 
     @property
     def sweep(self) -> Sweep:
@@ -86,14 +170,20 @@ class GPUTaskScheduler:
         failed run does not stop the others. On Ctrl-C the running runs are
         stopped and ``KeyboardInterrupt`` is raised (with the summary as its
         ``summary`` attribute; a plain ``KeyboardInterrupt``, so that an
-        uncaught one ends the process with SIGINT's status); on SIGTERM they are stopped and SIGTERM is delivered again to
-        the previous handler (by default ending the process).
+        uncaught one ends the process with SIGINT's status); on SIGTERM they
+        are stopped and SIGTERM is delivered again to the previous handler (by
+        default ending the process).
         """
-        scheduler = Scheduler(self._sweep, self._gpu_task_class, nvml=self._nvml)
+        scheduler = Scheduler(self._sweep, self._make_task, nvml=self._nvml, hooks=self._hooks)
         scheduler.setup()  # no GPU for "all": an error before anything is written
-        with scheduler_logging(self._sweep.options.scheduler_log_file_path):
+        options = self._sweep.options
+        with scheduler_logging(options.scheduler_log_file_path, self._console):
             summary = scheduler.run()
             (logger.info if summary.ok else logger.error)("%s", summary.report())
+            if options.notify_command is not None:
+                run_notify_command(options.notify_command, summary)
+            if options.notify_email is not None:
+                send_email(options.notify_email, summary)
         if summary.interrupted_by == "SIGINT":
             interrupt = KeyboardInterrupt(summary.report())
             interrupt.summary = summary  # type: ignore[attr-defined]

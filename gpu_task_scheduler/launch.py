@@ -11,7 +11,7 @@ import os
 import pickle
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Type
+from typing import Any, Callable, Dict, List, Mapping, Type
 
 from .devices import Slot
 from .gpu_task import GPUTask
@@ -38,6 +38,16 @@ class Launch:
     argv: List[str]
     env: Dict[str, str]
     cwd: str
+
+
+def class_factory(task_class: Type[GPUTask]) -> TaskFactory:
+    """``task_class(config, work_dir)`` for each run, as the original did."""
+
+    def make(spec: RunSpec) -> GPUTask:
+        return task_class(copy.deepcopy(spec.config), spec.work_dir)
+
+    make.__name__ = task_class.__name__
+    return make
 
 
 def _checked_env(env: Any, task_class: type) -> Dict[str, str]:
@@ -83,7 +93,10 @@ def _rotate_log(paths: RunPaths, attempt: int) -> None:
         os.replace(paths.log, old)
 
 
-def prepare(*, spec: RunSpec, slot: Slot, task_class: Type[GPUTask], paths: RunPaths,
+TaskFactory = Callable[[RunSpec], GPUTask]
+
+
+def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPaths,
             token: str, attempt: int, python: str = sys.executable) -> Launch:
     try:
         os.makedirs(paths.meta, exist_ok=True)
@@ -97,16 +110,18 @@ def prepare(*, spec: RunSpec, slot: Slot, task_class: Type[GPUTask], paths: RunP
         atomic_write_json(paths.config, to_jsonable(spec.config))
     except OSError as error:
         raise LaunchError(f"could not prepare the run folder: {error}") from error
+    task_name = getattr(make_task, "__name__", "the task")
     try:
-        task = task_class(copy.deepcopy(spec.config), spec.work_dir)
-        extra_env = _checked_env(task.required_env(), task_class)
+        task = make_task(spec)
+        task_name = type(task).__name__
+        extra_env = _checked_env(task.required_env(), type(task))
     except LaunchError:
         raise
     except Exception as error:
-        raise LaunchError(f"{task_class.__name__} failed before main(): {type(error).__name__}: {error}") from error
+        raise LaunchError(f"{task_name} failed before main(): {type(error).__name__}: {error}") from error
     payload = _pickle_task(task)
     main_file = None
-    if task_class.__module__ == "__main__":
+    if type(task).__module__ == "__main__":
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         main_file = os.path.abspath(main_file) if main_file else None
     child_spec = {

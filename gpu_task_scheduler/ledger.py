@@ -20,6 +20,7 @@ import os
 import socket
 import sqlite3
 import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
@@ -37,7 +38,7 @@ CREATE TABLE IF NOT EXISTS runs (
     slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
-    gpu_memory_peak INTEGER
+    gpu_memory_peak INTEGER, params TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
@@ -75,6 +76,11 @@ class RunRecord:
     log_tail: Optional[str]
     result: Optional[str]  # JSON text of what main() returned
     gpu_memory_peak: Optional[int] = None  # bytes on one GPU, as NVML saw the run's processes
+    params: Optional[str] = None  # JSON of the run's swept values (its test_config)
+
+    @property
+    def params_value(self) -> Dict[str, Any]:
+        return {} if self.params is None else json.loads(self.params)
 
     @property
     def result_value(self) -> Any:
@@ -159,18 +165,20 @@ class Ledger:
         return {RunStatus(status): count for status, count in rows}
 
     def mark_running(self, *, name: str, run_index: int, config_hash: str, slot: str,
-                     token: str, work_dir: str) -> int:
+                     token: str, work_dir: str, params: Optional[str] = None) -> int:
         """Record a new attempt before its child starts; return the attempt number."""
         self._write(
-            """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at)
-               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?)
+            """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at,
+                                 params)
+               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?)
                ON CONFLICT(name) DO UPDATE SET
+                 params = excluded.params,
                  run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
                  attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
                  gpu_memory_peak = NULL""",
-            (name, run_index, config_hash, slot, token, work_dir, self._clock()),
+            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params),
         )
         record = self.get(name)
         assert record is not None
@@ -191,14 +199,31 @@ class Ledger:
         )
 
     def adopt(self, *, name: str, run_index: int, config_hash: str, work_dir: str,
-              result: Optional[str], ended_at: Optional[float]) -> None:
+              result: Optional[str], ended_at: Optional[float], params: Optional[str] = None) -> None:
         """Record a success found in a run folder but missing from the ledger."""
         self._write(
             """INSERT OR REPLACE INTO runs (name, run_index, config_hash, status, attempts, work_dir,
-               ended_at, cause, result) VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?)""",
+               ended_at, cause, result, params) VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?, ?)""",
             (name, run_index, config_hash, work_dir, ended_at,
-             "recovered from the run folder's outcome file", result),
+             "recovered from the run folder's outcome file", result, params),
         )
+
+    @classmethod
+    def read_only(cls, paths: RootPaths) -> Optional["Ledger"]:
+        """The ledger of an existing result root, opened without writing anything (None if there is none)."""
+        if not os.path.exists(paths.ledger):
+            return None
+        ledger = cls.__new__(cls)
+        ledger.path = paths.ledger
+        ledger._clock = time.time
+        try:
+            uri = "file:" + urllib.request.pathname2url(os.path.abspath(paths.ledger)) + "?mode=ro"
+            ledger._db = sqlite3.connect(uri, uri=True, timeout=30)
+            ledger._db.row_factory = sqlite3.Row
+            ledger._query("SELECT 1 FROM runs LIMIT 1")
+        except sqlite3.DatabaseError as error:
+            raise _ledger_error(paths.ledger, error) from error
+        return ledger
 
     def running(self) -> List[RunRecord]:
         return [self._record(row) for row in self._query("SELECT * FROM runs WHERE status = 'running'")]

@@ -28,7 +28,7 @@ from .devices import Slot, format_memory
 from .errors import GTSError
 from .gpu_task import GPUTask
 from .host import HostProbe
-from .launch import LaunchError, prepare
+from .launch import LaunchError, TaskFactory, class_factory, prepare
 from .ledger import Ledger, RunStatus, SweepLock
 from .nvml import GpuMonitor, NvmlUnavailable
 from .oom import detect_oom
@@ -36,7 +36,7 @@ from .paths import RootPaths, RunPaths, read_json
 from .placement import EXCLUSIVE, Reservation, SlotView, book, busy_reason, choose, machine_slots, process_group
 from .process import Child, describe_returncode
 from .summary import RunOutcome, SweepSummary
-from .sweep import RunSpec, Sweep
+from .sweep import RunSpec, Sweep, to_jsonable
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -72,12 +72,35 @@ class _Active:
         return self.item.spec
 
 
+# What a sweep's iterator yields when its next run is not known yet (``gts queue``
+# waiting for input); it posts a "wake" event when there is more.
+NOT_READY: Any = object()
+
+
+class Hooks:
+    """Callbacks around runs; the scheduler logs and ignores exceptions they raise."""
+
+    def on_run_start(self, spec: RunSpec, slot: Slot) -> None:
+        pass
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        pass
+
+    def on_skip(self, spec: RunSpec) -> None:
+        pass
+
+    def on_sweep_end(self, summary: SweepSummary) -> None:
+        pass
+
+
 class Scheduler:
-    def __init__(self, sweep: Sweep, task_class: Type[GPUTask], *, nvml: Optional[ModuleType] = None,
-                 clock: Callable[[], float] = time.monotonic, host: Optional[HostProbe] = None) -> None:
+    def __init__(self, sweep: Sweep, task: "Type[GPUTask] | TaskFactory", *, nvml: Optional[ModuleType] = None,
+                 hooks: Optional[Hooks] = None, clock: Callable[[], float] = time.monotonic,
+                 host: Optional[HostProbe] = None) -> None:
         self.sweep = sweep
         self.options = sweep.options
-        self.task_class = task_class
+        self._make_task = class_factory(task) if isinstance(task, type) else task
+        self._hooks = hooks or Hooks()
         self._nvml_module = nvml
         self._clock = clock
         self._host = host or HostProbe()
@@ -144,7 +167,18 @@ class Scheduler:
             lock.release()
             self._close_monitor()
         self._summary.duration = self._clock() - started
+        self._call("on_sweep_end", self._summary)
         return self._summary
+
+    def post(self, kind: str, value: Any = None) -> None:
+        """Wake the loop from another thread (e.g. new input for ``gts queue``)."""
+        self._events.put((kind, value))
+
+    def _call(self, hook: str, *args: Any) -> None:
+        try:
+            getattr(self._hooks, hook)(*args)
+        except Exception:
+            logger.exception("the %s callback raised; the sweep goes on", hook)
 
     def _setup_slots(self) -> None:
         o = self.options
@@ -199,7 +233,8 @@ class Scheduler:
         while True:
             if self._stop_level == 0:
                 self._fill()
-            if not self._active and (self._stop_level or self._held is None):
+            if not self._active and (self._stop_level or (self._held is None and self._exhausted
+                                                            and not self._retry and not self._deferred)):
                 return
             try:
                 kind, value = self._events.get(timeout=self._seconds_to_next_deadline())
@@ -234,7 +269,7 @@ class Scheduler:
                 spec = next(self._runs, None)
                 if spec is None:
                     self._exhausted = True
-                else:
+                elif spec is not NOT_READY:
                     self._held = _Pending(spec)
             if self._held is None and self._exhausted and self._deferred:
                 self._held = self._deferred.popleft()
@@ -244,7 +279,8 @@ class Scheduler:
         while True:
             item = self._next()
             if item is None:
-                self._report_idle_slots()
+                if self._exhausted and not self._retry and not self._deferred:
+                    self._report_idle_slots()
                 return
             if not item.tries:
                 reason = self._skip_reason(item.spec)
@@ -255,6 +291,7 @@ class Scheduler:
                     logger.debug("skipped %s: %s", item.spec.name, reason)
                     self._summary.skipped.append(item.spec.name)
                     self._held = None
+                    self._call("on_skip", item.spec)
                     continue
             need = self._need(item)
             views = self._views()
@@ -308,7 +345,7 @@ class Scheduler:
         if outcome and outcome.get("status") == "succeeded" and outcome.get("config_hash") == spec.config_hash:
             self._ledger.adopt(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
                                work_dir=spec.work_dir, result=json.dumps(outcome.get("result")),
-                               ended_at=outcome.get("finished_at"))
+                               ended_at=outcome.get("finished_at"), params=json.dumps(to_jsonable(spec.test_config)))
             return "its folder records a success"
         if self.options.skip_existing_folders:
             return "its folder exists (skip_existing_folders)"
@@ -411,8 +448,10 @@ class Scheduler:
     def _fail_unstarted(self, item: _Pending, cause: str) -> None:
         spec = item.spec
         logger.error("%s fails task %s (%s)", self._name_for_log(), spec.test_config_string, cause)
-        self._summary.record(RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED,
-                                        attempts=item.tries, cause=cause))
+        outcome = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED, attempts=item.tries,
+                             cause=cause)
+        self._summary.record(outcome)
+        self._call("on_run_end", outcome)
 
     def _launch(self, item: _Pending, slot_index: int, need: Optional[int]) -> None:
         spec = item.spec
@@ -421,10 +460,11 @@ class Scheduler:
         paths = RunPaths(spec.work_dir, self.options.log_file)
         token = uuid.uuid4().hex
         attempt = self._ledger.mark_running(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
-                                            slot=slot.name, token=token, work_dir=spec.work_dir)
+                                            slot=slot.name, token=token, work_dir=spec.work_dir,
+                                            params=json.dumps(to_jsonable(spec.test_config)))
         key = next(self._keys)
         try:
-            launch = prepare(spec=spec, slot=slot, task_class=self.task_class, paths=paths,
+            launch = prepare(spec=spec, slot=slot, make_task=self._make_task, paths=paths,
                              token=token, attempt=attempt)
             child = Child(launch.argv, env=launch.env, cwd=launch.cwd, log_path=paths.log,
                           on_exit=lambda: self._events.put(("exit", key)))
@@ -432,8 +472,10 @@ class Scheduler:
             cause = f"could not start: {error}"
             self._ledger.finish(spec.name, RunStatus.FAILED, cause=cause)
             logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, cause)
-            self._summary.record(RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED,
-                                            attempts=item.tries, slot=slot.name, cause=cause, log_path=paths.log))
+            outcome = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED,
+                                 attempts=item.tries, slot=slot.name, cause=cause, log_path=paths.log)
+            self._summary.record(outcome)
+            self._call("on_run_end", outcome)
             return
         self._ledger.set_pid(spec.name, child.pid)
         now = self._clock()
@@ -445,6 +487,7 @@ class Scheduler:
             deadline=None if timeout is None else now + timeout,
             reservation=Reservation(gpu_ids=slot.gpu_ids, pgid=child.pid, reserved=need or 0),
         )
+        self._call("on_run_start", spec, slot)
 
     def _on_exit(self, key: int) -> None:
         active = self._active.pop(key)
@@ -487,6 +530,7 @@ class Scheduler:
                             slot=active.slot.name, exit_code=exit_code, signal=signal_name, cause=cause,
                             log_path=paths.log, log_tail=tail, duration=duration, result=result)
         self._summary.record(record)
+        self._call("on_run_end", record)
         if status is RunStatus.SUCCEEDED:
             logger.info("%s finishes task %s", active.slot.name, spec.test_config_string)
             return

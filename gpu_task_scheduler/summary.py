@@ -76,6 +76,21 @@ class SweepSummary:
             return 130
         return 1 if self.failed else 0
 
+    def to_dict(self) -> Dict[str, Any]:
+        """The summary as JSON-compatible data (what ``notify_command`` reads on stdin)."""
+        def outcome(o: RunOutcome) -> Dict[str, Any]:
+            return {"name": o.name, "work_dir": o.work_dir, "status": o.status.value, "attempts": o.attempts,
+                    "slot": o.slot, "exit_code": o.exit_code, "signal": o.signal, "cause": o.cause,
+                    "log_path": o.log_path, "duration": o.duration, "result": o.result}
+
+        return {
+            "ok": self.ok, "exit_code": self.exit_code, "duration": self.duration,
+            "interrupted_by": self.interrupted_by,
+            "counts": {"succeeded": len(self.succeeded), "failed": len(self.failed), "skipped": len(self.skipped)},
+            "runs": [outcome(o) for o in self.outcomes.values()],
+            "skipped": list(self.skipped),
+        }
+
     def raise_for_failures(self) -> None:
         if not self.ok:
             raise RunsFailedError(self.report(), self)

@@ -26,7 +26,7 @@ from .naming import NameRegistry, config_string, safe_folder_name
 
 logger = logging.getLogger("gpu_task_scheduler")
 
-TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config")
+TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config", "task", "command", "shell")
 
 
 # --- scheduler_config: every key, its default and its check -----------------
@@ -114,6 +114,29 @@ def _percent(value: Any) -> Optional[str]:
 
 PLACEMENTS = ("first_fit", "round_robin", "random", "most_free")
 
+
+def _command_option(value: Any) -> Optional[str]:
+    ok = (isinstance(value, str) and value.strip()) or (
+        isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value))
+    return None if ok else "a command: a list of arguments or a string"
+
+
+_EMAIL_KEYS = {"host", "port", "sender", "recipients", "starttls", "username_env", "password_env", "subject"}
+
+
+def _email_option(value: Any) -> Optional[str]:
+    problem = ("a dict with host, sender, recipients (a list) and optionally port, starttls, username_env, "
+               "password_env, subject")
+    if not isinstance(value, Mapping) or not {"host", "sender", "recipients"} <= set(value) \
+            or not set(value) <= _EMAIL_KEYS:
+        return problem
+    recipients = value["recipients"]
+    if not isinstance(recipients, (list, tuple)) or not recipients or not all(isinstance(r, str) for r in recipients):
+        return problem
+    if not isinstance(value.get("port", 25), int) or not isinstance(value.get("starttls", False), bool):
+        return problem
+    return None
+
 # key -> (default factory, check). Defaults match the original GPUTaskScheduler.
 SCHEDULER_KEYS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], Optional[str]]]] = {
     "force_rerun": (lambda: False, _bool),
@@ -146,6 +169,9 @@ SCHEDULER_KEYS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], Optional[str]
     "cpu_fallback": (lambda: 0, _int_at_least(0)),
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
+    # Notifications when the sweep ends (see notify.py).
+    "notify_command": (lambda: None, _optional(_command_option)),
+    "notify_email": (lambda: None, _optional(_email_option)),
 }
 
 
@@ -313,6 +339,17 @@ class Sweep:
         except (TypeError, copy.Error) as error:
             raise ConfigError(f"config values could not be copied: {error}") from error
         self._check_memory_values()
+        self.task_ref = raw.get("task")
+        if self.task_ref is not None and (not isinstance(self.task_ref, str) or ":" not in self.task_ref):
+            raise ConfigError(f"task must be 'package.module:ClassName'; got {self.task_ref!r}")
+        self.command = copy.deepcopy(raw.get("command"))
+        self.shell = raw.get("shell", False)
+        if not isinstance(self.shell, bool):
+            raise ConfigError(f"shell must be true or false; got {self.shell!r}")
+        if self.command is not None:
+            from .commands import check_template
+
+            check_template(self.command, self.keys(), shell=self.shell)
         self._has_test_config = raw.get("test_config") is not None
 
     def _check_memory_values(self) -> None:
@@ -323,6 +360,13 @@ class Sweep:
         for index, block in enumerate(self.blocks):
             for value in block.get(key, ()):
                 parse_memory(value, f"test_config[{index}][{key!r}]")
+
+    def keys(self) -> List[str]:
+        """Every key a run's config can have."""
+        keys = dict.fromkeys(self.global_config)
+        for block in self.blocks:
+            keys.update(dict.fromkeys(block))
+        return list(keys)
 
     def memory_margin(self) -> int:
         return parse_memory(self.options.memory_margin, "memory_margin")

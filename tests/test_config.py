@@ -81,6 +81,8 @@ def test_scheduler_defaults_match_the_original(in_tmp):
         "cpu_fallback": 0,
         "max_host_cpu_percent": None,
         "min_host_free_memory": None,
+        "notify_command": None,
+        "notify_email": None,
     }
 
 
@@ -262,7 +264,7 @@ def test_result_root_that_is_a_file(in_tmp):
         GPUTaskScheduler({"scheduler_config": {"gpu": ["0"], "result_root_folder": "results"}}, GPUTask)
 
 
-@pytest.mark.parametrize("task_class", [object, GPUTask({}, "w"), "my.Task", None])
+@pytest.mark.parametrize("task_class", [object, GPUTask({}, "w"), "my.Task"])
 def test_task_class_must_be_a_gpu_task(task_class):
     with pytest.raises(TaskClassError, match="subclass of gpu_task_scheduler.gpu_task.GPUTask"):
         GPUTaskScheduler({"scheduler_config": {"gpu": ["0"]}}, task_class)

@@ -1,0 +1,147 @@
+"""Shell-command sweeps: a run is a command built from a template.
+
+A template is an argv list, ``["python", "train.py", "--lr", "{lr}"]``, or a
+string that is split like a shell would split it (``shlex``) *before* the
+values are filled in. Either way each value lands in exactly one argument and
+no shell ever sees it, so a value such as ``; rm -rf ~`` is just text. Only
+with ``shell: true`` is the string given to ``/bin/sh``, and then every value
+is quoted with ``shlex.quote``.
+
+Placeholders: every config key, plus ``{work_dir}``, ``{run_name}``,
+``{run_index}`` and ``{gpus}`` (the run's ``CUDA_VISIBLE_DEVICES``). Format
+specs work (``{lr:.0e}``); an unknown placeholder is a ``ConfigError`` before
+anything runs.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import string
+import subprocess
+import sys
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Union
+
+from .errors import ConfigError
+from .gpu_task import GPUTask
+
+BUILTINS = ("work_dir", "run_name", "run_index", "gpus")
+Template = Union[str, Sequence[str]]
+
+
+def _fields(text: str) -> List[str]:
+    try:
+        return [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
+    except ValueError as error:
+        raise ConfigError(f"command template {text!r} is malformed: {error}") from None
+
+
+def _base(field: str) -> str:
+    for separator in (".", "["):
+        field = field.split(separator, 1)[0]
+    return field
+
+
+def check_template(template: Any, known_keys: Iterable[str], *, shell: bool = False) -> List[str]:
+    """Validate a template against the sweep's keys; return it as a list of parts."""
+    if isinstance(template, str):
+        if not template.strip():
+            raise ConfigError("command is empty")
+        parts = [template] if shell else _split(template)
+    elif isinstance(template, (list, tuple)) and template:
+        if shell:
+            raise ConfigError("with shell: true, command must be one string")
+        parts = []
+        for index, part in enumerate(template):
+            if isinstance(part, bool) or not isinstance(part, (str, int, float)):
+                raise ConfigError(f"command[{index}] is {part!r}; every argument must be a string")
+            parts.append(str(part))
+    else:
+        raise ConfigError(f"command must be a list of arguments or a string; got {template!r}")
+    known = set(known_keys) | set(BUILTINS)
+    for part in parts:
+        for field in _fields(part):
+            if field == "" or field.isdigit():
+                raise ConfigError(f"command {part!r} has a positional placeholder {{{field}}}; name a config key")
+            if _base(field) not in known:
+                raise ConfigError(
+                    f"command uses the placeholder {{{field}}}, which is not a config key; "
+                    f"known: {', '.join(sorted(known))}"
+                )
+    return parts
+
+
+def _split(text: str) -> List[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise ConfigError(f"command {text!r} cannot be split into arguments: {error}") from None
+
+
+def render(parts: Sequence[str], values: Mapping[str, Any], *, shell: bool = False) -> Union[str, List[str]]:
+    """The argv (or, with ``shell``, the quoted command line) for one run."""
+    if shell:
+        quoted = _Quoted(values)
+        return string.Formatter().vformat(parts[0], (), quoted)
+    return [string.Formatter().vformat(part, (), values) for part in parts]
+
+
+class _Quoted(dict):
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        super().__init__(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return _QuotedValue(super().__getitem__(key))
+
+
+class _QuotedValue:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __format__(self, spec: str) -> str:
+        return shlex.quote(format(self.value, spec))
+
+    def __getattr__(self, name: str) -> Any:
+        return _QuotedValue(getattr(self.value, name))
+
+    def __getitem__(self, key: Any) -> Any:
+        return _QuotedValue(self.value[key])
+
+
+class CommandFailed(SystemExit):
+    """The run's command exited non-zero; the run's process exits with the same code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CommandTask(GPUTask):
+    """Runs one command per run, in the run folder's context, with the run's GPUs."""
+
+    def __init__(self, config: Dict[str, Any], work_dir: str, *, parts: Sequence[str], shell: bool = False,
+                 run_name: str = "", run_index: int = 0) -> None:
+        super().__init__(config, work_dir)
+        self.parts = list(parts)
+        self.shell = shell
+        self.run_name = run_name
+        self.run_index = run_index
+
+    def command(self) -> Union[str, List[str]]:
+        values = dict(self._config)
+        values.update(work_dir=self._work_dir, run_name=self.run_name, run_index=self.run_index,
+                      gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        return render(self.parts, values, shell=self.shell)
+
+    def main(self) -> Dict[str, Any]:
+        command = self.command()
+        sys.stdout.flush()
+        completed = subprocess.run(command, shell=self.shell, stdin=subprocess.DEVNULL)
+        if completed.returncode != 0:
+            code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
+            how = (f"exit code {completed.returncode}" if completed.returncode > 0
+                   else f"signal {-completed.returncode}")
+            raise CommandFailed(code, f"the command failed with {how}")
+        return {"returncode": 0}

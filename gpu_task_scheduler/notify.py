@@ -1,0 +1,65 @@
+"""Telling someone that a sweep ended: a command, or an e-mail.
+
+``notify_command`` runs once at the end of the sweep with the summary as JSON
+on its stdin (see ``SweepSummary.to_dict``). ``notify_email`` sends the
+summary through an SMTP server with the standard library's client; the user
+name and password come from the environment variables the config names,
+never from the config itself.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import smtplib
+import socket
+import subprocess
+from email.message import EmailMessage
+from typing import Any, Mapping, Sequence, Union
+
+from .summary import SweepSummary
+
+logger = logging.getLogger("gpu_task_scheduler")
+NOTIFY_TIMEOUT = 60.0
+
+
+def run_notify_command(command: Union[str, Sequence[str]], summary: SweepSummary) -> None:
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    try:
+        completed = subprocess.run(argv, input=json.dumps(summary.to_dict()).encode(), timeout=NOTIFY_TIMEOUT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        logger.error("notify_command %s failed: %s", argv, error)
+        return
+    if completed.returncode != 0:
+        logger.error("notify_command %s exited with code %d: %s", argv, completed.returncode,
+                     completed.stdout.decode("utf-8", "replace")[-2000:])
+
+
+def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: str = "") -> None:
+    message = EmailMessage()
+    counts = summary.to_dict()["counts"]
+    state = "interrupted" if summary.interrupted_by else ("done" if summary.ok else "failures")
+    message["Subject"] = settings.get("subject") or (
+        f"[gts] sweep {state} on {hostname or socket.gethostname()}: {counts['succeeded']} succeeded, "
+        f"{counts['failed']} failed, {counts['skipped']} skipped")
+    message["From"] = settings["sender"]
+    message["To"] = ", ".join(settings["recipients"])
+    message.set_content(summary.report())
+    try:
+        with smtplib.SMTP(settings["host"], settings.get("port", 25), timeout=NOTIFY_TIMEOUT) as smtp:
+            if settings.get("starttls"):
+                smtp.starttls()
+            user_env, password_env = settings.get("username_env"), settings.get("password_env")
+            if user_env or password_env:
+                user, password = os.environ.get(user_env or ""), os.environ.get(password_env or "")
+                if not user or not password:
+                    logger.error("notify_email: %s and %s must both be set in the environment to log in",
+                                 user_env, password_env)
+                    return
+                smtp.login(user, password)
+            smtp.send_message(message)
+    except (OSError, smtplib.SMTPException) as error:
+        logger.error("notify_email: could not send the report through %s:%s: %s", settings["host"],
+                     settings.get("port", 25), error)

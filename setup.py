@@ -20,7 +20,9 @@ setup(
         "nvidia-ml-py>=11.450",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6"],
+        "results": ["pandas>=1.3"],
+        "plot": ["matplotlib>=3.5"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6", "pandas>=1.3", "matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["gts = gpu_task_scheduler.cli:main"]},
     classifiers=[

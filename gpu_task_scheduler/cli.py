@@ -1,48 +1,296 @@
 """The ``gts`` command (also ``python -m gpu_task_scheduler``).
 
-This release ships the library; the subcommands below are the planned
-command line and say so instead of pretending to work.
+Thin: parses arguments, calls the library, maps errors to exit codes
+(0 fine, 1 runs failed or the sweep could not run, 2 bad usage or config,
+130 interrupted) and configures logging, which the library never does.
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import json
+import logging
+import os
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import __version__
+from .config_files import load_config
+from .errors import ConfigError, GTSError, TaskClassError
 
-PLANNED = {
-    "run": "run a sweep from a YAML/JSON/.py config",
-    "queue": "run shell commands read from stdin on the GPUs",
-    "grid": "print the commands of a parameter grid",
-    "status": "show the state of every run of a result root",
-    "results": "collect the runs' results into a table",
-    "plot": "plot a timeline or a metric of a result root",
-}
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep its message, add the hint
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see {self.prog} --help)\n")
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def _slot(text: str) -> Any:
+    """``0`` -> "0"; ``0,1`` -> ["0", "1"] (a group); ``cpu`` -> "cpu"."""
+    return text.split(",") if "," in text else text
+
+
+# --- gts run ---------------------------------------------------------------------------
+
+def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
+    config = copy.deepcopy(dict(load_config(args.config)))
+    scheduler = dict(config.get("scheduler_config") or {})
+    if not isinstance(config.get("scheduler_config", {}), dict):
+        return config  # let validation report it
+    if args.gpus:
+        scheduler["gpu"] = "all" if args.gpus == ["all"] else [_slot(g) for g in args.gpus]
+    for flag, key in (("force_rerun", "force_rerun"), ("max_retries", "max_retries"), ("timeout", "timeout")):
+        value = getattr(args, flag)
+        if value is not None and value is not False:
+            scheduler[key] = value
+    config["scheduler_config"] = scheduler
+    return config
+
+
+def _dry_run(scheduler: Any) -> int:
+    from .ledger import Ledger, RunStatus
+    from .paths import RootPaths
+
+    sweep = scheduler.sweep
+    ledger = Ledger.read_only(RootPaths(sweep.options.result_root_folder))
+    counts: Dict[str, int] = {}
+    try:
+        for spec in sweep:
+            record = ledger.get(spec.name) if ledger else None
+            if spec.duplicate:
+                state = "skip (same config as an earlier run)"
+            elif sweep.options.force_rerun:
+                state = "run (force_rerun)"
+            elif record is not None and record.status is RunStatus.SUCCEEDED and os.path.isdir(spec.work_dir):
+                state = "skip (succeeded)"
+            elif record is not None:
+                state = f"run again ({record.status.value})"
+            elif os.path.isdir(spec.work_dir) and sweep.options.skip_existing_folders:
+                state = "skip (folder exists)"
+            else:
+                state = "run"
+            counts[state.split(" ")[0]] = counts.get(state.split(" ")[0], 0) + 1
+            print(f"{spec.index:>6}  {state:<28}  {spec.work_dir}")
+    finally:
+        if ledger:
+            ledger.close()
+    print(f"{sum(counts.values())} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .gpu_task_scheduler import GPUTaskScheduler, import_task
+
+    config = _run_config(args)
+    task = import_task(args.task) if args.task else None
+    console = None
+    hooks = []
+    if not args.dry_run and sys.stderr.isatty() and not args.plain:
+        from .progress import LiveStatus
+        from .sweep import Sweep
+
+        status = LiveStatus(len(Sweep(config)))
+        hooks.append(status)
+        console = status.log_handler()
+    else:
+        _plain_logging()
+    scheduler = GPUTaskScheduler(config, task, hooks=hooks, console=console)
+    if args.dry_run:
+        return _dry_run(scheduler)
+    return scheduler.start().exit_code
+
+
+# --- gts queue ---------------------------------------------------------------------------
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    from .gpu_task_scheduler import scheduler_logging
+    from .queue_runner import QueueSweep, ShellLineTask
+    from .scheduler import Scheduler
+
+    _plain_logging()
+    config = {"scheduler_config": {
+        "gpu": [_slot(g) for g in args.gpus], "result_root_folder": args.log_dir, "force_rerun": True,
+        "scheduler_log_file_path": os.path.join(args.log_dir, "scheduler.log"),
+        **({"timeout": args.timeout} if args.timeout else {}),
+    }}
+    sweep = QueueSweep(config, sys.stdin)
+    scheduler = Scheduler(sweep, ShellLineTask)
+    sweep.start_reading(lambda: scheduler.post("wake"))
+    scheduler.setup()
+    with scheduler_logging(sweep.options.scheduler_log_file_path):
+        summary = scheduler.run()
+        logging.getLogger("gpu_task_scheduler").log(logging.INFO if summary.ok else logging.ERROR, "%s",
+                                                    summary.report())
+    if summary.interrupted_by:
+        return EXIT_INTERRUPTED
+    return summary.exit_code
+
+
+# --- gts grid -----------------------------------------------------------------------------
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    from .grid import commands
+
+    parameters = []
+    for group in args.parameter or []:
+        if len(group) < 2:
+            raise ConfigError(f"-p {group[0]} needs at least one value: -p NAME V1 [V2 ...]")
+        parameters.append((group[0], group[1:]))
+    lines = commands(args.pattern, parameters, mode=args.sampling_mode, n_samples=args.n_samples, seed=args.seed)
+    first = next(lines, None)  # report a bad pattern before printing anything
+    if first is None:
+        return EXIT_OK
+    write = sys.stdout.write
+    write(first + "\n")
+    for line in lines:
+        write(line + "\n")
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+# --- gts status / results / plot ----------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .report import format_status, status
+
+    report = status(args.root)
+    print(json.dumps(report, indent=1) if args.json else format_status(report))
+    return EXIT_OK
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from .results import format_csv, format_table, rows
+
+    table = rows(args.root)
+    if args.format == "json":
+        print(json.dumps(table, indent=1))
+    elif args.format == "csv":
+        sys.stdout.write(format_csv(table))
+    else:
+        print(format_table(table) if table else "no runs recorded")
+    return EXIT_OK
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .report import plot_metric, plot_timeline
+
+    if args.timeline == bool(args.metric):
+        raise ConfigError("give either --timeline or --metric NAME --by PARAMETER")
+    if args.metric and not args.by:
+        raise ConfigError("--metric needs --by PARAMETER (the x axis)")
+    output = plot_timeline(args.root, args.output) if args.timeline else plot_metric(
+        args.root, args.metric, args.by, args.output)
+    print(output)
+    return EXIT_OK
+
+
+# --- the parser ---------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gts",
-        description="gpu_task_scheduler: hyperparameter sweeps over your GPUs.",
-        epilog="Today the sweep runs from Python: GPUTaskScheduler(config, MyTask).start() (see the README).",
-    )
+    parser = _Parser(prog="gts", formatter_class=_formatter,
+                     description="gpu_task_scheduler: hyperparameter sweeps over your GPUs.",
+                     epilog="examples:\n  gts run sweep.yaml --gpus 0 1\n  gts status results/\n"
+                            "  gts grid 'python train.py --lr {lr}' -p lr 0.1 0.01 | gts queue --gpus 0 1")
     parser.add_argument("--version", action="version", version=f"gts {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text in PLANNED.items():
-        commands.add_parser(name, help=f"{help_text} (not available yet)", add_help=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a sweep from a config file", formatter_class=_formatter,
+                         description="Run every run of a sweep config (YAML, JSON or .py).",
+                         epilog="examples:\n  gts run sweep.yaml\n  gts run sweep.yaml --gpus 0 1 --dry-run\n"
+                                "  gts run sweep.yaml --task mypkg.tasks:Train --gpus 0,1 2,3\n\n"
+                                "The task is the config's `command:` template, its `task: module:Class`, "
+                                "or --task.")
+    run.add_argument("config", help="the sweep config: .yaml, .yml, .json or .py")
+    run.add_argument("--task", metavar="MODULE:CLASS", help="the GPUTask subclass to run (overrides the config)")
+    run.add_argument("--gpus", nargs="+", metavar="SLOT", help="slots: 0 1 (one GPU each), 0,1 2,3 (groups), cpu, all")
+    run.add_argument("--force-rerun", action="store_true", help="run every run, also those that succeeded")
+    run.add_argument("--dry-run", action="store_true", help="list the runs and whether they would run; change nothing")
+    run.add_argument("--max-retries", type=int, metavar="N", help="retry a failed run up to N times")
+    run.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a run after this long")
+    run.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
+    run.set_defaults(handler=cmd_run)
+
+    q = sub.add_parser("queue", help="run shell commands read from stdin on the GPUs", formatter_class=_formatter,
+                       description="Run one shell command per line of stdin, each on a free slot, with "
+                                   "CUDA_VISIBLE_DEVICES set (compatible with simple-gpu-scheduler).",
+                       epilog="examples:\n  gts queue --gpus 0 1 2 < commands.txt\n"
+                              "  gts grid 'python train.py --lr {lr}' -p lr 1e-3 1e-4 | gts queue --gpus 0,1 2,3")
+    q.add_argument("--gpus", nargs="+", required=True, metavar="SLOT", help="slots: 0 1 2, or 0,1 2,3 for groups")
+    q.add_argument("--log-dir", default="gts-queue", help="where each command's output goes (default: gts-queue)")
+    q.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a command after this long")
+    q.set_defaults(handler=cmd_queue)
+
+    g = sub.add_parser("grid", help="print the commands of a parameter grid", formatter_class=_formatter,
+                       description="Print one command per grid point (compatible with simple_hypersearch); "
+                                   "streamed, so any size works.",
+                       epilog="examples:\n  gts grid 'python train.py --lr {lr} --bs {bs}' -p lr 0.1 0.01 -p bs 32 64\n"
+                              "  gts grid 'run {job_index} {x}' -p x 1 2 3 --sampling-mode shuffled_grid --seed 0")
+    g.add_argument("pattern", help="command pattern with {NAME} placeholders (and {job_index})")
+    g.add_argument("-p", "--parameter", nargs="+", action="append", metavar=("NAME", "VALUE"),
+                   help="a parameter and its values: -p lr 0.1 0.01")
+    g.add_argument("--sampling-mode", choices=["grid", "shuffled_grid"], default="grid")
+    g.add_argument("--n-samples", type=int, help="print only this many commands")
+    g.add_argument("--seed", type=int, help="seed of the shuffled order")
+    g.set_defaults(handler=cmd_grid)
+
+    s = sub.add_parser("status", help="the state of every run of a result root", formatter_class=_formatter,
+                       epilog="examples:\n  gts status results/\n  gts status results/ --json | jq .counts")
+    s.add_argument("root", help="the result root (result_root_folder)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(handler=cmd_status)
+
+    r = sub.add_parser("results", help="one row per run: parameters, state, duration, result",
+                       formatter_class=_formatter,
+                       epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv")
+    r.add_argument("root", help="the result root")
+    r.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    r.set_defaults(handler=cmd_results)
+
+    p = sub.add_parser("plot", help="plot a timeline of the runs, or a metric against a parameter",
+                       formatter_class=_formatter,
+                       epilog="examples:\n  gts plot results/ --timeline -o timeline.png\n"
+                              "  gts plot results/ --metric loss --by lr -o loss.png")
+    p.add_argument("root", help="the result root")
+    p.add_argument("--timeline", action="store_true", help="runs as bars per slot over time, failures marked")
+    p.add_argument("--metric", help="a key of the runs' results")
+    p.add_argument("--by", help="the parameter on the x axis")
+    p.add_argument("-o", "--output", required=True, help="the image file to write (.png, .svg, .pdf)")
+    p.set_defaults(handler=cmd_plot)
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _plain_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                            datefmt="%a, %d %b %Y %H:%M:%S", stream=sys.stderr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args, _ = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
-    print(f"gts {args.command}: not available yet in gts {__version__}; "
-          "run sweeps from Python with GPUTaskScheduler (see the README).", file=sys.stderr)
-    return 2
+        return EXIT_USAGE
+    try:
+        return args.handler(args)
+    except (ConfigError, TaskClassError) as error:
+        print(f"gts {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except GTSError as error:
+        print(f"gts {args.command}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `gts grid ... | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ class CommandTask(GPUTask):
                       gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
         return render(self.parts, values, shell=self.shell)
 
-    def main(self) -> Dict[str, Any]:
+    def main(self) -> None:
         command = self.command()
         sys.stdout.flush()
         completed = subprocess.run(command, shell=self.shell, stdin=subprocess.DEVNULL)
@@ -144,4 +144,4 @@ class CommandTask(GPUTask):
             how = (f"exit code {completed.returncode}" if completed.returncode > 0
                    else f"signal {-completed.returncode}")
             raise CommandFailed(code, f"the command failed with {how}")
-        return {"returncode": 0}
+        return None  # the command's own result.json, if it writes one, is the run's result

@@ -70,5 +70,11 @@ class ConfigManager:
     def get_num_left_config(self) -> int:
         return self._total - self._counter
 
+    def get_results(self) -> List[Dict[str, Any]]:
+        """One row per recorded run of this sweep's result root (see ``gpu_task_scheduler.results``)."""
+        from .results import rows
+
+        return rows(self._sweep.options.result_root_folder)
+
     def get_num_gpu(self) -> int:
         return len(self._slots())

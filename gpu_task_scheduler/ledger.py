@@ -217,7 +217,10 @@ class Ledger:
         ledger.path = paths.ledger
         ledger._clock = time.time
         try:
-            uri = "file:" + urllib.request.pathname2url(os.path.abspath(paths.ledger)) + "?mode=ro"
+            # With no scheduler writing (no -wal file), open it immutable: SQLite then creates no
+            # -shm file either, so reading leaves the result root exactly as it was.
+            quiet = "&immutable=1" if not os.path.exists(paths.ledger + "-wal") else ""
+            uri = "file:" + urllib.request.pathname2url(os.path.abspath(paths.ledger)) + "?mode=ro" + quiet
             ledger._db = sqlite3.connect(uri, uri=True, timeout=30)
             ledger._db.row_factory = sqlite3.Row
             ledger._query("SELECT 1 FROM runs LIMIT 1")

@@ -32,6 +32,7 @@ class LiveStatus(Hooks):
         self.running: Dict[str, str] = {}  # run name -> slot name
         self.done = self.failed = self.skipped = 0
         self.durations: List[float] = []
+        self.parallel = 1  # the most runs seen running at once: the sweep's parallelism, for the ETA
 
     def line(self) -> str:
         finished = self.done + self.failed + self.skipped
@@ -39,9 +40,8 @@ class LiveStatus(Hooks):
         elapsed = time.monotonic() - self.started
         eta = "?"
         if self.durations and pending + len(self.running):
-            slots = max(1, len(set(self.running.values())) or 1)
             mean = sum(self.durations) / len(self.durations)
-            eta = _clock(mean * (pending + len(self.running)) / slots)
+            eta = _clock(mean * (pending + len(self.running)) / self.parallel)
         per_slot: Dict[str, int] = {}
         for slot in self.running.values():
             per_slot[slot] = per_slot.get(slot, 0) + 1
@@ -55,6 +55,7 @@ class LiveStatus(Hooks):
 
     def on_run_start(self, spec: RunSpec, slot: Slot) -> None:
         self.running[spec.name] = slot.name
+        self.parallel = max(self.parallel, len(self.running))
         self._draw()
 
     def on_run_end(self, outcome: RunOutcome) -> None:

@@ -104,7 +104,9 @@ def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
 
 
 def _error(phase: str, error: BaseException) -> Dict[str, Any]:
-    return {"status": "failed", "phase": phase, "error": f"{type(error).__name__}: {error}"}
+    # A command run's failure speaks for itself ("the command failed with exit code 3").
+    text = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+    return {"status": "failed", "phase": phase, "error": text}
 
 
 def _print_traceback(error: BaseException, headline: Optional[str] = None) -> None:

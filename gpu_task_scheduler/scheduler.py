@@ -157,6 +157,7 @@ class Scheduler:
             self._ledger = Ledger(root)
             try:
                 self._settle_previous()
+                self._record_sweep()
                 self._runs = iter(self.sweep)
                 with _StopSignals(self._events):
                     self._loop()
@@ -210,6 +211,14 @@ class Scheduler:
         for gpu_id, state in self._gpu_states.items():
             logger.info("gpu %s: %s, %s total, %s free, %d process(es)", gpu_id, state.name,
                         format_memory(state.total_memory), format_memory(state.free_memory), len(state.processes))
+
+    def _record_sweep(self) -> None:
+        """What ``gts status`` needs to know beyond the runs: the sweep's size and log file name."""
+        try:
+            self._ledger.set_meta("sweep_runs", str(len(self.sweep)))
+        except TypeError:  # an open-ended sweep (gts queue)
+            self._ledger.set_meta("sweep_runs", "")
+        self._ledger.set_meta("log_file", self.options.log_file or "")
 
     def _close_monitor(self) -> None:
         if self._monitor is not None:
@@ -423,6 +432,8 @@ class Scheduler:
         return None
 
     def _wait(self, item: _Pending, need: Optional[int], views: List[SlotView], host: Optional[str]) -> None:
+        if host is None and all(view.running >= view.capacity for view in views):
+            return  # every slot is busy with our own runs: the normal case, nothing to say
         if host is not None:
             reason = host
         else:

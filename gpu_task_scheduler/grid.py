@@ -1,0 +1,100 @@
+"""``gts grid``: the commands of a parameter grid, streamed (compatible with simple_hypersearch).
+
+The grid is never built: command *k* is computed from *k* (mixed radix, the
+first parameter varying slowest, as ``itertools.product``), so a grid of a
+million commands costs no more memory than one. ``shuffled_grid`` visits the
+indices in a seeded pseudo-random order given by a Feistel permutation over
+the next power of two, walking past indices outside the grid; it is a true
+permutation (every command once) and also needs no list. Its order differs
+from simple_hypersearch's for the same seed (that tool shuffles a full list).
+"""
+from __future__ import annotations
+
+import random
+import string
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+
+Parameters = Sequence[Tuple[str, Sequence[str]]]
+_ROUNDS = 4
+_MASK64 = (1 << 64) - 1
+
+
+def grid_size(parameters: Parameters) -> int:
+    size = 1
+    for _, values in parameters:
+        size *= len(values)
+    return size
+
+
+def combination(parameters: Parameters, index: int) -> Dict[str, str]:
+    values: Dict[str, str] = {}
+    for name, options in reversed(parameters):
+        index, digit = divmod(index, len(options))
+        values[name] = options[digit]
+    return {name: values[name] for name, _ in parameters}
+
+
+class _Permutation:
+    """A seeded bijection of range(size), computed one index at a time."""
+
+    def __init__(self, size: int, seed: Optional[int]) -> None:
+        self.size = size
+        bits = max(2, (size - 1).bit_length())
+        bits += bits % 2
+        self.half = bits // 2
+        self.mask = (1 << self.half) - 1
+        rng = random.Random(seed)
+        self.keys = [rng.getrandbits(64) | 1 for _ in range(_ROUNDS)]
+
+    def _round(self, value: int, key: int) -> int:
+        value = (value * 0x9E3779B97F4A7C15 + key) & _MASK64
+        value ^= value >> 29
+        value = (value * key) & _MASK64
+        return (value >> 17) & self.mask
+
+    def _encrypt(self, value: int) -> int:
+        left, right = value >> self.half, value & self.mask
+        for key in self.keys:
+            left, right = right, left ^ self._round(right, key)
+        return (left << self.half) | right
+
+    def __call__(self, index: int) -> int:
+        value = self._encrypt(index)
+        while value >= self.size:  # cycle-walk back into range
+            value = self._encrypt(value)
+        return value
+
+
+def check_pattern(pattern: str, names: Sequence[str]) -> None:
+    known = set(names) | {"job_index"}
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(pattern) if field is not None]
+    except ValueError as error:
+        raise ConfigError(f"command pattern {pattern!r} is malformed: {error}") from None
+    for field in fields:
+        if field.split(".")[0].split("[")[0] not in known:
+            raise ConfigError(f"the pattern uses {{{field}}}, which is not a parameter; "
+                              f"known: {', '.join(sorted(known))}")
+
+
+def commands(pattern: str, parameters: Parameters, *, mode: str = "grid", n_samples: Optional[int] = None,
+             seed: Optional[int] = None) -> Iterator[str]:
+    names = [name for name, _ in parameters]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a parameter is given twice: {names}")
+    for name, values in parameters:
+        if not values:
+            raise ConfigError(f"parameter {name!r} has no values")
+    check_pattern(pattern, names)
+    if mode not in ("grid", "shuffled_grid"):
+        raise ConfigError(f"sampling mode must be grid or shuffled_grid; got {mode!r}")
+    size = grid_size(parameters)
+    count = size if n_samples is None else min(max(n_samples, 0), size)
+    order = _Permutation(size, seed) if mode == "shuffled_grid" else None
+    for job_index in range(count):
+        index = order(job_index) if order is not None else job_index
+        values = combination(parameters, index)
+        values["job_index"] = str(job_index)
+        yield pattern.format_map(values)

@@ -1,0 +1,156 @@
+"""Status tables and plots of a result root."""
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from .errors import GTSError
+from .ledger import RunRecord, RunStatus
+from .results import duration, open_ledger, rows
+
+_COLORS = {"succeeded": "tab:green", "failed": "tab:red", "timed_out": "tab:orange",
+           "interrupted": "tab:gray", "running": "tab:blue"}
+
+
+def status(root: str) -> Dict[str, Any]:
+    """Counts and one entry per run, from the ledger (read-only)."""
+    ledger = open_ledger(root)
+    try:
+        records = ledger.records()
+        total_text = ledger.get_meta("sweep_runs")
+        log_file = ledger.get_meta("log_file") or None
+    finally:
+        ledger.close()
+    counts = {status.value: 0 for status in RunStatus}
+    for record in records:
+        counts[record.status.value] += 1
+    if total_text:
+        counts["pending"] = max(0, int(total_text) - len(records))
+    runs = []
+    for record in records:
+        runs.append({
+            "name": record.name, "status": record.status.value, "slot": record.slot,
+            "started": _iso(record.started_at), "duration": duration(record),
+            "exit": _exit(record), "attempts": record.attempts, "cause": record.cause,
+            "log": os.path.join(record.work_dir, log_file) if record.work_dir and log_file else None,
+        })
+    return {"root": os.path.abspath(root), "counts": counts, "runs": runs}
+
+
+def _iso(timestamp: Optional[float]) -> Optional[str]:
+    if timestamp is None:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp).isoformat(sep=" ", timespec="seconds")
+
+
+def _exit(record: RunRecord) -> Optional[str]:
+    if record.signal:
+        return record.signal
+    return None if record.exit_code is None else str(record.exit_code)
+
+
+def format_status(report: Dict[str, Any]) -> str:
+    counts = report["counts"]
+    head = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
+    lines = [f"{report['root']}: {head or 'no runs recorded'}"]
+    table = [{**run, "duration": None if run["duration"] is None else f"{run['duration']:.1f}s"}
+             for run in report["runs"]]
+    if table:
+        from .results import format_table
+
+        lines.append(format_table(table, ["name", "status", "slot", "started", "duration", "exit", "attempts",
+                                          "log"]))
+    return "\n".join(lines)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as pyplot
+    except ImportError as error:
+        raise GTSError("plots need matplotlib: pip install 'gpu_task_scheduler[plot]'") from error
+    return pyplot
+
+
+def plot_timeline(root: str, output: str) -> str:
+    """Each run as a bar on its slot's row, over time; failures marked with a cross."""
+    ledger = open_ledger(root)
+    try:
+        records = [r for r in ledger.records() if r.started_at is not None]
+    finally:
+        ledger.close()
+    if not records:
+        raise GTSError(f"{root!r} has no started runs to plot")
+    pyplot = _pyplot()
+    start = min(r.started_at for r in records)
+    slots = sorted({r.slot or "?" for r in records})
+    figure, axes = pyplot.subplots(figsize=(10, 1 + 0.5 * len(slots)))
+    lanes: Dict[str, List[float]] = {slot: [] for slot in slots}
+    for record in sorted(records, key=lambda r: r.started_at):
+        slot = record.slot or "?"
+        begin = record.started_at - start
+        length = max(duration(record) or 0.0, 1e-3)
+        # Runs sharing a GPU overlap: stack them in sub-lanes so every bar shows.
+        ends = lanes[slot]
+        lane = next((i for i, end in enumerate(ends) if end <= begin), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = begin + length
+        y = slots.index(slot) + lane * 0.8 / max(1, len(ends))
+        color = _COLORS.get(record.status.value, "tab:purple")
+        axes.barh(y, length, left=begin, height=0.7 / max(1, len(ends)), color=color, edgecolor="black",
+                  linewidth=0.3)
+        if record.status in (RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.INTERRUPTED):
+            axes.plot(begin + length, y, marker="x", color="black")
+    axes.set_yticks(range(len(slots)))
+    axes.set_yticklabels(slots)
+    axes.set_xlabel("seconds since the first run started")
+    axes.set_title(f"runs per slot: {os.path.basename(os.path.abspath(root))}")
+    from matplotlib.patches import Patch
+
+    used = sorted({r.status.value for r in records})
+    axes.legend(handles=[Patch(color=_COLORS.get(s, "tab:purple"), label=s) for s in used], loc="upper right")
+    figure.tight_layout()
+    figure.savefig(output)
+    pyplot.close(figure)
+    return output
+
+
+def plot_metric(root: str, metric: str, by: str, output: str) -> str:
+    """``result.<metric>`` of the succeeded runs against parameter ``by``, one line per other setting."""
+    table = [row for row in rows(root) if row["status"] == "succeeded"]
+    key = metric if metric.startswith("result.") else f"result.{metric}"
+    points = [row for row in table if row.get(key) is not None and row.get(by) is not None]
+    if not points:
+        known = sorted({k for row in table for k in row if k.startswith("result.")})
+        raise GTSError(f"no succeeded run has both {by!r} and {key!r}; results have: {', '.join(known) or 'none'}")
+    pyplot = _pyplot()
+    ignored = {"name", "status", "duration", by}
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for row in points:
+        label = ",".join(f"{k}={v}" for k, v in sorted(row.items())
+                         if k not in ignored and not k.startswith("result.")) or metric
+        groups.setdefault(label, []).append(row)
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    numeric = all(isinstance(row[by], (int, float)) and not isinstance(row[by], bool) for row in points)
+    categories = sorted({str(row[by]) for row in points})
+    for label, group in sorted(groups.items()):
+        group = sorted(group, key=lambda row: row[by] if numeric else str(row[by]))
+        xs = [row[by] if numeric else categories.index(str(row[by])) for row in group]
+        axes.plot(xs, [row[key] for row in group], marker="o", label=label)
+    if not numeric:
+        axes.set_xticks(range(len(categories)))
+        axes.set_xticklabels(categories)
+    elif all(row[by] > 0 for row in points) and max(row[by] for row in points) / min(row[by] for row in points) > 50:
+        axes.set_xscale("log")
+    axes.set_xlabel(by)
+    axes.set_ylabel(metric)
+    if len(groups) > 1:
+        axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(output)
+    pyplot.close(figure)
+    return output

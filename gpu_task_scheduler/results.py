@@ -1,0 +1,113 @@
+"""Collecting a result root into rows: one per run, from the ledger and the run folders.
+
+A run's result is what its ``main()`` returned (recorded by the run's
+process); if it returned nothing, the run's own ``result.json`` in its folder
+is read instead, if there is one. A dict result contributes one column per
+key (``result.loss``); any other value is the ``result`` column.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from .errors import GTSError
+from .ledger import Ledger, RunRecord, RunStatus
+from .paths import RootPaths, RunPaths, read_json
+
+RESULT_FILE = "result.json"
+
+
+def open_ledger(root: str) -> Ledger:
+    ledger = Ledger.read_only(RootPaths(root))
+    if ledger is None:
+        raise GTSError(f"{root!r} is not a result root of gpu_task_scheduler (no .gts/ledger.sqlite3 in it)")
+    return ledger
+
+
+def records(root: str) -> List[RunRecord]:
+    ledger = open_ledger(root)
+    try:
+        return ledger.records()
+    finally:
+        ledger.close()
+
+
+def run_result(record: RunRecord) -> Any:
+    value = record.result_value
+    if value is None and record.work_dir:
+        value = read_json(os.path.join(record.work_dir, RESULT_FILE))
+    return value
+
+
+def duration(record: RunRecord) -> Optional[float]:
+    if record.started_at is None:
+        return None
+    end = record.ended_at if record.ended_at is not None else (time.time() if record.status is RunStatus.RUNNING
+                                                               else None)
+    return None if end is None else end - record.started_at
+
+
+def rows(root: str) -> List[Dict[str, Any]]:
+    """One dict per run: ``name``, the swept parameters, ``status``, ``duration``, then the result."""
+    table = []
+    for record in records(root):
+        row: Dict[str, Any] = {"name": record.name}
+        row.update(record.params_value)
+        row["status"] = record.status.value
+        row["duration"] = duration(record)
+        result = run_result(record)
+        if isinstance(result, dict):
+            row.update({f"result.{key}": value for key, value in result.items()})
+        elif result is not None:
+            row["result"] = result
+        table.append(row)
+    return table
+
+
+def columns(table: Sequence[Dict[str, Any]]) -> List[str]:
+    names: Dict[str, None] = {}
+    for row in table:
+        names.update(dict.fromkeys(row))
+    return list(names)
+
+
+def to_dataframe(root: str) -> Any:
+    """The rows as a pandas DataFrame (``pip install gpu_task_scheduler[results]``)."""
+    try:
+        import pandas
+    except ImportError as error:
+        raise GTSError("to_dataframe() needs pandas: pip install 'gpu_task_scheduler[results]'") from error
+    table = rows(root)
+    return pandas.DataFrame(table, columns=columns(table))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def format_table(table: Sequence[Dict[str, Any]], names: Optional[List[str]] = None) -> str:
+    names = names or columns(table)
+    cells = [[_cell(row.get(name)) for name in names] for row in table]
+    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(names)]
+    lines = ["  ".join(name.ljust(width) for name, width in zip(names, widths)).rstrip()]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def format_csv(table: Sequence[Dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns(table), lineterminator="\n")
+    writer.writeheader()
+    for row in table:
+        writer.writerow({key: _cell(value) for key, value in row.items()})
+    return buffer.getvalue()

@@ -1,0 +1,377 @@
+"""The gts command, in-process and as a subprocess."""
+import email
+import json
+import os
+import socketserver
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import wait_until
+from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, RunStatus
+from gpu_task_scheduler.cli import main as gts
+from gpu_task_scheduler.progress import LiveStatus
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+WRITE_RESULT = ("import json, sys; print('training with lr', sys.argv[1]); "
+                "json.dump({{'loss': float(sys.argv[1]) ** 2}}, open(sys.argv[2] + '/result.json', 'w'))")
+
+
+def write_yaml(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def command_sweep(in_tmp):
+    return write_yaml(in_tmp / "sweep.yaml", f"""
+scheduler_config:
+  gpu: [cpu, cpu]
+  scheduler_log_file_path: null
+command: ["python", "-c", "{WRITE_RESULT}", "{{lr}}", "{{work_dir}}"]
+test_config:
+  - lr: [0.1, 0.2]
+  - lr: [0.3]
+    extra: ["x y"]
+""")
+
+
+def test_run_a_command_sweep_then_status_and_results(command_sweep, in_tmp, capsys):
+    assert gts(["run", command_sweep, "--plain"]) == 0
+    root = in_tmp / "results"
+    assert (root / "lr-0.1," / "worker.log").read_text() == "training with lr 0.1\n"
+    assert gts(["status", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{root}: 3 succeeded") and "extra-xy,lr-0.3," in out and "worker.log" in out
+    assert gts(["status", str(root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"]["succeeded"] == 3 and report["counts"]["pending"] == 0
+    assert {run["exit"] for run in report["runs"]} == {"0"}
+    assert gts(["results", str(root), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["lr"], r.get("extra"), r["status"], round(r["result.loss"], 4)) for r in rows] == [
+        (0.1, None, "succeeded", 0.01), (0.2, None, "succeeded", 0.04), (0.3, "x y", "succeeded", 0.09)]
+    assert gts(["results", str(root), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "name,lr,status,duration,result.loss,extra"
+    assert gts(["results", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split() == ["name", "lr", "status", "duration", "result.loss",
+                                                               "extra"]
+    manager_rows = ConfigManager(command_sweep).get_results()
+    assert [r["result.loss"] for r in manager_rows] == [r["result.loss"] for r in rows]
+
+
+def test_results_as_a_dataframe(command_sweep, in_tmp):
+    from gpu_task_scheduler.results import to_dataframe
+
+    assert gts(["run", command_sweep, "--plain"]) == 0
+    frame = to_dataframe(str(in_tmp / "results"))
+    assert list(frame["lr"]) == [0.1, 0.2, 0.3] and frame["result.loss"].max() == pytest.approx(0.09)
+
+
+def test_dry_run_lists_and_changes_nothing(command_sweep, in_tmp, capsys):
+    assert gts(["run", command_sweep, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs: 3 run" in out and sorted(os.listdir(in_tmp)) == ["sweep.yaml"]
+    assert gts(["run", command_sweep, "--plain"]) == 0
+    (in_tmp / "results" / ".gts" / "ledger.sqlite3").stat()
+    before = sorted(p.name for p in (in_tmp / "results").rglob("*"))
+    capsys.readouterr()
+    assert gts(["run", command_sweep, "--dry-run", "--force-rerun"]) == 0
+    assert "3 runs: 3 run" in capsys.readouterr().out
+    assert gts(["run", command_sweep, "--dry-run"]) == 0
+    assert "3 runs: 3 skip" in capsys.readouterr().out
+    assert sorted(p.name for p in (in_tmp / "results").rglob("*")) == before
+
+
+def test_exit_codes(in_tmp, capsys):
+    failing = write_yaml(in_tmp / "f.yaml", """
+scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}
+command: "sh -c 'exit {code}'"
+test_config: [{code: [0, 3]}]
+""")
+    assert gts(["run", failing, "--plain"]) == 1
+    rows = {r["name"]: r for r in json.loads(_out(capsys, ["results", str(in_tmp / "results"), "--format", "json"]))}
+    assert rows["code-3,"]["status"] == "failed"
+    assert "the command failed with exit code 3" in _out(capsys, ["status", str(in_tmp / "results"), "--json"])
+    bad = write_yaml(in_tmp / "bad.yaml", "scheduler_config: {gpu: [cpu]}\ncommand: [echo, '{nope}']\n"
+                                          "test_config: [{a: [1]}]\n")
+    assert gts(["run", bad]) == 2
+    assert "placeholder {nope}, which is not a config key" in capsys.readouterr().err
+    assert not (in_tmp / "results" / "a-1,").exists()
+    assert gts(["run", str(in_tmp / "missing.yaml")]) == 2
+    assert gts(["run", failing, "--task", "no_such_module:Task"]) == 2
+    assert "cannot import the task 'no_such_module:Task'" in capsys.readouterr().err
+    assert gts(["status", str(in_tmp / "nowhere")]) == 1
+    with pytest.raises(SystemExit) as raised:
+        gts(["run"])
+    assert raised.value.code == 2
+    assert gts([]) == 2
+
+
+def _out(capsys, argv):
+    capsys.readouterr()
+    assert gts(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_task_from_the_config_or_the_command_line(in_tmp, capsys):
+    config = write_yaml(in_tmp / "t.yaml", f"""
+scheduler_config: {{gpu: [cpu], scheduler_log_file_path: null}}
+global_config: {{journal: {in_tmp / 'journal'}}}
+test_config: [{{a: [1, 2]}}]
+""")
+    assert gts(["run", config]) == 2
+    assert "no task to run" in capsys.readouterr().err
+    assert gts(["run", config, "--task", "gts_test_tasks:RecordTask", "--gpus", "cpu", "cpu"]) == 0
+    assert (in_tmp / "journal").read_text().count("end") == 2
+    with open(config, "a") as handle:
+        handle.write("task: gts_test_tasks:RecordTask\n")
+    assert gts(["run", config, "--force-rerun", "--plain"]) == 0
+    assert (in_tmp / "journal").read_text().count("end") == 4
+
+
+def test_gpus_override_and_groups(in_tmp, capsys):
+    config = write_yaml(in_tmp / "g.yaml", """
+scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}
+command: ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES {gpus} > {work_dir}/gpus.txt"]
+test_config: [{a: [1]}]
+""")
+    assert gts(["run", config, "--gpus", "4,5"]) == 0
+    assert (in_tmp / "results" / "a-1," / "gpus.txt").read_text() == "4,5 4,5\n"
+
+
+HOSTILE = ["; touch pwned", "$(touch pwned)", "`touch pwned`", "a' b \"c", "&& touch pwned"]
+
+
+@pytest.mark.parametrize("shell", [False, True])
+def test_values_never_reach_a_shell_unquoted(in_tmp, shell):
+    command = ("printf '%s' {v} > {work_dir}/v.txt" if shell
+               else ["sh", "-c", "printf '%s' \"$1\" > \"$2\"/v.txt", "sh", "{v}", "{work_dir}"])
+    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+              "test_config": [{"v": HOSTILE}], "command": command, "shell": shell}
+    summary = GPUTaskScheduler(config).start()
+    assert summary.ok
+    written = sorted((in_tmp / "results" / o.name / "v.txt").read_text() for o in summary.succeeded)
+    assert written == sorted(HOSTILE)
+    assert not (in_tmp / "pwned").exists()
+
+
+def test_callbacks(in_tmp):
+    events = []
+    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+              "test_config": [{"code": [0, 1]}], "command": ["sh", "-c", "exit {code}"]}
+    summary = GPUTaskScheduler(
+        config, on_run_start=lambda spec, slot: events.append(("start", spec.name, slot.name)),
+        on_run_end=lambda outcome: events.append(("end", outcome.name, outcome.status)),
+        on_sweep_end=lambda s: events.append(("sweep", len(s.succeeded), len(s.failed)))).start()
+    assert events == [("start", "code-0,", "cpu0"), ("end", "code-0,", RunStatus.SUCCEEDED),
+                      ("start", "code-1,", "cpu0"), ("end", "code-1,", RunStatus.FAILED), ("sweep", 1, 1)]
+    assert summary.exit_code == 1
+
+
+def test_a_raising_callback_does_not_stop_the_sweep(in_tmp):
+    def explode(outcome):
+        raise RuntimeError("callback bug")
+
+    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+              "test_config": [{"a": [1, 2]}], "command": ["true"]}
+    assert len(GPUTaskScheduler(config, on_run_end=explode).start().succeeded) == 2
+
+
+def test_notify_command_gets_the_summary_on_stdin(in_tmp):
+    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None,
+                                   "notify_command": [sys.executable, "-c",
+                                                      "import sys; open('notified.json', 'w').write(sys.stdin.read())"]},
+              "test_config": [{"code": [0, 2]}], "command": ["sh", "-c", "exit {code}"]}
+    GPUTaskScheduler(config).start()
+    report = json.loads((in_tmp / "notified.json").read_text())
+    assert report["counts"] == {"succeeded": 1, "failed": 1, "skipped": 0} and report["exit_code"] == 1
+    assert {run["name"]: run["status"] for run in report["runs"]} == {"code-0,": "succeeded", "code-2,": "failed"}
+
+
+class _SMTPHandler(socketserver.StreamRequestHandler):
+    """Just enough SMTP (with AUTH PLAIN) to receive one message on 127.0.0.1."""
+
+    def reply(self, line):
+        self.wfile.write((line + "\r\n").encode())
+
+    def handle(self):
+        self.reply("220 localhost test SMTP")
+        data, in_data = [], False
+        for raw in self.rfile:
+            line = raw.decode().rstrip("\r\n")
+            if in_data:
+                if line == ".":
+                    in_data = False
+                    self.server.messages.append("\r\n".join(data))
+                    self.reply("250 queued")
+                else:
+                    data.append(line[1:] if line.startswith("..") else line)
+                continue
+            verb = line.split(" ")[0].upper()
+            if verb == "EHLO":
+                self.wfile.write(b"250-localhost\r\n250 AUTH PLAIN\r\n")
+            elif verb == "AUTH":
+                self.server.auth.append(line)
+                self.reply("235 ok")
+            elif verb == "DATA":
+                in_data = True
+                self.reply("354 go on")
+            elif verb == "QUIT":
+                self.reply("221 bye")
+                return
+            else:
+                self.reply("250 ok")
+
+
+@pytest.fixture
+def smtp_server():
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SMTPHandler)
+    server.daemon_threads = True
+    server.messages, server.auth = [], []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_email_report_through_a_local_smtp_server(in_tmp, smtp_server, monkeypatch):
+    monkeypatch.setenv("GTS_TEST_SMTP_USER", "alice")
+    monkeypatch.setenv("GTS_TEST_SMTP_PASSWORD", "s3cret")
+    config = {"scheduler_config": {
+        "gpu": ["cpu"], "scheduler_log_file_path": None,
+        "notify_email": {"host": "127.0.0.1", "port": smtp_server.server_address[1], "sender": "gts@example.org",
+                         "recipients": ["alice@example.org", "bob@example.org"],
+                         "username_env": "GTS_TEST_SMTP_USER", "password_env": "GTS_TEST_SMTP_PASSWORD"}},
+        "test_config": [{"code": [0, 3]}], "command": ["sh", "-c", "echo output-{code}; exit {code}"]}
+    GPUTaskScheduler(config).start()
+    (raw,) = smtp_server.messages
+    message = email.message_from_string(raw)
+    assert message["To"] == "alice@example.org, bob@example.org"
+    assert "1 succeeded, 1 failed, 0 skipped" in message["Subject"]
+    body = message.get_payload(decode=True).decode()
+    assert "the command failed with exit code 3" in body and "output-3" in body
+    assert smtp_server.auth and smtp_server.auth[0].startswith("AUTH PLAIN")
+
+
+def test_email_settings_are_validated(in_tmp):
+    from gpu_task_scheduler import ConfigError
+
+    with pytest.raises(ConfigError, match="notify_email"):
+        ConfigManager({"scheduler_config": {"gpu": ["cpu"], "notify_email": {"host": "x", "password": "inline"}}})
+
+
+# --- grid ------------------------------------------------------------------------------------
+
+def test_grid_order_and_placeholders(capsys):
+    assert gts(["grid", "train --lr {lr} --bs {bs} # {job_index}", "-p", "lr", "0.1", "0.01",
+                "-p", "bs", "32", "64"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "train --lr 0.1 --bs 32 # 0", "train --lr 0.1 --bs 64 # 1",
+        "train --lr 0.01 --bs 32 # 2", "train --lr 0.01 --bs 64 # 3"]
+    assert gts(["grid", "x {a}", "-p", "a", "1", "2", "3", "--n-samples", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["x 1", "x 2"]
+    assert gts(["grid", "x {b}", "-p", "a", "1"]) == 2
+    assert "{b}, which is not a parameter" in capsys.readouterr().err
+
+
+def test_shuffled_grid_is_a_seeded_permutation(capsys):
+    argv = ["grid", "{a}-{b}", "-p", "a"] + [str(i) for i in range(13)] + ["-p", "b", "x", "y", "z",
+                                                                            "--sampling-mode", "shuffled_grid"]
+    assert gts(argv + ["--seed", "7"]) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert gts(argv + ["--seed", "7"]) == 0
+    assert capsys.readouterr().out.splitlines() == first
+    assert gts(argv + ["--seed", "8"]) == 0
+    other = capsys.readouterr().out.splitlines()
+    expected = sorted(f"{a}-{b}" for a in range(13) for b in "xyz")
+    assert sorted(first) == sorted(other) == expected and first != other and first != expected
+
+
+# --- queue -------------------------------------------------------------------------------------
+
+def _gts(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "gpu_task_scheduler", *args], capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def test_queue_runs_stdin_commands_on_the_slots(in_tmp):
+    lines = "echo one $CUDA_VISIBLE_DEVICES\n# a comment\n\necho two; exit 4\necho three $CUDA_VISIBLE_DEVICES\n"
+    result = _gts("queue", "--gpus", "0", "1,2", "--log-dir", "logs", input=lines, cwd=str(in_tmp))
+    assert result.returncode == 1, result.stderr
+    assert "2 succeeded, 1 failed" in result.stderr
+    jobs = sorted(os.listdir(in_tmp / "logs"))
+    assert [j.split("-")[1] for j in jobs if j.startswith("job-")] == ["000000", "000001", "000002"]
+    outputs = {(in_tmp / "logs" / j / "worker.log").read_text().split(" ")[0] for j in jobs if j.startswith("job")}
+    assert outputs == {"one", "two\n", "three"}
+    ok = _gts("queue", "--gpus", "0", input="true\ntrue\n", cwd=str(in_tmp))
+    assert ok.returncode == 0 and (in_tmp / "gts-queue").is_dir()
+
+
+def test_queue_reads_its_input_as_it_comes(in_tmp):
+    """The first command runs while stdin is still open, as with a fifo or `tail -f`."""
+    queue = subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", "queue", "--gpus", "0", "--log-dir", "q"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(in_tmp))
+    try:
+        queue.stdin.write(b"echo first > first.txt\n")
+        queue.stdin.flush()
+        wait_until(lambda: (in_tmp / "first.txt").exists(), message="the first command to run before input ends")
+        output = queue.communicate(b"echo second > second.txt\n", timeout=60)[0].decode()
+    finally:
+        if queue.poll() is None:
+            queue.kill()
+            queue.wait()
+    assert queue.returncode == 0, output
+    assert (in_tmp / "second.txt").read_text() == "second\n"
+
+
+# --- plots, help, live status ---------------------------------------------------------------
+
+def test_plots(command_sweep, in_tmp, capsys):
+    assert gts(["run", command_sweep, "--plain"]) == 0
+    root = str(in_tmp / "results")
+    assert gts(["plot", root, "--timeline", "-o", str(in_tmp / "timeline.png")]) == 0
+    assert gts(["plot", root, "--metric", "loss", "--by", "lr", "-o", str(in_tmp / "loss.png")]) == 0
+    for name in ("timeline.png", "loss.png"):
+        data = (in_tmp / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert gts(["plot", root, "--metric", "accuracy", "--by", "lr", "-o", str(in_tmp / "x.png")]) == 1
+    assert "results have: result.loss" in capsys.readouterr().err
+    assert gts(["plot", root, "-o", str(in_tmp / "x.png")]) == 2
+
+
+@pytest.mark.parametrize("command", ["run", "queue", "grid", "status", "results", "plot"])
+def test_every_subcommand_has_help_with_an_example(command):
+    result = _gts(command, "--help")
+    assert result.returncode == 0 and "examples:" in result.stdout and f"gts {command}" in result.stdout
+
+
+def test_status_and_results_as_subprocesses(command_sweep, in_tmp):
+    assert gts(["run", command_sweep, "--plain"]) == 0
+    status = _gts("status", "results", "--json", cwd=str(in_tmp))
+    assert status.returncode == 0 and json.loads(status.stdout)["counts"]["succeeded"] == 3
+    results = _gts("results", "results", "--format", "csv", cwd=str(in_tmp))
+    assert results.returncode == 0 and len(results.stdout.splitlines()) == 4
+
+
+def test_live_status_line():
+    import io
+
+    from gpu_task_scheduler.devices import Slot
+    from gpu_task_scheduler.summary import RunOutcome, SweepSummary
+    from gpu_task_scheduler.sweep import Sweep
+
+    stream = io.StringIO()
+    live = LiveStatus(3, stream)
+    runs = list(Sweep({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"a": [1, 2, 3]}]}))
+    live.on_run_start(runs[0], Slot("gpu0", ("0",)))
+    live.on_run_start(runs[1], Slot("gpu1", ("1",)))
+    assert "0 done, 0 failed, 2 running, 1 pending, 0 skipped | gpu0:1 gpu1:1" in live.line()
+    live.on_run_end(RunOutcome(name=runs[0].name, work_dir="", status=RunStatus.SUCCEEDED, duration=10.0))
+    assert "1 done, 0 failed, 1 running, 1 pending" in live.line() and "ETA 0:00:10" in live.line()
+    live.on_sweep_end(SweepSummary())
+    assert stream.getvalue().endswith("\n") and "\r\033[K" in stream.getvalue()

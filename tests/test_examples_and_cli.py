@@ -57,3 +57,27 @@ def test_gts_as_a_module():
     result = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "status"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and "the following arguments are required: root" in result.stderr
+
+
+def _readme_block(marker):
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    after = text.split(marker, 1)[1]
+    return after.split("```", 2)[1].split("\n", 1)[1]
+
+
+def test_the_readme_shell_sweep_runs_and_gives_the_tree_shown(in_tmp):
+    (in_tmp / "sweep.yaml").write_text(_readme_block("<!-- shell-sweep: sweep.yaml -->"))
+    (in_tmp / "examples").mkdir()
+    (in_tmp / "examples" / "train.py").write_text(open(os.path.join(REPO, "examples", "train.py")).read())
+    run = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.yaml"], cwd=str(in_tmp),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    tree = sorted(str(p.relative_to(in_tmp)) for p in (in_tmp / "runs").rglob("*") if ".gts" not in p.parts)
+    assert ["runs"] + tree == _readme_block("<!-- shell-sweep-tree -->").split()
+    results = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "results", "runs"], cwd=str(in_tmp),
+                             capture_output=True, text=True, timeout=60)
+    lines = results.stdout.splitlines()
+    assert lines[0].split()[:5] == ["name", "layers", "lr", "status", "duration"] and len(lines) == 5
+    again = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.yaml"], cwd=str(in_tmp),
+                           capture_output=True, text=True, timeout=120)
+    assert "0 succeeded, 0 failed, 4 skipped" in again.stderr

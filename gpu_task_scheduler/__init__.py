@@ -1,17 +1,47 @@
-"""gpu_task_scheduler: config-driven hyperparameter sweeps over your GPUs."""
-from .config_manager import ConfigManager
-from .errors import ConfigError, GTSError, LedgerError, RunsFailedError, SchedulerBusyError, TaskClassError
-from .gpu_task import GPUTask
-from .gpu_task_scheduler import GPUTaskScheduler
-from .lazy import lazy_import
-from .ledger import Ledger, RunRecord, RunStatus
-from .summary import RunOutcome, SweepSummary
-from .sweep import RunSpec, Sweep
+"""gpu_task_scheduler: config-driven hyperparameter sweeps over your GPUs.
+
+The public names below are imported on first use (PEP 562), so that a run's
+process, which only needs the runner, starts without loading the scheduler,
+SQLite, YAML or the NVML bindings.
+"""
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ConfigError", "ConfigManager", "GPUTask", "GPUTaskScheduler", "GTSError", "Ledger", "LedgerError",
-    "RunOutcome", "RunRecord", "RunSpec", "RunStatus", "RunsFailedError", "SchedulerBusyError", "Sweep",
-    "SweepSummary", "TaskClassError", "lazy_import",
-]
+_EXPORTS = {
+    "ConfigManager": "config_manager",
+    "ConfigError": "errors", "GTSError": "errors", "LedgerError": "errors", "RunsFailedError": "errors",
+    "SchedulerBusyError": "errors", "TaskClassError": "errors",
+    "GPUTask": "gpu_task",
+    "GPUTaskScheduler": "gpu_task_scheduler",
+    "lazy_import": "lazy",
+    "Ledger": "ledger", "RunRecord": "ledger", "RunStatus": "ledger",
+    "RunOutcome": "summary", "SweepSummary": "summary",
+    "RunSpec": "sweep", "Sweep": "sweep",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_task_scheduler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(list(globals()) + __all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config_manager import ConfigManager
+    from .errors import ConfigError, GTSError, LedgerError, RunsFailedError, SchedulerBusyError, TaskClassError
+    from .gpu_task import GPUTask
+    from .gpu_task_scheduler import GPUTaskScheduler
+    from .lazy import lazy_import
+    from .ledger import Ledger, RunRecord, RunStatus
+    from .summary import RunOutcome, SweepSummary
+    from .sweep import RunSpec, Sweep

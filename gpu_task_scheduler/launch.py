@@ -38,6 +38,22 @@ class Launch:
     argv: List[str]
     env: Dict[str, str]
     cwd: str
+    direct: bool = False  # a plain command: exit status 0 is its success (no runner, no outcome file)
+
+
+# A shell command run without a Python runner (``gts queue``): the command runs
+# in the background while a watcher blocks on the lifeline; if the scheduler
+# dies, the watcher reads EOF and kills the whole process group, as the Python
+# runner would. POSIX sh only.
+_SHELL_WRAPPER = (
+    'sh -c "$1" & child=$!; '
+    '{ read -r _ <&"$GTS_LIFELINE_FD"; kill -KILL 0; } & watcher=$!; '
+    'wait "$child"; status=$?; kill "$watcher" 2>/dev/null; exit "$status"'
+)
+
+
+def shell_argv(command: str) -> List[str]:
+    return ["/bin/sh", "-c", _SHELL_WRAPPER, "gts-shell", command]
 
 
 def class_factory(task_class: Type[GPUTask]) -> TaskFactory:
@@ -85,6 +101,16 @@ def _pickle_task(task: GPUTask) -> bytes:
         raise LaunchError(f"the {type(task).__name__} object cannot be pickled for its process: {error}") from error
 
 
+def _environment(slot: Slot, extra_env: Dict[str, str]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(slot.env())
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so GPU ids mean the same to CUDA as to nvidia-smi and NVML
+    env["MPLBACKEND"] = "Agg"  # runs have no screen; a task may override it through required_env()
+    env["PYTHONUNBUFFERED"] = "1"  # so the log file follows the run live
+    env.update(extra_env)
+    return env
+
+
 def _rotate_log(paths: RunPaths, attempt: int) -> None:
     """Keep the log of an earlier attempt instead of overwriting it."""
     if paths.log and os.path.exists(paths.log):
@@ -119,6 +145,10 @@ def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPath
         raise
     except Exception as error:
         raise LaunchError(f"{task_name} failed before main(): {type(error).__name__}: {error}") from error
+    env = _environment(slot, extra_env)
+    shell_command = getattr(task, "shell_command", None)
+    if isinstance(shell_command, str):
+        return Launch(argv=shell_argv(shell_command), env=env, cwd=os.getcwd(), direct=True)
     payload = _pickle_task(task)
     main_file = None
     if type(task).__module__ == "__main__":
@@ -137,12 +167,6 @@ def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPath
         atomic_write_json(paths.spec, child_spec)
     except OSError as error:
         raise LaunchError(f"could not write the run's start files: {error}") from error
-    env = dict(os.environ)
-    env.update(slot.env())
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so GPU ids mean the same to CUDA as to nvidia-smi and NVML
-    env["MPLBACKEND"] = "Agg"  # runs have no screen; a task may override it through required_env()
-    env["PYTHONUNBUFFERED"] = "1"  # so the log file follows the run live
-    env.update(extra_env)
     return Launch(
         argv=[python, "-c", _RUNNER_BOOT, os.path.abspath(paths.spec)],
         env=env,

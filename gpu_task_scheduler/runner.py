@@ -25,6 +25,8 @@ import traceback
 from types import ModuleType
 from typing import Any, Dict, Optional
 
+from .paths import atomic_write_json  # imported up front: nothing slow may stand between main() and its record
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_LOAD_ERROR = 3
@@ -96,8 +98,6 @@ def _jsonable_result(result: Any) -> Dict[str, Any]:
 
 
 def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
-    from .paths import atomic_write_json
-
     outcome.update(token=spec["token"], config_hash=spec["config_hash"], finished_at=time.time(), pid=os.getpid())
     with _RECORDING:
         atomic_write_json(spec["outcome_file"], outcome)
@@ -134,22 +134,28 @@ def run(spec_path: str) -> int:
         return EXIT_LOAD_ERROR
     try:
         result = task.main()
+        _RECORDING.acquire()  # main() returned: from here the lifeline waits until it is recorded
     except SystemExit as error:
         if error.code not in (None, 0):
             _write_outcome(spec, _error("main", error))
             raise
+        _RECORDING.acquire()
         result = None  # sys.exit(0) inside main() is a successful end
     except BaseException as error:
         _write_outcome(spec, _error("main", error))
         _print_traceback(error)
         return EXIT_FAILED
-    sys.stdout.flush()
-    sys.stderr.flush()
     try:
-        _write_outcome(spec, {"status": "succeeded", **_jsonable_result(result)})
+        outcome = {"status": "succeeded", **_jsonable_result(result), "token": spec["token"],
+                   "config_hash": spec["config_hash"], "finished_at": time.time(), "pid": os.getpid()}
+        atomic_write_json(spec["outcome_file"], outcome)
     except OSError as error:
         print(f"gpu_task_scheduler: could not record the run's success: {error}", file=sys.stderr)
         return EXIT_OUTCOME_ERROR
+    finally:
+        _RECORDING.release()
+    sys.stdout.flush()
+    sys.stderr.flush()
     return EXIT_OK
 
 

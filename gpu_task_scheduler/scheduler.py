@@ -63,6 +63,7 @@ class _Active:
     started: float
     deadline: Optional[float]
     reservation: Reservation
+    direct: bool = False  # a plain command: exit status 0 means success
     stop_reason: Optional[RunStatus] = None  # TIMED_OUT or INTERRUPTED once we stop it
     stop_cause: Optional[str] = None
     kill_at: Optional[float] = None
@@ -497,6 +498,7 @@ class Scheduler:
             item=item, slot_index=slot_index, slot=slot, child=child, paths=paths, token=token, started=now,
             deadline=None if timeout is None else now + timeout,
             reservation=Reservation(gpu_ids=slot.gpu_ids, pgid=child.pid, reserved=need or 0),
+            direct=launch.direct,
         )
         self._call("on_run_start", spec, slot)
 
@@ -517,6 +519,11 @@ class Scheduler:
         tail = paths.tail()
         if outcome is not None and outcome.get("status") == "succeeded":
             status, cause, result = RunStatus.SUCCEEDED, None, outcome.get("result")
+        elif active.direct and returncode == 0 and active.stop_reason is None:
+            status, cause = RunStatus.SUCCEEDED, None
+        elif active.direct and active.stop_reason is None:
+            status, cause = RunStatus.FAILED, (f"the command failed with exit code {exit_code}" if exit_code
+                                               else f"the command was killed by {signal_name}")
         elif active.stop_reason is not None:
             status, cause = active.stop_reason, active.stop_cause
         else:

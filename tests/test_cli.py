@@ -375,3 +375,52 @@ def test_live_status_line():
     assert "1 done, 0 failed, 1 running, 1 pending" in live.line() and "ETA 0:00:10" in live.line()
     live.on_sweep_end(SweepSummary())
     assert stream.getvalue().endswith("\n") and "\r\033[K" in stream.getvalue()
+
+
+def test_queue_in_process(in_tmp, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("echo x > x.txt\nexit 5\n"))
+    assert gts(["queue", "--gpus", "cpu", "--log-dir", "q"]) == 1
+    assert (in_tmp / "x.txt").read_text() == "x\n"
+    report = json.loads(_out(capsys, ["status", "q", "--json"]))
+    assert [(run["status"], run["exit"], run["cause"]) for run in report["runs"]] == [
+        ("succeeded", "0", None), ("failed", "5", "the command failed with exit code 5")]
+
+
+def test_grid_and_plot_as_subprocesses(command_sweep, in_tmp):
+    grid = _gts("grid", "x {a}", "-p", "a", "1", "2", "--sampling-mode", "shuffled_grid", "--seed", "3")
+    assert grid.returncode == 0 and sorted(grid.stdout.split("\n")[:-1]) == ["x 1", "x 2"]
+    assert gts(["run", command_sweep, "--plain"]) == 0
+    plot = _gts("plot", "results", "--timeline", "-o", "t.svg", cwd=str(in_tmp))
+    assert plot.returncode == 0 and (in_tmp / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_live_status_on_a_terminal(command_sweep, in_tmp, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert gts(["run", command_sweep]) == 0
+    text = terminal.getvalue()
+    assert "\r\033[K[gts] 3 done, 0 failed, 0 running, 0 pending, 0 skipped" in text
+    assert "receives task lr-0.1," in text  # log lines still show, above the status line
+
+
+def test_status_while_a_sweep_runs(in_tmp, capsys):
+    from test_process_control import finish, launch, started
+    from helpers import make_config
+
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"a": [1, 2]}], slots=("cpu",), grace_period=5), "BlockTask")
+    try:
+        wait_until(lambda: started(root, "a-1,"), message="the first run to start")
+        report = json.loads(_out(capsys, ["status", str(root), "--json"]))
+        assert report["counts"]["running"] == 1 and report["counts"]["pending"] == 1
+    finally:
+        scheduler.send_signal(2)
+        finish(scheduler)

@@ -250,6 +250,8 @@ class Scheduler:
                 kind, value = self._events.get(timeout=self._seconds_to_next_deadline())
             except queue.Empty:
                 kind, value = "tick", None
+                if self._monitor is not None and self._active:
+                    self._views()  # measure what the runs use now (their peaks teach us their needs)
             if kind == "exit":
                 self._on_exit(value)
             elif kind == "signal":

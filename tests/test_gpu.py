@@ -254,3 +254,10 @@ def test_gpus_by_uuid(gpus, in_tmp):
     assert [o.result["gpu"] for o in summary.succeeded] == [uuid, uuid]
     assert [o.slot for o in summary.succeeded] == [f"gpu{uuid}"] * 2
     assert max(o.result["sharing"] for o in summary.succeeded) == 2
+
+
+def test_peaks_are_measured_while_runs_are_active(gpus, in_tmp):
+    root = in_tmp / "r"
+    run(make_config(root, [{"i": [0, 1]}], slots=("0", "1"), global_config={"alloc_gb": 3, "hold": 0.8},
+                    gpu_poll_interval=0.1))
+    assert {row["gpu_memory_peak"] for row in ledger_rows(root).values()} == {3 * GB}

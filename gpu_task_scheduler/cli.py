@@ -36,6 +36,11 @@ def _slot(text: str) -> Any:
     return text.split(",") if "," in text else text
 
 
+def _gpu_option(values: List[str]) -> Any:
+    """``--gpus`` as the ``gpu`` config value: ``all``, or one slot per argument."""
+    return "all" if values == ["all"] else [_slot(value) for value in values]
+
+
 # --- gts run ---------------------------------------------------------------------------
 
 def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
@@ -44,7 +49,7 @@ def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
     if not isinstance(config.get("scheduler_config", {}), dict):
         return config  # let validation report it
     if args.gpus:
-        scheduler["gpu"] = "all" if args.gpus == ["all"] else [_slot(g) for g in args.gpus]
+        scheduler["gpu"] = _gpu_option(args.gpus)
     for flag, key in (("force_rerun", "force_rerun"), ("max_retries", "max_retries"), ("timeout", "timeout")):
         value = getattr(args, flag)
         if value is not None and value is not False:
@@ -115,7 +120,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
     _plain_logging()
     config = {"scheduler_config": {
-        "gpu": [_slot(g) for g in args.gpus], "result_root_folder": args.log_dir, "force_rerun": True,
+        "gpu": _gpu_option(args.gpus), "result_root_folder": args.log_dir, "force_rerun": True,
         "scheduler_log_file_path": os.path.join(args.log_dir, "scheduler.log"),
         **({"timeout": args.timeout} if args.timeout else {}),
     }}
@@ -221,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "CUDA_VISIBLE_DEVICES set (compatible with simple-gpu-scheduler).",
                        epilog="examples:\n  gts queue --gpus 0 1 2 < commands.txt\n"
                               "  gts grid 'python train.py --lr {lr}' -p lr 1e-3 1e-4 | gts queue --gpus 0,1 2,3")
-    q.add_argument("--gpus", nargs="+", required=True, metavar="SLOT", help="slots: 0 1 2, or 0,1 2,3 for groups")
+    q.add_argument("--gpus", nargs="+", required=True, metavar="SLOT",
+                   help="slots: 0 1 2, 0,1 2,3 for groups, cpu, or all")
     q.add_argument("--log-dir", default="gts-queue", help="where each command's output goes (default: gts-queue)")
     q.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a command after this long")
     q.set_defaults(handler=cmd_queue)

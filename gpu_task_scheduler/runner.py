@@ -97,10 +97,14 @@ def _jsonable_result(result: Any) -> Dict[str, Any]:
         return {"result": to_jsonable(result), "result_note": f"converted from {type(result).__name__}"}
 
 
-def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
+def _record(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
     outcome.update(token=spec["token"], config_hash=spec["config_hash"], finished_at=time.time(), pid=os.getpid())
+    atomic_write_json(spec["outcome_file"], outcome)
+
+
+def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
     with _RECORDING:
-        atomic_write_json(spec["outcome_file"], outcome)
+        _record(spec, outcome)
 
 
 def _error(phase: str, error: BaseException) -> Dict[str, Any]:
@@ -146,9 +150,7 @@ def run(spec_path: str) -> int:
         _print_traceback(error)
         return EXIT_FAILED
     try:
-        outcome = {"status": "succeeded", **_jsonable_result(result), "token": spec["token"],
-                   "config_hash": spec["config_hash"], "finished_at": time.time(), "pid": os.getpid()}
-        atomic_write_json(spec["outcome_file"], outcome)
+        _record(spec, {"status": "succeeded", **_jsonable_result(result)})
     except OSError as error:
         print(f"gpu_task_scheduler: could not record the run's success: {error}", file=sys.stderr)
         return EXIT_OUTCOME_ERROR

@@ -389,6 +389,7 @@ class Scheduler:
                 logger.warning("cannot read the GPUs through NVML (%s); waiting", error)
                 return [SlotView(i, s, self._running[i], self._capacity[i], None, 0, f"NVML error: {error}")
                         for i, s in enumerate(self.slots)]
+            self._gpu_states = states
             margin = self.sweep.memory_margin()
             books = book(states, [a.reservation for a in self._active.values()], margin, process_group)
         views = []
@@ -412,7 +413,8 @@ class Scheduler:
         """Why the run can never start here (it needs more than any GPU has), or None."""
         if need is None or need == EXCLUSIVE or self._monitor is None:
             return None
-        totals = [self._monitor.state(gpu).total_memory for v in views for gpu in v.slot.gpu_ids]
+        totals = [self._gpu_states[gpu].total_memory for v in views for gpu in v.slot.gpu_ids
+                  if gpu in self._gpu_states]
         if not totals:
             return None
         largest = max(totals) - self.sweep.memory_margin()

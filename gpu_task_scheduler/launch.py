@@ -29,6 +29,9 @@ _RUNNER_BOOT = (
 )
 
 
+TaskFactory = Callable[[RunSpec], GPUTask]
+
+
 class LaunchError(Exception):
     """This attempt of the run could not be started (internal; recorded as a failure)."""
 
@@ -117,9 +120,6 @@ def _rotate_log(paths: RunPaths, attempt: int) -> None:
         old = paths.old_log(attempt - 1)
         os.makedirs(os.path.dirname(old), exist_ok=True)
         os.replace(paths.log, old)
-
-
-TaskFactory = Callable[[RunSpec], GPUTask]
 
 
 def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPaths,

@@ -424,3 +424,20 @@ def test_status_while_a_sweep_runs(in_tmp, capsys):
     finally:
         scheduler.send_signal(2)
         finish(scheduler)
+
+
+def test_a_killed_queue_takes_its_shell_commands_with_it(in_tmp, no_leaked_processes):
+    from conftest import marked_pids
+
+    queue = subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", "queue", "--gpus", "0", "1"],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd=str(in_tmp))
+    queue.stdin.write(b"touch a.started; sleep 600\ntouch b.started; sleep 600 & sleep 600\n")
+    queue.stdin.flush()
+    wait_until(lambda: (in_tmp / "a.started").exists() and (in_tmp / "b.started").exists(),
+               message="both commands to start")
+    queue.kill()
+    queue.wait()
+    queue.stdin.close()
+    wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10,
+               message="the commands (and their own children) to die with the queue")

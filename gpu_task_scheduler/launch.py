@@ -133,7 +133,7 @@ def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPath
         _rotate_log(paths, attempt)
         if paths.log:
             os.makedirs(os.path.dirname(paths.log), exist_ok=True)
-        atomic_write_json(paths.config, to_jsonable(spec.config))
+        atomic_write_json(paths.config, to_jsonable(spec.config), durable=False)  # informational
     except OSError as error:
         raise LaunchError(f"could not prepare the run folder: {error}") from error
     task_name = getattr(make_task, "__name__", "the task")

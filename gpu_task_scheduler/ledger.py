@@ -184,18 +184,16 @@ class Ledger:
         assert record is not None
         return record.attempts
 
-    def set_pid(self, name: str, pid: int) -> None:
-        self._write("UPDATE runs SET pid = ? WHERE name = ?", (pid, name))
-
     def finish(self, name: str, status: RunStatus, *, exit_code: Optional[int] = None,
                signal: Optional[str] = None, cause: Optional[str] = None,
                log_tail: Optional[str] = None, result: Optional[str] = None,
-               ended_at: Optional[float] = None, gpu_memory_peak: Optional[int] = None) -> None:
+               ended_at: Optional[float] = None, gpu_memory_peak: Optional[int] = None,
+               pid: Optional[int] = None) -> None:
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
-               log_tail = ?, result = ?, gpu_memory_peak = ? WHERE name = ?""",
+               log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid) WHERE name = ?""",
             (status.value, self._clock() if ended_at is None else ended_at, exit_code, signal, cause,
-             log_tail, result, gpu_memory_peak, name),
+             log_tail, result, gpu_memory_peak, pid, name),
         )
 
     def adopt(self, *, name: str, run_index: int, config_hash: str, work_dir: str,

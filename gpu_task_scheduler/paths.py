@@ -25,15 +25,20 @@ from typing import Any, Optional
 META = ".gts"
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half."""
+def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half.
+
+    ``durable`` also survives a power loss (fsync of the file and its folder);
+    informational files skip that cost.
+    """
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -41,6 +46,8 @@ def atomic_write(path: str, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+    if not durable:
+        return
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -48,8 +55,8 @@ def atomic_write(path: str, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def atomic_write_json(path: str, value: Any) -> None:
-    atomic_write(path, json.dumps(value, indent=1, sort_keys=True).encode("utf-8"))
+def atomic_write_json(path: str, value: Any, *, durable: bool = True) -> None:
+    atomic_write(path, json.dumps(value, indent=1, sort_keys=True).encode("utf-8"), durable=durable)
 
 
 def read_json(path: str) -> Optional[Any]:

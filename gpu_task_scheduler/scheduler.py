@@ -493,7 +493,6 @@ class Scheduler:
             self._summary.record(outcome)
             self._call("on_run_end", outcome)
             return
-        self._ledger.set_pid(spec.name, child.pid)
         now = self._clock()
         timeout = self.options.timeout
         self._running[slot_index] += 1
@@ -547,7 +546,7 @@ class Scheduler:
             self._learned.append(peak)
         self._ledger.finish(spec.name, status, exit_code=exit_code, signal=signal_name, cause=cause,
                             log_tail=tail, result=None if result is None else json.dumps(result),
-                            gpu_memory_peak=peak)
+                            gpu_memory_peak=peak, pid=active.child.pid)
         record = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=status, attempts=item.tries,
                             slot=active.slot.name, exit_code=exit_code, signal=signal_name, cause=cause,
                             log_path=paths.log, log_tail=tail, duration=duration, result=result)

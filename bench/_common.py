@@ -1,10 +1,8 @@
 """Helpers for the benchmark scripts: run a command, report wall time and peak memory."""
 import os
-import resource
 import shutil
 import subprocess
 import sys
-import time
 
 
 def measure(argv, *, stdin=None, stdout=subprocess.DEVNULL, cwd=None, env=None):

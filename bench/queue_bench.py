@@ -3,7 +3,6 @@
     python bench/queue_bench.py           # pip install simple-gpu-scheduler for the peer
 """
 import os
-import subprocess
 import sys
 import tempfile
 

@@ -36,12 +36,12 @@ def __dir__() -> list:
     return sorted(list(globals()) + __all__)
 
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .config_manager import ConfigManager
-    from .errors import ConfigError, GTSError, LedgerError, RunsFailedError, SchedulerBusyError, TaskClassError
-    from .gpu_task import GPUTask
-    from .gpu_task_scheduler import GPUTaskScheduler
-    from .lazy import lazy_import
-    from .ledger import Ledger, RunRecord, RunStatus
-    from .summary import RunOutcome, SweepSummary
-    from .sweep import RunSpec, Sweep
+if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time __getattr__ imports)
+    from .config_manager import ConfigManager  # noqa: F401
+    from .errors import ConfigError, GTSError, LedgerError, RunsFailedError, SchedulerBusyError, TaskClassError  # noqa: F401
+    from .gpu_task import GPUTask  # noqa: F401
+    from .gpu_task_scheduler import GPUTaskScheduler  # noqa: F401
+    from .lazy import lazy_import  # noqa: F401
+    from .ledger import Ledger, RunRecord, RunStatus  # noqa: F401
+    from .summary import RunOutcome, SweepSummary  # noqa: F401
+    from .sweep import RunSpec, Sweep  # noqa: F401

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 

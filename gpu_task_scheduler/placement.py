@@ -15,10 +15,13 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .devices import Slot, format_memory, resolve_slots
 from .nvml import GpuMonitor, GpuState, NvmlUnavailable, visible_ids
+
+if TYPE_CHECKING:
+    from .sweep import SchedulerOptions
 
 # A run whose memory need is unknown, on a GPU shared by several runs, reserves
 # the whole GPU until an estimate has been learned.
@@ -129,11 +132,11 @@ def choose(views: Sequence[SlotView], need: Optional[int], policy: str, *, last:
     return candidates[0]
 
 
-def machine_slots(options: object, monitor: Optional[GpuMonitor] = None,
+def machine_slots(options: "SchedulerOptions", monitor: Optional[GpuMonitor] = None,
                   environ: Optional[Mapping[str, str]] = None) -> List[Slot]:
     """The config's slots resolved on this machine (``"all"``, inherited ``CUDA_VISIBLE_DEVICES``)."""
     environ = os.environ if environ is None else environ
-    slots = getattr(options, "slots")
+    slots = options.slots
     count, why = None, ""
     if slots is None:
         try:
@@ -147,7 +150,7 @@ def machine_slots(options: object, monitor: Optional[GpuMonitor] = None,
         except NvmlUnavailable as error:
             why = str(error)
     return resolve_slots(slots, gpu_count=count, visible=visible_ids(dict(environ)),
-                         cpu_fallback=getattr(options, "cpu_fallback"), why_no_gpu=why)
+                         cpu_fallback=options.cpu_fallback, why_no_gpu=why)
 
 
 def process_group(pid: int) -> Optional[int]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from .errors import GTSError
 from .ledger import RunRecord, RunStatus

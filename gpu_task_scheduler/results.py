@@ -12,11 +12,11 @@ import io
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import GTSError
 from .ledger import Ledger, RunRecord, RunStatus
-from .paths import RootPaths, RunPaths, read_json
+from .paths import RootPaths, read_json
 
 RESULT_FILE = "result.json"
 

@@ -33,7 +33,7 @@ def test_lazy_import_defers_the_import(in_tmp, monkeypatch):
     assert "heavy_module_for_test" in sys.modules
     missing = lazy_import("no_such_module_for_gts")
     with pytest.raises(ImportError):
-        missing.anything
+        getattr(missing, "anything")
     with pytest.raises(TypeError):
         lazy_import("")
 

@@ -1,5 +1,4 @@
 """GPU awareness against a fake NVML: discovery, packing by memory, sharing, OOM recovery."""
-import os
 import random
 import signal
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from typing import Any, Dict, List, Optional
 
@@ -112,7 +113,8 @@ def plot_timeline(root: str, output: str) -> str:
     from matplotlib.patches import Patch
 
     used = sorted({r.status.value for r in records})
-    axes.legend(handles=[Patch(color=_COLORS.get(s, "tab:purple"), label=s) for s in used], loc="upper right")
+    axes.legend(handles=[Patch(color=_COLORS.get(s, "tab:purple"), label=s) for s in used],
+                loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     figure.tight_layout()
     figure.savefig(output)
     pyplot.close(figure)
@@ -129,10 +131,12 @@ def plot_metric(root: str, metric: str, by: str, output: str) -> str:
         raise GTSError(f"no succeeded run has both {by!r} and {key!r}; results have: {', '.join(known) or 'none'}")
     pyplot = _pyplot()
     ignored = {"name", "status", "duration", by}
+    parameters = {k for row in points for k in row if k not in ignored and not k.startswith("result.")}
+    # One line per setting of the other parameters; those that never change say nothing.
+    varying = sorted(k for k in parameters if len({json.dumps(row.get(k), default=str) for row in points}) > 1)
     groups: Dict[str, List[Dict[str, Any]]] = {}
     for row in points:
-        label = ",".join(f"{k}={v}" for k, v in sorted(row.items())
-                         if k not in ignored and not k.startswith("result.")) or metric
+        label = ",".join(f"{k}={row.get(k)}" for k in varying) or metric
         groups.setdefault(label, []).append(row)
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     numeric = all(isinstance(row[by], (int, float)) and not isinstance(row[by], bool) for row in points)

@@ -156,3 +156,17 @@ def test_a_task_class_in_main_does_not_rerun_the_main_block(in_tmp):
     assert (in_tmp / "main-block-runs").read_text() == "x"
     assert ("[('lr-0.1,', '__gts_main__', 'defined at module level'), "
             "('lr-0.2,', '__gts_main__', 'defined at module level')]") in result.stdout
+
+
+def test_ctrl_c_kills_a_run_that_ignores_sigterm_after_the_grace_period(in_tmp, no_leaked_processes):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1]}], global_config={"ignore_term": True}, grace_period=1)
+    scheduler = launch(config)
+    wait_until(lambda: started(root, "a-1,"), message="the run to start")
+    scheduler.send_signal(signal.SIGINT)
+    output = finish(scheduler)
+    assert scheduler.returncode == -signal.SIGINT
+    assert "a-1, did not stop within 1s of SIGTERM; sending SIGKILL" in output
+    row = ledger_rows(root)["a-1,"]
+    assert (row["status"], row["signal"], row["cause"]) == ("interrupted", "SIGKILL", "interrupted by SIGINT")
+    assert not marked_pids(no_leaked_processes)

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from types import ModuleType
-from typing import Any, Callable, Iterator, Optional, Sequence, Type
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Type
 
 from .commands import CommandTask, check_template
 from .config_files import ConfigSource
@@ -44,7 +44,7 @@ def scheduler_logging(path: Optional[str], console: Optional[logging.Handler] = 
     the root logger is left alone. The console handler is added only when the
     application has not configured logging itself, so nothing prints twice.
     """
-    handlers = []
+    handlers: List[logging.Handler] = []
     if path is not None:
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)

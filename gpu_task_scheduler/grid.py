@@ -95,6 +95,6 @@ def commands(pattern: str, parameters: Parameters, *, mode: str = "grid", n_samp
     order = _Permutation(size, seed) if mode == "shuffled_grid" else None
     for job_index in range(count):
         index = order(job_index) if order is not None else job_index
-        values = combination(parameters, index)
-        values["job_index"] = str(job_index)
-        yield pattern.format_map(values)
+        fields = combination(parameters, index)
+        fields["job_index"] = str(job_index)
+        yield pattern.format_map(fields)

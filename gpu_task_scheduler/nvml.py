@@ -127,8 +127,7 @@ def visible_ids(environ: Optional[Dict[str, str]] = None) -> Optional[List[str]]
     ['2', '3']
     >>> visible_ids({})
     """
-    environ = os.environ if environ is None else environ
-    value = environ.get("CUDA_VISIBLE_DEVICES")
+    value = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return None
     ids = [item.strip() for item in value.split(",") if item.strip()]

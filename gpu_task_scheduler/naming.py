@@ -15,6 +15,7 @@ one be skipped as "already done".
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 # Linux and macOS limit one path component to 255 bytes.
@@ -60,10 +61,11 @@ def _text(value: object) -> str:
         return f"<{type(value).__name__}>"
 
 
-def _escape_character(character: str) -> str:
-    if character == "/" or ord(character) < 0x20 or ord(character) == 0x7F:
-        return "%{:02X}".format(ord(character))
-    return character
+_UNSAFE = re.compile(r"[/\x00-\x1f\x7f]")
+
+
+def _escape(match: "re.Match[str]") -> str:
+    return "%{:02X}".format(ord(match.group()))
 
 
 def short_hash(text: str) -> str:
@@ -83,7 +85,7 @@ def safe_folder_name(name: str) -> str:
     >>> safe_folder_name("path-../../etc,")
     'path-..%2F..%2Fetc,'
     """
-    escaped = "".join(_escape_character(c) for c in name)
+    escaped = _UNSAFE.sub(_escape, name)
     if escaped in (".", ".."):
         escaped = escaped.replace(".", "%2E")
     encoded = escaped.encode("utf-8", "surrogatepass")
@@ -101,19 +103,28 @@ class NameRegistry:
     the same config under the same name is a duplicate (run once); a different
     config that wants a taken name gets ``name~<hash>``, stable across restarts
     because it depends only on the config.
+
+    Names and configs are kept as 64-bit digests (two small ints per run), so a
+    sweep of a million runs costs tens of megabytes here, not hundreds.
     """
 
     def __init__(self) -> None:
-        self._owner: Dict[str, str] = {}
+        self._owner: Dict[int, int] = {}
+
+    @staticmethod
+    def _key(name: str) -> int:
+        return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
     def assign(self, name: str, config_hash: str) -> Tuple[str, bool]:
+        config = int(config_hash[:16], 16)
         candidate, width = name, _HASH_CHARS
         while True:
-            owner = self._owner.get(candidate)
+            key = self._key(candidate)
+            owner = self._owner.get(key)
             if owner is None:
-                self._owner[candidate] = config_hash
+                self._owner[key] = config
                 return candidate, False
-            if owner == config_hash:
+            if owner == config:
                 return candidate, True
             candidate = safe_folder_name(f"{name}~{config_hash[:width]}")
             width += 4

@@ -408,6 +408,8 @@ class Sweep:
             merged.update(test_config)
             digest = config_hash(merged)
             wanted = safe_folder_name(self._name(test_config, filter_keys=True))
+            shown = wanted if not self.options.ignored_keys_for_folder_name else safe_folder_name(
+                self._name(test_config, filter_keys=False))
             name, duplicate = registry.assign(wanted, digest)
             renamed_from = None
             if name != wanted:
@@ -421,7 +423,7 @@ class Sweep:
                 block=block_index,
                 test_config=test_config,
                 config=merged,
-                test_config_string=safe_folder_name(self._name(test_config, filter_keys=False)),
+                test_config_string=shown,
                 name=name,
                 work_dir=os.path.join(root, name),
                 config_hash=digest,

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 from .errors import ConfigError
 
 Parameters = Sequence[Tuple[str, Sequence[str]]]
-_ROUNDS = 4
+_ROUNDS = 3  # a permutation for any count; three rounds already scramble well (Luby-Rackoff)
 _MASK64 = (1 << 64) - 1
 
 
@@ -26,14 +26,6 @@ def grid_size(parameters: Parameters) -> int:
     for _, values in parameters:
         size *= len(values)
     return size
-
-
-def combination(parameters: Parameters, index: int) -> Dict[str, str]:
-    values: Dict[str, str] = {}
-    for name, options in reversed(parameters):
-        index, digit = divmod(index, len(options))
-        values[name] = options[digit]
-    return {name: values[name] for name, _ in parameters}
 
 
 class _Permutation:
@@ -93,8 +85,15 @@ def commands(pattern: str, parameters: Parameters, *, mode: str = "grid", n_samp
     size = grid_size(parameters)
     count = size if n_samples is None else min(max(n_samples, 0), size)
     order = _Permutation(size, seed) if mode == "shuffled_grid" else None
+    options = [list(values) for _, values in reversed(parameters)]
+    keys = [*reversed(names), "job_index"]
+    fields: Dict[str, str] = {}
     for job_index in range(count):
         index = order(job_index) if order is not None else job_index
-        fields = combination(parameters, index)
-        fields["job_index"] = str(job_index)
+        picked = []
+        for values in options:  # mixed radix, last parameter fastest
+            index, digit = divmod(index, len(values))
+            picked.append(values[digit])
+        picked.append(str(job_index))
+        fields.update(zip(keys, picked))
         yield pattern.format_map(fields)

@@ -45,9 +45,9 @@ def _gpu_option(values: List[str]) -> Any:
 
 def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
     config = copy.deepcopy(dict(load_config(args.config)))
-    scheduler = dict(config.get("scheduler_config") or {})
     if not isinstance(config.get("scheduler_config", {}), dict):
-        return config  # let validation report it
+        return config  # validation reports it
+    scheduler = dict(config.get("scheduler_config") or {})
     if args.gpus:
         scheduler["gpu"] = _gpu_option(args.gpus)
     for flag, key in (("force_rerun", "force_rerun"), ("max_retries", "max_retries"), ("timeout", "timeout")):

@@ -106,8 +106,9 @@ def test_explicit_gpus_without_nvml_run_one_per_slot(gpus, in_tmp):
 # --- packing by memory -----------------------------------------------------------------
 
 def packing_config(root, runs=20, **options):
+    # Each run holds its memory for 2 s: long enough for all runs of a wave to start, even on a slow machine.
     return make_config(root, [{"i": list(range(runs))}], slots=("0", "1"),
-                       global_config={"alloc_gb": 10, "hold": 1.0}, gpu_memory="10GB", max_runs_per_gpu=8,
+                       global_config={"alloc_gb": 10, "hold": 2.0}, gpu_memory="10GB", max_runs_per_gpu=8,
                        gpu_poll_interval=0.2, **options)
 
 

@@ -23,7 +23,7 @@ from gpu_task_scheduler.gpu_task import GPUTask
 from gpu_task_scheduler.ledger import Ledger
 
 KILL_SEED = 20261122
-RUNS = 40
+RUNS = 60  # long enough that no launch gets far before the next kill, however fast the machine
 KILLS = 25
 
 
@@ -31,7 +31,7 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
     rng = random.Random(KILL_SEED)
     root, journal = in_tmp / "r", str(in_tmp / "journal")
     config = make_config(root, [{"i": list(range(RUNS))}], slots=("cpu", "cpu"),
-                         global_config={"journal": journal, "sleep": 0.02}, scheduler_log_file_path=None)
+                         global_config={"journal": journal, "sleep": 0.1}, scheduler_log_file_path=None)
     kills = 0
     for _ in range(KILLS):
         scheduler = launch(config, "RecordTask")

@@ -461,11 +461,14 @@ class Scheduler:
 
     # --- starting and ending runs ----------------------------------------------
 
-    def _fail_unstarted(self, item: _Pending, cause: str) -> None:
+    def _fail_unstarted(self, item: _Pending, cause: str, *, slot: Optional[Slot] = None,
+                        log_path: Optional[str] = None) -> None:
+        """A run that failed before its process could start."""
         spec = item.spec
-        logger.error("%s fails task %s (%s)", self._name_for_log(), spec.test_config_string, cause)
+        slot_name = slot.name if slot is not None else self._name_for_log()
+        logger.error("%s fails task %s (%s)", slot_name, spec.test_config_string, cause)
         outcome = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED, attempts=item.tries,
-                             cause=cause)
+                             slot=None if slot is None else slot.name, cause=cause, log_path=log_path)
         self._summary.record(outcome)
         self._call("on_run_end", outcome)
 
@@ -487,11 +490,7 @@ class Scheduler:
         except (LaunchError, OSError) as error:
             cause = f"could not start: {error}"
             self._ledger.finish(spec.name, RunStatus.FAILED, cause=cause)
-            logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, cause)
-            outcome = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED,
-                                 attempts=item.tries, slot=slot.name, cause=cause, log_path=paths.log)
-            self._summary.record(outcome)
-            self._call("on_run_end", outcome)
+            self._fail_unstarted(item, cause, slot=slot, log_path=paths.log)
             return
         now = self._clock()
         timeout = self.options.timeout

@@ -4,8 +4,9 @@ A template is an argv list, ``["python", "train.py", "--lr", "{lr}"]``, or a
 string that is split like a shell would split it (``shlex``) *before* the
 values are filled in. Either way each value lands in exactly one argument and
 no shell ever sees it, so a value such as ``; rm -rf ~`` is just text. Only
-with ``shell: true`` is the string given to ``/bin/sh``, and then every value
-is quoted with ``shlex.quote``.
+with ``shell: true`` is the string given to ``/bin/sh``, and even then no
+value is written into it: each placeholder becomes a reference to an
+environment variable holding the value (see ``shell_template.py``).
 
 Placeholders: every config key, plus ``{work_dir}``, ``{run_name}``,
 ``{run_index}`` and ``{gpus}`` (the run's ``CUDA_VISIBLE_DEVICES``). Format
@@ -19,7 +20,7 @@ import shlex
 import string
 import subprocess
 import sys
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
 
 from .errors import ConfigError
 from .gpu_task import GPUTask
@@ -57,6 +58,10 @@ def check_template(template: Any, known_keys: Iterable[str], *, shell: bool = Fa
             parts.append(str(part))
     else:
         raise ConfigError(f"command must be a list of arguments or a string; got {template!r}")
+    if shell:
+        from .shell_template import compile_shell_template
+
+        compile_shell_template(parts[0])  # a placeholder the shell would evaluate is refused now
     known = set(known_keys) | set(BUILTINS)
     for part in parts:
         for field in _fields(part):
@@ -78,33 +83,35 @@ def _split(text: str) -> List[str]:
 
 
 def render(parts: Sequence[str], values: Mapping[str, Any], *, shell: bool = False) -> Union[str, List[str]]:
-    """The argv (or, with ``shell``, the quoted command line) for one run."""
+    """The argv for one run (for ``shell`` templates see :func:`render_shell`)."""
     if shell:
-        quoted = _Quoted(values)
-        return string.Formatter().vformat(parts[0], (), quoted)
+        return render_shell(parts[0], values)[0]
     return [string.Formatter().vformat(part, (), values) for part in parts]
 
 
-class _Quoted(dict):
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        super().__init__(values)
+def render_shell(template: str, values: Mapping[str, Any]) -> Tuple[str, Dict[str, str]]:
+    """``(script, environment)`` for a ``shell: true`` run.
 
-    def __getitem__(self, key: str) -> Any:
-        return _QuotedValue(super().__getitem__(key))
+    The script is the template with every placeholder replaced by a reference
+    to an environment variable that holds the value (formatted in Python, spec
+    and conversion included); the values never appear in the script, so no
+    quoting context of the template can make the shell execute one.
 
+    >>> render_shell('echo "pre-{v}-post"', {"v": "$(id)"})
+    ('echo "pre-${GTS_ARG_0}-post"', {'GTS_ARG_0': '$(id)'})
+    """
+    from .shell_template import compile_shell_template
 
-class _QuotedValue:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __format__(self, spec: str) -> str:
-        return shlex.quote(format(self.value, spec))
-
-    def __getattr__(self, name: str) -> Any:
-        return _QuotedValue(getattr(self.value, name))
-
-    def __getitem__(self, key: Any) -> Any:
-        return _QuotedValue(self.value[key])
+    compiled = compile_shell_template(template)
+    formatter = string.Formatter()
+    env = {}
+    for variable, (field, spec, conversion) in compiled.fields.items():
+        value, _ = formatter.get_field(field, (), values)
+        text = formatter.format_field(formatter.convert_field(value, conversion), spec)
+        if "\0" in text:
+            raise ValueError(f"the value of {{{field}}} contains a NUL character, which no command can be given")
+        env[variable] = text
+    return compiled.script, env
 
 
 class CommandFailed(SystemExit):
@@ -129,16 +136,24 @@ class CommandTask(GPUTask):
         self.run_name = run_name
         self.run_index = run_index
 
-    def command(self) -> Union[str, List[str]]:
+    def _values(self) -> Dict[str, Any]:
         values = dict(self._config)
         values.update(work_dir=self._work_dir, run_name=self.run_name, run_index=self.run_index,
                       gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-        return render(self.parts, values, shell=self.shell)
+        return values
+
+    def command(self) -> Union[str, List[str]]:
+        return render(self.parts, self._values(), shell=self.shell)
 
     def main(self) -> None:
-        command = self.command()
+        env = None
+        if self.shell:
+            command, values = render_shell(self.parts[0], self._values())
+            env = {**os.environ, **values}
+        else:
+            command = self.command()
         sys.stdout.flush()
-        completed = subprocess.run(command, shell=self.shell, stdin=subprocess.DEVNULL)
+        completed = subprocess.run(command, shell=self.shell, env=env, stdin=subprocess.DEVNULL)
         if completed.returncode != 0:
             code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
             how = (f"exit code {completed.returncode}" if completed.returncode > 0

@@ -59,21 +59,24 @@ def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def _dry_run(scheduler: Any) -> int:
-    from .ledger import Ledger, RunStatus
+    from .ledger import Ledger, RunStatus, foreign_checker
     from .paths import RootPaths
 
     sweep = scheduler.sweep
     ledger = Ledger.read_only(RootPaths(sweep.options.result_root_folder))
     counts: Dict[str, int] = {}
     try:
-        for spec in sweep:
+        for spec in sweep.runs(foreign_checker(ledger, sweep.options.result_root_folder)):
             record = ledger.get(spec.name) if ledger else None
             if spec.duplicate:
                 state = "skip (same config as an earlier run)"
             elif sweep.options.force_rerun:
                 state = "run (force_rerun)"
-            elif record is not None and record.status is RunStatus.SUCCEEDED and os.path.isdir(spec.work_dir):
+            elif record is not None and record.status is RunStatus.SUCCEEDED and os.path.isdir(spec.work_dir) \
+                    and record.config_hash in (None, spec.config_hash):
                 state = "skip (succeeded)"
+            elif record is not None and record.status is RunStatus.SUCCEEDED:
+                state = "run again (config changed)"
             elif record is not None:
                 state = f"run again ({record.status.value})"
             elif os.path.isdir(spec.work_dir) and sweep.options.skip_existing_folders:

@@ -11,13 +11,14 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from .config_files import ConfigSource
 from .devices import Slot
+from .errors import GTSError
 from .sweep import RunSpec, Sweep
 
 
 class ConfigManager:
     def __init__(self, config: ConfigSource) -> None:
         self._sweep = Sweep(config)
-        self._runs: Iterator[RunSpec] = iter(self._sweep)
+        self._runs: Iterator[RunSpec] = self.iter_runs()
         self._counter = 0
         self._total = len(self._sweep)
 
@@ -26,8 +27,20 @@ class ConfigManager:
         return self._sweep
 
     def iter_runs(self) -> Iterator[RunSpec]:
-        """Every run of the sweep, from the start, independent of get_next_config()."""
-        return iter(self._sweep)
+        """Every run of the sweep, from the start, independent of get_next_config().
+
+        Folder names are the ones the scheduler gives: where the result root
+        records a folder for other values, this run's name is its own (read
+        only; nothing is written)."""
+        from .ledger import Ledger, foreign_checker
+        from .paths import RootPaths
+
+        root = self._sweep.options.result_root_folder
+        try:
+            ledger = Ledger.read_only(RootPaths(root))
+        except GTSError:
+            ledger = None  # a damaged ledger: the scheduler will say so; names from the folders alone
+        return self._sweep.runs(foreign_checker(ledger, root))
 
     def get_all_scheduler_config(self) -> Dict[str, Any]:
         return self._sweep.options.as_dict()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from .errors import LedgerError, SchedulerBusyError
-from .paths import RootPaths
+from .paths import RootPaths, RunPaths, read_json
 
 SCHEMA_VERSION = 1
 _SCHEMA = f"""
@@ -228,6 +228,27 @@ class Ledger:
 
     def running(self) -> List[RunRecord]:
         return [self._record(row) for row in self._query("SELECT * FROM runs WHERE status = 'running'")]
+
+
+def foreign_checker(ledger: Optional[Ledger], root: str) -> Callable[[str, str], bool]:
+    """``foreign(name, params)``: does the result root record the folder ``name``
+    for a run with other swept values than ``params``? Asked of the ledger,
+    and for folders it does not know, of the folder's own ``.gts/config.json``.
+    Folders with no record at all (a legacy root) belong to whoever wants them."""
+
+    def foreign(name: str, params: str) -> bool:
+        record = ledger.get(name) if ledger is not None else None
+        if record is not None:
+            return record.params is not None and record.params != params
+        recorded = read_json(RunPaths(os.path.join(root, name), None).config)
+        if not isinstance(recorded, dict):
+            return False
+        return any(recorded.get(key, _MISSING) != value for key, value in json.loads(params).items())
+
+    return foreign
+
+
+_MISSING = object()
 
 
 class SweepLock:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 # Linux and macOS limit one path component to 255 bytes.
 MAX_NAME_BYTES = 255
@@ -97,12 +97,17 @@ def safe_folder_name(name: str) -> str:
 
 
 class NameRegistry:
-    """Remembers which config each folder name was given to in one sweep.
+    """Gives every config of a sweep its folder name, and never another config's folder.
 
-    ``assign(name, config_hash)`` returns ``(final_name, duplicate)``:
-    the same config under the same name is a duplicate (run once); a different
-    config that wants a taken name gets ``name~<hash>``, stable across restarts
-    because it depends only on the config.
+    ``assign(name, config_hash, suffix=..., foreign=...)`` returns
+    ``(final_name, duplicate)``. The same config under the same name is a
+    duplicate (run once). A name that an earlier config of this sweep took, or
+    that ``foreign(name)`` says the result root records for a different config,
+    is not given out again: the config gets ``name~<suffix>`` instead, where
+    ``suffix`` is a hash of its own values. So which folder a config gets is
+    decided by its own values and by what is on disk, never by where it
+    stands in the sweep: adding, removing or reordering values cannot hand a
+    folder that holds one config's results to another config.
 
     Names and configs are kept as 64-bit digests (two small ints per run), so a
     sweep of a million runs costs tens of megabytes here, not hundreds.
@@ -115,16 +120,19 @@ class NameRegistry:
     def _key(name: str) -> int:
         return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
-    def assign(self, name: str, config_hash: str) -> Tuple[str, bool]:
+    def assign(self, name: str, config_hash: str, *, suffix: Optional[str] = None,
+               foreign: Optional[Callable[[str], bool]] = None) -> Tuple[str, bool]:
         config = int(config_hash[:16], 16)
+        suffix = suffix or config_hash
         candidate, width = name, _HASH_CHARS
         while True:
             key = self._key(candidate)
             owner = self._owner.get(key)
             if owner is None:
-                self._owner[key] = config
-                return candidate, False
-            if owner == config:
+                if foreign is None or not foreign(candidate):
+                    self._owner[key] = config
+                    return candidate, False
+            elif owner == config:
                 return candidate, True
-            candidate = safe_folder_name(f"{name}~{config_hash[:width]}")
+            candidate = safe_folder_name(f"{name}~{suffix[:width]}")
             width += 4

@@ -74,7 +74,8 @@ class QueueSweep(Sweep):
             self._lines.put(_EOF)
             self._wake()
 
-    def __iter__(self) -> Iterator[RunSpec]:
+    def runs(self, foreign: Optional[Callable[[str, str], bool]] = None) -> Iterator[RunSpec]:
+        """The lines as runs; their names are unique by index, so ``foreign`` is not needed."""
         root = self.options.result_root_folder
         index = 0
         while True:

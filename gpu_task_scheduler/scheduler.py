@@ -29,14 +29,14 @@ from .errors import GTSError
 from .gpu_task import GPUTask
 from .host import HostProbe
 from .launch import LaunchError, TaskFactory, class_factory, prepare
-from .ledger import Ledger, RunStatus, SweepLock
+from .ledger import Ledger, RunStatus, SweepLock, foreign_checker
 from .nvml import GpuMonitor, NvmlUnavailable
 from .oom import detect_oom
 from .paths import RootPaths, RunPaths, read_json
 from .placement import EXCLUSIVE, Reservation, SlotView, book, busy_reason, choose, machine_slots, process_group
 from .process import Child, describe_returncode
 from .summary import RunOutcome, SweepSummary
-from .sweep import RunSpec, Sweep, to_jsonable
+from .sweep import RunSpec, Sweep, params_text
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -159,7 +159,7 @@ class Scheduler:
             try:
                 self._settle_previous()
                 self._record_sweep()
-                self._runs = iter(self.sweep)
+                self._runs = self.sweep.runs(foreign_checker(self._ledger, root.root))
                 with _StopSignals(self._events):
                     self._loop()
             finally:
@@ -347,9 +347,9 @@ class Scheduler:
             if record.status is not RunStatus.SUCCEEDED or not folder_exists:
                 return None
             if record.config_hash not in (None, spec.config_hash):
-                logger.warning(
-                    "%s succeeded earlier with a different config; keeping that result "
-                    "(set force_rerun to run it again)", spec.work_dir)
+                logger.warning("%s succeeded earlier with a different config (global_config changed?); "
+                               "its result is not this config's, so it runs again", spec.work_dir)
+                return None
             return "it succeeded before"
         if not folder_exists:
             return None
@@ -357,7 +357,7 @@ class Scheduler:
         if outcome and outcome.get("status") == "succeeded" and outcome.get("config_hash") == spec.config_hash:
             self._ledger.adopt(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
                                work_dir=spec.work_dir, result=json.dumps(outcome.get("result")),
-                               ended_at=outcome.get("finished_at"), params=json.dumps(to_jsonable(spec.test_config)))
+                               ended_at=outcome.get("finished_at"), params=params_text(spec.test_config))
             return "its folder records a success"
         if self.options.skip_existing_folders:
             return "its folder exists (skip_existing_folders)"
@@ -480,7 +480,7 @@ class Scheduler:
         token = uuid.uuid4().hex
         attempt = self._ledger.mark_running(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
                                             slot=slot.name, token=token, work_dir=spec.work_dir,
-                                            params=json.dumps(to_jsonable(spec.test_config)))
+                                            params=params_text(spec.test_config))
         key = next(self._keys)
         try:
             launch = prepare(spec=spec, slot=slot, make_task=self._make_task, paths=paths,

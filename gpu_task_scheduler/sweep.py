@@ -297,6 +297,11 @@ def to_jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def params_text(test_config: Mapping[str, Any]) -> str:
+    """A run's swept values as canonical JSON (keys sorted): what the ledger records as its identity."""
+    return json.dumps(to_jsonable(test_config))
+
+
 def config_hash(config: Mapping[str, Any]) -> str:
     text = json.dumps(to_jsonable(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -401,6 +406,12 @@ class Sweep:
                 yield block_index, dict(zip(keys, values))
 
     def __iter__(self) -> Iterator[RunSpec]:
+        return self.runs()
+
+    def runs(self, foreign: Optional[Callable[[str, str], bool]] = None) -> Iterator[RunSpec]:
+        """The runs, lazily. ``foreign(name, params)`` says whether the result root
+        records the folder ``name`` for other values than ``params`` (see
+        :func:`params_text`); such a folder is never given to this run."""
         registry = NameRegistry()
         root = self.options.result_root_folder
         for index, (block_index, test_config) in enumerate(self.test_configs()):
@@ -410,12 +421,16 @@ class Sweep:
             wanted = safe_folder_name(self._name(test_config, filter_keys=True))
             shown = wanted if not self.options.ignored_keys_for_folder_name else safe_folder_name(
                 self._name(test_config, filter_keys=False))
-            name, duplicate = registry.assign(wanted, digest)
+            params = params_text(test_config)
+            name, duplicate = registry.assign(
+                wanted, digest, suffix=hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest(),
+                foreign=None if foreign is None else (lambda candidate: foreign(candidate, params)))
             renamed_from = None
             if name != wanted:
                 renamed_from = wanted
                 logger.warning(
-                    "run %d would share folder %r with a different config; using %r instead",
+                    "run %d would share folder %r with a different config; using %r instead "
+                    "(a name of its own values only, the same on every start)",
                     index, wanted, name,
                 )
             yield RunSpec(

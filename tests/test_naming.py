@@ -135,3 +135,81 @@ def test_registry_extends_the_suffix_if_it_collides_too():
     assert registry.assign("n~bbbbbbbb", "c" * 64) == ("n~bbbbbbbb", False)
     name, duplicate = registry.assign("n", "b" * 64)
     assert name == "n~bbbbbbbbbbbb" and not duplicate
+
+
+# --- a folder never changes hands -------------------------------------------------------------------
+
+PREFIX = "p" * 30  # values that agree in their first 30 characters share a folder name
+A, B, C = PREFIX + "-a", PREFIX + "-b", PREFIX + "-c"
+
+
+def _sweep(root, values, **global_config):
+    command = ["sh", "-c", 'printf "%s" "$1" > "$2/value.txt"', "sh", "{v}", "{work_dir}"]
+    return {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root), "scheduler_log_file_path": None},
+            "global_config": global_config, "test_config": [{"v": values}], "command": command}
+
+
+def _run(root, values, **global_config):
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    summary = GPUTaskScheduler(_sweep(root, values, **global_config)).start()
+    assert summary.ok, summary
+    return summary
+
+
+def _folders(root):
+    """Each value's folder, as written by the run that used it."""
+    found = {}
+    for name in os.listdir(root):
+        path = os.path.join(root, name, "value.txt")
+        if os.path.exists(path):
+            with open(path) as handle:
+                found[handle.read()] = name
+    return found
+
+
+@pytest.mark.parametrize("later", [[C, A], [A, C], [C, B, A], [B], [C]])
+def test_a_folder_never_changes_hands_when_the_sweep_grows_shrinks_or_is_reordered(tmp_path, later):
+    root = tmp_path / "r"
+    _run(root, [A, B])
+    before = _folders(root)
+    assert before[A] == "v-" + PREFIX + "," and before[B].startswith("v-" + PREFIX + ",~")
+    summary = _run(root, later)
+    after = _folders(root)
+    for value in (A, B):
+        assert after[value] == before[value]  # never rewritten by another value's run
+    ran = {os.path.basename(o.work_dir) for o in summary.succeeded}
+    assert ran == ({after[C]} if C in later else set())  # only the new value ran
+    assert sorted(summary.skipped) == sorted(before[v] for v in later if v != C)
+    if C in later:
+        assert after[C] not in before.values()
+    manager = ConfigManager(_sweep(root, later))
+    assert [os.path.basename(s.work_dir) for s in manager.iter_runs()] == [after[v] for v in later]
+
+
+def test_folder_names_depend_only_on_the_config_not_on_order(tmp_path):
+    names = {}
+    for order in ([A, B, C], [C, B, A], [B, C, A]):
+        for spec in Sweep(_sweep(tmp_path / "fresh", order)):
+            names.setdefault(spec.config["v"], set()).add(spec.name)
+    suffixed = [n for ns in names.values() for n in ns if "~" in n]
+    for value in (A, B, C):  # a suffixed name is always the same one for the same value
+        assert len({n for n in names[value] if "~" in n}) <= 1
+    assert len(set(suffixed)) == len({v for v in names if any("~" in n for n in names[v])})
+
+
+def test_a_folder_recorded_only_on_disk_is_not_taken_over(tmp_path):
+    root = tmp_path / "r"
+    _run(root, [A])
+    os.remove(root / ".gts" / "ledger.sqlite3")
+    _run(root, [C])
+    assert _folders(root)[A] == "v-" + PREFIX + ","
+    assert _folders(root)[C].startswith("v-" + PREFIX + ",~")
+
+
+def test_a_run_whose_config_changed_since_it_succeeded_runs_again(tmp_path):
+    root = tmp_path / "r"
+    _run(root, ["x"], epochs=1)
+    assert len(_run(root, ["x"], epochs=1).skipped) == 1
+    summary = _run(root, ["x"], epochs=2)
+    assert [o.name for o in summary.succeeded] == ["v-x,"] and not summary.skipped

@@ -60,7 +60,7 @@ def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
 
 def _dry_run(scheduler: Any) -> int:
     from .ledger import Ledger, RunStatus, foreign_checker
-    from .paths import RootPaths
+    from .paths import RootPaths, RunPaths
 
     sweep = scheduler.sweep
     ledger = Ledger.read_only(RootPaths(sweep.options.result_root_folder))
@@ -72,14 +72,14 @@ def _dry_run(scheduler: Any) -> int:
                 state = "skip (same config as an earlier run)"
             elif sweep.options.force_rerun:
                 state = "run (force_rerun)"
-            elif record is not None and record.status is RunStatus.SUCCEEDED and os.path.isdir(spec.work_dir) \
+            elif record is not None and record.status is RunStatus.SUCCEEDED and RunPaths(spec.work_dir, None).exists() \
                     and record.config_hash in (None, spec.config_hash):
                 state = "skip (succeeded)"
             elif record is not None and record.status is RunStatus.SUCCEEDED:
                 state = "run again (config changed)"
             elif record is not None:
                 state = f"run again ({record.status.value})"
-            elif os.path.isdir(spec.work_dir) and sweep.options.skip_existing_folders:
+            elif RunPaths(spec.work_dir, None).exists() and sweep.options.skip_existing_folders:
                 state = "skip (folder exists)"
             else:
                 state = "run"

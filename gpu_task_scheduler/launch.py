@@ -116,14 +116,17 @@ def _environment(slot: Slot, extra_env: Dict[str, str]) -> Dict[str, str]:
 
 def _rotate_log(paths: RunPaths, attempt: int) -> None:
     """Keep the log of an earlier attempt instead of overwriting it."""
-    if paths.log and os.path.exists(paths.log):
+    if paths.log and os.path.lexists(paths.log):
         old = paths.old_log(attempt - 1)
-        os.makedirs(os.path.dirname(old), exist_ok=True)
+        os.makedirs(paths.old_logs, exist_ok=True)
         os.replace(paths.log, old)
 
 
 def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPaths,
             token: str, attempt: int, python: str = sys.executable) -> Launch:
+    problem = paths.unsafe()
+    if problem is not None:
+        raise LaunchError(f"the run folder is not safe to use: {problem}")
     try:
         os.makedirs(paths.meta, exist_ok=True)
         try:

@@ -240,7 +240,10 @@ def foreign_checker(ledger: Optional[Ledger], root: str) -> Callable[[str, str],
         record = ledger.get(name) if ledger is not None else None
         if record is not None:
             return record.params is not None and record.params != params
-        recorded = read_json(RunPaths(os.path.join(root, name), None).config)
+        paths = RunPaths(os.path.join(root, name), None)
+        if paths.unsafe() is not None:
+            return False  # not read through; running there is refused with the reason
+        recorded = read_json(paths.config)
         if not isinstance(recorded, dict):
             return False
         return any(recorded.get(key, _MISSING) != value for key, value in json.loads(params).items())

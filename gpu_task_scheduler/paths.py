@@ -13,11 +13,21 @@
             .gts/spec.json       what the child needs to start
             .gts/outcome.json    written by the child when main() ends
             .gts/logs/           logs of earlier attempts
+
+Everything under a result root is treated as hostile: a run (or anyone who
+can write there) may plant a symbolic link or a FIFO where we read or write.
+So nothing here follows a symbolic link under the root (:meth:`RunPaths.unsafe`
+checks a run folder with ``lstat`` before anything is written into it, and
+files are opened with ``O_NOFOLLOW``), and nothing opens a file that is not a
+regular one (``O_NONBLOCK`` on open, then ``fstat``), so a FIFO can neither
+hang the scheduler nor stand in for a record.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -59,13 +69,68 @@ def atomic_write_json(path: str, value: Any, *, durable: bool = True) -> None:
     atomic_write(path, json.dumps(value, indent=1, sort_keys=True).encode("utf-8"), durable=durable)
 
 
-def read_json(path: str) -> Optional[Any]:
-    """The JSON in ``path``, or None if it is missing or unreadable."""
+class UnsafePathError(OSError):
+    """A path under the result root is a symbolic link or not a regular file."""
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """``os.open`` that refuses a symbolic link and anything but a regular file,
+    without ever blocking on a FIFO or a device."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+        fd = os.open(path, flags | _NOFOLLOW | os.O_NONBLOCK, mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafePathError(errno.ELOOP, "is a symbolic link; not following it", path) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePathError(errno.EINVAL, "is not a regular file", path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# Records of ours are small; a larger file under that name is not one of ours.
+MAX_RECORD_BYTES = 64 << 20
+
+
+def read_json(path: str, *, limit: int = MAX_RECORD_BYTES) -> Optional[Any]:
+    """The JSON in ``path``, or None if it is missing, unreadable, too large,
+    a symbolic link or not a regular file."""
+    try:
+        fd = open_regular(path)
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            return None
+        return json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+def _kind_problem(path: str, want_dir: bool) -> Optional[str]:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"{path} cannot be checked ({error.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return f"{path} is a symbolic link (to {target!r}); refusing to follow it"
+    if want_dir and not stat.S_ISDIR(info.st_mode):
+        return f"{path} is not a folder"
+    if not want_dir and not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a regular file"
+    return None
 
 
 @dataclass(frozen=True)
@@ -114,15 +179,47 @@ class RunPaths:
     def outcome(self) -> str:
         return os.path.join(self.meta, "outcome.json")
 
+    @property
+    def old_logs(self) -> str:
+        return os.path.join(self.meta, "logs")
+
+    def unsafe(self, *, records_only: bool = False) -> Optional[str]:
+        """Why writing into (or trusting) this run folder could reach outside it:
+        a symbolic link, or a non-regular file, where our folders and files
+        go. None when it is safe (missing paths are safe: we create them).
+        ``records_only``: only what reading the run's outcome goes through."""
+        if records_only:
+            folders, files = [self.work_dir, self.meta], [self.outcome]
+        else:
+            folders = [self.work_dir, self.meta, self.old_logs]
+            files = [self.config, self.task, self.spec, self.outcome]
+        if self.log and not records_only:
+            relative = os.path.relpath(self.log, self.work_dir)
+            parts = relative.split(os.sep)
+            folders += [os.path.join(self.work_dir, *parts[:i]) for i in range(1, len(parts))]
+            files.append(self.log)
+        for path, want_dir in [(f, True) for f in folders] + [(f, False) for f in files]:
+            problem = _kind_problem(path, want_dir)
+            if problem is not None:
+                return problem
+        return None
+
+    def exists(self) -> bool:
+        """The run folder is there, as a real folder (a symbolic link does not count)."""
+        try:
+            return stat.S_ISDIR(os.lstat(self.work_dir).st_mode)
+        except OSError:
+            return False
+
     def old_log(self, attempt: int) -> str:
-        return os.path.join(self.meta, "logs", f"attempt-{attempt}-{self.log_name}")
+        return os.path.join(self.old_logs, f"attempt-{attempt}-{self.log_name}")
 
     def tail(self, lines: int = 20, max_bytes: int = 16384) -> str:
         """The last ``lines`` lines of the run's log (reads at most ``max_bytes``)."""
         if self.log is None:
             return ""
         try:
-            with open(self.log, "rb") as handle:
+            with os.fdopen(open_regular(self.log), "rb") as handle:
                 handle.seek(0, os.SEEK_END)
                 size = handle.tell()
                 handle.seek(max(0, size - max_bytes))

@@ -21,6 +21,8 @@ import subprocess
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from .paths import open_regular
+
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 
 
@@ -55,7 +57,9 @@ class Child:
         read_end, self._lifeline = os.pipe()
         env = dict(env)
         env[LIFELINE_ENV] = str(read_end)
-        log = open(log_path, "ab") if log_path else open(os.devnull, "wb")
+        # The run folder was checked; O_NOFOLLOW and a regular-file check close the gap to now.
+        log = os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") if log_path \
+            else open(os.devnull, "wb")
         try:
             self._popen = subprocess.Popen(
                 list(argv),

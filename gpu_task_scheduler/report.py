@@ -34,7 +34,7 @@ def status(root: str) -> Dict[str, Any]:
             "name": record.name, "status": record.status.value, "slot": record.slot,
             "started": _iso(record.started_at), "duration": duration(record),
             "exit": _exit(record), "attempts": record.attempts, "cause": record.cause,
-            "log": os.path.join(record.work_dir, log_file) if record.work_dir and log_file else None,
+            "log": os.path.join(root, record.name, log_file) if log_file else None,
         })
     return {"root": os.path.abspath(root), "counts": counts, "runs": runs}
 

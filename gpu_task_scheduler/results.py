@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import GTSError
 from .ledger import Ledger, RunRecord, RunStatus
-from .paths import RootPaths, read_json
+from .paths import RootPaths, RunPaths, read_json
 
 RESULT_FILE = "result.json"
 
@@ -36,10 +36,19 @@ def records(root: str) -> List[RunRecord]:
         ledger.close()
 
 
-def run_result(record: RunRecord) -> Any:
+def run_folder(root: str, record: RunRecord) -> RunPaths:
+    """A recorded run's folder, found from the root as given now (the ledger's
+    ``work_dir`` may be relative to wherever the sweep was started)."""
+    return RunPaths(os.path.join(root, record.name), None)
+
+
+def run_result(root: str, record: RunRecord) -> Any:
+    """What ``main()`` returned, else the run's own ``result.json`` (never through a symbolic link)."""
     value = record.result_value
-    if value is None and record.work_dir:
-        value = read_json(os.path.join(record.work_dir, RESULT_FILE))
+    if value is None:
+        paths = run_folder(root, record)
+        if paths.unsafe() is None:
+            value = read_json(os.path.join(paths.work_dir, RESULT_FILE))
     return value
 
 
@@ -59,7 +68,7 @@ def rows(root: str) -> List[Dict[str, Any]]:
         row.update(record.params_value)
         row["status"] = record.status.value
         row["duration"] = duration(record)
-        result = run_result(record)
+        result = run_result(root, record)
         if isinstance(result, dict):
             row.update({f"result.{key}": value for key, value in result.items()})
         elif result is not None:

@@ -98,6 +98,9 @@ def _jsonable_result(result: Any) -> Dict[str, Any]:
 
 
 def _record(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
+    folder = os.path.dirname(spec["outcome_file"])
+    if os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
+        raise OSError(f"{folder} was replaced by a symbolic link; the outcome is not written through it")
     outcome.update(token=spec["token"], config_hash=spec["config_hash"], finished_at=time.time(), pid=os.getpid())
     atomic_write_json(spec["outcome_file"], outcome)
 

@@ -229,7 +229,8 @@ class Scheduler:
     def _settle_previous(self) -> None:
         """Runs a killed scheduler left marked ``running``: done, or interrupted."""
         for record in self._ledger.running():
-            outcome = read_json(RunPaths(record.work_dir or "", None).outcome) if record.work_dir else None
+            paths = RunPaths(record.work_dir or "", None)
+            outcome = read_json(paths.outcome) if record.work_dir and paths.unsafe(records_only=True) is None else None
             if outcome and outcome.get("token") == record.token and outcome.get("status") == "succeeded":
                 self._ledger.finish(record.name, RunStatus.SUCCEEDED, exit_code=0,
                                     result=json.dumps(outcome.get("result")), ended_at=outcome.get("finished_at"))
@@ -342,7 +343,8 @@ class Scheduler:
         if self.options.force_rerun:
             return None
         record = self._ledger.get(spec.name)
-        folder_exists = os.path.isdir(spec.work_dir)
+        paths = RunPaths(spec.work_dir, None)
+        folder_exists = paths.exists() and paths.unsafe() is None  # else it runs, and is refused with the reason
         if record is not None:
             if record.status is not RunStatus.SUCCEEDED or not folder_exists:
                 return None
@@ -353,7 +355,7 @@ class Scheduler:
             return "it succeeded before"
         if not folder_exists:
             return None
-        outcome = read_json(RunPaths(spec.work_dir, None).outcome)
+        outcome = read_json(paths.outcome)
         if outcome and outcome.get("status") == "succeeded" and outcome.get("config_hash") == spec.config_hash:
             self._ledger.adopt(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
                                work_dir=spec.work_dir, result=json.dumps(outcome.get("result")),
@@ -513,7 +515,8 @@ class Scheduler:
         duration = self._clock() - active.started
         spec, paths, item = active.spec, active.paths, active.item
         exit_code, signal_name = describe_returncode(returncode)
-        outcome = read_json(paths.outcome)
+        unsafe = paths.unsafe(records_only=True)  # the run itself may have planted a link where our records go
+        outcome = read_json(paths.outcome) if unsafe is None else None
         if outcome is not None and outcome.get("token") != active.token:
             outcome = None
         result = None
@@ -533,7 +536,9 @@ class Scheduler:
             cause = (outcome or {}).get("error")
             if cause is not None and outcome.get("phase") == "load":
                 cause = f"the task could not be loaded in the run's process: {cause}"
-            if cause is None and not os.path.isdir(spec.work_dir):
+            if cause is None and unsafe is not None:
+                cause = f"the run folder was changed into something unsafe: {unsafe}"
+            if cause is None and not paths.exists():
                 cause = "the run folder disappeared"
             if cause is None and exit_code == 0:
                 cause = "the process exited without recording an outcome"

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from .config_files import ConfigSource, load_config
 from .devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
+from .paths import META
 from .errors import ConfigError, unknown_key_message
 from .naming import NameRegistry, config_string, safe_folder_name
 
@@ -82,8 +83,11 @@ def _string_list(value: Any) -> Optional[str]:
 def _log_file(value: Any) -> Optional[str]:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or os.path.isabs(value) or ".." in value.split("/") or "\0" in value:
+    if not isinstance(value, str) or not value or os.path.isabs(value) or ".." in value.split("/") or "\0" in value \
+            or value.endswith("/") or os.path.normpath(value) == ".":
         return "a file name relative to the run folder (without '..') or null"
+    if os.path.normpath(value).split("/")[0] == META:
+        return f"a file name outside {META}/, which holds the scheduler's own records"
     return None
 
 

@@ -233,3 +233,24 @@ class FakeGpuTask(GPUTask):
         with open(counter, "w") as handle:
             handle.write(str(attempts))
         return attempts
+
+
+class PlantTask(GPUTask):
+    """Plants what config['plant'] names in its own folder, then returns: a FIFO where its log,
+    or its result.json, goes, or a symbolic link from result.json to a forged one."""
+
+    def main(self):
+        plant = self._config["plant"]
+        if plant == "fifo-log":
+            log = os.path.join(self._work_dir, "worker.log")
+            os.remove(log)
+            os.mkfifo(log)
+        elif plant == "fifo-result":
+            os.mkfifo(os.path.join(self._work_dir, "result.json"))
+        elif plant == "link-result":
+            os.symlink(self._config["forged"], os.path.join(self._work_dir, "result.json"))
+        elif plant == "link-meta":
+            meta = os.path.join(self._work_dir, ".gts")
+            os.rename(meta, meta + "-moved")
+            os.symlink(self._config["outside"], meta)
+        return None

@@ -50,7 +50,8 @@ def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
     scheduler = dict(config.get("scheduler_config") or {})
     if args.gpus:
         scheduler["gpu"] = _gpu_option(args.gpus)
-    for flag, key in (("force_rerun", "force_rerun"), ("max_retries", "max_retries"), ("timeout", "timeout")):
+    for flag, key in (("force_rerun", "force_rerun"), ("max_retries", "max_retries"), ("timeout", "timeout"),
+                      ("grace_period", "grace_period")):
         value = getattr(args, flag)
         if value is not None and value is not False:
             scheduler[key] = value
@@ -126,6 +127,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         "gpu": _gpu_option(args.gpus), "result_root_folder": args.log_dir, "force_rerun": True,
         "scheduler_log_file_path": os.path.join(args.log_dir, "scheduler.log"),
         **({"timeout": args.timeout} if args.timeout else {}),
+        **({"grace_period": args.grace_period} if args.grace_period is not None else {}),
     }}
     sweep = QueueSweep(config, sys.stdin)
     scheduler = Scheduler(sweep, ShellLineTask)
@@ -221,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="list the runs and whether they would run; change nothing")
     run.add_argument("--max-retries", type=int, metavar="N", help="retry a failed run up to N times")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a run after this long")
+    run.add_argument("--grace-period", type=float, metavar="SECONDS",
+                     help="seconds between SIGTERM and SIGKILL when a run is stopped (default 10)")
     run.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
     run.set_defaults(handler=cmd_run)
 
@@ -233,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slots: 0 1 2, 0,1 2,3 for groups, cpu, or all")
     q.add_argument("--log-dir", default="gts-queue", help="where each command's output goes (default: gts-queue)")
     q.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a command after this long")
+    q.add_argument("--grace-period", type=float, metavar="SECONDS",
+                   help="seconds between SIGTERM and SIGKILL when a command is stopped (default 10)")
     q.set_defaults(handler=cmd_queue)
 
     g = sub.add_parser("grid", help="print the commands of a parameter grid", formatter_class=_formatter,

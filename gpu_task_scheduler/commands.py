@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import string
 import subprocess
 import sys
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError
 from .gpu_task import GPUTask
@@ -125,6 +126,45 @@ class CommandFailed(SystemExit):
         return self.message
 
 
+def run_with_grace(command: Union[str, List[str]], *, shell: bool,
+                   env: Optional[Dict[str, str]]) -> Tuple[int, Optional[int]]:
+    """Run the command; a stop signal to us is left to the command to act on.
+
+    The scheduler signals the run's whole process group, so the command has
+    the signal already (we pass it on only if it was sent to us alone). We
+    keep waiting, so a command that traps SIGTERM to save a checkpoint gets
+    the whole grace period; the scheduler's SIGKILL ends both of us after it.
+    Returns ``(returncode, stop signal or None)``.
+    """
+    received: List[int] = []
+    children: List[subprocess.Popen] = []
+
+    # Started by the scheduler, we lead the run's session and group, and a stop
+    # reaches the command through the group; a second copy could count as
+    # "stop now" to it. Otherwise (run by hand, or the command left the group)
+    # we pass the signal on.
+    scheduled = os.getsid(0) == os.getpid()
+
+    def on_stop(signum: int, frame: Any) -> None:
+        received.append(signum)
+        for child in children:
+            try:
+                if not scheduled or os.getpgid(child.pid) != os.getpgrp():
+                    os.kill(child.pid, signum)
+            except OSError:
+                pass
+
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, on_stop) for signum in stops}
+    try:
+        children.append(subprocess.Popen(command, shell=shell, env=env, stdin=subprocess.DEVNULL))
+        returncode = children[0].wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return returncode, (received[0] if received else None)
+
+
 class CommandTask(GPUTask):
     """Runs one command per run, in the run folder's context, with the run's GPUs."""
 
@@ -153,7 +193,11 @@ class CommandTask(GPUTask):
         else:
             command = self.command()
         sys.stdout.flush()
-        completed = subprocess.run(command, shell=self.shell, env=env, stdin=subprocess.DEVNULL)
+        returncode, stopped_by = run_with_grace(command, shell=self.shell, env=env)
+        if stopped_by is not None:
+            raise CommandFailed(128 + stopped_by, f"the command was stopped by {signal.Signals(stopped_by).name} "
+                                                  f"(it ended with status {returncode})")
+        completed = subprocess.CompletedProcess(command, returncode)
         if completed.returncode != 0:
             code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
             how = (f"exit code {completed.returncode}" if completed.returncode > 0

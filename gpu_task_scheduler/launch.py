@@ -47,11 +47,17 @@ class Launch:
 # A shell command run without a Python runner (``gts queue``): the command runs
 # in the background while a watcher blocks on the lifeline; if the scheduler
 # dies, the watcher reads EOF and kills the whole process group, as the Python
-# runner would. POSIX sh only.
+# runner would (it ignores stop signals, so it watches through a grace period).
+# A stop signal to the group reaches the command; the wrapper traps it and
+# keeps waiting, so the command gets the whole grace period to act on it.
+# POSIX sh only.
 _SHELL_WRAPPER = (
+    '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; kill -KILL 0; } & watcher=$!; '
     'sh -c "$1" & child=$!; '
-    '{ read -r _ <&"$GTS_LIFELINE_FD"; kill -KILL 0; } & watcher=$!; '
-    'wait "$child"; status=$?; kill "$watcher" 2>/dev/null; exit "$status"'
+    'trap "stopping=1" TERM INT HUP; '
+    'while :; do wait "$child"; status=$?; '
+    'if [ -n "$stopping" ] && kill -0 "$child" 2>/dev/null; then stopping=; continue; fi; break; done; '
+    'kill -KILL "$watcher" 2>/dev/null; exit "$status"'
 )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import fcntl
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from .errors import LedgerError, SchedulerBusyError
-from .paths import RootPaths, RunPaths, read_json
+from .paths import RootPaths, RunPaths, open_regular, read_json
+
+logger = logging.getLogger("gpu_task_scheduler")
 
 SCHEMA_VERSION = 1
 _SCHEMA = f"""
@@ -255,34 +258,112 @@ _MISSING = object()
 
 
 class SweepLock:
-    """An exclusive lock on a result root, released by the kernel if we die."""
+    """An exclusive lock on a result root, released by the kernel when the last holder dies.
 
-    def __init__(self, paths: RootPaths) -> None:
+    The lock is an ``flock`` on the result root *folder* itself, not on a file
+    under ``.gts/``: deleting ``.gts`` (or the lock file) mid-sweep cannot free
+    it. Every run's process inherits the locked descriptor (:attr:`fd`), so
+    the root stays locked while any process of a run lives, also one whose
+    scheduler was killed and that outlived its lifeline (stopped, stuck in a
+    system call, exec'd). ``.gts/lock`` names the holder, for messages only.
+
+    A scheduler that finds the root locked by such leftovers of a dead
+    scheduler (same host, holder pid gone) stops them, if they carry a run
+    token (they are runs of this root), and takes the lock; anything else
+    holding it is named in a :class:`SchedulerBusyError`.
+    """
+
+    def __init__(self, paths: RootPaths, *, leftover_timeout: float = 10.0) -> None:
         self._paths = paths
-        self._fd: Optional[int] = None
+        self._leftover_timeout = leftover_timeout
+        self.fd: Optional[int] = None
 
     def acquire(self) -> None:
         os.makedirs(self._paths.meta, exist_ok=True)
-        fd = os.open(self._paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self._paths.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+        try:
+            if not self._try_lock(fd):
+                self._take_over_from_leftovers(fd)
+            self._write_holder()
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    @staticmethod
+    def _try_lock(fd: int) -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
         except BlockingIOError:
-            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "unknown"
-            os.close(fd)
+            return False
+
+    def _holder(self) -> str:
+        try:
+            with os.fdopen(open_regular(self._paths.lock), "rb") as handle:
+                return handle.read(4096).decode("utf-8", "replace").strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def _take_over_from_leftovers(self, fd: int) -> None:
+        from .proctree import TOKEN_ENV, holders, kill_all, wait_gone
+
+        holder = self._holder()
+        busy = SchedulerBusyError(
+            f"another scheduler is already running on {self._paths.root!r} ({holder}); "
+            "wait for it to finish or stop it first")
+        pid, host = _parse_holder(holder)
+        if pid is None or host != socket.gethostname() or _pid_alive(pid):
+            raise busy
+        # flock has no timed wait: look, stop what is ours, and try again, briefly
+        # (a process that is exiting has left /proc's descriptor lists but may
+        # not have dropped the lock yet).
+        deadline = time.monotonic() + self._leftover_timeout
+        delay = 0.005
+        others: List[int] = []
+        while True:
+            processes = holders(self._paths.root)
+            ours = [p for p in processes if _environ_has(p, TOKEN_ENV)]
+            others = [p for p in processes if p not in ours]
+            if ours:
+                logger.warning("the scheduler that held %s (%s) is gone, but %d process(es) of its runs are still "
+                               "alive: stopping pid %s", self._paths.root, holder, len(ours),
+                               ", ".join(map(str, ours)))
+                kill_all(ours)
+                wait_gone(ours, timeout=max(0.0, deadline - time.monotonic()))
+            if self._try_lock(fd):
+                return
+            if others or time.monotonic() >= deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        if not self._try_lock(fd):
+            still = [p for p in holders(self._paths.root) if p != os.getpid()] or others
             raise SchedulerBusyError(
-                f"another scheduler is already running on {self._paths.root!r} ({holder}); "
-                "wait for it to finish or stop it first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
-        self._fd = fd
+                f"{self._paths.root!r} is still locked although its scheduler ({holder}) is gone: held by "
+                f"pid {', '.join(map(str, still)) or 'unknown'}; stop those processes and start again") from None
+
+    def _write_holder(self) -> None:
+        text = f"pid {os.getpid()} on host {socket.gethostname()}\n".encode()
+        try:
+            lock_fd = open_regular(self._paths.lock, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except OSError:
+            return  # informational only
+        try:
+            os.write(lock_fd, text)
+        finally:
+            os.close(lock_fd)
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        if self.fd is not None:
+            try:
+                fd = open_regular(self._paths.lock, os.O_WRONLY | os.O_TRUNC)
+                os.close(fd)
+            except OSError:
+                pass
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
 
     def __enter__(self) -> "SweepLock":
         self.acquire()
@@ -290,3 +371,29 @@ class SweepLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _parse_holder(text: str) -> "tuple[Optional[int], Optional[str]]":
+    """``pid 12 on host h`` -> ``(12, 'h')``."""
+    parts = text.split()
+    if len(parts) == 5 and parts[0] == "pid" and parts[2:4] == ["on", "host"] and parts[1].isdigit():
+        return int(parts[1]), parts[4]
+    return None, None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _environ_has(pid: int, name: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return any(item.startswith(name.encode() + b"=") for item in handle.read().split(b"\0"))
+    except OSError:
+        return False

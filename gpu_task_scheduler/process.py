@@ -8,6 +8,10 @@ the scheduler dies, even by SIGKILL, the kernel closes that end and the
 child's runner kills its group (see ``runner.py``). Nothing outlives the
 scheduler.
 
+Processes that leave the group (``setpgrp()``, daemons) are found through the
+run's session and the run token in their environment (``proctree.py``) and
+stopped with the group; those that could not be stopped are reported.
+
 Completion is an event: a watcher thread per child blocks in ``waitid`` and
 posts to the scheduler's queue the moment the child exits. It waits with
 ``WNOWAIT``, leaving the child a zombie until the scheduler reaps it, so the
@@ -19,9 +23,10 @@ import os
 import signal
 import subprocess
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .paths import open_regular
+from .proctree import TOKEN_ENV, kill_all, run_processes, start_time, wait_gone
 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 
@@ -42,6 +47,13 @@ def describe_returncode(returncode: int) -> Tuple[Optional[int], Optional[str]]:
         return None, f"signal {-returncode}"
 
 
+def _pgid(pid: int) -> Optional[int]:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 class Child:
     """A running child process, leader of its own process group."""
 
@@ -53,10 +65,16 @@ class Child:
         cwd: str,
         log_path: Optional[str],
         on_exit: Callable[[], Any],
+        token: str = "",
+        inherit_fds: Sequence[int] = (),
     ) -> None:
         read_end, self._lifeline = os.pipe()
         env = dict(env)
         env[LIFELINE_ENV] = str(read_end)
+        self.token = token or os.urandom(16).hex()
+        env[TOKEN_ENV] = self.token
+        self.strays: List[int] = []  # processes of the run found outside its group, and stopped
+        self.unstoppable: List[int] = []  # ... and those that could not be stopped
         # The run folder was checked; O_NOFOLLOW and a regular-file check close the gap to now.
         log = os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") if log_path \
             else open(os.devnull, "wb")
@@ -69,7 +87,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                pass_fds=(read_end,),
+                pass_fds=(read_end, *inherit_fds),
                 close_fds=True,
             )
         except BaseException:
@@ -79,6 +97,7 @@ class Child:
             os.close(read_end)
             log.close()
         self.pid = self._popen.pid
+        self._since = start_time(self.pid)
         self._watcher = threading.Thread(
             target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}", daemon=True
         )
@@ -101,9 +120,39 @@ class Child:
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 
-    def reap(self) -> int:
-        """After the exit event: kill what the run left behind, reap, and return the returncode."""
+    def _outside_group(self) -> List[int]:
+        return [pid for pid in run_processes(token=self.token, session=self.pid, since=self._since)
+                if pid != self.pid and _pgid(pid) != self.pid]
+
+    def others(self) -> List[int]:
+        """Live processes of the run other than its first one (in its group or not)."""
+        return run_processes(token=self.token, session=self.pid, since=self._since, exclude=(self.pid,))
+
+    def terminate(self) -> None:
+        """SIGTERM to the run's group and to its processes outside the group."""
+        self.signal_group(signal.SIGTERM)
+        kill_all(self._outside_group(), signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to the run's group and every process of the run outside it."""
         self.signal_group(signal.SIGKILL)
+        self._kill_strays()
+
+    def _kill_strays(self) -> None:
+        found = run_processes(token=self.token, session=self.pid, since=self._since, exclude=(self.pid,))
+        if not found:
+            return
+        self.strays.extend(pid for pid in found if pid not in self.strays)
+        refused = kill_all(found)
+        alive = wait_gone([pid for pid in found if pid not in refused], timeout=5)
+        self.unstoppable = sorted(set(refused + alive))
+
+    def reap(self) -> int:
+        """After the exit event: kill what the run left behind, reap, and return the returncode.
+
+        The run's first process is reaped last: until then its pid, which is
+        also the id of the run's session, cannot be taken by another process."""
+        self.kill()
         returncode = self._popen.wait()
         self._watcher.join()
         if self._lifeline >= 0:

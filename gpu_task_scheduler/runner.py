@@ -10,9 +10,20 @@ written.
 A task class defined in the user's ``__main__`` script is found by loading
 that script under another module name, so its ``if __name__ == "__main__":``
 block (which starts the sweep) does not run again.
+
+Every process the run starts ends with it. The runner is a child subreaper,
+so descendants that leave the run's process group (``setpgrp()``, a daemon's
+double fork and ``setsid()``) are re-parented to it; when ``main()`` ends they
+are killed and reaped, and named in the log. A stop signal (SIGTERM from the
+scheduler) is passed on to them too.
+
+A stop signal that arrives after ``main()`` returned waits until the outcome
+is recorded: a run whose ``main()`` returned is recorded once, whatever
+signal comes. Before that, the signal acts as it would without us.
 """
 from __future__ import annotations
 
+import dis
 import importlib.util
 import json
 import os
@@ -23,9 +34,10 @@ import threading
 import time
 import traceback
 from types import ModuleType
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .paths import atomic_write_json  # imported up front: nothing slow may stand between main() and its record
+from .proctree import become_subreaper, descendants, kill_all, wait_gone
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -55,9 +67,107 @@ def _watch_lifeline() -> None:
         except OSError:
             return  # the run closed our descriptor itself; nothing left to watch
         with _RECORDING:
+            kill_all(descendants(os.getpid()))  # those that left the group first
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=wait_for_eof, name="gts-lifeline", daemon=True).start()
+
+
+class _State:
+    returned = False  # main() returned (or exited with status 0): its outcome must be recorded
+    pending: Optional[int] = None  # a stop signal that came after that
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _call_main(task: Any) -> Any:
+    try:
+        result = task.main()
+    except SystemExit as error:
+        if error.code in (None, 0):
+            _State.returned = True
+        raise
+    _State.returned = True
+    return result
+
+
+def _offset_after_main_call() -> int:
+    """The bytecode offset in _call_main from which main() has returned."""
+    seen_main = False
+    for instruction in dis.get_instructions(_call_main):
+        if instruction.argval == "main":
+            seen_main = True
+        elif seen_main and instruction.opname.startswith("CALL"):
+            return instruction.offset
+    return 1 << 30
+
+
+_AFTER_MAIN = _offset_after_main_call()
+
+
+def _main_has_returned(frame: Any) -> bool:
+    # A signal is handled between bytecodes of the innermost Python frame. In
+    # _call_main past the call, main() has returned, even before the flag is set.
+    return _State.returned or (frame is not None and frame.f_code is _call_main.__code__
+                               and frame.f_lasti > _AFTER_MAIN)
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    if _main_has_returned(frame):
+        _State.pending = _State.pending or signum
+        return
+    _signal_escaped(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    signal.signal(signum, signal.SIG_DFL)  # then as if we had no handler: the signal ends the run
+    os.kill(os.getpid(), signum)
+
+
+def _escaped() -> List[int]:
+    """Descendants that left the run's process group."""
+    group = os.getpgrp()
+    found = []
+    for pid in descendants(os.getpid(), zombies=False):
+        try:
+            if os.getpgid(pid) != group:
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _signal_escaped(signum: int) -> None:
+    kill_all(_escaped(), signum)  # the group itself had the signal from the scheduler
+
+
+def stop_leftovers() -> List[int]:
+    """Kill and reap every descendant still running; return those that had left the group."""
+    escaped: List[int] = []
+    for _ in range(64):  # a process may fork while we look; each round kills what it finds
+        escaped.extend(pid for pid in _escaped() if pid not in escaped)
+        found = descendants(os.getpid())
+        if not found:
+            break
+        kill_all(found)
+        wait_gone(found, timeout=5)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+    return escaped
+
+
+def _report_leftovers() -> None:
+    escaped = stop_leftovers()
+    if escaped:
+        try:
+            print(f"gpu_task_scheduler: stopped {len(escaped)} process(es) the run had started outside its "
+                  f"process group: pid {', '.join(map(str, escaped))}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
 
 
 class _TaskUnpickler(pickle.Unpickler):
@@ -130,7 +240,17 @@ def _print_traceback(error: BaseException, headline: Optional[str] = None) -> No
 
 
 def run(spec_path: str) -> int:
+    become_subreaper()
     _watch_lifeline()
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _on_stop_signal)
+    try:
+        return _run(spec_path)
+    finally:
+        _report_leftovers()
+
+
+def _run(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
     try:
@@ -140,7 +260,7 @@ def run(spec_path: str) -> int:
         _print_traceback(error, "the task could not be loaded")
         return EXIT_LOAD_ERROR
     try:
-        result = task.main()
+        result = _call_main(task)
         _RECORDING.acquire()  # main() returned: from here the lifeline waits until it is recorded
     except SystemExit as error:
         if error.code not in (None, 0):

@@ -30,6 +30,7 @@ from .gpu_task import GPUTask
 from .host import HostProbe
 from .launch import LaunchError, TaskFactory, class_factory, prepare
 from .ledger import Ledger, RunStatus, SweepLock, foreign_checker
+from .proctree import wait_gone
 from .nvml import GpuMonitor, NvmlUnavailable
 from .oom import detect_oom
 from .paths import RootPaths, RunPaths, read_json
@@ -67,6 +68,7 @@ class _Active:
     stop_reason: Optional[RunStatus] = None  # TIMED_OUT or INTERRUPTED once we stop it
     stop_cause: Optional[str] = None
     kill_at: Optional[float] = None
+    draining: bool = False  # stopped, its first process ended, the rest may still use the grace period
 
     @property
     def spec(self) -> RunSpec:
@@ -124,6 +126,7 @@ class Scheduler:
         self._next_poll: Optional[float] = None
         self._setup_done = False
         self._gpu_states: Dict[str, Any] = {}
+        self._lock_fd: Optional[int] = None
 
     # --- entry ----------------------------------------------------------------
 
@@ -154,6 +157,7 @@ class Scheduler:
         except BaseException:
             self._close_monitor()
             raise
+        self._lock_fd = lock.fd  # every run holds the lock too, so the root stays locked while one lives
         try:
             self._ledger = Ledger(root)
             try:
@@ -488,7 +492,8 @@ class Scheduler:
             launch = prepare(spec=spec, slot=slot, make_task=self._make_task, paths=paths,
                              token=token, attempt=attempt)
             child = Child(launch.argv, env=launch.env, cwd=launch.cwd, log_path=paths.log,
-                          on_exit=lambda: self._events.put(("exit", key)))
+                          on_exit=lambda: self._events.put(("exit", key)), token=token,
+                          inherit_fds=() if self._lock_fd is None else (self._lock_fd,))
         except (LaunchError, OSError) as error:
             cause = f"could not start: {error}"
             self._ledger.finish(spec.name, RunStatus.FAILED, cause=cause)
@@ -506,7 +511,28 @@ class Scheduler:
         )
         self._call("on_run_start", spec, slot)
 
+    def _drains(self, key: int, active: _Active) -> bool:
+        """A stopped run whose first process ended while others of it still run (a
+        shell that ran the command, a task's workers saving state) keeps its grace
+        period: it ends when they are gone, or SIGKILL at ``kill_at`` ends them."""
+        if active.stop_reason is None or active.kill_at is None or active.draining:
+            return False
+        others = active.child.others()
+        if not others:
+            return False
+        active.draining = True
+
+        def wait() -> None:
+            # Not our children: no wait() on them; pidfds wake this thread when they are gone.
+            wait_gone(others, timeout=self.options.grace_period + 60)
+            self._events.put(("exit", key))
+
+        threading.Thread(target=wait, name=f"gts-drain-{active.child.pid}", daemon=True).start()
+        return True
+
     def _on_exit(self, key: int) -> None:
+        if self._drains(key, self._active[key]):
+            return
         active = self._active.pop(key)
         if self._monitor is not None and active.reservation.gpu_ids:
             self._views()  # a last look at what the run allocated
@@ -545,6 +571,14 @@ class Scheduler:
             oom = detect_oom(tail)
             if oom is not None:
                 cause = f"GPU out of memory ({oom})" + (f": {cause}" if cause else "")
+        if active.child.strays:
+            logger.warning("%s left %d process(es) running outside its process group; stopped pid %s",
+                           spec.name, len(active.child.strays), ", ".join(map(str, active.child.strays)))
+        if active.child.unstoppable:
+            note = ("processes it started could not be stopped: pid "
+                    + ", ".join(map(str, active.child.unstoppable)))
+            logger.error("%s: %s", spec.name, note)
+            cause = f"{cause}; {note}" if cause else note
         peak = active.reservation.peak or None
         if peak and oom is None:
             self._learned.append(peak)
@@ -580,7 +614,7 @@ class Scheduler:
         """SIGTERM the run's group now, SIGKILL it when the grace period ends."""
         if active.stop_reason is None:
             active.stop_reason, active.stop_cause = reason, cause
-        active.child.signal_group(signal.SIGTERM)
+        active.child.terminate()
         active.kill_at = self._clock() + self.options.grace_period
         active.deadline = None
 
@@ -592,7 +626,7 @@ class Scheduler:
             elif active.kill_at is not None and now >= active.kill_at:
                 logger.warning("%s did not stop within %gs of SIGTERM; sending SIGKILL",
                                active.spec.name, self.options.grace_period)
-                active.child.signal_group(signal.SIGKILL)
+                active.child.kill()
                 active.kill_at = None
 
     def _on_signal(self, signum: int) -> None:
@@ -609,12 +643,12 @@ class Scheduler:
             logger.warning("received %s again: killing %d run(s) now", name, len(self._active))
             for active in self._active.values():
                 active.stop_reason = active.stop_reason or RunStatus.INTERRUPTED
-                active.child.signal_group(signal.SIGKILL)
+                active.child.kill()
 
     def _kill_everything(self) -> None:
         """Last resort when the loop ends abnormally: no child may outlive us."""
         for key, active in list(self._active.items()):
-            active.child.signal_group(signal.SIGKILL)
+            active.child.kill()
             active.child.reap()
             del self._active[key]
             try:

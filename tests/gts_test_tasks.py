@@ -254,3 +254,57 @@ class PlantTask(GPUTask):
             os.rename(meta, meta + "-moved")
             os.symlink(self._config["outside"], meta)
         return None
+
+
+ESCAPE_CODE = r"""
+import os, sys, time
+how, pid_file = sys.argv[1], sys.argv[2]
+if how == "setpgrp":
+    os.setpgrp()
+else:  # a daemon: double fork and setsid, optionally with an empty environment
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    if how == "daemon-noenv":
+        os.execve(sys.executable, [sys.executable, "-c",
+                  "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)",
+                  pid_file], {})
+with open(pid_file, "w") as handle:
+    handle.write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+class EscapeTask(GPUTask):
+    """Starts a process that leaves the run's process group (config['how']), waits until it
+    runs, then returns, or hangs if config['hang']."""
+
+    def main(self):
+        pid_file = os.path.join(self._work_dir, "escapee.pid")
+        subprocess.Popen([sys.executable, "-c", ESCAPE_CODE, self._config["how"], pid_file])
+        deadline = time.monotonic() + 30
+        while not os.path.exists(pid_file) or not open(pid_file).read():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the escapee never started")
+            time.sleep(0.01)
+        with open(os.path.join(self._work_dir, "started"), "w") as handle:
+            handle.write(str(os.getpid()))
+        if self._config.get("hang"):
+            time.sleep(600)
+        return {"escapee": int(open(pid_file).read())}
+
+
+class SignalledWhileRecordedTask(GPUTask):
+    """main() returns a value whose conversion for the record sends this process SIGTERM
+    and then takes a moment: the signal arrives while the outcome is being recorded."""
+
+    class Slow:
+        def __repr__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            return "slow"
+
+    def main(self):
+        return {"value": self.Slow()}

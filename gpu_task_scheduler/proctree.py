@@ -1,0 +1,206 @@
+"""Finding every process a run started, also those that left its process group.
+
+A run's processes normally share its process group, and signalling the group
+stops them all. A process that calls ``setpgrp()`` or daemonises (double fork
+and ``setsid()``) leaves it. Three ways find those anyway (Linux ``/proc``):
+
+* the run's *session*: ``setpgrp()`` changes the group, not the session;
+* the run's *token*: every run's environment carries ``GTS_RUN_TOKEN``, which
+  its descendants inherit, also across ``setsid()`` and double forks;
+* the runner is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): orphaned
+  descendants are re-parented to it instead of to init, so while the runner
+  lives its process tree holds every descendant, whatever its environment.
+
+Only processes started after the run's first process are looked at closely
+(their start time, from ``/proc/PID/stat``), so a scan reads little more
+than one small file per process on the machine. Elsewhere (no ``/proc``) the
+functions find nothing and the process group is all we stop.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+TOKEN_ENV = "GTS_RUN_TOKEN"
+_PROC = "/proc"
+
+
+def _stat(pid: int) -> Optional[Tuple[int, int, int, str]]:
+    """``(ppid, session, start time in ticks, state)`` of a process, or None if it is gone."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data.rsplit(b")", 1)[-1].split()
+    try:  # after the name: state ppid pgrp session ... starttime is field 22 (index 19 here)
+        return int(fields[1]), int(fields[3]), int(fields[19]), fields[0].decode()
+    except (IndexError, ValueError):
+        return None
+
+
+def start_time(pid: int) -> Optional[int]:
+    info = _stat(pid)
+    return None if info is None else info[2]
+
+
+def _has_token(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"{_PROC}/{pid}/environ", "rb") as handle:
+            return needle in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _pids() -> List[int]:
+    try:
+        return [int(entry) for entry in os.listdir(_PROC) if entry.isdigit()]
+    except OSError:
+        return []
+
+
+def run_processes(*, token: str, session: int, since: Optional[int], exclude: Iterable[int] = ()) -> List[int]:
+    """Live processes of one run: in its session, carrying its token, or descended from either.
+
+    ``since``: the start time (ticks) of the run's first process; older processes are skipped.
+    """
+    skip = set(exclude) | {os.getpid()}
+    needle = f"{TOKEN_ENV}={token}".encode()
+    parents: Dict[int, int] = {}
+    found: Set[int] = set()
+    for pid in _pids():
+        if pid in skip:
+            continue
+        info = _stat(pid)
+        if info is None or info[3] in ("Z", "X"):
+            continue
+        ppid, sid, started, _ = info
+        if since is not None and started < since:
+            continue
+        parents[pid] = ppid
+        if sid == session or _has_token(pid, needle):
+            found.add(pid)
+    changed = True
+    while changed:  # children of what we found (a daemon that cleared its environment)
+        changed = False
+        for pid, ppid in parents.items():
+            if pid not in found and ppid in found:
+                found.add(pid)
+                changed = True
+    return sorted(found)
+
+
+def descendants(pid: int, *, zombies: bool = True) -> List[int]:
+    """Every descendant of ``pid`` (through ``/proc/PID/task/*/children``);
+    ``zombies=False`` leaves out those that have ended but are not reaped yet."""
+    result: List[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"{_PROC}/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"{_PROC}/{parent}/task/{task}/children") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except OSError:
+                continue
+            result.extend(children)
+            stack.extend(children)
+    return result if zombies else [child for child in result if _alive(child)]
+
+
+def kill_all(pids: Iterable[int], signum: int = signal.SIGKILL) -> List[int]:
+    """Signal each process; return those we may not signal (another user's)."""
+    refused = []
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            refused.append(pid)
+    return refused
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> List[int]:
+    """Wait (bounded) until the processes are gone; return those still alive.
+
+    They are not our children (they were re-parented), so ``waitpid`` cannot
+    wait for them: a pidfd per process can (Linux 5.3+), and elsewhere a short
+    poll of ``/proc``. Called only after SIGKILL, which the kernel carries out
+    at once unless a process is stuck in the kernel.
+    """
+    deadline = time.monotonic() + timeout
+    remaining = [pid for pid in pids if _alive(pid)]
+    if remaining and hasattr(os, "pidfd_open"):
+        poller = select.poll()
+        fds: Dict[int, int] = {}
+        try:
+            for pid in remaining:
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:
+                    continue
+                fds[fd] = pid
+                poller.register(fd, select.POLLIN)
+            while fds:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for fd, _ in poller.poll(left * 1000):
+                    poller.unregister(fd)
+                    os.close(fd)
+                    del fds[fd]
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return [pid for pid in remaining if _alive(pid)]
+    delay = 0.001
+    while remaining and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+        remaining = [pid for pid in remaining if _alive(pid)]
+    return remaining
+
+
+def _alive(pid: int) -> bool:
+    info = _stat(pid)
+    return info is not None and info[3] not in ("Z", "X")
+
+
+def holders(path: str) -> List[int]:
+    """Processes that have ``path`` open (any of their descriptors)."""
+    target = os.path.realpath(path)
+    found = []
+    for pid in _pids():
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"{_PROC}/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{_PROC}/{pid}/fd/{fd}") == target:
+                    found.append(pid)
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux); False where that is not possible."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False

@@ -112,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     scheduler = GPUTaskScheduler(config, task, hooks=hooks, console=console)
     if args.dry_run:
         return _dry_run(scheduler)
-    return scheduler.start().exit_code
+    return scheduler.start(reraise_signals=False).exit_code
 
 
 # --- gts queue ---------------------------------------------------------------------------
@@ -124,13 +124,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
     _plain_logging()
     config = {"scheduler_config": {
-        "gpu": _gpu_option(args.gpus), "result_root_folder": args.log_dir, "force_rerun": True,
+        "gpu": _gpu_option(args.gpus), "result_root_folder": args.log_dir, "force_rerun": not args.resume,
         "scheduler_log_file_path": os.path.join(args.log_dir, "scheduler.log"),
         **({"timeout": args.timeout} if args.timeout else {}),
         **({"grace_period": args.grace_period} if args.grace_period is not None else {}),
     }}
     sweep = QueueSweep(config, sys.stdin)
-    scheduler = Scheduler(sweep, ShellLineTask)
+    scheduler = Scheduler(sweep, ShellLineTask, keep_succeeded=False)
     sweep.start_reading(lambda: scheduler.post("wake"))
     scheduler.setup()
     with scheduler_logging(sweep.options.scheduler_log_file_path):
@@ -170,7 +170,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .report import format_status, status
 
     report = status(args.root)
-    print(json.dumps(report, indent=1) if args.json else format_status(report))
+    print(json.dumps(report, indent=1) if args.json else format_status(report, escape=sys.stdout.isatty()))
     return EXIT_OK
 
 
@@ -183,7 +183,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         sys.stdout.write(format_csv(table))
     else:
-        print(format_table(table) if table else "no runs recorded")
+        print(format_table(table, escape=sys.stdout.isatty()) if table else "no runs recorded")
     return EXIT_OK
 
 
@@ -237,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slots: 0 1 2, 0,1 2,3 for groups, cpu, or all")
     q.add_argument("--log-dir", default="gts-queue", help="where each command's output goes (default: gts-queue)")
     q.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a command after this long")
+    q.add_argument("--resume", action="store_true",
+                   help="skip lines that succeeded before in this log dir (same line number, same command)")
     q.add_argument("--grace-period", type=float, metavar="SECONDS",
                    help="seconds between SIGTERM and SIGKILL when a command is stopped (default 10)")
     q.set_defaults(handler=cmd_queue)
@@ -286,7 +288,25 @@ def _plain_logging() -> None:
                             datefmt="%a, %d %b %Y %H:%M:%S", stream=sys.stderr)
 
 
+def _ensure_standard_streams() -> None:
+    """``gts run 2>&-``: a closed stdout or stderr becomes /dev/null, so that no
+    write to it (a log line, the summary) can end the sweep in a traceback."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            setattr(sys, name, open(fd, "w", closefd=False))
+        else:
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, "w", closefd=False))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    _ensure_standard_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -306,6 +326,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    except OSError as error:  # a file or folder named on the command line that cannot be used
+        print(f"gts {args.command}: {error}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -2,14 +2,23 @@
 
 A ``.py`` file must define a variable named ``config`` (the original's
 ``config_sample.py`` convention). The file is run in a namespace of its own,
-so its ``if __name__ == "__main__":`` block does not run.
+so its ``if __name__ == "__main__":`` block does not run. It is code: reading
+it (also for ``gts run --dry-run``) runs it.
+
+YAML is read with PyYAML's safe loader plus one change: numbers in exponent
+form without a dot (``1e-3``, ``5E-4``, ``1e5``), which YAML 1.2 reads as
+floats but PyYAML's YAML 1.1 rules leave as strings, are floats. Everything
+else is PyYAML's: ``yes``/``no``/``on``/``off`` stay booleans (YAML 1.1, as
+the original read them), ``0x10`` and ``1_000`` stay integers, ``.5`` and
+``.inf`` floats.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Union
 
 from .errors import ConfigError
 from .lazy import lazy_import
@@ -18,6 +27,35 @@ yaml = lazy_import("yaml")
 
 ConfigSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 SUFFIXES = (".yaml", ".yml", ".json", ".py")
+
+
+# YAML 1.1's float pattern, widened to YAML 1.2's: the dot is optional before an exponent.
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+_LOADER: Optional[type] = None
+
+
+def _yaml_loader() -> type:
+    """``yaml.SafeLoader`` with the YAML 1.2 float forms (built once, on first use)."""
+    global _LOADER
+    if _LOADER is None:
+        class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+            pass
+
+        Loader.yaml_implicit_resolvers = {key: [(tag, regexp) for tag, regexp in resolvers
+                                                if tag != "tag:yaml.org,2002:float"]
+                                          for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+        _LOADER = Loader
+    return _LOADER
+
+
+def load_yaml(text: Any) -> Any:
+    """YAML text (or a stream) as Python values, with the float forms above."""
+    return yaml.load(text, Loader=_yaml_loader())
 
 
 def load_config(source: ConfigSource) -> Mapping[str, Any]:
@@ -37,15 +75,21 @@ def load_config(source: ConfigSource) -> Mapping[str, Any]:
         raise ConfigError(f"config file {path!r} does not exist")
     try:
         if suffix == ".py":
-            namespace = runpy.run_path(path, run_name="__gts_config__")
+            try:
+                namespace = runpy.run_path(path, run_name="__gts_config__")
+            except SystemExit as error:
+                raise ConfigError(f"config file {path!r} called sys.exit({error.code!r}) while it was read; "
+                                  "a config file only defines the variable 'config'") from None
             if "config" not in namespace:
                 raise ConfigError(f"config file {path!r} defines no variable named 'config'")
             loaded = namespace["config"]
         else:
             with open(path, encoding="utf-8") as handle:
-                loaded = json.load(handle) if suffix == ".json" else yaml.safe_load(handle)
+                loaded = json.load(handle) if suffix == ".json" else load_yaml(handle)
     except ConfigError:
         raise
+    except RecursionError:
+        raise ConfigError(f"config file {path!r} is nested too deeply to be a config") from None
     except Exception as error:  # a syntax error in the user's file, reported as a config problem
         raise ConfigError(f"could not read config file {path!r}: {type(error).__name__}: {error}") from error
     if not isinstance(loaded, Mapping):

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Type
 from .commands import CommandTask, check_template
 from .config_files import ConfigSource
 from .devices import Slot
-from .errors import ConfigError, TaskClassError
+from .errors import ConfigError, GTSError, TaskClassError
 from .gpu_task import GPUTask
 from .launch import TaskFactory
 from .notify import run_notify_command, send_email
@@ -46,16 +46,19 @@ def scheduler_logging(path: Optional[str], console: Optional[logging.Handler] = 
     """
     handlers: List[logging.Handler] = []
     if path is not None:
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
+        except OSError as error:
+            raise GTSError(f"cannot write the scheduler log {path!r}: {error.strerror or error}; set "
+                           "scheduler_log_file_path to a writable file, or to null for the console only") from None
     if console is not None:
         handlers.append(console)
     elif not logging.getLogger().handlers:
         handlers.append(logging.StreamHandler(sys.stderr))
     formatter = logging.Formatter(_FORMAT, datefmt=_DATE_FORMAT)
     previous_level = logger.level
-    if logger.getEffectiveLevel() > logging.INFO:
+    if previous_level == logging.NOTSET:  # a level the application set on our logger is kept
         logger.setLevel(logging.INFO)
     for handler in handlers:
         handler.setFormatter(formatter)
@@ -163,7 +166,7 @@ class GPUTaskScheduler:
     def sweep(self) -> Sweep:
         return self._sweep
 
-    def start(self) -> SweepSummary:
+    def start(self, *, reraise_signals: bool = True) -> SweepSummary:
         """Run the sweep and return its :class:`SweepSummary`.
 
         Runs that succeeded before are skipped (unless ``force_rerun``); a
@@ -172,7 +175,8 @@ class GPUTaskScheduler:
         ``summary`` attribute; a plain ``KeyboardInterrupt``, so that an
         uncaught one ends the process with SIGINT's status); on SIGTERM they
         are stopped and SIGTERM is delivered again to the previous handler (by
-        default ending the process).
+        default ending the process); SIGHUP likewise. With ``reraise_signals=False``
+        the summary is returned instead (its ``exit_code`` is 130).
         """
         scheduler = Scheduler(self._sweep, self._make_task, nvml=self._nvml, hooks=self._hooks)
         scheduler.setup()  # no GPU for "all": an error before anything is written
@@ -184,10 +188,12 @@ class GPUTaskScheduler:
                 run_notify_command(options.notify_command, summary)
             if options.notify_email is not None:
                 send_email(options.notify_email, summary)
+        if not reraise_signals or summary.interrupted_by is None:
+            return summary
         if summary.interrupted_by == "SIGINT":
-            interrupt = KeyboardInterrupt(summary.report())
+            # The summary was logged above; the traceback need not repeat it.
+            interrupt = KeyboardInterrupt("the sweep was interrupted (its summary is above and in .summary)")
             interrupt.summary = summary  # type: ignore[attr-defined]
             raise interrupt
-        if summary.interrupted_by == "SIGTERM":
-            os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, summary.interrupted_by))  # SIGTERM, SIGHUP: as if we had not caught it
         return summary

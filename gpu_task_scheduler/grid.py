@@ -96,4 +96,9 @@ def commands(pattern: str, parameters: Parameters, *, mode: str = "grid", n_samp
             picked.append(values[digit])
         picked.append(str(job_index))
         fields.update(zip(keys, picked))
-        yield pattern.format_map(fields)
+        try:
+            line = pattern.format_map(fields)
+        except (ValueError, OverflowError, MemoryError) as error:
+            raise ConfigError(f"the pattern {pattern!r} cannot be filled in with {fields}: "
+                              f"{type(error).__name__}: {error}") from None
+        yield line

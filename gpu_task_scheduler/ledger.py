@@ -25,12 +25,18 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
+from . import __version__
 from .errors import LedgerError, SchedulerBusyError
-from .paths import RootPaths, RunPaths, open_regular, read_json
+from .paths import MAX_INLINE_RESULT, RootPaths, RunPaths, ledger_path_problem, open_regular, read_json
 
 logger = logging.getLogger("gpu_task_scheduler")
 
-SCHEMA_VERSION = 1
+# 1: the first release. 2: runs.result_file (results too large to keep in the ledger).
+SCHEMA_VERSION = 2
+_MIGRATIONS = {1: "ALTER TABLE runs ADD COLUMN result_file TEXT"}
+# What the ledger keeps of one run: results up to 1 MiB of JSON (larger ones stay in
+# the run folder, see runner.py), causes and log tails up to 64 KiB.
+MAX_TEXT = 64 << 10
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
     name TEXT PRIMARY KEY,
@@ -41,7 +47,7 @@ CREATE TABLE IF NOT EXISTS runs (
     slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
-    gpu_memory_peak INTEGER, params TEXT
+    gpu_memory_peak INTEGER, params TEXT, result_file TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
@@ -80,6 +86,7 @@ class RunRecord:
     result: Optional[str]  # JSON text of what main() returned
     gpu_memory_peak: Optional[int] = None  # bytes on one GPU, as NVML saw the run's processes
     params: Optional[str] = None  # JSON of the run's swept values (its test_config)
+    result_file: Optional[str] = None  # a result too large for the ledger: this file in the run's .gts/
 
     @property
     def params_value(self) -> Dict[str, Any]:
@@ -103,22 +110,66 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
     )
 
 
+_FIELDS = set(RunRecord.__dataclass_fields__)
+_OPTIONAL_COLUMNS = {"result_file"}  # added by a later schema: a ledger read as it is may lack them
+
+
+def _check_version(path: str, version: Optional[int]) -> None:
+    if version is not None and version > SCHEMA_VERSION:
+        raise LedgerError(f"the ledger {path!r} has schema version {version}, written by a newer version of "
+                          f"gpu_task_scheduler; this version ({__version__}) reads up to {SCHEMA_VERSION}: upgrade "
+                          "to use this result root")
+    if version is not None and version < 1:
+        raise LedgerError(f"the ledger {path!r} has the schema version {version}; move it aside and start again")
+
+
 class Ledger:
     def __init__(self, paths: RootPaths, *, clock: Callable[[], float] = time.time) -> None:
         self.path = paths.ledger
         self._clock = clock
+        problem = ledger_path_problem(paths.root)
+        if problem is not None:
+            raise LedgerError(problem)
         os.makedirs(paths.meta, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            version = self._version()
+            if version is not None and version < SCHEMA_VERSION:
+                for step in range(version, SCHEMA_VERSION):
+                    self._db.execute(_MIGRATIONS[step])
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
             self._db.executescript(_SCHEMA)
-            version = self.get_meta("schema_version")
+            version = self._version()
+            _check_version(self.path, version)
+            self._check_columns()
         except sqlite3.DatabaseError as error:
             raise _ledger_error(self.path, error) from error
-        if version != str(SCHEMA_VERSION):
-            raise LedgerError(f"the ledger {self.path!r} has schema version {version}; this version reads {SCHEMA_VERSION}")
+        except LedgerError:
+            self._db.close()
+            raise
+
+    def _check_columns(self) -> None:
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        missing = sorted(_FIELDS - columns - _OPTIONAL_COLUMNS)
+        if missing:
+            raise LedgerError(f"the ledger {self.path!r} has no column {', '.join(missing)} in its runs table; it "
+                              f"was not written by gpu_task_scheduler (schema version {SCHEMA_VERSION} here) or "
+                              "was changed by hand: move it aside and start again")
+
+    def _version(self) -> Optional[int]:
+        """The schema version of an existing ledger (None: a new, empty file)."""
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            return None
+        rows = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        try:
+            return int(rows[0][0]) if rows else None
+        except (TypeError, ValueError):
+            raise LedgerError(f"the ledger {self.path!r} has the schema version {rows[0][0]!r}, which is no "
+                              "version of gpu_task_scheduler; move it aside and start again") from None
 
     def close(self) -> None:
         self._db.close()
@@ -150,10 +201,23 @@ class Ledger:
     def set_meta(self, key: str, value: str) -> None:
         self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
-    @staticmethod
-    def _record(row: sqlite3.Row) -> RunRecord:
-        values = dict(row)
-        values["status"] = RunStatus(values["status"])
+    def _record(self, row: sqlite3.Row) -> RunRecord:
+        """A row as a RunRecord; columns of a newer version are left out, missing ones
+        of an older one are None, and what this version cannot read is an error that
+        says which version wrote it."""
+        values = {key: row[key] for key in row.keys() if key in _FIELDS}
+        missing = [name for name in ("name", "status") if name not in values]
+        if missing:
+            raise LedgerError(f"the ledger {self.path!r} has no column {', '.join(missing)} in its runs table; it "
+                              f"was not written by gpu_task_scheduler (schema version {SCHEMA_VERSION} here); "
+                              "move it aside and start again")
+        try:
+            values["status"] = RunStatus(values["status"])
+        except ValueError:
+            raise LedgerError(
+                f"the ledger {self.path!r} records the run {values['name']!r} with the status "
+                f"{values['status']!r}, which this version ({__version__}) does not know: a newer version of "
+                "gpu_task_scheduler wrote it; upgrade to use this result root") from None
         return RunRecord(**values)
 
     def get(self, name: str) -> Optional[RunRecord]:
@@ -191,22 +255,29 @@ class Ledger:
                signal: Optional[str] = None, cause: Optional[str] = None,
                log_tail: Optional[str] = None, result: Optional[str] = None,
                ended_at: Optional[float] = None, gpu_memory_peak: Optional[int] = None,
-               pid: Optional[int] = None) -> None:
+               pid: Optional[int] = None, result_file: Optional[str] = None) -> None:
+        if result is not None and len(result) > MAX_INLINE_RESULT:  # never let one run's result wedge the root
+            result, cause = None, (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
-               log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid) WHERE name = ?""",
-            (status.value, self._clock() if ended_at is None else ended_at, exit_code, signal, cause,
-             log_tail, result, gpu_memory_peak, pid, name),
+               log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?
+               WHERE name = ?""",
+            (status.value, self._clock() if ended_at is None else ended_at, exit_code, signal,
+             None if cause is None else cause[:MAX_TEXT], None if log_tail is None else log_tail[-MAX_TEXT:],
+             result, gpu_memory_peak, pid, result_file, name),
         )
 
     def adopt(self, *, name: str, run_index: int, config_hash: str, work_dir: str,
-              result: Optional[str], ended_at: Optional[float], params: Optional[str] = None) -> None:
+              result: Optional[str], ended_at: Optional[float], params: Optional[str] = None,
+              result_file: Optional[str] = None) -> None:
         """Record a success found in a run folder but missing from the ledger."""
+        if result is not None and len(result) > MAX_INLINE_RESULT:
+            result = None
         self._write(
             """INSERT OR REPLACE INTO runs (name, run_index, config_hash, status, attempts, work_dir,
-               ended_at, cause, result, params) VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?, ?)""",
+               ended_at, cause, result, params, result_file) VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?, ?, ?)""",
             (name, run_index, config_hash, work_dir, ended_at,
-             "recovered from the run folder's outcome file", result, params),
+             "recovered from the run folder's outcome file", result, params, result_file),
         )
 
     @classmethod
@@ -225,7 +296,13 @@ class Ledger:
             ledger._db = sqlite3.connect(uri, uri=True, timeout=30)
             ledger._db.row_factory = sqlite3.Row
             ledger._query("SELECT 1 FROM runs LIMIT 1")
-        except sqlite3.DatabaseError as error:
+            _check_version(paths.ledger, ledger._version())
+            ledger._check_columns()
+        except (sqlite3.DatabaseError, LedgerError) as error:
+            if getattr(ledger, "_db", None) is not None:
+                ledger._db.close()
+            if isinstance(error, LedgerError):
+                raise
             raise _ledger_error(paths.ledger, error) from error
         return ledger
 

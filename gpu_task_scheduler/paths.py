@@ -12,6 +12,7 @@
             .gts/task.pkl        the task object handed to the child process
             .gts/spec.json       what the child needs to start
             .gts/outcome.json    written by the child when main() ends
+            .gts/result.json     what main() returned, when it is over 1 MiB of JSON
             .gts/logs/           logs of earlier attempts
 
 Everything under a result root is treated as hostile: a run (or anyone who
@@ -33,6 +34,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 META = ".gts"
+# Results up to this many bytes of JSON go into the outcome file and the ledger;
+# larger ones into the run's own .gts/result.json, which the ledger refers to.
+MAX_INLINE_RESULT = 1 << 20
 
 
 def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
@@ -133,6 +137,25 @@ def _kind_problem(path: str, want_dir: bool) -> Optional[str]:
     return None
 
 
+# SQLite opens no file whose path (plus its "-journal" suffix) is over 512 bytes.
+MAX_LEDGER_PATH = 504
+
+
+def ledger_path_problem(root: str) -> Optional[str]:
+    """Why SQLite could not open the ledger of ``root`` (its path is too long), or None.
+
+    SQLite resolves symbolic links and the current folder itself, so the real
+    absolute path is what counts; no link or ``chdir`` gets around it."""
+    real = os.path.realpath(root)
+    size = len(real.encode("utf-8", "surrogateescape"))
+    limit = MAX_LEDGER_PATH - len("/.gts/ledger.sqlite3")
+    if size > limit:
+        return (f"the result root's real path is {size} bytes long; SQLite, which keeps the ledger, opens no "
+                f"file under a folder path longer than {limit} bytes: choose a shorter result_root_folder")
+    return None
+
+
+
 @dataclass(frozen=True)
 class RootPaths:
     root: str
@@ -178,6 +201,10 @@ class RunPaths:
     @property
     def outcome(self) -> str:
         return os.path.join(self.meta, "outcome.json")
+
+    @property
+    def result(self) -> str:
+        return os.path.join(self.meta, "result.json")
 
     @property
     def old_logs(self) -> str:

@@ -124,6 +124,15 @@ class Child:
         return [pid for pid in run_processes(token=self.token, session=self.pid, since=self._since)
                 if pid != self.pid and _pgid(pid) != self.pid]
 
+    def has_exited(self) -> bool:
+        """The run's first process has ended (its exit event may still be on its way)."""
+        if hasattr(os, "waitid"):
+            try:
+                return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                return True
+        return self._popen.poll() is not None
+
     def others(self) -> List[int]:
         """Live processes of the run other than its first one (in its group or not)."""
         return run_processes(token=self.token, session=self.pid, since=self._since, exclude=(self.pid,))

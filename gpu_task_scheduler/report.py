@@ -51,7 +51,7 @@ def _exit(record: RunRecord) -> Optional[str]:
     return None if record.exit_code is None else str(record.exit_code)
 
 
-def format_status(report: Dict[str, Any]) -> str:
+def format_status(report: Dict[str, Any], *, escape: bool = False) -> str:
     counts = report["counts"]
     head = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
     lines = [f"{report['root']}: {head or 'no runs recorded'}"]
@@ -61,8 +61,17 @@ def format_status(report: Dict[str, Any]) -> str:
         from .results import format_table
 
         lines.append(format_table(table, ["name", "status", "slot", "started", "duration", "exit", "attempts",
-                                          "log"]))
+                                          "log"], escape=escape))
     return "\n".join(lines)
+
+
+def _save(figure: Any, output: str) -> None:
+    try:
+        figure.savefig(output)
+    except OSError as error:
+        raise GTSError(f"cannot write the plot to {output!r}: {error.strerror or error}") from None
+    except ValueError as error:  # an unknown image format
+        raise GTSError(f"cannot write the plot to {output!r}: {error}") from None
 
 
 def _pyplot() -> Any:
@@ -116,7 +125,7 @@ def plot_timeline(root: str, output: str) -> str:
     axes.legend(handles=[Patch(color=_COLORS.get(s, "tab:purple"), label=s) for s in used],
                 loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     figure.tight_layout()
-    figure.savefig(output)
+    _save(figure, output)
     pyplot.close(figure)
     return output
 
@@ -155,6 +164,6 @@ def plot_metric(root: str, metric: str, by: str, output: str) -> str:
     if len(groups) > 1:
         axes.legend(fontsize="small")
     figure.tight_layout()
-    figure.savefig(output)
+    _save(figure, output)
     pyplot.close(figure)
     return output

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -19,6 +20,7 @@ from .ledger import Ledger, RunRecord, RunStatus
 from .paths import RootPaths, RunPaths, read_json
 
 RESULT_FILE = "result.json"
+MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
 
 
 def open_ledger(root: str) -> Ledger:
@@ -48,7 +50,8 @@ def run_result(root: str, record: RunRecord) -> Any:
     if value is None:
         paths = run_folder(root, record)
         if paths.unsafe() is None:
-            value = read_json(os.path.join(paths.work_dir, RESULT_FILE))
+            value = read_json(paths.result if record.result_file else os.path.join(paths.work_dir, RESULT_FILE),
+                              limit=MAX_RESULT_FILE)
     return value
 
 
@@ -104,11 +107,28 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_table(table: Sequence[Dict[str, Any]], names: Optional[List[str]] = None) -> str:
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    r"""Control characters made visible, so that a value cannot drive the terminal.
+
+    >>> escape_controls("a\x1b[2Jb\n")
+    'a\\x1b[2Jb\\n'
+    """
+    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def format_table(table: Sequence[Dict[str, Any]], names: Optional[List[str]] = None, *,
+                 escape: bool = False) -> str:
+    """The rows as aligned text; ``escape``: control characters shown as ``\x1b`` (for a terminal)."""
     names = names or columns(table)
-    cells = [[_cell(row.get(name)) for name in names] for row in table]
-    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(names)]
-    lines = ["  ".join(name.ljust(width) for name, width in zip(names, widths)).rstrip()]
+    show = escape_controls if escape else (lambda text: text)
+    names = list(names)
+    cells = [[show(_cell(row.get(name))) for name in names] for row in table]
+    header = [show(name) for name in names]
+    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(header)]
+    lines = ["  ".join(name.ljust(width) for name, width in zip(header, widths)).rstrip()]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
     return "\n".join(lines)
 

@@ -36,7 +36,8 @@ import traceback
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
-from .paths import atomic_write_json  # imported up front: nothing slow may stand between main() and its record
+# imported up front: nothing slow may stand between main() and its record
+from .paths import MAX_INLINE_RESULT, atomic_write, atomic_write_json
 from .proctree import become_subreaper, descendants, kill_all, wait_gone
 
 EXIT_OK = 0
@@ -198,13 +199,24 @@ def load_task(spec: Dict[str, Any]) -> Any:
         return _TaskUnpickler(handle, main_module).load()
 
 
-def _jsonable_result(result: Any) -> Dict[str, Any]:
+def _jsonable_result(spec: Dict[str, Any], result: Any) -> Dict[str, Any]:
+    """The outcome's result fields. A result of over 1 MiB of JSON goes to its own
+    file next to the outcome, so no run's result can make the ledger unusable."""
+    fields: Dict[str, Any] = {}
     try:
-        return {"result": json.loads(json.dumps(result, allow_nan=False))}
-    except (TypeError, ValueError):
+        text = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
         from .sweep import to_jsonable
 
-        return {"result": to_jsonable(result), "result_note": f"converted from {type(result).__name__}"}
+        text = json.dumps(to_jsonable(result))
+        fields["result_note"] = f"converted from {type(result).__name__}"
+    if len(text) > MAX_INLINE_RESULT:
+        path = os.path.join(os.path.dirname(spec["outcome_file"]), "result.json")
+        atomic_write(path, text.encode("utf-8"))
+        fields.update(result_file="result.json", result_bytes=len(text))
+    else:
+        fields["result"] = json.loads(text)
+    return fields
 
 
 def _record(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
@@ -222,8 +234,11 @@ def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
 
 def _error(phase: str, error: BaseException) -> Dict[str, Any]:
     # A command run's failure speaks for itself ("the command failed with exit code 3").
-    text = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
-    return {"status": "failed", "phase": phase, "error": text}
+    try:
+        text = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+    except Exception:  # an exception whose __str__ raises
+        text = type(error).__name__
+    return {"status": "failed", "phase": phase, "error": text[:4000]}
 
 
 def _print_traceback(error: BaseException, headline: Optional[str] = None) -> None:
@@ -273,7 +288,7 @@ def _run(spec_path: str) -> int:
         _print_traceback(error)
         return EXIT_FAILED
     try:
-        _record(spec, {"status": "succeeded", **_jsonable_result(result)})
+        _record(spec, {"status": "succeeded", **_jsonable_result(spec, result)})
     except OSError as error:
         print(f"gpu_task_scheduler: could not record the run's success: {error}", file=sys.stderr)
         return EXIT_OUTCOME_ERROR

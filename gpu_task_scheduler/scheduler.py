@@ -41,7 +41,8 @@ from .sweep import RunSpec, Sweep, params_text
 
 logger = logging.getLogger("gpu_task_scheduler")
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP (the terminal closed) stops the sweep as gracefully as Ctrl-C.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 OOM_GROWTH = 1.5  # after an out-of-memory failure, a run's estimate grows by this factor
 
 
@@ -99,7 +100,7 @@ class Hooks:
 class Scheduler:
     def __init__(self, sweep: Sweep, task: "Type[GPUTask] | TaskFactory", *, nvml: Optional[ModuleType] = None,
                  hooks: Optional[Hooks] = None, clock: Callable[[], float] = time.monotonic,
-                 host: Optional[HostProbe] = None) -> None:
+                 host: Optional[HostProbe] = None, keep_succeeded: bool = True) -> None:
         self.sweep = sweep
         self.options = sweep.options
         self._make_task = class_factory(task) if isinstance(task, type) else task
@@ -117,7 +118,7 @@ class Scheduler:
         self._exhausted = False
         self._idle_reported: set = set()
         self._stop_level = 0
-        self._summary = SweepSummary()
+        self._summary = SweepSummary(keep_succeeded=keep_succeeded)
         self._monitor: Optional[GpuMonitor] = None
         self._learned: List[int] = []
         self._last_slot = -1
@@ -237,7 +238,8 @@ class Scheduler:
             outcome = read_json(paths.outcome) if record.work_dir and paths.unsafe(records_only=True) is None else None
             if outcome and outcome.get("token") == record.token and outcome.get("status") == "succeeded":
                 self._ledger.finish(record.name, RunStatus.SUCCEEDED, exit_code=0,
-                                    result=json.dumps(outcome.get("result")), ended_at=outcome.get("finished_at"))
+                                    result=json.dumps(outcome.get("result")), ended_at=outcome.get("finished_at"),
+                                    result_file=_result_file(outcome))
             else:
                 self._ledger.finish(record.name, RunStatus.INTERRUPTED,
                                     cause="the scheduler stopped while the run was active")
@@ -363,7 +365,8 @@ class Scheduler:
         if outcome and outcome.get("status") == "succeeded" and outcome.get("config_hash") == spec.config_hash:
             self._ledger.adopt(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
                                work_dir=spec.work_dir, result=json.dumps(outcome.get("result")),
-                               ended_at=outcome.get("finished_at"), params=params_text(spec.test_config))
+                               ended_at=outcome.get("finished_at"), params=params_text(spec.test_config),
+                               result_file=_result_file(outcome))
             return "its folder records a success"
         if self.options.skip_existing_folders:
             return "its folder exists (skip_existing_folders)"
@@ -584,10 +587,13 @@ class Scheduler:
             self._learned.append(peak)
         self._ledger.finish(spec.name, status, exit_code=exit_code, signal=signal_name, cause=cause,
                             log_tail=tail, result=None if result is None else json.dumps(result),
-                            gpu_memory_peak=peak, pid=active.child.pid)
+                            gpu_memory_peak=peak, pid=active.child.pid,
+                            result_file=_result_file(outcome) if status is RunStatus.SUCCEEDED else None)
         record = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=status, attempts=item.tries,
                             slot=active.slot.name, exit_code=exit_code, signal=signal_name, cause=cause,
-                            log_path=paths.log, log_tail=tail, duration=duration, result=result)
+                            log_path=paths.log, log_tail=tail, duration=duration, result=result,
+                            result_file=paths.result if status is RunStatus.SUCCEEDED and _result_file(outcome)
+                            else None)
         self._summary.record(record)
         self._call("on_run_end", record)
         if status is RunStatus.SUCCEEDED:
@@ -622,6 +628,11 @@ class Scheduler:
         now = self._clock()
         for active in self._active.values():
             if active.deadline is not None and now >= active.deadline:
+                if active.child.has_exited():
+                    # It ended while we were not looking (the scheduler was stopped, or
+                    # busy): its own exit status says how, not the clock we read late.
+                    active.deadline = None
+                    continue
                 self._stop(active, RunStatus.TIMED_OUT, f"timed out after {self.options.timeout:g}s")
             elif active.kill_at is not None and now >= active.kill_at:
                 logger.warning("%s did not stop within %gs of SIGTERM; sending SIGKILL",
@@ -656,6 +667,11 @@ class Scheduler:
                                     cause="the scheduler stopped on an error")
             except GTSError:
                 pass  # the ledger is what failed; the next start marks the run interrupted
+
+
+def _result_file(outcome: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The name of the file a large result was written to (the only name the runner writes)."""
+    return "result.json" if outcome and outcome.get("result_file") == "result.json" else None
 
 
 class _StopSignals:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
 from .errors import RunsFailedError
@@ -24,7 +24,8 @@ class RunOutcome:
     log_path: Optional[str] = None
     log_tail: str = ""
     duration: Optional[float] = None
-    result: Any = None  # what main() returned, as JSON-compatible data
+    result: Any = None  # what main() returned, as JSON-compatible data (None if it is in result_file)
+    result_file: Optional[str] = None  # a result over 1 MiB of JSON: <work_dir>/.gts/result.json
 
     def describe(self) -> str:
         if self.cause:
@@ -50,9 +51,24 @@ class SweepSummary:
     skipped: List[str] = field(default_factory=list)
     interrupted_by: Optional[str] = None  # "SIGINT", "SIGTERM" when the sweep was stopped
     duration: float = 0.0
+    # False (gts queue, an endless stream): succeeded runs are counted, not kept, so memory stays flat.
+    keep_succeeded: bool = True
+    _succeeded_not_kept: int = 0
 
     def record(self, outcome: RunOutcome) -> None:
-        self.outcomes[outcome.name] = outcome  # a retry replaces the earlier attempt
+        """Keep the run's outcome (a retry replaces the earlier attempt); the log's
+        tail only for runs that did not succeed, where it explains something."""
+        if outcome.status is RunStatus.SUCCEEDED:
+            outcome = replace(outcome, log_tail="")
+            if not self.keep_succeeded:
+                self.outcomes.pop(outcome.name, None)
+                self._succeeded_not_kept += 1
+                return
+        self.outcomes[outcome.name] = outcome
+
+    @property
+    def succeeded_count(self) -> int:
+        return len(self.succeeded) + self._succeeded_not_kept
 
     def _with(self, *statuses: RunStatus) -> List[RunOutcome]:
         return [o for o in self.outcomes.values() if o.status in statuses]
@@ -86,7 +102,7 @@ class SweepSummary:
         return {
             "ok": self.ok, "exit_code": self.exit_code, "duration": self.duration,
             "interrupted_by": self.interrupted_by,
-            "counts": {"succeeded": len(self.succeeded), "failed": len(self.failed), "skipped": len(self.skipped)},
+            "counts": {"succeeded": self.succeeded_count, "failed": len(self.failed), "skipped": len(self.skipped)},
             "runs": [outcome(o) for o in self.outcomes.values()],
             "skipped": list(self.skipped),
         }
@@ -97,7 +113,7 @@ class SweepSummary:
 
     def report(self) -> str:
         head = (
-            f"{len(self.succeeded)} succeeded, {len(self.failed)} failed, "
+            f"{self.succeeded_count} succeeded, {len(self.failed)} failed, "
             f"{len(self.skipped)} skipped in {self.duration:.1f}s"
         )
         if self.interrupted_by:

@@ -16,12 +16,13 @@ import logging
 import math
 import numbers
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .config_files import ConfigSource, load_config
 from .devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
-from .paths import META
+from .paths import META, ledger_path_problem
 from .errors import ConfigError, unknown_key_message
 from .naming import NameRegistry, config_string, safe_folder_name
 
@@ -219,10 +220,57 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
     root = values["result_root_folder"]
     if os.path.exists(root) and not os.path.isdir(root):
         raise ConfigError(f"scheduler_config['result_root_folder'] is {root!r}, which exists and is not a folder")
+    problem = ledger_path_problem(root)
+    if problem is not None:
+        raise ConfigError(f"scheduler_config['result_root_folder']: {problem}")
     return SchedulerOptions(values=values, slots=slots)
 
 
 # --- global_config and test_config ------------------------------------------
+
+MAX_DEPTH = 100
+MAX_VALUES = 1_000_000
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.left = MAX_VALUES
+
+
+def check_values(value: Any, where: str, budget: Optional[_Budget] = None, depth: int = 0) -> None:
+    """Reject what would wedge a sweep later: nesting deeper than ``MAX_DEPTH``,
+    more than ``MAX_VALUES`` values in all (a YAML alias bomb: aliases share one
+    object that every later step would expand), and strings that cannot be
+    written as UTF-8 (lone surrogates, as ``os.listdir`` returns for undecodable
+    names: SQLite and JSON cannot store them).
+
+    >>> check_values({"a": ["x", "\\udcff"]}, "global_config")
+    Traceback (most recent call last):
+    ...
+    gpu_task_scheduler.errors.ConfigError: global_config['a'][1] is the string '\\udcff', which holds ...
+    """
+    budget = budget or _Budget()
+    budget.left -= 1
+    if budget.left < 0:
+        raise ConfigError(f"the config holds more than {MAX_VALUES:,} values (counting each use of a YAML "
+                          f"alias), at {where}; a sweep config this large is a mistake (an alias bomb?)")
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{where} is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ConfigError(f"{where} is the string {value[:40]!r}, which holds {value[error.start]!r} "
+                              "(a lone surrogate, e.g. from an undecodable file name) and cannot be stored; "
+                              "decode such names with errors='replace' or use bytes.hex()") from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            check_values(key, f"{where} key {key!r}", budget, depth + 1)
+            check_values(item, f"{where}[{key!r}]", budget, depth + 1)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for index, item in enumerate(value):
+            check_values(item, f"{where}[{index}]", budget, depth + 1)
+
 
 def _check_keys(mapping: Mapping[Any, Any], where: str) -> None:
     for key in mapping:
@@ -342,6 +390,9 @@ class Sweep:
                 "could not find scheduler_config in config; add e.g. {'scheduler_config': {'gpu': ['0']}}"
             )
         self.options = parse_scheduler_config(raw["scheduler_config"])
+        budget = _Budget()
+        for section in ("global_config", "test_config", "command"):
+            check_values(raw.get(section), section, budget)
         try:
             self.global_config = copy.deepcopy(parse_global_config(raw.get("global_config")))
             self.blocks = copy.deepcopy(parse_test_config(raw.get("test_config")))
@@ -360,6 +411,10 @@ class Sweep:
 
             check_template(self.command, self.keys(), shell=self.shell)
         self._has_test_config = raw.get("test_config") is not None
+        self.size = sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
+        if self.size > sys.maxsize:
+            raise ConfigError(f"the sweep has {self.size:.3e} runs, more than any machine can run; "
+                              "check the lists in test_config")
 
     def _check_memory_values(self) -> None:
         """Per-run GPU memory needs (``gpu_memory_key``) are checked up front too."""
@@ -389,7 +444,7 @@ class Sweep:
         return None if value is None else parse_memory(value, self.options.gpu_memory_key)
 
     def __len__(self) -> int:
-        return sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
+        return self.size
 
     def _name(self, test_config: Mapping[str, Any], filter_keys: bool) -> str:
         o = self.options

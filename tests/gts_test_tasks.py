@@ -308,3 +308,10 @@ class SignalledWhileRecordedTask(GPUTask):
 
     def main(self):
         return {"value": self.Slow()}
+
+
+class BigResultTask(GPUTask):
+    """Returns config['mib'] MiB of JSON."""
+
+    def main(self):
+        return {"blob": "x" * (self._config["mib"] << 20), "small": 1}

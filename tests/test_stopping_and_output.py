@@ -1,0 +1,86 @@
+"""Stopping from the terminal, exit codes, a late look at a deadline, resuming a queue, safe output."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import wait_until
+from helpers import ledger_rows, make_config
+from test_process_control import finish, launch, started
+from gpu_task_scheduler.cli import main as gts
+
+
+def _gts(*argv, cwd, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", *argv], cwd=cwd, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+
+
+def test_sighup_stops_the_sweep_gracefully(in_tmp, no_leaked_processes):
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"a": [1]}], grace_period=5), "BlockTask")
+    wait_until(lambda: started(root, "a-1,"), message="the run to start")
+    scheduler.send_signal(signal.SIGHUP)
+    output = finish(scheduler)
+    assert scheduler.returncode == -signal.SIGHUP, output
+    assert ledger_rows(root)["a-1,"]["status"] == "interrupted"
+    assert "interrupted by SIGHUP" in output
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_gts_run_exits_130_when_stopped(in_tmp, signum):
+    (in_tmp / "s.yaml").write_text(f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}}}\n"
+                                   "test_config: [{a: [1]}]\n"
+                                   "command: [sh, -c, 'echo > {work_dir}/started; exec sleep 60']\n")
+    process = _gts("run", "s.yaml", "--plain", cwd=in_tmp)
+    wait_until(lambda: (in_tmp / "r" / "a-1," / "started").exists(), message="the run to start")
+    process.send_signal(signum)
+    output = finish(process)
+    assert process.returncode == 130, output
+    assert output.count("Sweep summary") == 1
+
+
+def test_a_command_that_ended_before_its_deadline_is_not_timed_out_by_a_late_look(in_tmp):
+    process = _gts("queue", "--gpus", "cpu", "--log-dir", "q", "--timeout", "1", cwd=in_tmp)
+    process.stdin.write(b"echo > started; sleep 0.3; echo > done\n")
+    process.stdin.close()
+    process.stdin = None
+    wait_until(lambda: (in_tmp / "started").exists(), message="the command to start")
+    process.send_signal(signal.SIGSTOP)  # the scheduler is suspended (Ctrl-Z) while the command ends
+    try:
+        wait_until(lambda: (in_tmp / "done").exists(), message="the command to end")
+        time.sleep(1.5)  # nothing to wait on: the wall clock itself must pass the run's deadline
+    finally:
+        process.send_signal(signal.SIGCONT)
+    output = finish(process)
+    assert process.returncode == 0, output
+    assert [row["status"] for row in ledger_rows(in_tmp / "q").values()] == ["succeeded"]
+
+
+def test_queue_resume_skips_lines_that_succeeded(in_tmp):
+    lines = "echo one >> out\nexit 3\necho three >> out\n"
+    first = _gts("queue", "--gpus", "cpu", "--log-dir", "q", cwd=in_tmp)
+    assert first.communicate(lines.encode(), timeout=60) and first.returncode == 1
+    again = _gts("queue", "--gpus", "cpu", "--log-dir", "q", "--resume", cwd=in_tmp)
+    output = again.communicate(lines.replace("exit 3", "echo two >> out").encode(), timeout=60)[0].decode()
+    assert again.returncode == 0, output
+    assert (in_tmp / "out").read_text() == "one\nthree\ntwo\n"  # only the changed line ran again
+    assert "2 skipped" in output
+
+
+def test_results_escape_control_characters_on_a_terminal(in_tmp, capsys, monkeypatch):
+    config = make_config(in_tmp / "r", [{"v": ["\x1b]0;owned\x07", "plain"]}], scheduler_log_file_path=None)
+    config["command"] = ["true"]
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    assert GPUTaskScheduler(config).start().ok
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert gts(["results", str(in_tmp / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b]0;owned\\x07" in out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert gts(["results", str(in_tmp / "r"), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["v"] == "\x1b]0;owned\x07"  # data stays exact

@@ -93,3 +93,29 @@ def test_log_file_may_not_point_into_our_records(tmp_path, log_file):
     with pytest.raises(ConfigError, match="log_file"):
         GPUTaskScheduler(make_config(tmp_path / "r", [{"x": [1]}], log_file=log_file), RecordTask)
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "huge"])
+def test_records_are_read_only_from_small_regular_files(tmp_path, kind):
+    from gpu_task_scheduler.paths import read_json
+
+    target = tmp_path / "outcome.json"
+    if kind == "fifo":
+        os.mkfifo(target)  # opening it for reading would block forever
+    elif kind == "link":
+        (tmp_path / "forged.json").write_text('{"status": "succeeded"}')
+        target.symlink_to(tmp_path / "forged.json")
+    else:
+        target.write_text('{"a": "' + "x" * 100 + '"}')
+    assert read_json(str(target), limit=64) is None
+
+
+def test_a_queue_keeps_no_outcome_of_runs_that_succeeded():
+    from gpu_task_scheduler import RunOutcome, RunStatus, SweepSummary
+
+    summary = SweepSummary(keep_succeeded=False)
+    for index in range(1000):
+        summary.record(RunOutcome(name=f"job-{index}", work_dir="w", status=RunStatus.SUCCEEDED, log_tail="x" * 999))
+    summary.record(RunOutcome(name="bad", work_dir="w", status=RunStatus.FAILED, log_tail="why"))
+    assert list(summary.outcomes) == ["bad"] and summary.outcomes["bad"].log_tail == "why"
+    assert summary.succeeded_count == 1000 and summary.report().startswith("Sweep summary: 1000 succeeded, 1 failed")

@@ -383,7 +383,7 @@ class SweepLock:
             return "unknown"
 
     def _take_over_from_leftovers(self, fd: int) -> None:
-        from .proctree import TOKEN_ENV, holders, kill_all, wait_gone
+        from .proctree import TOKEN_ENV, environ_has, holders, kill_all, wait_gone
 
         holder = self._holder()
         busy = SchedulerBusyError(
@@ -400,7 +400,7 @@ class SweepLock:
         others: List[int] = []
         while True:
             processes = holders(self._paths.root)
-            ours = [p for p in processes if _environ_has(p, TOKEN_ENV)]
+            ours = [p for p in processes if environ_has(p, TOKEN_ENV)]
             others = [p for p in processes if p not in ours]
             if ours:
                 logger.warning("the scheduler that held %s (%s) is gone, but %d process(es) of its runs are still "
@@ -466,11 +466,3 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _environ_has(pid: int, name: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return any(item.startswith(name.encode() + b"=") for item in handle.read().split(b"\0"))
-    except OSError:
-        return False

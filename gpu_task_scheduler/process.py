@@ -23,10 +23,13 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .paths import open_regular
-from .proctree import TOKEN_ENV, kill_all, run_processes, start_time, wait_gone
+from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
+
+_RECENT = 30.0  # seconds after its start in which a run's pids are all above its first
 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 
@@ -98,6 +101,7 @@ class Child:
             log.close()
         self.pid = self._popen.pid
         self._since = start_time(self.pid)
+        self._spawned = time.monotonic()
         self._watcher = threading.Thread(
             target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}", daemon=True
         )
@@ -120,9 +124,17 @@ class Child:
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 
+    def _processes(self) -> List[int]:
+        """The run's live processes other than its first (a scan of /proc; see proctree)."""
+        # Right after the start, pids above ours are all a run can have, unless the pids wrapped
+        # around since; a run that has lived a while gets a full scan, however its pids went.
+        latest = last_pid()
+        recent = time.monotonic() - self._spawned < _RECENT and latest is not None and latest >= self.pid
+        return run_processes(token=self.token, session=self.pid, since=self._since, exclude=(self.pid,),
+                             above=self.pid - 1 if recent else 0)
+
     def _outside_group(self) -> List[int]:
-        return [pid for pid in run_processes(token=self.token, session=self.pid, since=self._since)
-                if pid != self.pid and _pgid(pid) != self.pid]
+        return [pid for pid in self._processes() if _pgid(pid) != self.pid]
 
     def has_exited(self) -> bool:
         """The run's first process has ended (its exit event may still be on its way)."""
@@ -135,7 +147,7 @@ class Child:
 
     def others(self) -> List[int]:
         """Live processes of the run other than its first one (in its group or not)."""
-        return run_processes(token=self.token, session=self.pid, since=self._since, exclude=(self.pid,))
+        return self._processes()
 
     def terminate(self) -> None:
         """SIGTERM to the run's group and to its processes outside the group."""
@@ -148,7 +160,7 @@ class Child:
         self._kill_strays()
 
     def _kill_strays(self) -> None:
-        found = run_processes(token=self.token, session=self.pid, since=self._since, exclude=(self.pid,))
+        found = self._processes()
         if not found:
             return
         self.strays.extend(pid for pid in found if pid not in self.strays)

@@ -12,9 +12,12 @@ and ``setsid()``) leaves it. Three ways find those anyway (Linux ``/proc``):
   lives its process tree holds every descendant, whatever its environment.
 
 Only processes started after the run's first process are looked at closely
-(their start time, from ``/proc/PID/stat``), so a scan reads little more
-than one small file per process on the machine. Elsewhere (no ``/proc``) the
-functions find nothing and the process group is all we stop.
+(their start time, from ``/proc/PID/stat``). For a run that started a moment
+ago, only pids above its first process's are looked at at all: Linux hands
+out pids in increasing order until they wrap around at ``pid_max``, and the
+last pid it handed out (``/proc/loadavg``) tells whether that happened since.
+Elsewhere (no ``/proc``) the functions find nothing and the process group is
+all we stop.
 """
 from __future__ import annotations
 
@@ -47,31 +50,48 @@ def start_time(pid: int) -> Optional[int]:
     return None if info is None else info[2]
 
 
-def _has_token(pid: int, needle: bytes) -> bool:
+def _environ(pid: int) -> List[bytes]:
     try:
         with open(f"{_PROC}/{pid}/environ", "rb") as handle:
-            return needle in handle.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def _pids() -> List[int]:
-    try:
-        return [int(entry) for entry in os.listdir(_PROC) if entry.isdigit()]
+            return handle.read().split(b"\0")
     except OSError:
         return []
 
 
-def run_processes(*, token: str, session: int, since: Optional[int], exclude: Iterable[int] = ()) -> List[int]:
+def environ_has(pid: int, name: str) -> bool:
+    """Whether the process's environment (as it started) has the variable ``name``."""
+    prefix = name.encode() + b"="
+    return any(item.startswith(prefix) for item in _environ(pid))
+
+
+def _pids(above: int = 0) -> List[int]:
+    try:
+        return [pid for pid in (int(entry) for entry in os.listdir(_PROC) if entry.isdigit()) if pid > above]
+    except OSError:
+        return []
+
+
+def last_pid() -> Optional[int]:
+    """The pid Linux handed out last (None where that cannot be read)."""
+    try:
+        with open(f"{_PROC}/loadavg", "rb") as handle:
+            return int(handle.read().split()[4])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def run_processes(*, token: str, session: int, since: Optional[int], exclude: Iterable[int] = (),
+                  above: int = 0) -> List[int]:
     """Live processes of one run: in its session, carrying its token, or descended from either.
 
     ``since``: the start time (ticks) of the run's first process; older processes are skipped.
+    ``above``: only pids above this one can be the run's (see the module's notes).
     """
     skip = set(exclude) | {os.getpid()}
     needle = f"{TOKEN_ENV}={token}".encode()
     parents: Dict[int, int] = {}
     found: Set[int] = set()
-    for pid in _pids():
+    for pid in _pids(above):
         if pid in skip:
             continue
         info = _stat(pid)
@@ -81,7 +101,7 @@ def run_processes(*, token: str, session: int, since: Optional[int], exclude: It
         if since is not None and started < since:
             continue
         parents[pid] = ppid
-        if sid == session or _has_token(pid, needle):
+        if sid == session or needle in _environ(pid):
             found.add(pid)
     changed = True
     while changed:  # children of what we found (a daemon that cleared its environment)

@@ -215,12 +215,22 @@ def holders(path: str) -> List[int]:
     return found
 
 
-def become_subreaper() -> bool:
-    """Make this process adopt its orphaned descendants (Linux); False where that is not possible."""
+def _prctl(option: int, value: int) -> bool:
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
         return False
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux); False where that is not possible."""
+    return _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+
+
+def signal_on_parent_death(signum: int) -> bool:
+    """Have the kernel send ``signum`` when our parent dies (Linux). Unlike a thread
+    watching a pipe, this survives ``exec`` and closing every descriptor."""
+    return _prctl(1, signum)  # PR_SET_PDEATHSIG

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional
 
 # imported up front: nothing slow may stand between main() and its record
 from .paths import MAX_INLINE_RESULT, atomic_write, atomic_write_json
-from .proctree import become_subreaper, descendants, kill_all, wait_gone
+from .proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -256,9 +256,14 @@ def _print_traceback(error: BaseException, headline: Optional[str] = None) -> No
 
 def run(spec_path: str) -> int:
     become_subreaper()
-    _watch_lifeline()
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _on_stop_signal)
+    # A second lifeline, for a run that exec's another program (its threads are gone then)
+    # or closes every descriptor: SIGTERM when the scheduler dies, which waits for a
+    # returned main()'s record like any stop signal. If it died before we got here, the
+    # pipe lifeline has already seen EOF.
+    signal_on_parent_death(signal.SIGTERM)
+    _watch_lifeline()
     try:
         return _run(spec_path)
     finally:

@@ -315,3 +315,16 @@ class BigResultTask(GPUTask):
 
     def main(self):
         return {"blob": "x" * (self._config["mib"] << 20), "small": 1}
+
+
+class LifelineLossTask(GPUTask):
+    """Writes its pid, then closes every descriptor above stderr (config['how'] == 'close')
+    or replaces itself with another program ('exec'), and runs on."""
+
+    def main(self):
+        with open(os.path.join(self._work_dir, "started"), "w") as handle:
+            handle.write(str(os.getpid()))
+        if self._config["how"] == "exec":
+            os.execv("/bin/sleep", ["sleep", "600"])
+        os.closerange(3, 65536)
+        time.sleep(600)

@@ -146,3 +146,17 @@ def test_a_command_gets_its_grace_period_to_save_a_checkpoint(in_tmp, how):
     output = finish(process)
     assert (folder / "checkpoint").read_text() == "saved\n", output
     assert process.returncode == 130 if how == "queue" else process.returncode in (130, -signal.SIGTERM), output
+
+
+@pytest.mark.parametrize("how", ["close", "exec"])
+def test_a_run_that_lost_its_lifeline_still_dies_with_its_scheduler(in_tmp, how):
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"how": [how]}]), "LifelineLossTask")
+    name = f"how-{how},"
+    wait_until(lambda: started(root, name), message="the run to start")
+    pid = int((root / name / "started").read_text())
+    wait_until(lambda: how != "exec" or open(f"/proc/{pid}/comm").read().strip() == "sleep",
+               message="the exec")
+    scheduler.kill()
+    finish(scheduler)
+    wait_until(lambda: not alive(pid), timeout=10, message=f"the run {pid} to die with its scheduler")

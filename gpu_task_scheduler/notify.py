@@ -5,6 +5,12 @@ on its stdin (see ``SweepSummary.to_dict``). ``notify_email`` sends the
 summary through an SMTP server with the standard library's client; the user
 name and password come from the environment variables the config names,
 never from the config itself.
+
+TLS is verified: ``starttls: true`` (usually port 587) or ``ssl: true``
+(implicit TLS, port 465) check the server's certificate and name against the
+system's CAs, or against ``ca_file`` for a private CA. Credentials are never
+sent over an unencrypted connection unless ``allow_insecure_auth: true`` says
+the network is trusted.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import os
 import shlex
 import smtplib
 import socket
+import ssl
 import subprocess
 from email.message import EmailMessage
 from typing import Any, Mapping, Sequence, Union
@@ -47,11 +54,21 @@ def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: 
     message["From"] = settings["sender"]
     message["To"] = ", ".join(settings["recipients"])
     message.set_content(summary.report())
+    host, implicit_tls, starttls = settings["host"], bool(settings.get("ssl")), bool(settings.get("starttls"))
+    port = settings.get("port", 465 if implicit_tls else 25)
+    user_env, password_env = settings.get("username_env"), settings.get("password_env")
+    if (user_env or password_env) and not (implicit_tls or starttls) and not settings.get("allow_insecure_auth"):
+        logger.error("notify_email: refusing to send the SMTP password to %s:%s unencrypted; set starttls: true "
+                     "(port 587) or ssl: true (port 465), or allow_insecure_auth: true for a server on a network "
+                     "you trust", host, port)
+        return
     try:
-        with smtplib.SMTP(settings["host"], settings.get("port", 25), timeout=NOTIFY_TIMEOUT) as smtp:
-            if settings.get("starttls"):
-                smtp.starttls()
-            user_env, password_env = settings.get("username_env"), settings.get("password_env")
+        context = ssl.create_default_context(cafile=settings.get("ca_file")) if implicit_tls or starttls else None
+        smtp = (smtplib.SMTP_SSL(host, port, timeout=NOTIFY_TIMEOUT, context=context) if implicit_tls
+                else smtplib.SMTP(host, port, timeout=NOTIFY_TIMEOUT))
+        with smtp:
+            if starttls:
+                smtp.starttls(context=context)
             if user_env or password_env:
                 user, password = os.environ.get(user_env or ""), os.environ.get(password_env or "")
                 if not user or not password:
@@ -60,6 +77,5 @@ def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: 
                     return
                 smtp.login(user, password)
             smtp.send_message(message)
-    except (OSError, smtplib.SMTPException) as error:
-        logger.error("notify_email: could not send the report through %s:%s: %s", settings["host"],
-                     settings.get("port", 25), error)
+    except (OSError, smtplib.SMTPException) as error:  # ssl.SSLError (an unverified certificate) is an OSError
+        logger.error("notify_email: could not send the report through %s:%s: %s", host, port, error)

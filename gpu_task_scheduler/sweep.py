@@ -126,19 +126,26 @@ def _command_option(value: Any) -> Optional[str]:
     return None if ok else "a command: a list of arguments or a string"
 
 
-_EMAIL_KEYS = {"host", "port", "sender", "recipients", "starttls", "username_env", "password_env", "subject"}
+_EMAIL_KEYS = {"host", "port", "sender", "recipients", "starttls", "ssl", "ca_file", "allow_insecure_auth",
+               "username_env", "password_env", "subject"}
 
 
 def _email_option(value: Any) -> Optional[str]:
-    problem = ("a dict with host, sender, recipients (a list) and optionally port, starttls, username_env, "
-               "password_env, subject")
+    problem = ("a dict with host, sender, recipients (a list) and optionally port, starttls or ssl (true/false), "
+               "ca_file, allow_insecure_auth, username_env, password_env, subject")
     if not isinstance(value, Mapping) or not {"host", "sender", "recipients"} <= set(value) \
             or not set(value) <= _EMAIL_KEYS:
         return problem
     recipients = value["recipients"]
     if not isinstance(recipients, (list, tuple)) or not recipients or not all(isinstance(r, str) for r in recipients):
         return problem
-    if not isinstance(value.get("port", 25), int) or not isinstance(value.get("starttls", False), bool):
+    if not isinstance(value.get("port", 25), int) or isinstance(value.get("port", 25), bool):
+        return problem
+    if not all(isinstance(value.get(key, False), bool) for key in ("starttls", "ssl", "allow_insecure_auth")):
+        return problem
+    if value.get("starttls") and value.get("ssl"):
+        return problem + " (starttls and ssl together: choose one)"
+    if value.get("ca_file") is not None and not isinstance(value.get("ca_file"), str):
         return problem
     return None
 

@@ -245,7 +245,7 @@ def test_email_report_through_a_local_smtp_server(in_tmp, smtp_server, monkeypat
     config = {"scheduler_config": {
         "gpu": ["cpu"], "scheduler_log_file_path": None,
         "notify_email": {"host": "127.0.0.1", "port": smtp_server.server_address[1], "sender": "gts@example.org",
-                         "recipients": ["alice@example.org", "bob@example.org"],
+                         "recipients": ["alice@example.org", "bob@example.org"], "allow_insecure_auth": True,
                          "username_env": "GTS_TEST_SMTP_USER", "password_env": "GTS_TEST_SMTP_PASSWORD"}},
         "test_config": [{"code": [0, 3]}], "command": ["sh", "-c", "echo output-{code}; exit {code}"]}
     GPUTaskScheduler(config).start()

@@ -10,12 +10,13 @@ import copy
 import os
 import pickle
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Type
 
 from .devices import Slot
 from .gpu_task import GPUTask
-from .paths import RunPaths, atomic_write, atomic_write_json
+from .paths import RunPaths, atomic_write, atomic_write_json, open_regular
 from .sweep import RunSpec, to_jsonable
 
 
@@ -33,7 +34,29 @@ TaskFactory = Callable[[RunSpec], GPUTask]
 
 
 class LaunchError(Exception):
-    """This attempt of the run could not be started (internal; recorded as a failure)."""
+    """This attempt of the run could not be started (internal; recorded as a failure).
+
+    ``details``: the traceback, when the user's code raised (it is also written
+    to the run's log, where the summary points)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def log_launch_failure(paths: RunPaths, error: BaseException) -> None:
+    """Append to the run's log why it could not start (with the traceback, if the
+    user's code raised): the summary and ``gts status`` point there. Nothing is
+    written into a folder that is not safe to write into."""
+    if not paths.log or paths.unsafe() is not None:
+        return
+    text = f"{getattr(error, 'details', '')}gpu_task_scheduler: the run could not start: {error}\n"
+    try:
+        fd = open_regular(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with os.fdopen(fd, "ab") as handle:
+            handle.write(text.encode("utf-8", "replace"))
+    except OSError:
+        pass  # the cause is recorded in the ledger either way
 
 
 @dataclass(frozen=True)
@@ -153,7 +176,8 @@ def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPath
     except LaunchError:
         raise
     except Exception as error:
-        raise LaunchError(f"{task_name} failed before main(): {type(error).__name__}: {error}") from error
+        details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        raise LaunchError(f"{task_name} failed before main(): {type(error).__name__}: {error}", details) from error
     env = _environment(slot, extra_env)
     shell_command = getattr(task, "shell_command", None)
     if isinstance(shell_command, str):

@@ -23,7 +23,7 @@ import sqlite3
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import __version__
 from .errors import LedgerError, SchedulerBusyError
@@ -448,6 +448,29 @@ class SweepLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def scheduler_state(root: str) -> Tuple[Optional[bool], str]:
+    """``(running, holder)``: whether a live scheduler holds the result root, read
+    without touching the lock (``/proc/locks`` lists every ``flock`` with the pid
+    that took it), and who it is. ``running`` is None when this cannot be known
+    here (no ``/proc/locks``, or a holder on another host)."""
+    holder = SweepLock(RootPaths(root))._holder()
+    try:
+        info = os.stat(root)
+        with open("/proc/locks") as handle:
+            table = handle.read().splitlines()
+    except OSError:
+        pid, host = _parse_holder(holder)
+        if pid is None or host != socket.gethostname():
+            return None, holder
+        return _pid_alive(pid), holder
+    wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    for line in table:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
+            return _pid_alive(int(fields[4])), holder  # held; by a live scheduler, or only by its leftovers
+    return False, holder
 
 
 def _parse_holder(text: str) -> "tuple[Optional[int], Optional[str]]":

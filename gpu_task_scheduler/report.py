@@ -14,8 +14,16 @@ _COLORS = {"succeeded": "tab:green", "failed": "tab:red", "timed_out": "tab:oran
            "interrupted": "tab:gray", "running": "tab:blue"}
 
 
+STALE = "stale"
+
+
 def status(root: str) -> Dict[str, Any]:
-    """Counts and one entry per run, from the ledger (read-only)."""
+    """Counts and one entry per run, from the ledger (read-only).
+
+    Runs recorded as running while no scheduler holds the root (it was
+    killed) are shown as ``stale``, with no growing duration: nothing runs them."""
+    from .ledger import scheduler_state
+
     ledger = open_ledger(root)
     try:
         records = ledger.records()
@@ -23,20 +31,26 @@ def status(root: str) -> Dict[str, Any]:
         log_file = ledger.get_meta("log_file") or None
     finally:
         ledger.close()
+    running, holder = scheduler_state(root)
     counts = {status.value: 0 for status in RunStatus}
-    for record in records:
-        counts[record.status.value] += 1
-    if total_text:
-        counts["pending"] = max(0, int(total_text) - len(records))
+    counts[STALE] = 0
     runs = []
     for record in records:
+        stale = record.status is RunStatus.RUNNING and running is False
+        state = STALE if stale else record.status.value
+        counts[state] += 1
         runs.append({
-            "name": record.name, "status": record.status.value, "slot": record.slot,
-            "started": _iso(record.started_at), "duration": duration(record),
-            "exit": _exit(record), "attempts": record.attempts, "cause": record.cause,
+            "name": record.name, "status": state, "slot": record.slot,
+            "started": _iso(record.started_at), "duration": None if stale else duration(record),
+            "exit": _exit(record), "attempts": record.attempts,
+            "cause": ("recorded as running, but no scheduler holds the result root (it was stopped or killed): "
+                      "nothing runs it; the next start runs it again") if stale else record.cause,
             "log": os.path.join(root, record.name, log_file) if log_file else None,
         })
-    return {"root": os.path.abspath(root), "counts": counts, "runs": runs}
+    if total_text:
+        counts["pending"] = max(0, int(total_text) - len(records))
+    scheduler = {"running": running, "holder": holder}
+    return {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts, "runs": runs}
 
 
 def _iso(timestamp: Optional[float]) -> Optional[str]:
@@ -54,7 +68,13 @@ def _exit(record: RunRecord) -> Optional[str]:
 def format_status(report: Dict[str, Any], *, escape: bool = False) -> str:
     counts = report["counts"]
     head = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
-    lines = [f"{report['root']}: {head or 'no runs recorded'}"]
+    running = report["scheduler"]["running"]
+    where = {True: f"a scheduler is running ({report['scheduler']['holder']})", False: "no scheduler is running",
+             None: f"whether a scheduler runs cannot be told from here ({report['scheduler']['holder']})"}[running]
+    lines = [f"{report['root']}: {head or 'no runs recorded'}; {where}"]
+    if counts.get(STALE):
+        lines.append(f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "
+                     "runs them; the next start runs them again")
     table = [{**run, "duration": None if run["duration"] is None else f"{run['duration']:.1f}s"}
              for run in report["runs"]]
     if table:

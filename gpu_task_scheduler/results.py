@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from .errors import GTSError
+from .errors import ConfigError, GTSError
 from .ledger import Ledger, RunRecord, RunStatus
 from .paths import RootPaths, RunPaths, read_json
 
@@ -26,7 +26,7 @@ MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a t
 def open_ledger(root: str) -> Ledger:
     ledger = Ledger.read_only(RootPaths(root))
     if ledger is None:
-        raise GTSError(f"{root!r} is not a result root of gpu_task_scheduler (no .gts/ledger.sqlite3 in it)")
+        raise ConfigError(f"{root!r} is not a result root of gpu_task_scheduler (no .gts/ledger.sqlite3 in it)")
     return ledger
 
 

@@ -28,7 +28,7 @@ from .devices import Slot, format_memory
 from .errors import GTSError
 from .gpu_task import GPUTask
 from .host import HostProbe
-from .launch import LaunchError, TaskFactory, class_factory, prepare
+from .launch import LaunchError, TaskFactory, class_factory, log_launch_failure, prepare
 from .ledger import Ledger, RunStatus, SweepLock, foreign_checker
 from .proctree import wait_gone
 from .nvml import GpuMonitor, NvmlUnavailable
@@ -471,13 +471,14 @@ class Scheduler:
     # --- starting and ending runs ----------------------------------------------
 
     def _fail_unstarted(self, item: _Pending, cause: str, *, slot: Optional[Slot] = None,
-                        log_path: Optional[str] = None) -> None:
+                        log_path: Optional[str] = None, log_tail: str = "") -> None:
         """A run that failed before its process could start."""
         spec = item.spec
         slot_name = slot.name if slot is not None else self._name_for_log()
         logger.error("%s fails task %s (%s)", slot_name, spec.test_config_string, cause)
         outcome = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED, attempts=item.tries,
-                             slot=None if slot is None else slot.name, cause=cause, log_path=log_path)
+                             slot=None if slot is None else slot.name, cause=cause, log_path=log_path,
+                             log_tail=log_tail)
         self._summary.record(outcome)
         self._call("on_run_end", outcome)
 
@@ -499,8 +500,11 @@ class Scheduler:
                           inherit_fds=() if self._lock_fd is None else (self._lock_fd,))
         except (LaunchError, OSError) as error:
             cause = f"could not start: {error}"
-            self._ledger.finish(spec.name, RunStatus.FAILED, cause=cause)
-            self._fail_unstarted(item, cause, slot=slot, log_path=paths.log)
+            log_launch_failure(paths, error)
+            tail = paths.tail() or "\n".join(getattr(error, "details", "").splitlines()[-20:])
+            self._ledger.finish(spec.name, RunStatus.FAILED, cause=cause, log_tail=tail or None)
+            has_log = paths.log is not None and os.path.isfile(paths.log)
+            self._fail_unstarted(item, cause, slot=slot, log_path=paths.log if has_log else None, log_tail=tail)
             return
         now = self._clock()
         timeout = self.options.timeout

@@ -231,6 +231,19 @@ def test_runs_that_cannot_start_fail_alone(in_tmp, task, block, cause):
     assert ledger_rows(root)[failed.name]["status"] == "failed"
     if task is tasks.BadInitTask:
         assert [o.name for o in summary.succeeded] == ["bad-False,"]
+    # The summary points to a log that exists and says what happened (with the traceback, when user code raised).
+    log = (root / failed.name / "worker.log").read_text()
+    assert failed.log_path == str(root / failed.name / "worker.log") and cause in log
+    if task is tasks.BadInitTask:
+        assert "Traceback" in log and 'raise KeyError("missing dataset")' in log
+        assert "missing dataset" in failed.log_tail and "missing dataset" in ledger_rows(root)[failed.name]["log_tail"]
+
+
+def test_a_task_that_cannot_start_without_a_log_file_still_shows_its_traceback(in_tmp):
+    root = in_tmp / "r"
+    summary = start(make_config(root, [{"bad": [True]}], log_file=None), tasks.BadInitTask)
+    (failed,) = summary.failed
+    assert failed.log_path is None and 'raise KeyError("missing dataset")' in failed.log_tail
 
 
 def test_processes_a_run_started_are_stopped_when_it_ends(in_tmp):

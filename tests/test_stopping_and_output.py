@@ -84,3 +84,29 @@ def test_results_escape_control_characters_on_a_terminal(in_tmp, capsys, monkeyp
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     assert gts(["results", str(in_tmp / "r"), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["v"] == "\x1b]0;owned\x07"  # data stays exact
+
+
+def test_status_tells_runs_of_a_killed_scheduler_from_running_ones(in_tmp, capsys):
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"a": [1]}]), "BlockTask")
+    wait_until(lambda: started(root, "a-1,"), message="the run to start")
+    assert gts(["status", str(root), "--json"]) == 0
+    live = json.loads(capsys.readouterr().out)
+    assert live["scheduler"]["running"] is True and live["runs"][0]["status"] == "running"
+    scheduler.kill()
+    finish(scheduler)
+    assert gts(["status", str(root), "--json"]) == 0
+    dead = json.loads(capsys.readouterr().out)
+    assert dead["scheduler"]["running"] is False and dead["counts"]["running"] == 0
+    assert dead["counts"]["stale"] == 1
+    (run,) = dead["runs"]
+    assert run["status"] == "stale" and run["duration"] is None and "nothing runs it" in run["cause"]
+    assert gts(["status", str(root)]) == 0
+    text = capsys.readouterr().out
+    assert "no scheduler is running" in text and "stale" in text
+
+
+def test_status_of_a_folder_that_is_no_result_root_is_a_usage_error(in_tmp, capsys):
+    assert gts(["status", str(in_tmp / "missing")]) == 2
+    assert gts(["results", str(in_tmp)]) == 2
+    assert "is not a result root" in capsys.readouterr().err

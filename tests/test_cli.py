@@ -103,7 +103,7 @@ test_config: [{code: [0, 3]}]
     assert gts(["run", str(in_tmp / "missing.yaml")]) == 2
     assert gts(["run", failing, "--task", "no_such_module:Task"]) == 2
     assert "cannot import the task 'no_such_module:Task'" in capsys.readouterr().err
-    assert gts(["status", str(in_tmp / "nowhere")]) == 1
+    assert gts(["status", str(in_tmp / "nowhere")]) == 2  # bad usage
     with pytest.raises(SystemExit) as raised:
         gts(["run"])
     assert raised.value.code == 2

@@ -28,11 +28,18 @@ class _TLSHandler(_SMTPHandler):
     """The test SMTP server, with STARTTLS (or TLS from the first byte) and a record of what it saw."""
 
     def setup(self):
+        self.refused = False
         if self.server.implicit:
-            self.request = self.server.context.wrap_socket(self.request, server_side=True)
+            try:
+                self.request = self.server.context.wrap_socket(self.request, server_side=True)
+            except (ssl.SSLError, OSError) as error:  # the client did not trust us: what the test wants
+                self.server.errors.append(error)
+                self.refused = True
         super().setup()
 
     def handle(self):
+        if self.refused:
+            return
         try:
             self._serve()
         except (ssl.SSLError, OSError) as error:

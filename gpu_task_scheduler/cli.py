@@ -284,8 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plain_logging() -> None:
     if not logging.getLogger().handlers:
+        from .gpu_task_scheduler import ConsoleFilter
+
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                             datefmt="%a, %d %b %Y %H:%M:%S", stream=sys.stderr)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(ConsoleFilter())
 
 
 def _ensure_standard_streams() -> None:

@@ -36,6 +36,13 @@ def check_task_class(task_class: object) -> Type[GPUTask]:
     return task_class
 
 
+class ConsoleFilter(logging.Filter):
+    """Keeps per-run lines meant for scheduler.log only (each skipped run) off a console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "gts_file_only", False)
+
+
 @contextlib.contextmanager
 def scheduler_logging(path: Optional[str], console: Optional[logging.Handler] = None) -> Iterator[None]:
     """The original's scheduler log: appended to ``path`` and shown on the console.
@@ -53,9 +60,12 @@ def scheduler_logging(path: Optional[str], console: Optional[logging.Handler] = 
             raise GTSError(f"cannot write the scheduler log {path!r}: {error.strerror or error}; set "
                            "scheduler_log_file_path to a writable file, or to null for the console only") from None
     if console is not None:
+        console.addFilter(ConsoleFilter())
         handlers.append(console)
     elif not logging.getLogger().handlers:
-        handlers.append(logging.StreamHandler(sys.stderr))
+        stream = logging.StreamHandler(sys.stderr)
+        stream.addFilter(ConsoleFilter())
+        handlers.append(stream)
     formatter = logging.Formatter(_FORMAT, datefmt=_DATE_FORMAT)
     previous_level = logger.level
     if previous_level == logging.NOTSET:  # a level the application set on our logger is kept

@@ -40,6 +40,8 @@ from .summary import RunOutcome, SweepSummary
 from .sweep import RunSpec, Sweep, params_text
 
 logger = logging.getLogger("gpu_task_scheduler")
+# Log records for scheduler.log only (see ConsoleFilter in gpu_task_scheduler.py).
+FILE_ONLY = {"gts_file_only": True}
 
 # SIGHUP (the terminal closed) stops the sweep as gracefully as Ctrl-C.
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -128,6 +130,7 @@ class Scheduler:
         self._setup_done = False
         self._gpu_states: Dict[str, Any] = {}
         self._lock_fd: Optional[int] = None
+        self._skips: Dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
 
     # --- entry ----------------------------------------------------------------
 
@@ -299,15 +302,18 @@ class Scheduler:
             item = self._next()
             if item is None:
                 if self._exhausted and not self._retry and not self._deferred:
+                    self._report_skips()
                     self._report_idle_slots()
                 return
             if not item.tries:
                 reason = self._skip_reason(item.spec)
                 if reason is not None:
                     name = self._name_for_log()
-                    logger.info("%s receives task %s", name, item.spec.test_config_string)
-                    logger.info("%s skips task %s", name, item.spec.test_config_string)
+                    # The original's two lines, for scheduler.log; the console gets one count (_report_skips).
+                    logger.info("%s receives task %s", name, item.spec.test_config_string, extra=FILE_ONLY)
+                    logger.info("%s skips task %s", name, item.spec.test_config_string, extra=FILE_ONLY)
                     logger.debug("skipped %s: %s", item.spec.name, reason)
+                    self._skips[reason] = self._skips.get(reason, 0) + 1
                     self._summary.skipped.append(item.spec.name)
                     self._held = None
                     self._call("on_skip", item.spec)
@@ -327,9 +333,18 @@ class Scheduler:
                 return
             self._held = None
             self._waiting_for = None
+            self._report_skips()
             self._last_slot = view.index
             logger.info("%s receives task %s", view.slot.name, item.spec.test_config_string)
             self._launch(item, view.index, need)
+
+    def _report_skips(self) -> None:
+        """One line for the runs skipped since the last one started (the console shows no per-run lines)."""
+        if self._skips:
+            total = sum(self._skips.values())
+            logger.info("skipped %d run(s): %s", total,
+                        "; ".join(f"{count} because {reason}" for reason, count in self._skips.items()))
+            self._skips.clear()
 
     def _name_for_log(self) -> str:
         for index, slot in enumerate(self.slots):

@@ -110,3 +110,18 @@ def test_status_of_a_folder_that_is_no_result_root_is_a_usage_error(in_tmp, caps
     assert gts(["status", str(in_tmp / "missing")]) == 2
     assert gts(["results", str(in_tmp)]) == 2
     assert "is not a result root" in capsys.readouterr().err
+
+
+def test_a_resumed_sweep_says_once_on_the_console_what_it_skipped(in_tmp):
+    (in_tmp / "s.yaml").write_text(f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}}}\n"
+                                   "test_config: [{a: [1, 2, 3, 4, 5]}]\ncommand: [echo, '{a}']\n")
+    first = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"], cwd=in_tmp,
+                           capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0
+    again = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"], cwd=in_tmp,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0
+    assert "skips task" not in again.stderr and "receives task" not in again.stderr
+    assert again.stderr.count("skipped 5 run(s): 5 because it succeeded before") == 1
+    log = (in_tmp / "scheduler.log").read_text()
+    assert log.count("cpu0 skips task a-3,") == 1 and log.count("cpu0 receives task a-3,") == 2

@@ -197,11 +197,11 @@ class Scheduler:
             try:
                 self._monitor = GpuMonitor(self._nvml_module)
             except NvmlUnavailable as error:
-                packing = o.max_runs_per_gpu > 1 or o.gpu_memory is not None or o.busy_memory_fraction is not None \
-                    or o.busy_utilization is not None
                 if o.slots is not None:
-                    (logger.warning if packing else logger.info)(
-                        "GPU state is unknown (%s): one run per slot, without memory checks", error)
+                    ids = sorted({gpu for slot in o.slots for gpu in slot.gpu_ids})
+                    logger.warning("GPU %s could not be checked: %s. The runs start on them anyway (CUDA decides "
+                                   "whether they exist), one run per slot, without memory checks",
+                                   ", ".join(ids), error)
         self.slots: List[Slot] = machine_slots(o, self._monitor)
         packing_ok = self._monitor is not None
         self._capacity = [1 if slot.is_cpu or not packing_ok else o.max_runs_per_gpu for slot in self.slots]
@@ -209,12 +209,33 @@ class Scheduler:
         if self._monitor is not None:
             ids = sorted({gpu for slot in self.slots for gpu in slot.gpu_ids})
             try:
-                self._gpu_states = self._monitor.snapshot(ids)
-            except Exception as error:  # NVMLError subclasses: a GPU id NVML does not know
+                self._gpu_states = self._read_gpus(ids)
+            except BaseException:
                 self._close_monitor()
-                raise GTSError(f"cannot read GPU {', '.join(ids)} through NVML: {error}") from error
+                raise
         if o.max_host_cpu_percent is not None:
             self._host.cpu_percent()  # start the first measuring interval
+
+    def _read_gpus(self, ids: List[str]) -> Dict[str, Any]:
+        """Each listed GPU's state; a GPU NVML does not know is an error that lists those it does."""
+        assert self._monitor is not None
+        states, unknown = {}, []
+        for gpu_id in ids:
+            try:
+                states[gpu_id] = self._monitor.state(gpu_id)
+            except Exception as error:  # the bindings' NVMLError subclasses
+                unknown.append(f"{gpu_id} ({error})")
+        if not unknown:
+            return states
+        try:
+            present = "; ".join(f"{state.index}: {state.name}, {format_memory(state.total_memory)}"
+                                for state in self._monitor.all()) or "none"
+        except Exception as error:
+            present = f"unknown ({error})"
+        hint = ("; CUDA_VISIBLE_DEVICES is set, so ids count within it"
+                if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else "")
+        raise GTSError(f"GPU {', '.join(unknown)} does not exist on this machine; the GPUs NVML sees: {present}"
+                       f"{hint}")
 
     def _log_gpus(self) -> None:
         for gpu_id, state in self._gpu_states.items():

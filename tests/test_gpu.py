@@ -261,3 +261,25 @@ def test_peaks_are_measured_while_runs_are_active(gpus, in_tmp):
     run(make_config(root, [{"i": [0, 1]}], slots=("0", "1"), global_config={"alloc_gb": 3, "hold": 0.8},
                     gpu_poll_interval=0.1))
     assert {row["gpu_memory_peak"] for row in ledger_rows(root).values()} == {3 * GB}
+
+
+def test_a_listed_gpu_that_does_not_exist_is_named_with_those_that_do(gpus, in_tmp):
+    gpus({"name": "GPU-A", "total": 80 * GB}, {"name": "GPU-B", "total": 40 * GB})
+    with pytest.raises(GTSError) as raised:
+        GPUTaskScheduler(make_config(in_tmp / "r", [{"i": [0]}], slots=("0", "7")), tasks.RecordTask,
+                         nvml=fake_nvml).start()
+    message = str(raised.value)
+    assert message.startswith("GPU 7 (") and "does not exist" in message and " 0 (" not in message
+    assert "0: GPU-A, " in message and "1: GPU-B, " in message
+    assert not (in_tmp / "r").exists()
+
+
+def test_listed_gpus_without_nvml_are_run_with_one_warning(gpus, in_tmp, caplog):
+    gpus({"name": "x", "total": GB}, library_missing=True)
+    config = make_config(in_tmp / "r", [{"i": [0, 1]}], slots=("0", "1"), scheduler_log_file_path=None)
+    summary = GPUTaskScheduler(config, tasks.RecordTask, nvml=fake_nvml).start()
+    assert summary.ok
+    # A warning, so that the Python API shows it even where the application configured no logging.
+    warnings = [r for r in caplog.records if "could not be checked" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+    assert warnings[0].getMessage().startswith("GPU 0, 1 could not be checked")

@@ -31,14 +31,39 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
 
 
-def _slot(text: str) -> Any:
-    """``0`` -> "0"; ``0,1`` -> ["0", "1"] (a group); ``cpu`` -> "cpu"."""
-    return text.split(",") if "," in text else text
-
-
 def _gpu_option(values: List[str]) -> Any:
-    """``--gpus`` as the ``gpu`` config value: ``all``, or one slot per argument."""
-    return "all" if values == ["all"] else [_slot(value) for value in values]
+    """``--gpus`` as the ``gpu`` config value: ``all``, or one slot per id.
+
+    As in simple-gpu-scheduler, ids separated by commas or spaces are one slot
+    each (``0,1,2`` and ``0 1 2`` are three slots); ``+`` joins GPUs into one
+    slot for runs that need several (``0+1 2+3``: two slots of two GPUs).
+
+    >>> _gpu_option(["0,1,2"]), _gpu_option(["0+1", "2+3"]), _gpu_option(["cpu", "cpu"])
+    (['0', '1', '2'], [['0', '1'], ['2', '3']], ['cpu', 'cpu'])
+    """
+    if values == ["all"]:
+        return "all"
+    slots: List[Any] = []
+    for value in values:
+        for item in value.split(","):
+            if not item:
+                raise ConfigError(f"--gpus {value!r} has an empty id; write ids like 0,1 or 0 1 (0+1 for a group)")
+            slots.append(item.split("+") if "+" in item else item)
+    return slots
+
+
+def _config_among_gpus(args: argparse.Namespace) -> None:
+    """``gts run --gpus 0 1 sweep.yaml``: ``--gpus`` took the config file too; give it back."""
+    from .config_files import SUFFIXES
+
+    if args.config is not None:
+        return
+    gpus = args.gpus or []
+    files = [value for value in gpus if os.path.splitext(value)[1].lower() in SUFFIXES]
+    if len(files) == 1 and gpus[-1] == files[0]:
+        args.config = gpus.pop()
+    if args.config is None:
+        raise ConfigError("gts run needs a config file: gts run CONFIG [--gpus ...] (or --gpus ... -- CONFIG)")
 
 
 # --- gts run ---------------------------------------------------------------------------
@@ -96,6 +121,7 @@ def _dry_run(scheduler: Any) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .gpu_task_scheduler import GPUTaskScheduler, import_task
 
+    _config_among_gpus(args)
     config = _run_config(args)
     task = import_task(args.task) if args.task else None
     console = None
@@ -216,9 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "  gts run sweep.yaml --task mypkg.tasks:Train --gpus 0,1 2,3\n\n"
                                 "The task is the config's `command:` template, its `task: module:Class`, "
                                 "or --task.")
-    run.add_argument("config", help="the sweep config: .yaml, .yml, .json or .py")
+    run.add_argument("config", nargs="?", help="the sweep config: .yaml, .yml, .json or .py")
     run.add_argument("--task", metavar="MODULE:CLASS", help="the GPUTask subclass to run (overrides the config)")
-    run.add_argument("--gpus", nargs="+", metavar="SLOT", help="slots: 0 1 (one GPU each), 0,1 2,3 (groups), cpu, all")
+    run.add_argument("--gpus", nargs="+", metavar="ID",
+                     help="slots: 0 1 or 0,1 (one GPU each), 0+1 2+3 (groups of GPUs), cpu, all")
     run.add_argument("--force-rerun", action="store_true", help="run every run, also those that succeeded")
     run.add_argument("--dry-run", action="store_true", help="list the runs and whether they would run; change nothing")
     run.add_argument("--max-retries", type=int, metavar="N", help="retry a failed run up to N times")
@@ -232,9 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run one shell command per line of stdin, each on a free slot, with "
                                    "CUDA_VISIBLE_DEVICES set (compatible with simple-gpu-scheduler).",
                        epilog="examples:\n  gts queue --gpus 0 1 2 < commands.txt\n"
-                              "  gts grid 'python train.py --lr {lr}' -p lr 1e-3 1e-4 | gts queue --gpus 0,1 2,3")
-    q.add_argument("--gpus", nargs="+", required=True, metavar="SLOT",
-                   help="slots: 0 1 2, 0,1 2,3 for groups, cpu, or all")
+                              "  gts grid 'python train.py --lr {lr}' -p lr 1e-3 1e-4 | gts queue --gpus 0+1 2+3")
+    q.add_argument("--gpus", nargs="+", required=True, metavar="ID",
+                   help="slots: 0 1 2 or 0,1,2 (one GPU each), 0+1 2+3 (groups of GPUs), cpu, or all")
     q.add_argument("--log-dir", default="gts-queue", help="where each command's output goes (default: gts-queue)")
     q.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a command after this long")
     q.add_argument("--resume", action="store_true",

@@ -104,8 +104,10 @@ test_config: [{code: [0, 3]}]
     assert gts(["run", failing, "--task", "no_such_module:Task"]) == 2
     assert "cannot import the task 'no_such_module:Task'" in capsys.readouterr().err
     assert gts(["status", str(in_tmp / "nowhere")]) == 2  # bad usage
+    assert gts(["run"]) == 2
+    assert "needs a config file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as raised:
-        gts(["run"])
+        gts(["run", failing, "--no-such-flag"])
     assert raised.value.code == 2
     assert gts([]) == 2
 
@@ -138,7 +140,7 @@ scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}
 command: ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES {gpus} > {work_dir}/gpus.txt"]
 test_config: [{a: [1]}]
 """)
-    assert gts(["run", config, "--gpus", "4,5"]) == 0
+    assert gts(["run", config, "--gpus", "4+5"]) == 0
     assert (in_tmp / "results" / "a-1," / "gpus.txt").read_text() == "4,5 4,5\n"
 
 
@@ -301,7 +303,7 @@ def _gts(*args, **kwargs):
 
 def test_queue_runs_stdin_commands_on_the_slots(in_tmp):
     lines = "echo one $CUDA_VISIBLE_DEVICES\n# a comment\n\necho two; exit 4\necho three $CUDA_VISIBLE_DEVICES\n"
-    result = _gts("queue", "--gpus", "0", "1,2", "--log-dir", "logs", input=lines, cwd=str(in_tmp))
+    result = _gts("queue", "--gpus", "0", "1+2", "--log-dir", "logs", input=lines, cwd=str(in_tmp))
     assert result.returncode == 1, result.stderr
     assert "2 succeeded, 1 failed" in result.stderr
     jobs = sorted(os.listdir(in_tmp / "logs"))

@@ -125,3 +125,30 @@ def test_a_resumed_sweep_says_once_on_the_console_what_it_skipped(in_tmp):
     assert again.stderr.count("skipped 5 run(s): 5 because it succeeded before") == 1
     log = (in_tmp / "scheduler.log").read_text()
     assert log.count("cpu0 skips task a-3,") == 1 and log.count("cpu0 receives task a-3,") == 2
+
+
+@pytest.mark.parametrize("argv,slots", [
+    (["--gpus", "0,1,2"], ["0", "1", "2"]),  # simple-gpu-scheduler's meaning: three GPUs, a slot each
+    (["--gpus", "0", "1", "2"], ["0", "1", "2"]),
+    (["--gpus", "0+1", "2+3"], ["0,1", "2,3"]),
+    (["--gpus", "0,1+2"], ["0", "1,2"]),
+])
+def test_gpus_on_the_command_line_as_simple_gpu_scheduler_means_them(in_tmp, argv, slots):
+    (in_tmp / "s.yaml").write_text("scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\n"
+                                   "test_config: [{a: [1]}]\ncommand: ['true']\n")
+    from gpu_task_scheduler.cli import build_parser, cmd_run  # noqa: F401
+    from gpu_task_scheduler import ConfigManager
+    from gpu_task_scheduler.cli import _config_among_gpus, _run_config
+
+    args = build_parser().parse_args(["run", "s.yaml", *argv, "--dry-run"])
+    _config_among_gpus(args)
+    envs = ConfigManager(_run_config(args)).get_gpu_envs()
+    assert [env["env"]["CUDA_VISIBLE_DEVICES"] for env in envs] == slots
+
+
+def test_the_config_file_may_come_after_gpus(in_tmp, capsys):
+    (in_tmp / "s.yaml").write_text("scheduler_config: {gpu: [0], scheduler_log_file_path: null}\n"
+                                   "test_config: [{a: [1, 2]}]\ncommand: ['true']\n")
+    assert gts(["run", "--gpus", "cpu", "cpu", "s.yaml", "--plain"]) == 0
+    assert gts(["run", "--gpus", "cpu", "cpu"]) == 2
+    assert "needs a config file" in capsys.readouterr().err

@@ -278,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("pattern", help="command pattern with {NAME} placeholders (and {job_index})")
     g.add_argument("-p", "--parameter", nargs="+", action="append", metavar=("NAME", "VALUE"),
                    help="a parameter and its values: -p lr 0.1 0.01")
-    g.add_argument("--sampling-mode", choices=["grid", "shuffled_grid"], default="grid")
+    g.add_argument("--sampling-mode", choices=["grid", "shuffled_grid"], default="shuffled_grid",
+                   help="shuffled_grid (the default, as in simple_hypersearch): every point once, in a random "
+                        "order (--seed to repeat it); grid: in order, the last parameter fastest")
     g.add_argument("--n-samples", type=int, help="print only this many commands")
     g.add_argument("--seed", type=int, help="seed of the shuffled order")
     g.set_defaults(handler=cmd_grid)

@@ -485,8 +485,8 @@ class Sweep:
             merged.update(test_config)
             digest = config_hash(merged)
             wanted = safe_folder_name(self._name(test_config, filter_keys=True))
-            shown = wanted if not self.options.ignored_keys_for_folder_name else safe_folder_name(
-                self._name(test_config, filter_keys=False))
+            # The original's unfiltered string, raw (only folder names need escaping).
+            shown = self._name(test_config, filter_keys=False)
             params = params_text(test_config)
             name, duplicate = registry.assign(
                 wanted, digest, suffix=hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest(),

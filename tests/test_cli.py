@@ -271,12 +271,20 @@ def test_email_settings_are_validated(in_tmp):
 
 def test_grid_order_and_placeholders(capsys):
     assert gts(["grid", "train --lr {lr} --bs {bs} # {job_index}", "-p", "lr", "0.1", "0.01",
-                "-p", "bs", "32", "64"]) == 0
+                "-p", "bs", "32", "64", "--sampling-mode", "grid"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "train --lr 0.1 --bs 32 # 0", "train --lr 0.1 --bs 64 # 1",
         "train --lr 0.01 --bs 32 # 2", "train --lr 0.01 --bs 64 # 3"]
-    assert gts(["grid", "x {a}", "-p", "a", "1", "2", "3", "--n-samples", "2"]) == 0
+    assert gts(["grid", "x {a}", "-p", "a", "1", "2", "3", "--n-samples", "2", "--sampling-mode", "grid"]) == 0
     assert capsys.readouterr().out.splitlines() == ["x 1", "x 2"]
+    # The default is simple_hypersearch's: a random sample of the grid, each point at most once.
+    samples = set()
+    for seed in range(20):
+        assert gts(["grid", "x {a}", "-p", "a", *map(str, range(10)), "--n-samples", "3", "--seed", str(seed)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(set(lines)) == 3 and set(lines) <= {f"x {i}" for i in range(10)}
+        samples.add(tuple(lines))
+    assert len(samples) > 1 and ("x 0", "x 1", "x 2") not in samples or len(samples) > 10
     assert gts(["grid", "x {b}", "-p", "a", "1"]) == 2
     assert "{b}, which is not a parameter" in capsys.readouterr().err
 

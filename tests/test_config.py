@@ -293,3 +293,18 @@ def test_public_import_paths():
 
     assert (gpu_task_scheduler.ConfigManager, gpu_task_scheduler.GPUTask, gpu_task_scheduler.GPUTaskScheduler) == (A, B, C)
     assert "gpu_task_scheduler" in sys.modules
+
+
+YAML_FORMS = [
+    ("1e-3", 0.001), ("5E-4", 0.0005), ("1e5", 100000.0), ("-1E+3", -1000.0), ("+.5", 0.5), (".5", 0.5),
+    ("1.0", 1.0), ("3.", 3.0), ("1_000", 1000), ("0x10", 16), ("017", 15), ("12", 12), (".inf", float("inf")),
+    ("inf", "inf"), ("yes", True), ("no", False), ("on", True), ("off", False), ("true", True), ("null", None),
+    ("1e", "1e"), ("e3", "e3"), ("1.2.3", "1.2.3"), ("'1e-3'", "1e-3"),
+]
+
+
+@pytest.mark.parametrize("text,value", YAML_FORMS, ids=[t for t, _ in YAML_FORMS])
+def test_yaml_numbers_load_as_a_user_means_them(tmp_path, text, value):
+    (tmp_path / "c.yaml").write_text(f"scheduler_config: {{gpu: [cpu]}}\ntest_config: [{{lr: [{text}]}}]\n")
+    (loaded,) = [spec.config["lr"] for spec in Sweep(str(tmp_path / "c.yaml"))]
+    assert loaded == value and type(loaded) is type(value)

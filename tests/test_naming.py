@@ -213,3 +213,12 @@ def test_a_run_whose_config_changed_since_it_succeeded_runs_again(tmp_path):
     assert len(_run(root, ["x"], epochs=1).skipped) == 1
     summary = _run(root, ["x"], epochs=2)
     assert [o.name for o in summary.succeeded] == ["v-x,"] and not summary.skipped
+
+
+def test_test_config_string_is_the_originals_raw_string():
+    config = {"scheduler_config": {"gpu": ["0"]}, "test_config": [{"data_path": ["/data/set-1"], "seed": [1]}]}
+    manager = ConfigManager(config)
+    run = manager.get_next_config()
+    assert run["test_config_string"] == original_name({"data_path": "/data/set-1", "seed": 1})
+    assert run["test_config_string"] == "data_path-/data/set-1,seed-1,"
+    assert run["test_config_string_filtered"] == "data_path-%2Fdata%2Fset-1,seed-1,"  # a folder name: escaped

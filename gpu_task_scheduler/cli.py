@@ -124,18 +124,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     _config_among_gpus(args)
     config = _run_config(args)
     task = import_task(args.task) if args.task else None
-    console = None
-    hooks = []
-    if not args.dry_run and sys.stderr.isatty() and not args.plain:
-        from .progress import LiveStatus
-        from .sweep import Sweep
+    from .progress import wanted
 
-        status = LiveStatus(len(Sweep(config)))
-        hooks.append(status)
-        console = status.log_handler()
-    else:
+    live = not args.dry_run and not args.plain and wanted(sys.stderr)
+    if not live:
         _plain_logging()
-    scheduler = GPUTaskScheduler(config, task, hooks=hooks, console=console)
+    scheduler = GPUTaskScheduler(config, task, live_status=live)
     if args.dry_run:
         return _dry_run(scheduler)
     return scheduler.start(reraise_signals=False).exit_code

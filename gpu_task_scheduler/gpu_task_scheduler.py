@@ -110,6 +110,23 @@ class _Callbacks(Hooks):
     def on_sweep_end(self, summary: SweepSummary) -> None:
         self._each("on_sweep_end", summary)
 
+    def close(self) -> None:
+        """Let hooks that hold a resource (the live status line's ticker) release it."""
+        for hook in self._hooks:
+            close = getattr(hook, "close", None)
+            if close is not None:
+                close()
+
+
+def _live_status_wanted(choice: Optional[bool]) -> bool:
+    """``live_status``: True/False as asked; None (the default): on a terminal where
+    the application has not set up logging of its own (our lines would mix with its)."""
+    if choice is not None:
+        return choice
+    from .progress import wanted
+
+    return wanted(sys.stderr) and not logging.getLogger().handlers and logger.level == logging.NOTSET
+
 
 def import_task(reference: str) -> Type[GPUTask]:
     """``"package.module:ClassName"`` -> the class (the current directory is importable, as with ``python -m``)."""
@@ -155,7 +172,8 @@ class GPUTaskScheduler:
                  on_run_start: Optional[Callable[[RunSpec, Slot], Any]] = None,
                  on_run_end: Optional[Callable[[RunOutcome], Any]] = None,
                  on_sweep_end: Optional[Callable[[SweepSummary], Any]] = None,
-                 hooks: Sequence[Hooks] = (), console: Optional[logging.Handler] = None) -> None:
+                 hooks: Sequence[Hooks] = (), console: Optional[logging.Handler] = None,
+                 live_status: Optional[bool] = None) -> None:
         self._sweep = Sweep(config)
         shell = self._sweep.shell if shell is None else shell
         if gpu_task_class is not None:
@@ -169,6 +187,13 @@ class GPUTaskScheduler:
             raise TaskClassError("no task to run: pass gpu_task_class, or set task ('package.module:Class') "
                                  "or command in the config")
         self._nvml = nvml  # a module with pynvml's interface; the real bindings when None
+        hooks = list(hooks)
+        if console is None and _live_status_wanted(live_status):
+            from .progress import LiveStatus
+
+            status = LiveStatus(len(self._sweep))
+            hooks.append(status)
+            console = status.log_handler()
         self._hooks = _Callbacks(hooks, on_run_start, on_run_end, on_sweep_end)
         self._console = console
 
@@ -189,15 +214,19 @@ class GPUTaskScheduler:
         the summary is returned instead (its ``exit_code`` is 130).
         """
         scheduler = Scheduler(self._sweep, self._make_task, nvml=self._nvml, hooks=self._hooks)
-        scheduler.setup()  # no GPU for "all": an error before anything is written
         options = self._sweep.options
-        with scheduler_logging(options.scheduler_log_file_path, self._console):
-            summary = scheduler.run()
-            (logger.info if summary.ok else logger.error)("%s", summary.report())
-            if options.notify_command is not None:
-                run_notify_command(options.notify_command, summary)
-            if options.notify_email is not None:
-                send_email(options.notify_email, summary)
+        try:
+            scheduler.setup()  # no GPU for "all": an error before anything is written
+            with scheduler_logging(options.scheduler_log_file_path, self._console):
+                summary = scheduler.run()
+                self._hooks.close()  # the status line's last state, then the summary below it
+                (logger.info if summary.ok else logger.error)("%s", summary.report())
+                if options.notify_command is not None:
+                    run_notify_command(options.notify_command, summary)
+                if options.notify_email is not None:
+                    send_email(options.notify_email, summary)
+        finally:
+            self._hooks.close()
         if not reraise_signals or summary.interrupted_by is None:
             return summary
         if summary.interrupted_by == "SIGINT":

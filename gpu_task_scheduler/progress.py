@@ -1,14 +1,23 @@
 """The live view of a running sweep: a status line on a terminal, nothing extra otherwise.
 
-On a terminal, one line at the bottom is redrawn at every start and end of a
-run: counts, what runs on each slot, elapsed time and an ETA from the mean
-duration of the runs so far. Off a terminal (CI, ``nohup``, a pipe) the
-scheduler's ordinary log lines are the whole story.
+On a terminal, one line at the bottom shows the counts (done, failed,
+interrupted, running, pending, skipped), elapsed time, an ETA from the mean
+duration of the runs so far, and which run is on which slot. It is redrawn
+at every start and end of a run and at least once a second in between, cut
+to the terminal's width (a line that wraps cannot be redrawn in place), and
+ends with a newline when the sweep ends. Log lines print above it.
+
+Off a terminal (CI, ``nohup``, a pipe) or with ``TERM=dumb`` there is no
+status line: the scheduler's ordinary log lines are the whole story
+(:func:`wanted` decides).
 """
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, TextIO
 
@@ -18,6 +27,16 @@ from .scheduler import Hooks
 from .summary import RunOutcome, SweepSummary
 from .sweep import RunSpec
 
+_CLEAR = "\r\033[K"
+
+
+def wanted(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal that can redraw a line."""
+    try:
+        return stream.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")
+    except (AttributeError, ValueError):  # closed, or not a file
+        return False
+
 
 def _clock(seconds: float) -> str:
     seconds = int(seconds)
@@ -25,46 +44,99 @@ def _clock(seconds: float) -> str:
 
 
 class LiveStatus(Hooks):
-    def __init__(self, total: int, stream: Optional[TextIO] = None) -> None:
+    def __init__(self, total: int, stream: Optional[TextIO] = None, *, tick: float = 1.0,
+                 width: Optional[int] = None) -> None:
         self.total = total
         self.stream = stream or sys.stderr
         self.started = time.monotonic()
-        self.running: Dict[str, str] = {}  # run name -> slot name
-        self.done = self.failed = self.skipped = 0
+        self.running: Dict[str, str] = {}  # run name -> slot name, in start order
+        self.done = self.failed = self.interrupted = self.skipped = 0
         self.durations: List[float] = []
         self.parallel = 1  # the most runs seen running at once: the sweep's parallelism, for the ETA
+        self._tick = tick
+        self._width = width
+        self._lock = threading.RLock()  # the ticker and the log handler both write the line
+        self._closed = False
+        self._stop = threading.Event()
+        self._ticker: Optional[threading.Thread] = None
+
+    # --- the line ---------------------------------------------------------------------
 
     def line(self) -> str:
-        finished = self.done + self.failed + self.skipped
+        finished = self.done + self.failed + self.interrupted + self.skipped
         pending = max(0, self.total - finished - len(self.running))
         elapsed = time.monotonic() - self.started
         eta = "?"
         if self.durations and pending + len(self.running):
             mean = sum(self.durations) / len(self.durations)
             eta = _clock(mean * (pending + len(self.running)) / self.parallel)
-        per_slot: Dict[str, int] = {}
-        for slot in self.running.values():
-            per_slot[slot] = per_slot.get(slot, 0) + 1
-        on = " ".join(f"{slot}:{count}" for slot, count in sorted(per_slot.items())) or "-"
-        return (f"[gts] {self.done} done, {self.failed} failed, {len(self.running)} running, {pending} pending, "
-                f"{self.skipped} skipped | {on} | {_clock(elapsed)} elapsed, ETA {eta}")
+        per_slot: Dict[str, List[str]] = {}
+        for name, slot in self.running.items():
+            per_slot.setdefault(slot, []).append(name)
+        where = " | ".join(f"{slot}: {' '.join(names)}" for slot, names in sorted(per_slot.items()))
+        counts = f"{self.done} done, {self.failed} failed, "
+        if self.interrupted:
+            counts += f"{self.interrupted} interrupted, "
+        counts += f"{len(self.running)} running, {pending} pending, {self.skipped} skipped"
+        return f"[gts] {counts} | {_clock(elapsed)} elapsed, ETA {eta}" + (f" | {where}" if where else "")
+
+    def _columns(self) -> int:
+        if self._width is not None:
+            return self._width
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            return shutil.get_terminal_size().columns
+
+    def _fitted(self) -> str:
+        text, room = self.line(), max(10, self._columns() - 1)  # the last column would wrap on some terminals
+        return text if len(text) <= room else text[:room - 1] + "…"
 
     def _draw(self) -> None:
-        self.stream.write("\r\033[K" + self.line())
-        self.stream.flush()
+        with self._lock:
+            if self._closed:
+                return
+            self.stream.write(_CLEAR + self._fitted())
+            self.stream.flush()
+
+    def _ticking(self) -> None:
+        while not self._stop.wait(self._tick):
+            self._draw()
+
+    def _start_ticking(self) -> None:
+        if self._ticker is None and not self._closed:
+            self._ticker = threading.Thread(target=self._ticking, name="gts-status", daemon=True)
+            self._ticker.start()
+
+    def close(self) -> None:
+        """End the line with a newline and stop redrawing (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self.stream.write(_CLEAR + self._fitted() + "\n")
+            self.stream.flush()
+            self._closed = True
+        self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join()
+
+    # --- the sweep's events -------------------------------------------------------------
 
     def on_run_start(self, spec: RunSpec, slot: Slot) -> None:
         self.running[spec.name] = slot.name
         self.parallel = max(self.parallel, len(self.running))
+        self._start_ticking()
         self._draw()
 
     def on_run_end(self, outcome: RunOutcome) -> None:
         self.running.pop(outcome.name, None)
         if outcome.status is RunStatus.SUCCEEDED:
             self.done += 1
+        elif outcome.status is RunStatus.INTERRUPTED:
+            self.interrupted += 1
         else:
             self.failed += 1
-        if outcome.duration is not None:
+        if outcome.duration is not None and outcome.status is not RunStatus.INTERRUPTED:
             self.durations.append(outcome.duration)
         self._draw()
 
@@ -73,8 +145,7 @@ class LiveStatus(Hooks):
         self._draw()
 
     def on_sweep_end(self, summary: SweepSummary) -> None:
-        self.stream.write("\r\033[K" + self.line() + "\n")
-        self.stream.flush()
+        self.close()
 
     def log_handler(self) -> logging.Handler:
         """A console handler that prints log lines above the status line."""
@@ -87,6 +158,8 @@ class _AboveStatus(logging.StreamHandler):
         self._status = status
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.stream.write("\r\033[K")
-        super().emit(record)
-        self._status._draw()
+        with self._status._lock:
+            if not self._status._closed:
+                self.stream.write(_CLEAR)
+            super().emit(record)
+            self._status._draw()

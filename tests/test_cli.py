@@ -376,15 +376,62 @@ def test_live_status_line():
     from gpu_task_scheduler.sweep import Sweep
 
     stream = io.StringIO()
-    live = LiveStatus(3, stream)
-    runs = list(Sweep({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"a": [1, 2, 3]}]}))
+    live = LiveStatus(4, stream, tick=0.05, width=200)
+    runs = list(Sweep({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"a": [1, 2, 3, 4]}]}))
     live.on_run_start(runs[0], Slot("gpu0", ("0",)))
     live.on_run_start(runs[1], Slot("gpu1", ("1",)))
-    assert "0 done, 0 failed, 2 running, 1 pending, 0 skipped | gpu0:1 gpu1:1" in live.line()
+    assert "0 done, 0 failed, 2 running, 2 pending, 0 skipped" in live.line()
+    assert live.line().endswith("| gpu0: a-1, | gpu1: a-2,")  # which run is where
     live.on_run_end(RunOutcome(name=runs[0].name, work_dir="", status=RunStatus.SUCCEEDED, duration=10.0))
-    assert "1 done, 0 failed, 1 running, 1 pending" in live.line() and "ETA 0:00:10" in live.line()
+    assert "1 done, 0 failed, 1 running, 2 pending" in live.line() and "ETA 0:00:15" in live.line()  # 3 runs left, 10 s each, 2 at a time
+    live.on_run_end(RunOutcome(name=runs[1].name, work_dir="", status=RunStatus.INTERRUPTED, duration=1.0))
+    assert "1 done, 0 failed, 1 interrupted, 0 running" in live.line()  # not counted as failed
+    draws = stream.getvalue().count("\r\033[K")
+    wait_until(lambda: stream.getvalue().count("\r\033[K") >= draws + 3, timeout=5,
+               message="the line to be redrawn while nothing starts or ends")
     live.on_sweep_end(SweepSummary())
-    assert stream.getvalue().endswith("\n") and "\r\033[K" in stream.getvalue()
+    text = stream.getvalue()
+    assert text.endswith("\n") and text.count("\n") == 1  # ends the line once, and draws nothing after it
+    live.on_run_start(runs[2], Slot("gpu0", ("0",)))
+    assert stream.getvalue() == text
+
+
+def test_live_status_line_fits_the_terminal():
+    import io
+
+    from gpu_task_scheduler.devices import Slot
+    from gpu_task_scheduler.sweep import Sweep
+
+    stream = io.StringIO()
+    live = LiveStatus(1, stream, width=50)
+    (run,) = Sweep({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"a": ["x" * 200]}]})
+    live.on_run_start(run, Slot("gpu0", ("0",)))
+    live.close()
+    drawn = [part.rstrip("\n") for part in stream.getvalue().split("\r\033[K") if part]
+    assert drawn and all(len(line) <= 49 for line in drawn) and drawn[-1].endswith("…")
+
+
+def test_the_python_api_shows_the_status_line_on_a_terminal_and_can_turn_it_off(in_tmp, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+        def fileno(self):
+            raise io.UnsupportedOperation
+
+    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+              "test_config": [{"a": [1, 2]}], "command": ["true"]}
+    for choice, shown in ((True, True), (False, False)):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        GPUTaskScheduler(config, live_status=choice).start()
+        assert ("[gts] " in terminal.getvalue()) is shown
+    monkeypatch.setenv("TERM", "dumb")
+    from gpu_task_scheduler.progress import wanted
+
+    assert not wanted(Terminal())
 
 
 def test_queue_in_process(in_tmp, monkeypatch, capsys):

@@ -152,3 +152,22 @@ def test_the_config_file_may_come_after_gpus(in_tmp, capsys):
     assert gts(["run", "--gpus", "cpu", "cpu", "s.yaml", "--plain"]) == 0
     assert gts(["run", "--gpus", "cpu", "cpu"]) == 2
     assert "needs a config file" in capsys.readouterr().err
+
+
+def test_a_level_the_application_set_on_our_logger_is_kept(in_tmp, caplog):
+    import logging
+
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    ours = logging.getLogger("gpu_task_scheduler")
+    ours.setLevel(logging.WARNING)
+    try:
+        config = make_config(in_tmp / "r", [{"a": [1]}], scheduler_log_file_path=None)
+        config["command"] = ["true"]
+        with caplog.at_level(logging.DEBUG):  # the root accepts everything: only our level can hold INFO back
+            ours.setLevel(logging.WARNING)
+            assert GPUTaskScheduler(config).start().ok
+        assert not [r for r in caplog.records if r.name == "gpu_task_scheduler" and r.levelno < logging.WARNING]
+        assert ours.level == logging.WARNING
+    finally:
+        ours.setLevel(logging.NOTSET)

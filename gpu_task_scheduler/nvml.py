@@ -90,7 +90,7 @@ class GpuMonitor:
         """The state of one GPU, by NVML index (``"0"``) or UUID."""
         nvml = self._nvml
         handle = self._handle(gpu_id)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        before = nvml.nvmlDeviceGetMemoryInfo(handle)
         try:
             utilization: Optional[int] = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nvml.NVMLError:  # not supported on MIG instances
@@ -102,6 +102,13 @@ class GpuMonitor:
             )
         except nvml.NVMLError:
             processes = ()
+        # NVML gives no snapshot of memory and processes together. A run that allocates
+        # between two reads would be counted as allocated (its reservation released) while
+        # the free memory read earlier does not show it yet: memory over-committed. So the
+        # memory is read on both sides of the process list and the lower free memory kept;
+        # any change in between then errs on the safe side (counted twice, never not at all).
+        after = nvml.nvmlDeviceGetMemoryInfo(handle)
+        memory = after if int(after.free) <= int(before.free) else before
         return GpuState(
             index=int(gpu_id) if gpu_id.isdigit() else None,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),

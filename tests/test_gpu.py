@@ -1,4 +1,5 @@
 """GPU awareness against a fake NVML: discovery, packing by memory, sharing, OOM recovery."""
+import os
 import random
 import signal
 
@@ -283,3 +284,26 @@ def test_listed_gpus_without_nvml_are_run_with_one_warning(gpus, in_tmp, caplog)
     warnings = [r for r in caplog.records if "could not be checked" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
     assert warnings[0].getMessage().startswith("GPU 0, 1 could not be checked")
+
+
+def test_a_run_allocating_while_the_gpu_is_read_is_never_counted_twice_as_free(gpus):
+    """The interleaving behind an over-commit seen under load: the run allocates between the
+    read of free memory and the read of the process list, so the process list already shows
+    the allocation (the run's reservation is released) while the free memory does not."""
+
+    class Racing:
+        def __getattr__(self, name):
+            return getattr(fake_nvml, name)
+
+        @staticmethod
+        def nvmlDeviceGetComputeRunningProcesses(handle):
+            fake_nvml.allocate("0", 10 * GB)  # the run allocates just now
+            return fake_nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+
+    run_group = 4242
+    reservation = Reservation(gpu_ids=("0",), pgid=run_group, reserved=10 * GB)
+    with GpuMonitor(Racing()) as monitor:
+        states = monitor.snapshot(["0"])
+    books = book(states, [reservation], 0, lambda pid: run_group if pid == os.getpid() else None)
+    assert books["0"].available == 70 * GB  # 80 GB less the run's 10 GB, counted once
+    assert reservation.allocated == {"0": 10 * GB}

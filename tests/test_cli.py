@@ -75,14 +75,16 @@ def test_dry_run_lists_and_changes_nothing(command_sweep, in_tmp, capsys):
     out = capsys.readouterr().out
     assert "3 runs: 3 run" in out and sorted(os.listdir(in_tmp)) == ["sweep.yaml"]
     assert gts(["run", command_sweep, "--plain"]) == 0
-    (in_tmp / "results" / ".gts" / "ledger.sqlite3").stat()
-    before = sorted(p.name for p in (in_tmp / "results").rglob("*"))
+    from helpers import ledger_rows
+    from test_reliability import tree
+
+    before = (ledger_rows(in_tmp / "results"), tree(in_tmp / "results"))
     capsys.readouterr()
     assert gts(["run", command_sweep, "--dry-run", "--force-rerun"]) == 0
     assert "3 runs: 3 run" in capsys.readouterr().out
     assert gts(["run", command_sweep, "--dry-run"]) == 0
     assert "3 runs: 3 skip" in capsys.readouterr().out
-    assert sorted(p.name for p in (in_tmp / "results").rglob("*")) == before
+    assert (ledger_rows(in_tmp / "results"), tree(in_tmp / "results")) == before  # records and files alike
 
 
 def test_exit_codes(in_tmp, capsys):

@@ -307,3 +307,55 @@ def test_a_run_allocating_while_the_gpu_is_read_is_never_counted_twice_as_free(g
     books = book(states, [reservation], 0, lambda pid: run_group if pid == os.getpid() else None)
     assert books["0"].available == 70 * GB  # 80 GB less the run's 10 GB, counted once
     assert reservation.allocated == {"0": 10 * GB}
+
+
+OOM_MESSAGES = [
+    ("PyTorch", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)"),
+    ("PyTorch", "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB"),
+    ("TensorFlow", "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor "
+                   "with shape[8192,8192] and type float on /job:localhost/replica:0/task:0/device:GPU:0"),
+    ("TensorFlow", "2026-11-22 10:00:00 W tensorflow/core/framework/op_kernel.cc] OOM when allocating tensor"),
+    ("JAX", "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+            "17179869184 bytes."),
+    ("CUDA", "CUDA error: cudaErrorMemoryAllocation: out of memory"),
+    ("CUDA", "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"),
+    ("CUDA", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    ("CUDA", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+]
+
+
+@pytest.mark.parametrize("framework,message", OOM_MESSAGES, ids=[f"{f}-{i}" for i, (f, _) in
+                                                                 enumerate(OOM_MESSAGES)])
+def test_out_of_memory_messages_of_every_framework_are_recognised(framework, message):
+    from gpu_task_scheduler.oom import detect_oom
+
+    assert detect_oom(f"step 10: loss 0.3\nTraceback (most recent call last):\n{message}\n") == framework
+
+
+@pytest.mark.parametrize("message", ["MemoryError", "ValueError: out of range", "Killed", "host out of memory?",
+                                     "resource exhausted (disk quota)"])
+def test_other_failures_are_not_taken_for_gpu_out_of_memory(message):
+    from gpu_task_scheduler.oom import detect_oom
+
+    assert detect_oom(message) is None
+
+
+def test_a_gpu_busy_with_other_users_work_is_left_alone_by_utilisation(gpus, in_tmp):
+    gpus({"name": "A", "total": 80 * GB, "utilization": 95}, {"name": "B", "total": 80 * GB, "utilization": 0})
+    root = in_tmp / "r"
+    config = make_config(root, [{"i": [0, 1, 2]}], slots=("0", "1"), global_config={"alloc_gb": 1, "hold": 0},
+                         busy_utilization=50, gpu_poll_interval=0.1)
+    summary = run(config)
+    assert summary.ok and {o.result["gpu"] for o in summary.succeeded} == {"1"}
+    assert "busy_utilization 50" in (root / "scheduler.log").read_text()
+
+
+def test_utilisation_of_our_own_runs_does_not_make_a_gpu_busy():
+    from gpu_task_scheduler.placement import GpuBook, busy_reason
+
+    state = GpuState(index=0, uuid="GPU-0", name="A", total_memory=80 * GB, free_memory=70 * GB,
+                     used_memory=10 * GB, utilization=99, processes=())
+    assert busy_reason(GpuBook(state, 70 * GB, 0, ours=1), memory_fraction=None, utilization=50) is None
+    assert "utilisation is 99%" in busy_reason(GpuBook(state, 70 * GB, 0, ours=0), memory_fraction=None,
+                                               utilization=50)
+    assert busy_reason(GpuBook(state, 70 * GB, 0, ours=0), memory_fraction=None, utilization=None) is None

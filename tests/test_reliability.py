@@ -118,6 +118,21 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.parametrize("shell", [False, True])
+def test_hostile_values_never_run_in_command_sweeps(in_tmp, shell):
+    values = [v for v in HOSTILE if "\0" not in v]  # a NUL cannot be passed to any program
+    command = ("printf '%s' \"{v}\" > \"{work_dir}/v.txt\"" if shell
+               else ["sh", "-c", 'printf "%s" "$1" > "$2/v.txt"', "sh", "{v}", "{work_dir}"])
+    config = make_config(in_tmp / "r", [{"v": values}], slots=("cpu", "cpu"), config_string_value_maxlen=None,
+                         scheduler_log_file_path=None)
+    config.update(command=command, shell=shell)
+    summary = GPUTaskScheduler(config).start()
+    assert summary.ok and len(summary.succeeded) == len(values)
+    written = sorted((in_tmp / "r" / o.name / "v.txt").read_bytes().decode() for o in summary.succeeded)
+    assert written == sorted(values)
+    assert sorted(os.listdir(in_tmp)) == ["r"] and not (in_tmp / "pwned").exists()
+
+
 def test_hostile_values_and_keys_are_contained_unique_and_stable(in_tmp):
     root = in_tmp / "r"
     config = make_config(root, [{"v": HOSTILE}, {"../k": [1], "k/../../x": ["y"]}, {"k\0ey": ["z" * 500]}],
@@ -211,11 +226,25 @@ def test_a_second_scheduler_names_the_running_one(in_tmp):
     config = make_config(root, [{"a": [1]}], grace_period=5)
     first = launch(config, "BlockTask")
     wait_until(lambda: started(root, "a-1,"), message="the first scheduler's run to start")
+    before = (ledger_rows(root), tree(root))
     with pytest.raises(SchedulerBusyError, match=f"pid {first.pid} on host"):
         GPUTaskScheduler(config, tasks.BlockTask).start()
+    # Checked while the first one still runs: the refused one changed no record, file or run.
+    assert (ledger_rows(root), tree(root)) == before and ledger_rows(root)["a-1,"]["status"] == "running"
     first.send_signal(signal.SIGTERM)
     finish(first)
-    assert ledger_rows(root)["a-1,"]["status"] == "interrupted"  # the refused one touched nothing
+    assert ledger_rows(root)["a-1,"]["status"] == "interrupted"
+
+
+def tree(root):
+    """Every path under root with its size and modification time (ledger side files aside)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.name.endswith(("-wal", "-shm")):
+            continue
+        info = path.lstat()
+        found[str(path.relative_to(root))] = (info.st_size, info.st_mtime_ns)
+    return found
 
 
 def test_a_lock_left_by_a_killed_scheduler_is_taken_over(in_tmp, monkeypatch):

@@ -304,3 +304,16 @@ def test_hostile_values_create_folders_only_inside_the_root(in_tmp):
     folders = [p for p in root.iterdir() if p.name != ".gts" and p.name != "scheduler.log"]
     assert len(folders) == len(values) and all(p.parent == root and p.is_dir() for p in folders)
     assert not (in_tmp / "pwned").exists()
+
+
+def test_max_retries_retries_a_run_that_timed_out(in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1]}], timeout=1, max_retries=1, grace_period=0.5)
+    config["command"] = ["sh", "-c", 'if [ -e "$0/tried" ]; then exit 0; fi; : > "$0/tried"; exec sleep 60',
+                         "{work_dir}"]
+    summary = GPUTaskScheduler(config).start()
+    (outcome,) = summary.succeeded
+    assert outcome.attempts == 2 and not summary.failed
+    row = ledger_rows(root)["a-1,"]
+    assert row["status"] == "succeeded" and row["attempts"] == 2
+    assert (root / "a-1," / ".gts" / "logs").is_dir()  # the timed-out attempt's log was kept

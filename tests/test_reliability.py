@@ -237,13 +237,15 @@ def test_a_second_scheduler_names_the_running_one(in_tmp):
 
 
 def tree(root):
-    """Every path under root with its size and modification time (ledger side files aside)."""
+    """Every path under root, with each file's size and modification time. (Not the folders'
+    times, nor SQLite's side files: reading the ledger with sqlite3, as ledger_rows does, makes
+    and removes those.)"""
     found = {}
     for path in sorted(root.rglob("*")):
         if path.name.endswith(("-wal", "-shm")):
             continue
         info = path.lstat()
-        found[str(path.relative_to(root))] = (info.st_size, info.st_mtime_ns)
+        found[str(path.relative_to(root))] = "folder" if path.is_dir() else (info.st_size, info.st_mtime_ns)
     return found
 
 

@@ -125,6 +125,22 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
+# Sent by the kernel when the scheduler dies (PR_SET_PDEATHSIG): a signal of our own,
+# which no task uses, so that it can mean exactly "the scheduler is gone".
+_SCHEDULER_GONE: Optional[int] = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
+
+
+def _on_scheduler_gone(signum: int, frame: Any) -> None:
+    """As the pipe lifeline does: the whole run ends with its scheduler. A main() that
+    returned is recorded first (run() then stops what the run left); the record lock
+    cannot be waited for here, in the thread that may hold it."""
+    if _main_has_returned(frame):
+        _State.pending = _State.pending or signal.SIGTERM
+        return
+    kill_all(descendants(os.getpid()))
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def _escaped() -> List[int]:
     """Descendants that left the run's process group."""
     group = os.getpgrp()
@@ -258,11 +274,12 @@ def run(spec_path: str) -> int:
     become_subreaper()
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _on_stop_signal)
-    # A second lifeline, for a run that exec's another program (its threads are gone then)
-    # or closes every descriptor: SIGTERM when the scheduler dies, which waits for a
-    # returned main()'s record like any stop signal. If it died before we got here, the
-    # pipe lifeline has already seen EOF.
-    signal_on_parent_death(signal.SIGTERM)
+    # A second lifeline, for a run that exec's another program (its threads are gone then;
+    # the exec'd program dies of the signal's default action): a signal when the scheduler
+    # dies. If it died before we got here, the pipe lifeline sees EOF at once.
+    if _SCHEDULER_GONE is not None:
+        signal.signal(_SCHEDULER_GONE, _on_scheduler_gone)
+        signal_on_parent_death(_SCHEDULER_GONE)
     _watch_lifeline()
     try:
         return _run(spec_path)

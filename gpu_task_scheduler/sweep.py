@@ -41,6 +41,10 @@ def _text(value: Any) -> Optional[str]:
     return None if isinstance(value, str) else "a string"
 
 
+def _key_name(value: Any) -> Optional[str]:
+    return None if isinstance(value, str) and value else "a non-empty string (a config key)"
+
+
 def _path(value: Any) -> Optional[str]:
     ok = isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str)
     ok = ok and bool(os.fspath(value)) and "\0" not in os.fspath(value)
@@ -170,7 +174,7 @@ SCHEDULER_KEYS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], Optional[str]
     # GPU awareness (see placement.py).
     "max_runs_per_gpu": (lambda: 1, _int_at_least(1)),
     "gpu_memory": (lambda: None, _optional(_memory)),
-    "gpu_memory_key": (lambda: "gpu_memory", _text),
+    "gpu_memory_key": (lambda: "gpu_memory", _key_name),
     "learn_gpu_memory": (lambda: "max", _one_of("max", "mean", None)),
     "memory_margin": (lambda: "512MiB", _memory),
     "placement": (lambda: "first_fit", _one_of(*PLACEMENTS)),

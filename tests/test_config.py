@@ -308,3 +308,64 @@ def test_yaml_numbers_load_as_a_user_means_them(tmp_path, text, value):
     (tmp_path / "c.yaml").write_text(f"scheduler_config: {{gpu: [cpu]}}\ntest_config: [{{lr: [{text}]}}]\n")
     (loaded,) = [spec.config["lr"] for spec in Sweep(str(tmp_path / "c.yaml"))]
     assert loaded == value and type(loaded) is type(value)
+
+
+# Every scheduler_config key with values it must refuse and the words the message must hold. A key
+# added without a row here fails test_every_scheduler_key_has_rows_of_bad_values.
+BAD_VALUES = {
+    "force_rerun": [("yes", "must be a bool"), (1, "must be a bool")],
+    "result_root_folder": [(3, "must be a non-empty path"), ("", "must be a non-empty path"),
+                           ("a\0b", "without NUL")],
+    "temp_folder": [(3, "must be a non-empty path"), ("", "must be a non-empty path")],
+    "test_config_string_indicator": [(3, "must be a string"), (None, "must be a string")],
+    "test_config_string_separator": [(3, "must be a string"), (["-"], "must be a string")],
+    "test_config_string_inst_separator": [(3, "must be a string"), (b"+", "must be a string")],
+    "log_file": [("/abs.log", "relative to the run folder"), ("../x.log", "without '..'"), (3, "file name"),
+                 (".gts/x.log", "outside .gts/")],
+    "scheduler_log_file_path": [("", "must be a non-empty path"), (3, "must be a non-empty path")],
+    "config_string_value_maxlen": [(0, "1"), ("30", "integer"), (True, "integer")],
+    "ignored_keys_for_folder_name": [("seed", "a list of non-empty strings"), ([""], "non-empty strings")],
+    "ignored_characters_for_folder_name": [(" ", "a list of non-empty strings"), ([1], "non-empty strings")],
+    "skip_existing_folders": [("no", "must be a bool"), (0, "must be a bool")],
+    "max_retries": [(-1, "0"), (1.5, "integer"), ("2", "integer")],
+    "timeout": [(0, "seconds > 0"), (-5, "seconds > 0"), ("60", "seconds"), (float("inf"), "seconds")],
+    "grace_period": [(-1, "seconds >= 0"), (None, "seconds"), (float("nan"), "seconds")],
+    "max_runs_per_gpu": [(0, "1"), (2.5, "integer"), (None, "integer")],
+    "gpu_memory": [("lots", "memory size"), (-1, "memory size"), ("10 parsecs", "memory size")],
+    "gpu_memory_key": [("", "non-empty string"), (3, "non-empty string")],
+    "learn_gpu_memory": [("min", "one of 'max', 'mean', None"), (True, "one of")],
+    "memory_margin": [("lots", "memory size"), (None, "memory size")],
+    "placement": [("best", "one of 'first_fit'"), (None, "one of")],
+    "busy_memory_fraction": [(1.5, "fraction"), (0, "fraction"), ("half", "fraction")],
+    "busy_utilization": [(150, "percentage"), (0, "percentage"), ("50%", "percentage")],
+    "max_oom_retries": [(-1, "0"), ("2", "integer")],
+    "gpu_poll_interval": [(0, "seconds > 0"), ("2", "seconds")],
+    "cpu_fallback": [(-1, "0"), (1.0, "integer")],
+    "max_host_cpu_percent": [(-1, "percentage"), (101, "percentage")],
+    "min_host_free_memory": [("plenty", "memory size")],
+    "notify_command": [(5, "a command"), ("  ", "a command"), ([1, 2], "a command")],
+    "notify_email": [({"host": "h"}, "a dict with host, sender, recipients"),
+                     ({"host": "h", "sender": "s", "recipients": "r"}, "recipients"),
+                     ({"host": "h", "sender": "s", "recipients": ["r"], "starttls": True, "ssl": True},
+                      "choose one"),
+                     ({"host": "h", "sender": "s", "recipients": ["r"], "port": "25"}, "port")],
+}
+
+
+def test_every_scheduler_key_has_rows_of_bad_values():
+    from gpu_task_scheduler.sweep import SCHEDULER_KEYS
+
+    assert sorted(BAD_VALUES) == sorted(SCHEDULER_KEYS)
+
+
+@pytest.mark.parametrize("key,value,words", [(k, v, w) for k, rows in BAD_VALUES.items() for v, w in rows],
+                         ids=[f"{k}={v!r}" for k, rows in BAD_VALUES.items() for v, _ in rows])
+def test_every_scheduler_key_refuses_bad_values_by_name(tmp_path, key, value, words):
+    config = {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "r"), key: value},
+              "test_config": [{"a": [1]}]}
+    with pytest.raises(ConfigError) as raised:
+        Sweep(config)
+    message = str(raised.value)
+    assert f"scheduler_config[{key!r}]" in message and words in message, message
+    assert repr(value)[:20] in message or key == "notify_email"  # the bad value is repeated
+    assert not (tmp_path / "r").exists()

@@ -160,3 +160,14 @@ def test_a_run_that_lost_its_lifeline_still_dies_with_its_scheduler(in_tmp, how)
     scheduler.kill()
     finish(scheduler)
     wait_until(lambda: not alive(pid), timeout=10, message=f"the run {pid} to die with its scheduler")
+
+
+def test_a_python_runs_own_subprocesses_die_with_a_sigkilled_scheduler(in_tmp, no_leaked_processes):
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"hang": [True]}]), "GrandchildTask")
+    pid_file = root / "hang-True," / "grandchild.pid"
+    wait_until(pid_file.exists, message="the grandchild to start")
+    grandchild = int(pid_file.read_text())
+    scheduler.kill()
+    finish(scheduler)
+    wait_until(lambda: not alive(grandchild), timeout=10, message="the run's subprocess to die with its scheduler")

@@ -1,6 +1,7 @@
 """The reliability battery: kills at random moments, crash table, hostile input,
 fuzzed configs, concurrent schedulers and storage faults."""
 import itertools
+import math
 import os
 import random
 import signal
@@ -183,6 +184,10 @@ good_options = {
     "ignored_keys_for_folder_name": st.lists(st.text(min_size=1, max_size=4), max_size=2),
     "ignored_characters_for_folder_name": st.lists(st.text(min_size=1, max_size=2), max_size=3),
     "test_config_string_indicator": st.text(max_size=3), "test_config_string_separator": st.text(max_size=3),
+    "skip_existing_folders": st.booleans(), "max_retries": st.integers(0, 3),
+    "timeout": st.one_of(st.none(), st.floats(0.1, 1e6)), "grace_period": st.floats(0, 100),
+    "log_file": st.one_of(st.none(), st.sampled_from(["worker.log", "logs/out.txt"])),
+    "scheduler_log_file_path": st.one_of(st.none(), st.sampled_from(["s.log", "logs/s.log"])),
 }
 near_valid = st.fixed_dictionaries(
     {"scheduler_config": st.fixed_dictionaries({"gpu": good_slots}, optional={
@@ -192,6 +197,41 @@ near_valid = st.fixed_dictionaries(
                                                       st.lists(values, min_size=1, max_size=3), max_size=3),
                                       max_size=3)})
 configs = st.one_of(near_valid, anything)
+
+
+def _number(value, low, *, strict):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > low if strict else value >= low))
+
+
+def _count(value, low):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _path_text(value):
+    return isinstance(value, str) and value != "" and "\0" not in value
+
+
+# An oracle written apart from the validation code: what each fuzzed option may be. An accepted
+# config must satisfy it, so a check removed from sweep.py shows up as an accepted bad value.
+OPTION_ORACLE = {
+    "force_rerun": lambda v: isinstance(v, bool),
+    "skip_existing_folders": lambda v: isinstance(v, bool),
+    "config_string_value_maxlen": lambda v: v is None or _count(v, 1),
+    "ignored_keys_for_folder_name": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v),
+    "ignored_characters_for_folder_name": lambda v: isinstance(v, (list, tuple))
+    and all(isinstance(x, str) and x for x in v),
+    "max_retries": lambda v: _count(v, 0),
+    "result_root_folder": _path_text,
+    "scheduler_log_file_path": lambda v: v is None or _path_text(v),
+    "timeout": lambda v: v is None or _number(v, 0, strict=True),
+    "grace_period": lambda v: _number(v, 0, strict=False),
+    "log_file": lambda v: v is None or (_path_text(v) and not v.startswith("/") and ".." not in v.split("/")
+                                        and os.path.normpath(v).split("/")[0] not in (".gts", ".")),
+    "test_config_string_indicator": lambda v: isinstance(v, str),
+    "test_config_string_separator": lambda v: isinstance(v, str),
+    "forse_rerun": lambda v: False,  # an unknown key is never accepted
+}
 
 
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -209,6 +249,8 @@ def test_fuzzed_configs_run_or_raise_config_error_and_write_nothing(config):
                 event("rejected with ConfigError")
             else:
                 event("accepted")
+                for key, value in config["scheduler_config"].items():
+                    assert key == "gpu" or OPTION_ORACLE[key](value), f"accepted {key}={value!r}"
                 assert manager.get_num_left_config() == len(manager.sweep)
                 for run in itertools.islice(manager.iter_runs(), 20):
                     assert os.sep not in run.name and len(run.name.encode()) <= 255

@@ -6,6 +6,7 @@ import signal
 import pytest
 
 import gts_test_tasks as tasks
+from conftest import wait_until
 from helpers import journal_lines, ledger_rows, make_config
 from gpu_task_scheduler import GPUTaskScheduler, RunStatus, RunsFailedError, SchedulerBusyError
 from gpu_task_scheduler.ledger import SweepLock
@@ -250,7 +251,15 @@ def test_processes_a_run_started_are_stopped_when_it_ends(in_tmp):
     root = in_tmp / "r"
     summary = start(make_config(root, [{"hang": [False]}]), tasks.GrandchildTask)
     pid = summary.succeeded[0].result["grandchild"]
-    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+
+    def gone():
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except OSError:
+            return True
+
+    wait_until(gone, timeout=10, message=f"the grandchild {pid} to be gone")
 
 
 def test_a_slot_gets_its_next_run_as_soon_as_the_child_exits(in_tmp):

@@ -221,6 +221,11 @@ class FakeGpuTask(GPUTask):
             fake_nvml.set_gpu(self._config["clear_foreign"], processes=[])
         if self._config.get("add_foreign") is not None:
             fake_nvml.set_gpu(self._config["add_foreign"], processes=[{"pid": 1, "used": int(75e9)}])
+        barrier = self._config.get("barrier")
+        if barrier:  # hold the memory until the test has seen the runs it expects side by side
+            deadline = time.monotonic() + 60
+            while not os.path.exists(barrier) and time.monotonic() < deadline:
+                time.sleep(0.01)
         time.sleep(self._config.get("hold", 0.5))
         if self._config.get("oom_until", 0) >= self._attempt():
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)

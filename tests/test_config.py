@@ -3,7 +3,6 @@ import copy
 import json
 import os
 import sys
-import time
 import tracemalloc
 
 import pytest
@@ -185,16 +184,14 @@ def test_a_million_runs_are_not_materialised():
     config = {"scheduler_config": {"gpu": ["0"]},
               "test_config": [{"a": list(range(100)), "b": list(range(100)), "c": list(range(100))}]}
     tracemalloc.start()
-    started = time.perf_counter()
     manager = ConfigManager(config)
     first = manager.get_next_config()
-    elapsed = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert first["config"] == {"a": 0, "b": 0, "c": 0}
     assert manager.get_num_left_config() == 999_999
     assert len(manager.sweep) == 1_000_000
-    assert elapsed < 1.0 and peak < 5_000_000
+    assert peak < 5_000_000  # a materialised million runs would take hundreds of megabytes
 
 
 BASE = {"scheduler_config": {"gpu": ["0"]}}

@@ -1,5 +1,4 @@
 """Inputs that used to crash or wedge a root: each gives one clear error and writes nothing."""
-import json
 import os
 import sqlite3
 import subprocess

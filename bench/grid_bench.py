@@ -1,7 +1,8 @@
 """`gts grid` on a 1,000,000-command grid: time and peak memory, against simple_hypersearch.
 
-    python bench/grid_bench.py            # pip install simple-gpu-scheduler for the peer
+python bench/grid_bench.py            # pip install simple-gpu-scheduler for the peer
 """
+
 import sys
 
 from _common import gts, measure, peer

@@ -1,7 +1,8 @@
 """`gts queue` throughput: 200 `true` commands on 4 GPU ids, against simple_gpu_scheduler.
 
-    python bench/queue_bench.py           # pip install simple-gpu-scheduler for the peer
+python bench/queue_bench.py           # pip install simple-gpu-scheduler for the peer
 """
+
 import os
 import sys
 import tempfile

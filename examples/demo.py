@@ -1,8 +1,9 @@
 """Run the demo sweep on CPU slots and print a table of the results.
 
-    python examples/demo.py                 # uses configs/demo.yaml
-    python examples/demo.py my_config.yaml
+python examples/demo.py                 # uses configs/demo.yaml
+python examples/demo.py my_config.yaml
 """
+
 import os
 import sys
 

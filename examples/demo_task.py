@@ -1,5 +1,6 @@
 """A task that needs nothing but the standard library: gradient descent on a
 noisy quadratic, standing in for a training run."""
+
 import json
 import math
 import os

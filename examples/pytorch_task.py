@@ -5,6 +5,7 @@ lazily, inside main(), in the run's own process.
     from pytorch_task import TorchRegression
     GPUTaskScheduler("configs/pytorch.yaml", TorchRegression).start()
 """
+
 import os
 
 from gpu_task_scheduler import GPUTask, lazy_import
@@ -32,5 +33,4 @@ class TorchRegression(GPUTask):
             if step % 100 == 0:
                 print(f"step {step}: loss {loss.item():.5f}", flush=True)
         torch.save(model.state_dict(), os.path.join(self._work_dir, "model.pt"))
-        return {"loss": loss.item(), "device": device,
-                "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {"loss": loss.item(), "device": device, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}

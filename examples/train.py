@@ -4,6 +4,7 @@
 
 Prints its progress and writes <out>/result.json, which `gts results` reads.
 """
+
 import argparse
 import json
 import math

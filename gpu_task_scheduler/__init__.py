@@ -4,6 +4,7 @@ The public names below are imported on first use (PEP 562), so that a run's
 process, which only needs the runner, starts without loading the scheduler,
 SQLite, YAML or the NVML bindings.
 """
+
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -11,14 +12,22 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ConfigManager": "config_manager",
-    "ConfigError": "errors", "GTSError": "errors", "LedgerError": "errors", "RunsFailedError": "errors",
-    "SchedulerBusyError": "errors", "TaskClassError": "errors",
+    "ConfigError": "errors",
+    "GTSError": "errors",
+    "LedgerError": "errors",
+    "RunsFailedError": "errors",
+    "SchedulerBusyError": "errors",
+    "TaskClassError": "errors",
     "GPUTask": "gpu_task",
     "GPUTaskScheduler": "gpu_task_scheduler",
     "lazy_import": "lazy",
-    "Ledger": "ledger", "RunRecord": "ledger", "RunStatus": "ledger",
-    "RunOutcome": "summary", "SweepSummary": "summary",
-    "RunSpec": "sweep", "Sweep": "sweep",
+    "Ledger": "ledger",
+    "RunRecord": "ledger",
+    "RunStatus": "ledger",
+    "RunOutcome": "summary",
+    "SweepSummary": "summary",
+    "RunSpec": "sweep",
+    "Sweep": "sweep",
 }
 __all__ = sorted(_EXPORTS)
 

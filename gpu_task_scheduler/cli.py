@@ -4,6 +4,7 @@ Thin: parses arguments, calls the library, maps errors to exit codes
 (0 fine, 1 runs failed or the sweep could not run, 2 bad usage or config,
 130 interrupted) and configures logging, which the library never does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,8 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Dict, List, NoReturn, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from . import __version__
 from .config_files import load_config
@@ -31,7 +33,7 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
 
 
-def _gpu_option(values: List[str]) -> Any:
+def _gpu_option(values: list[str]) -> Any:
     """``--gpus`` as the ``gpu`` config value: ``all``, or one slot per id.
 
     As in simple-gpu-scheduler, ids separated by commas or spaces are one slot
@@ -43,7 +45,7 @@ def _gpu_option(values: List[str]) -> Any:
     """
     if values == ["all"]:
         return "all"
-    slots: List[Any] = []
+    slots: list[Any] = []
     for value in values:
         for item in value.split(","):
             if not item:
@@ -68,15 +70,20 @@ def _config_among_gpus(args: argparse.Namespace) -> None:
 
 # --- gts run ---------------------------------------------------------------------------
 
-def _run_config(args: argparse.Namespace) -> Dict[str, Any]:
+
+def _run_config(args: argparse.Namespace) -> dict[str, Any]:
     config = copy.deepcopy(dict(load_config(args.config)))
     if not isinstance(config.get("scheduler_config", {}), dict):
         return config  # validation reports it
     scheduler = dict(config.get("scheduler_config") or {})
     if args.gpus:
         scheduler["gpu"] = _gpu_option(args.gpus)
-    for flag, key in (("force_rerun", "force_rerun"), ("max_retries", "max_retries"), ("timeout", "timeout"),
-                      ("grace_period", "grace_period")):
+    for flag, key in (
+        ("force_rerun", "force_rerun"),
+        ("max_retries", "max_retries"),
+        ("timeout", "timeout"),
+        ("grace_period", "grace_period"),
+    ):
         value = getattr(args, flag)
         if value is not None and value is not False:
             scheduler[key] = value
@@ -90,7 +97,7 @@ def _dry_run(scheduler: Any) -> int:
 
     sweep = scheduler.sweep
     ledger = Ledger.read_only(RootPaths(sweep.options.result_root_folder))
-    counts: Dict[str, int] = {}
+    counts: dict[str, int] = {}
     try:
         for spec in sweep.runs(foreign_checker(ledger, sweep.options.result_root_folder)):
             record = ledger.get(spec.name) if ledger else None
@@ -98,8 +105,12 @@ def _dry_run(scheduler: Any) -> int:
                 state = "skip (same config as an earlier run)"
             elif sweep.options.force_rerun:
                 state = "run (force_rerun)"
-            elif record is not None and record.status is RunStatus.SUCCEEDED and RunPaths(spec.work_dir, None).exists() \
-                    and record.config_hash in (None, spec.config_hash):
+            elif (
+                record is not None
+                and record.status is RunStatus.SUCCEEDED
+                and RunPaths(spec.work_dir, None).exists()
+                and record.config_hash in (None, spec.config_hash)
+            ):
                 state = "skip (succeeded)"
             elif record is not None and record.status is RunStatus.SUCCEEDED:
                 state = "run again (config changed)"
@@ -137,32 +148,39 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # --- gts queue ---------------------------------------------------------------------------
 
+
 def cmd_queue(args: argparse.Namespace) -> int:
     from .gpu_task_scheduler import scheduler_logging
     from .queue_runner import QueueSweep, ShellLineTask
     from .scheduler import Scheduler
 
     _plain_logging()
-    config = {"scheduler_config": {
-        "gpu": _gpu_option(args.gpus), "result_root_folder": args.log_dir, "force_rerun": not args.resume,
-        "scheduler_log_file_path": os.path.join(args.log_dir, "scheduler.log"),
-        **({"timeout": args.timeout} if args.timeout else {}),
-        **({"grace_period": args.grace_period} if args.grace_period is not None else {}),
-    }}
+    config = {
+        "scheduler_config": {
+            "gpu": _gpu_option(args.gpus),
+            "result_root_folder": args.log_dir,
+            "force_rerun": not args.resume,
+            "scheduler_log_file_path": os.path.join(args.log_dir, "scheduler.log"),
+            **({"timeout": args.timeout} if args.timeout else {}),
+            **({"grace_period": args.grace_period} if args.grace_period is not None else {}),
+        }
+    }
     sweep = QueueSweep(config, sys.stdin)
     scheduler = Scheduler(sweep, ShellLineTask, keep_succeeded=False)
     sweep.start_reading(lambda: scheduler.post("wake"))
     scheduler.setup()
     with scheduler_logging(sweep.options.scheduler_log_file_path):
         summary = scheduler.run()
-        logging.getLogger("gpu_task_scheduler").log(logging.INFO if summary.ok else logging.ERROR, "%s",
-                                                    summary.report())
+        logging.getLogger("gpu_task_scheduler").log(
+            logging.INFO if summary.ok else logging.ERROR, "%s", summary.report()
+        )
     if summary.interrupted_by:
         return EXIT_INTERRUPTED
     return summary.exit_code
 
 
 # --- gts grid -----------------------------------------------------------------------------
+
 
 def cmd_grid(args: argparse.Namespace) -> int:
     from .grid import commands
@@ -185,6 +203,7 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 
 # --- gts status / results / plot ----------------------------------------------------------
+
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .report import format_status, status
@@ -214,88 +233,144 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise ConfigError("give either --timeline or --metric NAME --by PARAMETER")
     if args.metric and not args.by:
         raise ConfigError("--metric needs --by PARAMETER (the x axis)")
-    output = plot_timeline(args.root, args.output) if args.timeline else plot_metric(
-        args.root, args.metric, args.by, args.output)
+    output = (
+        plot_timeline(args.root, args.output)
+        if args.timeline
+        else plot_metric(args.root, args.metric, args.by, args.output)
+    )
     print(output)
     return EXIT_OK
 
 
 # --- the parser ---------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gts", formatter_class=_formatter,
-                     description="gpu_task_scheduler: hyperparameter sweeps over your GPUs.",
-                     epilog="examples:\n  gts run sweep.yaml --gpus 0 1\n  gts status results/\n"
-                            "  gts grid 'python train.py --lr {lr}' -p lr 0.1 0.01 | gts queue --gpus 0 1")
+    parser = _Parser(
+        prog="gts",
+        formatter_class=_formatter,
+        description="gpu_task_scheduler: hyperparameter sweeps over your GPUs.",
+        epilog="examples:\n  gts run sweep.yaml --gpus 0 1\n  gts status results/\n"
+        "  gts grid 'python train.py --lr {lr}' -p lr 0.1 0.01 | gts queue --gpus 0 1",
+    )
     parser.add_argument("--version", action="version", version=f"gts {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run a sweep from a config file", formatter_class=_formatter,
-                         description="Run every run of a sweep config (YAML, JSON or .py).",
-                         epilog="examples:\n  gts run sweep.yaml\n  gts run sweep.yaml --gpus 0 1 --dry-run\n"
-                                "  gts run sweep.yaml --task mypkg.tasks:Train --gpus 0,1 2,3\n\n"
-                                "The task is the config's `command:` template, its `task: module:Class`, "
-                                "or --task.")
+    run = sub.add_parser(
+        "run",
+        help="run a sweep from a config file",
+        formatter_class=_formatter,
+        description="Run every run of a sweep config (YAML, JSON or .py).",
+        epilog="examples:\n  gts run sweep.yaml\n  gts run sweep.yaml --gpus 0 1 --dry-run\n"
+        "  gts run sweep.yaml --task mypkg.tasks:Train --gpus 0,1 2,3\n\n"
+        "The task is the config's `command:` template, its `task: module:Class`, "
+        "or --task.",
+    )
     run.add_argument("config", nargs="?", help="the sweep config: .yaml, .yml, .json or .py")
     run.add_argument("--task", metavar="MODULE:CLASS", help="the GPUTask subclass to run (overrides the config)")
-    run.add_argument("--gpus", nargs="+", metavar="ID",
-                     help="slots: 0 1 or 0,1 (one GPU each), 0+1 2+3 (groups of GPUs), cpu, all")
+    run.add_argument(
+        "--gpus", nargs="+", metavar="ID", help="slots: 0 1 or 0,1 (one GPU each), 0+1 2+3 (groups of GPUs), cpu, all"
+    )
     run.add_argument("--force-rerun", action="store_true", help="run every run, also those that succeeded")
     run.add_argument("--dry-run", action="store_true", help="list the runs and whether they would run; change nothing")
     run.add_argument("--max-retries", type=int, metavar="N", help="retry a failed run up to N times")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a run after this long")
-    run.add_argument("--grace-period", type=float, metavar="SECONDS",
-                     help="seconds between SIGTERM and SIGKILL when a run is stopped (default 10)")
+    run.add_argument(
+        "--grace-period",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between SIGTERM and SIGKILL when a run is stopped (default 10)",
+    )
     run.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
     run.set_defaults(handler=cmd_run)
 
-    q = sub.add_parser("queue", help="run shell commands read from stdin on the GPUs", formatter_class=_formatter,
-                       description="Run one shell command per line of stdin, each on a free slot, with "
-                                   "CUDA_VISIBLE_DEVICES set (compatible with simple-gpu-scheduler).",
-                       epilog="examples:\n  gts queue --gpus 0 1 2 < commands.txt\n"
-                              "  gts grid 'python train.py --lr {lr}' -p lr 1e-3 1e-4 | gts queue --gpus 0+1 2+3")
-    q.add_argument("--gpus", nargs="+", required=True, metavar="ID",
-                   help="slots: 0 1 2 or 0,1,2 (one GPU each), 0+1 2+3 (groups of GPUs), cpu, or all")
+    q = sub.add_parser(
+        "queue",
+        help="run shell commands read from stdin on the GPUs",
+        formatter_class=_formatter,
+        description="Run one shell command per line of stdin, each on a free slot, with "
+        "CUDA_VISIBLE_DEVICES set (compatible with simple-gpu-scheduler).",
+        epilog="examples:\n  gts queue --gpus 0 1 2 < commands.txt\n"
+        "  gts grid 'python train.py --lr {lr}' -p lr 1e-3 1e-4 | gts queue --gpus 0+1 2+3",
+    )
+    q.add_argument(
+        "--gpus",
+        nargs="+",
+        required=True,
+        metavar="ID",
+        help="slots: 0 1 2 or 0,1,2 (one GPU each), 0+1 2+3 (groups of GPUs), cpu, or all",
+    )
     q.add_argument("--log-dir", default="gts-queue", help="where each command's output goes (default: gts-queue)")
     q.add_argument("--timeout", type=float, metavar="SECONDS", help="stop a command after this long")
-    q.add_argument("--resume", action="store_true",
-                   help="skip lines that succeeded before in this log dir (same line number, same command)")
-    q.add_argument("--grace-period", type=float, metavar="SECONDS",
-                   help="seconds between SIGTERM and SIGKILL when a command is stopped (default 10)")
+    q.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip lines that succeeded before in this log dir (same line number, same command)",
+    )
+    q.add_argument(
+        "--grace-period",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between SIGTERM and SIGKILL when a command is stopped (default 10)",
+    )
     q.set_defaults(handler=cmd_queue)
 
-    g = sub.add_parser("grid", help="print the commands of a parameter grid", formatter_class=_formatter,
-                       description="Print one command per grid point (compatible with simple_hypersearch); "
-                                   "streamed, so any size works.",
-                       epilog="examples:\n  gts grid 'python train.py --lr {lr} --bs {bs}' -p lr 0.1 0.01 -p bs 32 64\n"
-                              "  gts grid 'run {job_index} {x}' -p x 1 2 3 --sampling-mode shuffled_grid --seed 0")
+    g = sub.add_parser(
+        "grid",
+        help="print the commands of a parameter grid",
+        formatter_class=_formatter,
+        description="Print one command per grid point (compatible with simple_hypersearch); "
+        "streamed, so any size works.",
+        epilog="examples:\n  gts grid 'python train.py --lr {lr} --bs {bs}' -p lr 0.1 0.01 -p bs 32 64\n"
+        "  gts grid 'run {job_index} {x}' -p x 1 2 3 --sampling-mode shuffled_grid --seed 0",
+    )
     g.add_argument("pattern", help="command pattern with {NAME} placeholders (and {job_index})")
-    g.add_argument("-p", "--parameter", nargs="+", action="append", metavar=("NAME", "VALUE"),
-                   help="a parameter and its values: -p lr 0.1 0.01")
-    g.add_argument("--sampling-mode", choices=["grid", "shuffled_grid"], default="shuffled_grid",
-                   help="shuffled_grid (the default, as in simple_hypersearch): every point once, in a random "
-                        "order (--seed to repeat it); grid: in order, the last parameter fastest")
+    g.add_argument(
+        "-p",
+        "--parameter",
+        nargs="+",
+        action="append",
+        metavar=("NAME", "VALUE"),
+        help="a parameter and its values: -p lr 0.1 0.01",
+    )
+    g.add_argument(
+        "--sampling-mode",
+        choices=["grid", "shuffled_grid"],
+        default="shuffled_grid",
+        help="shuffled_grid (the default, as in simple_hypersearch): every point once, in a random "
+        "order (--seed to repeat it); grid: in order, the last parameter fastest",
+    )
     g.add_argument("--n-samples", type=int, help="print only this many commands")
     g.add_argument("--seed", type=int, help="seed of the shuffled order")
     g.set_defaults(handler=cmd_grid)
 
-    s = sub.add_parser("status", help="the state of every run of a result root", formatter_class=_formatter,
-                       epilog="examples:\n  gts status results/\n  gts status results/ --json | jq .counts")
+    s = sub.add_parser(
+        "status",
+        help="the state of every run of a result root",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts status results/\n  gts status results/ --json | jq .counts",
+    )
     s.add_argument("root", help="the result root (result_root_folder)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(handler=cmd_status)
 
-    r = sub.add_parser("results", help="one row per run: parameters, state, duration, result",
-                       formatter_class=_formatter,
-                       epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv")
+    r = sub.add_parser(
+        "results",
+        help="one row per run: parameters, state, duration, result",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv",
+    )
     r.add_argument("root", help="the result root")
     r.add_argument("--format", choices=["table", "csv", "json"], default="table")
     r.set_defaults(handler=cmd_results)
 
-    p = sub.add_parser("plot", help="plot a timeline of the runs, or a metric against a parameter",
-                       formatter_class=_formatter,
-                       epilog="examples:\n  gts plot results/ --timeline -o timeline.png\n"
-                              "  gts plot results/ --metric loss --by lr -o loss.png")
+    p = sub.add_parser(
+        "plot",
+        help="plot a timeline of the runs, or a metric against a parameter",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts plot results/ --timeline -o timeline.png\n"
+        "  gts plot results/ --metric loss --by lr -o loss.png",
+    )
     p.add_argument("root", help="the result root")
     p.add_argument("--timeline", action="store_true", help="runs as bars per slot over time, failures marked")
     p.add_argument("--metric", help="a key of the runs' results")
@@ -309,8 +384,12 @@ def _plain_logging() -> None:
     if not logging.getLogger().handlers:
         from .gpu_task_scheduler import ConsoleFilter
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                            datefmt="%a, %d %b %Y %H:%M:%S", stream=sys.stderr)
+        logging.basicConfig(
+            level=logging.INFO,
+            format="%(asctime)s %(levelname)s %(message)s",
+            datefmt="%a, %d %b %Y %H:%M:%S",
+            stream=sys.stderr,
+        )
         for handler in logging.getLogger().handlers:
             handler.addFilter(ConsoleFilter())
 
@@ -332,7 +411,7 @@ def _ensure_standard_streams() -> None:
                 setattr(sys, name, open(fd, "w", closefd=False))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     _ensure_standard_streams()
     parser = build_parser()
     args = parser.parse_args(argv)

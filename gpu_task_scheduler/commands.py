@@ -13,6 +13,7 @@ Placeholders: every config key, plus ``{work_dir}``, ``{run_name}``,
 specs work (``{lr:.0e}``); an unknown placeholder is a ``ConfigError`` before
 anything runs.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,16 +22,17 @@ import signal
 import string
 import subprocess
 import sys
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .errors import ConfigError
 from .gpu_task import GPUTask
 
 BUILTINS = ("work_dir", "run_name", "run_index", "gpus")
-Template = Union[str, Sequence[str]]
+Template = str | Sequence[str]
 
 
-def _fields(text: str) -> List[str]:
+def _fields(text: str) -> list[str]:
     try:
         return [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
     except ValueError as error:
@@ -43,7 +45,7 @@ def _base(field: str) -> str:
     return field
 
 
-def check_template(template: Any, known_keys: Iterable[str], *, shell: bool = False) -> List[str]:
+def check_template(template: Any, known_keys: Iterable[str], *, shell: bool = False) -> list[str]:
     """Validate a template against the sweep's keys; return it as a list of parts."""
     if isinstance(template, str):
         if not template.strip():
@@ -76,21 +78,21 @@ def check_template(template: Any, known_keys: Iterable[str], *, shell: bool = Fa
     return parts
 
 
-def _split(text: str) -> List[str]:
+def _split(text: str) -> list[str]:
     try:
         return shlex.split(text)
     except ValueError as error:
         raise ConfigError(f"command {text!r} cannot be split into arguments: {error}") from None
 
 
-def render(parts: Sequence[str], values: Mapping[str, Any], *, shell: bool = False) -> Union[str, List[str]]:
+def render(parts: Sequence[str], values: Mapping[str, Any], *, shell: bool = False) -> str | list[str]:
     """The argv for one run (for ``shell`` templates see :func:`render_shell`)."""
     if shell:
         return render_shell(parts[0], values)[0]
     return [string.Formatter().vformat(part, (), values) for part in parts]
 
 
-def render_shell(template: str, values: Mapping[str, Any]) -> Tuple[str, Dict[str, str]]:
+def render_shell(template: str, values: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     """``(script, environment)`` for a ``shell: true`` run.
 
     The script is the template with every placeholder replaced by a reference
@@ -126,8 +128,7 @@ class CommandFailed(SystemExit):
         return self.message
 
 
-def run_with_grace(command: Union[str, List[str]], *, shell: bool,
-                   env: Optional[Dict[str, str]]) -> Tuple[int, Optional[int]]:
+def run_with_grace(command: str | list[str], *, shell: bool, env: dict[str, str] | None) -> tuple[int, int | None]:
     """Run the command; a stop signal to us is left to the command to act on.
 
     The scheduler signals the run's whole process group, so the command has
@@ -136,8 +137,8 @@ def run_with_grace(command: Union[str, List[str]], *, shell: bool,
     the whole grace period; the scheduler's SIGKILL ends both of us after it.
     Returns ``(returncode, stop signal or None)``.
     """
-    received: List[int] = []
-    children: List[subprocess.Popen] = []
+    received: list[int] = []
+    children: list[subprocess.Popen] = []
 
     # Started by the scheduler, we lead the run's session and group, and a stop
     # reaches the command through the group; a second copy could count as
@@ -168,21 +169,33 @@ def run_with_grace(command: Union[str, List[str]], *, shell: bool,
 class CommandTask(GPUTask):
     """Runs one command per run, in the run folder's context, with the run's GPUs."""
 
-    def __init__(self, config: Dict[str, Any], work_dir: str, *, parts: Sequence[str], shell: bool = False,
-                 run_name: str = "", run_index: int = 0) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        work_dir: str,
+        *,
+        parts: Sequence[str],
+        shell: bool = False,
+        run_name: str = "",
+        run_index: int = 0,
+    ) -> None:
         super().__init__(config, work_dir)
         self.parts = list(parts)
         self.shell = shell
         self.run_name = run_name
         self.run_index = run_index
 
-    def _values(self) -> Dict[str, Any]:
+    def _values(self) -> dict[str, Any]:
         values = dict(self._config)
-        values.update(work_dir=self._work_dir, run_name=self.run_name, run_index=self.run_index,
-                      gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        values.update(
+            work_dir=self._work_dir,
+            run_name=self.run_name,
+            run_index=self.run_index,
+            gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        )
         return values
 
-    def command(self) -> Union[str, List[str]]:
+    def command(self) -> str | list[str]:
         return render(self.parts, self._values(), shell=self.shell)
 
     def main(self) -> None:
@@ -195,12 +208,13 @@ class CommandTask(GPUTask):
         sys.stdout.flush()
         returncode, stopped_by = run_with_grace(command, shell=self.shell, env=env)
         if stopped_by is not None:
-            raise CommandFailed(128 + stopped_by, f"the command was stopped by {signal.Signals(stopped_by).name} "
-                                                  f"(it ended with status {returncode})")
+            raise CommandFailed(
+                128 + stopped_by,
+                f"the command was stopped by {signal.Signals(stopped_by).name} (it ended with status {returncode})",
+            )
         completed = subprocess.CompletedProcess(command, returncode)
         if completed.returncode != 0:
             code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
-            how = (f"exit code {completed.returncode}" if completed.returncode > 0
-                   else f"signal {-completed.returncode}")
+            how = f"exit code {completed.returncode}" if completed.returncode > 0 else f"signal {-completed.returncode}"
             raise CommandFailed(code, f"the command failed with {how}")
         return None  # the command's own result.json, if it writes one, is the run's result

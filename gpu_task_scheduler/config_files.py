@@ -12,13 +12,15 @@ else is PyYAML's: ``yes``/``no``/``on``/``off`` stay booleans (YAML 1.1, as
 the original read them), ``0x10`` and ``1_000`` stay integers, ``.5`` and
 ``.inf`` floats.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
 import runpy
-from typing import Any, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Any, Union
 
 from .errors import ConfigError
 from .lazy import lazy_import
@@ -30,24 +32,29 @@ SUFFIXES = (".yaml", ".yml", ".json", ".py")
 
 
 # YAML 1.1's float pattern, widened to YAML 1.2's: the dot is optional before an exponent.
-_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
     |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X)
-_LOADER: Optional[type] = None
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_LOADER: type | None = None
 
 
 def _yaml_loader() -> type:
     """``yaml.SafeLoader`` with the YAML 1.2 float forms (built once, on first use)."""
     global _LOADER
     if _LOADER is None:
+
         class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
             pass
 
-        Loader.yaml_implicit_resolvers = {key: [(tag, regexp) for tag, regexp in resolvers
-                                                if tag != "tag:yaml.org,2002:float"]
-                                          for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        Loader.yaml_implicit_resolvers = {
+            key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+            for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+        }
         Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
         _LOADER = Loader
     return _LOADER
@@ -64,8 +71,7 @@ def load_config(source: ConfigSource) -> Mapping[str, Any]:
         return source
     if not isinstance(source, (str, os.PathLike)):
         raise ConfigError(
-            f"config must be a dict or the path of a {'/'.join(SUFFIXES)} file; "
-            f"got {type(source).__name__} {source!r}"
+            f"config must be a dict or the path of a {'/'.join(SUFFIXES)} file; got {type(source).__name__} {source!r}"
         )
     path = os.fspath(source)
     suffix = os.path.splitext(path)[1].lower()
@@ -78,8 +84,10 @@ def load_config(source: ConfigSource) -> Mapping[str, Any]:
             try:
                 namespace = runpy.run_path(path, run_name="__gts_config__")
             except SystemExit as error:
-                raise ConfigError(f"config file {path!r} called sys.exit({error.code!r}) while it was read; "
-                                  "a config file only defines the variable 'config'") from None
+                raise ConfigError(
+                    f"config file {path!r} called sys.exit({error.code!r}) while it was read; "
+                    "a config file only defines the variable 'config'"
+                ) from None
             if "config" not in namespace:
                 raise ConfigError(f"config file {path!r} defines no variable named 'config'")
             loaded = namespace["config"]

@@ -4,10 +4,12 @@ Same methods and return shapes as the original. Unlike it, constructing one
 writes nothing (the original created ``temp_folder``) and never changes the
 caller's dict, and runs are produced lazily.
 """
+
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from .config_files import ConfigSource
 from .devices import Slot
@@ -42,22 +44,22 @@ class ConfigManager:
             ledger = None  # a damaged ledger: the scheduler will say so; names from the folders alone
         return self._sweep.runs(foreign_checker(ledger, root))
 
-    def get_all_scheduler_config(self) -> Dict[str, Any]:
+    def get_all_scheduler_config(self) -> dict[str, Any]:
         return self._sweep.options.as_dict()
 
-    def get_all_global_config(self) -> Dict[str, Any]:
+    def get_all_global_config(self) -> dict[str, Any]:
         return copy.deepcopy(self._sweep.global_config)
 
-    def get_all_test_config(self) -> List[Dict[str, Any]]:
+    def get_all_test_config(self) -> list[dict[str, Any]]:
         return [test_config for _, test_config in self._sweep.test_configs()]
 
     def get_all_test_config_in_string(self) -> str:
         return self._sweep.all_test_config_in_string()
 
-    def get_gpu_envs(self) -> List[Dict[str, Any]]:
+    def get_gpu_envs(self) -> list[dict[str, Any]]:
         return [{"name": slot.name, "env": slot.env()} for slot in self._slots()]
 
-    def _slots(self) -> List[Slot]:
+    def _slots(self) -> list[Slot]:
         slots = self._sweep.options.slots
         if slots is None:  # "all": ask the machine
             from .placement import machine_slots
@@ -65,11 +67,11 @@ class ConfigManager:
             return machine_slots(self._sweep.options)
         return list(slots)
 
-    def get_next_config(self, create_dir: bool = False) -> Dict[str, Any]:
+    def get_next_config(self, create_dir: bool = False) -> dict[str, Any]:
         """The next run as ``{"config", "test_config_string", "test_config_string_filtered",
         "work_dir"}``, or ``{"config": None}`` when none is left. ``create_dir`` is
         accepted for compatibility and ignored, as in the original."""
-        spec: Optional[RunSpec] = next(self._runs, None)
+        spec: RunSpec | None = next(self._runs, None)
         if spec is None:
             return {"config": None}
         self._counter += 1
@@ -83,7 +85,7 @@ class ConfigManager:
     def get_num_left_config(self) -> int:
         return self._total - self._counter
 
-    def get_results(self) -> List[Dict[str, Any]]:
+    def get_results(self) -> list[dict[str, Any]]:
         """One row per recorded run of this sweep's result root (see ``gpu_task_scheduler.results``)."""
         from .results import rows
 

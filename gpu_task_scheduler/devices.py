@@ -11,12 +11,13 @@ Each entry of ``gpu`` is one slot, i.e. one run at a time:
 ``CUDA_VISIBLE_DEVICES`` allows). Listing the same GPU twice gives two slots
 sharing it, as in the original.
 """
+
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, GTSError
 
@@ -36,7 +37,7 @@ class Slot:
     """One place where one run executes at a time."""
 
     name: str  # "gpu0", "gpu1,2", "cpu0": the name the scheduler log uses
-    gpu_ids: Tuple[str, ...]  # empty for a CPU slot
+    gpu_ids: tuple[str, ...]  # empty for a CPU slot
 
     @property
     def is_cpu(self) -> bool:
@@ -46,7 +47,7 @@ class Slot:
     def cuda_visible_devices(self) -> str:
         return ",".join(self.gpu_ids)
 
-    def env(self) -> Dict[str, str]:
+    def env(self) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices}
 
 
@@ -59,7 +60,7 @@ def _gpu_id(value: object, where: str) -> str:
     return text
 
 
-def _entry_ids(entry: object, where: str) -> Tuple[str, ...]:
+def _entry_ids(entry: object, where: str) -> tuple[str, ...]:
     if isinstance(entry, str) and entry.strip().lower() == CPU:
         return ()
     if isinstance(entry, str) and "," in entry:  # the original passed "1,2" through as a group
@@ -74,7 +75,7 @@ def _entry_ids(entry: object, where: str) -> Tuple[str, ...]:
     return (_gpu_id(entry, where),)
 
 
-def normalize_gpu_entries(value: object) -> Union[str, List[str]]:
+def normalize_gpu_entries(value: object) -> str | list[str]:
     """The ``gpu`` list as the original's ``get_all_scheduler_config()`` shows it.
 
     >>> normalize_gpu_entries(["0", ["1", "2"], 3, "cpu"])
@@ -86,7 +87,7 @@ def normalize_gpu_entries(value: object) -> Union[str, List[str]]:
     return [CPU if slot.is_cpu else slot.cuda_visible_devices for slot in slots]
 
 
-def parse_slots(value: object) -> Optional[List[Slot]]:
+def parse_slots(value: object) -> list[Slot] | None:
     """Validate ``scheduler_config['gpu']`` and turn it into slots.
 
     >>> [s.name for s in parse_slots(["0", ["1", "2"], "cpu", "cpu"])]
@@ -96,12 +97,10 @@ def parse_slots(value: object) -> Optional[List[Slot]]:
     if isinstance(value, str) and value.strip().lower() == ALL:
         return None  # resolved against the machine when the sweep starts
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ConfigError(
-            f"{where} must be \"all\" or a list of slots such as [\"0\", \"1\"] or [\"cpu\"]; got {value!r}"
-        )
+        raise ConfigError(f'{where} must be "all" or a list of slots such as ["0", "1"] or ["cpu"]; got {value!r}')
     if len(value) == 0:
-        raise ConfigError(f"{where} is empty; list at least one slot, e.g. [\"0\"] or [\"cpu\"]")
-    slots: List[Slot] = []
+        raise ConfigError(f'{where} is empty; list at least one slot, e.g. ["0"] or ["cpu"]')
+    slots: list[Slot] = []
     cpu_count = 0
     for index, entry in enumerate(value):
         ids = _entry_ids(entry, f"{where}[{index}]")
@@ -113,8 +112,14 @@ def parse_slots(value: object) -> Optional[List[Slot]]:
     return slots
 
 
-def resolve_slots(slots: Optional[Sequence[Slot]], *, gpu_count: Optional[int], visible: Optional[List[str]],
-                  cpu_fallback: int = 0, why_no_gpu: str = "") -> List[Slot]:
+def resolve_slots(
+    slots: Sequence[Slot] | None,
+    *,
+    gpu_count: int | None,
+    visible: list[str] | None,
+    cpu_fallback: int = 0,
+    why_no_gpu: str = "",
+) -> list[Slot]:
     """The slots a sweep runs on, on this machine.
 
     ``slots`` is the parsed config (None for ``"all"``), ``gpu_count`` what NVML
@@ -132,8 +137,9 @@ def resolve_slots(slots: Optional[Sequence[Slot]], *, gpu_count: Optional[int], 
         if not ids:
             reason = why_no_gpu or ("CUDA_VISIBLE_DEVICES hides every GPU" if visible == [] else "NVML sees no GPU")
             if cpu_fallback > 0:
-                logger.warning("gpu is \"all\" but no GPU is available (%s); running on %d CPU slot(s)",
-                               reason, cpu_fallback)
+                logger.warning(
+                    'gpu is "all" but no GPU is available (%s); running on %d CPU slot(s)', reason, cpu_fallback
+                )
                 return [Slot(name=f"cpu{i}", gpu_ids=()) for i in range(cpu_fallback)]
             raise GTSError(
                 f'gpu is "all" but no GPU is available ({reason}). List GPUs explicitly, use "gpu": ["cpu"], '
@@ -158,8 +164,22 @@ def resolve_slots(slots: Optional[Sequence[Slot]], *, gpu_count: Optional[int], 
     return resolved
 
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -170,20 +190,20 @@ def parse_memory(value: object, where: str) -> int:
     (1610612736, 10000000000, 2048)
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{where} must be a memory size such as 10000000000, \"10GB\" or \"9.5GiB\"; got {value!r}")
+        raise ConfigError(f'{where} must be a memory size such as 10000000000, "10GB" or "9.5GiB"; got {value!r}')
     if isinstance(value, (int, float)):
         number, unit = float(value), ""
     else:
         match = _SIZE.match(value)
         if not match or match.group(2).lower() not in _UNITS:
-            raise ConfigError(f"{where} is {value!r}, not a memory size; use e.g. \"10GB\", \"9.5GiB\" or \"512MiB\"")
+            raise ConfigError(f'{where} is {value!r}, not a memory size; use e.g. "10GB", "9.5GiB" or "512MiB"')
         number, unit = float(match.group(1)), match.group(2).lower()
     if not number >= 0 or number == float("inf"):
         raise ConfigError(f"{where} must be a memory size >= 0; got {value!r}")
     return int(number * _UNITS[unit])
 
 
-def format_memory(size: Optional[int]) -> str:
+def format_memory(size: int | None) -> str:
     """Bytes for people.
 
     >>> format_memory(10 * 2**30)

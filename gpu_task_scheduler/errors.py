@@ -4,10 +4,11 @@ Each subclass also derives from the built-in exception the original
 GPUTaskScheduler raised in the same situation (``ValueError`` for a bad
 config), so ``except ValueError`` in existing user code keeps working.
 """
+
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 
 class GTSError(Exception):
@@ -36,12 +37,12 @@ class LedgerError(GTSError, RuntimeError):
 class RunsFailedError(GTSError, RuntimeError):
     """Raised by :meth:`SweepSummary.raise_for_failures` when runs failed."""
 
-    def __init__(self, message: str, summary: "object") -> None:
+    def __init__(self, message: str, summary: object) -> None:
         super().__init__(message)
         self.summary = summary
 
 
-def closest(word: str, choices: Iterable[str]) -> Optional[str]:
+def closest(word: str, choices: Iterable[str]) -> str | None:
     """The valid choice closest to a misspelt ``word``, or None."""
     matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return matches[0] if matches else None

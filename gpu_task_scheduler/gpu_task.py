@@ -1,7 +1,9 @@
 """The base class of a user's task (import path of the original kept)."""
+
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class GPUTask:
@@ -16,12 +18,12 @@ class GPUTask:
     (a dict of metrics, typically) is recorded as the run's result.
     """
 
-    def __init__(self, config: Dict[str, Any], work_dir: str) -> None:
+    def __init__(self, config: dict[str, Any], work_dir: str) -> None:
         self._config = config
         self._work_dir = work_dir
 
     @property
-    def config(self) -> Dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         """The run's merged config (``global_config`` updated with its test values)."""
         return self._config
 

@@ -1,4 +1,5 @@
 """``GPUTaskScheduler``: the original's entry point, over the new engine."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +10,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Type
+from typing import Any
 
 from .commands import CommandTask, check_template
 from .config_files import ConfigSource
@@ -28,7 +30,7 @@ _FORMAT = "%(asctime)s %(levelname)s %(message)s"
 _DATE_FORMAT = "%a, %d %b %Y %H:%M:%S"
 
 
-def check_task_class(task_class: object) -> Type[GPUTask]:
+def check_task_class(task_class: object) -> type[GPUTask]:
     if not (inspect.isclass(task_class) and issubclass(task_class, GPUTask)):
         raise TaskClassError(
             f"gpu_task_class must be a subclass of gpu_task_scheduler.gpu_task.GPUTask; got {task_class!r}"
@@ -44,21 +46,23 @@ class ConsoleFilter(logging.Filter):
 
 
 @contextlib.contextmanager
-def scheduler_logging(path: Optional[str], console: Optional[logging.Handler] = None) -> Iterator[None]:
+def scheduler_logging(path: str | None, console: logging.Handler | None = None) -> Iterator[None]:
     """The original's scheduler log: appended to ``path`` and shown on the console.
 
     Handlers go on this package's logger for the duration of ``start()`` only;
     the root logger is left alone. The console handler is added only when the
     application has not configured logging itself, so nothing prints twice.
     """
-    handlers: List[logging.Handler] = []
+    handlers: list[logging.Handler] = []
     if path is not None:
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
         except OSError as error:
-            raise GTSError(f"cannot write the scheduler log {path!r}: {error.strerror or error}; set "
-                           "scheduler_log_file_path to a writable file, or to null for the console only") from None
+            raise GTSError(
+                f"cannot write the scheduler log {path!r}: {error.strerror or error}; set "
+                "scheduler_log_file_path to a writable file, or to null for the console only"
+            ) from None
     if console is not None:
         console.addFilter(ConsoleFilter())
         handlers.append(console)
@@ -83,8 +87,13 @@ def scheduler_logging(path: Optional[str], console: Optional[logging.Handler] = 
 
 
 class _Callbacks(Hooks):
-    def __init__(self, hooks: Sequence[Hooks], on_run_start: Optional[Callable] = None,
-                 on_run_end: Optional[Callable] = None, on_sweep_end: Optional[Callable] = None) -> None:
+    def __init__(
+        self,
+        hooks: Sequence[Hooks],
+        on_run_start: Callable | None = None,
+        on_run_end: Callable | None = None,
+        on_sweep_end: Callable | None = None,
+    ) -> None:
         self._hooks = list(hooks)
         self._functions = {"on_run_start": on_run_start, "on_run_end": on_run_end, "on_sweep_end": on_sweep_end}
 
@@ -118,7 +127,7 @@ class _Callbacks(Hooks):
                 close()
 
 
-def _live_status_wanted(choice: Optional[bool]) -> bool:
+def _live_status_wanted(choice: bool | None) -> bool:
     """``live_status``: True/False as asked; None (the default): on a terminal where
     the application has not set up logging of its own (our lines would mix with its)."""
     if choice is not None:
@@ -128,7 +137,7 @@ def _live_status_wanted(choice: Optional[bool]) -> bool:
     return wanted(sys.stderr) and not logging.getLogger().handlers and logger.level == logging.NOTSET
 
 
-def import_task(reference: str) -> Type[GPUTask]:
+def import_task(reference: str) -> type[GPUTask]:
     """``"package.module:ClassName"`` -> the class (the current directory is importable, as with ``python -m``)."""
     module_name, _, class_name = reference.partition(":")
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -145,8 +154,14 @@ def command_factory(sweep: Sweep, command: Any, shell: bool) -> TaskFactory:
     parts = check_template(command, sweep.keys(), shell=shell)
 
     def make(spec: RunSpec) -> GPUTask:
-        return CommandTask(copy.deepcopy(spec.config), spec.work_dir, parts=parts, shell=shell,
-                           run_name=spec.name, run_index=spec.index)
+        return CommandTask(
+            copy.deepcopy(spec.config),
+            spec.work_dir,
+            parts=parts,
+            shell=shell,
+            run_name=spec.name,
+            run_index=spec.index,
+        )
 
     make.__name__ = "CommandTask"
     return make
@@ -167,25 +182,35 @@ class GPUTaskScheduler:
     exception they raise is logged and the sweep goes on.
     """
 
-    def __init__(self, config: ConfigSource, gpu_task_class: Optional[Type[GPUTask]] = None, *,
-                 command: Any = None, shell: Optional[bool] = None, nvml: Optional[ModuleType] = None,
-                 on_run_start: Optional[Callable[[RunSpec, Slot], Any]] = None,
-                 on_run_end: Optional[Callable[[RunOutcome], Any]] = None,
-                 on_sweep_end: Optional[Callable[[SweepSummary], Any]] = None,
-                 hooks: Sequence[Hooks] = (), console: Optional[logging.Handler] = None,
-                 live_status: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        config: ConfigSource,
+        gpu_task_class: type[GPUTask] | None = None,
+        *,
+        command: Any = None,
+        shell: bool | None = None,
+        nvml: ModuleType | None = None,
+        on_run_start: Callable[[RunSpec, Slot], Any] | None = None,
+        on_run_end: Callable[[RunOutcome], Any] | None = None,
+        on_sweep_end: Callable[[SweepSummary], Any] | None = None,
+        hooks: Sequence[Hooks] = (),
+        console: logging.Handler | None = None,
+        live_status: bool | None = None,
+    ) -> None:
         self._sweep = Sweep(config)
         shell = self._sweep.shell if shell is None else shell
         if gpu_task_class is not None:
             self._make_task: Any = check_task_class(gpu_task_class)
         elif command is not None or self._sweep.command is not None:
-            self._make_task = command_factory(self._sweep, command if command is not None else self._sweep.command,
-                                              shell)
+            self._make_task = command_factory(
+                self._sweep, command if command is not None else self._sweep.command, shell
+            )
         elif self._sweep.task_ref is not None:
             self._make_task = import_task(self._sweep.task_ref)
         else:
-            raise TaskClassError("no task to run: pass gpu_task_class, or set task ('package.module:Class') "
-                                 "or command in the config")
+            raise TaskClassError(
+                "no task to run: pass gpu_task_class, or set task ('package.module:Class') or command in the config"
+            )
         self._nvml = nvml  # a module with pynvml's interface; the real bindings when None
         hooks = list(hooks)
         if console is None and _live_status_wanted(live_status):

@@ -8,15 +8,16 @@ the next power of two, walking past indices outside the grid; it is a true
 permutation (every command once) and also needs no list. Its order differs
 from simple_hypersearch's for the same seed (that tool shuffles a full list).
 """
+
 from __future__ import annotations
 
 import random
 import string
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 from .errors import ConfigError
 
-Parameters = Sequence[Tuple[str, Sequence[str]]]
+Parameters = Sequence[tuple[str, Sequence[str]]]
 _ROUNDS = 3  # a permutation for any count; three rounds already scramble well (Luby-Rackoff)
 _MASK64 = (1 << 64) - 1
 
@@ -31,7 +32,7 @@ def grid_size(parameters: Parameters) -> int:
 class _Permutation:
     """A seeded bijection of range(size), computed one index at a time."""
 
-    def __init__(self, size: int, seed: Optional[int]) -> None:
+    def __init__(self, size: int, seed: int | None) -> None:
         self.size = size
         bits = max(2, (size - 1).bit_length())
         bits += bits % 2
@@ -67,12 +68,14 @@ def check_pattern(pattern: str, names: Sequence[str]) -> None:
         raise ConfigError(f"command pattern {pattern!r} is malformed: {error}") from None
     for field in fields:
         if field.split(".")[0].split("[")[0] not in known:
-            raise ConfigError(f"the pattern uses {{{field}}}, which is not a parameter; "
-                              f"known: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"the pattern uses {{{field}}}, which is not a parameter; known: {', '.join(sorted(known))}"
+            )
 
 
-def commands(pattern: str, parameters: Parameters, *, mode: str = "grid", n_samples: Optional[int] = None,
-             seed: Optional[int] = None) -> Iterator[str]:
+def commands(
+    pattern: str, parameters: Parameters, *, mode: str = "grid", n_samples: int | None = None, seed: int | None = None
+) -> Iterator[str]:
     names = [name for name, _ in parameters]
     if len(set(names)) != len(names):
         raise ConfigError(f"a parameter is given twice: {names}")
@@ -87,7 +90,7 @@ def commands(pattern: str, parameters: Parameters, *, mode: str = "grid", n_samp
     order = _Permutation(size, seed) if mode == "shuffled_grid" else None
     options = [list(values) for _, values in reversed(parameters)]
     keys = [*reversed(names), "job_index"]
-    fields: Dict[str, str] = {}
+    fields: dict[str, str] = {}
     for job_index in range(count):
         index = order(job_index) if order is not None else job_index
         picked = []
@@ -95,10 +98,11 @@ def commands(pattern: str, parameters: Parameters, *, mode: str = "grid", n_samp
             index, digit = divmod(index, len(values))
             picked.append(values[digit])
         picked.append(str(job_index))
-        fields.update(zip(keys, picked))
+        fields.update(zip(keys, picked, strict=False))
         try:
             line = pattern.format_map(fields)
         except (ValueError, OverflowError, MemoryError) as error:
-            raise ConfigError(f"the pattern {pattern!r} cannot be filled in with {fields}: "
-                              f"{type(error).__name__}: {error}") from None
+            raise ConfigError(
+                f"the pattern {pattern!r} cannot be filled in with {fields}: {type(error).__name__}: {error}"
+            ) from None
         yield line

@@ -1,7 +1,8 @@
 """Host conditions for starting a run: CPU utilisation and free RAM (Linux /proc)."""
+
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 
 def _read(path: str) -> str:
@@ -14,14 +15,14 @@ class HostProbe:
 
     def __init__(self, read: Callable[[str], str] = _read) -> None:
         self._read = read
-        self._last: Optional[Tuple[int, int]] = None
+        self._last: tuple[int, int] | None = None
 
-    def _cpu_times(self) -> Tuple[int, int]:
+    def _cpu_times(self) -> tuple[int, int]:
         fields = [int(x) for x in self._read("/proc/stat").splitlines()[0].split()[1:]]
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
         return sum(fields), idle
 
-    def cpu_percent(self) -> Optional[float]:
+    def cpu_percent(self) -> float | None:
         """Busy share of all cores since the last call (None on the first call)."""
         now = self._cpu_times()
         last, self._last = self._last, now

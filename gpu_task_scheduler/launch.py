@@ -4,6 +4,7 @@ Runs in the scheduler process, right before the child starts. Whatever fails
 here (the task's ``__init__`` or ``required_env()`` raises, the task object
 cannot be pickled, the folder cannot be written) fails this run only.
 """
+
 from __future__ import annotations
 
 import copy
@@ -11,23 +12,20 @@ import os
 import pickle
 import sys
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Type
+from typing import Any
 
 from .devices import Slot
 from .gpu_task import GPUTask
 from .paths import RunPaths, atomic_write, atomic_write_json, open_regular
 from .sweep import RunSpec, to_jsonable
 
-
 # The child starts our runner even when this package is not installed but only
 # importable from the launcher's sys.path; appending keeps the child's own
 # import precedence unchanged.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_RUNNER_BOOT = (
-    f"import sys; sys.path.append({_PACKAGE_PARENT!r}); "
-    "from gpu_task_scheduler.runner import main; main()"
-)
+_RUNNER_BOOT = f"import sys; sys.path.append({_PACKAGE_PARENT!r}); from gpu_task_scheduler.runner import main; main()"
 
 
 TaskFactory = Callable[[RunSpec], GPUTask]
@@ -61,8 +59,8 @@ def log_launch_failure(paths: RunPaths, error: BaseException) -> None:
 
 @dataclass(frozen=True)
 class Launch:
-    argv: List[str]
-    env: Dict[str, str]
+    argv: list[str]
+    env: dict[str, str]
     cwd: str
     direct: bool = False  # a plain command: exit status 0 is its success (no runner, no outcome file)
 
@@ -84,11 +82,11 @@ _SHELL_WRAPPER = (
 )
 
 
-def shell_argv(command: str) -> List[str]:
+def shell_argv(command: str) -> list[str]:
     return ["/bin/sh", "-c", _SHELL_WRAPPER, "gts-shell", command]
 
 
-def class_factory(task_class: Type[GPUTask]) -> TaskFactory:
+def class_factory(task_class: type[GPUTask]) -> TaskFactory:
     """``task_class(config, work_dir)`` for each run, as the original did."""
 
     def make(spec: RunSpec) -> GPUTask:
@@ -98,7 +96,7 @@ def class_factory(task_class: Type[GPUTask]) -> TaskFactory:
     return make
 
 
-def _checked_env(env: Any, task_class: type) -> Dict[str, str]:
+def _checked_env(env: Any, task_class: type) -> dict[str, str]:
     where = f"{task_class.__name__}.required_env()"
     if env is None:
         return {}
@@ -133,7 +131,7 @@ def _pickle_task(task: GPUTask) -> bytes:
         raise LaunchError(f"the {type(task).__name__} object cannot be pickled for its process: {error}") from error
 
 
-def _environment(slot: Slot, extra_env: Dict[str, str]) -> Dict[str, str]:
+def _environment(slot: Slot, extra_env: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(slot.env())
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so GPU ids mean the same to CUDA as to nvidia-smi and NVML
@@ -151,8 +149,16 @@ def _rotate_log(paths: RunPaths, attempt: int) -> None:
         os.replace(paths.log, old)
 
 
-def prepare(*, spec: RunSpec, slot: Slot, make_task: TaskFactory, paths: RunPaths,
-            token: str, attempt: int, python: str = sys.executable) -> Launch:
+def prepare(
+    *,
+    spec: RunSpec,
+    slot: Slot,
+    make_task: TaskFactory,
+    paths: RunPaths,
+    token: str,
+    attempt: int,
+    python: str = sys.executable,
+) -> Launch:
     problem = paths.unsafe()
     if problem is not None:
         raise LaunchError(f"the run folder is not safe to use: {problem}")

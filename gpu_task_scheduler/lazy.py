@@ -6,6 +6,7 @@ Importing PyTorch or TensorFlow at the top of a task module makes the
 the module on first attribute access, which happens inside ``main()``, in the
 run's own process, after ``CUDA_VISIBLE_DEVICES`` is set.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -11,6 +11,7 @@ A :class:`SweepLock` (an ``flock`` on ``.gts/lock``) stops two schedulers
 from working on the same result root; the kernel drops it when its holder
 dies, so a killed scheduler never leaves a stale lock behind.
 """
+
 from __future__ import annotations
 
 import enum
@@ -22,8 +23,9 @@ import socket
 import sqlite3
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 from . import __version__
 from .errors import LedgerError, SchedulerBusyError
@@ -69,27 +71,27 @@ class RunStatus(str, enum.Enum):
 @dataclass(frozen=True)
 class RunRecord:
     name: str
-    run_index: Optional[int]
-    config_hash: Optional[str]
+    run_index: int | None
+    config_hash: str | None
     status: RunStatus
     attempts: int
-    slot: Optional[str]
-    pid: Optional[int]
-    token: Optional[str]
-    work_dir: Optional[str]
-    started_at: Optional[float]
-    ended_at: Optional[float]
-    exit_code: Optional[int]
-    signal: Optional[str]
-    cause: Optional[str]
-    log_tail: Optional[str]
-    result: Optional[str]  # JSON text of what main() returned
-    gpu_memory_peak: Optional[int] = None  # bytes on one GPU, as NVML saw the run's processes
-    params: Optional[str] = None  # JSON of the run's swept values (its test_config)
-    result_file: Optional[str] = None  # a result too large for the ledger: this file in the run's .gts/
+    slot: str | None
+    pid: int | None
+    token: str | None
+    work_dir: str | None
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    signal: str | None
+    cause: str | None
+    log_tail: str | None
+    result: str | None  # JSON text of what main() returned
+    gpu_memory_peak: int | None = None  # bytes on one GPU, as NVML saw the run's processes
+    params: str | None = None  # JSON of the run's swept values (its test_config)
+    result_file: str | None = None  # a result too large for the ledger: this file in the run's .gts/
 
     @property
-    def params_value(self) -> Dict[str, Any]:
+    def params_value(self) -> dict[str, Any]:
         return {} if self.params is None else json.loads(self.params)
 
     @property
@@ -114,11 +116,13 @@ _FIELDS = set(RunRecord.__dataclass_fields__)
 _OPTIONAL_COLUMNS = {"result_file"}  # added by a later schema: a ledger read as it is may lack them
 
 
-def _check_version(path: str, version: Optional[int]) -> None:
+def _check_version(path: str, version: int | None) -> None:
     if version is not None and version > SCHEMA_VERSION:
-        raise LedgerError(f"the ledger {path!r} has schema version {version}, written by a newer version of "
-                          f"gpu_task_scheduler; this version ({__version__}) reads up to {SCHEMA_VERSION}: upgrade "
-                          "to use this result root")
+        raise LedgerError(
+            f"the ledger {path!r} has schema version {version}, written by a newer version of "
+            f"gpu_task_scheduler; this version ({__version__}) reads up to {SCHEMA_VERSION}: upgrade "
+            "to use this result root"
+        )
     if version is not None and version < 1:
         raise LedgerError(f"the ledger {path!r} has the schema version {version}; move it aside and start again")
 
@@ -155,11 +159,13 @@ class Ledger:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
         missing = sorted(_FIELDS - columns - _OPTIONAL_COLUMNS)
         if missing:
-            raise LedgerError(f"the ledger {self.path!r} has no column {', '.join(missing)} in its runs table; it "
-                              f"was not written by gpu_task_scheduler (schema version {SCHEMA_VERSION} here) or "
-                              "was changed by hand: move it aside and start again")
+            raise LedgerError(
+                f"the ledger {self.path!r} has no column {', '.join(missing)} in its runs table; it "
+                f"was not written by gpu_task_scheduler (schema version {SCHEMA_VERSION} here) or "
+                "was changed by hand: move it aside and start again"
+            )
 
-    def _version(self) -> Optional[int]:
+    def _version(self) -> int | None:
         """The schema version of an existing ledger (None: a new, empty file)."""
         tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "meta" not in tables:
@@ -168,13 +174,15 @@ class Ledger:
         try:
             return int(rows[0][0]) if rows else None
         except (TypeError, ValueError):
-            raise LedgerError(f"the ledger {self.path!r} has the schema version {rows[0][0]!r}, which is no "
-                              "version of gpu_task_scheduler; move it aside and start again") from None
+            raise LedgerError(
+                f"the ledger {self.path!r} has the schema version {rows[0][0]!r}, which is no "
+                "version of gpu_task_scheduler; move it aside and start again"
+            ) from None
 
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -188,13 +196,13 @@ class Ledger:
         except sqlite3.DatabaseError as error:
             raise _ledger_error(self.path, error) from error
 
-    def _query(self, sql: str, params: tuple = ()) -> List[sqlite3.Row]:
+    def _query(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
         try:
             return self._db.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as error:
             raise _ledger_error(self.path, error) from error
 
-    def get_meta(self, key: str) -> Optional[str]:
+    def get_meta(self, key: str) -> str | None:
         rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
         return rows[0][0] if rows else None
 
@@ -208,31 +216,43 @@ class Ledger:
         values = {key: row[key] for key in row.keys() if key in _FIELDS}
         missing = [name for name in ("name", "status") if name not in values]
         if missing:
-            raise LedgerError(f"the ledger {self.path!r} has no column {', '.join(missing)} in its runs table; it "
-                              f"was not written by gpu_task_scheduler (schema version {SCHEMA_VERSION} here); "
-                              "move it aside and start again")
+            raise LedgerError(
+                f"the ledger {self.path!r} has no column {', '.join(missing)} in its runs table; it "
+                f"was not written by gpu_task_scheduler (schema version {SCHEMA_VERSION} here); "
+                "move it aside and start again"
+            )
         try:
             values["status"] = RunStatus(values["status"])
         except ValueError:
             raise LedgerError(
                 f"the ledger {self.path!r} records the run {values['name']!r} with the status "
                 f"{values['status']!r}, which this version ({__version__}) does not know: a newer version of "
-                "gpu_task_scheduler wrote it; upgrade to use this result root") from None
+                "gpu_task_scheduler wrote it; upgrade to use this result root"
+            ) from None
         return RunRecord(**values)
 
-    def get(self, name: str) -> Optional[RunRecord]:
+    def get(self, name: str) -> RunRecord | None:
         rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
         return self._record(rows[0]) if rows else None
 
-    def records(self) -> List[RunRecord]:
+    def records(self) -> list[RunRecord]:
         return [self._record(row) for row in self._query("SELECT * FROM runs ORDER BY run_index, name")]
 
-    def counts(self) -> Dict[RunStatus, int]:
+    def counts(self) -> dict[RunStatus, int]:
         rows = self._query("SELECT status, COUNT(*) FROM runs GROUP BY status")
         return {RunStatus(status): count for status, count in rows}
 
-    def mark_running(self, *, name: str, run_index: int, config_hash: str, slot: str,
-                     token: str, work_dir: str, params: Optional[str] = None) -> int:
+    def mark_running(
+        self,
+        *,
+        name: str,
+        run_index: int,
+        config_hash: str,
+        slot: str,
+        token: str,
+        work_dir: str,
+        params: str | None = None,
+    ) -> int:
         """Record a new attempt before its child starts; return the attempt number."""
         self._write(
             """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at,
@@ -251,37 +271,75 @@ class Ledger:
         assert record is not None
         return record.attempts
 
-    def finish(self, name: str, status: RunStatus, *, exit_code: Optional[int] = None,
-               signal: Optional[str] = None, cause: Optional[str] = None,
-               log_tail: Optional[str] = None, result: Optional[str] = None,
-               ended_at: Optional[float] = None, gpu_memory_peak: Optional[int] = None,
-               pid: Optional[int] = None, result_file: Optional[str] = None) -> None:
+    def finish(
+        self,
+        name: str,
+        status: RunStatus,
+        *,
+        exit_code: int | None = None,
+        signal: str | None = None,
+        cause: str | None = None,
+        log_tail: str | None = None,
+        result: str | None = None,
+        ended_at: float | None = None,
+        gpu_memory_peak: int | None = None,
+        pid: int | None = None,
+        result_file: str | None = None,
+    ) -> None:
         if result is not None and len(result) > MAX_INLINE_RESULT:  # never let one run's result wedge the root
             result, cause = None, (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
                log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?
                WHERE name = ?""",
-            (status.value, self._clock() if ended_at is None else ended_at, exit_code, signal,
-             None if cause is None else cause[:MAX_TEXT], None if log_tail is None else log_tail[-MAX_TEXT:],
-             result, gpu_memory_peak, pid, result_file, name),
+            (
+                status.value,
+                self._clock() if ended_at is None else ended_at,
+                exit_code,
+                signal,
+                None if cause is None else cause[:MAX_TEXT],
+                None if log_tail is None else log_tail[-MAX_TEXT:],
+                result,
+                gpu_memory_peak,
+                pid,
+                result_file,
+                name,
+            ),
         )
 
-    def adopt(self, *, name: str, run_index: int, config_hash: str, work_dir: str,
-              result: Optional[str], ended_at: Optional[float], params: Optional[str] = None,
-              result_file: Optional[str] = None) -> None:
+    def adopt(
+        self,
+        *,
+        name: str,
+        run_index: int,
+        config_hash: str,
+        work_dir: str,
+        result: str | None,
+        ended_at: float | None,
+        params: str | None = None,
+        result_file: str | None = None,
+    ) -> None:
         """Record a success found in a run folder but missing from the ledger."""
         if result is not None and len(result) > MAX_INLINE_RESULT:
             result = None
         self._write(
             """INSERT OR REPLACE INTO runs (name, run_index, config_hash, status, attempts, work_dir,
                ended_at, cause, result, params, result_file) VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?, ?, ?)""",
-            (name, run_index, config_hash, work_dir, ended_at,
-             "recovered from the run folder's outcome file", result, params, result_file),
+            (
+                name,
+                run_index,
+                config_hash,
+                work_dir,
+                ended_at,
+                "recovered from the run folder's outcome file",
+                result,
+                params,
+                result_file,
+            ),
         )
 
     @classmethod
-    def read_only(cls, paths: RootPaths) -> Optional["Ledger"]:
+    def read_only(cls, paths: RootPaths) -> Ledger | None:
         """The ledger of an existing result root, opened without writing anything (None if there is none)."""
         if not os.path.exists(paths.ledger):
             return None
@@ -306,11 +364,11 @@ class Ledger:
             raise _ledger_error(paths.ledger, error) from error
         return ledger
 
-    def running(self) -> List[RunRecord]:
+    def running(self) -> list[RunRecord]:
         return [self._record(row) for row in self._query("SELECT * FROM runs WHERE status = 'running'")]
 
 
-def foreign_checker(ledger: Optional[Ledger], root: str) -> Callable[[str, str], bool]:
+def foreign_checker(ledger: Ledger | None, root: str) -> Callable[[str, str], bool]:
     """``foreign(name, params)``: does the result root record the folder ``name``
     for a run with other swept values than ``params``? Asked of the ledger,
     and for folders it does not know, of the folder's own ``.gts/config.json``.
@@ -353,7 +411,7 @@ class SweepLock:
     def __init__(self, paths: RootPaths, *, leftover_timeout: float = 10.0) -> None:
         self._paths = paths
         self._leftover_timeout = leftover_timeout
-        self.fd: Optional[int] = None
+        self.fd: int | None = None
 
     def acquire(self) -> None:
         os.makedirs(self._paths.meta, exist_ok=True)
@@ -388,7 +446,8 @@ class SweepLock:
         holder = self._holder()
         busy = SchedulerBusyError(
             f"another scheduler is already running on {self._paths.root!r} ({holder}); "
-            "wait for it to finish or stop it first")
+            "wait for it to finish or stop it first"
+        )
         pid, host = _parse_holder(holder)
         if pid is None or host != socket.gethostname() or _pid_alive(pid):
             raise busy
@@ -397,15 +456,20 @@ class SweepLock:
         # not have dropped the lock yet).
         deadline = time.monotonic() + self._leftover_timeout
         delay = 0.005
-        others: List[int] = []
+        others: list[int] = []
         while True:
             processes = holders(self._paths.root)
             ours = [p for p in processes if environ_has(p, TOKEN_ENV)]
             others = [p for p in processes if p not in ours]
             if ours:
-                logger.warning("the scheduler that held %s (%s) is gone, but %d process(es) of its runs are still "
-                               "alive: stopping pid %s", self._paths.root, holder, len(ours),
-                               ", ".join(map(str, ours)))
+                logger.warning(
+                    "the scheduler that held %s (%s) is gone, but %d process(es) of its runs are still "
+                    "alive: stopping pid %s",
+                    self._paths.root,
+                    holder,
+                    len(ours),
+                    ", ".join(map(str, ours)),
+                )
                 kill_all(ours)
                 wait_gone(ours, timeout=max(0.0, deadline - time.monotonic()))
             if self._try_lock(fd):
@@ -418,7 +482,8 @@ class SweepLock:
             still = [p for p in holders(self._paths.root) if p != os.getpid()] or others
             raise SchedulerBusyError(
                 f"{self._paths.root!r} is still locked although its scheduler ({holder}) is gone: held by "
-                f"pid {', '.join(map(str, still)) or 'unknown'}; stop those processes and start again") from None
+                f"pid {', '.join(map(str, still)) or 'unknown'}; stop those processes and start again"
+            ) from None
 
     def _write_holder(self) -> None:
         text = f"pid {os.getpid()} on host {socket.gethostname()}\n".encode()
@@ -442,7 +507,7 @@ class SweepLock:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> "SweepLock":
+    def __enter__(self) -> SweepLock:
         self.acquire()
         return self
 
@@ -450,7 +515,7 @@ class SweepLock:
         self.release()
 
 
-def scheduler_state(root: str) -> Tuple[Optional[bool], str]:
+def scheduler_state(root: str) -> tuple[bool | None, str]:
     """``(running, holder)``: whether a live scheduler holds the result root, read
     without touching the lock (``/proc/locks`` lists every ``flock`` with the pid
     that took it), and who it is. ``running`` is None when this cannot be known
@@ -473,7 +538,7 @@ def scheduler_state(root: str) -> Tuple[Optional[bool], str]:
     return False, holder
 
 
-def _parse_holder(text: str) -> "tuple[Optional[int], Optional[str]]":
+def _parse_holder(text: str) -> tuple[int | None, str | None]:
     """``pid 12 on host h`` -> ``(12, 'h')``."""
     parts = text.split()
     if len(parts) == 5 and parts[0] == "pid" and parts[2:4] == ["on", "host"] and parts[1].isdigit():

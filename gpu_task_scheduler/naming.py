@@ -12,11 +12,12 @@ more than 255 bytes), and :class:`NameRegistry` gives two *different* configs
 that end up with the same name distinct folders instead of letting the second
 one be skipped as "already done".
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
-from typing import Callable, Dict, Iterable, Mapping, Optional, Tuple
+from collections.abc import Callable, Iterable, Mapping
 
 # Linux and macOS limit one path component to 255 bytes.
 MAX_NAME_BYTES = 255
@@ -28,7 +29,7 @@ def config_string(
     *,
     indicator: str,
     separator: str,
-    maxlen: Optional[int],
+    maxlen: int | None,
     ignored_keys: Iterable[str] = (),
     ignored_characters: Iterable[str] = (),
 ) -> str:
@@ -64,8 +65,8 @@ def _text(value: object) -> str:
 _UNSAFE = re.compile(r"[/\x00-\x1f\x7f]")
 
 
-def _escape(match: "re.Match[str]") -> str:
-    return "%{:02X}".format(ord(match.group()))
+def _escape(match: re.Match[str]) -> str:
+    return f"%{ord(match.group()):02X}"
 
 
 def short_hash(text: str) -> str:
@@ -114,14 +115,15 @@ class NameRegistry:
     """
 
     def __init__(self) -> None:
-        self._owner: Dict[int, int] = {}
+        self._owner: dict[int, int] = {}
 
     @staticmethod
     def _key(name: str) -> int:
         return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
-    def assign(self, name: str, config_hash: str, *, suffix: Optional[str] = None,
-               foreign: Optional[Callable[[str], bool]] = None) -> Tuple[str, bool]:
+    def assign(
+        self, name: str, config_hash: str, *, suffix: str | None = None, foreign: Callable[[str], bool] | None = None
+    ) -> tuple[str, bool]:
         config = int(config_hash[:16], 16)
         suffix = suffix or config_hash
         candidate, width = name, _HASH_CHARS

@@ -12,6 +12,7 @@ system's CAs, or against ``ca_file`` for a private CA. Credentials are never
 sent over an unencrypted connection unless ``allow_insecure_auth: true`` says
 the network is trusted.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ import smtplib
 import socket
 import ssl
 import subprocess
+from collections.abc import Mapping, Sequence
 from email.message import EmailMessage
-from typing import Any, Mapping, Sequence, Union
+from typing import Any
 
 from .summary import SweepSummary
 
@@ -31,17 +33,26 @@ logger = logging.getLogger("gpu_task_scheduler")
 NOTIFY_TIMEOUT = 60.0
 
 
-def run_notify_command(command: Union[str, Sequence[str]], summary: SweepSummary) -> None:
+def run_notify_command(command: str | Sequence[str], summary: SweepSummary) -> None:
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     try:
-        completed = subprocess.run(argv, input=json.dumps(summary.to_dict()).encode(), timeout=NOTIFY_TIMEOUT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        completed = subprocess.run(
+            argv,
+            input=json.dumps(summary.to_dict()).encode(),
+            timeout=NOTIFY_TIMEOUT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         logger.error("notify_command %s failed: %s", argv, error)
         return
     if completed.returncode != 0:
-        logger.error("notify_command %s exited with code %d: %s", argv, completed.returncode,
-                     completed.stdout.decode("utf-8", "replace")[-2000:])
+        logger.error(
+            "notify_command %s exited with code %d: %s",
+            argv,
+            completed.returncode,
+            completed.stdout.decode("utf-8", "replace")[-2000:],
+        )
 
 
 def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: str = "") -> None:
@@ -50,7 +61,8 @@ def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: 
     state = "interrupted" if summary.interrupted_by else ("done" if summary.ok else "failures")
     message["Subject"] = settings.get("subject") or (
         f"[gts] sweep {state} on {hostname or socket.gethostname()}: {counts['succeeded']} succeeded, "
-        f"{counts['failed']} failed, {counts['skipped']} skipped")
+        f"{counts['failed']} failed, {counts['skipped']} skipped"
+    )
     message["From"] = settings["sender"]
     message["To"] = ", ".join(settings["recipients"])
     message.set_content(summary.report())
@@ -58,22 +70,30 @@ def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: 
     port = settings.get("port", 465 if implicit_tls else 25)
     user_env, password_env = settings.get("username_env"), settings.get("password_env")
     if (user_env or password_env) and not (implicit_tls or starttls) and not settings.get("allow_insecure_auth"):
-        logger.error("notify_email: refusing to send the SMTP password to %s:%s unencrypted; set starttls: true "
-                     "(port 587) or ssl: true (port 465), or allow_insecure_auth: true for a server on a network "
-                     "you trust", host, port)
+        logger.error(
+            "notify_email: refusing to send the SMTP password to %s:%s unencrypted; set starttls: true "
+            "(port 587) or ssl: true (port 465), or allow_insecure_auth: true for a server on a network "
+            "you trust",
+            host,
+            port,
+        )
         return
     try:
         context = ssl.create_default_context(cafile=settings.get("ca_file")) if implicit_tls or starttls else None
-        smtp = (smtplib.SMTP_SSL(host, port, timeout=NOTIFY_TIMEOUT, context=context) if implicit_tls
-                else smtplib.SMTP(host, port, timeout=NOTIFY_TIMEOUT))
+        smtp = (
+            smtplib.SMTP_SSL(host, port, timeout=NOTIFY_TIMEOUT, context=context)
+            if implicit_tls
+            else smtplib.SMTP(host, port, timeout=NOTIFY_TIMEOUT)
+        )
         with smtp:
             if starttls:
                 smtp.starttls(context=context)
             if user_env or password_env:
                 user, password = os.environ.get(user_env or ""), os.environ.get(password_env or "")
                 if not user or not password:
-                    logger.error("notify_email: %s and %s must both be set in the environment to log in",
-                                 user_env, password_env)
+                    logger.error(
+                        "notify_email: %s and %s must both be set in the environment to log in", user_env, password_env
+                    )
                     return
                 smtp.login(user, password)
             smtp.send_message(message)

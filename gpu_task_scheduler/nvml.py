@@ -5,13 +5,15 @@ Everything NVML is behind :class:`GpuMonitor`, built from a module with the
 default, or a fake with the same function names, exception classes and return
 shapes in tests. Nothing else in the package calls NVML.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -19,21 +21,21 @@ logger = logging.getLogger("gpu_task_scheduler")
 @dataclass(frozen=True)
 class GpuProcess:
     pid: int
-    used_memory: Optional[int]  # bytes; None where NVML cannot tell (e.g. Windows WDDM)
+    used_memory: int | None  # bytes; None where NVML cannot tell (e.g. Windows WDDM)
 
 
 @dataclass(frozen=True)
 class GpuState:
     """One GPU (or MIG instance) as NVML sees it at one moment."""
 
-    index: Optional[int]  # NVML index (PCI bus order); None for a MIG instance
+    index: int | None  # NVML index (PCI bus order); None for a MIG instance
     uuid: str
     name: str
     total_memory: int
     free_memory: int
     used_memory: int
-    utilization: Optional[int]  # percent of time a kernel ran in the last sample period
-    processes: Tuple[GpuProcess, ...] = field(default=())
+    utilization: int | None  # percent of time a kernel ran in the last sample period
+    processes: tuple[GpuProcess, ...] = field(default=())
 
 
 class NvmlUnavailable(Exception):
@@ -47,7 +49,7 @@ def _text(value: Any) -> str:
 class GpuMonitor:
     """Reads GPU state through a ``pynvml``-like module."""
 
-    def __init__(self, module: Optional[ModuleType] = None) -> None:
+    def __init__(self, module: ModuleType | None = None) -> None:
         if module is None:
             try:
                 import pynvml as module  # type: ignore[no-redef]
@@ -58,7 +60,7 @@ class GpuMonitor:
             module.nvmlInit()
         except module.NVMLError as error:
             raise NvmlUnavailable(f"NVML could not start: {error}") from None
-        self._handles: Dict[str, Any] = {}
+        self._handles: dict[str, Any] = {}
 
     def close(self) -> None:
         try:
@@ -66,7 +68,7 @@ class GpuMonitor:
         except self._nvml.NVMLError:
             pass
 
-    def __enter__(self) -> "GpuMonitor":
+    def __enter__(self) -> GpuMonitor:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -92,7 +94,7 @@ class GpuMonitor:
         handle = self._handle(gpu_id)
         before = nvml.nvmlDeviceGetMemoryInfo(handle)
         try:
-            utilization: Optional[int] = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            utilization: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
         except nvml.NVMLError:  # not supported on MIG instances
             utilization = None
         try:
@@ -120,14 +122,14 @@ class GpuMonitor:
             processes=processes,
         )
 
-    def snapshot(self, gpu_ids: Iterable[str]) -> Dict[str, GpuState]:
+    def snapshot(self, gpu_ids: Iterable[str]) -> dict[str, GpuState]:
         return {gpu_id: self.state(gpu_id) for gpu_id in gpu_ids}
 
-    def all(self) -> List[GpuState]:
+    def all(self) -> list[GpuState]:
         return [self.state(str(index)) for index in range(self.count())]
 
 
-def visible_ids(environ: Optional[Dict[str, str]] = None) -> Optional[List[str]]:
+def visible_ids(environ: dict[str, str] | None = None) -> list[str] | None:
     """The GPUs an inherited ``CUDA_VISIBLE_DEVICES`` allows, or None when it is unset.
 
     >>> visible_ids({"CUDA_VISIBLE_DEVICES": "2, 3"})

@@ -1,20 +1,25 @@
 """Recognising a run that died of GPU out-of-memory, from its log."""
+
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 # The messages PyTorch, TensorFlow, JAX/XLA and raw CUDA print on GPU OOM.
 _PATTERNS = [
     ("PyTorch", re.compile(r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory)")),
     ("TensorFlow", re.compile(r"(ResourceExhaustedError|OOM when allocating tensor)")),
     ("JAX", re.compile(r"RESOURCE_EXHAUSTED: Out of memory")),
-    ("CUDA", re.compile(r"(cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED"
-                        r"|CUDNN_STATUS_ALLOC_FAILED|out of memory on device)")),
+    (
+        "CUDA",
+        re.compile(
+            r"(cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED"
+            r"|CUDNN_STATUS_ALLOC_FAILED|out of memory on device)"
+        ),
+    ),
 ]
 
 
-def detect_oom(log_tail: str) -> Optional[str]:
+def detect_oom(log_tail: str) -> str | None:
     """The framework whose out-of-memory message is in ``log_tail``, or None.
 
     >>> detect_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -23,6 +23,7 @@ files are opened with ``O_NOFOLLOW``), and nothing opens a file that is not a
 regular one (``O_NONBLOCK`` on open, then ``fstat``), so a FIFO can neither
 hang the scheduler nor stand in for a record.
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,7 +32,7 @@ import os
 import stat
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 META = ".gts"
 # Results up to this many bytes of JSON go into the outcome file and the ledger;
@@ -103,7 +104,7 @@ def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
 MAX_RECORD_BYTES = 64 << 20
 
 
-def read_json(path: str, *, limit: int = MAX_RECORD_BYTES) -> Optional[Any]:
+def read_json(path: str, *, limit: int = MAX_RECORD_BYTES) -> Any | None:
     """The JSON in ``path``, or None if it is missing, unreadable, too large,
     a symbolic link or not a regular file."""
     try:
@@ -117,7 +118,7 @@ def read_json(path: str, *, limit: int = MAX_RECORD_BYTES) -> Optional[Any]:
         return None
 
 
-def _kind_problem(path: str, want_dir: bool) -> Optional[str]:
+def _kind_problem(path: str, want_dir: bool) -> str | None:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -141,7 +142,7 @@ def _kind_problem(path: str, want_dir: bool) -> Optional[str]:
 MAX_LEDGER_PATH = 504
 
 
-def ledger_path_problem(root: str) -> Optional[str]:
+def ledger_path_problem(root: str) -> str | None:
     """Why SQLite could not open the ledger of ``root`` (its path is too long), or None.
 
     SQLite resolves symbolic links and the current folder itself, so the real
@@ -150,10 +151,11 @@ def ledger_path_problem(root: str) -> Optional[str]:
     size = len(real.encode("utf-8", "surrogateescape"))
     limit = MAX_LEDGER_PATH - len("/.gts/ledger.sqlite3")
     if size > limit:
-        return (f"the result root's real path is {size} bytes long; SQLite, which keeps the ledger, opens no "
-                f"file under a folder path longer than {limit} bytes: choose a shorter result_root_folder")
+        return (
+            f"the result root's real path is {size} bytes long; SQLite, which keeps the ledger, opens no "
+            f"file under a folder path longer than {limit} bytes: choose a shorter result_root_folder"
+        )
     return None
-
 
 
 @dataclass(frozen=True)
@@ -176,14 +178,14 @@ class RootPaths:
 @dataclass(frozen=True)
 class RunPaths:
     work_dir: str
-    log_name: Optional[str]  # None: the run's output is discarded, as in the original
+    log_name: str | None  # None: the run's output is discarded, as in the original
 
     @property
     def meta(self) -> str:
         return os.path.join(self.work_dir, META)
 
     @property
-    def log(self) -> Optional[str]:
+    def log(self) -> str | None:
         return os.path.join(self.work_dir, self.log_name) if self.log_name else None
 
     @property
@@ -210,7 +212,7 @@ class RunPaths:
     def old_logs(self) -> str:
         return os.path.join(self.meta, "logs")
 
-    def unsafe(self, *, records_only: bool = False) -> Optional[str]:
+    def unsafe(self, *, records_only: bool = False) -> str | None:
         """Why writing into (or trusting) this run folder could reach outside it:
         a symbolic link, or a non-regular file, where our folders and files
         go. None when it is safe (missing paths are safe: we create them).

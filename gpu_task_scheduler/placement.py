@@ -10,12 +10,14 @@ Reserving at launch and releasing only as NVML shows the run's processes
 allocating means that several runs started at the same moment never
 double-book the same free memory, without any fixed "put interval".
 """
+
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING
 
 from .devices import Slot, format_memory, resolve_slots
 from .nvml import GpuMonitor, GpuState, NvmlUnavailable, visible_ids
@@ -32,10 +34,10 @@ EXCLUSIVE = -1
 class Reservation:
     """One active run of ours, as the memory accounting sees it."""
 
-    gpu_ids: Tuple[str, ...]
+    gpu_ids: tuple[str, ...]
     pgid: int
     reserved: int  # bytes per GPU; EXCLUSIVE for "the whole GPU"; 0 for no accounting
-    allocated: Dict[str, int] = field(default_factory=dict)  # per GPU, from NVML
+    allocated: dict[str, int] = field(default_factory=dict)  # per GPU, from NVML
     peak: int = 0  # the most it has allocated on one GPU so far
 
 
@@ -55,20 +57,21 @@ class SlotView:
     slot: Slot
     running: int
     capacity: int
-    available: Optional[int]  # bytes a new run may use (min over the slot's GPUs); None without NVML
+    available: int | None  # bytes a new run may use (min over the slot's GPUs); None without NVML
     ours_on_gpus: int  # runs of ours on the slot's GPUs, from any slot
-    busy: Optional[str]  # why other users make it unusable now
+    busy: str | None  # why other users make it unusable now
 
 
-def book(states: Mapping[str, GpuState], runs: Iterable[Reservation], margin: int,
-         pgid_of: Callable[[int], Optional[int]]) -> Dict[str, GpuBook]:
+def book(
+    states: Mapping[str, GpuState], runs: Iterable[Reservation], margin: int, pgid_of: Callable[[int], int | None]
+) -> dict[str, GpuBook]:
     """Update each run's allocation from NVML and return every GPU's account."""
     runs = list(runs)
     by_pgid = {run.pgid: run for run in runs}
     books = {}
     for gpu_id, state in states.items():
         foreign = 0
-        allocated: Dict[int, int] = {}
+        allocated: dict[int, int] = {}
         for process in state.processes:
             owner = pgid_of(process.pid)
             if owner in by_pgid:
@@ -86,23 +89,25 @@ def book(states: Mapping[str, GpuState], runs: Iterable[Reservation], margin: in
             run.peak = max(run.peak, used)
             reserved = state.total_memory if run.reserved == EXCLUSIVE else run.reserved
             pending += max(0, reserved - used)
-        books[gpu_id] = GpuBook(state=state, available=state.free_memory - pending - margin,
-                                foreign_used=foreign, ours=ours)
+        books[gpu_id] = GpuBook(
+            state=state, available=state.free_memory - pending - margin, foreign_used=foreign, ours=ours
+        )
     return books
 
 
-def busy_reason(gpu: GpuBook, *, memory_fraction: Optional[float], utilization: Optional[float]) -> Optional[str]:
+def busy_reason(gpu: GpuBook, *, memory_fraction: float | None, utilization: float | None) -> str | None:
     state = gpu.state
     if memory_fraction is not None and state.total_memory and gpu.foreign_used / state.total_memory > memory_fraction:
-        return (f"other users' processes use {format_memory(gpu.foreign_used)} of "
-                f"{format_memory(state.total_memory)} (busy_memory_fraction {memory_fraction:g})")
-    if utilization is not None and state.utilization is not None and gpu.ours == 0 \
-            and state.utilization >= utilization:
+        return (
+            f"other users' processes use {format_memory(gpu.foreign_used)} of "
+            f"{format_memory(state.total_memory)} (busy_memory_fraction {memory_fraction:g})"
+        )
+    if utilization is not None and state.utilization is not None and gpu.ours == 0 and state.utilization >= utilization:
         return f"utilisation is {state.utilization}% without any run of ours (busy_utilization {utilization:g})"
     return None
 
 
-def fits(view: SlotView, need: Optional[int]) -> bool:
+def fits(view: SlotView, need: int | None) -> bool:
     if view.running >= view.capacity or view.busy is not None:
         return False
     if need == EXCLUSIVE:
@@ -110,8 +115,9 @@ def fits(view: SlotView, need: Optional[int]) -> bool:
     return need is None or view.available is None or need <= view.available
 
 
-def choose(views: Sequence[SlotView], need: Optional[int], policy: str, *, last: int = -1,
-           rng: Optional[random.Random] = None) -> Optional[SlotView]:
+def choose(
+    views: Sequence[SlotView], need: int | None, policy: str, *, last: int = -1, rng: random.Random | None = None
+) -> SlotView | None:
     """The slot for a run needing ``need`` bytes per GPU (None: unknown, no accounting).
 
     * ``first_fit``: the first slot in config order (the original's behaviour);
@@ -132,8 +138,9 @@ def choose(views: Sequence[SlotView], need: Optional[int], policy: str, *, last:
     return candidates[0]
 
 
-def machine_slots(options: "SchedulerOptions", monitor: Optional[GpuMonitor] = None,
-                  environ: Optional[Mapping[str, str]] = None) -> List[Slot]:
+def machine_slots(
+    options: SchedulerOptions, monitor: GpuMonitor | None = None, environ: Mapping[str, str] | None = None
+) -> list[Slot]:
     """The config's slots resolved on this machine (``"all"``, inherited ``CUDA_VISIBLE_DEVICES``)."""
     environ = os.environ if environ is None else environ
     slots = options.slots
@@ -149,11 +156,12 @@ def machine_slots(options: "SchedulerOptions", monitor: Optional[GpuMonitor] = N
                     monitor.close()
         except NvmlUnavailable as error:
             why = str(error)
-    return resolve_slots(slots, gpu_count=count, visible=visible_ids(dict(environ)),
-                         cpu_fallback=options.cpu_fallback, why_no_gpu=why)
+    return resolve_slots(
+        slots, gpu_count=count, visible=visible_ids(dict(environ)), cpu_fallback=options.cpu_fallback, why_no_gpu=why
+    )
 
 
-def process_group(pid: int) -> Optional[int]:
+def process_group(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
     except (ProcessLookupError, PermissionError):

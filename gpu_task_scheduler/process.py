@@ -17,6 +17,7 @@ posts to the scheduler's queue the moment the child exits. It waits with
 ``WNOWAIT``, leaving the child a zombie until the scheduler reaps it, so the
 group id cannot be reused by another process while we still signal it.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .paths import open_regular
 from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
@@ -34,7 +36,7 @@ _RECENT = 30.0  # seconds after its start in which a run's pids are all above it
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 
 
-def describe_returncode(returncode: int) -> Tuple[Optional[int], Optional[str]]:
+def describe_returncode(returncode: int) -> tuple[int | None, str | None]:
     """``(exit_code, signal_name)`` for a ``Popen.returncode``.
 
     >>> describe_returncode(3)
@@ -50,7 +52,7 @@ def describe_returncode(returncode: int) -> Tuple[Optional[int], Optional[str]]:
         return None, f"signal {-returncode}"
 
 
-def _pgid(pid: int) -> Optional[int]:
+def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
     except OSError:
@@ -64,9 +66,9 @@ class Child:
         self,
         argv: Sequence[str],
         *,
-        env: Dict[str, str],
+        env: dict[str, str],
         cwd: str,
-        log_path: Optional[str],
+        log_path: str | None,
         on_exit: Callable[[], Any],
         token: str = "",
         inherit_fds: Sequence[int] = (),
@@ -76,11 +78,14 @@ class Child:
         env[LIFELINE_ENV] = str(read_end)
         self.token = token or os.urandom(16).hex()
         env[TOKEN_ENV] = self.token
-        self.strays: List[int] = []  # processes of the run found outside its group, and stopped
-        self.unstoppable: List[int] = []  # ... and those that could not be stopped
+        self.strays: list[int] = []  # processes of the run found outside its group, and stopped
+        self.unstoppable: list[int] = []  # ... and those that could not be stopped
         # The run folder was checked; O_NOFOLLOW and a regular-file check close the gap to now.
-        log = os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") if log_path \
+        log = (
+            os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+            if log_path
             else open(os.devnull, "wb")
+        )
         try:
             self._popen = subprocess.Popen(
                 list(argv),
@@ -102,9 +107,7 @@ class Child:
         self.pid = self._popen.pid
         self._since = start_time(self.pid)
         self._spawned = time.monotonic()
-        self._watcher = threading.Thread(
-            target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}", daemon=True
-        )
+        self._watcher = threading.Thread(target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}", daemon=True)
         self._watcher.start()
 
     def _watch(self, on_exit: Callable[[], Any]) -> None:
@@ -124,16 +127,21 @@ class Child:
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 
-    def _processes(self) -> List[int]:
+    def _processes(self) -> list[int]:
         """The run's live processes other than its first (a scan of /proc; see proctree)."""
         # Right after the start, pids above ours are all a run can have, unless the pids wrapped
         # around since; a run that has lived a while gets a full scan, however its pids went.
         latest = last_pid()
         recent = time.monotonic() - self._spawned < _RECENT and latest is not None and latest >= self.pid
-        return run_processes(token=self.token, session=self.pid, since=self._since, exclude=(self.pid,),
-                             above=self.pid - 1 if recent else 0)
+        return run_processes(
+            token=self.token,
+            session=self.pid,
+            since=self._since,
+            exclude=(self.pid,),
+            above=self.pid - 1 if recent else 0,
+        )
 
-    def _outside_group(self) -> List[int]:
+    def _outside_group(self) -> list[int]:
         return [pid for pid in self._processes() if _pgid(pid) != self.pid]
 
     def has_exited(self) -> bool:
@@ -145,7 +153,7 @@ class Child:
                 return True
         return self._popen.poll() is not None
 
-    def others(self) -> List[int]:
+    def others(self) -> list[int]:
         """Live processes of the run other than its first one (in its group or not)."""
         return self._processes()
 

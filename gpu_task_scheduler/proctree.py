@@ -19,19 +19,20 @@ last pid it handed out (``/proc/loadavg``) tells whether that happened since.
 Elsewhere (no ``/proc``) the functions find nothing and the process group is
 all we stop.
 """
+
 from __future__ import annotations
 
 import os
 import select
 import signal
 import time
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from collections.abc import Iterable
 
 TOKEN_ENV = "GTS_RUN_TOKEN"
 _PROC = "/proc"
 
 
-def _stat(pid: int) -> Optional[Tuple[int, int, int, str]]:
+def _stat(pid: int) -> tuple[int, int, int, str] | None:
     """``(ppid, session, start time in ticks, state)`` of a process, or None if it is gone."""
     try:
         with open(f"{_PROC}/{pid}/stat", "rb") as handle:
@@ -45,12 +46,12 @@ def _stat(pid: int) -> Optional[Tuple[int, int, int, str]]:
         return None
 
 
-def start_time(pid: int) -> Optional[int]:
+def start_time(pid: int) -> int | None:
     info = _stat(pid)
     return None if info is None else info[2]
 
 
-def _environ(pid: int) -> List[bytes]:
+def _environ(pid: int) -> list[bytes]:
     try:
         with open(f"{_PROC}/{pid}/environ", "rb") as handle:
             return handle.read().split(b"\0")
@@ -64,14 +65,14 @@ def environ_has(pid: int, name: str) -> bool:
     return any(item.startswith(prefix) for item in _environ(pid))
 
 
-def _pids(above: int = 0) -> List[int]:
+def _pids(above: int = 0) -> list[int]:
     try:
         return [pid for pid in (int(entry) for entry in os.listdir(_PROC) if entry.isdigit()) if pid > above]
     except OSError:
         return []
 
 
-def last_pid() -> Optional[int]:
+def last_pid() -> int | None:
     """The pid Linux handed out last (None where that cannot be read)."""
     try:
         with open(f"{_PROC}/loadavg", "rb") as handle:
@@ -80,8 +81,9 @@ def last_pid() -> Optional[int]:
         return None
 
 
-def run_processes(*, token: str, session: int, since: Optional[int], exclude: Iterable[int] = (),
-                  above: int = 0) -> List[int]:
+def run_processes(
+    *, token: str, session: int, since: int | None, exclude: Iterable[int] = (), above: int = 0
+) -> list[int]:
     """Live processes of one run: in its session, carrying its token, or descended from either.
 
     ``since``: the start time (ticks) of the run's first process; older processes are skipped.
@@ -89,8 +91,8 @@ def run_processes(*, token: str, session: int, since: Optional[int], exclude: It
     """
     skip = set(exclude) | {os.getpid()}
     needle = f"{TOKEN_ENV}={token}".encode()
-    parents: Dict[int, int] = {}
-    found: Set[int] = set()
+    parents: dict[int, int] = {}
+    found: set[int] = set()
     for pid in _pids(above):
         if pid in skip:
             continue
@@ -113,10 +115,10 @@ def run_processes(*, token: str, session: int, since: Optional[int], exclude: It
     return sorted(found)
 
 
-def descendants(pid: int, *, zombies: bool = True) -> List[int]:
+def descendants(pid: int, *, zombies: bool = True) -> list[int]:
     """Every descendant of ``pid`` (through ``/proc/PID/task/*/children``);
     ``zombies=False`` leaves out those that have ended but are not reaped yet."""
-    result: List[int] = []
+    result: list[int] = []
     stack = [pid]
     while stack:
         parent = stack.pop()
@@ -135,7 +137,7 @@ def descendants(pid: int, *, zombies: bool = True) -> List[int]:
     return result if zombies else [child for child in result if _alive(child)]
 
 
-def kill_all(pids: Iterable[int], signum: int = signal.SIGKILL) -> List[int]:
+def kill_all(pids: Iterable[int], signum: int = signal.SIGKILL) -> list[int]:
     """Signal each process; return those we may not signal (another user's)."""
     refused = []
     for pid in pids:
@@ -148,7 +150,7 @@ def kill_all(pids: Iterable[int], signum: int = signal.SIGKILL) -> List[int]:
     return refused
 
 
-def wait_gone(pids: Iterable[int], timeout: float) -> List[int]:
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     """Wait (bounded) until the processes are gone; return those still alive.
 
     They are not our children (they were re-parented), so ``waitpid`` cannot
@@ -160,7 +162,7 @@ def wait_gone(pids: Iterable[int], timeout: float) -> List[int]:
     remaining = [pid for pid in pids if _alive(pid)]
     if remaining and hasattr(os, "pidfd_open"):
         poller = select.poll()
-        fds: Dict[int, int] = {}
+        fds: dict[int, int] = {}
         try:
             for pid in remaining:
                 try:
@@ -194,7 +196,7 @@ def _alive(pid: int) -> bool:
     return info is not None and info[3] not in ("Z", "X")
 
 
-def holders(path: str) -> List[int]:
+def holders(path: str) -> list[int]:
     """Processes that have ``path`` open (any of their descriptors)."""
     target = os.path.realpath(path)
     found = []

@@ -11,6 +11,7 @@ Off a terminal (CI, ``nohup``, a pipe) or with ``TERM=dumb`` there is no
 status line: the scheduler's ordinary log lines are the whole story
 (:func:`wanted` decides).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, TextIO
+from typing import TextIO
 
 from .devices import Slot
 from .ledger import RunStatus
@@ -44,21 +45,22 @@ def _clock(seconds: float) -> str:
 
 
 class LiveStatus(Hooks):
-    def __init__(self, total: int, stream: Optional[TextIO] = None, *, tick: float = 1.0,
-                 width: Optional[int] = None) -> None:
+    def __init__(
+        self, total: int, stream: TextIO | None = None, *, tick: float = 1.0, width: int | None = None
+    ) -> None:
         self.total = total
         self.stream = stream or sys.stderr
         self.started = time.monotonic()
-        self.running: Dict[str, str] = {}  # run name -> slot name, in start order
+        self.running: dict[str, str] = {}  # run name -> slot name, in start order
         self.done = self.failed = self.interrupted = self.skipped = 0
-        self.durations: List[float] = []
+        self.durations: list[float] = []
         self.parallel = 1  # the most runs seen running at once: the sweep's parallelism, for the ETA
         self._tick = tick
         self._width = width
         self._lock = threading.RLock()  # the ticker and the log handler both write the line
         self._closed = False
         self._stop = threading.Event()
-        self._ticker: Optional[threading.Thread] = None
+        self._ticker: threading.Thread | None = None
 
     # --- the line ---------------------------------------------------------------------
 
@@ -70,7 +72,7 @@ class LiveStatus(Hooks):
         if self.durations and pending + len(self.running):
             mean = sum(self.durations) / len(self.durations)
             eta = _clock(mean * (pending + len(self.running)) / self.parallel)
-        per_slot: Dict[str, List[str]] = {}
+        per_slot: dict[str, list[str]] = {}
         for name, slot in self.running.items():
             per_slot.setdefault(slot, []).append(name)
         where = " | ".join(f"{slot}: {' '.join(names)}" for slot, names in sorted(per_slot.items()))
@@ -90,7 +92,7 @@ class LiveStatus(Hooks):
 
     def _fitted(self) -> str:
         text, room = self.line(), max(10, self._columns() - 1)  # the last column would wrap on some terminals
-        return text if len(text) <= room else text[:room - 1] + "…"
+        return text if len(text) <= room else text[: room - 1] + "…"
 
     def _draw(self) -> None:
         with self._lock:

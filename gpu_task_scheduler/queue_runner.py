@@ -7,13 +7,15 @@ stream and hands lines over through a small bounded buffer, so a fifo or
 scheduler wakes when a line arrives. Each command's output goes to
 ``<log dir>/<job>/worker.log``.
 """
+
 from __future__ import annotations
 
 import os
 import queue
 import subprocess
 import threading
-from typing import IO, Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 from .gpu_task import GPUTask
 from .naming import short_hash
@@ -51,9 +53,9 @@ class QueueSweep(Sweep):
     def __init__(self, config: Any, stream: IO[str], *, buffer: int = 64) -> None:
         super().__init__(config)
         self._stream = stream
-        self._lines: "queue.Queue[Any]" = queue.Queue(maxsize=buffer)
+        self._lines: queue.Queue[Any] = queue.Queue(maxsize=buffer)
         self._wake: Callable[[], None] = lambda: None
-        self._reader: Optional[threading.Thread] = None
+        self._reader: threading.Thread | None = None
 
     def __len__(self) -> int:
         raise TypeError("a queue has no length until its input ends")
@@ -74,7 +76,7 @@ class QueueSweep(Sweep):
             self._lines.put(_EOF)
             self._wake()
 
-    def runs(self, foreign: Optional[Callable[[str, str], bool]] = None) -> Iterator[RunSpec]:
+    def runs(self, foreign: Callable[[str, str], bool] | None = None) -> Iterator[RunSpec]:
         """The lines as runs; their names are unique by index, so ``foreign`` is not needed."""
         root = self.options.result_root_folder
         index = 0
@@ -87,7 +89,15 @@ class QueueSweep(Sweep):
             if command is _EOF:
                 return
             name = f"job-{index:06d}-{short_hash(command)}"
-            yield RunSpec(index=index, block=0, test_config={"command": command}, config={"command": command},
-                          test_config_string=name, name=name, work_dir=os.path.join(root, name),
-                          config_hash=short_hash(command), duplicate=False)
+            yield RunSpec(
+                index=index,
+                block=0,
+                test_config={"command": command},
+                config={"command": command},
+                test_config_string=name,
+                name=name,
+                work_dir=os.path.join(root, name),
+                config_hash=short_hash(command),
+                duplicate=False,
+            )
             index += 1

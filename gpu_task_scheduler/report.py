@@ -1,23 +1,29 @@
 """Status tables and plots of a result root."""
+
 from __future__ import annotations
 
 import datetime
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .errors import GTSError
 from .ledger import RunRecord, RunStatus
 from .results import duration, open_ledger, rows
 
-_COLORS = {"succeeded": "tab:green", "failed": "tab:red", "timed_out": "tab:orange",
-           "interrupted": "tab:gray", "running": "tab:blue"}
+_COLORS = {
+    "succeeded": "tab:green",
+    "failed": "tab:red",
+    "timed_out": "tab:orange",
+    "interrupted": "tab:gray",
+    "running": "tab:blue",
+}
 
 
 STALE = "stale"
 
 
-def status(root: str) -> Dict[str, Any]:
+def status(root: str) -> dict[str, Any]:
     """Counts and one entry per run, from the ledger (read-only).
 
     Runs recorded as running while no scheduler holds the root (it was
@@ -39,49 +45,68 @@ def status(root: str) -> Dict[str, Any]:
         stale = record.status is RunStatus.RUNNING and running is False
         state = STALE if stale else record.status.value
         counts[state] += 1
-        runs.append({
-            "name": record.name, "status": state, "slot": record.slot,
-            "started": _iso(record.started_at), "duration": None if stale else duration(record),
-            "exit": _exit(record), "attempts": record.attempts,
-            "cause": ("recorded as running, but no scheduler holds the result root (it was stopped or killed): "
-                      "nothing runs it; the next start runs it again") if stale else record.cause,
-            "log": os.path.join(root, record.name, log_file) if log_file else None,
-        })
+        runs.append(
+            {
+                "name": record.name,
+                "status": state,
+                "slot": record.slot,
+                "started": _iso(record.started_at),
+                "duration": None if stale else duration(record),
+                "exit": _exit(record),
+                "attempts": record.attempts,
+                "cause": (
+                    "recorded as running, but no scheduler holds the result root (it was stopped or killed): "
+                    "nothing runs it; the next start runs it again"
+                )
+                if stale
+                else record.cause,
+                "log": os.path.join(root, record.name, log_file) if log_file else None,
+            }
+        )
     if total_text:
         counts["pending"] = max(0, int(total_text) - len(records))
     scheduler = {"running": running, "holder": holder}
     return {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts, "runs": runs}
 
 
-def _iso(timestamp: Optional[float]) -> Optional[str]:
+def _iso(timestamp: float | None) -> str | None:
     if timestamp is None:
         return None
     return datetime.datetime.fromtimestamp(timestamp).isoformat(sep=" ", timespec="seconds")
 
 
-def _exit(record: RunRecord) -> Optional[str]:
+def _exit(record: RunRecord) -> str | None:
     if record.signal:
         return record.signal
     return None if record.exit_code is None else str(record.exit_code)
 
 
-def format_status(report: Dict[str, Any], *, escape: bool = False) -> str:
+def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
     counts = report["counts"]
     head = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
     running = report["scheduler"]["running"]
-    where = {True: f"a scheduler is running ({report['scheduler']['holder']})", False: "no scheduler is running",
-             None: f"whether a scheduler runs cannot be told from here ({report['scheduler']['holder']})"}[running]
+    where = {
+        True: f"a scheduler is running ({report['scheduler']['holder']})",
+        False: "no scheduler is running",
+        None: f"whether a scheduler runs cannot be told from here ({report['scheduler']['holder']})",
+    }[running]
     lines = [f"{report['root']}: {head or 'no runs recorded'}; {where}"]
     if counts.get(STALE):
-        lines.append(f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "
-                     "runs them; the next start runs them again")
-    table = [{**run, "duration": None if run["duration"] is None else f"{run['duration']:.1f}s"}
-             for run in report["runs"]]
+        lines.append(
+            f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "
+            "runs them; the next start runs them again"
+        )
+    table = [
+        {**run, "duration": None if run["duration"] is None else f"{run['duration']:.1f}s"} for run in report["runs"]
+    ]
     if table:
         from .results import format_table
 
-        lines.append(format_table(table, ["name", "status", "slot", "started", "duration", "exit", "attempts",
-                                          "log"], escape=escape))
+        lines.append(
+            format_table(
+                table, ["name", "status", "slot", "started", "duration", "exit", "attempts", "log"], escape=escape
+            )
+        )
     return "\n".join(lines)
 
 
@@ -118,7 +143,7 @@ def plot_timeline(root: str, output: str) -> str:
     start = min(r.started_at for r in records)
     slots = sorted({r.slot or "?" for r in records})
     figure, axes = pyplot.subplots(figsize=(10, 1 + 0.5 * len(slots)))
-    lanes: Dict[str, List[float]] = {slot: [] for slot in slots}
+    lanes: dict[str, list[float]] = {slot: [] for slot in slots}
     for record in sorted(records, key=lambda r: r.started_at):
         slot = record.slot or "?"
         begin = record.started_at - start
@@ -131,8 +156,7 @@ def plot_timeline(root: str, output: str) -> str:
         ends[lane] = begin + length
         y = slots.index(slot) + lane * 0.8 / max(1, len(ends))
         color = _COLORS.get(record.status.value, "tab:purple")
-        axes.barh(y, length, left=begin, height=0.7 / max(1, len(ends)), color=color, edgecolor="black",
-                  linewidth=0.3)
+        axes.barh(y, length, left=begin, height=0.7 / max(1, len(ends)), color=color, edgecolor="black", linewidth=0.3)
         if record.status in (RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.INTERRUPTED):
             axes.plot(begin + length, y, marker="x", color="black")
     axes.set_yticks(range(len(slots)))
@@ -142,8 +166,12 @@ def plot_timeline(root: str, output: str) -> str:
     from matplotlib.patches import Patch
 
     used = sorted({r.status.value for r in records})
-    axes.legend(handles=[Patch(color=_COLORS.get(s, "tab:purple"), label=s) for s in used],
-                loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    axes.legend(
+        handles=[Patch(color=_COLORS.get(s, "tab:purple"), label=s) for s in used],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0,
+    )
     figure.tight_layout()
     _save(figure, output)
     pyplot.close(figure)
@@ -163,7 +191,7 @@ def plot_metric(root: str, metric: str, by: str, output: str) -> str:
     parameters = {k for row in points for k in row if k not in ignored and not k.startswith("result.")}
     # One line per setting of the other parameters; those that never change say nothing.
     varying = sorted(k for k in parameters if len({json.dumps(row.get(k), default=str) for row in points}) > 1)
-    groups: Dict[str, List[Dict[str, Any]]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for row in points:
         label = ",".join(f"{k}={row.get(k)}" for k in varying) or metric
         groups.setdefault(label, []).append(row)

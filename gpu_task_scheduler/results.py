@@ -5,6 +5,7 @@ process); if it returned nothing, the run's own ``result.json`` in its folder
 is read instead, if there is one. A dict result contributes one column per
 key (``result.loss``); any other value is the ``result`` column.
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,7 +14,8 @@ import json
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .errors import ConfigError, GTSError
 from .ledger import Ledger, RunRecord, RunStatus
@@ -30,7 +32,7 @@ def open_ledger(root: str) -> Ledger:
     return ledger
 
 
-def records(root: str) -> List[RunRecord]:
+def records(root: str) -> list[RunRecord]:
     ledger = open_ledger(root)
     try:
         return ledger.records()
@@ -50,24 +52,28 @@ def run_result(root: str, record: RunRecord) -> Any:
     if value is None:
         paths = run_folder(root, record)
         if paths.unsafe() is None:
-            value = read_json(paths.result if record.result_file else os.path.join(paths.work_dir, RESULT_FILE),
-                              limit=MAX_RESULT_FILE)
+            value = read_json(
+                paths.result if record.result_file else os.path.join(paths.work_dir, RESULT_FILE), limit=MAX_RESULT_FILE
+            )
     return value
 
 
-def duration(record: RunRecord) -> Optional[float]:
+def duration(record: RunRecord) -> float | None:
     if record.started_at is None:
         return None
-    end = record.ended_at if record.ended_at is not None else (time.time() if record.status is RunStatus.RUNNING
-                                                               else None)
+    end = (
+        record.ended_at
+        if record.ended_at is not None
+        else (time.time() if record.status is RunStatus.RUNNING else None)
+    )
     return None if end is None else end - record.started_at
 
 
-def rows(root: str) -> List[Dict[str, Any]]:
+def rows(root: str) -> list[dict[str, Any]]:
     """One dict per run: ``name``, the swept parameters, ``status``, ``duration``, then the result."""
     table = []
     for record in records(root):
-        row: Dict[str, Any] = {"name": record.name}
+        row: dict[str, Any] = {"name": record.name}
         row.update(record.params_value)
         row["status"] = record.status.value
         row["duration"] = duration(record)
@@ -80,8 +86,8 @@ def rows(root: str) -> List[Dict[str, Any]]:
     return table
 
 
-def columns(table: Sequence[Dict[str, Any]]) -> List[str]:
-    names: Dict[str, None] = {}
+def columns(table: Sequence[dict[str, Any]]) -> list[str]:
+    names: dict[str, None] = {}
     for row in table:
         names.update(dict.fromkeys(row))
     return list(names)
@@ -119,8 +125,7 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
-def format_table(table: Sequence[Dict[str, Any]], names: Optional[List[str]] = None, *,
-                 escape: bool = False) -> str:
+def format_table(table: Sequence[dict[str, Any]], names: list[str] | None = None, *, escape: bool = False) -> str:
     """The rows as aligned text; ``escape``: control characters shown as ``\x1b`` (for a terminal)."""
     names = names or columns(table)
     show = escape_controls if escape else (lambda text: text)
@@ -128,12 +133,12 @@ def format_table(table: Sequence[Dict[str, Any]], names: Optional[List[str]] = N
     cells = [[show(_cell(row.get(name))) for name in names] for row in table]
     header = [show(name) for name in names]
     widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(header)]
-    lines = ["  ".join(name.ljust(width) for name, width in zip(header, widths)).rstrip()]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(name.ljust(width) for name, width in zip(header, widths, strict=False)).rstrip()]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip() for row in cells]
     return "\n".join(lines)
 
 
-def format_csv(table: Sequence[Dict[str, Any]]) -> str:
+def format_csv(table: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns(table), lineterminator="\n")
     writer.writeheader()

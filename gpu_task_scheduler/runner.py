@@ -21,6 +21,7 @@ A stop signal that arrives after ``main()`` returned waits until the outcome
 is recorded: a run whose ``main()`` returned is recorded once, whatever
 signal comes. Before that, the signal acts as it would without us.
 """
+
 from __future__ import annotations
 
 import dis
@@ -34,7 +35,7 @@ import threading
 import time
 import traceback
 from types import ModuleType
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 # imported up front: nothing slow may stand between main() and its record
 from .paths import MAX_INLINE_RESULT, atomic_write, atomic_write_json
@@ -76,7 +77,7 @@ def _watch_lifeline() -> None:
 
 class _State:
     returned = False  # main() returned (or exited with status 0): its outcome must be recorded
-    pending: Optional[int] = None  # a stop signal that came after that
+    pending: int | None = None  # a stop signal that came after that
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -110,8 +111,9 @@ _AFTER_MAIN = _offset_after_main_call()
 def _main_has_returned(frame: Any) -> bool:
     # A signal is handled between bytecodes of the innermost Python frame. In
     # _call_main past the call, main() has returned, even before the flag is set.
-    return _State.returned or (frame is not None and frame.f_code is _call_main.__code__
-                               and frame.f_lasti > _AFTER_MAIN)
+    return _State.returned or (
+        frame is not None and frame.f_code is _call_main.__code__ and frame.f_lasti > _AFTER_MAIN
+    )
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
@@ -127,7 +129,7 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
 
 # Sent by the kernel when the scheduler dies (PR_SET_PDEATHSIG): a signal of our own,
 # which no task uses, so that it can mean exactly "the scheduler is gone".
-_SCHEDULER_GONE: Optional[int] = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
+_SCHEDULER_GONE: int | None = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
 
 
 def _on_scheduler_gone(signum: int, frame: Any) -> None:
@@ -141,7 +143,7 @@ def _on_scheduler_gone(signum: int, frame: Any) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _escaped() -> List[int]:
+def _escaped() -> list[int]:
     """Descendants that left the run's process group."""
     group = os.getpgrp()
     found = []
@@ -158,9 +160,9 @@ def _signal_escaped(signum: int) -> None:
     kill_all(_escaped(), signum)  # the group itself had the signal from the scheduler
 
 
-def stop_leftovers() -> List[int]:
+def stop_leftovers() -> list[int]:
     """Kill and reap every descendant still running; return those that had left the group."""
-    escaped: List[int] = []
+    escaped: list[int] = []
     for _ in range(64):  # a process may fork while we look; each round kills what it finds
         escaped.extend(pid for pid in _escaped() if pid not in escaped)
         found = descendants(os.getpid())
@@ -181,14 +183,18 @@ def _report_leftovers() -> None:
     escaped = stop_leftovers()
     if escaped:
         try:
-            print(f"gpu_task_scheduler: stopped {len(escaped)} process(es) the run had started outside its "
-                  f"process group: pid {', '.join(map(str, escaped))}", file=sys.stderr, flush=True)
+            print(
+                f"gpu_task_scheduler: stopped {len(escaped)} process(es) the run had started outside its "
+                f"process group: pid {', '.join(map(str, escaped))}",
+                file=sys.stderr,
+                flush=True,
+            )
         except OSError:
             pass
 
 
 class _TaskUnpickler(pickle.Unpickler):
-    def __init__(self, handle: Any, main_module: Optional[ModuleType]) -> None:
+    def __init__(self, handle: Any, main_module: ModuleType | None) -> None:
         super().__init__(handle)
         self._main = main_module
 
@@ -208,17 +214,17 @@ def _load_main_script(path: str) -> ModuleType:
     return module
 
 
-def load_task(spec: Dict[str, Any]) -> Any:
+def load_task(spec: dict[str, Any]) -> Any:
     sys.path[:0] = [entry for entry in spec["sys_path"] if entry not in sys.path]
     main_module = _load_main_script(spec["main_file"]) if spec.get("main_file") else None
     with open(spec["task_file"], "rb") as handle:
         return _TaskUnpickler(handle, main_module).load()
 
 
-def _jsonable_result(spec: Dict[str, Any], result: Any) -> Dict[str, Any]:
+def _jsonable_result(spec: dict[str, Any], result: Any) -> dict[str, Any]:
     """The outcome's result fields. A result of over 1 MiB of JSON goes to its own
     file next to the outcome, so no run's result can make the ledger unusable."""
-    fields: Dict[str, Any] = {}
+    fields: dict[str, Any] = {}
     try:
         text = json.dumps(result, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
@@ -235,7 +241,7 @@ def _jsonable_result(spec: Dict[str, Any], result: Any) -> Dict[str, Any]:
     return fields
 
 
-def _record(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
+def _record(spec: dict[str, Any], outcome: dict[str, Any]) -> None:
     folder = os.path.dirname(spec["outcome_file"])
     if os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
         raise OSError(f"{folder} was replaced by a symbolic link; the outcome is not written through it")
@@ -243,12 +249,12 @@ def _record(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
     atomic_write_json(spec["outcome_file"], outcome)
 
 
-def _write_outcome(spec: Dict[str, Any], outcome: Dict[str, Any]) -> None:
+def _write_outcome(spec: dict[str, Any], outcome: dict[str, Any]) -> None:
     with _RECORDING:
         _record(spec, outcome)
 
 
-def _error(phase: str, error: BaseException) -> Dict[str, Any]:
+def _error(phase: str, error: BaseException) -> dict[str, Any]:
     # A command run's failure speaks for itself ("the command failed with exit code 3").
     try:
         text = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
@@ -257,7 +263,7 @@ def _error(phase: str, error: BaseException) -> Dict[str, Any]:
     return {"status": "failed", "phase": phase, "error": text[:4000]}
 
 
-def _print_traceback(error: BaseException, headline: Optional[str] = None) -> None:
+def _print_traceback(error: BaseException, headline: str | None = None) -> None:
     """The user's frames only (the runner's own frame is noise in their log).
     The log itself may be what failed (a full disk): the outcome is already
     recorded, so a failure to print is ignored."""

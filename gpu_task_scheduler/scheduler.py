@@ -7,6 +7,7 @@ sleeps in ``queue.get`` until an event arrives or the nearest deadline passes
 runs are waiting for memory or being measured), so a slot gets its next run
 the moment its child exits.
 """
+
 from __future__ import annotations
 
 import collections
@@ -20,9 +21,10 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple, Type
+from typing import Any
 
 from .devices import Slot, format_memory
 from .errors import GTSError
@@ -30,12 +32,12 @@ from .gpu_task import GPUTask
 from .host import HostProbe
 from .launch import LaunchError, TaskFactory, class_factory, log_launch_failure, prepare
 from .ledger import Ledger, RunStatus, SweepLock, foreign_checker
-from .proctree import wait_gone
 from .nvml import GpuMonitor, NvmlUnavailable
 from .oom import detect_oom
 from .paths import RootPaths, RunPaths, read_json
 from .placement import EXCLUSIVE, Reservation, SlotView, book, busy_reason, choose, machine_slots, process_group
 from .process import Child, describe_returncode
+from .proctree import wait_gone
 from .summary import RunOutcome, SweepSummary
 from .sweep import RunSpec, Sweep, params_text
 
@@ -53,7 +55,7 @@ class _Pending:
     spec: RunSpec
     tries: int = 0  # attempts of this run in this start()
     oom_retries: int = 0
-    need: Optional[int] = None  # the memory estimate raised after an out-of-memory failure
+    need: int | None = None  # the memory estimate raised after an out-of-memory failure
 
 
 @dataclass
@@ -65,12 +67,12 @@ class _Active:
     paths: RunPaths
     token: str
     started: float
-    deadline: Optional[float]
+    deadline: float | None
     reservation: Reservation
     direct: bool = False  # a plain command: exit status 0 means success
-    stop_reason: Optional[RunStatus] = None  # TIMED_OUT or INTERRUPTED once we stop it
-    stop_cause: Optional[str] = None
-    kill_at: Optional[float] = None
+    stop_reason: RunStatus | None = None  # TIMED_OUT or INTERRUPTED once we stop it
+    stop_cause: str | None = None
+    kill_at: float | None = None
     draining: bool = False  # stopped, its first process ended, the rest may still use the grace period
 
     @property
@@ -100,9 +102,17 @@ class Hooks:
 
 
 class Scheduler:
-    def __init__(self, sweep: Sweep, task: "Type[GPUTask] | TaskFactory", *, nvml: Optional[ModuleType] = None,
-                 hooks: Optional[Hooks] = None, clock: Callable[[], float] = time.monotonic,
-                 host: Optional[HostProbe] = None, keep_succeeded: bool = True) -> None:
+    def __init__(
+        self,
+        sweep: Sweep,
+        task: type[GPUTask] | TaskFactory,
+        *,
+        nvml: ModuleType | None = None,
+        hooks: Hooks | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        host: HostProbe | None = None,
+        keep_succeeded: bool = True,
+    ) -> None:
         self.sweep = sweep
         self.options = sweep.options
         self._make_task = class_factory(task) if isinstance(task, type) else task
@@ -110,27 +120,29 @@ class Scheduler:
         self._nvml_module = nvml
         self._clock = clock
         self._host = host or HostProbe()
-        self._events: "queue.SimpleQueue[Tuple[str, Any]]" = queue.SimpleQueue()
-        self._active: Dict[int, _Active] = {}
+        self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._active: dict[int, _Active] = {}
         self._keys = iter(range(1 << 62))
-        self._retry: Deque[_Pending] = collections.deque()
-        self._deferred: Deque[_Pending] = collections.deque()  # out-of-memory retries, after everything else
-        self._held: Optional[_Pending] = None  # the next run, waiting for room
-        self._runs: Optional[Iterator[RunSpec]] = None
+        self._retry: collections.deque[_Pending] = collections.deque()
+        self._deferred: collections.deque[_Pending] = (
+            collections.deque()
+        )  # out-of-memory retries, after everything else
+        self._held: _Pending | None = None  # the next run, waiting for room
+        self._runs: Iterator[RunSpec] | None = None
         self._exhausted = False
         self._idle_reported: set = set()
         self._stop_level = 0
         self._summary = SweepSummary(keep_succeeded=keep_succeeded)
-        self._monitor: Optional[GpuMonitor] = None
-        self._learned: List[int] = []
+        self._monitor: GpuMonitor | None = None
+        self._learned: list[int] = []
         self._last_slot = -1
         self._rng = random.Random(0)
-        self._waiting_for: Optional[str] = None
-        self._next_poll: Optional[float] = None
+        self._waiting_for: str | None = None
+        self._next_poll: float | None = None
         self._setup_done = False
-        self._gpu_states: Dict[str, Any] = {}
-        self._lock_fd: Optional[int] = None
-        self._skips: Dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
+        self._gpu_states: dict[str, Any] = {}
+        self._lock_fd: int | None = None
+        self._skips: dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
 
     # --- entry ----------------------------------------------------------------
 
@@ -199,10 +211,13 @@ class Scheduler:
             except NvmlUnavailable as error:
                 if o.slots is not None:
                     ids = sorted({gpu for slot in o.slots for gpu in slot.gpu_ids})
-                    logger.warning("GPU %s could not be checked: %s. The runs start on them anyway (CUDA decides "
-                                   "whether they exist), one run per slot, without memory checks",
-                                   ", ".join(ids), error)
-        self.slots: List[Slot] = machine_slots(o, self._monitor)
+                    logger.warning(
+                        "GPU %s could not be checked: %s. The runs start on them anyway (CUDA decides "
+                        "whether they exist), one run per slot, without memory checks",
+                        ", ".join(ids),
+                        error,
+                    )
+        self.slots: list[Slot] = machine_slots(o, self._monitor)
         packing_ok = self._monitor is not None
         self._capacity = [1 if slot.is_cpu or not packing_ok else o.max_runs_per_gpu for slot in self.slots]
         self._running = [0] * len(self.slots)
@@ -216,7 +231,7 @@ class Scheduler:
         if o.max_host_cpu_percent is not None:
             self._host.cpu_percent()  # start the first measuring interval
 
-    def _read_gpus(self, ids: List[str]) -> Dict[str, Any]:
+    def _read_gpus(self, ids: list[str]) -> dict[str, Any]:
         """Each listed GPU's state; a GPU NVML does not know is an error that lists those it does."""
         assert self._monitor is not None
         states, unknown = {}, []
@@ -228,19 +243,31 @@ class Scheduler:
         if not unknown:
             return states
         try:
-            present = "; ".join(f"{state.index}: {state.name}, {format_memory(state.total_memory)}"
-                                for state in self._monitor.all()) or "none"
+            present = (
+                "; ".join(
+                    f"{state.index}: {state.name}, {format_memory(state.total_memory)}" for state in self._monitor.all()
+                )
+                or "none"
+            )
         except Exception as error:
             present = f"unknown ({error})"
-        hint = ("; CUDA_VISIBLE_DEVICES is set, so ids count within it"
-                if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else "")
-        raise GTSError(f"GPU {', '.join(unknown)} does not exist on this machine; the GPUs NVML sees: {present}"
-                       f"{hint}")
+        hint = (
+            "; CUDA_VISIBLE_DEVICES is set, so ids count within it"
+            if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
+            else ""
+        )
+        raise GTSError(f"GPU {', '.join(unknown)} does not exist on this machine; the GPUs NVML sees: {present}{hint}")
 
     def _log_gpus(self) -> None:
         for gpu_id, state in self._gpu_states.items():
-            logger.info("gpu %s: %s, %s total, %s free, %d process(es)", gpu_id, state.name,
-                        format_memory(state.total_memory), format_memory(state.free_memory), len(state.processes))
+            logger.info(
+                "gpu %s: %s, %s total, %s free, %d process(es)",
+                gpu_id,
+                state.name,
+                format_memory(state.total_memory),
+                format_memory(state.free_memory),
+                len(state.processes),
+            )
 
     def _record_sweep(self) -> None:
         """What ``gts status`` needs to know beyond the runs: the sweep's size and log file name."""
@@ -261,12 +288,18 @@ class Scheduler:
             paths = RunPaths(record.work_dir or "", None)
             outcome = read_json(paths.outcome) if record.work_dir and paths.unsafe(records_only=True) is None else None
             if outcome and outcome.get("token") == record.token and outcome.get("status") == "succeeded":
-                self._ledger.finish(record.name, RunStatus.SUCCEEDED, exit_code=0,
-                                    result=json.dumps(outcome.get("result")), ended_at=outcome.get("finished_at"),
-                                    result_file=_result_file(outcome))
+                self._ledger.finish(
+                    record.name,
+                    RunStatus.SUCCEEDED,
+                    exit_code=0,
+                    result=json.dumps(outcome.get("result")),
+                    ended_at=outcome.get("finished_at"),
+                    result_file=_result_file(outcome),
+                )
             else:
-                self._ledger.finish(record.name, RunStatus.INTERRUPTED,
-                                    cause="the scheduler stopped while the run was active")
+                self._ledger.finish(
+                    record.name, RunStatus.INTERRUPTED, cause="the scheduler stopped while the run was active"
+                )
 
     # --- the loop -------------------------------------------------------------
 
@@ -274,8 +307,9 @@ class Scheduler:
         while True:
             if self._stop_level == 0:
                 self._fill()
-            if not self._active and (self._stop_level or (self._held is None and self._exhausted
-                                                            and not self._retry and not self._deferred)):
+            if not self._active and (
+                self._stop_level or (self._held is None and self._exhausted and not self._retry and not self._deferred)
+            ):
                 return
             try:
                 kind, value = self._events.get(timeout=self._seconds_to_next_deadline())
@@ -293,7 +327,7 @@ class Scheduler:
         measuring = self._monitor is not None and any(a.reservation.gpu_ids for a in self._active.values())
         return self._held is not None or measuring
 
-    def _seconds_to_next_deadline(self) -> Optional[float]:
+    def _seconds_to_next_deadline(self) -> float | None:
         deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at) if d is not None]
         if self._needs_polling() and self._stop_level == 0:
             if self._next_poll is None or self._next_poll <= self._clock():
@@ -303,7 +337,7 @@ class Scheduler:
             return None
         return max(0.0, min(deadlines) - self._clock())
 
-    def _next(self) -> Optional[_Pending]:
+    def _next(self) -> _Pending | None:
         if self._held is None:
             if self._retry:
                 self._held = self._retry.popleft()
@@ -347,8 +381,7 @@ class Scheduler:
                 self._fail_unstarted(item, impossible)
                 continue
             blocked = self._host_blocked()
-            view = None if blocked else choose(views, need, self.options.placement, last=self._last_slot,
-                                               rng=self._rng)
+            view = None if blocked else choose(views, need, self.options.placement, last=self._last_slot, rng=self._rng)
             if view is None:
                 self._wait(item, need, views, blocked)
                 return
@@ -363,8 +396,11 @@ class Scheduler:
         """One line for the runs skipped since the last one started (the console shows no per-run lines)."""
         if self._skips:
             total = sum(self._skips.values())
-            logger.info("skipped %d run(s): %s", total,
-                        "; ".join(f"{count} because {reason}" for reason, count in self._skips.items()))
+            logger.info(
+                "skipped %d run(s): %s",
+                total,
+                "; ".join(f"{count} because {reason}" for reason, count in self._skips.items()),
+            )
             self._skips.clear()
 
     def _name_for_log(self) -> str:
@@ -379,7 +415,7 @@ class Scheduler:
                 self._idle_reported.add(index)
                 logger.info("%s finished", slot.name)
 
-    def _skip_reason(self, spec: RunSpec) -> Optional[str]:
+    def _skip_reason(self, spec: RunSpec) -> str | None:
         if spec.duplicate:
             return "the same config appears earlier in the sweep"
         if self.options.force_rerun:
@@ -391,18 +427,27 @@ class Scheduler:
             if record.status is not RunStatus.SUCCEEDED or not folder_exists:
                 return None
             if record.config_hash not in (None, spec.config_hash):
-                logger.warning("%s succeeded earlier with a different config (global_config changed?); "
-                               "its result is not this config's, so it runs again", spec.work_dir)
+                logger.warning(
+                    "%s succeeded earlier with a different config (global_config changed?); "
+                    "its result is not this config's, so it runs again",
+                    spec.work_dir,
+                )
                 return None
             return "it succeeded before"
         if not folder_exists:
             return None
         outcome = read_json(paths.outcome)
         if outcome and outcome.get("status") == "succeeded" and outcome.get("config_hash") == spec.config_hash:
-            self._ledger.adopt(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
-                               work_dir=spec.work_dir, result=json.dumps(outcome.get("result")),
-                               ended_at=outcome.get("finished_at"), params=params_text(spec.test_config),
-                               result_file=_result_file(outcome))
+            self._ledger.adopt(
+                name=spec.name,
+                run_index=spec.index,
+                config_hash=spec.config_hash,
+                work_dir=spec.work_dir,
+                result=json.dumps(outcome.get("result")),
+                ended_at=outcome.get("finished_at"),
+                params=params_text(spec.test_config),
+                result_file=_result_file(outcome),
+            )
             return "its folder records a success"
         if self.options.skip_existing_folders:
             return "its folder exists (skip_existing_folders)"
@@ -410,7 +455,7 @@ class Scheduler:
 
     # --- GPU memory -------------------------------------------------------------
 
-    def _need(self, item: _Pending) -> Optional[int]:
+    def _need(self, item: _Pending) -> int | None:
         """Bytes per GPU the run needs; EXCLUSIVE: unknown, so the whole GPU; None: no accounting."""
         if self._monitor is None:
             return None
@@ -424,7 +469,7 @@ class Scheduler:
             return int(pick(self._learned))
         return EXCLUSIVE if self.options.max_runs_per_gpu > 1 else None
 
-    def _views(self) -> List[SlotView]:
+    def _views(self) -> list[SlotView]:
         books = {}
         if self._monitor is not None:
             ids = sorted({gpu for slot in self.slots for gpu in slot.gpu_ids})
@@ -432,8 +477,10 @@ class Scheduler:
                 states = self._monitor.snapshot(ids)
             except Exception as error:  # an NVMLError: a GPU fell off the bus, the driver restarts
                 logger.warning("cannot read the GPUs through NVML (%s); waiting", error)
-                return [SlotView(i, s, self._running[i], self._capacity[i], None, 0, f"NVML error: {error}")
-                        for i, s in enumerate(self.slots)]
+                return [
+                    SlotView(i, s, self._running[i], self._capacity[i], None, 0, f"NVML error: {error}")
+                    for i, s in enumerate(self.slots)
+                ]
             self._gpu_states = states
             margin = self.sweep.memory_margin()
             books = book(states, [a.reservation for a in self._active.values()], margin, process_group)
@@ -441,34 +488,44 @@ class Scheduler:
         for index, slot in enumerate(self.slots):
             gpus = [books[gpu] for gpu in slot.gpu_ids if gpu in books]
             busy = None
-            for gpu_id, gpu in zip(slot.gpu_ids, gpus):
-                reason = busy_reason(gpu, memory_fraction=self.options.busy_memory_fraction,
-                                     utilization=self.options.busy_utilization)
+            for gpu_id, gpu in zip(slot.gpu_ids, gpus, strict=False):
+                reason = busy_reason(
+                    gpu, memory_fraction=self.options.busy_memory_fraction, utilization=self.options.busy_utilization
+                )
                 if reason:
                     busy = f"gpu {gpu_id}: {reason}"
                     break
-            views.append(SlotView(
-                index=index, slot=slot, running=self._running[index], capacity=self._capacity[index],
-                available=min(g.available for g in gpus) if gpus else None,
-                ours_on_gpus=max((g.ours for g in gpus), default=0), busy=busy,
-            ))
+            views.append(
+                SlotView(
+                    index=index,
+                    slot=slot,
+                    running=self._running[index],
+                    capacity=self._capacity[index],
+                    available=min(g.available for g in gpus) if gpus else None,
+                    ours_on_gpus=max((g.ours for g in gpus), default=0),
+                    busy=busy,
+                )
+            )
         return views
 
-    def _impossible(self, views: List[SlotView], need: Optional[int]) -> Optional[str]:
+    def _impossible(self, views: list[SlotView], need: int | None) -> str | None:
         """Why the run can never start here (it needs more than any GPU has), or None."""
         if need is None or need == EXCLUSIVE or self._monitor is None:
             return None
-        totals = [self._gpu_states[gpu].total_memory for v in views for gpu in v.slot.gpu_ids
-                  if gpu in self._gpu_states]
+        totals = [
+            self._gpu_states[gpu].total_memory for v in views for gpu in v.slot.gpu_ids if gpu in self._gpu_states
+        ]
         if not totals:
             return None
         largest = max(totals) - self.sweep.memory_margin()
         if need > largest:
-            return (f"it needs {format_memory(need)} per GPU, more than any GPU here can give "
-                    f"({format_memory(largest)} after the {format_memory(self.sweep.memory_margin())} margin)")
+            return (
+                f"it needs {format_memory(need)} per GPU, more than any GPU here can give "
+                f"({format_memory(largest)} after the {format_memory(self.sweep.memory_margin())} margin)"
+            )
         return None
 
-    def _host_blocked(self) -> Optional[str]:
+    def _host_blocked(self) -> str | None:
         o = self.options
         if o.max_host_cpu_percent is not None:
             percent = self._host.cpu_percent()
@@ -481,14 +538,17 @@ class Scheduler:
                 return f"host has {format_memory(free)} of RAM available (min_host_free_memory {format_memory(wanted)})"
         return None
 
-    def _wait(self, item: _Pending, need: Optional[int], views: List[SlotView], host: Optional[str]) -> None:
+    def _wait(self, item: _Pending, need: int | None, views: list[SlotView], host: str | None) -> None:
         if host is None and all(view.running >= view.capacity for view in views):
             return  # every slot is busy with our own runs: the normal case, nothing to say
         if host is not None:
             reason = host
         else:
-            wanted = "the whole GPU" if need == EXCLUSIVE else (
-                "a free slot" if need is None else f"{format_memory(need)} per GPU")
+            wanted = (
+                "the whole GPU"
+                if need == EXCLUSIVE
+                else ("a free slot" if need is None else f"{format_memory(need)} per GPU")
+            )
             states = []
             for view in views:
                 if view.busy:
@@ -506,34 +566,53 @@ class Scheduler:
 
     # --- starting and ending runs ----------------------------------------------
 
-    def _fail_unstarted(self, item: _Pending, cause: str, *, slot: Optional[Slot] = None,
-                        log_path: Optional[str] = None, log_tail: str = "") -> None:
+    def _fail_unstarted(
+        self, item: _Pending, cause: str, *, slot: Slot | None = None, log_path: str | None = None, log_tail: str = ""
+    ) -> None:
         """A run that failed before its process could start."""
         spec = item.spec
         slot_name = slot.name if slot is not None else self._name_for_log()
         logger.error("%s fails task %s (%s)", slot_name, spec.test_config_string, cause)
-        outcome = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.FAILED, attempts=item.tries,
-                             slot=None if slot is None else slot.name, cause=cause, log_path=log_path,
-                             log_tail=log_tail)
+        outcome = RunOutcome(
+            name=spec.name,
+            work_dir=spec.work_dir,
+            status=RunStatus.FAILED,
+            attempts=item.tries,
+            slot=None if slot is None else slot.name,
+            cause=cause,
+            log_path=log_path,
+            log_tail=log_tail,
+        )
         self._summary.record(outcome)
         self._call("on_run_end", outcome)
 
-    def _launch(self, item: _Pending, slot_index: int, need: Optional[int]) -> None:
+    def _launch(self, item: _Pending, slot_index: int, need: int | None) -> None:
         spec = item.spec
         item.tries += 1
         slot = self.slots[slot_index]
         paths = RunPaths(spec.work_dir, self.options.log_file)
         token = uuid.uuid4().hex
-        attempt = self._ledger.mark_running(name=spec.name, run_index=spec.index, config_hash=spec.config_hash,
-                                            slot=slot.name, token=token, work_dir=spec.work_dir,
-                                            params=params_text(spec.test_config))
+        attempt = self._ledger.mark_running(
+            name=spec.name,
+            run_index=spec.index,
+            config_hash=spec.config_hash,
+            slot=slot.name,
+            token=token,
+            work_dir=spec.work_dir,
+            params=params_text(spec.test_config),
+        )
         key = next(self._keys)
         try:
-            launch = prepare(spec=spec, slot=slot, make_task=self._make_task, paths=paths,
-                             token=token, attempt=attempt)
-            child = Child(launch.argv, env=launch.env, cwd=launch.cwd, log_path=paths.log,
-                          on_exit=lambda: self._events.put(("exit", key)), token=token,
-                          inherit_fds=() if self._lock_fd is None else (self._lock_fd,))
+            launch = prepare(spec=spec, slot=slot, make_task=self._make_task, paths=paths, token=token, attempt=attempt)
+            child = Child(
+                launch.argv,
+                env=launch.env,
+                cwd=launch.cwd,
+                log_path=paths.log,
+                on_exit=lambda: self._events.put(("exit", key)),
+                token=token,
+                inherit_fds=() if self._lock_fd is None else (self._lock_fd,),
+            )
         except (LaunchError, OSError) as error:
             cause = f"could not start: {error}"
             log_launch_failure(paths, error)
@@ -547,7 +626,13 @@ class Scheduler:
         self._running[slot_index] += 1
         self._idle_reported.discard(slot_index)
         self._active[key] = _Active(
-            item=item, slot_index=slot_index, slot=slot, child=child, paths=paths, token=token, started=now,
+            item=item,
+            slot_index=slot_index,
+            slot=slot,
+            child=child,
+            paths=paths,
+            token=token,
+            started=now,
             deadline=None if timeout is None else now + timeout,
             reservation=Reservation(gpu_ids=slot.gpu_ids, pgid=child.pid, reserved=need or 0),
             direct=launch.direct,
@@ -596,8 +681,14 @@ class Scheduler:
         elif active.direct and returncode == 0 and active.stop_reason is None:
             status, cause = RunStatus.SUCCEEDED, None
         elif active.direct and active.stop_reason is None:
-            status, cause = RunStatus.FAILED, (f"the command failed with exit code {exit_code}" if exit_code
-                                               else f"the command was killed by {signal_name}")
+            status, cause = (
+                RunStatus.FAILED,
+                (
+                    f"the command failed with exit code {exit_code}"
+                    if exit_code
+                    else f"the command was killed by {signal_name}"
+                ),
+            )
         elif active.stop_reason is not None:
             status, cause = active.stop_reason, active.stop_cause
         else:
@@ -615,25 +706,46 @@ class Scheduler:
             if oom is not None:
                 cause = f"GPU out of memory ({oom})" + (f": {cause}" if cause else "")
         if active.child.strays:
-            logger.warning("%s left %d process(es) running outside its process group; stopped pid %s",
-                           spec.name, len(active.child.strays), ", ".join(map(str, active.child.strays)))
+            logger.warning(
+                "%s left %d process(es) running outside its process group; stopped pid %s",
+                spec.name,
+                len(active.child.strays),
+                ", ".join(map(str, active.child.strays)),
+            )
         if active.child.unstoppable:
-            note = ("processes it started could not be stopped: pid "
-                    + ", ".join(map(str, active.child.unstoppable)))
+            note = "processes it started could not be stopped: pid " + ", ".join(map(str, active.child.unstoppable))
             logger.error("%s: %s", spec.name, note)
             cause = f"{cause}; {note}" if cause else note
         peak = active.reservation.peak or None
         if peak and oom is None:
             self._learned.append(peak)
-        self._ledger.finish(spec.name, status, exit_code=exit_code, signal=signal_name, cause=cause,
-                            log_tail=tail, result=None if result is None else json.dumps(result),
-                            gpu_memory_peak=peak, pid=active.child.pid,
-                            result_file=_result_file(outcome) if status is RunStatus.SUCCEEDED else None)
-        record = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=status, attempts=item.tries,
-                            slot=active.slot.name, exit_code=exit_code, signal=signal_name, cause=cause,
-                            log_path=paths.log, log_tail=tail, duration=duration, result=result,
-                            result_file=paths.result if status is RunStatus.SUCCEEDED and _result_file(outcome)
-                            else None)
+        self._ledger.finish(
+            spec.name,
+            status,
+            exit_code=exit_code,
+            signal=signal_name,
+            cause=cause,
+            log_tail=tail,
+            result=None if result is None else json.dumps(result),
+            gpu_memory_peak=peak,
+            pid=active.child.pid,
+            result_file=_result_file(outcome) if status is RunStatus.SUCCEEDED else None,
+        )
+        record = RunOutcome(
+            name=spec.name,
+            work_dir=spec.work_dir,
+            status=status,
+            attempts=item.tries,
+            slot=active.slot.name,
+            exit_code=exit_code,
+            signal=signal_name,
+            cause=cause,
+            log_path=paths.log,
+            log_tail=tail,
+            duration=duration,
+            result=result,
+            result_file=paths.result if status is RunStatus.SUCCEEDED and _result_file(outcome) else None,
+        )
         self._summary.record(record)
         self._call("on_run_end", record)
         if status is RunStatus.SUCCEEDED:
@@ -646,14 +758,22 @@ class Scheduler:
             item.oom_retries += 1
             grown = max(active.reservation.reserved, peak or 0)
             item.need = int(grown * OOM_GROWTH) if grown > 0 else EXCLUSIVE
-            logger.info("%s ran out of GPU memory; it will run again later, reserving %s (out-of-memory "
-                        "retry %d of %d)", spec.name, "the whole GPU" if item.need == EXCLUSIVE
-                        else format_memory(item.need), item.oom_retries, self.options.max_oom_retries)
+            logger.info(
+                "%s ran out of GPU memory; it will run again later, reserving %s (out-of-memory retry %d of %d)",
+                spec.name,
+                "the whole GPU" if item.need == EXCLUSIVE else format_memory(item.need),
+                item.oom_retries,
+                self.options.max_oom_retries,
+            )
             self._deferred.append(item)
-        elif oom is None and status in (RunStatus.FAILED, RunStatus.TIMED_OUT) \
-                and item.tries - item.oom_retries <= self.options.max_retries:
-            logger.info("%s will be retried (attempt %d of %d)", spec.name, item.tries + 1,
-                        self.options.max_retries + 1)
+        elif (
+            oom is None
+            and status in (RunStatus.FAILED, RunStatus.TIMED_OUT)
+            and item.tries - item.oom_retries <= self.options.max_retries
+        ):
+            logger.info(
+                "%s will be retried (attempt %d of %d)", spec.name, item.tries + 1, self.options.max_retries + 1
+            )
             self._retry.append(item)
 
     def _stop(self, active: _Active, reason: RunStatus, cause: str) -> None:
@@ -675,8 +795,11 @@ class Scheduler:
                     continue
                 self._stop(active, RunStatus.TIMED_OUT, f"timed out after {self.options.timeout:g}s")
             elif active.kill_at is not None and now >= active.kill_at:
-                logger.warning("%s did not stop within %gs of SIGTERM; sending SIGKILL",
-                               active.spec.name, self.options.grace_period)
+                logger.warning(
+                    "%s did not stop within %gs of SIGTERM; sending SIGKILL",
+                    active.spec.name,
+                    self.options.grace_period,
+                )
                 active.child.kill()
                 active.kill_at = None
 
@@ -685,9 +808,13 @@ class Scheduler:
         self._summary.interrupted_by = self._summary.interrupted_by or name
         self._stop_level += 1
         if self._stop_level == 1:
-            logger.warning("received %s: starting no more runs; stopping %d running run(s) "
-                           "(SIGTERM, then SIGKILL after %gs). Press Ctrl-C again to stop at once.",
-                           name, len(self._active), self.options.grace_period)
+            logger.warning(
+                "received %s: starting no more runs; stopping %d running run(s) "
+                "(SIGTERM, then SIGKILL after %gs). Press Ctrl-C again to stop at once.",
+                name,
+                len(self._active),
+                self.options.grace_period,
+            )
             for active in self._active.values():
                 self._stop(active, RunStatus.INTERRUPTED, f"interrupted by {name}")
         else:
@@ -703,13 +830,12 @@ class Scheduler:
             active.child.reap()
             del self._active[key]
             try:
-                self._ledger.finish(active.spec.name, RunStatus.INTERRUPTED,
-                                    cause="the scheduler stopped on an error")
+                self._ledger.finish(active.spec.name, RunStatus.INTERRUPTED, cause="the scheduler stopped on an error")
             except GTSError:
                 pass  # the ledger is what failed; the next start marks the run interrupted
 
 
-def _result_file(outcome: Optional[Dict[str, Any]]) -> Optional[str]:
+def _result_file(outcome: dict[str, Any] | None) -> str | None:
     """The name of the file a large result was written to (the only name the runner writes)."""
     return "result.json" if outcome and outcome.get("result_file") == "result.json" else None
 
@@ -717,14 +843,14 @@ def _result_file(outcome: Optional[Dict[str, Any]]) -> Optional[str]:
 class _StopSignals:
     """While active, SIGINT and SIGTERM only post an event to the loop."""
 
-    def __init__(self, events: "queue.SimpleQueue[Tuple[str, Any]]") -> None:
+    def __init__(self, events: queue.SimpleQueue[tuple[str, Any]]) -> None:
         self._events = events
-        self._previous: Dict[int, Any] = {}
+        self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
         self._events.put(("signal", signum))  # SimpleQueue.put is safe in a signal handler
 
-    def __enter__(self) -> "_StopSignals":
+    def __enter__(self) -> _StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in _STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handler)

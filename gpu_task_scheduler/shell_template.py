@@ -29,11 +29,12 @@ backslash) are refused with a :class:`ConfigError` before anything runs.
 Even if this scanner misreads an exotic template, the worst outcome is a
 wrong word, never an executed value: the value is not in the script.
 """
+
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field as dataclass_field
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from .errors import ConfigError
 
@@ -51,7 +52,7 @@ _EVALUATED = {
 class ShellTemplate:
     script: str
     # environment variable -> (field name, format spec, conversion)
-    fields: Dict[str, Tuple[str, str, Optional[str]]] = dataclass_field(default_factory=dict)
+    fields: dict[str, tuple[str, str, str | None]] = dataclass_field(default_factory=dict)
 
 
 def compile_shell_template(template: str) -> ShellTemplate:
@@ -65,16 +66,18 @@ def compile_shell_template(template: str) -> ShellTemplate:
     except ValueError as error:
         raise ConfigError(f"command template {template!r} is malformed: {error}") from None
     scanner = _Scanner()
-    out: List[str] = []
-    fields: Dict[str, Tuple[str, str, Optional[str]]] = {}
+    out: list[str] = []
+    fields: dict[str, tuple[str, str, str | None]] = {}
     for literal, field, spec, conversion in pieces:
         scanner.feed(literal)
         out.append(literal)
         if field is None:
             continue
         if spec and "{" in spec:
-            raise ConfigError(f"command {template!r}: nested placeholders in a format spec ({{{field}:{spec}}}) "
-                              "are not supported with shell: true")
+            raise ConfigError(
+                f"command {template!r}: nested placeholders in a format spec ({{{field}:{spec}}}) "
+                "are not supported with shell: true"
+            )
         variable = f"{ENV_PREFIX}{len(fields)}"
         out.append(scanner.reference(variable, field, template))
         fields[variable] = (field, spec or "", conversion)
@@ -89,8 +92,8 @@ class _Scanner:
         self.escaped = False  # a backslash ended the last literal: it escapes what follows
         self.word_start = True
         self.comment = False
-        self.pending: List[Tuple[str, bool, bool]] = []  # here-documents announced on this line
-        self.heredoc: Optional[Tuple[str, bool, bool]] = None  # (delimiter, quoted, strip tabs)
+        self.pending: list[tuple[str, bool, bool]] = []  # here-documents announced on this line
+        self.heredoc: tuple[str, bool, bool] | None = None  # (delimiter, quoted, strip tabs)
         self.line = ""
         self.line_has_field = False
         self.delimiter_open = False  # a ``<<`` whose delimiter word runs into a placeholder
@@ -101,7 +104,8 @@ class _Scanner:
         def refuse(where: str) -> ConfigError:
             return ConfigError(
                 f"command {template!r}: the placeholder {{{field}}} sits {where}; "
-                "move it outside (e.g. into a shell variable first: v={" + field + "}; ...)")
+                "move it outside (e.g. into a shell variable first: v={" + field + "}; ...)"
+            )
 
         if self.escaped:
             raise refuse("right after a backslash, which would escape it")
@@ -112,18 +116,18 @@ class _Scanner:
         if self.heredoc is not None:
             if self.heredoc[1]:
                 raise refuse("in a here-document with a quoted delimiter, where the shell expands nothing")
-            return "${%s}" % variable
+            return f"${{{variable}}}"
         if self.comment:
-            return "${%s}" % variable
+            return f"${{{variable}}}"
         if context in _EVALUATED:
             raise refuse(f"inside {_EVALUATED[context]}, where the shell would evaluate the value")
         if context == "dq":
-            return "${%s}" % variable
+            return f"${{{variable}}}"
         if context == "sq":
-            return "'\"${%s}\"'" % variable
+            return f"'\"${{{variable}}}\"'"
         if context == "dsq":
-            return "'\"${%s}\"$'" % variable
-        return "\"${%s}\"" % variable
+            return f"'\"${{{variable}}}\"$'"
+        return f'"${{{variable}}}"'
 
     def feed(self, text: str) -> None:
         if text:
@@ -155,7 +159,7 @@ class _Scanner:
         if self.heredoc is not None or self.comment:
             return i + 1
         context = self.stack[-1]
-        ahead = text[i + 1:i + 3]
+        ahead = text[i + 1 : i + 3]
         at_word_start = self.word_start
         if context in _PLAIN:
             self.word_start = c in _WORD_BREAK
@@ -225,12 +229,12 @@ class _Scanner:
             self.stack.pop()
         elif c == "#" and at_word_start:
             self.comment = True
-        elif c == "<" and text[i + 1:i + 2] == "<" and text[i + 2:i + 3] != "<":
+        elif c == "<" and text[i + 1 : i + 2] == "<" and text[i + 2 : i + 3] != "<":
             return self._heredoc_operator(text, i + 2)
         return i + 1
 
     def _heredoc_operator(self, text: str, j: int) -> int:
-        strip_tabs = text[j:j + 1] == "-"
+        strip_tabs = text[j : j + 1] == "-"
         j += strip_tabs
         while j < len(text) and text[j] in " \t":
             j += 1

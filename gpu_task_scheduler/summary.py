@@ -1,9 +1,10 @@
 """What ``GPUTaskScheduler.start()`` returns: the sweep's outcome."""
+
 from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .errors import RunsFailedError
 from .ledger import RunStatus
@@ -17,15 +18,15 @@ class RunOutcome:
     work_dir: str
     status: RunStatus
     attempts: int = 0  # attempts made by this start()
-    slot: Optional[str] = None
-    exit_code: Optional[int] = None
-    signal: Optional[str] = None
-    cause: Optional[str] = None  # why it failed, in words
-    log_path: Optional[str] = None
+    slot: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    cause: str | None = None  # why it failed, in words
+    log_path: str | None = None
     log_tail: str = ""
-    duration: Optional[float] = None
+    duration: float | None = None
     result: Any = None  # what main() returned, as JSON-compatible data (None if it is in result_file)
-    result_file: Optional[str] = None  # a result over 1 MiB of JSON: <work_dir>/.gts/result.json
+    result_file: str | None = None  # a result over 1 MiB of JSON: <work_dir>/.gts/result.json
 
     def describe(self) -> str:
         if self.cause:
@@ -47,9 +48,9 @@ class SweepSummary:
     raises :class:`RunsFailedError` when anything failed.
     """
 
-    outcomes: Dict[str, RunOutcome] = field(default_factory=dict)
-    skipped: List[str] = field(default_factory=list)
-    interrupted_by: Optional[str] = None  # "SIGINT", "SIGTERM" when the sweep was stopped
+    outcomes: dict[str, RunOutcome] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    interrupted_by: str | None = None  # "SIGINT", "SIGTERM" when the sweep was stopped
     duration: float = 0.0
     # False (gts queue, an endless stream): succeeded runs are counted, not kept, so memory stays flat.
     keep_succeeded: bool = True
@@ -70,15 +71,15 @@ class SweepSummary:
     def succeeded_count(self) -> int:
         return len(self.succeeded) + self._succeeded_not_kept
 
-    def _with(self, *statuses: RunStatus) -> List[RunOutcome]:
+    def _with(self, *statuses: RunStatus) -> list[RunOutcome]:
         return [o for o in self.outcomes.values() if o.status in statuses]
 
     @property
-    def succeeded(self) -> List[RunOutcome]:
+    def succeeded(self) -> list[RunOutcome]:
         return self._with(RunStatus.SUCCEEDED)
 
     @property
-    def failed(self) -> List[RunOutcome]:
+    def failed(self) -> list[RunOutcome]:
         """Runs that failed, timed out or were interrupted."""
         return self._with(RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.INTERRUPTED)
 
@@ -92,15 +93,28 @@ class SweepSummary:
             return 130
         return 1 if self.failed else 0
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The summary as JSON-compatible data (what ``notify_command`` reads on stdin)."""
-        def outcome(o: RunOutcome) -> Dict[str, Any]:
-            return {"name": o.name, "work_dir": o.work_dir, "status": o.status.value, "attempts": o.attempts,
-                    "slot": o.slot, "exit_code": o.exit_code, "signal": o.signal, "cause": o.cause,
-                    "log_path": o.log_path, "duration": o.duration, "result": o.result}
+
+        def outcome(o: RunOutcome) -> dict[str, Any]:
+            return {
+                "name": o.name,
+                "work_dir": o.work_dir,
+                "status": o.status.value,
+                "attempts": o.attempts,
+                "slot": o.slot,
+                "exit_code": o.exit_code,
+                "signal": o.signal,
+                "cause": o.cause,
+                "log_path": o.log_path,
+                "duration": o.duration,
+                "result": o.result,
+            }
 
         return {
-            "ok": self.ok, "exit_code": self.exit_code, "duration": self.duration,
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "duration": self.duration,
             "interrupted_by": self.interrupted_by,
             "counts": {"succeeded": self.succeeded_count, "failed": len(self.failed), "skipped": len(self.skipped)},
             "runs": [outcome(o) for o in self.outcomes.values()],

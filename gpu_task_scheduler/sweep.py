@@ -6,6 +6,7 @@ bad value is reported before the first run starts or the first file is
 written; runs are then produced one at a time, so a sweep of a million runs
 never sits in memory.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,14 +18,15 @@ import math
 import numbers
 import os
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 from .config_files import ConfigSource, load_config
 from .devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
-from .paths import META, ledger_path_problem
 from .errors import ConfigError, unknown_key_message
 from .naming import NameRegistry, config_string, safe_folder_name
+from .paths import META, ledger_path_problem
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -33,42 +35,43 @@ TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config", "task", "c
 
 # --- scheduler_config: every key, its default and its check -----------------
 
-def _bool(value: Any) -> Optional[str]:
+
+def _bool(value: Any) -> str | None:
     return None if isinstance(value, bool) else "a bool (true or false)"
 
 
-def _text(value: Any) -> Optional[str]:
+def _text(value: Any) -> str | None:
     return None if isinstance(value, str) else "a string"
 
 
-def _key_name(value: Any) -> Optional[str]:
+def _key_name(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "a non-empty string (a config key)"
 
 
-def _path(value: Any) -> Optional[str]:
+def _path(value: Any) -> str | None:
     ok = isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str)
     ok = ok and bool(os.fspath(value)) and "\0" not in os.fspath(value)
     return None if ok else "a non-empty path (without NUL characters)"
 
 
-def _optional(check: Callable[[Any], Optional[str]]) -> Callable[[Any], Optional[str]]:
-    def optional(value: Any) -> Optional[str]:
+def _optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    def optional(value: Any) -> str | None:
         problem = check(value)
         return None if value is None or problem is None else f"{problem} or null"
 
     return optional
 
 
-def _int_at_least(minimum: int) -> Callable[[Any], Optional[str]]:
-    def check(value: Any) -> Optional[str]:
+def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
         return None if ok else f"an integer >= {minimum}"
 
     return check
 
 
-def _seconds(allow_zero: bool) -> Callable[[Any], Optional[str]]:
-    def check(value: Any) -> Optional[str]:
+def _seconds(allow_zero: bool) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
         ok = (
             isinstance(value, numbers.Real)
             and not isinstance(value, bool)
@@ -80,23 +83,30 @@ def _seconds(allow_zero: bool) -> Callable[[Any], Optional[str]]:
     return check
 
 
-def _string_list(value: Any) -> Optional[str]:
+def _string_list(value: Any) -> str | None:
     ok = isinstance(value, (list, tuple)) and all(isinstance(item, str) and item for item in value)
     return None if ok else "a list of non-empty strings"
 
 
-def _log_file(value: Any) -> Optional[str]:
+def _log_file(value: Any) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value or os.path.isabs(value) or ".." in value.split("/") or "\0" in value \
-            or value.endswith("/") or os.path.normpath(value) == ".":
+    if (
+        not isinstance(value, str)
+        or not value
+        or os.path.isabs(value)
+        or ".." in value.split("/")
+        or "\0" in value
+        or value.endswith("/")
+        or os.path.normpath(value) == "."
+    ):
         return "a file name relative to the run folder (without '..') or null"
     if os.path.normpath(value).split("/")[0] == META:
         return f"a file name outside {META}/, which holds the scheduler's own records"
     return None
 
 
-def _memory(value: Any) -> Optional[str]:
+def _memory(value: Any) -> str | None:
     try:
         parse_memory(value, "")
     except ConfigError:
@@ -104,19 +114,19 @@ def _memory(value: Any) -> Optional[str]:
     return None
 
 
-def _one_of(*choices: Any) -> Callable[[Any], Optional[str]]:
-    def check(value: Any) -> Optional[str]:
+def _one_of(*choices: Any) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
         return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
 
     return check
 
 
-def _fraction(value: Any) -> Optional[str]:
+def _fraction(value: Any) -> str | None:
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
     return None if ok else "a fraction in (0, 1]"
 
 
-def _percent(value: Any) -> Optional[str]:
+def _percent(value: Any) -> str | None:
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 100
     return None if ok else "a percentage in (0, 100]"
 
@@ -124,21 +134,38 @@ def _percent(value: Any) -> Optional[str]:
 PLACEMENTS = ("first_fit", "round_robin", "random", "most_free")
 
 
-def _command_option(value: Any) -> Optional[str]:
+def _command_option(value: Any) -> str | None:
     ok = (isinstance(value, str) and value.strip()) or (
-        isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value))
+        isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value)
+    )
     return None if ok else "a command: a list of arguments or a string"
 
 
-_EMAIL_KEYS = {"host", "port", "sender", "recipients", "starttls", "ssl", "ca_file", "allow_insecure_auth",
-               "username_env", "password_env", "subject"}
+_EMAIL_KEYS = {
+    "host",
+    "port",
+    "sender",
+    "recipients",
+    "starttls",
+    "ssl",
+    "ca_file",
+    "allow_insecure_auth",
+    "username_env",
+    "password_env",
+    "subject",
+}
 
 
-def _email_option(value: Any) -> Optional[str]:
-    problem = ("a dict with host, sender, recipients (a list) and optionally port, starttls or ssl (true/false), "
-               "ca_file, allow_insecure_auth, username_env, password_env, subject")
-    if not isinstance(value, Mapping) or not {"host", "sender", "recipients"} <= set(value) \
-            or not set(value) <= _EMAIL_KEYS:
+def _email_option(value: Any) -> str | None:
+    problem = (
+        "a dict with host, sender, recipients (a list) and optionally port, starttls or ssl (true/false), "
+        "ca_file, allow_insecure_auth, username_env, password_env, subject"
+    )
+    if (
+        not isinstance(value, Mapping)
+        or not {"host", "sender", "recipients"} <= set(value)
+        or not set(value) <= _EMAIL_KEYS
+    ):
         return problem
     recipients = value["recipients"]
     if not isinstance(recipients, (list, tuple)) or not recipients or not all(isinstance(r, str) for r in recipients):
@@ -153,8 +180,9 @@ def _email_option(value: Any) -> Optional[str]:
         return problem
     return None
 
+
 # key -> (default factory, check). Defaults match the original GPUTaskScheduler.
-SCHEDULER_KEYS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], Optional[str]]]] = {
+SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]] = {
     "force_rerun": (lambda: False, _bool),
     "result_root_folder": (lambda: os.path.abspath("results/"), _path),
     "temp_folder": (lambda: os.path.abspath("temp/"), _path),
@@ -196,7 +224,7 @@ class SchedulerOptions:
     """``scheduler_config`` after validation, with every default filled in."""
 
     values: Mapping[str, Any]
-    slots: Optional[Tuple[Slot, ...]]  # None for "gpu": "all", resolved when the sweep starts
+    slots: tuple[Slot, ...] | None  # None for "gpu": "all", resolved when the sweep starts
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -204,7 +232,7 @@ class SchedulerOptions:
         except KeyError:
             raise AttributeError(key) from None
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return copy.deepcopy(dict(self.values))
 
 
@@ -218,7 +246,7 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         raise ConfigError('could not find gpu in scheduler_config; add e.g. "gpu": ["0", "1"] or "gpu": ["cpu"]')
     parsed = parse_slots(raw["gpu"])
     slots = None if parsed is None else tuple(parsed)
-    values: Dict[str, Any] = {"gpu": normalize_gpu_entries(raw["gpu"])}
+    values: dict[str, Any] = {"gpu": normalize_gpu_entries(raw["gpu"])}
     for key, (default, check) in SCHEDULER_KEYS.items():
         if key not in raw:
             values[key] = default()
@@ -248,7 +276,7 @@ class _Budget:
         self.left = MAX_VALUES
 
 
-def check_values(value: Any, where: str, budget: Optional[_Budget] = None, depth: int = 0) -> None:
+def check_values(value: Any, where: str, budget: _Budget | None = None, depth: int = 0) -> None:
     """Reject what would wedge a sweep later: nesting deeper than ``MAX_DEPTH``,
     more than ``MAX_VALUES`` values in all (a YAML alias bomb: aliases share one
     object that every later step would expand), and strings that cannot be
@@ -263,17 +291,21 @@ def check_values(value: Any, where: str, budget: Optional[_Budget] = None, depth
     budget = budget or _Budget()
     budget.left -= 1
     if budget.left < 0:
-        raise ConfigError(f"the config holds more than {MAX_VALUES:,} values (counting each use of a YAML "
-                          f"alias), at {where}; a sweep config this large is a mistake (an alias bomb?)")
+        raise ConfigError(
+            f"the config holds more than {MAX_VALUES:,} values (counting each use of a YAML "
+            f"alias), at {where}; a sweep config this large is a mistake (an alias bomb?)"
+        )
     if depth > MAX_DEPTH:
         raise ConfigError(f"{where} is nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
-            raise ConfigError(f"{where} is the string {value[:40]!r}, which holds {value[error.start]!r} "
-                              "(a lone surrogate, e.g. from an undecodable file name) and cannot be stored; "
-                              "decode such names with errors='replace' or use bytes.hex()") from None
+            raise ConfigError(
+                f"{where} is the string {value[:40]!r}, which holds {value[error.start]!r} "
+                "(a lone surrogate, e.g. from an undecodable file name) and cannot be stored; "
+                "decode such names with errors='replace' or use bytes.hex()"
+            ) from None
     elif isinstance(value, Mapping):
         for key, item in value.items():
             check_values(key, f"{where} key {key!r}", budget, depth + 1)
@@ -309,7 +341,7 @@ def _values(value: Any, where: str) -> Sequence[Any]:
     raise ConfigError(f"{where} is {value!r}, not a list of values{hint}")
 
 
-def parse_global_config(raw: Any) -> Dict[str, Any]:
+def parse_global_config(raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
@@ -318,7 +350,7 @@ def parse_global_config(raw: Any) -> Dict[str, Any]:
     return dict(raw)
 
 
-def parse_test_config(raw: Any) -> List[Dict[str, Sequence[Any]]]:
+def parse_test_config(raw: Any) -> list[dict[str, Sequence[Any]]]:
     if raw is None:
         return [{}]
     if isinstance(raw, Mapping):
@@ -336,6 +368,7 @@ def parse_test_config(raw: Any) -> List[Dict[str, Sequence[Any]]]:
 
 
 # --- hashing ------------------------------------------------------------------
+
 
 def to_jsonable(value: Any) -> Any:
     """A JSON-compatible, deterministic form of a config value."""
@@ -372,20 +405,21 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 # --- runs -----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run of the sweep."""
 
     index: int  # position in the sweep, 0-based, in the original's order
     block: int  # which test_config block produced it
-    test_config: Dict[str, Any]  # the block's values for this run
-    config: Dict[str, Any]  # global_config updated with test_config
+    test_config: dict[str, Any]  # the block's values for this run
+    config: dict[str, Any]  # global_config updated with test_config
     test_config_string: str  # the original's unfiltered name, shown in the scheduler log
     name: str  # the folder name (filtered, made safe and unique)
     work_dir: str
     config_hash: str
     duplicate: bool  # the same config under the same name came earlier in the sweep
-    renamed_from: Optional[str] = None  # the colliding name, when the name was disambiguated
+    renamed_from: str | None = None  # the colliding name, when the name was disambiguated
 
 
 class Sweep:
@@ -424,8 +458,9 @@ class Sweep:
         self._has_test_config = raw.get("test_config") is not None
         self.size = sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
         if self.size > sys.maxsize:
-            raise ConfigError(f"the sweep has {self.size:.3e} runs, more than any machine can run; "
-                              "check the lists in test_config")
+            raise ConfigError(
+                f"the sweep has {self.size:.3e} runs, more than any machine can run; check the lists in test_config"
+            )
 
     def _check_memory_values(self) -> None:
         """Per-run GPU memory needs (``gpu_memory_key``) are checked up front too."""
@@ -436,7 +471,7 @@ class Sweep:
             for value in block.get(key, ()):
                 parse_memory(value, f"test_config[{index}][{key!r}]")
 
-    def keys(self) -> List[str]:
+    def keys(self) -> list[str]:
         """Every key a run's config can have."""
         keys = dict.fromkeys(self.global_config)
         for block in self.blocks:
@@ -449,7 +484,7 @@ class Sweep:
     def host_memory_floor(self) -> int:
         return parse_memory(self.options.min_host_free_memory, "min_host_free_memory")
 
-    def memory_need(self, config: Mapping[str, Any]) -> Optional[int]:
+    def memory_need(self, config: Mapping[str, Any]) -> int | None:
         """The GPU memory a run declares (its config, else ``gpu_memory``), in bytes, or None."""
         value = config.get(self.options.gpu_memory_key, self.options.gpu_memory)
         return None if value is None else parse_memory(value, self.options.gpu_memory_key)
@@ -468,17 +503,17 @@ class Sweep:
             ignored_characters=o.ignored_characters_for_folder_name,
         )
 
-    def test_configs(self) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    def test_configs(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(block index, test values) for every run, in the original's order."""
         for block_index, block in enumerate(self.blocks):
             keys = list(block)
             for values in itertools.product(*block.values()):
-                yield block_index, dict(zip(keys, values))
+                yield block_index, dict(zip(keys, values, strict=False))
 
     def __iter__(self) -> Iterator[RunSpec]:
         return self.runs()
 
-    def runs(self, foreign: Optional[Callable[[str, str], bool]] = None) -> Iterator[RunSpec]:
+    def runs(self, foreign: Callable[[str, str], bool] | None = None) -> Iterator[RunSpec]:
         """The runs, lazily. ``foreign(name, params)`` says whether the result root
         records the folder ``name`` for other values than ``params`` (see
         :func:`params_text`); such a folder is never given to this run."""
@@ -493,15 +528,20 @@ class Sweep:
             shown = self._name(test_config, filter_keys=False)
             params = params_text(test_config)
             name, duplicate = registry.assign(
-                wanted, digest, suffix=hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest(),
-                foreign=None if foreign is None else (lambda candidate: foreign(candidate, params)))
+                wanted,
+                digest,
+                suffix=hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest(),
+                foreign=None if foreign is None else (lambda candidate, params=params: foreign(candidate, params)),
+            )
             renamed_from = None
             if name != wanted:
                 renamed_from = wanted
                 logger.warning(
                     "run %d would share folder %r with a different config; using %r instead "
                     "(a name of its own values only, the same on every start)",
-                    index, wanted, name,
+                    index,
+                    wanted,
+                    name,
                 )
             yield RunSpec(
                 index=index,

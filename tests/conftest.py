@@ -1,4 +1,6 @@
 import os
+import socketserver
+import threading
 import time
 import uuid
 
@@ -61,3 +63,51 @@ def in_tmp(tmp_path, monkeypatch):
     """Run the test with a fresh temporary folder as the current directory."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+class _SMTPHandler(socketserver.StreamRequestHandler):
+    """Just enough SMTP (with AUTH PLAIN) to receive one message on 127.0.0.1."""
+
+    def reply(self, line):
+        self.wfile.write((line + "\r\n").encode())
+
+    def handle(self):
+        self.reply("220 localhost test SMTP")
+        data, in_data = [], False
+        for raw in self.rfile:
+            line = raw.decode().rstrip("\r\n")
+            if in_data:
+                if line == ".":
+                    in_data = False
+                    self.server.messages.append("\r\n".join(data))
+                    self.reply("250 queued")
+                else:
+                    data.append(line[1:] if line.startswith("..") else line)
+                continue
+            verb = line.split(" ")[0].upper()
+            if verb == "EHLO":
+                self.wfile.write(b"250-localhost\r\n250 AUTH PLAIN\r\n")
+            elif verb == "AUTH":
+                self.server.auth.append(line)
+                self.reply("235 ok")
+            elif verb == "DATA":
+                in_data = True
+                self.reply("354 go on")
+            elif verb == "QUIT":
+                self.reply("221 bye")
+                return
+            else:
+                self.reply("250 ok")
+
+
+@pytest.fixture
+def smtp_server():
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SMTPHandler)
+    server.daemon_threads = True
+    server.messages, server.auth = [], []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()

@@ -6,6 +6,7 @@ scheduler (in the test process) and the runs (child processes) share it: a run
 "allocates" GPU memory with :func:`allocate`, and the memory shows up as a
 compute process of that pid until the process exits, as with real NVML.
 """
+
 import fcntl
 import json
 import os
@@ -161,8 +162,10 @@ def _live_processes(gpu):
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle):
-    return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used"], gpuInstanceId=0xFFFFFFFF,
-                            computeInstanceId=0xFFFFFFFF) for p in _live_processes(_gpu(handle))]
+    return [
+        SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used"], gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+        for p in _live_processes(_gpu(handle))
+    ]
 
 
 def nvmlDeviceGetMemoryInfo(handle, version=None):

@@ -1,4 +1,5 @@
 """A task module that imports in the scheduler but fails to import in a run's process."""
+
 import sys
 
 from gpu_task_scheduler import GPUTask

@@ -4,6 +4,7 @@ Each task appends ``start <name>`` / ``end <name>`` lines to the file named by
 the config key ``journal`` (O_APPEND, one write per line), so tests can count
 exactly how often each run's main() started and completed.
 """
+
 import os
 import signal
 import subprocess
@@ -44,8 +45,16 @@ class RecordTask(GPUTask):
             "pid": os.getpid(),
             "attribute": getattr(self, "from_required_env", None),
             "folder_existed_in_required_env": self.folder_existed,
-            "env": {key: os.environ.get(key) for key in (
-                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MPLBACKEND", "OMP_NUM_THREADS", "GTS_TEST_NUMBER")},
+            "env": {
+                key: os.environ.get(key)
+                for key in (
+                    "CUDA_VISIBLE_DEVICES",
+                    "CUDA_DEVICE_ORDER",
+                    "MPLBACKEND",
+                    "OMP_NUM_THREADS",
+                    "GTS_TEST_NUMBER",
+                )
+            },
         }
         journal(self._config, "end", self._work_dir)  # last, so "end" means main() returned
         return result
@@ -215,8 +224,9 @@ class FakeGpuTask(GPUTask):
         gpu = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
         fake_nvml.allocate(gpu, int(self._config["alloc_gb"] * 1e9))
         with fake_nvml._locked() as state:
-            sharing = sum(1 for p in fake_nvml._find(state, gpu)["processes"]
-                          if p["pid"] > 1 and fake_nvml._alive(p["pid"]))
+            sharing = sum(
+                1 for p in fake_nvml._find(state, gpu)["processes"] if p["pid"] > 1 and fake_nvml._alive(p["pid"])
+            )
         if self._config.get("clear_foreign") is not None:
             fake_nvml.set_gpu(self._config["clear_foreign"], processes=[])
         if self._config.get("add_foreign") is not None:

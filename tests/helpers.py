@@ -3,8 +3,12 @@ import sqlite3
 
 
 def make_config(root, test_config, *, slots=("cpu",), global_config=None, **options):
-    scheduler = {"gpu": list(slots), "result_root_folder": str(root),
-                 "scheduler_log_file_path": os.path.join(str(root), "scheduler.log"), **options}
+    scheduler = {
+        "gpu": list(slots),
+        "result_root_folder": str(root),
+        "scheduler_log_file_path": os.path.join(str(root), "scheduler.log"),
+        **options,
+    }
     config = {"scheduler_config": scheduler, "test_config": test_config}
     if global_config is not None:
         config["global_config"] = global_config

@@ -1,22 +1,23 @@
 """The gts command, in-process and as a subprocess."""
+
 import email
 import json
 import os
-import socketserver
 import subprocess
 import sys
-import threading
 
 import pytest
-
 from conftest import wait_until
+
 from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, RunStatus
 from gpu_task_scheduler.cli import main as gts
 from gpu_task_scheduler.progress import LiveStatus
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-WRITE_RESULT = ("import json, sys; print('training with lr', sys.argv[1]); "
-                "json.dump({{'loss': float(sys.argv[1]) ** 2}}, open(sys.argv[2] + '/result.json', 'w'))")
+WRITE_RESULT = (
+    "import json, sys; print('training with lr', sys.argv[1]); "
+    "json.dump({{'loss': float(sys.argv[1]) ** 2}}, open(sys.argv[2] + '/result.json', 'w'))"
+)
 
 
 def write_yaml(path, text):
@@ -26,7 +27,9 @@ def write_yaml(path, text):
 
 @pytest.fixture
 def command_sweep(in_tmp):
-    return write_yaml(in_tmp / "sweep.yaml", f"""
+    return write_yaml(
+        in_tmp / "sweep.yaml",
+        f"""
 scheduler_config:
   gpu: [cpu, cpu]
   scheduler_log_file_path: null
@@ -35,7 +38,8 @@ test_config:
   - lr: [0.1, 0.2]
   - lr: [0.3]
     extra: ["x y"]
-""")
+""",
+    )
 
 
 def test_run_a_command_sweep_then_status_and_results(command_sweep, in_tmp, capsys):
@@ -52,12 +56,21 @@ def test_run_a_command_sweep_then_status_and_results(command_sweep, in_tmp, caps
     assert gts(["results", str(root), "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["lr"], r.get("extra"), r["status"], round(r["result.loss"], 4)) for r in rows] == [
-        (0.1, None, "succeeded", 0.01), (0.2, None, "succeeded", 0.04), (0.3, "x y", "succeeded", 0.09)]
+        (0.1, None, "succeeded", 0.01),
+        (0.2, None, "succeeded", 0.04),
+        (0.3, "x y", "succeeded", 0.09),
+    ]
     assert gts(["results", str(root), "--format", "csv"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == "name,lr,status,duration,result.loss,extra"
     assert gts(["results", str(root)]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == ["name", "lr", "status", "duration", "result.loss",
-                                                               "extra"]
+    assert capsys.readouterr().out.splitlines()[0].split() == [
+        "name",
+        "lr",
+        "status",
+        "duration",
+        "result.loss",
+        "extra",
+    ]
     manager_rows = ConfigManager(command_sweep).get_results()
     assert [r["result.loss"] for r in manager_rows] == [r["result.loss"] for r in rows]
 
@@ -88,17 +101,21 @@ def test_dry_run_lists_and_changes_nothing(command_sweep, in_tmp, capsys):
 
 
 def test_exit_codes(in_tmp, capsys):
-    failing = write_yaml(in_tmp / "f.yaml", """
+    failing = write_yaml(
+        in_tmp / "f.yaml",
+        """
 scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}
 command: "sh -c 'exit {code}'"
 test_config: [{code: [0, 3]}]
-""")
+""",
+    )
     assert gts(["run", failing, "--plain"]) == 1
     rows = {r["name"]: r for r in json.loads(_out(capsys, ["results", str(in_tmp / "results"), "--format", "json"]))}
     assert rows["code-3,"]["status"] == "failed"
     assert "the command failed with exit code 3" in _out(capsys, ["status", str(in_tmp / "results"), "--json"])
-    bad = write_yaml(in_tmp / "bad.yaml", "scheduler_config: {gpu: [cpu]}\ncommand: [echo, '{nope}']\n"
-                                          "test_config: [{a: [1]}]\n")
+    bad = write_yaml(
+        in_tmp / "bad.yaml", "scheduler_config: {gpu: [cpu]}\ncommand: [echo, '{nope}']\ntest_config: [{a: [1]}]\n"
+    )
     assert gts(["run", bad]) == 2
     assert "placeholder {nope}, which is not a config key" in capsys.readouterr().err
     assert not (in_tmp / "results" / "a-1,").exists()
@@ -121,11 +138,14 @@ def _out(capsys, argv):
 
 
 def test_task_from_the_config_or_the_command_line(in_tmp, capsys):
-    config = write_yaml(in_tmp / "t.yaml", f"""
+    config = write_yaml(
+        in_tmp / "t.yaml",
+        f"""
 scheduler_config: {{gpu: [cpu], scheduler_log_file_path: null}}
-global_config: {{journal: {in_tmp / 'journal'}}}
+global_config: {{journal: {in_tmp / "journal"}}}
 test_config: [{{a: [1, 2]}}]
-""")
+""",
+    )
     assert gts(["run", config]) == 2
     assert "no task to run" in capsys.readouterr().err
     assert gts(["run", config, "--task", "gts_test_tasks:RecordTask", "--gpus", "cpu", "cpu"]) == 0
@@ -137,11 +157,14 @@ test_config: [{{a: [1, 2]}}]
 
 
 def test_gpus_override_and_groups(in_tmp, capsys):
-    config = write_yaml(in_tmp / "g.yaml", """
+    config = write_yaml(
+        in_tmp / "g.yaml",
+        """
 scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}
 command: ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES {gpus} > {work_dir}/gpus.txt"]
 test_config: [{a: [1]}]
-""")
+""",
+    )
     assert gts(["run", config, "--gpus", "4+5"]) == 0
     assert (in_tmp / "results" / "a-1," / "gpus.txt").read_text() == "4,5 4,5\n"
 
@@ -151,10 +174,17 @@ HOSTILE = ["; touch pwned", "$(touch pwned)", "`touch pwned`", "a' b \"c", "&& t
 
 @pytest.mark.parametrize("shell", [False, True])
 def test_values_never_reach_a_shell_unquoted(in_tmp, shell):
-    command = ("printf '%s' {v} > {work_dir}/v.txt" if shell
-               else ["sh", "-c", "printf '%s' \"$1\" > \"$2\"/v.txt", "sh", "{v}", "{work_dir}"])
-    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
-              "test_config": [{"v": HOSTILE}], "command": command, "shell": shell}
+    command = (
+        "printf '%s' {v} > {work_dir}/v.txt"
+        if shell
+        else ["sh", "-c", 'printf \'%s\' "$1" > "$2"/v.txt', "sh", "{v}", "{work_dir}"]
+    )
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+        "test_config": [{"v": HOSTILE}],
+        "command": command,
+        "shell": shell,
+    }
     summary = GPUTaskScheduler(config).start()
     assert summary.ok
     written = sorted((in_tmp / "results" / o.name / "v.txt").read_text() for o in summary.succeeded)
@@ -164,14 +194,24 @@ def test_values_never_reach_a_shell_unquoted(in_tmp, shell):
 
 def test_callbacks(in_tmp):
     events = []
-    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
-              "test_config": [{"code": [0, 1]}], "command": ["sh", "-c", "exit {code}"]}
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+        "test_config": [{"code": [0, 1]}],
+        "command": ["sh", "-c", "exit {code}"],
+    }
     summary = GPUTaskScheduler(
-        config, on_run_start=lambda spec, slot: events.append(("start", spec.name, slot.name)),
+        config,
+        on_run_start=lambda spec, slot: events.append(("start", spec.name, slot.name)),
         on_run_end=lambda outcome: events.append(("end", outcome.name, outcome.status)),
-        on_sweep_end=lambda s: events.append(("sweep", len(s.succeeded), len(s.failed)))).start()
-    assert events == [("start", "code-0,", "cpu0"), ("end", "code-0,", RunStatus.SUCCEEDED),
-                      ("start", "code-1,", "cpu0"), ("end", "code-1,", RunStatus.FAILED), ("sweep", 1, 1)]
+        on_sweep_end=lambda s: events.append(("sweep", len(s.succeeded), len(s.failed))),
+    ).start()
+    assert events == [
+        ("start", "code-0,", "cpu0"),
+        ("end", "code-0,", RunStatus.SUCCEEDED),
+        ("start", "code-1,", "cpu0"),
+        ("end", "code-1,", RunStatus.FAILED),
+        ("sweep", 1, 1),
+    ]
     assert summary.exit_code == 1
 
 
@@ -179,79 +219,50 @@ def test_a_raising_callback_does_not_stop_the_sweep(in_tmp):
     def explode(outcome):
         raise RuntimeError("callback bug")
 
-    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
-              "test_config": [{"a": [1, 2]}], "command": ["true"]}
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+        "test_config": [{"a": [1, 2]}],
+        "command": ["true"],
+    }
     assert len(GPUTaskScheduler(config, on_run_end=explode).start().succeeded) == 2
 
 
 def test_notify_command_gets_the_summary_on_stdin(in_tmp):
-    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None,
-                                   "notify_command": [sys.executable, "-c",
-                                                      "import sys; open('notified.json', 'w').write(sys.stdin.read())"]},
-              "test_config": [{"code": [0, 2]}], "command": ["sh", "-c", "exit {code}"]}
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu"],
+            "scheduler_log_file_path": None,
+            "notify_command": [sys.executable, "-c", "import sys; open('notified.json', 'w').write(sys.stdin.read())"],
+        },
+        "test_config": [{"code": [0, 2]}],
+        "command": ["sh", "-c", "exit {code}"],
+    }
     GPUTaskScheduler(config).start()
     report = json.loads((in_tmp / "notified.json").read_text())
     assert report["counts"] == {"succeeded": 1, "failed": 1, "skipped": 0} and report["exit_code"] == 1
     assert {run["name"]: run["status"] for run in report["runs"]} == {"code-0,": "succeeded", "code-2,": "failed"}
 
 
-class _SMTPHandler(socketserver.StreamRequestHandler):
-    """Just enough SMTP (with AUTH PLAIN) to receive one message on 127.0.0.1."""
-
-    def reply(self, line):
-        self.wfile.write((line + "\r\n").encode())
-
-    def handle(self):
-        self.reply("220 localhost test SMTP")
-        data, in_data = [], False
-        for raw in self.rfile:
-            line = raw.decode().rstrip("\r\n")
-            if in_data:
-                if line == ".":
-                    in_data = False
-                    self.server.messages.append("\r\n".join(data))
-                    self.reply("250 queued")
-                else:
-                    data.append(line[1:] if line.startswith("..") else line)
-                continue
-            verb = line.split(" ")[0].upper()
-            if verb == "EHLO":
-                self.wfile.write(b"250-localhost\r\n250 AUTH PLAIN\r\n")
-            elif verb == "AUTH":
-                self.server.auth.append(line)
-                self.reply("235 ok")
-            elif verb == "DATA":
-                in_data = True
-                self.reply("354 go on")
-            elif verb == "QUIT":
-                self.reply("221 bye")
-                return
-            else:
-                self.reply("250 ok")
-
-
-@pytest.fixture
-def smtp_server():
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SMTPHandler)
-    server.daemon_threads = True
-    server.messages, server.auth = [], []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
-
-
 def test_email_report_through_a_local_smtp_server(in_tmp, smtp_server, monkeypatch):
     monkeypatch.setenv("GTS_TEST_SMTP_USER", "alice")
     monkeypatch.setenv("GTS_TEST_SMTP_PASSWORD", "s3cret")
-    config = {"scheduler_config": {
-        "gpu": ["cpu"], "scheduler_log_file_path": None,
-        "notify_email": {"host": "127.0.0.1", "port": smtp_server.server_address[1], "sender": "gts@example.org",
-                         "recipients": ["alice@example.org", "bob@example.org"], "allow_insecure_auth": True,
-                         "username_env": "GTS_TEST_SMTP_USER", "password_env": "GTS_TEST_SMTP_PASSWORD"}},
-        "test_config": [{"code": [0, 3]}], "command": ["sh", "-c", "echo output-{code}; exit {code}"]}
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu"],
+            "scheduler_log_file_path": None,
+            "notify_email": {
+                "host": "127.0.0.1",
+                "port": smtp_server.server_address[1],
+                "sender": "gts@example.org",
+                "recipients": ["alice@example.org", "bob@example.org"],
+                "allow_insecure_auth": True,
+                "username_env": "GTS_TEST_SMTP_USER",
+                "password_env": "GTS_TEST_SMTP_PASSWORD",
+            },
+        },
+        "test_config": [{"code": [0, 3]}],
+        "command": ["sh", "-c", "echo output-{code}; exit {code}"],
+    }
     GPUTaskScheduler(config).start()
     (raw,) = smtp_server.messages
     message = email.message_from_string(raw)
@@ -271,12 +282,33 @@ def test_email_settings_are_validated(in_tmp):
 
 # --- grid ------------------------------------------------------------------------------------
 
+
 def test_grid_order_and_placeholders(capsys):
-    assert gts(["grid", "train --lr {lr} --bs {bs} # {job_index}", "-p", "lr", "0.1", "0.01",
-                "-p", "bs", "32", "64", "--sampling-mode", "grid"]) == 0
+    assert (
+        gts(
+            [
+                "grid",
+                "train --lr {lr} --bs {bs} # {job_index}",
+                "-p",
+                "lr",
+                "0.1",
+                "0.01",
+                "-p",
+                "bs",
+                "32",
+                "64",
+                "--sampling-mode",
+                "grid",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.splitlines() == [
-        "train --lr 0.1 --bs 32 # 0", "train --lr 0.1 --bs 64 # 1",
-        "train --lr 0.01 --bs 32 # 2", "train --lr 0.01 --bs 64 # 3"]
+        "train --lr 0.1 --bs 32 # 0",
+        "train --lr 0.1 --bs 64 # 1",
+        "train --lr 0.01 --bs 32 # 2",
+        "train --lr 0.01 --bs 64 # 3",
+    ]
     assert gts(["grid", "x {a}", "-p", "a", "1", "2", "3", "--n-samples", "2", "--sampling-mode", "grid"]) == 0
     assert capsys.readouterr().out.splitlines() == ["x 1", "x 2"]
     # The default is simple_hypersearch's: a random sample of the grid, each point at most once.
@@ -292,8 +324,11 @@ def test_grid_order_and_placeholders(capsys):
 
 
 def test_shuffled_grid_is_a_seeded_permutation(capsys):
-    argv = ["grid", "{a}-{b}", "-p", "a"] + [str(i) for i in range(13)] + ["-p", "b", "x", "y", "z",
-                                                                            "--sampling-mode", "shuffled_grid"]
+    argv = (
+        ["grid", "{a}-{b}", "-p", "a"]
+        + [str(i) for i in range(13)]
+        + ["-p", "b", "x", "y", "z", "--sampling-mode", "shuffled_grid"]
+    )
     assert gts(argv + ["--seed", "7"]) == 0
     first = capsys.readouterr().out.splitlines()
     assert gts(argv + ["--seed", "7"]) == 0
@@ -306,9 +341,11 @@ def test_shuffled_grid_is_a_seeded_permutation(capsys):
 
 # --- queue -------------------------------------------------------------------------------------
 
+
 def _gts(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "gpu_task_scheduler", *args], capture_output=True, text=True,
-                          timeout=120, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", *args], capture_output=True, text=True, timeout=120, **kwargs
+    )
 
 
 def test_queue_runs_stdin_commands_on_the_slots(in_tmp):
@@ -326,8 +363,13 @@ def test_queue_runs_stdin_commands_on_the_slots(in_tmp):
 
 def test_queue_reads_its_input_as_it_comes(in_tmp):
     """The first command runs while stdin is still open, as with a fifo or `tail -f`."""
-    queue = subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", "queue", "--gpus", "0", "--log-dir", "q"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(in_tmp))
+    queue = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "queue", "--gpus", "0", "--log-dir", "q"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=str(in_tmp),
+    )
     try:
         queue.stdin.write(b"echo first > first.txt\n")
         queue.stdin.flush()
@@ -342,6 +384,7 @@ def test_queue_reads_its_input_as_it_comes(in_tmp):
 
 
 # --- plots, help, live status ---------------------------------------------------------------
+
 
 def test_plots(command_sweep, in_tmp, capsys):
     assert gts(["run", command_sweep, "--plain"]) == 0
@@ -385,12 +428,17 @@ def test_live_status_line():
     assert "0 done, 0 failed, 2 running, 2 pending, 0 skipped" in live.line()
     assert live.line().endswith("| gpu0: a-1, | gpu1: a-2,")  # which run is where
     live.on_run_end(RunOutcome(name=runs[0].name, work_dir="", status=RunStatus.SUCCEEDED, duration=10.0))
-    assert "1 done, 0 failed, 1 running, 2 pending" in live.line() and "ETA 0:00:15" in live.line()  # 3 runs left, 10 s each, 2 at a time
+    assert (
+        "1 done, 0 failed, 1 running, 2 pending" in live.line() and "ETA 0:00:15" in live.line()
+    )  # 3 runs left, 10 s each, 2 at a time
     live.on_run_end(RunOutcome(name=runs[1].name, work_dir="", status=RunStatus.INTERRUPTED, duration=1.0))
     assert "1 done, 0 failed, 1 interrupted, 0 running" in live.line()  # not counted as failed
     draws = stream.getvalue().count("\r\033[K")
-    wait_until(lambda: stream.getvalue().count("\r\033[K") >= draws + 3, timeout=5,
-               message="the line to be redrawn while nothing starts or ends")
+    wait_until(
+        lambda: stream.getvalue().count("\r\033[K") >= draws + 3,
+        timeout=5,
+        message="the line to be redrawn while nothing starts or ends",
+    )
     live.on_sweep_end(SweepSummary())
     text = stream.getvalue()
     assert text.endswith("\n") and text.count("\n") == 1  # ends the line once, and draws nothing after it
@@ -423,8 +471,11 @@ def test_the_python_api_shows_the_status_line_on_a_terminal_and_can_turn_it_off(
         def fileno(self):
             raise io.UnsupportedOperation
 
-    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
-              "test_config": [{"a": [1, 2]}], "command": ["true"]}
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None},
+        "test_config": [{"a": [1, 2]}],
+        "command": ["true"],
+    }
     for choice, shown in ((True, True), (False, False)):
         terminal = Terminal()
         monkeypatch.setattr(sys, "stderr", terminal)
@@ -444,7 +495,9 @@ def test_queue_in_process(in_tmp, monkeypatch, capsys):
     assert (in_tmp / "x.txt").read_text() == "x\n"
     report = json.loads(_out(capsys, ["status", "q", "--json"]))
     assert [(run["status"], run["exit"], run["cause"]) for run in report["runs"]] == [
-        ("succeeded", "0", None), ("failed", "5", "the command failed with exit code 5")]
+        ("succeeded", "0", None),
+        ("failed", "5", "the command failed with exit code 5"),
+    ]
 
 
 def test_grid_and_plot_as_subprocesses(command_sweep, in_tmp):
@@ -471,8 +524,8 @@ def test_live_status_on_a_terminal(command_sweep, in_tmp, monkeypatch):
 
 
 def test_status_while_a_sweep_runs(in_tmp, capsys):
-    from test_process_control import finish, launch, started
     from helpers import make_config
+    from test_process_control import finish, launch, started
 
     root = in_tmp / "r"
     scheduler = launch(make_config(root, [{"a": [1, 2]}], slots=("cpu",), grace_period=5), "BlockTask")
@@ -488,15 +541,23 @@ def test_status_while_a_sweep_runs(in_tmp, capsys):
 def test_a_killed_queue_takes_its_shell_commands_with_it(in_tmp, no_leaked_processes):
     from conftest import marked_pids
 
-    queue = subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", "queue", "--gpus", "0", "1"],
-                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             cwd=str(in_tmp))
+    queue = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "queue", "--gpus", "0", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=str(in_tmp),
+    )
     queue.stdin.write(b"touch a.started; sleep 600\ntouch b.started; sleep 600 & sleep 600\n")
     queue.stdin.flush()
-    wait_until(lambda: (in_tmp / "a.started").exists() and (in_tmp / "b.started").exists(),
-               message="both commands to start")
+    wait_until(
+        lambda: (in_tmp / "a.started").exists() and (in_tmp / "b.started").exists(), message="both commands to start"
+    )
     queue.kill()
     queue.wait()
     queue.stdin.close()
-    wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10,
-               message="the commands (and their own children) to die with the queue")
+    wait_until(
+        lambda: not marked_pids(no_leaked_processes),
+        timeout=10,
+        message="the commands (and their own children) to die with the queue",
+    )

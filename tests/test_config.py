@@ -1,4 +1,5 @@
 """ConfigManager compatibility, config files, laziness and validation."""
+
 import copy
 import json
 import os
@@ -44,8 +45,12 @@ def test_runs_in_the_original_order_with_merged_configs(in_tmp):
 
 def test_first_key_varies_slowest():
     manager = ConfigManager({"scheduler_config": {"gpu": ["0"]}, "test_config": [{"b": [1, 2], "a": ["x", "y"]}]})
-    assert manager.get_all_test_config() == [{"b": 1, "a": "x"}, {"b": 1, "a": "y"},
-                                             {"b": 2, "a": "x"}, {"b": 2, "a": "y"}]
+    assert manager.get_all_test_config() == [
+        {"b": 1, "a": "x"},
+        {"b": 1, "a": "y"},
+        {"b": 2, "a": "x"},
+        {"b": 2, "a": "y"},
+    ]
 
 
 def test_scheduler_defaults_match_the_original(in_tmp):
@@ -110,23 +115,33 @@ def test_group_and_cpu_slots():
 
 
 def test_range_prints_like_the_original():
-    manager = ConfigManager({"scheduler_config": {"gpu": ["0"], "test_config_string_inst_separator": "|"},
-                             "test_config": [{"seed": range(3)}]})
+    manager = ConfigManager(
+        {
+            "scheduler_config": {"gpu": ["0"], "test_config_string_inst_separator": "|"},
+            "test_config": [{"seed": range(3)}],
+        }
+    )
     assert manager.get_all_test_config_in_string() == "seed-range(0, 3),|"
     assert [c["seed"] for c in manager.get_all_test_config()] == [0, 1, 2]
 
 
 def test_relative_result_root_stays_relative():
-    manager = ConfigManager({"scheduler_config": {"gpu": ["0"], "result_root_folder": "out"},
-                             "test_config": [{"a": [1]}]})
+    manager = ConfigManager(
+        {"scheduler_config": {"gpu": ["0"], "result_root_folder": "out"}, "test_config": [{"a": [1]}]}
+    )
     assert manager.get_next_config()["work_dir"] == os.path.join("out", "a-1,")
 
 
 def test_no_test_config_gives_one_run_in_the_root():
-    manager = ConfigManager({"scheduler_config": {"gpu": ["0"], "result_root_folder": "out"},
-                             "global_config": {"x": 1}})
-    assert manager.get_next_config() == {"config": {"x": 1}, "test_config_string": "",
-                                         "test_config_string_filtered": "", "work_dir": os.path.join("out", "")}
+    manager = ConfigManager(
+        {"scheduler_config": {"gpu": ["0"], "result_root_folder": "out"}, "global_config": {"x": 1}}
+    )
+    assert manager.get_next_config() == {
+        "config": {"x": 1},
+        "test_config_string": "",
+        "test_config_string_filtered": "",
+        "work_dir": os.path.join("out", ""),
+    }
     assert manager.get_next_config() == {"config": None}
 
 
@@ -152,7 +167,9 @@ def test_the_callers_dict_is_never_changed_and_nothing_is_written(in_tmp):
 
 def test_config_files(in_tmp):
     (in_tmp / "c.yaml").write_text("scheduler_config:\n  gpu: [cpu]\ntest_config:\n  - lr: [0.1, 0.2]\n")
-    (in_tmp / "c.json").write_text(json.dumps({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"lr": [0.1, 0.2]}]}))
+    (in_tmp / "c.json").write_text(
+        json.dumps({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"lr": [0.1, 0.2]}]})
+    )
     (in_tmp / "c.py").write_text(
         "config = {'scheduler_config': {'gpu': ['cpu']}, 'test_config': [{'lr': [0.1, 0.2]}]}\n"
         "if __name__ == '__main__':\n    raise SystemExit('the main block must not run')\n"
@@ -162,12 +179,15 @@ def test_config_files(in_tmp):
     assert ConfigManager(in_tmp / "c.yaml").get_num_left_config() == 2
 
 
-@pytest.mark.parametrize("content, suffix, message", [
-    ("scheduler_config: [", ".yaml", "could not read config file"),
-    ("- 1\n- 2\n", ".yml", "must hold a mapping"),
-    ("x = 1\n", ".py", "no variable named 'config'"),
-    ("{}", ".toml", "unknown suffix"),
-])
+@pytest.mark.parametrize(
+    "content, suffix, message",
+    [
+        ("scheduler_config: [", ".yaml", "could not read config file"),
+        ("- 1\n- 2\n", ".yml", "must hold a mapping"),
+        ("x = 1\n", ".py", "no variable named 'config'"),
+        ("{}", ".toml", "unknown suffix"),
+    ],
+)
 def test_bad_config_files(in_tmp, content, suffix, message):
     path = in_tmp / f"bad{suffix}"
     path.write_text(content)
@@ -181,8 +201,10 @@ def test_missing_config_file(in_tmp):
 
 
 def test_a_million_runs_are_not_materialised():
-    config = {"scheduler_config": {"gpu": ["0"]},
-              "test_config": [{"a": list(range(100)), "b": list(range(100)), "c": list(range(100))}]}
+    config = {
+        "scheduler_config": {"gpu": ["0"]},
+        "test_config": [{"a": list(range(100)), "b": list(range(100)), "c": list(range(100))}],
+    }
     tracemalloc.start()
     manager = ConfigManager(config)
     first = manager.get_next_config()
@@ -207,7 +229,7 @@ INVALID = [
     ({}, ["scheduler_config"], "could not find scheduler_config"),
     ({"scheduler_config": {}}, ["gpu"], "could not find gpu"),
     ({"scheduler_config": {"gpu": []}}, ["gpu"], "is empty"),
-    ({"scheduler_config": {"gpu": "0"}}, ["gpu"], "must be \"all\" or a list of slots"),
+    ({"scheduler_config": {"gpu": "0"}}, ["gpu"], 'must be "all" or a list of slots'),
     ({"scheduler_config": {"gpu": ["zero"]}}, ["gpu", "'zero'"], "not a GPU id"),
     ({"scheduler_config": {"gpu": [-1]}}, ["gpu", "-1"], "not a GPU id"),
     ({"scheduler_config": {"gpu": [1.5]}}, ["gpu", "1.5"], "expected"),
@@ -288,15 +310,39 @@ def test_public_import_paths():
     from gpu_task_scheduler.gpu_task import GPUTask as B
     from gpu_task_scheduler.gpu_task_scheduler import GPUTaskScheduler as C
 
-    assert (gpu_task_scheduler.ConfigManager, gpu_task_scheduler.GPUTask, gpu_task_scheduler.GPUTaskScheduler) == (A, B, C)
+    assert (gpu_task_scheduler.ConfigManager, gpu_task_scheduler.GPUTask, gpu_task_scheduler.GPUTaskScheduler) == (
+        A,
+        B,
+        C,
+    )
     assert "gpu_task_scheduler" in sys.modules
 
 
 YAML_FORMS = [
-    ("1e-3", 0.001), ("5E-4", 0.0005), ("1e5", 100000.0), ("-1E+3", -1000.0), ("+.5", 0.5), (".5", 0.5),
-    ("1.0", 1.0), ("3.", 3.0), ("1_000", 1000), ("0x10", 16), ("017", 15), ("12", 12), (".inf", float("inf")),
-    ("inf", "inf"), ("yes", True), ("no", False), ("on", True), ("off", False), ("true", True), ("null", None),
-    ("1e", "1e"), ("e3", "e3"), ("1.2.3", "1.2.3"), ("'1e-3'", "1e-3"),
+    ("1e-3", 0.001),
+    ("5E-4", 0.0005),
+    ("1e5", 100000.0),
+    ("-1E+3", -1000.0),
+    ("+.5", 0.5),
+    (".5", 0.5),
+    ("1.0", 1.0),
+    ("3.", 3.0),
+    ("1_000", 1000),
+    ("0x10", 16),
+    ("017", 15),
+    ("12", 12),
+    (".inf", float("inf")),
+    ("inf", "inf"),
+    ("yes", True),
+    ("no", False),
+    ("on", True),
+    ("off", False),
+    ("true", True),
+    ("null", None),
+    ("1e", "1e"),
+    ("e3", "e3"),
+    ("1.2.3", "1.2.3"),
+    ("'1e-3'", "1e-3"),
 ]
 
 
@@ -311,14 +357,17 @@ def test_yaml_numbers_load_as_a_user_means_them(tmp_path, text, value):
 # added without a row here fails test_every_scheduler_key_has_rows_of_bad_values.
 BAD_VALUES = {
     "force_rerun": [("yes", "must be a bool"), (1, "must be a bool")],
-    "result_root_folder": [(3, "must be a non-empty path"), ("", "must be a non-empty path"),
-                           ("a\0b", "without NUL")],
+    "result_root_folder": [(3, "must be a non-empty path"), ("", "must be a non-empty path"), ("a\0b", "without NUL")],
     "temp_folder": [(3, "must be a non-empty path"), ("", "must be a non-empty path")],
     "test_config_string_indicator": [(3, "must be a string"), (None, "must be a string")],
     "test_config_string_separator": [(3, "must be a string"), (["-"], "must be a string")],
     "test_config_string_inst_separator": [(3, "must be a string"), (b"+", "must be a string")],
-    "log_file": [("/abs.log", "relative to the run folder"), ("../x.log", "without '..'"), (3, "file name"),
-                 (".gts/x.log", "outside .gts/")],
+    "log_file": [
+        ("/abs.log", "relative to the run folder"),
+        ("../x.log", "without '..'"),
+        (3, "file name"),
+        (".gts/x.log", "outside .gts/"),
+    ],
     "scheduler_log_file_path": [("", "must be a non-empty path"), (3, "must be a non-empty path")],
     "config_string_value_maxlen": [(0, "1"), ("30", "integer"), (True, "integer")],
     "ignored_keys_for_folder_name": [("seed", "a list of non-empty strings"), ([""], "non-empty strings")],
@@ -341,11 +390,12 @@ BAD_VALUES = {
     "max_host_cpu_percent": [(-1, "percentage"), (101, "percentage")],
     "min_host_free_memory": [("plenty", "memory size")],
     "notify_command": [(5, "a command"), ("  ", "a command"), ([1, 2], "a command")],
-    "notify_email": [({"host": "h"}, "a dict with host, sender, recipients"),
-                     ({"host": "h", "sender": "s", "recipients": "r"}, "recipients"),
-                     ({"host": "h", "sender": "s", "recipients": ["r"], "starttls": True, "ssl": True},
-                      "choose one"),
-                     ({"host": "h", "sender": "s", "recipients": ["r"], "port": "25"}, "port")],
+    "notify_email": [
+        ({"host": "h"}, "a dict with host, sender, recipients"),
+        ({"host": "h", "sender": "s", "recipients": "r"}, "recipients"),
+        ({"host": "h", "sender": "s", "recipients": ["r"], "starttls": True, "ssl": True}, "choose one"),
+        ({"host": "h", "sender": "s", "recipients": ["r"], "port": "25"}, "port"),
+    ],
 }
 
 
@@ -355,11 +405,16 @@ def test_every_scheduler_key_has_rows_of_bad_values():
     assert sorted(BAD_VALUES) == sorted(SCHEDULER_KEYS)
 
 
-@pytest.mark.parametrize("key,value,words", [(k, v, w) for k, rows in BAD_VALUES.items() for v, w in rows],
-                         ids=[f"{k}={v!r}" for k, rows in BAD_VALUES.items() for v, _ in rows])
+@pytest.mark.parametrize(
+    "key,value,words",
+    [(k, v, w) for k, rows in BAD_VALUES.items() for v, w in rows],
+    ids=[f"{k}={v!r}" for k, rows in BAD_VALUES.items() for v, _ in rows],
+)
 def test_every_scheduler_key_refuses_bad_values_by_name(tmp_path, key, value, words):
-    config = {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "r"), key: value},
-              "test_config": [{"a": [1]}]}
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "r"), key: value},
+        "test_config": [{"a": [1]}],
+    }
     with pytest.raises(ConfigError) as raised:
         Sweep(config)
     message = str(raised.value)

@@ -1,17 +1,18 @@
 """Every process a run starts ends with it; the root stays locked while any does; a returned
 main() is recorded whatever signal comes."""
+
 import os
 import shlex
 import signal
 import subprocess
 import sys
 
-import pytest
-
 import gts_test_tasks as tasks
+import pytest
 from conftest import wait_until
 from helpers import ledger_rows, make_config
 from test_process_control import finish, launch, started
+
 from gpu_task_scheduler import GPUTaskScheduler, RunStatus, SchedulerBusyError
 
 
@@ -118,8 +119,7 @@ def test_the_window_after_main_returns_is_recognised():
     assert not runner._main_has_returned(Frame)
 
 
-TRAP = ('trap \'sleep 1; echo saved > "$0/checkpoint"; exit 0\' TERM; echo > "$0/started"; '
-        'while :; do sleep 0.05; done')
+TRAP = 'trap \'sleep 1; echo saved > "$0/checkpoint"; exit 0\' TERM; echo > "$0/started"; while :; do sleep 0.05; done'
 
 
 @pytest.mark.parametrize("how", ["run", "queue"])
@@ -129,14 +129,20 @@ def test_a_command_gets_its_grace_period_to_save_a_checkpoint(in_tmp, how):
         (in_tmp / "sweep.yaml").write_text(
             f"scheduler_config: {{gpu: [cpu], result_root_folder: {root}, grace_period: 20}}\n"
             "test_config: [{a: [1]}]\n"
-            f"command: [sh, -c, '{TRAP.replace(chr(39), chr(39) * 2)}', '{{work_dir}}']\n")
+            f"command: [sh, -c, '{TRAP.replace(chr(39), chr(39) * 2)}', '{{work_dir}}']\n"
+        )
         argv = ["run", str(in_tmp / "sweep.yaml"), "--plain"]
         folder = root / "a-1,"
     else:
         argv = ["queue", "--gpus", "cpu", "--log-dir", str(root), "--grace-period", "20"]
         folder = in_tmp
-    process = subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", *argv], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=in_tmp)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=in_tmp,
+    )
     if how == "queue":
         process.stdin.write(f"sh -c {shlex.quote(TRAP)} {shlex.quote(str(in_tmp))}\n".encode())
     process.stdin.close()
@@ -155,8 +161,7 @@ def test_a_run_that_lost_its_lifeline_still_dies_with_its_scheduler(in_tmp, how)
     name = f"how-{how},"
     wait_until(lambda: started(root, name), message="the run to start")
     pid = int((root / name / "started").read_text())
-    wait_until(lambda: how != "exec" or open(f"/proc/{pid}/comm").read().strip() == "sleep",
-               message="the exec")
+    wait_until(lambda: how != "exec" or open(f"/proc/{pid}/comm").read().strip() == "sleep", message="the exec")
     scheduler.kill()
     finish(scheduler)
     wait_until(lambda: not alive(pid), timeout=10, message=f"the run {pid} to die with its scheduler")

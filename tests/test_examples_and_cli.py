@@ -1,4 +1,5 @@
 """The README's promises: the demo sweep, lazy imports, the gts command."""
+
 import os
 import subprocess
 import sys
@@ -33,14 +34,16 @@ def test_lazy_import_defers_the_import(in_tmp, monkeypatch):
     assert "heavy_module_for_test" in sys.modules
     missing = lazy_import("no_such_module_for_gts")
     with pytest.raises(ImportError):
-        getattr(missing, "anything")
+        _ = missing.anything
     with pytest.raises(TypeError):
         lazy_import("")
 
 
 def test_the_pytorch_example_imports_without_importing_torch():
-    code = ("import sys; sys.path.insert(0, 'examples'); import pytorch_task; "
-            "assert 'torch' not in sys.modules; print('ok')")
+    code = (
+        "import sys; sys.path.insert(0, 'examples'); import pytorch_task; "
+        "assert 'torch' not in sys.modules; print('ok')"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
 
@@ -54,8 +57,9 @@ def test_gts_version_and_usage(capsys):
 
 
 def test_gts_as_a_module():
-    result = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "status"], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "status"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and "the following arguments are required: root" in result.stderr
 
 
@@ -69,15 +73,30 @@ def test_the_readme_shell_sweep_runs_and_gives_the_tree_shown(in_tmp):
     (in_tmp / "sweep.yaml").write_text(_readme_block("<!-- shell-sweep: sweep.yaml -->"))
     (in_tmp / "examples").mkdir()
     (in_tmp / "examples" / "train.py").write_text(open(os.path.join(REPO, "examples", "train.py")).read())
-    run = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.yaml"], cwd=str(in_tmp),
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.yaml"],
+        cwd=str(in_tmp),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     tree = sorted(str(p.relative_to(in_tmp)) for p in (in_tmp / "runs").rglob("*") if ".gts" not in p.parts)
     assert ["runs"] + tree == _readme_block("<!-- shell-sweep-tree -->").split()
-    results = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "results", "runs"], cwd=str(in_tmp),
-                             capture_output=True, text=True, timeout=60)
+    results = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "results", "runs"],
+        cwd=str(in_tmp),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = results.stdout.splitlines()
     assert lines[0].split()[:5] == ["name", "layers", "lr", "status", "duration"] and len(lines) == 5
-    again = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.yaml"], cwd=str(in_tmp),
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.yaml"],
+        cwd=str(in_tmp),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "0 succeeded, 0 failed, 4 skipped" in again.stderr

@@ -1,25 +1,26 @@
 """GPU awareness against a fake NVML: discovery, packing by memory, sharing, OOM recovery."""
+
 import os
 import random
 import signal
 import threading
 import time
 
-import pytest
-
 import fake_nvml
 import gts_test_tasks as tasks
+import pytest
 from conftest import wait_until
 from fake_nvml import write_state
 from helpers import ledger_rows, make_config
 from test_process_control import finish, launch
+
 from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, GTSError
 from gpu_task_scheduler.devices import Slot
 from gpu_task_scheduler.host import HostProbe
 from gpu_task_scheduler.nvml import GpuMonitor, GpuProcess, GpuState, NvmlUnavailable
 from gpu_task_scheduler.placement import EXCLUSIVE, Reservation, SlotView, book, choose
 
-GB = 10 ** 9
+GB = 10**9
 
 
 @pytest.fixture
@@ -48,12 +49,18 @@ def by_gpu(summary):
 
 # --- discovery ---------------------------------------------------------------------
 
+
 def test_monitor_reads_the_fake_like_nvml(gpus):
     with GpuMonitor(fake_nvml) as monitor:
         assert monitor.count() == 2
         state = monitor.state("1")
         assert (state.index, state.name, state.total_memory, state.free_memory, state.used_memory) == (
-            1, "Fake H100 80GB", 80 * GB, 80 * GB, 0)
+            1,
+            "Fake H100 80GB",
+            80 * GB,
+            80 * GB,
+            0,
+        )
         assert monitor.state(state.uuid).uuid == state.uuid
 
 
@@ -101,12 +108,14 @@ def test_all_without_nvml_fails_clearly_or_falls_back_to_cpu(gpus, in_tmp, monke
 
 def test_explicit_gpus_without_nvml_run_one_per_slot(gpus, in_tmp):
     gpus({"name": "x", "total": GB}, library_missing=True)
-    summary = GPUTaskScheduler(make_config(in_tmp / "r", [{"i": [0, 1]}], slots=("0",), max_runs_per_gpu=4),
-                               tasks.RecordTask, nvml=fake_nvml).start()
+    summary = GPUTaskScheduler(
+        make_config(in_tmp / "r", [{"i": [0, 1]}], slots=("0",), max_runs_per_gpu=4), tasks.RecordTask, nvml=fake_nvml
+    ).start()
     assert summary.ok and [o.result["env"]["CUDA_VISIBLE_DEVICES"] for o in summary.succeeded] == ["0", "0"]
 
 
 # --- packing by memory -----------------------------------------------------------------
+
 
 def release_when_running(barrier, counts, timeout=60.0):
     """A thread that creates ``barrier`` once the fake GPUs show at least ``counts[gpu]`` of our
@@ -132,9 +141,16 @@ def release_when_running(barrier, counts, timeout=60.0):
 
 def packing_config(root, runs=20, *, barrier, **options):
     # The first wave holds its memory until all of its runs run side by side (see release_when_running).
-    return make_config(root, [{"i": list(range(runs))}], slots=("0", "1"),
-                       global_config={"alloc_gb": 10, "hold": 0, "barrier": barrier}, gpu_memory="10GB",
-                       max_runs_per_gpu=8, gpu_poll_interval=0.2, **options)
+    return make_config(
+        root,
+        [{"i": list(range(runs))}],
+        slots=("0", "1"),
+        global_config={"alloc_gb": 10, "hold": 0, "barrier": barrier},
+        gpu_memory="10GB",
+        max_runs_per_gpu=8,
+        gpu_poll_interval=0.2,
+        **options,
+    )
 
 
 @pytest.mark.parametrize("margin, expected", [(None, {"0": 7, "1": 1}), ("0", {"0": 8, "1": 2})])
@@ -154,13 +170,22 @@ def test_twenty_10gb_runs_on_two_80gb_gpus_one_shared(gpus, in_tmp, margin, expe
     peaks = [row["gpu_memory_peak"] for row in rows.values()]
     # Runs of the first wave were measured while they held their memory; later ones may end between polls.
     assert peaks.count(10 * GB) >= sum(expected.values()) and set(peaks) <= {10 * GB, None}
-    print(f"margin {margin or 'default 512MiB'}: at most {expected} runs at once; "
-          f"runs per GPU {{gpu: len}} = { {gpu: len(c) for gpu, c in sharing.items()} }")
+    print(
+        f"margin {margin or 'default 512MiB'}: at most {expected} runs at once; "
+        f"runs per GPU {{gpu: len}} = { {gpu: len(c) for gpu, c in sharing.items()} }"
+    )
 
 
 def test_a_run_that_can_never_fit_fails_at_once(gpus, in_tmp):
-    summary = run(make_config(in_tmp / "r", [{"gpu_memory": ["100GB", "1GB"]}], slots=("0",),
-                              global_config={"alloc_gb": 1, "hold": 0}, max_runs_per_gpu=2))
+    summary = run(
+        make_config(
+            in_tmp / "r",
+            [{"gpu_memory": ["100GB", "1GB"]}],
+            slots=("0",),
+            global_config={"alloc_gb": 1, "hold": 0},
+            max_runs_per_gpu=2,
+        )
+    )
     (failed,) = summary.failed
     assert "needs 93.1 GiB per GPU, more than any GPU here can give" in failed.cause
     assert len(summary.succeeded) == 1
@@ -173,9 +198,17 @@ def test_unknown_needs_run_alone_until_an_estimate_is_learned(gpus, in_tmp):
     # The first run holds its memory for a few polls (0.1 s apart) so that its need is learned; the
     # others then hold theirs until two of them have run side by side.
     blocks = [{"i": [0], "hold": [0.6]}, {"i": [1, 2, 3, 4], "barrier": [barrier]}]
-    summary = run(make_config(in_tmp / "r", blocks, slots=("0",), max_runs_per_gpu=4, gpu_poll_interval=0.1,
-                              global_config={"alloc_gb": 30, "hold": 0},
-                              ignored_keys_for_folder_name=["barrier", "hold"]))
+    summary = run(
+        make_config(
+            in_tmp / "r",
+            blocks,
+            slots=("0",),
+            max_runs_per_gpu=4,
+            gpu_poll_interval=0.1,
+            global_config={"alloc_gb": 30, "hold": 0},
+            ignored_keys_for_folder_name=["barrier", "hold"],
+        )
+    )
     watcher.join()
     sharing = [o.result["sharing"] for o in sorted(summary.succeeded, key=lambda o: o.name)]
     assert sharing[0] == 1  # nothing known yet: the first run has the GPU to itself
@@ -183,12 +216,17 @@ def test_unknown_needs_run_alone_until_an_estimate_is_learned(gpus, in_tmp):
 
 
 def test_busy_gpus_are_avoided_and_used_once_free(gpus, in_tmp):
-    gpus({"name": "A", "total": 80 * GB, "processes": [{"pid": 1, "used": 70 * GB}]},
-         {"name": "B", "total": 80 * GB})
+    gpus({"name": "A", "total": 80 * GB, "processes": [{"pid": 1, "used": 70 * GB}]}, {"name": "B", "total": 80 * GB})
     root = in_tmp / "r"
-    config = make_config(root, [{"i": [0], "clear_foreign": [0]}, {"i": [1, 2, 3]}], slots=("0", "1"),
-                         global_config={"alloc_gb": 1, "hold": 0.5}, busy_memory_fraction=0.5,
-                         gpu_poll_interval=0.1, ignored_keys_for_folder_name=["clear_foreign"])
+    config = make_config(
+        root,
+        [{"i": [0], "clear_foreign": [0]}, {"i": [1, 2, 3]}],
+        slots=("0", "1"),
+        global_config={"alloc_gb": 1, "hold": 0.5},
+        busy_memory_fraction=0.5,
+        gpu_poll_interval=0.1,
+        ignored_keys_for_folder_name=["clear_foreign"],
+    )
     summary = run(config)
     assert summary.ok
     gpu_of = {o.name: o.result["gpu"] for o in summary.succeeded}
@@ -200,9 +238,15 @@ def test_busy_gpus_are_avoided_and_used_once_free(gpus, in_tmp):
 
 def test_a_user_process_appearing_makes_a_gpu_busy(gpus, in_tmp):
     root = in_tmp / "r"
-    config = make_config(root, [{"i": [0], "add_foreign": [1]}, {"i": [1, 2]}], slots=("1", "0"),
-                         global_config={"alloc_gb": 1, "hold": 0.3}, busy_memory_fraction=0.5,
-                         gpu_poll_interval=0.1, ignored_keys_for_folder_name=["add_foreign"])
+    config = make_config(
+        root,
+        [{"i": [0], "add_foreign": [1]}, {"i": [1, 2]}],
+        slots=("1", "0"),
+        global_config={"alloc_gb": 1, "hold": 0.3},
+        busy_memory_fraction=0.5,
+        gpu_poll_interval=0.1,
+        ignored_keys_for_folder_name=["add_foreign"],
+    )
     summary = run(config)
     gpu_of = {o.name: o.result["gpu"] for o in summary.succeeded}
     assert gpu_of["i-0,"] == "1" and gpu_of["i-1,"] == "0"
@@ -211,9 +255,16 @@ def test_a_user_process_appearing_makes_a_gpu_busy(gpus, in_tmp):
 
 def test_out_of_memory_runs_are_retried_later_with_a_bound(gpus, in_tmp):
     root = in_tmp / "r"
-    config = make_config(root, [{"i": [0], "oom_until": [1]}, {"i": [1], "oom_until": [9]}, {"i": [2, 3]}],
-                         slots=("0",), global_config={"alloc_gb": 10, "hold": 0.1}, gpu_memory="10GB",
-                         max_runs_per_gpu=1, max_oom_retries=2, ignored_keys_for_folder_name=["oom_until"])
+    config = make_config(
+        root,
+        [{"i": [0], "oom_until": [1]}, {"i": [1], "oom_until": [9]}, {"i": [2, 3]}],
+        slots=("0",),
+        global_config={"alloc_gb": 10, "hold": 0.1},
+        gpu_memory="10GB",
+        max_runs_per_gpu=1,
+        max_oom_retries=2,
+        ignored_keys_for_folder_name=["oom_until"],
+    )
     summary = run(config)
     outcomes = summary.outcomes
     assert outcomes["i-0,"].status.value == "succeeded" and outcomes["i-0,"].attempts == 2
@@ -230,8 +281,13 @@ def test_out_of_memory_runs_are_retried_later_with_a_bound(gpus, in_tmp):
 def test_waiting_for_the_host_is_shown_and_ctrl_c_still_works(gpus, in_tmp):
     root = in_tmp / "r"
     scheduler = launch(make_config(root, [{"a": [1]}], min_host_free_memory="1000TB"), "RecordTask")
-    wait_until(lambda: (root / "scheduler.log").exists() and "waiting to start a-1,: host has"
-               in (root / "scheduler.log").read_text(), message="the wait to be logged")
+    wait_until(
+        lambda: (
+            (root / "scheduler.log").exists()
+            and "waiting to start a-1,: host has" in (root / "scheduler.log").read_text()
+        ),
+        message="the wait to be logged",
+    )
     scheduler.send_signal(signal.SIGINT)
     finish(scheduler)
     assert scheduler.returncode == -signal.SIGINT and not (root / "a-1,").exists()
@@ -239,9 +295,18 @@ def test_waiting_for_the_host_is_shown_and_ctrl_c_still_works(gpus, in_tmp):
 
 # --- placement, pure ----------------------------------------------------------------------
 
+
 def state(gpu_id, total, free, processes=()):
-    return GpuState(index=int(gpu_id), uuid=f"GPU-{gpu_id}", name="g", total_memory=total, free_memory=free,
-                    used_memory=total - free, utilization=0, processes=tuple(processes))
+    return GpuState(
+        index=int(gpu_id),
+        uuid=f"GPU-{gpu_id}",
+        name="g",
+        total_memory=total,
+        free_memory=free,
+        used_memory=total - free,
+        utilization=0,
+        processes=tuple(processes),
+    )
 
 
 def test_reservations_are_not_double_booked_until_allocated():
@@ -258,8 +323,18 @@ def test_reservations_are_not_double_booked_until_allocated():
 
 
 def views(*available, running=0, capacity=4):
-    return [SlotView(index=i, slot=Slot(f"gpu{i}", (str(i),)), running=running, capacity=capacity,
-                     available=a, ours_on_gpus=running, busy=None) for i, a in enumerate(available)]
+    return [
+        SlotView(
+            index=i,
+            slot=Slot(f"gpu{i}", (str(i),)),
+            running=running,
+            capacity=capacity,
+            available=a,
+            ours_on_gpus=running,
+            busy=None,
+        )
+        for i, a in enumerate(available)
+    ]
 
 
 def test_placement_policies():
@@ -288,8 +363,16 @@ def test_gpus_by_uuid(gpus, in_tmp):
     uuid = "GPU-00000001-0000-4000-8000-000000000000"
     barrier = str(in_tmp / "barrier")
     watcher = release_when_running(barrier, {"1": 2})
-    summary = run(make_config(in_tmp / "r", [{"i": [0, 1]}], slots=(uuid,), max_runs_per_gpu=2,
-                              gpu_memory="10GB", global_config={"alloc_gb": 10, "hold": 0, "barrier": barrier}))
+    summary = run(
+        make_config(
+            in_tmp / "r",
+            [{"i": [0, 1]}],
+            slots=(uuid,),
+            max_runs_per_gpu=2,
+            gpu_memory="10GB",
+            global_config={"alloc_gb": 10, "hold": 0, "barrier": barrier},
+        )
+    )
     watcher.join()
     assert [o.result["gpu"] for o in summary.succeeded] == [uuid, uuid]
     assert [o.slot for o in summary.succeeded] == [f"gpu{uuid}"] * 2
@@ -298,16 +381,20 @@ def test_gpus_by_uuid(gpus, in_tmp):
 
 def test_peaks_are_measured_while_runs_are_active(gpus, in_tmp):
     root = in_tmp / "r"
-    run(make_config(root, [{"i": [0, 1]}], slots=("0", "1"), global_config={"alloc_gb": 3, "hold": 0.8},
-                    gpu_poll_interval=0.1))
+    run(
+        make_config(
+            root, [{"i": [0, 1]}], slots=("0", "1"), global_config={"alloc_gb": 3, "hold": 0.8}, gpu_poll_interval=0.1
+        )
+    )
     assert {row["gpu_memory_peak"] for row in ledger_rows(root).values()} == {3 * GB}
 
 
 def test_a_listed_gpu_that_does_not_exist_is_named_with_those_that_do(gpus, in_tmp):
     gpus({"name": "GPU-A", "total": 80 * GB}, {"name": "GPU-B", "total": 40 * GB})
     with pytest.raises(GTSError) as raised:
-        GPUTaskScheduler(make_config(in_tmp / "r", [{"i": [0]}], slots=("0", "7")), tasks.RecordTask,
-                         nvml=fake_nvml).start()
+        GPUTaskScheduler(
+            make_config(in_tmp / "r", [{"i": [0]}], slots=("0", "7")), tasks.RecordTask, nvml=fake_nvml
+        ).start()
     message = str(raised.value)
     assert message.startswith("GPU 7 (") and "does not exist" in message and " 0 (" not in message
     assert "0: GPU-A, " in message and "1: GPU-B, " in message
@@ -351,11 +438,17 @@ def test_a_run_allocating_while_the_gpu_is_read_is_never_counted_twice_as_free(g
 OOM_MESSAGES = [
     ("PyTorch", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)"),
     ("PyTorch", "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB"),
-    ("TensorFlow", "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor "
-                   "with shape[8192,8192] and type float on /job:localhost/replica:0/task:0/device:GPU:0"),
+    (
+        "TensorFlow",
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor "
+        "with shape[8192,8192] and type float on /job:localhost/replica:0/task:0/device:GPU:0",
+    ),
     ("TensorFlow", "2026-11-22 10:00:00 W tensorflow/core/framework/op_kernel.cc] OOM when allocating tensor"),
-    ("JAX", "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
-            "17179869184 bytes."),
+    (
+        "JAX",
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+        "17179869184 bytes.",
+    ),
     ("CUDA", "CUDA error: cudaErrorMemoryAllocation: out of memory"),
     ("CUDA", "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"),
     ("CUDA", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
@@ -363,16 +456,17 @@ OOM_MESSAGES = [
 ]
 
 
-@pytest.mark.parametrize("framework,message", OOM_MESSAGES, ids=[f"{f}-{i}" for i, (f, _) in
-                                                                 enumerate(OOM_MESSAGES)])
+@pytest.mark.parametrize("framework,message", OOM_MESSAGES, ids=[f"{f}-{i}" for i, (f, _) in enumerate(OOM_MESSAGES)])
 def test_out_of_memory_messages_of_every_framework_are_recognised(framework, message):
     from gpu_task_scheduler.oom import detect_oom
 
     assert detect_oom(f"step 10: loss 0.3\nTraceback (most recent call last):\n{message}\n") == framework
 
 
-@pytest.mark.parametrize("message", ["MemoryError", "ValueError: out of range", "Killed", "host out of memory?",
-                                     "resource exhausted (disk quota)"])
+@pytest.mark.parametrize(
+    "message",
+    ["MemoryError", "ValueError: out of range", "Killed", "host out of memory?", "resource exhausted (disk quota)"],
+)
 def test_other_failures_are_not_taken_for_gpu_out_of_memory(message):
     from gpu_task_scheduler.oom import detect_oom
 
@@ -382,8 +476,14 @@ def test_other_failures_are_not_taken_for_gpu_out_of_memory(message):
 def test_a_gpu_busy_with_other_users_work_is_left_alone_by_utilisation(gpus, in_tmp):
     gpus({"name": "A", "total": 80 * GB, "utilization": 95}, {"name": "B", "total": 80 * GB, "utilization": 0})
     root = in_tmp / "r"
-    config = make_config(root, [{"i": [0, 1, 2]}], slots=("0", "1"), global_config={"alloc_gb": 1, "hold": 0},
-                         busy_utilization=50, gpu_poll_interval=0.1)
+    config = make_config(
+        root,
+        [{"i": [0, 1, 2]}],
+        slots=("0", "1"),
+        global_config={"alloc_gb": 1, "hold": 0},
+        busy_utilization=50,
+        gpu_poll_interval=0.1,
+    )
     summary = run(config)
     assert summary.ok and {o.result["gpu"] for o in summary.succeeded} == {"1"}
     assert "busy_utilization 50" in (root / "scheduler.log").read_text()
@@ -392,9 +492,16 @@ def test_a_gpu_busy_with_other_users_work_is_left_alone_by_utilisation(gpus, in_
 def test_utilisation_of_our_own_runs_does_not_make_a_gpu_busy():
     from gpu_task_scheduler.placement import GpuBook, busy_reason
 
-    state = GpuState(index=0, uuid="GPU-0", name="A", total_memory=80 * GB, free_memory=70 * GB,
-                     used_memory=10 * GB, utilization=99, processes=())
+    state = GpuState(
+        index=0,
+        uuid="GPU-0",
+        name="A",
+        total_memory=80 * GB,
+        free_memory=70 * GB,
+        used_memory=10 * GB,
+        utilization=99,
+        processes=(),
+    )
     assert busy_reason(GpuBook(state, 70 * GB, 0, ours=1), memory_fraction=None, utilization=50) is None
-    assert "utilisation is 99%" in busy_reason(GpuBook(state, 70 * GB, 0, ours=0), memory_fraction=None,
-                                               utilization=50)
+    assert "utilisation is 99%" in busy_reason(GpuBook(state, 70 * GB, 0, ours=0), memory_fraction=None, utilization=50)
     assert busy_reason(GpuBook(state, 70 * GB, 0, ours=0), memory_fraction=None, utilization=None) is None

@@ -1,20 +1,27 @@
 """Inputs that used to crash or wedge a root: each gives one clear error and writes nothing."""
+
 import os
 import sqlite3
 import subprocess
 import sys
 
-import pytest
-
 import gts_test_tasks as tasks
+import pytest
 from helpers import ledger_rows, make_config
+
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler, GTSError, LedgerError, Sweep
 from gpu_task_scheduler.results import rows
 
 
 def _gts(*argv, cwd, stderr=subprocess.PIPE, **kwargs):
-    return subprocess.run([sys.executable, "-m", "gpu_task_scheduler", *argv], cwd=cwd, stdout=subprocess.PIPE,
-                          stderr=stderr, timeout=60, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", *argv],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        timeout=60,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("where", ["global", "test", "key", "nested"])
@@ -39,8 +46,11 @@ def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     for level in range(1, 10):
         lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 10) + "]")
-    text = "scheduler_config: {gpu: [cpu]}\nglobal_config:\n" + "\n".join("  " + line for line in lines) + \
-        "\ntest_config: [{v: [1]}]\n"
+    text = (
+        "scheduler_config: {gpu: [cpu]}\nglobal_config:\n"
+        + "\n".join("  " + line for line in lines)
+        + "\ntest_config: [{v: [1]}]\n"
+    )
     assert len(text) < 1000
     (tmp_path / "bomb.yaml").write_text(text)
     with pytest.raises(ConfigError, match="alias"):
@@ -50,8 +60,9 @@ def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
 @pytest.mark.parametrize("depth", [150, 900, 5000])
 def test_deeply_nested_configs_are_refused(tmp_path, depth):
     value = "[" * depth + "]" * depth
-    (tmp_path / "deep.json").write_text('{"scheduler_config": {"gpu": ["cpu"]}, "global_config": {"x": '
-                                        + value + '}, "test_config": [{"v": [1]}]}')
+    (tmp_path / "deep.json").write_text(
+        '{"scheduler_config": {"gpu": ["cpu"]}, "global_config": {"x": ' + value + '}, "test_config": [{"v": [1]}]}'
+    )
     with pytest.raises(ConfigError, match="nested"):
         Sweep(str(tmp_path / "deep.json"))
 
@@ -80,10 +91,17 @@ def test_an_unwritable_scheduler_log_is_one_error_and_nothing_is_written(tmp_pat
 
 
 def test_command_line_inputs_end_in_one_message(tmp_path):
-    (tmp_path / "s.yaml").write_text("scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\n"
-                                     "test_config: [{a: [1]}]\ncommand: [echo, '{a}']\n")
-    closed = subprocess.run(f"{sys.executable} -m gpu_task_scheduler run s.yaml 2>&-", shell=True, cwd=tmp_path,
-                            stdout=subprocess.PIPE, timeout=60)
+    (tmp_path / "s.yaml").write_text(
+        "scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\n"
+        "test_config: [{a: [1]}]\ncommand: [echo, '{a}']\n"
+    )
+    closed = subprocess.run(
+        f"{sys.executable} -m gpu_task_scheduler run s.yaml 2>&-",
+        shell=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        timeout=60,
+    )
     assert closed.returncode == 0 and (tmp_path / "results" / "a-1," / "worker.log").read_text() == "1\n"
     cases = [
         (["plot", "results", "--timeline", "-o", "/nonexistent/dir/x.png"], 1, b"cannot write the plot"),
@@ -126,11 +144,14 @@ def _ledger_with(root, sql):
     db.close()
 
 
-@pytest.mark.parametrize("sql,message", [
-    ("UPDATE runs SET status = 'paused'", "status 'paused'.*newer version"),
-    ("UPDATE meta SET value = '9' WHERE key = 'schema_version'", "schema version 9.*newer version"),
-    ("ALTER TABLE runs DROP COLUMN status", "no column status"),
-])
+@pytest.mark.parametrize(
+    "sql,message",
+    [
+        ("UPDATE runs SET status = 'paused'", "status 'paused'.*newer version"),
+        ("UPDATE meta SET value = '9' WHERE key = 'schema_version'", "schema version 9.*newer version"),
+        ("ALTER TABLE runs DROP COLUMN status", "no column status"),
+    ],
+)
 def test_a_ledger_this_version_cannot_read_says_why(tmp_path, sql, message):
     root = tmp_path / "r"
     _ledger_with(root, sql)
@@ -144,8 +165,9 @@ def test_a_ledger_this_version_cannot_read_says_why(tmp_path, sql, message):
 
 def test_a_first_release_ledger_is_upgraded_in_place(tmp_path):
     root = tmp_path / "r"
-    _ledger_with(root, "ALTER TABLE runs DROP COLUMN result_file; "
-                       "UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    _ledger_with(
+        root, "ALTER TABLE runs DROP COLUMN result_file; UPDATE meta SET value = '1' WHERE key = 'schema_version'"
+    )
     assert rows(str(root))[0]["status"] == "succeeded"  # read as it is
     summary = GPUTaskScheduler(make_config(root, [{"a": [1, 2]}]), tasks.RecordTask).start()
     assert summary.skipped == ["a-1,"] and len(summary.succeeded) == 1

@@ -1,13 +1,14 @@
 """Everything under a result root is hostile: symbolic links are never followed, FIFOs never block."""
+
 import json
 import os
 
 import pytest
+from gts_test_tasks import PlantTask, RecordTask
+from helpers import make_config
 
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler, RunStatus
 from gpu_task_scheduler.results import rows
-from gts_test_tasks import PlantTask, RecordTask
-from helpers import make_config
 
 
 @pytest.fixture
@@ -33,8 +34,12 @@ def test_a_planted_symbolic_link_is_refused_for_that_run_only(tmp_path, outside,
         victim.symlink_to(outside)
     else:
         (victim / ".gts").mkdir(parents=True)
-        target = {"meta": victim / ".gts", "log": victim / "worker.log", "log-parent": victim / "out",
-                  "logs": victim / ".gts" / "logs"}[plant]
+        target = {
+            "meta": victim / ".gts",
+            "log": victim / "worker.log",
+            "log-parent": victim / "out",
+            "logs": victim / ".gts" / "logs",
+        }[plant]
         if target.is_dir():
             target.rmdir()
         target.symlink_to(outside / "worker.log" if plant == "log" else outside)
@@ -77,9 +82,11 @@ def test_what_a_run_plants_in_its_folder_neither_hangs_nor_fools_the_scheduler(t
 
 def test_results_of_a_relative_root_are_read_from_the_root_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": "rel", "scheduler_log_file_path": None},
-              "test_config": [{"v": [3]}],
-              "command": ["sh", "-c", 'printf \'{{"v": %s}}\' "$1" > "$2/result.json"', "sh", "{v}", "{work_dir}"]}
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "rel", "scheduler_log_file_path": None},
+        "test_config": [{"v": [3]}],
+        "command": ["sh", "-c", 'printf \'{{"v": %s}}\' "$1" > "$2/result.json"', "sh", "{v}", "{work_dir}"],
+    }
     assert GPUTaskScheduler(config).start().ok
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "rel" / "v-3,").mkdir(parents=True)

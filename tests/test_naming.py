@@ -1,4 +1,5 @@
 """Folder names: the original algorithm byte for byte, plus safety and uniqueness."""
+
 import os
 
 import pytest
@@ -7,14 +8,15 @@ from gpu_task_scheduler import ConfigManager, Sweep
 from gpu_task_scheduler.naming import MAX_NAME_BYTES, NameRegistry, safe_folder_name
 
 
-def original_name(test_config, indicator="-", separator=",", maxlen=30, ignored_keys=(),
-                  ignored_characters=(" ", "[", "]")):
+def original_name(
+    test_config, indicator="-", separator=",", maxlen=30, ignored_keys=(), ignored_characters=(" ", "[", "]")
+):
     """The original GPUTaskScheduler's _get_test_config_string, restated from its documentation."""
     text = ""
     for key in sorted(test_config.keys()):
         if key in ignored_keys:
             continue
-        text += "{}{}{}{}".format(key, indicator, str(test_config[key])[0:maxlen], separator)
+        text += f"{key}{indicator}{str(test_config[key])[0:maxlen]}{separator}"
     for character in ignored_characters:
         text = text.replace(character, "")
     return text
@@ -25,8 +27,11 @@ CASES = [
     ({"run": [0], "packing_num": [1]}, {}, "packing_num-1,run-0,"),
     ({"layers": [[64, 64]]}, {}, "layers-64,64,"),
     ({"layers": [[64, 64]]}, {"ignored_characters_for_folder_name": [" "]}, "layers-[64,64],"),
-    ({"method": ["GAN"], "num_zmode": [1]}, {"test_config_string_indicator": "=",
-                                             "test_config_string_separator": "_"}, "method=GAN_num_zmode=1_"),
+    (
+        {"method": ["GAN"], "num_zmode": [1]},
+        {"test_config_string_indicator": "=", "test_config_string_separator": "_"},
+        "method=GAN_num_zmode=1_",
+    ),
     ({"s": ["x" * 50]}, {}, "s-" + "x" * 30 + ","),
     ({"s": ["abcdef"]}, {"config_string_value_maxlen": 3}, "s-abc,"),
     ({"s": ["abcdef"]}, {"config_string_value_maxlen": None}, "s-abcdef,"),
@@ -45,8 +50,7 @@ CASES = [
 
 @pytest.mark.parametrize("block, options, expected", CASES)
 def test_folder_names_match_the_original(block, options, expected):
-    config = {"scheduler_config": {"gpu": ["0"], "result_root_folder": "res", **options},
-              "test_config": [block]}
+    config = {"scheduler_config": {"gpu": ["0"], "result_root_folder": "res", **options}, "test_config": [block]}
     run = next(iter(Sweep(config)))
     reference = original_name(
         run.test_config,
@@ -61,20 +65,33 @@ def test_folder_names_match_the_original(block, options, expected):
 
 
 def test_unfiltered_string_keeps_ignored_keys():
-    manager = ConfigManager({"scheduler_config": {"gpu": ["0"], "ignored_keys_for_folder_name": ["seed"]},
-                             "test_config": [{"seed": [1], "lr": [0.1]}]})
+    manager = ConfigManager(
+        {
+            "scheduler_config": {"gpu": ["0"], "ignored_keys_for_folder_name": ["seed"]},
+            "test_config": [{"seed": [1], "lr": [0.1]}],
+        }
+    )
     run = manager.get_next_config()
     assert run["test_config_string"] == "lr-0.1,seed-1,"
     assert run["test_config_string_filtered"] == "lr-0.1,"
     assert run["work_dir"].endswith(os.sep + "lr-0.1,")
 
 
-@pytest.mark.parametrize("value", [
-    "../../etc", "/../../../../tmp/x", "..", "a/../../b", "x\0y", "line\nbreak", "tab\there", "\x7f",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "../../etc",
+        "/../../../../tmp/x",
+        "..",
+        "a/../../b",
+        "x\0y",
+        "line\nbreak",
+        "tab\there",
+        "\x7f",
+    ],
+)
 def test_hostile_values_stay_one_component_inside_the_root(value):
-    config = {"scheduler_config": {"gpu": ["0"], "result_root_folder": "/srv/results"},
-              "test_config": [{"p": [value]}]}
+    config = {"scheduler_config": {"gpu": ["0"], "result_root_folder": "/srv/results"}, "test_config": [{"p": [value]}]}
     run = next(iter(Sweep(config)))
     assert os.sep not in run.name and "\0" not in run.name and "\n" not in run.name
     assert os.path.dirname(os.path.normpath(run.work_dir)) == "/srv/results"
@@ -103,8 +120,7 @@ def test_unicode_names_are_cut_on_character_boundaries():
 
 def test_truncation_collisions_are_disambiguated_stably():
     prefix = "x" * 30
-    config = {"scheduler_config": {"gpu": ["0"]},
-              "test_config": [{"s": [prefix + "A", prefix + "B", prefix + "A"]}]}
+    config = {"scheduler_config": {"gpu": ["0"]}, "test_config": [{"s": [prefix + "A", prefix + "B", prefix + "A"]}]}
     first = [(run.name, run.duplicate, run.renamed_from) for run in Sweep(config)]
     second = [(run.name, run.duplicate, run.renamed_from) for run in Sweep(config)]
     assert first == second
@@ -145,8 +161,12 @@ A, B, C = PREFIX + "-a", PREFIX + "-b", PREFIX + "-c"
 
 def _sweep(root, values, **global_config):
     command = ["sh", "-c", 'printf "%s" "$1" > "$2/value.txt"', "sh", "{v}", "{work_dir}"]
-    return {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root), "scheduler_log_file_path": None},
-            "global_config": global_config, "test_config": [{"v": values}], "command": command}
+    return {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root), "scheduler_log_file_path": None},
+        "global_config": global_config,
+        "test_config": [{"v": values}],
+        "command": command,
+    }
 
 
 def _run(root, values, **global_config):

@@ -1,4 +1,5 @@
 """E-mail reports: certificates are verified, passwords never travel unencrypted."""
+
 import shutil
 import socketserver
 import ssl
@@ -6,8 +7,8 @@ import subprocess
 import threading
 
 import pytest
+from conftest import _SMTPHandler
 
-from test_cli import _SMTPHandler, smtp_server  # noqa: F401 (a fixture)
 from gpu_task_scheduler import GPUTaskScheduler
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a test CA")
@@ -18,9 +19,28 @@ def certificate(tmp_path_factory):
     """A self-signed certificate for 127.0.0.1 (its own CA file)."""
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(cert), str(key)
 
 
@@ -102,11 +122,21 @@ def _in_tmp(in_tmp):
 def _send(server, mode, monkeypatch, **extra):
     monkeypatch.setenv("GTS_TEST_SMTP_USER", "alice")
     monkeypatch.setenv("GTS_TEST_SMTP_PASSWORD", "s3cret")
-    email = {"host": "127.0.0.1", "port": server.server_address[1], "sender": "gts@example.org",
-             "recipients": ["alice@example.org"], "username_env": "GTS_TEST_SMTP_USER",
-             "password_env": "GTS_TEST_SMTP_PASSWORD", **({mode: True} if mode else {}), **extra}
-    config = {"scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None, "notify_email": email},
-              "test_config": [{"a": [1]}], "command": ["true"]}
+    email = {
+        "host": "127.0.0.1",
+        "port": server.server_address[1],
+        "sender": "gts@example.org",
+        "recipients": ["alice@example.org"],
+        "username_env": "GTS_TEST_SMTP_USER",
+        "password_env": "GTS_TEST_SMTP_PASSWORD",
+        **({mode: True} if mode else {}),
+        **extra,
+    }
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "scheduler_log_file_path": None, "notify_email": email},
+        "test_config": [{"a": [1]}],
+        "command": ["true"],
+    }
     GPUTaskScheduler(config).start()
 
 

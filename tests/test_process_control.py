@@ -1,4 +1,5 @@
 """The scheduler as its own process: Ctrl-C, SIGTERM, SIGKILL and restart, a task in __main__."""
+
 import json
 import os
 import signal
@@ -6,11 +7,11 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import gts_test_tasks as tasks
+import pytest
 from conftest import marked_pids, wait_until
 from helpers import journal_lines, ledger_rows, make_config
+
 from gpu_task_scheduler import GPUTaskScheduler
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -25,8 +26,9 @@ SCRIPT = textwrap.dedent(f"""
 
 
 def launch(config, task="BlockTask"):
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(config), task],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, json.dumps(config), task], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
 
 
 def started(root, *names):
@@ -36,9 +38,14 @@ def started(root, *names):
 @pytest.fixture
 def blocking_sweep(in_tmp):
     root = in_tmp / "r"
-    config = make_config(root, [{"a": [0], "sleep": [0]}, {"a": [1, 2], "sleep": [600]}], slots=("cpu", "cpu"),
-                         global_config={"journal": str(in_tmp / "journal")}, grace_period=5,
-                         ignored_keys_for_folder_name=["sleep"])
+    config = make_config(
+        root,
+        [{"a": [0], "sleep": [0]}, {"a": [1, 2], "sleep": [600]}],
+        slots=("cpu", "cpu"),
+        global_config={"journal": str(in_tmp / "journal")},
+        grace_period=5,
+        ignored_keys_for_folder_name=["sleep"],
+    )
     return root, config
 
 
@@ -72,8 +79,9 @@ def test_a_stop_signal_terminates_the_runs_and_records_them(blocking_sweep, no_l
 
 def test_a_second_ctrl_c_stops_at_once(in_tmp, no_leaked_processes):
     root = in_tmp / "r"
-    config = make_config(root, [{"a": [1, 2]}], slots=("cpu", "cpu"), global_config={"ignore_term": True},
-                         grace_period=600)
+    config = make_config(
+        root, [{"a": [1, 2]}], slots=("cpu", "cpu"), global_config={"ignore_term": True}, grace_period=600
+    )
     scheduler = launch(config)
     wait_until(lambda: started(root, "a-1,", "a-2,"), message="both runs to start")
     scheduler.send_signal(signal.SIGINT)
@@ -88,7 +96,8 @@ def test_a_second_ctrl_c_stops_at_once(in_tmp, no_leaked_processes):
 
 
 def test_sigkill_of_the_scheduler_kills_its_runs_and_a_restart_loses_nothing(
-        blocking_sweep, no_leaked_processes, monkeypatch):
+    blocking_sweep, no_leaked_processes, monkeypatch
+):
     root, config = blocking_sweep
     journal = config["global_config"]["journal"]
     scheduler = launch(config)
@@ -119,6 +128,7 @@ def test_a_run_that_finished_just_before_the_scheduler_died_is_not_repeated(in_t
     GPUTaskScheduler(config, tasks.RecordTask).start()
     db_path = root / ".gts" / "ledger.sqlite3"
     import sqlite3
+
     db = sqlite3.connect(str(db_path))
     with db:  # as if the scheduler died after the child wrote its outcome, before recording it
         db.execute("UPDATE runs SET status = 'running', ended_at = NULL")
@@ -131,7 +141,8 @@ def test_a_run_that_finished_just_before_the_scheduler_died_is_not_repeated(in_t
 
 def test_a_task_class_in_main_does_not_rerun_the_main_block(in_tmp):
     script = in_tmp / "sweep.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import sys
         from gpu_task_scheduler import GPUTask, GPUTaskScheduler
 
@@ -149,13 +160,15 @@ def test_a_task_class_in_main_does_not_rerun_the_main_block(in_tmp):
             summary = GPUTaskScheduler(config, MainTask).start()
             print(sorted((o.name, o.result["module"], o.result["helper"]) for o in summary.succeeded))
             sys.exit(summary.exit_code)
-    """))
-    result = subprocess.run([sys.executable, str(script)], cwd=str(in_tmp), capture_output=True, text=True,
-                            timeout=60)
+    """)
+    )
+    result = subprocess.run([sys.executable, str(script)], cwd=str(in_tmp), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (in_tmp / "main-block-runs").read_text() == "x"
-    assert ("[('lr-0.1,', '__gts_main__', 'defined at module level'), "
-            "('lr-0.2,', '__gts_main__', 'defined at module level')]") in result.stdout
+    assert (
+        "[('lr-0.1,', '__gts_main__', 'defined at module level'), "
+        "('lr-0.2,', '__gts_main__', 'defined at module level')]"
+    ) in result.stdout
 
 
 def test_ctrl_c_kills_a_run_that_ignores_sigterm_after_the_grace_period(in_tmp, no_leaked_processes):

@@ -1,5 +1,6 @@
 """The reliability battery: kills at random moments, crash table, hostile input,
 fuzzed configs, concurrent schedulers and storage faults."""
+
 import itertools
 import math
 import os
@@ -9,17 +10,25 @@ import sqlite3
 import subprocess
 import tempfile
 
-import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-
 import gts_test_broken_import
 import gts_test_tasks as tasks
+import pytest
 from conftest import marked_pids, wait_until
 from helpers import journal_lines, ledger_rows, make_config
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from test_process_control import finish, launch, started
-from gpu_task_scheduler import (ConfigError, ConfigManager, GPUTaskScheduler, GTSError, LedgerError, RunStatus,
-                                SchedulerBusyError, Sweep)
+
+from gpu_task_scheduler import (
+    ConfigError,
+    ConfigManager,
+    GPUTaskScheduler,
+    GTSError,
+    LedgerError,
+    RunStatus,
+    SchedulerBusyError,
+    Sweep,
+)
 from gpu_task_scheduler.gpu_task import GPUTask
 from gpu_task_scheduler.ledger import Ledger
 
@@ -31,8 +40,13 @@ KILLS = 25
 def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_processes):
     rng = random.Random(KILL_SEED)
     root, journal = in_tmp / "r", str(in_tmp / "journal")
-    config = make_config(root, [{"i": list(range(RUNS))}], slots=("cpu", "cpu"),
-                         global_config={"journal": journal, "sleep": 0.1}, scheduler_log_file_path=None)
+    config = make_config(
+        root,
+        [{"i": list(range(RUNS))}],
+        slots=("cpu", "cpu"),
+        global_config={"journal": journal, "sleep": 0.1},
+        scheduler_log_file_path=None,
+    )
     kills = 0
     for _ in range(KILLS):
         scheduler = launch(config, "RecordTask")
@@ -42,8 +56,11 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
             scheduler.kill()
             kills += 1
         finish(scheduler)
-        wait_until(lambda: not marked_pids(no_leaked_processes), timeout=5,
-                   message="the killed scheduler's runs to die with it")
+        wait_until(
+            lambda: not marked_pids(no_leaked_processes),
+            timeout=5,
+            message="the killed scheduler's runs to die with it",
+        )
         if (root / ".gts" / "ledger.sqlite3").exists():
             statuses = [row["status"] for row in ledger_rows(root).values()]
             assert statuses.count("running") <= 2  # never more runs at once than slots
@@ -85,14 +102,21 @@ def test_a_run_killed_from_outside_is_recorded_with_the_signal(in_tmp):
     assert "fails task a-1, (killed by SIGKILL)" in output
 
 
-@pytest.mark.parametrize("task, cause", [
-    (tasks.SelfDeletingTask, "the run folder disappeared"),
-    (tasks.UnpicklableStateTask,
-     "the task could not be loaded in the run's process: RuntimeError: cannot restore this task"),
-    (gts_test_broken_import.BrokenImportTask,
-     "the task could not be loaded in the run's process: ImportError: No module named 'cuda_only_dependency'"),
-    (tasks.FullDiskTask, "OSError: [Errno 27] File too large"),
-])
+@pytest.mark.parametrize(
+    "task, cause",
+    [
+        (tasks.SelfDeletingTask, "the run folder disappeared"),
+        (
+            tasks.UnpicklableStateTask,
+            "the task could not be loaded in the run's process: RuntimeError: cannot restore this task",
+        ),
+        (
+            gts_test_broken_import.BrokenImportTask,
+            "the task could not be loaded in the run's process: ImportError: No module named 'cuda_only_dependency'",
+        ),
+        (tasks.FullDiskTask, "OSError: [Errno 27] File too large"),
+    ],
+)
 def test_more_failures_are_recorded_with_their_cause(in_tmp, task, cause):
     root = in_tmp / "r"
     summary = GPUTaskScheduler(make_config(root, [{"a": [1]}]), task).start()
@@ -113,19 +137,45 @@ def test_a_run_printing_100_mb_is_fine(in_tmp):
 
 
 HOSTILE = [
-    "../../../../etc/passwd", "/", "..", ".", "a/b/../../..", "nul\0byte", "new\nline\r\n", "x" * 10_000,
-    "; rm -rf ~", "$(touch pwned)", "`touch pwned`", "| cat /etc/shadow", "\u202eevil\u202c", "😀" * 300,
-    "%2F", "%00", "~", "-", "--help", " ", "",
+    "../../../../etc/passwd",
+    "/",
+    "..",
+    ".",
+    "a/b/../../..",
+    "nul\0byte",
+    "new\nline\r\n",
+    "x" * 10_000,
+    "; rm -rf ~",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "| cat /etc/shadow",
+    "\u202eevil\u202c",
+    "😀" * 300,
+    "%2F",
+    "%00",
+    "~",
+    "-",
+    "--help",
+    " ",
+    "",
 ]
 
 
 @pytest.mark.parametrize("shell", [False, True])
 def test_hostile_values_never_run_in_command_sweeps(in_tmp, shell):
     values = [v for v in HOSTILE if "\0" not in v]  # a NUL cannot be passed to any program
-    command = ("printf '%s' \"{v}\" > \"{work_dir}/v.txt\"" if shell
-               else ["sh", "-c", 'printf "%s" "$1" > "$2/v.txt"', "sh", "{v}", "{work_dir}"])
-    config = make_config(in_tmp / "r", [{"v": values}], slots=("cpu", "cpu"), config_string_value_maxlen=None,
-                         scheduler_log_file_path=None)
+    command = (
+        'printf \'%s\' "{v}" > "{work_dir}/v.txt"'
+        if shell
+        else ["sh", "-c", 'printf "%s" "$1" > "$2/v.txt"', "sh", "{v}", "{work_dir}"]
+    )
+    config = make_config(
+        in_tmp / "r",
+        [{"v": values}],
+        slots=("cpu", "cpu"),
+        config_string_value_maxlen=None,
+        scheduler_log_file_path=None,
+    )
     config.update(command=command, shell=shell)
     summary = GPUTaskScheduler(config).start()
     assert summary.ok and len(summary.succeeded) == len(values)
@@ -136,8 +186,12 @@ def test_hostile_values_never_run_in_command_sweeps(in_tmp, shell):
 
 def test_hostile_values_and_keys_are_contained_unique_and_stable(in_tmp):
     root = in_tmp / "r"
-    config = make_config(root, [{"v": HOSTILE}, {"../k": [1], "k/../../x": ["y"]}, {"k\0ey": ["z" * 500]}],
-                         slots=("cpu", "cpu"), config_string_value_maxlen=None)
+    config = make_config(
+        root,
+        [{"v": HOSTILE}, {"../k": [1], "k/../../x": ["y"]}, {"k\0ey": ["z" * 500]}],
+        slots=("cpu", "cpu"),
+        config_string_value_maxlen=None,
+    )
     first = GPUTaskScheduler(config, tasks.RecordTask).start()
     assert len(first.succeeded) == len(HOSTILE) + 2 and first.ok
     names = [o.name for o in first.succeeded]
@@ -155,53 +209,104 @@ def test_hostile_values_and_keys_are_contained_unique_and_stable(in_tmp):
 # --- fuzzed configs -------------------------------------------------------------
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.binary(max_size=4))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                                            max_size=3), max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
 keys = st.one_of(st.text(max_size=8), st.integers(), st.none())
-gpu_entry = st.one_of(st.sampled_from(["0", "1", "cpu", "GPU-abc", "MIG-1/2", "0,1", "", "x"]),
-                      st.integers(-2, 9), st.lists(st.one_of(st.text(max_size=3), st.integers(-1, 3)), max_size=3),
-                      values)
-option_names = ["force_rerun", "config_string_value_maxlen", "ignored_keys_for_folder_name", "max_retries",
-                "ignored_characters_for_folder_name", "result_root_folder", "timeout", "grace_period", "log_file",
-                "scheduler_log_file_path", "test_config_string_indicator", "skip_existing_folders", "forse_rerun"]
+gpu_entry = st.one_of(
+    st.sampled_from(["0", "1", "cpu", "GPU-abc", "MIG-1/2", "0,1", "", "x"]),
+    st.integers(-2, 9),
+    st.lists(st.one_of(st.text(max_size=3), st.integers(-1, 3)), max_size=3),
+    values,
+)
+option_names = [
+    "force_rerun",
+    "config_string_value_maxlen",
+    "ignored_keys_for_folder_name",
+    "max_retries",
+    "ignored_characters_for_folder_name",
+    "result_root_folder",
+    "timeout",
+    "grace_period",
+    "log_file",
+    "scheduler_log_file_path",
+    "test_config_string_indicator",
+    "skip_existing_folders",
+    "forse_rerun",
+]
 scheduler_configs = st.one_of(
-    st.fixed_dictionaries({}, optional={"gpu": st.one_of(st.lists(gpu_entry, max_size=3), values),
-                                        **{name: values for name in option_names}}),
-    values)
-blocks = st.lists(st.one_of(st.dictionaries(keys, st.one_of(st.lists(values, max_size=3), values), max_size=3),
-                            values), max_size=3)
+    st.fixed_dictionaries(
+        {},
+        optional={"gpu": st.one_of(st.lists(gpu_entry, max_size=3), values), **{name: values for name in option_names}},
+    ),
+    values,
+)
+blocks = st.lists(
+    st.one_of(st.dictionaries(keys, st.one_of(st.lists(values, max_size=3), values), max_size=3), values), max_size=3
+)
 anything = st.one_of(
-    st.fixed_dictionaries({}, optional={"scheduler_config": scheduler_configs,
-                                        "global_config": st.one_of(st.dictionaries(keys, values, max_size=3), values),
-                                        "test_config": st.one_of(blocks, values), "extra": values}),
-    values)
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "scheduler_config": scheduler_configs,
+            "global_config": st.one_of(st.dictionaries(keys, values, max_size=3), values),
+            "test_config": st.one_of(blocks, values),
+            "extra": values,
+        },
+    ),
+    values,
+)
 # Mostly valid configs with hostile keys and values, so that expansion and naming get exercised too.
-good_slots = st.lists(st.one_of(st.sampled_from(["0", "1", "cpu", "GPU-ab12", "MIG-3/1/0", "0,1"]),
-                                st.integers(0, 9), st.lists(st.sampled_from(["0", "1", "2"]), min_size=1,
-                                                            max_size=2, unique=True)), min_size=1, max_size=3)
+good_slots = st.lists(
+    st.one_of(
+        st.sampled_from(["0", "1", "cpu", "GPU-ab12", "MIG-3/1/0", "0,1"]),
+        st.integers(0, 9),
+        st.lists(st.sampled_from(["0", "1", "2"]), min_size=1, max_size=2, unique=True),
+    ),
+    min_size=1,
+    max_size=3,
+)
 good_options = {
-    "force_rerun": st.booleans(), "config_string_value_maxlen": st.one_of(st.none(), st.integers(1, 60)),
+    "force_rerun": st.booleans(),
+    "config_string_value_maxlen": st.one_of(st.none(), st.integers(1, 60)),
     "ignored_keys_for_folder_name": st.lists(st.text(min_size=1, max_size=4), max_size=2),
     "ignored_characters_for_folder_name": st.lists(st.text(min_size=1, max_size=2), max_size=3),
-    "test_config_string_indicator": st.text(max_size=3), "test_config_string_separator": st.text(max_size=3),
-    "skip_existing_folders": st.booleans(), "max_retries": st.integers(0, 3),
-    "timeout": st.one_of(st.none(), st.floats(0.1, 1e6)), "grace_period": st.floats(0, 100),
+    "test_config_string_indicator": st.text(max_size=3),
+    "test_config_string_separator": st.text(max_size=3),
+    "skip_existing_folders": st.booleans(),
+    "max_retries": st.integers(0, 3),
+    "timeout": st.one_of(st.none(), st.floats(0.1, 1e6)),
+    "grace_period": st.floats(0, 100),
     "log_file": st.one_of(st.none(), st.sampled_from(["worker.log", "logs/out.txt"])),
     "scheduler_log_file_path": st.one_of(st.none(), st.sampled_from(["s.log", "logs/s.log"])),
 }
 near_valid = st.fixed_dictionaries(
-    {"scheduler_config": st.fixed_dictionaries({"gpu": good_slots}, optional={
-        name: st.one_of(strategy, strategy, values) for name, strategy in good_options.items()})},
-    optional={"global_config": st.dictionaries(st.text(min_size=1, max_size=6), values, max_size=3),
-              "test_config": st.lists(st.dictionaries(st.text(min_size=1, max_size=8),
-                                                      st.lists(values, min_size=1, max_size=3), max_size=3),
-                                      max_size=3)})
+    {
+        "scheduler_config": st.fixed_dictionaries(
+            {"gpu": good_slots},
+            optional={name: st.one_of(strategy, strategy, values) for name, strategy in good_options.items()},
+        )
+    },
+    optional={
+        "global_config": st.dictionaries(st.text(min_size=1, max_size=6), values, max_size=3),
+        "test_config": st.lists(
+            st.dictionaries(st.text(min_size=1, max_size=8), st.lists(values, min_size=1, max_size=3), max_size=3),
+            max_size=3,
+        ),
+    },
+)
 configs = st.one_of(near_valid, anything)
 
 
 def _number(value, low, *, strict):
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and (value > low if strict else value >= low))
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > low if strict else value >= low)
+    )
 
 
 def _count(value, low):
@@ -219,15 +324,23 @@ OPTION_ORACLE = {
     "skip_existing_folders": lambda v: isinstance(v, bool),
     "config_string_value_maxlen": lambda v: v is None or _count(v, 1),
     "ignored_keys_for_folder_name": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v),
-    "ignored_characters_for_folder_name": lambda v: isinstance(v, (list, tuple))
-    and all(isinstance(x, str) and x for x in v),
+    "ignored_characters_for_folder_name": lambda v: (
+        isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v)
+    ),
     "max_retries": lambda v: _count(v, 0),
     "result_root_folder": _path_text,
     "scheduler_log_file_path": lambda v: v is None or _path_text(v),
     "timeout": lambda v: v is None or _number(v, 0, strict=True),
     "grace_period": lambda v: _number(v, 0, strict=False),
-    "log_file": lambda v: v is None or (_path_text(v) and not v.startswith("/") and ".." not in v.split("/")
-                                        and os.path.normpath(v).split("/")[0] not in (".gts", ".")),
+    "log_file": lambda v: (
+        v is None
+        or (
+            _path_text(v)
+            and not v.startswith("/")
+            and ".." not in v.split("/")
+            and os.path.normpath(v).split("/")[0] not in (".gts", ".")
+        )
+    ),
     "test_config_string_indicator": lambda v: isinstance(v, str),
     "test_config_string_separator": lambda v: isinstance(v, str),
     "forse_rerun": lambda v: False,  # an unknown key is never accepted
@@ -262,6 +375,7 @@ def test_fuzzed_configs_run_or_raise_config_error_and_write_nothing(config):
 
 
 # --- concurrent schedulers --------------------------------------------------------
+
 
 def test_a_second_scheduler_names_the_running_one(in_tmp):
     root = in_tmp / "r"
@@ -305,11 +419,13 @@ def test_a_lock_left_by_a_killed_scheduler_is_taken_over(in_tmp, monkeypatch):
 
 # --- storage faults -----------------------------------------------------------------
 
+
 def test_a_result_root_that_cannot_be_created(in_tmp):
     (in_tmp / "file").write_text("")
     with pytest.raises(GTSError, match="cannot create the result root"):
-        GPUTaskScheduler(make_config(in_tmp / "file" / "r", [{"a": [1]}], scheduler_log_file_path=None),
-                         tasks.RecordTask).start()
+        GPUTaskScheduler(
+            make_config(in_tmp / "file" / "r", [{"a": [1]}], scheduler_log_file_path=None), tasks.RecordTask
+        ).start()
     assert sorted(os.listdir(in_tmp)) == ["file"]
 
 

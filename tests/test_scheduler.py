@@ -1,14 +1,15 @@
 """The scheduler with real child processes (tiny tasks), run in-process."""
+
 import json
 import os
 import signal
 
-import pytest
-
 import gts_test_tasks as tasks
+import pytest
 from conftest import wait_until
 from helpers import journal_lines, ledger_rows, make_config
-from gpu_task_scheduler import GPUTaskScheduler, RunStatus, RunsFailedError, SchedulerBusyError
+
+from gpu_task_scheduler import GPUTaskScheduler, RunsFailedError, RunStatus, SchedulerBusyError
 from gpu_task_scheduler.ledger import SweepLock
 from gpu_task_scheduler.paths import RootPaths, read_json
 
@@ -20,8 +21,9 @@ def start(config, task=tasks.RecordTask):
 def test_runs_succeed_and_everything_is_recorded(in_tmp):
     root = in_tmp / "results"
     journal = str(in_tmp / "journal")
-    config = make_config(root, [{"a": [1, 2], "b": ["x", "y"]}], slots=("cpu", "cpu"),
-                         global_config={"journal": journal})
+    config = make_config(
+        root, [{"a": [1, 2], "b": ["x", "y"]}], slots=("cpu", "cpu"), global_config={"journal": journal}
+    )
     summary = start(config)
     names = ["a-1,b-x,", "a-1,b-y,", "a-2,b-x,", "a-2,b-y,"]
     assert summary.ok and summary.exit_code == 0
@@ -48,8 +50,13 @@ def test_environment_working_directory_and_task_state(in_tmp):
     result = start(config).succeeded[0].result
     assert result["cwd"] == str(in_tmp)
     assert result["attribute"] == "kept" and result["folder_existed_in_required_env"] is True
-    assert result["env"] == {"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "MPLBACKEND": "Agg",
-                             "OMP_NUM_THREADS": "4", "GTS_TEST_NUMBER": "7"}
+    assert result["env"] == {
+        "CUDA_VISIBLE_DEVICES": "3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": "4",
+        "GTS_TEST_NUMBER": "7",
+    }
     assert result["pid"] != os.getpid()
 
 
@@ -101,8 +108,12 @@ def test_sys_exit_zero_is_a_success(in_tmp):
 def test_succeeded_runs_are_skipped_and_failed_runs_run_again(in_tmp):
     root, journal, flag = in_tmp / "r", str(in_tmp / "journal"), in_tmp / "fail"
     flag.write_text("")
-    config = make_config(root, [{"a": [1]}, {"a": [2], "fail_if": [str(flag)]}],
-                         global_config={"journal": journal}, ignored_keys_for_folder_name=["fail_if"])
+    config = make_config(
+        root,
+        [{"a": [1]}, {"a": [2], "fail_if": [str(flag)]}],
+        global_config={"journal": journal},
+        ignored_keys_for_folder_name=["fail_if"],
+    )
     first = start(config)
     assert [o.name for o in first.succeeded] == ["a-1,"] and [o.name for o in first.failed] == ["a-2,"]
     flag.unlink()
@@ -203,8 +214,9 @@ def test_retries_are_bounded(in_tmp):
 
 def test_timeouts_stop_the_run(in_tmp):
     root = in_tmp / "r"
-    summary = start(make_config(root, [{"mode": ["hang", "ok"]}], slots=("cpu", "cpu"), timeout=1, grace_period=1),
-                    tasks.FailTask)
+    summary = start(
+        make_config(root, [{"mode": ["hang", "ok"]}], slots=("cpu", "cpu"), timeout=1, grace_period=1), tasks.FailTask
+    )
     (failed,) = summary.failed
     assert failed.status is RunStatus.TIMED_OUT and failed.signal == "SIGTERM"
     assert failed.cause == "timed out after 1s"
@@ -219,11 +231,14 @@ def test_a_run_that_ignores_sigterm_is_killed_after_the_grace_period(in_tmp):
     assert "did not stop within 0.5s of SIGTERM; sending SIGKILL" in (root / "scheduler.log").read_text()
 
 
-@pytest.mark.parametrize("task, block, cause", [
-    (tasks.BadInitTask, {"bad": [True]}, "BadInitTask failed before main(): KeyError: 'missing dataset'"),
-    (tasks.UnpicklableTask, {"x": [1]}, "object cannot be pickled"),
-    (tasks.BadEnvTask, {"x": [1]}, "BadEnvTask.required_env() returned BAD=['not', 'a', 'string']"),
-])
+@pytest.mark.parametrize(
+    "task, block, cause",
+    [
+        (tasks.BadInitTask, {"bad": [True]}, "BadInitTask failed before main(): KeyError: 'missing dataset'"),
+        (tasks.UnpicklableTask, {"x": [1]}, "object cannot be pickled"),
+        (tasks.BadEnvTask, {"x": [1]}, "BadEnvTask.required_env() returned BAD=['not', 'a', 'string']"),
+    ],
+)
 def test_runs_that_cannot_start_fail_alone(in_tmp, task, block, cause):
     root = in_tmp / "r"
     summary = start(make_config(root, [block, {"bad": [False]}] if task is tasks.BadInitTask else [block]), task)
@@ -268,8 +283,9 @@ def test_a_slot_gets_its_next_run_as_soon_as_the_child_exits(in_tmp):
     root = in_tmp / "r"
     start(make_config(root, [{"i": list(range(5))}], gpu_poll_interval=3600))
     rows = ledger_rows(root)
-    gaps = [rows[name]["ended_at"] - read_json(str(root / name / ".gts" / "outcome.json"))["finished_at"]
-            for name in rows]
+    gaps = [
+        rows[name]["ended_at"] - read_json(str(root / name / ".gts" / "outcome.json"))["finished_at"] for name in rows
+    ]
     assert max(gaps) < 60, gaps
 
 
@@ -298,8 +314,9 @@ def test_signal_handlers_are_restored(in_tmp):
 
 def test_a_gpu_listed_twice_runs_two_runs_at_once(in_tmp):
     root = in_tmp / "r"
-    summary = start(make_config(root, [{"i": [0, 1]}], slots=("5", "5"), global_config={"expect": 2}),
-                    tasks.RendezvousTask)
+    summary = start(
+        make_config(root, [{"i": [0, 1]}], slots=("5", "5"), global_config={"expect": 2}), tasks.RendezvousTask
+    )
     assert summary.ok and [o.result["slot"] for o in summary.succeeded] == ["5", "5"]
     assert sorted(o.slot for o in summary.succeeded) == ["gpu5", "gpu5"]
 
@@ -320,8 +337,12 @@ def test_hostile_values_create_folders_only_inside_the_root(in_tmp):
 def test_max_retries_retries_a_run_that_timed_out(in_tmp):
     root = in_tmp / "r"
     config = make_config(root, [{"a": [1]}], timeout=1, max_retries=1, grace_period=0.5)
-    config["command"] = ["sh", "-c", 'if [ -e "$0/tried" ]; then exit 0; fi; : > "$0/tried"; exec sleep 60',
-                         "{work_dir}"]
+    config["command"] = [
+        "sh",
+        "-c",
+        'if [ -e "$0/tried" ]; then exit 0; fi; : > "$0/tried"; exec sleep 60',
+        "{work_dir}",
+    ]
     summary = GPUTaskScheduler(config).start()
     (outcome,) = summary.succeeded
     assert outcome.attempts == 2 and not summary.failed

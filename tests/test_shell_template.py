@@ -1,4 +1,5 @@
 """shell: true templates: no value is ever executed, in any quoting context, and each arrives intact."""
+
 import os
 import shutil
 import subprocess
@@ -11,10 +12,26 @@ from gpu_task_scheduler.shell_template import compile_shell_template
 
 PWNED = "pwned"
 VALUES = [
-    "; touch pwned", "$(touch pwned)", "`touch pwned`", "&& touch pwned", "| touch pwned",
-    "\"$(touch pwned)\"", "'$(touch pwned)'", "'; touch pwned; '", "\"; touch pwned; \"",
-    "a' b \"c", "\\'$(touch pwned)", "${IFS}touch${IFS}pwned", "*", "-n", "",
-    "line1\nEOF\ntouch pwned\n", "$((1+1))", "x\\", "tab\there", "ünïcödé ☃",
+    "; touch pwned",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "&& touch pwned",
+    "| touch pwned",
+    '"$(touch pwned)"',
+    "'$(touch pwned)'",
+    "'; touch pwned; '",
+    '"; touch pwned; "',
+    "a' b \"c",
+    "\\'$(touch pwned)",
+    "${IFS}touch${IFS}pwned",
+    "*",
+    "-n",
+    "",
+    "line1\nEOF\ntouch pwned\n",
+    "$((1+1))",
+    "x\\",
+    "tab\there",
+    "ünïcödé ☃",
 ]
 
 # (template, expected output for a value v): each puts the placeholder in another context.
@@ -41,8 +58,9 @@ TEMPLATES = [
 
 
 def _run(script, env, cwd):
-    return subprocess.run(["/bin/sh", "-c", script], env={**os.environ, **env}, cwd=cwd,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+    return subprocess.run(
+        ["/bin/sh", "-c", script], env={**os.environ, **env}, cwd=cwd, capture_output=True, timeout=30
+    )
 
 
 @pytest.mark.parametrize("template,expected", TEMPLATES, ids=[t for t, _ in TEMPLATES])
@@ -60,23 +78,27 @@ def test_every_value_arrives_intact_and_none_runs(tmp_path, template, expected):
 def test_ansi_c_quotes(tmp_path):
     for value in VALUES:
         script, env = render_shell("printf '%s' $'a\\t{v}'", {"v": value})
-        done = subprocess.run(["bash", "-c", script], env={**os.environ, **env}, cwd=tmp_path,
-                              stdout=subprocess.PIPE, timeout=30)
+        done = subprocess.run(
+            ["bash", "-c", script], env={**os.environ, **env}, cwd=tmp_path, stdout=subprocess.PIPE, timeout=30
+        )
         assert done.stdout.decode() == "a\t" + value
     assert not (tmp_path / PWNED).exists()
 
 
-@pytest.mark.parametrize("template,where", [
-    ("echo $(( {n} + 1 ))", "arithmetic"),
-    ("echo $(( ({n}) * 2 ))", "arithmetic"),
-    ("echo ${{x:-{n}}}", "parameter expansion"),
-    ("cat <<'EOF'\n{n}\nEOF", "quoted delimiter"),
-    ("cat <<\"EOF\"\n{n}\nEOF", "quoted delimiter"),
-    ("echo \\{n}", "backslash"),
-    ("echo \"\\{n}\"", "backslash"),
-    ("cat <<{n}", "delimiter"),
-    ("echo {v:{n}}", "nested"),
-])
+@pytest.mark.parametrize(
+    "template,where",
+    [
+        ("echo $(( {n} + 1 ))", "arithmetic"),
+        ("echo $(( ({n}) * 2 ))", "arithmetic"),
+        ("echo ${{x:-{n}}}", "parameter expansion"),
+        ("cat <<'EOF'\n{n}\nEOF", "quoted delimiter"),
+        ('cat <<"EOF"\n{n}\nEOF', "quoted delimiter"),
+        ("echo \\{n}", "backslash"),
+        ('echo "\\{n}"', "backslash"),
+        ("cat <<{n}", "delimiter"),
+        ("echo {v:{n}}", "nested"),
+    ],
+)
 def test_contexts_that_would_evaluate_or_hide_a_value_are_refused(template, where):
     with pytest.raises(ConfigError, match=where):
         compile_shell_template(template)
@@ -88,8 +110,12 @@ def test_placeholders_after_quoted_contexts_close_are_plain_again():
 
 
 def test_a_refused_template_fails_before_anything_is_written(in_tmp):
-    config = {"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"n": [1]}],
-              "command": "echo $(( {n} + 1 ))", "shell": True}
+    config = {
+        "scheduler_config": {"gpu": ["cpu"]},
+        "test_config": [{"n": [1]}],
+        "command": "echo $(( {n} + 1 ))",
+        "shell": True,
+    }
     with pytest.raises(ConfigError, match="arithmetic"):
         GPUTaskScheduler(config).start()
     assert os.listdir(in_tmp) == []
@@ -97,8 +123,12 @@ def test_a_refused_template_fails_before_anything_is_written(in_tmp):
 
 def test_hostile_values_in_a_shell_sweep_end_to_end(in_tmp):
     command = "printf '%s' \"{v}\" > \"{work_dir}/a.txt\"; printf '%s' '{v}' > '{work_dir}'/b.txt"
-    config = {"scheduler_config": {"gpu": ["cpu", "cpu"], "scheduler_log_file_path": None},
-              "test_config": [{"v": VALUES[:12]}], "command": command, "shell": True}
+    config = {
+        "scheduler_config": {"gpu": ["cpu", "cpu"], "scheduler_log_file_path": None},
+        "test_config": [{"v": VALUES[:12]}],
+        "command": command,
+        "shell": True,
+    }
     summary = GPUTaskScheduler(config).start()
     assert summary.ok and len(summary.succeeded) == 12
     for outcome in summary.succeeded:

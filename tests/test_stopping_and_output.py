@@ -1,4 +1,5 @@
 """Stopping from the terminal, exit codes, a late look at a deadline, resuming a queue, safe output."""
+
 import json
 import signal
 import subprocess
@@ -6,16 +7,22 @@ import sys
 import time
 
 import pytest
-
 from conftest import wait_until
 from helpers import ledger_rows, make_config
 from test_process_control import finish, launch, started
+
 from gpu_task_scheduler.cli import main as gts
 
 
 def _gts(*argv, cwd, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", *argv], cwd=cwd, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", *argv],
+        cwd=cwd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kwargs,
+    )
 
 
 def test_sighup_stops_the_sweep_gracefully(in_tmp, no_leaked_processes):
@@ -31,9 +38,11 @@ def test_sighup_stops_the_sweep_gracefully(in_tmp, no_leaked_processes):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_gts_run_exits_130_when_stopped(in_tmp, signum):
-    (in_tmp / "s.yaml").write_text(f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}}}\n"
-                                   "test_config: [{a: [1]}]\n"
-                                   "command: [sh, -c, 'echo > {work_dir}/started; exec sleep 60']\n")
+    (in_tmp / "s.yaml").write_text(
+        f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}}}\n"
+        "test_config: [{a: [1]}]\n"
+        "command: [sh, -c, 'echo > {work_dir}/started; exec sleep 60']\n"
+    )
     process = _gts("run", "s.yaml", "--plain", cwd=in_tmp)
     wait_until(lambda: (in_tmp / "r" / "a-1," / "started").exists(), message="the run to start")
     process.send_signal(signum)
@@ -112,13 +121,25 @@ def test_status_of_a_folder_that_is_no_result_root_is_a_usage_error(in_tmp, caps
 
 
 def test_a_resumed_sweep_says_once_on_the_console_what_it_skipped(in_tmp):
-    (in_tmp / "s.yaml").write_text(f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}}}\n"
-                                   "test_config: [{a: [1, 2, 3, 4, 5]}]\ncommand: [echo, '{a}']\n")
-    first = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"], cwd=in_tmp,
-                           capture_output=True, text=True, timeout=60)
+    (in_tmp / "s.yaml").write_text(
+        f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}}}\n"
+        "test_config: [{a: [1, 2, 3, 4, 5]}]\ncommand: [echo, '{a}']\n"
+    )
+    first = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"],
+        cwd=in_tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert first.returncode == 0
-    again = subprocess.run([sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"], cwd=in_tmp,
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"],
+        cwd=in_tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 0
     assert "skips task" not in again.stderr and "receives task" not in again.stderr
     assert again.stderr.count("skipped 5 run(s): 5 because it succeeded before") == 1
@@ -126,19 +147,21 @@ def test_a_resumed_sweep_says_once_on_the_console_what_it_skipped(in_tmp):
     assert log.count("cpu0 skips task a-3,") == 1 and log.count("cpu0 receives task a-3,") == 2
 
 
-@pytest.mark.parametrize("argv,slots", [
-    (["--gpus", "0,1,2"], ["0", "1", "2"]),  # simple-gpu-scheduler's meaning: three GPUs, a slot each
-    (["--gpus", "0", "1", "2"], ["0", "1", "2"]),
-    (["--gpus", "0+1", "2+3"], ["0,1", "2,3"]),
-    (["--gpus", "0,1+2"], ["0", "1,2"]),
-])
+@pytest.mark.parametrize(
+    "argv,slots",
+    [
+        (["--gpus", "0,1,2"], ["0", "1", "2"]),  # simple-gpu-scheduler's meaning: three GPUs, a slot each
+        (["--gpus", "0", "1", "2"], ["0", "1", "2"]),
+        (["--gpus", "0+1", "2+3"], ["0,1", "2,3"]),
+        (["--gpus", "0,1+2"], ["0", "1,2"]),
+    ],
+)
 def test_gpus_on_the_command_line_as_simple_gpu_scheduler_means_them(in_tmp, argv, slots):
-    (in_tmp / "s.yaml").write_text("scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\n"
-                                   "test_config: [{a: [1]}]\ncommand: ['true']\n")
+    (in_tmp / "s.yaml").write_text(
+        "scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\ntest_config: [{a: [1]}]\ncommand: ['true']\n"
+    )
     from gpu_task_scheduler import ConfigManager
-    from gpu_task_scheduler.cli import _config_among_gpus, _run_config
-
-    from gpu_task_scheduler.cli import build_parser
+    from gpu_task_scheduler.cli import _config_among_gpus, _run_config, build_parser
 
     args = build_parser().parse_args(["run", "s.yaml", *argv, "--dry-run"])
     _config_among_gpus(args)
@@ -147,8 +170,9 @@ def test_gpus_on_the_command_line_as_simple_gpu_scheduler_means_them(in_tmp, arg
 
 
 def test_the_config_file_may_come_after_gpus(in_tmp, capsys):
-    (in_tmp / "s.yaml").write_text("scheduler_config: {gpu: [0], scheduler_log_file_path: null}\n"
-                                   "test_config: [{a: [1, 2]}]\ncommand: ['true']\n")
+    (in_tmp / "s.yaml").write_text(
+        "scheduler_config: {gpu: [0], scheduler_log_file_path: null}\ntest_config: [{a: [1, 2]}]\ncommand: ['true']\n"
+    )
     assert gts(["run", "--gpus", "cpu", "cpu", "s.yaml", "--plain"]) == 0
     assert gts(["run", "--gpus", "cpu", "cpu"]) == 2
     assert "needs a config file" in capsys.readouterr().err

@@ -29,7 +29,25 @@ _EXPORTS = {
     "RunSpec": "sweep",
     "Sweep": "sweep",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ConfigError",
+    "ConfigManager",
+    "GPUTask",
+    "GPUTaskScheduler",
+    "GTSError",
+    "Ledger",
+    "LedgerError",
+    "RunOutcome",
+    "RunRecord",
+    "RunSpec",
+    "RunStatus",
+    "RunsFailedError",
+    "SchedulerBusyError",
+    "Sweep",
+    "SweepSummary",
+    "TaskClassError",
+    "lazy_import",
+]  # written out, so that type checkers see what is exported
 
 
 def __getattr__(name: str) -> Any:

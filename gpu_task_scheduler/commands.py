@@ -200,6 +200,7 @@ class CommandTask(GPUTask):
 
     def main(self) -> None:
         env = None
+        command: str | list[str]
         if self.shell:
             command, values = render_shell(self.parts[0], self._values())
             env = {**os.environ, **values}
@@ -212,9 +213,8 @@ class CommandTask(GPUTask):
                 128 + stopped_by,
                 f"the command was stopped by {signal.Signals(stopped_by).name} (it ended with status {returncode})",
             )
-        completed = subprocess.CompletedProcess(command, returncode)
-        if completed.returncode != 0:
-            code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
-            how = f"exit code {completed.returncode}" if completed.returncode > 0 else f"signal {-completed.returncode}"
+        if returncode != 0:
+            code = returncode if returncode > 0 else 128 - returncode
+            how = f"exit code {returncode}" if returncode > 0 else f"signal {-returncode}"
             raise CommandFailed(code, f"the command failed with {how}")
         return None  # the command's own result.json, if it writes one, is the run's result

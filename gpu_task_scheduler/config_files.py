@@ -48,7 +48,7 @@ def _yaml_loader() -> type:
     global _LOADER
     if _LOADER is None:
 
-        class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+        class Loader(yaml.SafeLoader):  # type: ignore[name-defined]  # (yaml is a lazy proxy here)
             pass
 
         Loader.yaml_implicit_resolvers = {

@@ -28,4 +28,4 @@ def lazy_import(name: str) -> ModuleType:
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"lazy_import() needs a module name such as 'torch', got {name!r}")
-    return lazy_object_proxy.Proxy(lambda: importlib.import_module(name))  # type: ignore[return-value]
+    return lazy_object_proxy.Proxy(lambda: importlib.import_module(name))

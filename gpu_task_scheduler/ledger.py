@@ -287,7 +287,8 @@ class Ledger:
         result_file: str | None = None,
     ) -> None:
         if result is not None and len(result) > MAX_INLINE_RESULT:  # never let one run's result wedge the root
-            result, cause = None, (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
+            cause = (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
+            result = None
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
                log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?

@@ -55,10 +55,11 @@ class GpuMonitor:
                 import pynvml as module  # type: ignore[no-redef]
             except ImportError as error:
                 raise NvmlUnavailable(f"the NVML bindings are not installed ({error})") from None
-        self._nvml = module
+        nvml: Any = module  # the bindings ship no type information
+        self._nvml = nvml
         try:
-            module.nvmlInit()
-        except module.NVMLError as error:
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
             raise NvmlUnavailable(f"NVML could not start: {error}") from None
         self._handles: dict[str, Any] = {}
 

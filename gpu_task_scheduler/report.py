@@ -140,13 +140,13 @@ def plot_timeline(root: str, output: str) -> str:
     if not records:
         raise GTSError(f"{root!r} has no started runs to plot")
     pyplot = _pyplot()
-    start = min(r.started_at for r in records)
+    start = min(r.started_at or 0.0 for r in records)
     slots = sorted({r.slot or "?" for r in records})
     figure, axes = pyplot.subplots(figsize=(10, 1 + 0.5 * len(slots)))
     lanes: dict[str, list[float]] = {slot: [] for slot in slots}
-    for record in sorted(records, key=lambda r: r.started_at):
+    for record in sorted(records, key=lambda r: r.started_at or 0.0):
         slot = record.slot or "?"
-        begin = record.started_at - start
+        begin = (record.started_at or start) - start
         length = max(duration(record) or 0.0, 1e-3)
         # Runs sharing a GPU overlap: stack them in sub-lanes so every bar shows.
         ends = lanes[slot]

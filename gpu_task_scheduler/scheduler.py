@@ -694,7 +694,7 @@ class Scheduler:
         else:
             status = RunStatus.FAILED
             cause = (outcome or {}).get("error")
-            if cause is not None and outcome.get("phase") == "load":
+            if cause is not None and (outcome or {}).get("phase") == "load":
                 cause = f"the task could not be loaded in the run's process: {cause}"
             if cause is None and unsafe is not None:
                 cause = f"the run folder was changed into something unsafe: {unsafe}"

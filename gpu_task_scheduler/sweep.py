@@ -64,7 +64,7 @@ def _optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]
 
 def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= minimum
         return None if ok else f"an integer >= {minimum}"
 
     return check
@@ -76,7 +76,7 @@ def _seconds(allow_zero: bool) -> Callable[[Any], str | None]:
             isinstance(value, numbers.Real)
             and not isinstance(value, bool)
             and math.isfinite(value)
-            and (value >= 0 if allow_zero else value > 0)
+            and (float(value) >= 0 if allow_zero else float(value) > 0)
         )
         return None if ok else ("a number of seconds >= 0" if allow_zero else "a number of seconds > 0")
 
@@ -122,12 +122,12 @@ def _one_of(*choices: Any) -> Callable[[Any], str | None]:
 
 
 def _fraction(value: Any) -> str | None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= 1
     return None if ok else "a fraction in (0, 1]"
 
 
 def _percent(value: Any) -> str | None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 100
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= 100
     return None if ok else "a percentage in (0, 100]"
 
 
@@ -379,8 +379,8 @@ def to_jsonable(value: Any) -> Any:
         # Python refuses to print integers of more than 4300 digits in decimal.
         return number if number.bit_length() < 14000 else f"int:{number:#x}"
     if isinstance(value, numbers.Real):
-        number = float(value)
-        return number if math.isfinite(number) else repr(number)
+        real = float(value)
+        return real if math.isfinite(real) else repr(real)
     if isinstance(value, Mapping):
         items = sorted(((str(k), to_jsonable(v)) for k, v in value.items()), key=lambda item: item[0])
         return dict(items)
@@ -420,6 +420,11 @@ class RunSpec:
     config_hash: str
     duplicate: bool  # the same config under the same name came earlier in the sweep
     renamed_from: str | None = None  # the colliding name, when the name was disambiguated
+
+
+def _for_params(foreign: Callable[[str, str], bool], params: str) -> Callable[[str], bool]:
+    """``foreign`` asked about one run's values."""
+    return lambda candidate: foreign(candidate, params)
 
 
 class Sweep:
@@ -531,7 +536,7 @@ class Sweep:
                 wanted,
                 digest,
                 suffix=hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest(),
-                foreign=None if foreign is None else (lambda candidate, params=params: foreign(candidate, params)),
+                foreign=None if foreign is None else _for_params(foreign, params),
             )
             renamed_from = None
             if name != wanted:

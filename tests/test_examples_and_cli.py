@@ -100,3 +100,20 @@ def test_the_readme_shell_sweep_runs_and_gives_the_tree_shown(in_tmp):
         timeout=120,
     )
     assert "0 succeeded, 0 failed, 4 skipped" in again.stderr
+
+
+def test_the_public_names_are_exported_and_listed_statically():
+    import ast
+
+    import gpu_task_scheduler
+
+    tree = ast.parse(open(gpu_task_scheduler.__file__).read())
+    (listed,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "__all__" for target in node.targets)
+    ]
+    assert isinstance(listed, ast.List)  # a literal list: type checkers read it without running code
+    names = [element.value for element in listed.elts]
+    assert names == sorted(gpu_task_scheduler._EXPORTS)
+    assert all(getattr(gpu_task_scheduler, name) is not None for name in names)

@@ -1,34 +1,66 @@
+import re
+
 from setuptools import find_packages, setup
 
+# The distribution is named gts-sweep: "gpu-task-scheduler" on the package index is an unrelated
+# project with the same import package. The import package stays gpu_task_scheduler (the drop-in).
 with open("README.md", encoding="utf-8") as handle:
     long_description = handle.read()
+with open("gpu_task_scheduler/__init__.py", encoding="utf-8") as handle:
+    version = re.search(r'^__version__ = "([^"]+)"', handle.read(), re.M).group(1)
 
 setup(
-    name="gpu_task_scheduler",
-    version="0.1.0",
-    description="Config-driven hyperparameter sweeps over your GPUs: crash-safe, resumable, drop-in for GPUTaskScheduler.",
+    name="gts-sweep",
+    version=version,
+    description=(
+        "Config-driven hyperparameter sweeps over your GPUs: crash-safe, resumable, drop-in for GPUTaskScheduler."
+    ),
     long_description=long_description,
     long_description_content_type="text/markdown",
+    license="MIT",
+    license_files=["LICENSE"],
+    author="The gpu_task_scheduler authors",
+    keywords=["hyperparameter", "sweep", "gpu", "scheduler", "nvml", "experiments"],
     packages=find_packages(include=["gpu_task_scheduler", "gpu_task_scheduler.*"]),
     package_data={"gpu_task_scheduler": ["py.typed"]},
-    python_requires=">=3.8",
+    python_requires=">=3.10",
     install_requires=[
         "PyYAML>=5.1",
         "lazy-object-proxy>=1.6",
-        # NVIDIA's own NVML bindings (module `pynvml`). The PyPI package named
-        # `pynvml` is now a shim over this one that warns on import.
-        "nvidia-ml-py>=11.450",
+        # NVIDIA's own NVML bindings (module `pynvml`; the PyPI package named `pynvml` is a shim
+        # over this one). 12.535 is the oldest tested here; older ones read per-process memory
+        # wrongly on current drivers.
+        "nvidia-ml-py>=12.535.77",
     ],
     extras_require={
         "results": ["pandas>=1.3"],
         "plot": ["matplotlib>=3.5"],
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6", "pandas>=1.3", "matplotlib>=3.5"],
+        # Task classes defined interactively (a notebook, the REPL) are carried to their
+        # process by value.
+        "interactive": ["cloudpickle>=2.0"],
+        "test": [
+            "pytest>=7",
+            "pytest-timeout>=2.1",
+            "hypothesis>=6",
+            "pandas>=1.3",
+            "matplotlib>=3.5",
+            "cloudpickle>=2.0",
+            "ruff>=0.6",
+            "mypy>=1.10",
+        ],
     },
     entry_points={"console_scripts": ["gts = gpu_task_scheduler.cli:main"]},
     classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
         "Operating System :: POSIX :: Linux",
-        "Operating System :: MacOS",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
     ],
 )

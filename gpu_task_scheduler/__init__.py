@@ -8,7 +8,7 @@ SQLite, YAML or the NVML bindings.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place the version is written (setup.py reads it)
 
 _EXPORTS = {
     "ConfigManager": "config_manager",

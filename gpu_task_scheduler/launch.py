@@ -121,7 +121,7 @@ def _pickle_task(task: GPUTask) -> bytes:
             except ImportError:
                 raise LaunchError(
                     f"{type(task).__name__} is defined interactively; define it in a module or script file "
-                    "(or install cloudpickle)"
+                    "(or pip install 'gts-sweep[interactive]', which brings cloudpickle)"
                 ) from None
             return cloudpickle.dumps(task)
         return pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)

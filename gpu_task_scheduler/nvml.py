@@ -55,6 +55,7 @@ class GpuMonitor:
                 import pynvml as module  # type: ignore[no-redef]
             except ImportError as error:
                 raise NvmlUnavailable(f"the NVML bindings are not installed ({error})") from None
+        self._no_processes: set[str] = set()
         nvml: Any = module  # the bindings ship no type information
         self._nvml = nvml
         try:
@@ -103,8 +104,16 @@ class GpuMonitor:
                 GpuProcess(pid=int(p.pid), used_memory=None if p.usedGpuMemory is None else int(p.usedGpuMemory))
                 for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             )
-        except nvml.NVMLError:
+        except nvml.NVMLError as error:
             processes = ()
+            if gpu_id not in self._no_processes:  # say it once per GPU: memory packing then sees no run's usage
+                self._no_processes.add(gpu_id)
+                logger.warning(
+                    "cannot read the processes on GPU %s through NVML (%s): runs' memory use cannot be "
+                    "measured there, and other users' processes are not told apart",
+                    gpu_id,
+                    error,
+                )
         # NVML gives no snapshot of memory and processes together. A run that allocates
         # between two reads would be counted as allocated (its reservation released) while
         # the free memory read earlier does not show it yet: memory over-committed. So the

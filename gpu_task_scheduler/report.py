@@ -126,7 +126,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as pyplot
     except ImportError as error:
-        raise GTSError("plots need matplotlib: pip install 'gpu_task_scheduler[plot]'") from error
+        raise GTSError("plots need matplotlib: pip install 'gts-sweep[plot]'") from error
     return pyplot
 
 

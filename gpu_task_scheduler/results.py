@@ -94,11 +94,11 @@ def columns(table: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def to_dataframe(root: str) -> Any:
-    """The rows as a pandas DataFrame (``pip install gpu_task_scheduler[results]``)."""
+    """The rows as a pandas DataFrame (``pip install gts-sweep[results]``)."""
     try:
         import pandas
     except ImportError as error:
-        raise GTSError("to_dataframe() needs pandas: pip install 'gpu_task_scheduler[results]'") from error
+        raise GTSError("to_dataframe() needs pandas: pip install 'gts-sweep[results]'") from error
     table = rows(root)
     return pandas.DataFrame(table, columns=columns(table))
 

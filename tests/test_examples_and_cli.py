@@ -51,7 +51,12 @@ def test_the_pytorch_example_imports_without_importing_torch():
 def test_gts_version_and_usage(capsys):
     with pytest.raises(SystemExit) as raised:
         gts_main(["--version"])
-    assert raised.value.code == 0 and capsys.readouterr().out.startswith("gts 0.")
+    from gpu_task_scheduler import __version__
+
+    assert raised.value.code == 0 and capsys.readouterr().out == f"gts {__version__}\n"
+    setup_py = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
+    if os.path.exists(setup_py):  # the version is written once, in the package; setup.py reads it from there
+        assert "version=version" in open(setup_py).read() and __version__ not in open(setup_py).read()
     assert gts_main([]) == 2
     assert "status" in capsys.readouterr().out
 

@@ -505,3 +505,19 @@ def test_utilisation_of_our_own_runs_does_not_make_a_gpu_busy():
     assert busy_reason(GpuBook(state, 70 * GB, 0, ours=1), memory_fraction=None, utilization=50) is None
     assert "utilisation is 99%" in busy_reason(GpuBook(state, 70 * GB, 0, ours=0), memory_fraction=None, utilization=50)
     assert busy_reason(GpuBook(state, 70 * GB, 0, ours=0), memory_fraction=None, utilization=None) is None
+
+
+def test_process_information_that_cannot_be_read_is_warned_about_once(gpus, caplog):
+    class NoProcesses:
+        def __getattr__(self, name):
+            return getattr(fake_nvml, name)
+
+        @staticmethod
+        def nvmlDeviceGetComputeRunningProcesses(handle):
+            raise fake_nvml.NVMLError(3, "Not Supported")
+
+    with GpuMonitor(NoProcesses()) as monitor:
+        for _ in range(3):
+            assert monitor.state("0").processes == ()
+    warnings = [r for r in caplog.records if "cannot read the processes on GPU 0" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"

@@ -19,6 +19,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import socket
 import sqlite3
 import time
@@ -36,6 +37,8 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 1: the first release. 2: runs.result_file (results too large to keep in the ledger).
 SCHEMA_VERSION = 2
 _MIGRATIONS = {1: "ALTER TABLE runs ADD COLUMN result_file TEXT"}
+# Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
+NATURAL_END = 2.0
 # What the ledger keeps of one run: results up to 1 MiB of JSON (larger ones stay in
 # the run folder, see runner.py), causes and log tails up to 64 KiB.
 MAX_TEXT = 64 << 10
@@ -452,39 +455,50 @@ class SweepLock:
         pid, host = _parse_holder(holder)
         if pid is None or host != socket.gethostname() or _pid_alive(pid):
             raise busy
-        # flock has no timed wait: look, stop what is ours, and try again, briefly
-        # (a process that is exiting has left /proc's descriptor lists but may
-        # not have dropped the lock yet).
-        deadline = time.monotonic() + self._leftover_timeout
-        delay = 0.005
+        # The runs of a killed scheduler end by themselves within moments (their lifeline), each
+        # first finishing the record of a main() that returned. So: wait for that; then ask those
+        # still there to stop as the scheduler would (SIGCONT for a stopped one, then SIGTERM, which
+        # a run that is recording holds until its record is written); SIGKILL only what is left after
+        # that, so that no run whose main() returned is cut off before its record. flock has no timed
+        # wait, hence the polling.
+        if self._wait_for_lock(fd, NATURAL_END):
+            return
         others: list[int] = []
-        while True:
+        for signals, wait in (((signal.SIGCONT, signal.SIGTERM), self._leftover_timeout), ((signal.SIGKILL,), 5.0)):
             processes = holders(self._paths.root)
             ours = [p for p in processes if environ_has(p, TOKEN_ENV)]
             others = [p for p in processes if p not in ours]
             if ours:
                 logger.warning(
                     "the scheduler that held %s (%s) is gone, but %d process(es) of its runs are still "
-                    "alive: stopping pid %s",
+                    "alive: sending %s to pid %s",
                     self._paths.root,
                     holder,
                     len(ours),
+                    " and ".join(signal.Signals(s).name for s in signals),
                     ", ".join(map(str, ours)),
                 )
-                kill_all(ours)
-                wait_gone(ours, timeout=max(0.0, deadline - time.monotonic()))
-            if self._try_lock(fd):
+                for signum in signals:
+                    kill_all(ours, signum)
+                wait_gone(ours, timeout=wait)
+            if self._wait_for_lock(fd, 1.0 if others else wait):
                 return
-            if others or time.monotonic() >= deadline:
-                break
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
         if not self._try_lock(fd):
             still = [p for p in holders(self._paths.root) if p != os.getpid()] or others
             raise SchedulerBusyError(
                 f"{self._paths.root!r} is still locked although its scheduler ({holder}) is gone: held by "
                 f"pid {', '.join(map(str, still)) or 'unknown'}; stop those processes and start again"
             ) from None
+
+    def _wait_for_lock(self, fd: int, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        delay = 0.005
+        while not self._try_lock(fd):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        return True
 
     def _write_holder(self) -> None:
         text = f"pid {os.getpid()} on host {socket.gethostname()}\n".encode()

@@ -38,11 +38,19 @@ class ConfigManager:
         from .paths import RootPaths
 
         root = self._sweep.options.result_root_folder
-        try:
-            ledger = Ledger.read_only(RootPaths(root))
-        except GTSError:
-            ledger = None  # a damaged ledger: the scheduler will say so; names from the folders alone
-        return self._sweep.runs(foreign_checker(ledger, root))
+
+        def runs() -> Iterator[RunSpec]:  # the ledger is opened on the first run asked for, closed after the last
+            try:
+                ledger = Ledger.read_only(RootPaths(root))
+            except GTSError:
+                ledger = None  # a damaged ledger: the scheduler will say so; names from the folders alone
+            try:
+                yield from self._sweep.runs(foreign_checker(ledger, root))
+            finally:
+                if ledger is not None:
+                    ledger.close()
+
+        return runs()
 
     def get_all_scheduler_config(self) -> dict[str, Any]:
         return self._sweep.options.as_dict()

@@ -85,10 +85,8 @@ def _split(text: str) -> list[str]:
         raise ConfigError(f"command {text!r} cannot be split into arguments: {error}") from None
 
 
-def render(parts: Sequence[str], values: Mapping[str, Any], *, shell: bool = False) -> str | list[str]:
-    """The argv for one run (for ``shell`` templates see :func:`render_shell`)."""
-    if shell:
-        return render_shell(parts[0], values)[0]
+def render(parts: Sequence[str], values: Mapping[str, Any]) -> list[str]:
+    """The argv for one run (``shell`` templates: :func:`render_shell`, which also gives the environment)."""
     return [string.Formatter().vformat(part, (), values) for part in parts]
 
 
@@ -195,17 +193,15 @@ class CommandTask(GPUTask):
         )
         return values
 
-    def command(self) -> str | list[str]:
-        return render(self.parts, self._values(), shell=self.shell)
+    def command(self) -> tuple[str | list[str], dict[str, str] | None]:
+        """The run's argv (or, with ``shell``, its script) and the environment it needs (None: ours)."""
+        if not self.shell:
+            return render(self.parts, self._values()), None
+        script, values = render_shell(self.parts[0], self._values())
+        return script, {**os.environ, **values}
 
     def main(self) -> None:
-        env = None
-        command: str | list[str]
-        if self.shell:
-            command, values = render_shell(self.parts[0], self._values())
-            env = {**os.environ, **values}
-        else:
-            command = self.command()
+        command, env = self.command()
         sys.stdout.flush()
         returncode, stopped_by = run_with_grace(command, shell=self.shell, env=env)
         if stopped_by is not None:

@@ -437,7 +437,8 @@ class SweepLock:
         except BlockingIOError:
             return False
 
-    def _holder(self) -> str:
+    def holder(self) -> str:
+        """Who holds the lock, as its holder wrote it (for messages only)."""
         try:
             with os.fdopen(open_regular(self._paths.lock), "rb") as handle:
                 return handle.read(4096).decode("utf-8", "replace").strip() or "unknown"
@@ -447,7 +448,7 @@ class SweepLock:
     def _take_over_from_leftovers(self, fd: int) -> None:
         from .proctree import TOKEN_ENV, environ_has, holders, kill_all, wait_gone
 
-        holder = self._holder()
+        holder = self.holder()
         busy = SchedulerBusyError(
             f"another scheduler is already running on {self._paths.root!r} ({holder}); "
             "wait for it to finish or stop it first"
@@ -535,7 +536,7 @@ def scheduler_state(root: str) -> tuple[bool | None, str]:
     without touching the lock (``/proc/locks`` lists every ``flock`` with the pid
     that took it), and who it is. ``running`` is None when this cannot be known
     here (no ``/proc/locks``, or a holder on another host)."""
-    holder = SweepLock(RootPaths(root))._holder()
+    holder = SweepLock(RootPaths(root)).holder()
     try:
         info = os.stat(root)
         with open("/proc/locks") as handle:

@@ -125,21 +125,10 @@ def test_a_resumed_sweep_says_once_on_the_console_what_it_skipped(in_tmp):
         f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}}}\n"
         "test_config: [{a: [1, 2, 3, 4, 5]}]\ncommand: [echo, '{a}']\n"
     )
-    first = subprocess.run(
-        [sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"],
-        cwd=in_tmp,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"]
+    first = subprocess.run(argv, cwd=in_tmp, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0
-    again = subprocess.run(
-        [sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"],
-        cwd=in_tmp,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = subprocess.run(argv, cwd=in_tmp, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0
     assert "skips task" not in again.stderr and "receives task" not in again.stderr
     assert again.stderr.count("skipped 5 run(s): 5 because it succeeded before") == 1

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import string
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,22 +26,10 @@ from typing import Any
 
 from .errors import ConfigError
 from .gpu_task import GPUTask
+from .templates import check_fields, fill, format_one
 
 BUILTINS = ("work_dir", "run_name", "run_index", "gpus")
 Template = str | Sequence[str]
-
-
-def _fields(text: str) -> list[str]:
-    try:
-        return [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
-    except ValueError as error:
-        raise ConfigError(f"command template {text!r} is malformed: {error}") from None
-
-
-def _base(field: str) -> str:
-    for separator in (".", "["):
-        field = field.split(separator, 1)[0]
-    return field
 
 
 def check_template(template: Any, known_keys: Iterable[str], *, shell: bool = False) -> list[str]:
@@ -67,14 +54,7 @@ def check_template(template: Any, known_keys: Iterable[str], *, shell: bool = Fa
         compile_shell_template(parts[0])  # a placeholder the shell would evaluate is refused now
     known = set(known_keys) | set(BUILTINS)
     for part in parts:
-        for field in _fields(part):
-            if field == "" or field.isdigit():
-                raise ConfigError(f"command {part!r} has a positional placeholder {{{field}}}; name a config key")
-            if _base(field) not in known:
-                raise ConfigError(
-                    f"command uses the placeholder {{{field}}}, which is not a config key; "
-                    f"known: {', '.join(sorted(known))}"
-                )
+        check_fields(part, known)
     return parts
 
 
@@ -87,7 +67,7 @@ def _split(text: str) -> list[str]:
 
 def render(parts: Sequence[str], values: Mapping[str, Any]) -> list[str]:
     """The argv for one run (``shell`` templates: :func:`render_shell`, which also gives the environment)."""
-    return [string.Formatter().vformat(part, (), values) for part in parts]
+    return [fill(part, values) for part in parts]
 
 
 def render_shell(template: str, values: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
@@ -104,11 +84,9 @@ def render_shell(template: str, values: Mapping[str, Any]) -> tuple[str, dict[st
     from .shell_template import compile_shell_template
 
     compiled = compile_shell_template(template)
-    formatter = string.Formatter()
     env = {}
     for variable, (field, spec, conversion) in compiled.fields.items():
-        value, _ = formatter.get_field(field, (), values)
-        text = formatter.format_field(formatter.convert_field(value, conversion), spec)
+        text = format_one(field, spec, conversion, values)
         if "\0" in text:
             raise ValueError(f"the value of {{{field}}} contains a NUL character, which no command can be given")
         env[variable] = text

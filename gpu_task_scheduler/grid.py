@@ -12,10 +12,10 @@ from simple_hypersearch's for the same seed (that tool shuffles a full list).
 from __future__ import annotations
 
 import random
-import string
 from collections.abc import Iterator, Sequence
 
 from .errors import ConfigError
+from .templates import check_fields, fill
 
 Parameters = Sequence[tuple[str, Sequence[str]]]
 _ROUNDS = 3  # a permutation for any count; three rounds already scramble well (Luby-Rackoff)
@@ -61,16 +61,7 @@ class _Permutation:
 
 
 def check_pattern(pattern: str, names: Sequence[str]) -> None:
-    known = set(names) | {"job_index"}
-    try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(pattern) if field is not None]
-    except ValueError as error:
-        raise ConfigError(f"command pattern {pattern!r} is malformed: {error}") from None
-    for field in fields:
-        if field.split(".")[0].split("[")[0] not in known:
-            raise ConfigError(
-                f"the pattern uses {{{field}}}, which is not a parameter; known: {', '.join(sorted(known))}"
-            )
+    check_fields(pattern, [*names, "job_index"], what="the pattern", kind="parameter")
 
 
 def commands(
@@ -100,7 +91,7 @@ def commands(
         picked.append(str(job_index))
         fields.update(zip(keys, picked, strict=False))
         try:
-            line = pattern.format_map(fields)
+            line = fill(pattern, fields)
         except (ValueError, OverflowError, MemoryError) as error:
             raise ConfigError(
                 f"the pattern {pattern!r} cannot be filled in with {fields}: {type(error).__name__}: {error}"

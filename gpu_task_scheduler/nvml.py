@@ -8,6 +8,7 @@ shapes in tests. Nothing else in the package calls NVML.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Iterable
@@ -42,6 +43,22 @@ class NvmlUnavailable(Exception):
     """NVML cannot be used here (no driver, no GPU, no bindings); ``str()`` says why."""
 
 
+BINDINGS_ENV = "GTS_NVML_MODULE"
+
+
+def bindings() -> ModuleType:
+    """The NVML bindings: ``pynvml`` (from ``nvidia-ml-py``), or the module that ``GTS_NVML_MODULE`` names.
+
+    The variable exists for test suites (this one's fake NVML, or a user's) that run
+    the scheduler in child processes, where no module can be passed in.
+    """
+    name = os.environ.get(BINDINGS_ENV) or "pynvml"
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        raise NvmlUnavailable(f"the NVML bindings ({name}) cannot be imported: {error}") from None
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -51,10 +68,7 @@ class GpuMonitor:
 
     def __init__(self, module: ModuleType | None = None) -> None:
         if module is None:
-            try:
-                import pynvml as module  # type: ignore[no-redef]
-            except ImportError as error:
-                raise NvmlUnavailable(f"the NVML bindings are not installed ({error})") from None
+            module = bindings()
         self._no_processes: set[str] = set()
         nvml: Any = module  # the bindings ship no type information
         self._nvml = nvml

@@ -32,11 +32,11 @@ wrong word, never an executed value: the value is not in the script.
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
 from .errors import ConfigError
+from .templates import parse
 
 ENV_PREFIX = "GTS_ARG_"
 _PLAIN = ("plain", "cmdsub", "backtick", "paren")
@@ -61,10 +61,7 @@ def compile_shell_template(template: str) -> ShellTemplate:
     >>> compile_shell_template("echo '{v}' \\"{w:.1f}\\" {v!r}").script
     'echo \\'\\'"${GTS_ARG_0}"\\'\\' "${GTS_ARG_1}" "${GTS_ARG_2}"'
     """
-    try:
-        pieces = list(string.Formatter().parse(template))
-    except ValueError as error:
-        raise ConfigError(f"command template {template!r} is malformed: {error}") from None
+    pieces = parse(template)
     scanner = _Scanner()
     out: list[str] = []
     fields: dict[str, tuple[str, str, str | None]] = {}

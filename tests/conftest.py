@@ -8,6 +8,13 @@ import pytest
 
 MARK = "GTS_TEST_MARK"
 
+# Every scheduler the tests start, in this process or in a child (``gts`` on the command line),
+# reads GPUs through the fake NVML: none unless a test writes a table (fake_nvml.ENV). So the
+# suite behaves the same on a machine with GPUs; test_real_gpu.py passes the real bindings in.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+os.environ["GTS_NVML_MODULE"] = "fake_nvml"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
+
 
 def marked_pids(mark):
     """Processes (any parent) whose environment carries this test's mark."""

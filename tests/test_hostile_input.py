@@ -106,7 +106,7 @@ def test_command_line_inputs_end_in_one_message(tmp_path):
     cases = [
         (["plot", "results", "--timeline", "-o", "/nonexistent/dir/x.png"], 1, b"cannot write the plot"),
         (["queue", "--gpus", "cpu", "--log-dir", "/proc/gts-test"], 1, b"gts queue:"),
-        (["grid", "x {a:>99999999999}", "-p", "a", "1"], 2, b"cannot be filled in"),
+        (["grid", "x {a:>99999999999}", "-p", "a", "1"], 2, b"asks for a width of 99999999999; at most 10000"),
     ]
     for argv, code, message in cases:
         result = _gts(*argv, cwd=tmp_path, input=b"echo hi\n")
@@ -172,3 +172,30 @@ def test_a_first_release_ledger_is_upgraded_in_place(tmp_path):
     summary = GPUTaskScheduler(make_config(root, [{"a": [1, 2]}]), tasks.RecordTask).start()
     assert summary.skipped == ["a-1,"] and len(summary.succeeded) == 1
     assert "result_file" in ledger_rows(root)["a-2,"]
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        ("echo {a:>99999999999}", "asks for a width of 99999999999"),
+        ("echo {a:.20000f}", "asks for a precision of 20000"),
+        (["echo", "{a:099999}"], "asks for a width of 99999;"),
+    ],
+)
+def test_format_specs_that_would_fill_memory_are_refused_before_anything_runs(tmp_path, command, message):
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "r")},
+        "command": command,
+        "test_config": [{"a": [1]}],
+    }
+    with pytest.raises(ConfigError, match=message):
+        Sweep(config)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_nested_spec_is_bounded_when_filled_in():
+    from gpu_task_scheduler.templates import fill
+
+    assert fill("{a:{w}}", {"a": 1, "w": ">3"}) == "  1"
+    with pytest.raises(ValueError, match="at most 10000"):
+        fill("{a:{w}}", {"a": 1, "w": ">99999999999"})

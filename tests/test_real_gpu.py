@@ -1,0 +1,138 @@
+"""The real NVML path on a real GPU: discovery, memory, per-process usage, runs pinned by
+``CUDA_VISIBLE_DEVICES``, memory packing and out-of-memory recognition with PyTorch.
+
+Every other GPU test uses the fake NVML; these run only where NVML finds a GPU and PyTorch can
+use it (all are skipped elsewhere, e.g. in CI), and they never change a GPU's settings.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import gts_gpu_tasks as tasks
+import pytest
+from conftest import wait_until
+from helpers import ledger_rows, make_config
+
+from gpu_task_scheduler import GPUTaskScheduler
+from gpu_task_scheduler.nvml import GpuMonitor, NvmlUnavailable
+
+GIB = 2**30
+
+
+try:
+    import pynvml  # the real bindings (the rest of the suite uses the fake: see conftest.py)
+except ImportError:
+    pynvml = None
+
+
+def _real_gpus():
+    try:
+        with GpuMonitor(pynvml) as monitor:
+            return monitor.all()
+    except NvmlUnavailable:
+        return []
+
+
+GPUS = _real_gpus() if pynvml is not None else []
+try:
+    import torch
+
+    TORCH_CUDA = torch.cuda.is_available()
+except ImportError:
+    TORCH_CUDA = False
+
+pytestmark = pytest.mark.skipif(not GPUS, reason="no GPU that NVML can see")
+needs_torch = pytest.mark.skipif(not TORCH_CUDA, reason="PyTorch with CUDA is not installed")
+
+
+def test_discovery_and_memory_through_real_nvml():
+    first = GPUS[0]
+    assert first.index == 0 and first.uuid.startswith("GPU-") and first.name
+    assert first.total_memory > 0 and 0 <= first.free_memory <= first.total_memory
+    assert first.used_memory <= first.total_memory
+    with GpuMonitor(pynvml) as monitor:
+        by_uuid = monitor.state(first.uuid)
+    assert (by_uuid.uuid, by_uuid.name, by_uuid.total_memory) == (first.uuid, first.name, first.total_memory)
+    for gpu in GPUS:
+        print(
+            f"gpu {gpu.index}: {gpu.name} {gpu.uuid} total {gpu.total_memory / GIB:.1f} GiB, "
+            f"free {gpu.free_memory / GIB:.1f} GiB, utilisation {gpu.utilization} %, {len(gpu.processes)} processes"
+        )
+
+
+@needs_torch
+def test_a_process_holding_memory_is_seen_with_its_pid_and_usage():
+    holder = textwrap.dedent(
+        """
+        import sys, torch
+        block = torch.ones(3 * 2**30, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        print("ready", flush=True)
+        sys.stdin.read()
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with GpuMonitor(pynvml) as monitor:
+            state = monitor.state("0")
+        usage = {process.pid: process.used_memory for process in state.processes}
+        print(f"processes on gpu 0: {usage}; free {state.free_memory / GIB:.1f} GiB")
+        assert child.pid in usage, f"NVML does not list pid {child.pid} (pid namespace?): {usage}"
+        assert usage[child.pid] is None or usage[child.pid] >= 3 * GIB
+        assert state.used_memory >= 3 * GIB
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    with GpuMonitor(pynvml) as monitor:
+        wait_until(lambda: child.pid not in {p.pid for p in monitor.state("0").processes}, message="memory released")
+
+
+@needs_torch
+def test_runs_packed_on_one_gpu_by_memory_see_only_their_gpu(in_tmp):
+    marks = in_tmp / "marks"
+    marks.mkdir()
+    root = in_tmp / "r"
+    config = make_config(
+        root,
+        [{"i": [0, 1, 2, 3]}],
+        slots=("0",),
+        global_config={"alloc_gib": 2, "together": 4, "marks": str(marks)},
+        max_runs_per_gpu=4,
+        gpu_memory="4GiB",
+        gpu_poll_interval=0.2,
+    )
+    summary = GPUTaskScheduler(config, tasks.TorchTask, nvml=pynvml).start()
+    assert summary.ok and len(summary.succeeded) == 4
+    results = [outcome.result for outcome in summary.succeeded]
+    assert {r["held_together"] for r in results} == {4}  # all four held their memory on the GPU at once
+    assert {(r["visible"], r["devices"], r["uuid"]) for r in results} == {("0", 1, GPUS[0].uuid)}
+    assert {r["sum"] for r in results} == {1024}
+    peaks = [row["gpu_memory_peak"] for row in ledger_rows(root).values()]
+    print(f"peaks seen by the scheduler (GiB): {[round(p / GIB, 2) if p else None for p in peaks]}")
+    # 2 GiB of data plus the CUDA context, measured per process while the runs held it.
+    assert all(p is not None and 2 * GIB <= p < 4 * GIB for p in peaks)
+
+
+@needs_torch
+def test_a_gpu_named_by_uuid_is_the_one_the_run_sees(in_tmp):
+    marks = in_tmp / "marks"
+    marks.mkdir()
+    config = make_config(
+        in_tmp / "r", [{"i": [0]}], slots=(GPUS[-1].uuid,), global_config={"alloc_gib": 1, "marks": str(marks)}
+    )
+    (outcome,) = GPUTaskScheduler(config, tasks.TorchTask, nvml=pynvml).start().succeeded
+    assert outcome.result["visible"] == GPUS[-1].uuid and outcome.result["uuid"] == GPUS[-1].uuid
+    assert outcome.result["devices"] == 1
+
+
+@needs_torch
+def test_pytorch_out_of_memory_is_recognised(in_tmp):
+    need = 4 * GPUS[0].total_memory / GIB  # cudaMalloc refuses at once: nothing is allocated
+    config = make_config(in_tmp / "r", [{"i": [0]}], slots=("0",), global_config={"alloc_gib": need}, max_oom_retries=0)
+    (failed,) = GPUTaskScheduler(config, tasks.OutOfMemoryTask, nvml=pynvml).start().failed
+    assert failed.cause.startswith("GPU out of memory"), failed.cause

@@ -21,13 +21,13 @@ _EXPORTS = {
     "GPUTask": "gpu_task",
     "GPUTaskScheduler": "gpu_task_scheduler",
     "lazy_import": "lazy",
-    "Ledger": "ledger",
-    "RunRecord": "ledger",
-    "RunStatus": "ledger",
-    "RunOutcome": "summary",
-    "SweepSummary": "summary",
-    "RunSpec": "sweep",
-    "Sweep": "sweep",
+    "Ledger": "records.ledger",
+    "RunRecord": "records.ledger",
+    "RunStatus": "records.ledger",
+    "RunOutcome": "engine.summary",
+    "SweepSummary": "engine.summary",
+    "RunSpec": "sweep.expand",
+    "Sweep": "sweep.expand",
 }
 __all__ = [
     "ConfigError",
@@ -65,10 +65,10 @@ def __dir__() -> list:
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time __getattr__ imports)
     from .config_manager import ConfigManager  # noqa: F401
+    from .engine.summary import RunOutcome, SweepSummary  # noqa: F401
     from .errors import ConfigError, GTSError, LedgerError, RunsFailedError, SchedulerBusyError, TaskClassError  # noqa: F401
     from .gpu_task import GPUTask  # noqa: F401
     from .gpu_task_scheduler import GPUTaskScheduler  # noqa: F401
     from .lazy import lazy_import  # noqa: F401
-    from .ledger import Ledger, RunRecord, RunStatus  # noqa: F401
-    from .summary import RunOutcome, SweepSummary  # noqa: F401
-    from .sweep import RunSpec, Sweep  # noqa: F401
+    from .records.ledger import Ledger, RunRecord, RunStatus  # noqa: F401
+    from .sweep.expand import RunSpec, Sweep  # noqa: F401

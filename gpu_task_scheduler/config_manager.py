@@ -11,10 +11,10 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-from .config_files import ConfigSource
-from .devices import Slot
 from .errors import GTSError
-from .sweep import RunSpec, Sweep
+from .gpu.devices import Slot
+from .sweep.expand import RunSpec, Sweep
+from .sweep.files import ConfigSource
 
 
 class ConfigManager:
@@ -34,8 +34,8 @@ class ConfigManager:
         Folder names are the ones the scheduler gives: where the result root
         records a folder for other values, this run's name is its own (read
         only; nothing is written)."""
-        from .ledger import Ledger, foreign_checker
-        from .paths import RootPaths
+        from .records.ledger import Ledger, foreign_checker
+        from .records.paths import RootPaths
 
         root = self._sweep.options.result_root_folder
 
@@ -70,7 +70,7 @@ class ConfigManager:
     def _slots(self) -> list[Slot]:
         slots = self._sweep.options.slots
         if slots is None:  # "all": ask the machine
-            from .placement import machine_slots
+            from .gpu.placement import machine_slots
 
             return machine_slots(self._sweep.options)
         return list(slots)

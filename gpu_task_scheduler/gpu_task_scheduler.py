@@ -14,16 +14,16 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from .commands import CommandTask, check_template
-from .config_files import ConfigSource
-from .devices import Slot
+from .backends.local.prepare import TaskFactory
+from .engine.loop import Hooks, Scheduler
+from .engine.summary import RunOutcome, SweepSummary
 from .errors import ConfigError, GTSError, TaskClassError
+from .gpu.devices import Slot
 from .gpu_task import GPUTask
-from .launch import TaskFactory
-from .notify import run_notify_command, send_email
-from .scheduler import Hooks, Scheduler
-from .summary import RunOutcome, SweepSummary
-from .sweep import RunSpec, Sweep
+from .reports.notify import run_notify_command, send_email
+from .sweep.commands import CommandTask, check_template
+from .sweep.expand import RunSpec, Sweep
+from .sweep.files import ConfigSource
 
 logger = logging.getLogger("gpu_task_scheduler")
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -132,7 +132,7 @@ def _live_status_wanted(choice: bool | None) -> bool:
     the application has not set up logging of its own (our lines would mix with its)."""
     if choice is not None:
         return choice
-    from .progress import wanted
+    from .cli.progress import wanted
 
     return wanted(sys.stderr) and not logging.getLogger().handlers and logger.level == logging.NOTSET
 
@@ -173,7 +173,7 @@ class GPUTaskScheduler:
     ``config`` is a dict or the path of a ``.yaml``/``.yml``/``.json``/``.py``
     config file. Each run is ``gpu_task_class``'s ``main()``, or, without a
     class, the config's ``task`` (``"package.module:Class"``) or ``command``
-    template (also given here as ``command=``, see ``commands.py``). The
+    template (also given here as ``command=``, see ``sweep/commands.py``). The
     config is validated here, completely; nothing is written to disk until
     :meth:`start`.
 
@@ -214,7 +214,7 @@ class GPUTaskScheduler:
         self._nvml = nvml  # a module with pynvml's interface; the real bindings when None
         hooks = list(hooks)
         if console is None and _live_status_wanted(live_status):
-            from .progress import LiveStatus
+            from .cli.progress import LiveStatus
 
             status = LiveStatus(len(self._sweep))
             hooks.append(status)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError, GTSError
-from .ledger import Ledger, RunRecord, RunStatus
-from .paths import RootPaths, RunPaths, read_json
+from .records.ledger import Ledger, RunRecord, RunStatus
+from .records.paths import RootPaths, RunPaths, read_json
 
 RESULT_FILE = "result.json"
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table

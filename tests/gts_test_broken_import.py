@@ -4,7 +4,7 @@ import sys
 
 from gpu_task_scheduler import GPUTask
 
-if "gpu_task_scheduler.runner" in sys.modules:
+if "gpu_task_scheduler.backends.local.runner" in sys.modules:
     raise ImportError("No module named 'cuda_only_dependency'")
 
 

@@ -10,8 +10,8 @@ import pytest
 from conftest import wait_until
 
 from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, RunStatus
-from gpu_task_scheduler.cli import main as gts
-from gpu_task_scheduler.progress import LiveStatus
+from gpu_task_scheduler.cli.main import main as gts
+from gpu_task_scheduler.cli.progress import LiveStatus
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 WRITE_RESULT = (
@@ -416,9 +416,9 @@ def test_status_and_results_as_subprocesses(command_sweep, in_tmp):
 def test_live_status_line():
     import io
 
-    from gpu_task_scheduler.devices import Slot
-    from gpu_task_scheduler.summary import RunOutcome, SweepSummary
-    from gpu_task_scheduler.sweep import Sweep
+    from gpu_task_scheduler.engine.summary import RunOutcome, SweepSummary
+    from gpu_task_scheduler.gpu.devices import Slot
+    from gpu_task_scheduler.sweep.expand import Sweep
 
     stream = io.StringIO()
     live = LiveStatus(4, stream, tick=0.05, width=200)
@@ -449,8 +449,8 @@ def test_live_status_line():
 def test_live_status_line_fits_the_terminal():
     import io
 
-    from gpu_task_scheduler.devices import Slot
-    from gpu_task_scheduler.sweep import Sweep
+    from gpu_task_scheduler.gpu.devices import Slot
+    from gpu_task_scheduler.sweep.expand import Sweep
 
     stream = io.StringIO()
     live = LiveStatus(1, stream, width=50)
@@ -482,7 +482,7 @@ def test_the_python_api_shows_the_status_line_on_a_terminal_and_can_turn_it_off(
         GPUTaskScheduler(config, live_status=choice).start()
         assert ("[gts] " in terminal.getvalue()) is shown
     monkeypatch.setenv("TERM", "dumb")
-    from gpu_task_scheduler.progress import wanted
+    from gpu_task_scheduler.cli.progress import wanted
 
     assert not wanted(Terminal())
 

@@ -400,7 +400,7 @@ BAD_VALUES = {
 
 
 def test_every_scheduler_key_has_rows_of_bad_values():
-    from gpu_task_scheduler.sweep import SCHEDULER_KEYS
+    from gpu_task_scheduler.sweep.expand import SCHEDULER_KEYS
 
     assert sorted(BAD_VALUES) == sorted(SCHEDULER_KEYS)
 

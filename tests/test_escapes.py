@@ -108,7 +108,7 @@ def test_a_signal_while_the_outcome_is_recorded_does_not_undo_the_run(in_tmp):
 
 
 def test_the_window_after_main_returns_is_recognised():
-    from gpu_task_scheduler import runner
+    from gpu_task_scheduler.backends.local import runner
 
     class Frame:
         f_code = runner._call_main.__code__

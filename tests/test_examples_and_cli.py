@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from gpu_task_scheduler import lazy_import
-from gpu_task_scheduler.cli import main as gts_main
+from gpu_task_scheduler.cli.main import main as gts_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

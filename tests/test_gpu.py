@@ -15,10 +15,10 @@ from helpers import ledger_rows, make_config
 from test_process_control import finish, launch
 
 from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, GTSError
-from gpu_task_scheduler.devices import Slot
-from gpu_task_scheduler.host import HostProbe
-from gpu_task_scheduler.nvml import GpuMonitor, GpuProcess, GpuState, NvmlUnavailable
-from gpu_task_scheduler.placement import EXCLUSIVE, Reservation, SlotView, book, choose
+from gpu_task_scheduler.gpu.devices import Slot
+from gpu_task_scheduler.gpu.host import HostProbe
+from gpu_task_scheduler.gpu.nvml import GpuMonitor, GpuProcess, GpuState, NvmlUnavailable
+from gpu_task_scheduler.gpu.placement import EXCLUSIVE, Reservation, SlotView, book, choose
 
 GB = 10**9
 
@@ -459,7 +459,7 @@ OOM_MESSAGES = [
 
 @pytest.mark.parametrize("framework,message", OOM_MESSAGES, ids=[f"{f}-{i}" for i, (f, _) in enumerate(OOM_MESSAGES)])
 def test_out_of_memory_messages_of_every_framework_are_recognised(framework, message):
-    from gpu_task_scheduler.oom import detect_oom
+    from gpu_task_scheduler.gpu.oom import detect_oom
 
     assert detect_oom(f"step 10: loss 0.3\nTraceback (most recent call last):\n{message}\n") == framework
 
@@ -469,7 +469,7 @@ def test_out_of_memory_messages_of_every_framework_are_recognised(framework, mes
     ["MemoryError", "ValueError: out of range", "Killed", "host out of memory?", "resource exhausted (disk quota)"],
 )
 def test_other_failures_are_not_taken_for_gpu_out_of_memory(message):
-    from gpu_task_scheduler.oom import detect_oom
+    from gpu_task_scheduler.gpu.oom import detect_oom
 
     assert detect_oom(message) is None
 
@@ -491,7 +491,7 @@ def test_a_gpu_busy_with_other_users_work_is_left_alone_by_utilisation(gpus, in_
 
 
 def test_utilisation_of_our_own_runs_does_not_make_a_gpu_busy():
-    from gpu_task_scheduler.placement import GpuBook, busy_reason
+    from gpu_task_scheduler.gpu.placement import GpuBook, busy_reason
 
     state = GpuState(
         index=0,

@@ -194,7 +194,7 @@ def test_format_specs_that_would_fill_memory_are_refused_before_anything_runs(tm
 
 
 def test_a_nested_spec_is_bounded_when_filled_in():
-    from gpu_task_scheduler.templates import fill
+    from gpu_task_scheduler.sweep.templates import fill
 
     assert fill("{a:{w}}", {"a": 1, "w": ">3"}) == "  1"
     with pytest.raises(ValueError, match="at most 10000"):

@@ -104,7 +104,7 @@ def test_log_file_may_not_point_into_our_records(tmp_path, log_file):
 
 @pytest.mark.parametrize("kind", ["fifo", "link", "huge"])
 def test_records_are_read_only_from_small_regular_files(tmp_path, kind):
-    from gpu_task_scheduler.paths import read_json
+    from gpu_task_scheduler.records.paths import read_json
 
     target = tmp_path / "outcome.json"
     if kind == "fifo":

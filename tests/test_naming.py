@@ -5,7 +5,7 @@ import os
 import pytest
 
 from gpu_task_scheduler import ConfigManager, Sweep
-from gpu_task_scheduler.naming import MAX_NAME_BYTES, NameRegistry, safe_folder_name
+from gpu_task_scheduler.sweep.naming import MAX_NAME_BYTES, NameRegistry, safe_folder_name
 
 
 def original_name(

@@ -16,7 +16,7 @@ from conftest import wait_until
 from helpers import ledger_rows, make_config
 
 from gpu_task_scheduler import GPUTaskScheduler
-from gpu_task_scheduler.nvml import GpuMonitor, NvmlUnavailable
+from gpu_task_scheduler.gpu.nvml import GpuMonitor, NvmlUnavailable
 
 GIB = 2**30
 

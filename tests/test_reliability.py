@@ -30,7 +30,7 @@ from gpu_task_scheduler import (
     Sweep,
 )
 from gpu_task_scheduler.gpu_task import GPUTask
-from gpu_task_scheduler.ledger import Ledger
+from gpu_task_scheduler.records.ledger import Ledger
 
 KILL_SEED = 20261122
 RUNS = 60  # long enough that no launch gets far before the next kill, however fast the machine

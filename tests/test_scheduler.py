@@ -10,8 +10,8 @@ from conftest import wait_until
 from helpers import journal_lines, ledger_rows, make_config
 
 from gpu_task_scheduler import GPUTaskScheduler, RunsFailedError, RunStatus, SchedulerBusyError
-from gpu_task_scheduler.ledger import SweepLock
-from gpu_task_scheduler.paths import RootPaths, read_json
+from gpu_task_scheduler.records.ledger import SweepLock
+from gpu_task_scheduler.records.paths import RootPaths, read_json
 
 
 def start(config, task=tasks.RecordTask):

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler
-from gpu_task_scheduler.commands import render_shell
-from gpu_task_scheduler.shell_template import compile_shell_template
+from gpu_task_scheduler.sweep.commands import render_shell
+from gpu_task_scheduler.sweep.shell_template import compile_shell_template
 
 PWNED = "pwned"
 VALUES = [

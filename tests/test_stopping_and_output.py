@@ -11,7 +11,7 @@ from conftest import wait_until
 from helpers import ledger_rows, make_config
 from test_process_control import finish, launch, started
 
-from gpu_task_scheduler.cli import main as gts
+from gpu_task_scheduler.cli.main import main as gts
 
 
 def _gts(*argv, cwd, **kwargs):
@@ -150,7 +150,7 @@ def test_gpus_on_the_command_line_as_simple_gpu_scheduler_means_them(in_tmp, arg
         "scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\ntest_config: [{a: [1]}]\ncommand: ['true']\n"
     )
     from gpu_task_scheduler import ConfigManager
-    from gpu_task_scheduler.cli import _config_among_gpus, _run_config, build_parser
+    from gpu_task_scheduler.cli.main import _config_among_gpus, _run_config, build_parser
 
     args = build_parser().parse_args(["run", "s.yaml", *argv, "--dry-run"])
     _config_among_gpus(args)

@@ -26,20 +26,20 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .devices import Slot, format_memory
-from .errors import GTSError
-from .gpu_task import GPUTask
-from .host import HostProbe
-from .launch import LaunchError, TaskFactory, class_factory, log_launch_failure, prepare
-from .ledger import Ledger, RunStatus, SweepLock, foreign_checker
-from .nvml import GpuMonitor, NvmlUnavailable
-from .oom import detect_oom
-from .paths import RootPaths, RunPaths, read_json
-from .placement import EXCLUSIVE, Reservation, SlotView, book, busy_reason, choose, machine_slots, process_group
-from .process import Child, describe_returncode
-from .proctree import wait_gone
+from ..backends.local.prepare import LaunchError, TaskFactory, class_factory, log_launch_failure, prepare
+from ..backends.local.process import Child, describe_returncode
+from ..backends.local.proctree import wait_gone
+from ..errors import GTSError
+from ..gpu.devices import Slot, format_memory
+from ..gpu.host import HostProbe
+from ..gpu.nvml import GpuMonitor, NvmlUnavailable
+from ..gpu.oom import detect_oom
+from ..gpu.placement import EXCLUSIVE, Reservation, SlotView, book, busy_reason, choose, machine_slots, process_group
+from ..gpu_task import GPUTask
+from ..records.ledger import Ledger, RunStatus, SweepLock, foreign_checker
+from ..records.paths import RootPaths, RunPaths, read_json
+from ..sweep.expand import RunSpec, Sweep, params_text
 from .summary import RunOutcome, SweepSummary
-from .sweep import RunSpec, Sweep, params_text
 
 logger = logging.getLogger("gpu_task_scheduler")
 # Log records for scheduler.log only (see ConsoleFilter in gpu_task_scheduler.py).

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__
-from .errors import LedgerError, SchedulerBusyError
+from .. import __version__
+from ..errors import LedgerError, SchedulerBusyError
 from .paths import MAX_INLINE_RESULT, RootPaths, RunPaths, ledger_path_problem, open_regular, read_json
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -40,7 +40,7 @@ _MIGRATIONS = {1: "ALTER TABLE runs ADD COLUMN result_file TEXT"}
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
 # What the ledger keeps of one run: results up to 1 MiB of JSON (larger ones stay in
-# the run folder, see runner.py), causes and log tails up to 64 KiB.
+# the run folder, see backends/local/runner.py), causes and log tails up to 64 KiB.
 MAX_TEXT = 64 << 10
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
@@ -446,7 +446,7 @@ class SweepLock:
             return "unknown"
 
     def _take_over_from_leftovers(self, fd: int) -> None:
-        from .proctree import TOKEN_ENV, environ_has, holders, kill_all, wait_gone
+        from ..backends.local.proctree import TOKEN_ENV, environ_has, holders, kill_all, wait_gone
 
         holder = self.holder()
         busy = SchedulerBusyError(

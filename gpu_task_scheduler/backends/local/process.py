@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .paths import open_regular
+from ...records.paths import open_regular
 from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
 
 _RECENT = 30.0  # seconds after its start in which a run's pids are all above its first

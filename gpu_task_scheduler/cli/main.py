@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import __version__
-from .config_files import load_config
-from .errors import ConfigError, GTSError, TaskClassError
+from .. import __version__
+from ..errors import ConfigError, GTSError, TaskClassError
+from ..sweep.files import load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -56,7 +56,7 @@ def _gpu_option(values: list[str]) -> Any:
 
 def _config_among_gpus(args: argparse.Namespace) -> None:
     """``gts run --gpus 0 1 sweep.yaml``: ``--gpus`` took the config file too; give it back."""
-    from .config_files import SUFFIXES
+    from ..sweep.files import SUFFIXES
 
     if args.config is not None:
         return
@@ -92,8 +92,8 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _dry_run(scheduler: Any) -> int:
-    from .ledger import Ledger, RunStatus, foreign_checker
-    from .paths import RootPaths, RunPaths
+    from ..records.ledger import Ledger, RunStatus, foreign_checker
+    from ..records.paths import RootPaths, RunPaths
 
     sweep = scheduler.sweep
     ledger = Ledger.read_only(RootPaths(sweep.options.result_root_folder))
@@ -130,7 +130,7 @@ def _dry_run(scheduler: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .gpu_task_scheduler import GPUTaskScheduler, import_task
+    from ..gpu_task_scheduler import GPUTaskScheduler, import_task
 
     _config_among_gpus(args)
     config = _run_config(args)
@@ -150,9 +150,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from .gpu_task_scheduler import scheduler_logging
-    from .queue_runner import QueueSweep, ShellLineTask
-    from .scheduler import Scheduler
+    from ..engine.loop import Scheduler
+    from ..gpu_task_scheduler import scheduler_logging
+    from .queue import QueueSweep, ShellLineTask
 
     _plain_logging()
     config = {
@@ -183,7 +183,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def cmd_grid(args: argparse.Namespace) -> int:
-    from .grid import commands
+    from ..sweep.grid import commands
 
     parameters = []
     for group in args.parameter or []:
@@ -206,7 +206,7 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .report import format_status, status
+    from ..reports.status import format_status, status
 
     report = status(args.root)
     print(json.dumps(report, indent=1) if args.json else format_status(report, escape=sys.stdout.isatty()))
@@ -214,7 +214,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    from .results import format_csv, format_table, rows
+    from ..results import format_csv, format_table, rows
 
     table = rows(args.root)
     if args.format == "json":
@@ -227,7 +227,7 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .report import plot_metric, plot_timeline
+    from ..reports.status import plot_metric, plot_timeline
 
     if args.timeline == bool(args.metric):
         raise ConfigError("give either --timeline or --metric NAME --by PARAMETER")
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plain_logging() -> None:
     if not logging.getLogger().handlers:
-        from .gpu_task_scheduler import ConsoleFilter
+        from ..gpu_task_scheduler import ConsoleFilter
 
         logging.basicConfig(
             level=logging.INFO,

@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from .gpu_task import GPUTask
-from .naming import short_hash
-from .scheduler import NOT_READY
-from .sweep import RunSpec, Sweep
+from ..engine.loop import NOT_READY
+from ..gpu_task import GPUTask
+from ..sweep.expand import RunSpec, Sweep
+from ..sweep.naming import short_hash
 
 _EOF = object()
 
@@ -40,7 +40,7 @@ class ShellLineTask(GPUTask):
     def main(self) -> Any:
         completed = subprocess.run(self._config["command"], shell=True, stdin=subprocess.DEVNULL)
         if completed.returncode != 0:
-            from .commands import CommandFailed
+            from ..sweep.commands import CommandFailed
 
             code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
             raise CommandFailed(code, f"the command failed with exit code {completed.returncode}")

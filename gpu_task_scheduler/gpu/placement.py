@@ -23,7 +23,7 @@ from .devices import Slot, format_memory, resolve_slots
 from .nvml import GpuMonitor, GpuState, NvmlUnavailable, visible_ids
 
 if TYPE_CHECKING:
-    from .sweep import SchedulerOptions
+    from ..sweep.expand import SchedulerOptions
 
 # A run whose memory need is unknown, on a GPU shared by several runs, reserves
 # the whole GPU until an estimate has been learned.

@@ -24,8 +24,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .errors import ConfigError
-from .gpu_task import GPUTask
+from ..errors import ConfigError
+from ..gpu_task import GPUTask
 from .templates import check_fields, fill, format_one
 
 BUILTINS = ("work_dir", "run_name", "run_index", "gpus")

@@ -15,7 +15,7 @@ import string
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 MAX_FIELD_WIDTH = 10_000  # characters one placeholder may ask for (width or precision)
 

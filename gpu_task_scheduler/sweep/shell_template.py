@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .templates import parse
 
 ENV_PREFIX = "GTS_ARG_"

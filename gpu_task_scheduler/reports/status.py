@@ -7,9 +7,9 @@ import json
 import os
 from typing import Any
 
-from .errors import GTSError
-from .ledger import RunRecord, RunStatus
-from .results import duration, open_ledger, rows
+from ..errors import GTSError
+from ..records.ledger import RunRecord, RunStatus
+from ..results import duration, open_ledger, rows
 
 _COLORS = {
     "succeeded": "tab:green",
@@ -28,7 +28,7 @@ def status(root: str) -> dict[str, Any]:
 
     Runs recorded as running while no scheduler holds the root (it was
     killed) are shown as ``stale``, with no growing duration: nothing runs them."""
-    from .ledger import scheduler_state
+    from ..records.ledger import scheduler_state
 
     ledger = open_ledger(root)
     try:
@@ -100,7 +100,7 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
         {**run, "duration": None if run["duration"] is None else f"{run['duration']:.1f}s"} for run in report["runs"]
     ]
     if table:
-        from .results import format_table
+        from ..results import format_table
 
         lines.append(
             format_table(

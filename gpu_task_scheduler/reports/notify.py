@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from email.message import EmailMessage
 from typing import Any
 
-from .summary import SweepSummary
+from ..engine.summary import SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
 NOTIFY_TIMEOUT = 60.0

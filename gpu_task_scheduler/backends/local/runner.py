@@ -1,4 +1,4 @@
-"""The child process of one run: ``python -m gpu_task_scheduler.runner SPEC``.
+"""The child process of one run: ``python -m gpu_task_scheduler.backends.local.runner SPEC``.
 
 It loads the task object the scheduler prepared, calls its ``main()``, and
 records the outcome in the run folder *before* exiting, atomically, so a run
@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 # imported up front: nothing slow may stand between main() and its record
-from .paths import MAX_INLINE_RESULT, atomic_write, atomic_write_json
+from ...records.paths import MAX_INLINE_RESULT, atomic_write, atomic_write_json
 from .proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 
 EXIT_OK = 0
@@ -228,7 +228,7 @@ def _jsonable_result(spec: dict[str, Any], result: Any) -> dict[str, Any]:
     try:
         text = json.dumps(result, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
-        from .sweep import to_jsonable
+        from ...sweep.expand import to_jsonable
 
         text = json.dumps(to_jsonable(result))
         fields["result_note"] = f"converted from {type(result).__name__}"
@@ -329,7 +329,10 @@ def _run(spec_path: str) -> int:
 
 def main() -> None:
     if len(sys.argv) != 2:
-        print("usage: python -m gpu_task_scheduler.runner SPEC_FILE (started by the scheduler)", file=sys.stderr)
+        print(
+            "usage: python -m gpu_task_scheduler.backends.local.runner SPEC_FILE (started by the scheduler)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     sys.exit(run(sys.argv[1]))
 

@@ -22,8 +22,8 @@ import runpy
 from collections.abc import Mapping
 from typing import Any, Union
 
-from .errors import ConfigError
-from .lazy import lazy_import
+from ..errors import ConfigError
+from ..lazy import lazy_import
 
 yaml = lazy_import("yaml")
 

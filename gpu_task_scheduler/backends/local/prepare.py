@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pathlib
 import pickle
 import sys
 import traceback
@@ -16,16 +17,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .devices import Slot
-from .gpu_task import GPUTask
-from .paths import RunPaths, atomic_write, atomic_write_json, open_regular
-from .sweep import RunSpec, to_jsonable
+from ...gpu.devices import Slot
+from ...gpu_task import GPUTask
+from ...records.paths import RunPaths, atomic_write, atomic_write_json, open_regular
+from ...sweep.expand import RunSpec, to_jsonable
 
 # The child starts our runner even when this package is not installed but only
 # importable from the launcher's sys.path; appending keeps the child's own
 # import precedence unchanged.
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_RUNNER_BOOT = f"import sys; sys.path.append({_PACKAGE_PARENT!r}); from gpu_task_scheduler.runner import main; main()"
+_PACKAGE_PARENT = str(pathlib.Path(__file__).resolve().parents[3])  # the folder holding gpu_task_scheduler/
+_RUNNER_BOOT = (
+    f"import sys; sys.path.append({_PACKAGE_PARENT!r}); "
+    "from gpu_task_scheduler.backends.local.runner import main; main()"
+)
 
 
 TaskFactory = Callable[[RunSpec], GPUTask]

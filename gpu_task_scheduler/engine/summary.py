@@ -6,8 +6,8 @@ import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import RunsFailedError
-from .ledger import RunStatus
+from ..errors import RunsFailedError
+from ..records.ledger import RunStatus
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .templates import check_fields, fill
 
 Parameters = Sequence[tuple[str, Sequence[str]]]

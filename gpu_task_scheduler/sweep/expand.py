@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config_files import ConfigSource, load_config
-from .devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
-from .errors import ConfigError, unknown_key_message
+from ..errors import ConfigError, unknown_key_message
+from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
+from ..records.paths import META, ledger_path_problem
+from .files import ConfigSource, load_config
 from .naming import NameRegistry, config_string, safe_folder_name
-from .paths import META, ledger_path_problem
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -199,7 +199,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "max_retries": (lambda: 0, _int_at_least(0)),
     "timeout": (lambda: None, _optional(_seconds(allow_zero=False))),
     "grace_period": (lambda: 10.0, _seconds(allow_zero=True)),
-    # GPU awareness (see placement.py).
+    # GPU awareness (see gpu/placement.py).
     "max_runs_per_gpu": (lambda: 1, _int_at_least(1)),
     "gpu_memory": (lambda: None, _optional(_memory)),
     "gpu_memory_key": (lambda: "gpu_memory", _key_name),
@@ -213,7 +213,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "cpu_fallback": (lambda: 0, _int_at_least(0)),
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
-    # Notifications when the sweep ends (see notify.py).
+    # Notifications when the sweep ends (see reports/notify.py).
     "notify_command": (lambda: None, _optional(_command_option)),
     "notify_email": (lambda: None, _optional(_email_option)),
 }

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import ConfigError, GTSError
+from ..errors import ConfigError, GTSError
 
 logger = logging.getLogger("gpu_task_scheduler")
 

@@ -22,11 +22,11 @@ import threading
 import time
 from typing import TextIO
 
-from .devices import Slot
-from .ledger import RunStatus
-from .scheduler import Hooks
-from .summary import RunOutcome, SweepSummary
-from .sweep import RunSpec
+from ..engine.loop import Hooks
+from ..engine.summary import RunOutcome, SweepSummary
+from ..gpu.devices import Slot
+from ..records.ledger import RunStatus
+from ..sweep.expand import RunSpec
 
 _CLEAR = "\r\033[K"
 

@@ -1,0 +1,1 @@
+"""Launchers: how a run's process is started, watched and stopped (the engine's seam)."""

@@ -1,0 +1,1 @@
+"""The local launcher: one fresh process per run on this machine."""

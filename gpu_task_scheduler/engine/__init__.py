@@ -1,0 +1,1 @@
+"""The sweep engine: the loop, its decisions, the launcher interface, outcomes."""

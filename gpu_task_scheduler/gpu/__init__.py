@@ -1,0 +1,1 @@
+"""GPUs: discovery, NVML, memory capacity and placement, host limits, out-of-memory detection."""

@@ -1,0 +1,1 @@
+"""What users read after (or during) a sweep: status, notifications."""

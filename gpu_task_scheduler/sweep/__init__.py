@@ -1,0 +1,1 @@
+"""From a config to runs: config files, options, expansion, folder names, command templates."""

@@ -23,7 +23,7 @@ _EXPORTS = {
     "lazy_import": "lazy",
     "Ledger": "records.ledger",
     "RunRecord": "records.ledger",
-    "RunStatus": "records.ledger",
+    "RunStatus": "records.status",
     "RunOutcome": "engine.summary",
     "SweepSummary": "engine.summary",
     "RunSpec": "sweep.expand",
@@ -70,5 +70,6 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time 
     from .gpu_task import GPUTask  # noqa: F401
     from .gpu_task_scheduler import GPUTaskScheduler  # noqa: F401
     from .lazy import lazy_import  # noqa: F401
-    from .records.ledger import Ledger, RunRecord, RunStatus  # noqa: F401
+    from .records.ledger import Ledger, RunRecord  # noqa: F401
+    from .records.status import RunStatus  # noqa: F401
     from .sweep.expand import RunSpec, Sweep  # noqa: F401

@@ -70,9 +70,15 @@ class ConfigManager:
     def _slots(self) -> list[Slot]:
         slots = self._sweep.options.slots
         if slots is None:  # "all": ask the machine
-            from .gpu.placement import machine_slots
+            from .gpu.devices import discover_slots, open_monitor
 
-            return machine_slots(self._sweep.options)
+            monitor, why = open_monitor()
+            try:
+                options = self._sweep.options
+                return discover_slots(None, cpu_fallback=options.cpu_fallback, monitor=monitor, why_no_monitor=why)
+            finally:
+                if monitor is not None:
+                    monitor.close()
         return list(slots)
 
     def get_next_config(self, create_dir: bool = False) -> dict[str, Any]:

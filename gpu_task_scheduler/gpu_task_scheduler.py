@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
+from .backends.local.launcher import LocalLauncher
 from .backends.local.prepare import TaskFactory
-from .engine.loop import Hooks, Scheduler
+from .engine.hooks import Hooks
+from .engine.loop import Scheduler
 from .engine.summary import RunOutcome, SweepSummary
 from .errors import ConfigError, GTSError, TaskClassError
 from .gpu.devices import Slot
@@ -238,8 +240,9 @@ class GPUTaskScheduler:
         default ending the process); SIGHUP likewise. With ``reraise_signals=False``
         the summary is returned instead (its ``exit_code`` is 130).
         """
-        scheduler = Scheduler(self._sweep, self._make_task, nvml=self._nvml, hooks=self._hooks)
         options = self._sweep.options
+        launcher = LocalLauncher(self._make_task, grace_period=options.grace_period)
+        scheduler = Scheduler(self._sweep, launcher, nvml=self._nvml, hooks=self._hooks)
         try:
             scheduler.setup()  # no GPU for "all": an error before anything is written
             with scheduler_logging(options.scheduler_log_file_path, self._console):

@@ -18,7 +18,7 @@ from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, GTSError
 from gpu_task_scheduler.gpu.devices import Slot
 from gpu_task_scheduler.gpu.host import HostProbe
 from gpu_task_scheduler.gpu.nvml import GpuMonitor, GpuProcess, GpuState, NvmlUnavailable
-from gpu_task_scheduler.gpu.placement import EXCLUSIVE, Reservation, SlotView, book, choose
+from gpu_task_scheduler.gpu.placement import WHOLE_GPU, Reservation, SlotView, book, choose
 
 GB = 10**9
 
@@ -314,13 +314,13 @@ def test_reservations_are_not_double_booked_until_allocated():
     runs = [Reservation(gpu_ids=("0",), pgid=100, reserved=10 * GB), Reservation(("0",), 200, 10 * GB)]
     pgids = {1000: 100, 2000: 200}.get
     # Neither run has allocated yet: both reservations count against the free memory.
-    books = book({"0": state("0", 80 * GB, 80 * GB)}, runs, 0, pgids)
+    books, _ = book({"0": state("0", 80 * GB, 80 * GB)}, runs, 0, pgids)
     assert books["0"].available == 60 * GB and books["0"].ours == 2
     # One has allocated 10 GB (now used, no longer pending); the other 4 GB of its 10.
     processes = [GpuProcess(1000, 10 * GB), GpuProcess(2000, 4 * GB), GpuProcess(3000, 5 * GB)]
-    books = book({"0": state("0", 80 * GB, 61 * GB, processes)}, runs, GB, pgids)
+    books, used = book({"0": state("0", 80 * GB, 61 * GB, processes)}, runs, GB, pgids)
     assert books["0"].available == 61 * GB - 6 * GB - GB
-    assert books["0"].foreign_used == 5 * GB and runs[1].peak == 4 * GB
+    assert books["0"].foreign_used == 5 * GB and used == {100: {"0": 10 * GB}, 200: {"0": 4 * GB}}
 
 
 def views(*available, running=0, capacity=4):
@@ -348,7 +348,7 @@ def test_placement_policies():
     assert {choose(slots, 10 * GB, "random", rng=rng).index for _ in range(50)} == {1, 2}
     assert choose(slots, 40 * GB, "first_fit") is None
     assert choose(views(None, None), 10 * GB, "first_fit").index == 0  # no NVML: capacity only
-    assert choose(views(80 * GB, running=1), EXCLUSIVE, "first_fit") is None
+    assert choose(views(80 * GB, running=1), WHOLE_GPU, "first_fit") is None
     assert choose(views(80 * GB, running=4, capacity=4), None, "first_fit") is None
 
 
@@ -431,9 +431,9 @@ def test_a_run_allocating_while_the_gpu_is_read_is_never_counted_twice_as_free(g
     reservation = Reservation(gpu_ids=("0",), pgid=run_group, reserved=10 * GB)
     with GpuMonitor(Racing()) as monitor:
         states = monitor.snapshot(["0"])
-    books = book(states, [reservation], 0, lambda pid: run_group if pid == os.getpid() else None)
+    books, used = book(states, [reservation], 0, lambda pid: run_group if pid == os.getpid() else None)
     assert books["0"].available == 70 * GB  # 80 GB less the run's 10 GB, counted once
-    assert reservation.allocated == {"0": 10 * GB}
+    assert used == {run_group: {"0": 10 * GB}}
 
 
 OOM_MESSAGES = [

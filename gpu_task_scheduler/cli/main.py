@@ -92,34 +92,24 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _dry_run(scheduler: Any) -> int:
-    from ..records.ledger import Ledger, RunStatus, foreign_checker
-    from ..records.paths import RootPaths, RunPaths
+    """What a real start would do with each run: the same decision (engine.decide.before_run), read-only."""
+    from ..engine.decide import before_run
+    from ..records.ledger import Ledger, foreign_checker
+    from ..records.paths import RootPaths
+    from ..records.prior import read_prior
 
     sweep = scheduler.sweep
-    ledger = Ledger.read_only(RootPaths(sweep.options.result_root_folder))
+    options = sweep.options
+    ledger = Ledger.read_only(RootPaths(options.result_root_folder))
     counts: dict[str, int] = {}
     try:
-        for spec in sweep.runs(foreign_checker(ledger, sweep.options.result_root_folder)):
-            record = ledger.get(spec.name) if ledger else None
-            if spec.duplicate:
-                state = "skip (same config as an earlier run)"
-            elif sweep.options.force_rerun:
-                state = "run (force_rerun)"
-            elif (
-                record is not None
-                and record.status is RunStatus.SUCCEEDED
-                and RunPaths(spec.work_dir, None).exists()
-                and record.config_hash in (None, spec.config_hash)
-            ):
-                state = "skip (succeeded)"
-            elif record is not None and record.status is RunStatus.SUCCEEDED:
-                state = "run again (config changed)"
-            elif record is not None:
-                state = f"run again ({record.status.value})"
-            elif RunPaths(spec.work_dir, None).exists() and sweep.options.skip_existing_folders:
-                state = "skip (folder exists)"
-            else:
-                state = "run"
+        for spec in sweep.runs(foreign_checker(ledger, options.result_root_folder)):
+            decision = before_run(
+                read_prior(spec, ledger),
+                force_rerun=options.force_rerun,
+                skip_existing_folders=options.skip_existing_folders,
+            )
+            state = decision.label
             counts[state.split(" ")[0]] = counts.get(state.split(" ")[0], 0) + 1
             print(f"{spec.index:>6}  {state:<28}  {spec.work_dir}")
     finally:
@@ -150,6 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
+    from ..backends.local.launcher import LocalLauncher
     from ..engine.loop import Scheduler
     from ..gpu_task_scheduler import scheduler_logging
     from .queue import QueueSweep, ShellLineTask
@@ -166,7 +157,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
         }
     }
     sweep = QueueSweep(config, sys.stdin)
-    scheduler = Scheduler(sweep, ShellLineTask, keep_succeeded=False)
+    launcher = LocalLauncher(ShellLineTask, grace_period=sweep.options.grace_period)
+    scheduler = Scheduler(sweep, launcher, keep_succeeded=False)
     sweep.start_reading(lambda: scheduler.post("wake"))
     scheduler.setup()
     with scheduler_logging(sweep.options.scheduler_log_file_path):

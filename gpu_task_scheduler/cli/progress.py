@@ -22,10 +22,10 @@ import threading
 import time
 from typing import TextIO
 
-from ..engine.loop import Hooks
+from ..engine.hooks import Hooks
 from ..engine.summary import RunOutcome, SweepSummary
 from ..gpu.devices import Slot
-from ..records.ledger import RunStatus
+from ..records.status import RunStatus
 from ..sweep.expand import RunSpec
 
 _CLEAR = "\r\033[K"

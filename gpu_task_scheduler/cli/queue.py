@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from ..engine.loop import NOT_READY
+from ..engine.hooks import NOT_READY
 from ..gpu_task import GPUTask
 from ..sweep.expand import RunSpec, Sweep
 from ..sweep.naming import short_hash

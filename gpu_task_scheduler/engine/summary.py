@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import RunsFailedError
-from ..records.ledger import RunStatus
+from ..records.status import RunStatus
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,14 @@ sharing it, as in the original.
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from ..errors import ConfigError, GTSError
+from .nvml import GpuMonitor, NvmlUnavailable, visible_ids
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -212,3 +215,32 @@ def format_memory(size: int | None) -> str:
     if size is None:
         return "unknown"
     return f"{size / (1 << 30):.1f} GiB"
+
+
+def open_monitor(nvml: ModuleType | None = None) -> tuple[GpuMonitor | None, str]:
+    """A monitor over the NVML bindings (``nvml``, else the real ones), or None and why not."""
+    try:
+        return GpuMonitor(nvml), ""
+    except NvmlUnavailable as error:
+        return None, str(error)
+
+
+def discover_slots(
+    slots: Sequence[Slot] | None,
+    *,
+    cpu_fallback: int,
+    monitor: GpuMonitor | None,
+    why_no_monitor: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> list[Slot]:
+    """The config's slots resolved on this machine (``"all"``: the GPUs ``monitor`` counts; an
+    inherited ``CUDA_VISIBLE_DEVICES`` renumbers ids). Without a monitor, ``"all"`` is an error
+    naming ``why_no_monitor``, unless ``cpu_fallback`` CPU slots stand in."""
+    count, why = None, why_no_monitor
+    if slots is None and monitor is not None:
+        try:
+            count = monitor.count()
+        except Exception as error:  # the bindings' NVMLError
+            why = f"NVML could not count the GPUs: {error}"
+    visible = visible_ids(dict(os.environ if environ is None else environ))
+    return resolve_slots(slots, gpu_count=count, visible=visible, cpu_fallback=cpu_fallback, why_no_gpu=why)

@@ -13,32 +13,33 @@ double-book the same free memory, without any fixed "put interval".
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from .devices import Slot, format_memory, resolve_slots
-from .nvml import GpuMonitor, GpuState, NvmlUnavailable, visible_ids
-
-if TYPE_CHECKING:
-    from ..sweep.expand import SchedulerOptions
-
-# A run whose memory need is unknown, on a GPU shared by several runs, reserves
-# the whole GPU until an estimate has been learned.
-EXCLUSIVE = -1
+from .devices import Slot, format_memory
+from .nvml import GpuState
 
 
-@dataclass
+class WholeGpu:
+    """The need of a run whose memory use is not known yet, on a GPU several runs may
+    share: it reserves the whole GPU until an estimate has been learned."""
+
+    def __repr__(self) -> str:
+        return "WHOLE_GPU"
+
+
+WHOLE_GPU = WholeGpu()
+Need = int | WholeGpu | None  # bytes per GPU; WHOLE_GPU; None: no memory accounting (one run per slot)
+
+
+@dataclass(frozen=True)
 class Reservation:
     """One active run of ours, as the memory accounting sees it."""
 
     gpu_ids: tuple[str, ...]
-    pgid: int
-    reserved: int  # bytes per GPU; EXCLUSIVE for "the whole GPU"; 0 for no accounting
-    allocated: dict[str, int] = field(default_factory=dict)  # per GPU, from NVML
-    peak: int = 0  # the most it has allocated on one GPU so far
+    pgid: int  # the run's process group: NVML's processes are matched to runs by it
+    reserved: int | WholeGpu  # bytes per GPU (0: no accounting)
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,12 @@ class SlotView:
 
 def book(
     states: Mapping[str, GpuState], runs: Iterable[Reservation], margin: int, pgid_of: Callable[[int], int | None]
-) -> dict[str, GpuBook]:
-    """Update each run's allocation from NVML and return every GPU's account."""
+) -> tuple[dict[str, GpuBook], dict[int, dict[str, int]]]:
+    """Every GPU's account, and what each run (by process group) has allocated on each of its GPUs."""
     runs = list(runs)
     by_pgid = {run.pgid: run for run in runs}
     books = {}
+    used_by: dict[int, dict[str, int]] = {run.pgid: {} for run in runs}
     for gpu_id, state in states.items():
         foreign = 0
         allocated: dict[int, int] = {}
@@ -85,14 +87,13 @@ def book(
                 continue
             ours += 1
             used = allocated.get(run.pgid, 0)
-            run.allocated[gpu_id] = used
-            run.peak = max(run.peak, used)
-            reserved = state.total_memory if run.reserved == EXCLUSIVE else run.reserved
+            used_by[run.pgid][gpu_id] = used
+            reserved = state.total_memory if isinstance(run.reserved, WholeGpu) else run.reserved
             pending += max(0, reserved - used)
         books[gpu_id] = GpuBook(
             state=state, available=state.free_memory - pending - margin, foreign_used=foreign, ours=ours
         )
-    return books
+    return books, used_by
 
 
 def busy_reason(gpu: GpuBook, *, memory_fraction: float | None, utilization: float | None) -> str | None:
@@ -107,16 +108,16 @@ def busy_reason(gpu: GpuBook, *, memory_fraction: float | None, utilization: flo
     return None
 
 
-def fits(view: SlotView, need: int | None) -> bool:
+def fits(view: SlotView, need: Need) -> bool:
     if view.running >= view.capacity or view.busy is not None:
         return False
-    if need == EXCLUSIVE:
+    if isinstance(need, WholeGpu):
         return view.ours_on_gpus == 0
     return need is None or view.available is None or need <= view.available
 
 
 def choose(
-    views: Sequence[SlotView], need: int | None, policy: str, *, last: int = -1, rng: random.Random | None = None
+    views: Sequence[SlotView], need: Need, policy: str, *, last: int = -1, rng: random.Random | None = None
 ) -> SlotView | None:
     """The slot for a run needing ``need`` bytes per GPU (None: unknown, no accounting).
 
@@ -136,33 +137,3 @@ def choose(
     if policy == "most_free":
         return sorted(candidates, key=lambda view: -(view.available if view.available is not None else -1))[0]
     return candidates[0]
-
-
-def machine_slots(
-    options: SchedulerOptions, monitor: GpuMonitor | None = None, environ: Mapping[str, str] | None = None
-) -> list[Slot]:
-    """The config's slots resolved on this machine (``"all"``, inherited ``CUDA_VISIBLE_DEVICES``)."""
-    environ = os.environ if environ is None else environ
-    slots = options.slots
-    count, why = None, ""
-    if slots is None:
-        try:
-            owned = monitor is None
-            monitor = monitor or GpuMonitor()
-            try:
-                count = monitor.count()
-            finally:
-                if owned:
-                    monitor.close()
-        except NvmlUnavailable as error:
-            why = str(error)
-    return resolve_slots(
-        slots, gpu_count=count, visible=visible_ids(dict(environ)), cpu_fallback=options.cpu_fallback, why_no_gpu=why
-    )
-
-
-def process_group(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None  # not in our PID namespace, or gone

@@ -14,7 +14,6 @@ dies, so a killed scheduler never leaves a stale lock behind.
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import json
 import logging
@@ -31,6 +30,7 @@ from typing import Any
 from .. import __version__
 from ..errors import LedgerError, SchedulerBusyError
 from .paths import MAX_INLINE_RESULT, RootPaths, RunPaths, ledger_path_problem, open_regular, read_json
+from .status import RunStatus
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -57,18 +57,6 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
-
-
-class RunStatus(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    INTERRUPTED = "interrupted"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

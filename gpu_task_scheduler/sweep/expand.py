@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
+from ..jsonable import to_jsonable
 from ..records.paths import META, ledger_path_problem
 from .files import ConfigSource, load_config
 from .naming import NameRegistry, config_string, safe_folder_name
@@ -368,29 +369,6 @@ def parse_test_config(raw: Any) -> list[dict[str, Sequence[Any]]]:
 
 
 # --- hashing ------------------------------------------------------------------
-
-
-def to_jsonable(value: Any) -> Any:
-    """A JSON-compatible, deterministic form of a config value."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        number = int(value)
-        # Python refuses to print integers of more than 4300 digits in decimal.
-        return number if number.bit_length() < 14000 else f"int:{number:#x}"
-    if isinstance(value, numbers.Real):
-        real = float(value)
-        return real if math.isfinite(real) else repr(real)
-    if isinstance(value, Mapping):
-        items = sorted(((str(k), to_jsonable(v)) for k, v in value.items()), key=lambda item: item[0])
-        return dict(items)
-    if isinstance(value, (list, tuple, range)):
-        return [to_jsonable(item) for item in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((to_jsonable(item) for item in value), key=repr)
-    if hasattr(value, "tolist"):  # numpy scalars and arrays
-        return to_jsonable(value.tolist())
-    return repr(value)
 
 
 def params_text(test_config: Mapping[str, Any]) -> str:

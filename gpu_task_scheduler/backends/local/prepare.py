@@ -17,10 +17,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...engine.launcher import LaunchError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
+from ...jsonable import to_jsonable
 from ...records.paths import RunPaths, atomic_write, atomic_write_json, open_regular
-from ...sweep.expand import RunSpec, to_jsonable
+from ...records.protocol import RunStart
+from ...sweep.expand import RunSpec
 
 # The child starts our runner even when this package is not installed but only
 # importable from the launcher's sys.path; appending keeps the child's own
@@ -33,17 +36,6 @@ _RUNNER_BOOT = (
 
 
 TaskFactory = Callable[[RunSpec], GPUTask]
-
-
-class LaunchError(Exception):
-    """This attempt of the run could not be started (internal; recorded as a failure).
-
-    ``details``: the traceback, when the user's code raised (it is also written
-    to the run's log, where the summary points)."""
-
-    def __init__(self, message: str, details: str = "") -> None:
-        super().__init__(message)
-        self.details = details
 
 
 def log_launch_failure(paths: RunPaths, error: BaseException) -> None:
@@ -197,17 +189,17 @@ def prepare(
     if type(task).__module__ == "__main__":
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         main_file = os.path.abspath(main_file) if main_file else None
-    child_spec = {
-        "token": token,
-        "config_hash": spec.config_hash,
-        "task_file": os.path.abspath(paths.task),
-        "outcome_file": os.path.abspath(paths.outcome),
-        "main_file": main_file,
-        "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)],
-    }
+    start = RunStart(
+        token=token,
+        config_hash=spec.config_hash,
+        task_file=os.path.abspath(paths.task),
+        outcome_file=os.path.abspath(paths.outcome),
+        main_file=main_file,
+        sys_path=[os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)],
+    )
     try:
         atomic_write(paths.task, payload)
-        atomic_write_json(paths.spec, child_spec)
+        start.write(paths.spec)
     except OSError as error:
         raise LaunchError(f"could not write the run's start files: {error}") from error
     return Launch(

@@ -36,22 +36,6 @@ _RECENT = 30.0  # seconds after its start in which a run's pids are all above it
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 
 
-def describe_returncode(returncode: int) -> tuple[int | None, str | None]:
-    """``(exit_code, signal_name)`` for a ``Popen.returncode``.
-
-    >>> describe_returncode(3)
-    (3, None)
-    >>> describe_returncode(-11)
-    (None, 'SIGSEGV')
-    """
-    if returncode >= 0:
-        return returncode, None
-    try:
-        return None, signal.Signals(-returncode).name
-    except ValueError:
-        return None, f"signal {-returncode}"
-
-
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)

@@ -38,7 +38,8 @@ from types import ModuleType
 from typing import Any
 
 # imported up front: nothing slow may stand between main() and its record
-from ...records.paths import MAX_INLINE_RESULT, atomic_write, atomic_write_json
+from ...records.paths import MAX_INLINE_RESULT, atomic_write
+from ...records.protocol import RESULT_FILE, Outcome, RunStart
 from .proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 
 EXIT_OK = 0
@@ -214,42 +215,43 @@ def _load_main_script(path: str) -> ModuleType:
     return module
 
 
-def load_task(spec: dict[str, Any]) -> Any:
-    sys.path[:0] = [entry for entry in spec["sys_path"] if entry not in sys.path]
-    main_module = _load_main_script(spec["main_file"]) if spec.get("main_file") else None
-    with open(spec["task_file"], "rb") as handle:
+def load_task(spec: RunStart) -> Any:
+    sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]
+    main_module = _load_main_script(spec.main_file) if spec.main_file else None
+    with open(spec.task_file, "rb") as handle:
         return _TaskUnpickler(handle, main_module).load()
 
 
-def _jsonable_result(spec: dict[str, Any], result: Any) -> dict[str, Any]:
+def _jsonable_result(spec: RunStart, result: Any) -> dict[str, Any]:
     """The outcome's result fields. A result of over 1 MiB of JSON goes to its own
     file next to the outcome, so no run's result can make the ledger unusable."""
     fields: dict[str, Any] = {}
     try:
         text = json.dumps(result, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
-        from ...sweep.expand import to_jsonable
+        from ...jsonable import to_jsonable
 
         text = json.dumps(to_jsonable(result))
         fields["result_note"] = f"converted from {type(result).__name__}"
     if len(text) > MAX_INLINE_RESULT:
-        path = os.path.join(os.path.dirname(spec["outcome_file"]), "result.json")
+        path = os.path.join(os.path.dirname(spec.outcome_file), RESULT_FILE)
         atomic_write(path, text.encode("utf-8"))
-        fields.update(result_file="result.json", result_bytes=len(text))
+        fields.update(result_file=RESULT_FILE, result_bytes=len(text))
     else:
         fields["result"] = json.loads(text)
     return fields
 
 
-def _record(spec: dict[str, Any], outcome: dict[str, Any]) -> None:
-    folder = os.path.dirname(spec["outcome_file"])
+def _record(spec: RunStart, outcome: dict[str, Any]) -> None:
+    folder = os.path.dirname(spec.outcome_file)
     if os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
         raise OSError(f"{folder} was replaced by a symbolic link; the outcome is not written through it")
-    outcome.update(token=spec["token"], config_hash=spec["config_hash"], finished_at=time.time(), pid=os.getpid())
-    atomic_write_json(spec["outcome_file"], outcome)
+    Outcome(token=spec.token, config_hash=spec.config_hash, finished_at=time.time(), pid=os.getpid(), **outcome).write(
+        spec.outcome_file
+    )
 
 
-def _write_outcome(spec: dict[str, Any], outcome: dict[str, Any]) -> None:
+def _write_outcome(spec: RunStart, outcome: dict[str, Any]) -> None:
     with _RECORDING:
         _record(spec, outcome)
 
@@ -294,8 +296,7 @@ def run(spec_path: str) -> int:
 
 
 def _run(spec_path: str) -> int:
-    with open(spec_path, encoding="utf-8") as handle:
-        spec = json.load(handle)
+    spec = RunStart.read(spec_path)
     try:
         task = load_task(spec)
     except BaseException as error:  # anything the user's module does at import time

@@ -1,0 +1,94 @@
+"""The local launcher: each attempt is a fresh process on this machine.
+
+A Python task runs in ``python -c <runner boot>`` (``runner.py``) with its
+pickled task object; a plain command (``gts queue``) runs in a small POSIX sh
+wrapper that keeps the lifeline. Either way the process leads its own session
+and process group, holds the root's lock descriptor (so the root stays locked
+while any run of it lives), and is stopped as a whole (``process.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...engine.launcher import Attempt, Ended, LaunchError
+from ...gpu_task import GPUTask
+from .prepare import TaskFactory, class_factory, log_launch_failure, prepare
+from .process import Child
+from .proctree import wait_gone
+
+_DRAIN_SLACK = 60.0  # seconds beyond the grace period a stopped run's processes are waited for
+
+
+class LocalLauncher:
+    def __init__(self, task: type[GPUTask] | TaskFactory, *, grace_period: float = 10.0) -> None:
+        """``task``: a GPUTask subclass (built as ``task(config, work_dir)`` per run) or a factory of tasks."""
+        self._make_task = class_factory(task) if isinstance(task, type) else task
+        self._lock_fd: int | None = None
+        self._grace_period = grace_period
+
+    def open(self, lock_fd: int) -> None:
+        self._lock_fd = lock_fd
+
+    def start(self, attempt: Attempt, on_exit: Callable[[], None]) -> LocalHandle:
+        paths = attempt.paths
+        try:
+            launch = prepare(
+                spec=attempt.spec,
+                slot=attempt.slot,
+                make_task=self._make_task,
+                paths=paths,
+                token=attempt.token,
+                attempt=attempt.number,
+            )
+            handle = LocalHandle(reports_outcome=not launch.direct, grace_period=self._grace_period)
+            handle.child = Child(
+                launch.argv,
+                env=launch.env,
+                cwd=launch.cwd,
+                log_path=paths.log,
+                on_exit=lambda: handle.exited(on_exit),
+                token=attempt.token,
+                inherit_fds=() if self._lock_fd is None else (self._lock_fd,),
+            )
+        except (LaunchError, OSError) as error:
+            log_launch_failure(paths, error)
+            raise
+        handle.pid = handle.child.pid
+        return handle
+
+
+class LocalHandle:
+    child: Child
+    pid: int
+
+    def __init__(self, *, reports_outcome: bool, grace_period: float) -> None:
+        self.reports_outcome = reports_outcome
+        self._grace_period = grace_period
+        self._stopping = False
+        self._killed = False
+
+    def exited(self, on_exit: Callable[[], None]) -> None:
+        """The first process ended (watcher thread). A run that was asked to stop and whose other
+        processes still run (a shell that ran the command, workers saving state) keeps its grace
+        period: its exit is reported when they are gone, or when kill() has ended them."""
+        if self._stopping and not self._killed:
+            others = self.child.others()
+            if others:
+                wait_gone(others, timeout=self._grace_period + _DRAIN_SLACK)  # not our children: pidfds
+        on_exit()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.child.terminate()
+
+    def kill(self) -> None:
+        self._killed = True
+        self.child.kill()
+
+    def has_exited(self) -> bool:
+        return self.child.has_exited()
+
+    def reap(self) -> Ended:
+        returncode = self.child.reap()
+        return Ended(returncode=returncode, strays=tuple(self.child.strays), unstoppable=tuple(self.child.unstoppable))

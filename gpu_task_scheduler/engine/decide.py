@@ -1,0 +1,185 @@
+"""The engine's decisions, as pure functions of what was observed.
+
+* :func:`before_run`: is a run skipped, adopted from its folder's record, or run?
+  The loop and ``gts run --dry-run`` both call it, so they cannot disagree.
+* :func:`classify`: how did an attempt end (succeeded, failed, timed out,
+  interrupted, out of GPU memory), and why?
+* :func:`after_exit`: what happens next (retry, run later with a larger memory
+  need, or done)?
+
+Nothing here reads a file, the clock or NVML; the inputs are plain values
+(see ``records/prior.py`` for how a run's prior state is read).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from ..gpu.oom import detect_oom
+from ..gpu.placement import WHOLE_GPU, Need
+from ..records.ledger import RunRecord
+from ..records.protocol import Outcome
+from ..records.status import RunStatus
+
+OOM_GROWTH = 1.5  # after an out-of-memory failure, a run's estimate grows by this factor
+
+
+# --- before a run ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the result root says about a run before it starts."""
+
+    duplicate: bool  # the same config appears earlier in the sweep
+    config_hash: str  # this run's config hash
+    record: RunRecord | None  # the ledger's row for its name
+    folder_ok: bool  # its folder exists and is safe to read
+    outcome: Outcome | None  # the outcome file in its folder (read only when the ledger has no row)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "run", "skip" or "adopt" (skip, recording the folder's success in the ledger)
+    reason: str  # for the log
+    label: str  # for --dry-run: "skip (succeeded)", "run again (failed)", ...
+    warning: str | None = None
+
+
+def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool) -> Decision:
+    if prior.duplicate:
+        return Decision("skip", "the same config appears earlier in the sweep", "skip (same config as an earlier run)")
+    if force_rerun:
+        return Decision("run", "force_rerun", "run (force_rerun)")
+    record = prior.record
+    if record is not None:
+        if record.status is not RunStatus.SUCCEEDED:
+            return Decision("run", f"it ended {record.status.value} before", f"run again ({record.status.value})")
+        if not prior.folder_ok:
+            return Decision("run", "its folder is gone", "run again (folder gone)")
+        if record.config_hash not in (None, prior.config_hash):
+            return Decision(
+                "run",
+                "its config changed",
+                "run again (config changed)",
+                warning="succeeded earlier with a different config (global_config changed?); "
+                "its result is not this config's, so it runs again",
+            )
+        return Decision("skip", "it succeeded before", "skip (succeeded)")
+    if not prior.folder_ok:
+        return Decision("run", "it is new", "run")
+    outcome = prior.outcome
+    if outcome is not None and outcome.succeeded and outcome.config_hash == prior.config_hash:
+        return Decision("adopt", "its folder records a success", "skip (folder records a success)")
+    if skip_existing_folders:
+        return Decision("skip", "its folder exists (skip_existing_folders)", "skip (folder exists)")
+    return Decision("run", "it is new", "run")
+
+
+# --- how an attempt ended -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExitFacts:
+    returncode: int  # negative: killed by that signal
+    reports_outcome: bool  # False for a plain command
+    outcome: Outcome | None  # this attempt's outcome file (token checked), if any
+    stopped: tuple[RunStatus, str] | None  # we stopped it: (TIMED_OUT or INTERRUPTED, cause)
+    unsafe: str | None  # its folder was changed into something unsafe
+    folder_exists: bool
+    log_tail: str
+    unstoppable: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Classified:
+    status: RunStatus
+    cause: str | None
+    exit_code: int | None
+    signal: str | None
+    result: Any = None
+    oom: str | None = None  # the out-of-memory message found in the log
+
+
+def describe_returncode(returncode: int) -> tuple[int | None, str | None]:
+    """``(exit_code, signal_name)`` for a ``Popen.returncode``.
+
+    >>> describe_returncode(3)
+    (3, None)
+    >>> describe_returncode(-11)
+    (None, 'SIGSEGV')
+    """
+    if returncode >= 0:
+        return returncode, None
+    try:
+        return None, signal.Signals(-returncode).name
+    except ValueError:
+        return None, f"signal {-returncode}"
+
+
+def classify(facts: ExitFacts) -> Classified:
+    exit_code, signal_name = describe_returncode(facts.returncode)
+    result, oom = None, None
+    outcome = facts.outcome
+    if outcome is not None and outcome.succeeded:
+        status, cause, result = RunStatus.SUCCEEDED, None, outcome.result
+    elif not facts.reports_outcome and facts.stopped is None:
+        if facts.returncode == 0:
+            status, cause = RunStatus.SUCCEEDED, None
+        elif exit_code:
+            status, cause = RunStatus.FAILED, f"the command failed with exit code {exit_code}"
+        else:
+            status, cause = RunStatus.FAILED, f"the command was killed by {signal_name}"
+    elif facts.stopped is not None:
+        status, cause = facts.stopped
+    else:
+        status = RunStatus.FAILED
+        cause = outcome.failure if outcome is not None else None
+        if cause is None and facts.unsafe is not None:
+            cause = f"the run folder was changed into something unsafe: {facts.unsafe}"
+        if cause is None and not facts.folder_exists:
+            cause = "the run folder disappeared"
+        if cause is None and exit_code == 0:
+            cause = "the process exited without recording an outcome"
+        oom = detect_oom(facts.log_tail)
+        if oom is not None:
+            cause = f"GPU out of memory ({oom})" + (f": {cause}" if cause else "")
+    if facts.unstoppable:
+        note = "processes it started could not be stopped: pid " + ", ".join(map(str, facts.unstoppable))
+        cause = f"{cause}; {note}" if cause else note
+    return Classified(status, cause, exit_code, signal_name, result, oom)
+
+
+# --- what happens next ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Next:
+    action: str  # "done", "retry" (queued again now) or "defer" (after every other run, with `need`)
+    need: Need = None
+
+
+def after_exit(
+    ended: Classified,
+    *,
+    tries: int,
+    oom_retries: int,
+    reserved: Need,
+    peak: int | None,
+    max_retries: int,
+    max_oom_retries: int,
+    stopping: bool,
+) -> Next:
+    """``tries``: attempts made so far (this one included); ``oom_retries``: out-of-memory retries so far."""
+    if ended.status is RunStatus.SUCCEEDED or stopping:
+        return Next("done")
+    if ended.oom is not None:
+        if oom_retries >= max_oom_retries:
+            return Next("done")
+        grown = max(reserved if isinstance(reserved, int) else 0, peak or 0)
+        return Next("defer", int(grown * OOM_GROWTH) if grown > 0 else WHOLE_GPU)
+    if ended.status in (RunStatus.FAILED, RunStatus.TIMED_OUT) and tries - oom_retries <= max_retries:
+        return Next("retry")
+    return Next("done")

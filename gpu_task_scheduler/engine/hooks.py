@@ -1,0 +1,73 @@
+"""Callbacks around runs, the loop's inbox, and stop signals turned into events."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+from typing import Any
+
+from ..gpu.devices import Slot
+from ..sweep.expand import RunSpec
+from .summary import RunOutcome, SweepSummary
+
+# SIGHUP (the terminal closed) stops the sweep as gracefully as Ctrl-C.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# What a sweep's iterator yields when its next run is not known yet (``gts queue``
+# waiting for input); it posts a "wake" event when there is more.
+NOT_READY: Any = object()
+
+
+class Hooks:
+    """Callbacks around runs; the scheduler logs and ignores exceptions they raise."""
+
+    def on_run_start(self, spec: RunSpec, slot: Slot) -> None:
+        pass
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        pass
+
+    def on_skip(self, spec: RunSpec) -> None:
+        pass
+
+    def on_sweep_end(self, summary: SweepSummary) -> None:
+        pass
+
+
+class Inbox:
+    """The loop's events: ``("exit", key)``, ``("signal", signum)``, ``("wake", None)``.
+
+    ``get`` blocks until one arrives or ``timeout`` seconds pass (queue.Empty).
+    Posting is safe from any thread and from a signal handler. Tests replace it
+    with one that advances a fake clock instead of waiting."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+    def put(self, kind: str, value: Any = None) -> None:
+        self._queue.put((kind, value))
+
+    def get(self, timeout: float | None) -> tuple[str, Any]:
+        return self._queue.get(timeout=timeout)
+
+
+class StopSignals:
+    """While active (in the main thread), SIGINT, SIGTERM and SIGHUP only post an event."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self._inbox = inbox
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self._inbox.put("signal", signum)  # SimpleQueue.put is safe in a signal handler
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)

@@ -1,0 +1,82 @@
+"""The seam between the engine and the way a run's process is started.
+
+The engine decides *what* runs *where* and *when it must stop*; a launcher
+starts one attempt of a run and hands back a :class:`Handle` through which
+the engine stops it and, once it has exited, collects how it ended. The
+local launcher (``backends/local``) starts a fresh process per run on this
+machine; tests use a launcher without processes (``tests/fake_launcher.py``);
+other launchers (pre-warmed processes, other machines) fit the same two
+methods. Every launcher passes the same contract tests
+(``tests/test_launcher_contract.py``).
+
+Threading: ``on_exit`` may be called from any thread (it only posts an
+event); every other method is called from the engine's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..gpu.devices import Slot
+from ..records.paths import RunPaths
+from ..sweep.expand import RunSpec
+
+
+class LaunchError(Exception):
+    """This attempt of the run could not be started (recorded as the run's failure).
+
+    ``details``: the traceback, when the user's code raised (it is also written
+    to the run's log, where the summary points)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a run on a slot."""
+
+    spec: RunSpec
+    slot: Slot
+    paths: RunPaths
+    token: str  # unique to this attempt; the run's outcome file must carry it
+    number: int  # 1 for the first attempt recorded in the ledger
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What the launcher knows about an attempt's end, beyond its outcome file."""
+
+    returncode: int  # as Popen gives it: negative for a signal
+    strays: tuple[int, ...] = ()  # processes it left outside its process group, stopped
+    unstoppable: tuple[int, ...] = ()  # ... and those that could not be stopped
+
+
+class Handle(Protocol):
+    pid: int  # the attempt's first process (its process group: GPU memory is counted by it)
+    reports_outcome: bool  # False for a plain command: exit status 0 is its success
+
+    def stop(self) -> None:
+        """Ask the run to stop (SIGTERM to all of it). Its exit is reported once every process
+        of it has ended, so a run saving a checkpoint keeps its grace period."""
+
+    def kill(self) -> None:
+        """Stop it at once (SIGKILL to all of it)."""
+
+    def has_exited(self) -> bool:
+        """Its first process has ended (the exit report may still be on its way)."""
+
+    def reap(self) -> Ended:
+        """After the exit report: stop what is left of it, release it, say how it ended."""
+
+
+class Launcher(Protocol):
+    def open(self, lock_fd: int) -> None:
+        """The result root is locked by ``lock_fd``; a launcher whose runs can outlive a crash of the
+        scheduler lets them hold it (so no second scheduler takes the root while one lives)."""
+
+    def start(self, attempt: Attempt, on_exit: Callable[[], None]) -> Handle:
+        """Start the attempt; ``on_exit()`` once it has ended. Raises LaunchError (or OSError)."""

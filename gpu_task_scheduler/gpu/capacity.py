@@ -1,0 +1,298 @@
+"""What the machine can take now: slots, GPU memory, reservations, learned needs, host limits.
+
+The engine asks :meth:`Capacity.place` where a run may start; it answers with
+a slot, or why the run must wait (the waiting message), or why it can never
+start here. The engine tells it when a run starts (:meth:`take`) and ends
+(:meth:`release`); everything about GPUs (NVML reads, memory accounting,
+busy GPUs, learning what runs use) stays in here. The arithmetic is in
+``placement.py`` (pure); this class owns the state and the NVML reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..errors import GTSError
+from .devices import Slot, discover_slots, format_memory, open_monitor
+from .host import HostProbe
+from .nvml import GpuMonitor, GpuState
+from .placement import WHOLE_GPU, GpuBook, Need, Reservation, SlotView, WholeGpu, book, busy_reason, choose
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+@dataclass(frozen=True)
+class Placement:
+    view: SlotView | None = None  # where it starts
+    impossible: str | None = None  # it can never start here: why
+    waiting: str | None = None  # it waits: why (None when the slots are simply full of our runs)
+    news: bool = False  # the wait is for something other than our own runs
+
+
+def process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None  # not in our PID namespace, or gone
+
+
+class Capacity:
+    def __init__(
+        self,
+        options: Any,
+        *,
+        margin: int,
+        host_floor: int,
+        need_of: Callable[[Mapping[str, Any]], int | None],
+        nvml: ModuleType | None = None,
+        host: HostProbe | None = None,
+    ) -> None:
+        """Finds the slots on this machine; raises GTSError if there are none (and holds nothing then)."""
+        self._o = options
+        self._margin = margin
+        self._host_floor = host_floor
+        self._need_of = need_of
+        self._host = host or HostProbe()
+        self._monitor: GpuMonitor | None = None
+        why = ""
+        if options.slots is None or any(not slot.is_cpu for slot in options.slots):
+            self._monitor, why = open_monitor(nvml)
+            if self._monitor is None and options.slots is not None:
+                ids = sorted({gpu for slot in options.slots for gpu in slot.gpu_ids})
+                logger.warning(
+                    "GPU %s could not be checked: %s. The runs start on them anyway (CUDA decides "
+                    "whether they exist), one run per slot, without memory checks",
+                    ", ".join(ids),
+                    why,
+                )
+        try:
+            self.slots: list[Slot] = discover_slots(
+                options.slots, cpu_fallback=options.cpu_fallback, monitor=self._monitor, why_no_monitor=why
+            )
+            packing = self._monitor is not None
+            self._capacity = [1 if s.is_cpu or not packing else options.max_runs_per_gpu for s in self.slots]
+            self._running = [0] * len(self.slots)
+            self._gpu_ids = sorted({gpu for slot in self.slots for gpu in slot.gpu_ids})
+            self._states: dict[str, GpuState] = self._read_gpus() if self._monitor is not None else {}
+        except BaseException:
+            self.close()
+            raise
+        self._reservations: dict[int, Reservation] = {}
+        self._peaks: dict[int, int] = {}
+        self._learned: list[int] = []
+        self._last_slot = -1
+        self._rng = random.Random(0)
+        self._idle_reported: set[int] = set()
+        if options.max_host_cpu_percent is not None:
+            self._host.cpu_percent()  # start the first measuring interval
+
+    def close(self) -> None:
+        if self._monitor is not None:
+            self._monitor.close()
+            self._monitor = None
+
+    def _read_gpus(self) -> dict[str, GpuState]:
+        """Each listed GPU's state; a GPU NVML does not know is an error that lists those it does."""
+        assert self._monitor is not None
+        states, unknown = {}, []
+        for gpu_id in self._gpu_ids:
+            try:
+                states[gpu_id] = self._monitor.state(gpu_id)
+            except Exception as error:  # the bindings' NVMLError subclasses
+                unknown.append(f"{gpu_id} ({error})")
+        if not unknown:
+            return states
+        try:
+            present = "; ".join(f"{s.index}: {s.name}, {format_memory(s.total_memory)}" for s in self._monitor.all())
+        except Exception as error:
+            present = f"unknown ({error})"
+        hint = (
+            "; CUDA_VISIBLE_DEVICES is set, so ids count within it"
+            if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
+            else ""
+        )
+        raise GTSError(
+            f"GPU {', '.join(unknown)} does not exist on this machine; the GPUs NVML sees: {present or 'none'}{hint}"
+        )
+
+    def log_gpus(self) -> None:
+        for gpu_id, state in self._states.items():
+            logger.info(
+                "gpu %s: %s, %s total, %s free, %d process(es)",
+                gpu_id,
+                state.name,
+                format_memory(state.total_memory),
+                format_memory(state.free_memory),
+                len(state.processes),
+            )
+
+    # --- needs --------------------------------------------------------------------
+
+    def need(self, config: Mapping[str, Any], raised: Need = None) -> Need:
+        """Bytes per GPU a run needs: raised after an out-of-memory failure, declared, learned,
+        else the whole GPU (when runs share GPUs) or None (no accounting)."""
+        if self._monitor is None:
+            return None
+        if raised is not None:
+            return raised
+        declared = self._need_of(config)
+        if declared is not None:
+            return declared
+        if self._o.learn_gpu_memory and self._learned:
+            pick = max if self._o.learn_gpu_memory == "max" else statistics.mean
+            return int(pick(self._learned))
+        return WHOLE_GPU if self._o.max_runs_per_gpu > 1 else None
+
+    # --- placing ------------------------------------------------------------------
+
+    def views(self) -> list[SlotView]:
+        """Each slot now: our runs on it, the memory a new run may use, whether others make it busy.
+        Reading NVML also measures what our runs have allocated (their peaks teach us their needs)."""
+        books: dict[str, GpuBook] = {}
+        if self._monitor is not None:
+            try:
+                states = self._monitor.snapshot(self._gpu_ids)
+            except Exception as error:  # an NVMLError: a GPU fell off the bus, the driver restarts
+                logger.warning("cannot read the GPUs through NVML (%s); waiting", error)
+                return [
+                    SlotView(i, s, self._running[i], self._capacity[i], None, 0, f"NVML error: {error}")
+                    for i, s in enumerate(self.slots)
+                ]
+            self._states = states
+            books, used = book(states, self._reservations.values(), self._margin, process_group)
+            for pgid, per_gpu in used.items():
+                self._peaks[pgid] = max([self._peaks.get(pgid, 0), *per_gpu.values()])
+        views = []
+        for index, slot in enumerate(self.slots):
+            gpus = [books[gpu] for gpu in slot.gpu_ids if gpu in books]
+            busy = None
+            for gpu_id, gpu in zip(slot.gpu_ids, gpus, strict=False):
+                reason = busy_reason(
+                    gpu, memory_fraction=self._o.busy_memory_fraction, utilization=self._o.busy_utilization
+                )
+                if reason:
+                    busy = f"gpu {gpu_id}: {reason}"
+                    break
+            views.append(
+                SlotView(
+                    index=index,
+                    slot=slot,
+                    running=self._running[index],
+                    capacity=self._capacity[index],
+                    available=min(g.available for g in gpus) if gpus else None,
+                    ours_on_gpus=max((g.ours for g in gpus), default=0),
+                    busy=busy,
+                )
+            )
+        return views
+
+    def place(self, name: str, need: Need) -> Placement:
+        views = self.views()
+        impossible = self._impossible(need)
+        if impossible is not None:
+            return Placement(impossible=impossible)
+        host = self._host_blocked()
+        view = None if host else choose(views, need, self._o.placement, last=self._last_slot, rng=self._rng)
+        if view is not None:
+            self._last_slot = view.index
+            return Placement(view=view)
+        if host is None and all(v.running >= v.capacity for v in views):
+            return Placement()  # every slot is busy with our own runs: the normal case, nothing to say
+        if host is not None:
+            reason = host
+        else:
+            wanted = (
+                "the whole GPU"
+                if isinstance(need, WholeGpu)
+                else ("a free slot" if need is None else f"{format_memory(need)} per GPU")
+            )
+            states = []
+            for v in views:
+                if v.busy:
+                    states.append(f"{v.slot.name} busy ({v.busy})")
+                elif v.running >= v.capacity:
+                    states.append(f"{v.slot.name} full ({v.running} of ours)")
+                else:
+                    states.append(f"{v.slot.name} {format_memory(v.available)} available")
+            reason = f"needs {wanted}; " + "; ".join(states)
+        return Placement(waiting=f"waiting to start {name}: {reason}", news=host is not None or not self._reservations)
+
+    def _impossible(self, need: Need) -> str | None:
+        """Why a run can never start here (it needs more than any GPU has), or None."""
+        if not isinstance(need, int) or isinstance(need, bool) or not self._states:
+            return None
+        largest = max(state.total_memory for state in self._states.values()) - self._margin
+        if need > largest:
+            return (
+                f"it needs {format_memory(need)} per GPU, more than any GPU here can give "
+                f"({format_memory(largest)} after the {format_memory(self._margin)} margin)"
+            )
+        return None
+
+    def _host_blocked(self) -> str | None:
+        o = self._o
+        if o.max_host_cpu_percent is not None:
+            percent = self._host.cpu_percent()
+            if percent is not None and percent > o.max_host_cpu_percent:
+                return f"host CPU utilisation is {percent:.0f}% (max_host_cpu_percent {o.max_host_cpu_percent:g})"
+        if o.min_host_free_memory is not None:
+            free = self._host.available_memory()
+            if free < self._host_floor:
+                return (
+                    f"host has {format_memory(free)} of RAM available "
+                    f"(min_host_free_memory {format_memory(self._host_floor)})"
+                )
+        return None
+
+    # --- runs starting and ending --------------------------------------------------
+
+    def take(self, slot_index: int, pgid: int, need: Need) -> None:
+        self._running[slot_index] += 1
+        self._idle_reported.discard(slot_index)
+        reserved = need if need is not None else 0
+        self._reservations[pgid] = Reservation(self.slots[slot_index].gpu_ids, pgid, reserved)
+
+    @property
+    def measuring(self) -> bool:
+        """Runs of ours hold GPUs: NVML is read now and then to learn what they use."""
+        return self._monitor is not None and any(r.gpu_ids for r in self._reservations.values())
+
+    def measure(self) -> None:
+        if self.measuring:
+            self.views()
+
+    def release(self, slot_index: int, pgid: int) -> tuple[Need, int | None]:
+        """The run on ``slot_index`` ended: ``(what it had reserved, the peak it was seen to use)``.
+        Call before the run's processes are reaped, so that a last look still finds them."""
+        self.measure()
+        self._running[slot_index] -= 1
+        reservation = self._reservations.pop(pgid, None)
+        peak = self._peaks.pop(pgid, 0) or None
+        return (reservation.reserved if reservation else None), peak
+
+    def learn(self, peak: int) -> None:
+        """A run's peak, for estimating the needs of runs that declare none (not after running out of memory)."""
+        self._learned.append(peak)
+
+    def free_slot_name(self) -> str:
+        """A slot with room (the original logged skips as "<slot> receives/skips task")."""
+        for index, slot in enumerate(self.slots):
+            if self._running[index] < self._capacity[index]:
+                return slot.name
+        return self.slots[0].name
+
+    def newly_idle(self) -> list[Slot]:
+        """Slots with nothing running that were not reported idle yet."""
+        idle = []
+        for index, slot in enumerate(self.slots):
+            if self._running[index] == 0 and index not in self._idle_reported:
+                self._idle_reported.add(index)
+                idle.append(slot)
+        return idle

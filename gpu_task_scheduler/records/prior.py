@@ -1,0 +1,56 @@
+"""What a result root records about a run before it starts (the input of ``engine.decide.before_run``)."""
+
+from __future__ import annotations
+
+import json
+
+from ..engine.decide import Prior
+from ..sweep.expand import RunSpec
+from .ledger import Ledger
+from .paths import RunPaths
+from .protocol import Outcome
+from .status import RunStatus
+
+
+def read_prior(spec: RunSpec, ledger: Ledger | None) -> Prior:
+    record = ledger.get(spec.name) if ledger is not None else None
+    paths = RunPaths(spec.work_dir, None)
+    # An unsafe folder counts as absent: the run then starts, and is refused with the reason.
+    folder_ok = paths.exists() and paths.unsafe() is None
+    outcome = Outcome.read(paths.outcome) if folder_ok and record is None else None
+    return Prior(
+        duplicate=spec.duplicate, config_hash=spec.config_hash, record=record, folder_ok=folder_ok, outcome=outcome
+    )
+
+
+def adopt(ledger: Ledger, spec: RunSpec, outcome: Outcome, params: str) -> None:
+    """Record in the ledger a success that only the run's folder knows of (the ledger was lost)."""
+    ledger.adopt(
+        name=spec.name,
+        run_index=spec.index,
+        config_hash=spec.config_hash,
+        work_dir=spec.work_dir,
+        result=json.dumps(outcome.result),
+        ended_at=outcome.finished_at,
+        params=params,
+        result_file=outcome.large_result_file,
+    )
+
+
+def settle_running(ledger: Ledger) -> None:
+    """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), or interrupted."""
+    for record in ledger.running():
+        paths = RunPaths(record.work_dir or "", None)
+        safe = record.work_dir and paths.unsafe(records_only=True) is None
+        outcome = Outcome.read(paths.outcome, token=record.token) if safe and record.token else None
+        if outcome is not None and outcome.succeeded:
+            ledger.finish(
+                record.name,
+                RunStatus.SUCCEEDED,
+                exit_code=0,
+                result=json.dumps(outcome.result),
+                ended_at=outcome.finished_at,
+                result_file=outcome.large_result_file,
+            )
+        else:
+            ledger.finish(record.name, RunStatus.INTERRUPTED, cause="the scheduler stopped while the run was active")

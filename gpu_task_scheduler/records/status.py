@@ -1,0 +1,17 @@
+"""The states of a run, as the ledger records them and summaries report them."""
+
+from __future__ import annotations
+
+import enum
+
+
+class RunStatus(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value

@@ -343,3 +343,27 @@ class LifelineLossTask(GPUTask):
             os.execv("/bin/sleep", ["sleep", "600"])
         os.closerange(3, 65536)
         time.sleep(600)
+
+
+class ContractTask(GPUTask):
+    """Behaves as its config says, the same way the fake launcher's runs do (see fake_launcher.py)."""
+
+    def main(self):
+        config = self._config
+        if config.get("trap_term") or config.get("term_takes"):
+            takes = config.get("term_takes", 0)
+
+            def on_term(signum, frame):
+                if not config.get("trap_term"):
+                    time.sleep(takes)
+                    sys.exit(143)
+
+            signal.signal(signal.SIGTERM, on_term)
+        open(os.path.join(self._work_dir, "ready"), "w").close()
+        time.sleep(config.get("seconds", 1.0))
+        if config.get("oom"):
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+            sys.exit(1)
+        if config.get("exit", 0):
+            sys.exit(config["exit"])
+        return {"name": os.path.basename(self._work_dir)}

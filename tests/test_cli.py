@@ -561,3 +561,31 @@ def test_a_killed_queue_takes_its_shell_commands_with_it(in_tmp, no_leaked_proce
         timeout=10,
         message="the commands (and their own children) to die with the queue",
     )
+
+
+@pytest.mark.parametrize("case", ["ledger lost", "one outcome and the ledger lost", "force_rerun", "skip_existing"])
+def test_dry_run_says_what_a_real_run_then_does(command_sweep, in_tmp, capsys, case):
+    assert gts(["run", command_sweep, "--plain"]) == 0
+    root = in_tmp / "results"
+    options = ""
+    if case != "force_rerun":
+        (root / ".gts" / "ledger.sqlite3").unlink()
+    if case == "one outcome and the ledger lost":
+        (root / "lr-0.1," / ".gts" / "outcome.json").unlink()
+    elif case == "force_rerun":
+        options = "\n  force_rerun: true"
+    elif case == "skip_existing":
+        for outcome in root.glob("*/.gts/outcome.json"):
+            outcome.unlink()
+        options = "\n  skip_existing_folders: true"
+    text = (
+        open(command_sweep).read().replace("scheduler_log_file_path: null", "scheduler_log_file_path: null" + options)
+    )
+    open(command_sweep, "w").write(text)
+    capsys.readouterr()
+    assert gts(["run", command_sweep, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()[:-1]
+    said = {os.path.basename(line.split()[-1]): line.split()[1] for line in lines}
+    summary = GPUTaskScheduler(command_sweep).start()
+    done = {**dict.fromkeys(summary.skipped, "skip"), **dict.fromkeys(summary.outcomes, "run")}
+    assert said == done and len(said) == 3, (case, said, done)

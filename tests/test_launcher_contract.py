@@ -1,0 +1,134 @@
+"""The contract every launcher keeps, run against each: the local one (real processes) and the
+fake one (no processes, fake clock). A later launcher (pre-warmed, Ray) joins the parameter list.
+
+Each case is a small sweep whose runs behave as their config says (``seconds``, ``exit``, ``oom``,
+``trap_term``, ``term_takes``; see fake_launcher.py and gts_test_tasks.ContractTask).
+"""
+
+import os
+import signal
+import time
+
+import gts_test_tasks as tasks
+import pytest
+from conftest import wait_until
+from fake_launcher import FakeWorld
+from helpers import ledger_rows, make_config
+
+from gpu_task_scheduler.backends.local.launcher import LocalLauncher
+from gpu_task_scheduler.engine.hooks import Hooks, Inbox
+from gpu_task_scheduler.engine.loop import Scheduler
+from gpu_task_scheduler.records.ledger import Ledger
+from gpu_task_scheduler.records.paths import RootPaths
+from gpu_task_scheduler.records.status import RunStatus
+from gpu_task_scheduler.sweep.expand import Sweep
+
+
+class SignalOnStart(Hooks):
+    """Posts a stop signal (once, or twice) once ``runs`` runs have started and are ready for it
+    (their signal handlers are in place)."""
+
+    def __init__(self, times=1, runs=1):
+        self.times, self.runs = times, runs
+        self.started = []
+        self.scheduler = None
+
+    def on_run_start(self, spec, slot):
+        self.started.append(os.path.join(spec.work_dir, "ready"))
+        if len(self.started) == self.runs:
+            wait_until(lambda: all(os.path.exists(ready) for ready in self.started), message="the runs to be ready")
+            for _ in range(self.times):
+                self.scheduler.post("signal", signal.SIGINT)
+
+
+def run_sweep(backend, config, hooks=None):
+    sweep = Sweep(config)
+    if backend == "fake":
+        world = FakeWorld()
+        scheduler = Scheduler(sweep, world, clock=world.clock, inbox=world, hooks=hooks)
+    else:
+        launcher = LocalLauncher(tasks.ContractTask, grace_period=sweep.options.grace_period)
+        scheduler = Scheduler(sweep, launcher, inbox=Inbox(), hooks=hooks)
+    if hooks is not None:
+        hooks.scheduler = scheduler
+    return scheduler.run()
+
+
+BACKENDS = ["local", "fake"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def test_one_run(backend, tmp_path):
+    summary = run_sweep(backend, make_config(tmp_path / "r", [{"seconds": [0.1]}]))
+    (outcome,) = summary.succeeded
+    assert outcome.result == {"name": "seconds-0.1,"} and outcome.attempts == 1
+    assert ledger_rows(tmp_path / "r")["seconds-0.1,"]["status"] == "succeeded"
+
+
+def test_many_runs_share_the_slots_one_run_each(backend, tmp_path):
+    root = tmp_path / "r"
+    summary = run_sweep(backend, make_config(root, [{"i": list(range(6)), "seconds": [0.2]}], slots=("cpu", "cpu")))
+    assert len(summary.succeeded) == 6 and summary.ok
+    rows = ledger_rows(root).values()
+    for slot in ("cpu0", "cpu1"):
+        spans = sorted((r["started_at"], r["ended_at"]) for r in rows if r["slot"] == slot)
+        assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False))
+
+
+def test_a_failing_run(backend, tmp_path):
+    summary = run_sweep(backend, make_config(tmp_path / "r", [{"exit": [3], "seconds": [0.05]}]))
+    (failed,) = summary.failed
+    assert failed.status is RunStatus.FAILED and failed.exit_code == 3
+
+
+def test_a_run_over_its_timeout(backend, tmp_path):
+    config = make_config(tmp_path / "r", [{"seconds": [30]}], timeout=0.3, grace_period=0.5)
+    (failed,) = run_sweep(backend, config).failed
+    assert failed.status is RunStatus.TIMED_OUT and failed.cause == "timed out after 0.3s"
+
+
+def test_stop_gives_the_grace_period_then_kills(backend, tmp_path):
+    root = tmp_path / "r"
+    blocks = [{"seconds": [30], "term_takes": [0.2]}, {"seconds": [30], "trap_term": [True]}]
+    config = make_config(root, blocks, slots=("cpu", "cpu"), grace_period=0.8)
+    started = time.monotonic()
+    summary = run_sweep(backend, config, SignalOnStart(runs=2))
+    assert summary.interrupted_by == "SIGINT" and time.monotonic() - started < 20
+    statuses = {o.name: (o.status, o.signal) for o in summary.failed}
+    # The first stops on SIGTERM within the grace; the second ignores it and is killed when it ends.
+    assert statuses["seconds-30,term_takes-0.2,"][0] is RunStatus.INTERRUPTED
+    assert statuses["seconds-30,trap_term-True,"] == (RunStatus.INTERRUPTED, "SIGKILL")
+
+
+def test_a_second_signal_kills_at_once(backend, tmp_path):
+    config = make_config(tmp_path / "r", [{"seconds": [30], "trap_term": [True]}], grace_period=60)
+    started = time.monotonic()
+    summary = run_sweep(backend, config, SignalOnStart(times=2))
+    (outcome,) = summary.failed
+    assert outcome.status is RunStatus.INTERRUPTED and outcome.signal == "SIGKILL"
+    assert time.monotonic() - started < 30  # not the 60 s grace period
+
+
+def test_runs_that_succeeded_are_skipped(backend, tmp_path):
+    config = make_config(tmp_path / "r", [{"i": [0, 1], "seconds": [0.05]}])
+    assert len(run_sweep(backend, config).succeeded) == 2
+    again = run_sweep(backend, config)
+    assert sorted(again.skipped) == ["i-0,seconds-0.05,", "i-1,seconds-0.05,"] and not again.outcomes
+
+
+def test_resume_after_the_scheduler_was_killed(backend, tmp_path):
+    root = tmp_path / "r"
+    config = make_config(root, [{"i": [0, 1], "seconds": [0.05]}])
+    run_sweep(backend, config)
+    sweep = Sweep(config)
+    with Ledger(RootPaths(str(root))) as ledger:  # as a killed scheduler leaves it: one run marked running
+        spec = next(iter(sweep))
+        ledger.mark_running(
+            name=spec.name, run_index=0, config_hash=spec.config_hash, slot="cpu0", token="gone", work_dir=spec.work_dir
+        )
+    summary = run_sweep(backend, config)
+    assert [o.name for o in summary.succeeded] == [spec.name] and summary.skipped == ["i-1,seconds-0.05,"]

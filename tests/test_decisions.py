@@ -9,7 +9,6 @@ from gpu_task_scheduler.engine.decide import (
     OOM_GROWTH,
     Classified,
     ExitFacts,
-    Prior,
     after_exit,
     before_run,
     classify,
@@ -17,6 +16,7 @@ from gpu_task_scheduler.engine.decide import (
 from gpu_task_scheduler.engine.loop import Scheduler
 from gpu_task_scheduler.gpu.placement import WHOLE_GPU
 from gpu_task_scheduler.records.ledger import RunRecord
+from gpu_task_scheduler.records.prior import Prior
 from gpu_task_scheduler.records.protocol import Outcome
 from gpu_task_scheduler.records.status import RunStatus
 from gpu_task_scheduler.sweep.expand import Sweep

@@ -5,7 +5,6 @@ Every other GPU test uses the fake NVML; these run only where NVML finds a GPU a
 use it (all are skipped elsewhere, e.g. in CI), and they never change a GPU's settings.
 """
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -36,12 +35,17 @@ def _real_gpus():
 
 
 GPUS = _real_gpus() if pynvml is not None else []
-try:
-    import torch
 
-    TORCH_CUDA = torch.cuda.is_available()
-except ImportError:
-    TORCH_CUDA = False
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+TORCH_CUDA = bool(GPUS) and _torch_cuda()  # torch is imported only where there is a GPU
 
 pytestmark = pytest.mark.skipif(not GPUS, reason="no GPU that NVML can see")
 needs_torch = pytest.mark.skipif(not TORCH_CUDA, reason="PyTorch with CUDA is not installed")
@@ -73,9 +77,7 @@ def test_a_process_holding_memory_is_seen_with_its_pid_and_usage():
         sys.stdin.read()
         """
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ
-    )
+    child = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         with GpuMonitor(pynvml) as monitor:

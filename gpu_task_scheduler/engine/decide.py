@@ -8,7 +8,7 @@
   need, or done)?
 
 Nothing here reads a file, the clock or NVML; the inputs are plain values
-(see ``records/prior.py`` for how a run's prior state is read).
+(``records/prior.py`` reads a run's prior state).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from ..gpu.oom import detect_oom
 from ..gpu.placement import WHOLE_GPU, Need
-from ..records.ledger import RunRecord
+from ..records.prior import Prior
 from ..records.protocol import Outcome
 from ..records.status import RunStatus
 
@@ -27,17 +27,6 @@ OOM_GROWTH = 1.5  # after an out-of-memory failure, a run's estimate grows by th
 
 
 # --- before a run ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prior:
-    """What the result root says about a run before it starts."""
-
-    duplicate: bool  # the same config appears earlier in the sweep
-    config_hash: str  # this run's config hash
-    record: RunRecord | None  # the ledger's row for its name
-    folder_ok: bool  # its folder exists and is safe to read
-    outcome: Outcome | None  # the outcome file in its folder (read only when the ledger has no row)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from .launcher import Attempt, Handle, Launcher, LaunchError
 from .summary import RunOutcome, SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
-FILE_ONLY = {"gts_file_only": True}  # log records for scheduler.log only (see logs.ConsoleFilter)
+FILE_ONLY = {"gts_file_only": True}  # log records for scheduler.log only (see ConsoleFilter in gpu_task_scheduler.py)
 
 
 @dataclass
@@ -284,7 +284,7 @@ class Scheduler:
             attempts=item.tries,
             slot=None if slot is None else slot.name,
             cause=cause,
-            log_path=paths.log if has_log and paths else None,
+            log_path=paths.log if has_log and paths is not None else None,
             log_tail=tail,
         )
         self._summary.record(outcome)

@@ -271,7 +271,8 @@ class Capacity:
     def release(self, slot_index: int, pgid: int) -> tuple[Need, int | None]:
         """The run on ``slot_index`` ended: ``(what it had reserved, the peak it was seen to use)``.
         Call before the run's processes are reaped, so that a last look still finds them."""
-        self.measure()
+        if self._monitor is not None and self.slots[slot_index].gpu_ids:
+            self.views()  # a last look at what it allocated
         self._running[slot_index] -= 1
         reservation = self._reservations.pop(pgid, None)
         peak = self._peaks.pop(pgid, 0) or None

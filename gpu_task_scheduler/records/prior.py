@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..engine.decide import Prior
-from ..sweep.expand import RunSpec
-from .ledger import Ledger
+from .ledger import Ledger, RunRecord
 from .paths import RunPaths
 from .protocol import Outcome
 from .status import RunStatus
+
+if TYPE_CHECKING:
+    from ..sweep.expand import RunSpec  # records sit below the sweep: only its type is needed
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the result root says about a run before it starts."""
+
+    duplicate: bool  # the same config appears earlier in the sweep
+    config_hash: str  # this run's config hash
+    record: RunRecord | None  # the ledger's row for its name
+    folder_ok: bool  # its folder exists and is safe to read
+    outcome: Outcome | None  # the outcome file in its folder (read only when the ledger has no row)
 
 
 def read_prior(spec: RunSpec, ledger: Ledger | None) -> Prior:

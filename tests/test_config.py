@@ -7,6 +7,7 @@ import sys
 import tracemalloc
 
 import pytest
+from helpers import make_config
 
 from gpu_task_scheduler import ConfigError, ConfigManager, GPUTaskScheduler, Sweep, TaskClassError
 from gpu_task_scheduler.gpu_task import GPUTask
@@ -400,9 +401,31 @@ BAD_VALUES = {
 
 
 def test_every_scheduler_key_has_rows_of_bad_values():
-    from gpu_task_scheduler.sweep.expand import SCHEDULER_KEYS
+    from gpu_task_scheduler.sweep.options import SCHEDULER_KEYS
 
     assert sorted(BAD_VALUES) == sorted(SCHEDULER_KEYS)
+
+
+def test_options_are_typed_fields_parsed_once(tmp_path):
+    """Every key is a field of the frozen options; sizes are bytes and seconds floats from then on."""
+    import dataclasses
+
+    from gpu_task_scheduler.sweep.options import SCHEDULER_KEYS, SchedulerOptions
+
+    assert {f.name for f in dataclasses.fields(SchedulerOptions)} == {*SCHEDULER_KEYS, "slots", "given"}
+    sweep = Sweep(
+        make_config(
+            tmp_path, [{"x": [1]}], gpu_memory="1.5GiB", memory_margin="1GB", min_host_free_memory=2048, timeout=3
+        )
+    )
+    options = sweep.options
+    assert (options.gpu_memory, options.memory_margin, options.min_host_free_memory) == (1610612736, 10**9, 2048)
+    assert isinstance(options.timeout, float) and options.timeout == 3.0 and options.grace_period == 10.0
+    assert options.memory_need({"x": 1}) == 1610612736
+    assert options.memory_need({"gpu_memory": "2GiB"}) == 2 * 2**30
+    assert sweep.options.as_dict()["gpu_memory"] == "1.5GiB"  # what the user wrote, for get_all_scheduler_config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.timeout = 5  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(

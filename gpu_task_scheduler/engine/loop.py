@@ -106,15 +106,7 @@ class Scheduler:
     def setup(self) -> Capacity:
         """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
         if self._capacity is None:
-            sweep = self.sweep
-            self._capacity = Capacity(
-                self.options,
-                margin=sweep.memory_margin(),
-                host_floor=0 if self.options.min_host_free_memory is None else sweep.host_memory_floor(),
-                need_of=sweep.memory_need,
-                nvml=self._nvml,
-                host=self._host,
-            )
+            self._capacity = Capacity(self.options, nvml=self._nvml, host=self._host)
         return self._capacity
 
     @property

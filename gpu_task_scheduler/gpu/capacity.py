@@ -14,16 +14,19 @@ import logging
 import os
 import random
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GTSError
 from .devices import Slot, discover_slots, format_memory, open_monitor
 from .host import HostProbe
 from .nvml import GpuMonitor, GpuState
 from .placement import WHOLE_GPU, GpuBook, Need, Reservation, SlotView, WholeGpu, book, busy_reason, choose
+
+if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depend on sweep/
+    from ..sweep.options import SchedulerOptions
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -46,19 +49,13 @@ def process_group(pid: int) -> int | None:
 class Capacity:
     def __init__(
         self,
-        options: Any,
+        options: SchedulerOptions,
         *,
-        margin: int,
-        host_floor: int,
-        need_of: Callable[[Mapping[str, Any]], int | None],
         nvml: ModuleType | None = None,
         host: HostProbe | None = None,
     ) -> None:
         """Finds the slots on this machine; raises GTSError if there are none (and holds nothing then)."""
         self._o = options
-        self._margin = margin
-        self._host_floor = host_floor
-        self._need_of = need_of
         self._host = host or HostProbe()
         self._monitor: GpuMonitor | None = None
         why = ""
@@ -142,7 +139,7 @@ class Capacity:
             return None
         if raised is not None:
             return raised
-        declared = self._need_of(config)
+        declared = self._o.memory_need(config)
         if declared is not None:
             return declared
         if self._o.learn_gpu_memory and self._learned:
@@ -166,7 +163,7 @@ class Capacity:
                     for i, s in enumerate(self.slots)
                 ]
             self._states = states
-            books, used = book(states, self._reservations.values(), self._margin, process_group)
+            books, used = book(states, self._reservations.values(), self._o.memory_margin, process_group)
             for pgid, per_gpu in used.items():
                 self._peaks[pgid] = max([self._peaks.get(pgid, 0), *per_gpu.values()])
         views = []
@@ -228,11 +225,11 @@ class Capacity:
         """Why a run can never start here (it needs more than any GPU has), or None."""
         if not isinstance(need, int) or isinstance(need, bool) or not self._states:
             return None
-        largest = max(state.total_memory for state in self._states.values()) - self._margin
+        largest = max(state.total_memory for state in self._states.values()) - self._o.memory_margin
         if need > largest:
             return (
                 f"it needs {format_memory(need)} per GPU, more than any GPU here can give "
-                f"({format_memory(largest)} after the {format_memory(self._margin)} margin)"
+                f"({format_memory(largest)} after the {format_memory(self._o.memory_margin)} margin)"
             )
         return None
 
@@ -244,10 +241,10 @@ class Capacity:
                 return f"host CPU utilisation is {percent:.0f}% (max_host_cpu_percent {o.max_host_cpu_percent:g})"
         if o.min_host_free_memory is not None:
             free = self._host.available_memory()
-            if free < self._host_floor:
+            if free < o.min_host_free_memory:
                 return (
                     f"host has {format_memory(free)} of RAM available "
-                    f"(min_host_free_memory {format_memory(self._host_floor)})"
+                    f"(min_host_free_memory {format_memory(o.min_host_free_memory)})"
                 )
         return None
 

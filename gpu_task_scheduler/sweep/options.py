@@ -1,0 +1,290 @@
+"""``scheduler_config``: every key, its default, its check, and the typed options it becomes.
+
+:func:`parse_scheduler_config` validates the dict once, completely, and
+returns a frozen :class:`SchedulerOptions`: sizes are bytes (``"10GiB"`` is
+parsed here, nowhere else), seconds are floats, the ``gpu`` entry is slots.
+What the user wrote stays available, with defaults filled in, as
+:meth:`SchedulerOptions.as_dict` (the original's ``get_all_scheduler_config()``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError, unknown_key_message
+from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
+from ..records.paths import META, ledger_path_problem
+
+
+def _bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "a bool (true or false)"
+
+
+def _text(value: Any) -> str | None:
+    return None if isinstance(value, str) else "a string"
+
+
+def _key_name(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else "a non-empty string (a config key)"
+
+
+def _path(value: Any) -> str | None:
+    ok = isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str)
+    ok = ok and bool(os.fspath(value)) and "\0" not in os.fspath(value)
+    return None if ok else "a non-empty path (without NUL characters)"
+
+
+def _optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    def optional(value: Any) -> str | None:
+        problem = check(value)
+        return None if value is None or problem is None else f"{problem} or null"
+
+    return optional
+
+
+def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= minimum
+        return None if ok else f"an integer >= {minimum}"
+
+    return check
+
+
+def _seconds(allow_zero: bool) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = (
+            isinstance(value, numbers.Real)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (float(value) >= 0 if allow_zero else float(value) > 0)
+        )
+        return None if ok else ("a number of seconds >= 0" if allow_zero else "a number of seconds > 0")
+
+    return check
+
+
+def _string_list(value: Any) -> str | None:
+    ok = isinstance(value, (list, tuple)) and all(isinstance(item, str) and item for item in value)
+    return None if ok else "a list of non-empty strings"
+
+
+def _log_file(value: Any) -> str | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not value
+        or os.path.isabs(value)
+        or ".." in value.split("/")
+        or "\0" in value
+        or value.endswith("/")
+        or os.path.normpath(value) == "."
+    ):
+        return "a file name relative to the run folder (without '..') or null"
+    if os.path.normpath(value).split("/")[0] == META:
+        return f"a file name outside {META}/, which holds the scheduler's own records"
+    return None
+
+
+def _memory(value: Any) -> str | None:
+    try:
+        parse_memory(value, "")
+    except ConfigError:
+        return 'a memory size such as 10000000000, "10GB" or "9.5GiB"'
+    return None
+
+
+def _one_of(*choices: Any) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else "one of " + ", ".join(repr(c) for c in choices)
+
+    return check
+
+
+def _fraction(value: Any) -> str | None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= 1
+    return None if ok else "a fraction in (0, 1]"
+
+
+def _percent(value: Any) -> str | None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < float(value) <= 100
+    return None if ok else "a percentage in (0, 100]"
+
+
+PLACEMENTS = ("first_fit", "round_robin", "random", "most_free")
+
+
+def _command_option(value: Any) -> str | None:
+    ok = (isinstance(value, str) and value.strip()) or (
+        isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value)
+    )
+    return None if ok else "a command: a list of arguments or a string"
+
+
+_EMAIL_KEYS = {
+    "host",
+    "port",
+    "sender",
+    "recipients",
+    "starttls",
+    "ssl",
+    "ca_file",
+    "allow_insecure_auth",
+    "username_env",
+    "password_env",
+    "subject",
+}
+
+
+def _email_option(value: Any) -> str | None:
+    problem = (
+        "a dict with host, sender, recipients (a list) and optionally port, starttls or ssl (true/false), "
+        "ca_file, allow_insecure_auth, username_env, password_env, subject"
+    )
+    if (
+        not isinstance(value, Mapping)
+        or not {"host", "sender", "recipients"} <= set(value)
+        or not set(value) <= _EMAIL_KEYS
+    ):
+        return problem
+    recipients = value["recipients"]
+    if not isinstance(recipients, (list, tuple)) or not recipients or not all(isinstance(r, str) for r in recipients):
+        return problem
+    if not isinstance(value.get("port", 25), int) or isinstance(value.get("port", 25), bool):
+        return problem
+    if not all(isinstance(value.get(key, False), bool) for key in ("starttls", "ssl", "allow_insecure_auth")):
+        return problem
+    if value.get("starttls") and value.get("ssl"):
+        return problem + " (starttls and ssl together: choose one)"
+    if value.get("ca_file") is not None and not isinstance(value.get("ca_file"), str):
+        return problem
+    return None
+
+
+# key -> (default factory, check). Defaults match the original GPUTaskScheduler.
+SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]] = {
+    "force_rerun": (lambda: False, _bool),
+    "result_root_folder": (lambda: os.path.abspath("results/"), _path),
+    "temp_folder": (lambda: os.path.abspath("temp/"), _path),
+    "test_config_string_indicator": (lambda: "-", _text),
+    "test_config_string_separator": (lambda: ",", _text),
+    "test_config_string_inst_separator": (lambda: "+", _text),
+    "log_file": (lambda: "worker.log", _log_file),
+    "scheduler_log_file_path": (lambda: "scheduler.log", _optional(_path)),
+    "config_string_value_maxlen": (lambda: 30, _optional(_int_at_least(1))),
+    "ignored_keys_for_folder_name": (lambda: [], _string_list),
+    "ignored_characters_for_folder_name": (lambda: [" ", "[", "]"], _string_list),
+    # Beyond the original.
+    "skip_existing_folders": (lambda: False, _bool),
+    "max_retries": (lambda: 0, _int_at_least(0)),
+    "timeout": (lambda: None, _optional(_seconds(allow_zero=False))),
+    "grace_period": (lambda: 10.0, _seconds(allow_zero=True)),
+    # GPU awareness (see gpu/placement.py).
+    "max_runs_per_gpu": (lambda: 1, _int_at_least(1)),
+    "gpu_memory": (lambda: None, _optional(_memory)),
+    "gpu_memory_key": (lambda: "gpu_memory", _key_name),
+    "learn_gpu_memory": (lambda: "max", _one_of("max", "mean", None)),
+    "memory_margin": (lambda: "512MiB", _memory),
+    "placement": (lambda: "first_fit", _one_of(*PLACEMENTS)),
+    "busy_memory_fraction": (lambda: None, _optional(_fraction)),
+    "busy_utilization": (lambda: None, _optional(_percent)),
+    "max_oom_retries": (lambda: 2, _int_at_least(0)),
+    "gpu_poll_interval": (lambda: 2.0, _seconds(allow_zero=False)),
+    "cpu_fallback": (lambda: 0, _int_at_least(0)),
+    "max_host_cpu_percent": (lambda: None, _optional(_percent)),
+    "min_host_free_memory": (lambda: None, _optional(_memory)),
+    # Notifications when the sweep ends (see reports/notify.py).
+    "notify_command": (lambda: None, _optional(_command_option)),
+    "notify_email": (lambda: None, _optional(_email_option)),
+}
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    """``scheduler_config`` after validation, every default filled in; sizes in bytes."""
+
+    slots: tuple[Slot, ...] | None  # None for "gpu": "all", resolved against the machine when the sweep starts
+    force_rerun: bool
+    result_root_folder: str
+    temp_folder: str
+    test_config_string_indicator: str
+    test_config_string_separator: str
+    test_config_string_inst_separator: str
+    log_file: str | None
+    scheduler_log_file_path: str | None
+    config_string_value_maxlen: int | None
+    ignored_keys_for_folder_name: list[str]
+    ignored_characters_for_folder_name: list[str]
+    skip_existing_folders: bool
+    max_retries: int
+    timeout: float | None
+    grace_period: float
+    max_runs_per_gpu: int
+    gpu_memory: int | None
+    gpu_memory_key: str
+    learn_gpu_memory: str | None
+    memory_margin: int
+    placement: str
+    busy_memory_fraction: float | None
+    busy_utilization: float | None
+    max_oom_retries: int
+    gpu_poll_interval: float
+    cpu_fallback: int
+    max_host_cpu_percent: float | None
+    min_host_free_memory: int | None
+    notify_command: str | list[str] | None
+    notify_email: Mapping[str, Any] | None
+    given: Mapping[str, Any] = field(repr=False, compare=False)  # as written, defaults added
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as the user wrote them (``"10GiB"`` stays a string), with every default."""
+        return copy.deepcopy(dict(self.given))
+
+    def memory_need(self, config: Mapping[str, Any]) -> int | None:
+        """The GPU memory a run declares (its ``gpu_memory_key``, else ``gpu_memory``), in bytes, or None."""
+        if self.gpu_memory_key in config:
+            return parse_memory(config[self.gpu_memory_key], self.gpu_memory_key)
+        return self.gpu_memory
+
+
+_SIZES = ("gpu_memory", "memory_margin", "min_host_free_memory")
+_SECONDS = ("timeout", "grace_period", "gpu_poll_interval")
+
+
+def parse_scheduler_config(raw: Any) -> SchedulerOptions:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"scheduler_config must be a dict; got {type(raw).__name__} {raw!r}")
+    for key in raw:
+        if key != "gpu" and key not in SCHEDULER_KEYS:
+            raise ConfigError(unknown_key_message("scheduler_config", key, ["gpu", *SCHEDULER_KEYS]))
+    if "gpu" not in raw:
+        raise ConfigError('could not find gpu in scheduler_config; add e.g. "gpu": ["0", "1"] or "gpu": ["cpu"]')
+    parsed = parse_slots(raw["gpu"])
+    given: dict[str, Any] = {"gpu": normalize_gpu_entries(raw["gpu"])}
+    for key, (default, check) in SCHEDULER_KEYS.items():
+        if key not in raw:
+            given[key] = default()
+            continue
+        value = raw[key]
+        problem = check(value)
+        if problem is not None:
+            raise ConfigError(f"scheduler_config[{key!r}] must be {problem}; got {value!r} ({type(value).__name__})")
+        given[key] = os.fspath(value) if isinstance(value, os.PathLike) else copy.deepcopy(value)
+    root = given["result_root_folder"]
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ConfigError(f"scheduler_config['result_root_folder'] is {root!r}, which exists and is not a folder")
+    problem = ledger_path_problem(root)
+    if problem is not None:
+        raise ConfigError(f"scheduler_config['result_root_folder']: {problem}")
+    typed = {key: copy.deepcopy(value) for key, value in given.items() if key != "gpu"}
+    for key in _SIZES:
+        typed[key] = None if typed[key] is None else parse_memory(typed[key], key)
+    for key in _SECONDS:
+        typed[key] = None if typed[key] is None else float(typed[key])
+    return SchedulerOptions(slots=None if parsed is None else tuple(parsed), given=given, **typed)

@@ -38,7 +38,7 @@ class SignalOnStart(Hooks):
         if len(self.started) == self.runs:
             wait_until(lambda: all(os.path.exists(ready) for ready in self.started), message="the runs to be ready")
             for _ in range(self.times):
-                self.scheduler.post("signal", signal.SIGINT)
+                self.scheduler.inbox.put("signal", signal.SIGINT)
 
 
 def run_sweep(backend, config, hooks=None):

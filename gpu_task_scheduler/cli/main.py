@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .. import __version__
+from ..engine.logs import plain_console_logging
 from ..errors import ConfigError, GTSError, TaskClassError
 from ..sweep.files import load_config
 
@@ -91,49 +91,39 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
-def _dry_run(scheduler: Any) -> int:
-    """What a real start would do with each run: the same decision (engine.decide.before_run), read-only."""
-    from ..engine.decide import before_run
-    from ..records.ledger import Ledger, foreign_checker
-    from ..records.paths import RootPaths
-    from ..records.prior import read_prior
+def _dry_run(sweep: Any) -> int:
+    """What a real start would do with each run: the engine's own decision, read-only."""
+    from ..engine.api import plan
 
-    sweep = scheduler.sweep
-    options = sweep.options
-    ledger = Ledger.read_only(RootPaths(options.result_root_folder))
     counts: dict[str, int] = {}
-    try:
-        for spec in sweep.runs(foreign_checker(ledger, options.result_root_folder)):
-            decision = before_run(
-                read_prior(spec, ledger),
-                force_rerun=options.force_rerun,
-                skip_existing_folders=options.skip_existing_folders,
-            )
-            state = decision.label
-            counts[state.split(" ")[0]] = counts.get(state.split(" ")[0], 0) + 1
-            print(f"{spec.index:>6}  {state:<28}  {spec.work_dir}")
-    finally:
-        if ledger:
-            ledger.close()
+    for spec, decision in plan(sweep):
+        kind = decision.label.split(" ")[0]
+        counts[kind] = counts.get(kind, 0) + 1
+        print(f"{spec.index:>6}  {decision.label:<28}  {spec.work_dir}")
     print(f"{sum(counts.values())} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     return EXIT_OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..gpu_task_scheduler import GPUTaskScheduler, import_task
+    from ..backends.local.launcher import LocalLauncher
+    from ..backends.local.tasks import import_task, resolve_task
+    from ..engine.api import run_sweep
+    from ..engine.hooks import HookList
+    from ..sweep.expand import Sweep
+    from .progress import live_status, wanted
 
     _config_among_gpus(args)
-    config = _run_config(args)
-    task = import_task(args.task) if args.task else None
-    from .progress import wanted
-
-    live = not args.dry_run and not args.plain and wanted(sys.stderr)
-    if not live:
-        _plain_logging()
-    scheduler = GPUTaskScheduler(config, task, live_status=live)
+    sweep = Sweep(_run_config(args))
+    make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
     if args.dry_run:
-        return _dry_run(scheduler)
-    return scheduler.start(reraise_signals=False).exit_code
+        return _dry_run(sweep)
+    status = None if args.plain else live_status(len(sweep), wanted(sys.stderr))
+    if status is None:
+        plain_console_logging()
+    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period)
+    console = None if status is None else status.log_handler()
+    summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
+    return summary.exit_code
 
 
 # --- gts queue ---------------------------------------------------------------------------
@@ -141,11 +131,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_queue(args: argparse.Namespace) -> int:
     from ..backends.local.launcher import LocalLauncher
-    from ..engine.loop import Scheduler
-    from ..gpu_task_scheduler import scheduler_logging
-    from .queue import QueueSweep, ShellLineTask
+    from ..backends.local.tasks import ShellLineTask
+    from ..engine.api import run_sweep
+    from ..sweep.stream import StreamSweep
 
-    _plain_logging()
+    plain_console_logging()
     config = {
         "scheduler_config": {
             "gpu": _gpu_option(args.gpus),
@@ -156,19 +146,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
             **({"grace_period": args.grace_period} if args.grace_period is not None else {}),
         }
     }
-    sweep = QueueSweep(config, sys.stdin)
+    sweep = StreamSweep(config, sys.stdin)
     launcher = LocalLauncher(ShellLineTask, grace_period=sweep.options.grace_period)
-    scheduler = Scheduler(sweep, launcher, keep_succeeded=False)
-    sweep.start_reading(lambda: scheduler.post("wake"))
-    scheduler.setup()
-    with scheduler_logging(sweep.options.scheduler_log_file_path):
-        summary = scheduler.run()
-        logging.getLogger("gpu_task_scheduler").log(
-            logging.INFO if summary.ok else logging.ERROR, "%s", summary.report()
-        )
-    if summary.interrupted_by:
-        return EXIT_INTERRUPTED
-    return summary.exit_code
+    summary = run_sweep(sweep, launcher, keep_succeeded=False)
+    return EXIT_INTERRUPTED if summary.interrupted_by else summary.exit_code
 
 
 # --- gts grid -----------------------------------------------------------------------------
@@ -370,20 +351,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="the image file to write (.png, .svg, .pdf)")
     p.set_defaults(handler=cmd_plot)
     return parser
-
-
-def _plain_logging() -> None:
-    if not logging.getLogger().handlers:
-        from ..gpu_task_scheduler import ConsoleFilter
-
-        logging.basicConfig(
-            level=logging.INFO,
-            format="%(asctime)s %(levelname)s %(message)s",
-            datefmt="%a, %d %b %Y %H:%M:%S",
-            stream=sys.stderr,
-        )
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(ConsoleFilter())
 
 
 def _ensure_standard_streams() -> None:

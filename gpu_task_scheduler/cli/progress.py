@@ -165,3 +165,13 @@ class _AboveStatus(logging.StreamHandler):
                 self.stream.write(_CLEAR)
             super().emit(record)
             self._status._draw()
+
+
+def live_status(total: int, choice: bool | None) -> LiveStatus | None:
+    """The status line for a sweep of ``total`` runs, if ``choice`` is True, or None (the
+    default) and stderr is a terminal where the application has not set up logging of its
+    own (our redrawn line would mix with its lines)."""
+    if choice is None:
+        logger = logging.getLogger("gpu_task_scheduler")
+        choice = wanted(sys.stderr) and not logging.getLogger().handlers and logger.level == logging.NOTSET
+    return LiveStatus(total) if choice else None

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import signal
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..gpu.devices import Slot
 from ..sweep.expand import RunSpec
 from .summary import RunOutcome, SweepSummary
 
+logger = logging.getLogger("gpu_task_scheduler")
+
 # SIGHUP (the terminal closed) stops the sweep as gracefully as Ctrl-C.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-# What a sweep's iterator yields when its next run is not known yet (``gts queue``
-# waiting for input); it posts a "wake" event when there is more.
-NOT_READY: Any = object()
 
 
 class Hooks:
@@ -33,6 +33,49 @@ class Hooks:
 
     def on_sweep_end(self, summary: SweepSummary) -> None:
         pass
+
+    def close(self) -> None:
+        """Release what the hook holds (the live status line's ticker); called once the sweep ends."""
+
+
+class HookList(Hooks):
+    """Several hooks, then plain functions (``on_run_end=`` of ``GPUTaskScheduler``), in order.
+
+    A hook that raises is logged and the others still run; a function's
+    exception reaches the engine, which logs it the same way.
+    """
+
+    def __init__(self, hooks: Sequence[Hooks] = (), **functions: Callable[..., Any] | None) -> None:
+        self._hooks = list(hooks)
+        self._functions = functions
+
+    def _each(self, name: str, *args: Any) -> None:
+        for hook in self._hooks:
+            try:
+                getattr(hook, name)(*args)
+            except Exception:
+                logger.exception("the %s callback raised; the sweep goes on", name)
+        function = self._functions.get(name)
+        if function is not None:
+            function(*args)
+
+    def on_run_start(self, spec: RunSpec, slot: Slot) -> None:
+        self._each("on_run_start", spec, slot)
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        self._each("on_run_end", outcome)
+
+    def on_skip(self, spec: RunSpec) -> None:
+        self._each("on_skip", spec)
+
+    def on_sweep_end(self, summary: SweepSummary) -> None:
+        self._each("on_sweep_end", summary)
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            close = getattr(hook, "close", None)  # hooks need not subclass Hooks
+            if close is not None:
+                close()
 
 
 class Inbox:

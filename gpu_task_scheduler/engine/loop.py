@@ -7,57 +7,47 @@ deadline passes (a run's timeout, the end of a grace period, the next look at
 the GPUs while runs wait for memory or are measured), so a slot gets its next
 run the moment the last one ends.
 
-What to decide is in ``decide.py`` (pure), where runs fit in
-``gpu/capacity.py``, how a run's process starts in the launcher; this module
-is the order of events around them and the I/O (ledger, outcome files, logs).
+What to decide is in ``decide.py`` (pure), which run comes next in
+``pending.py``, where it fits in ``gpu/capacity.py``, how its process starts
+in the launcher, what is written down about it in ``outcomes.py``; this
+module is the order of events around them.
 """
 
 from __future__ import annotations
 
-import collections
-import json
 import logging
 import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Empty
 from types import ModuleType
-from typing import Any
 
 from ..errors import GTSError
 from ..gpu.capacity import Capacity
-from ..gpu.devices import Slot, format_memory
+from ..gpu.devices import Slot
 from ..gpu.host import HostProbe
-from ..gpu.placement import Need, WholeGpu
+from ..gpu.placement import Need
 from ..records.ledger import Ledger, SweepLock, foreign_checker
 from ..records.paths import RootPaths, RunPaths
-from ..records.prior import adopt, read_prior, settle_running
-from ..records.protocol import Outcome
+from ..records.prior import read_prior, settle_running
 from ..records.status import RunStatus
-from ..sweep.expand import RunSpec, Sweep, params_text
-from .decide import ExitFacts, after_exit, before_run, classify
-from .hooks import NOT_READY, Hooks, Inbox, StopSignals
+from ..sweep.expand import RunSpec, Sweep
+from .decide import after_exit, before_run, classify
+from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
-from .summary import RunOutcome, SweepSummary
+from .outcomes import Records, read_exit
+from .pending import Pending, RunQueue
+from .summary import SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
-FILE_ONLY = {"gts_file_only": True}  # log records for scheduler.log only (see ConsoleFilter in gpu_task_scheduler.py)
-
-
-@dataclass
-class _Pending:
-    spec: RunSpec
-    tries: int = 0  # attempts of this run in this start()
-    oom_retries: int = 0
-    need: Need = None  # the memory estimate raised after an out-of-memory failure
 
 
 @dataclass
 class _Active:
-    item: _Pending
+    item: Pending
     slot_index: int
     slot: Slot
     handle: Handle
@@ -91,27 +81,17 @@ class Scheduler:
         self.inbox = inbox or Inbox()
         self._active: dict[int, _Active] = {}
         self._keys = iter(range(1 << 62))
-        self._retry: collections.deque[_Pending] = collections.deque()
-        self._deferred: collections.deque[_Pending] = collections.deque()  # out-of-memory retries, last
-        self._held: _Pending | None = None  # the next run, waiting for room
-        self._runs: Iterator[RunSpec] | None = None
-        self._exhausted = False
         self._stop_level = 0
         self._summary = SweepSummary(keep_succeeded=keep_succeeded)
         self._capacity: Capacity | None = None
         self._waiting_for: str | None = None
         self._next_poll: float | None = None
-        self._skips: dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
 
     def setup(self) -> Capacity:
         """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
         if self._capacity is None:
             self._capacity = Capacity(self.options, nvml=self._nvml, host=self._host)
         return self._capacity
-
-    @property
-    def slots(self) -> list[Slot]:
-        return self.setup().slots
 
     def run(self) -> SweepSummary:
         started = self._clock()
@@ -126,12 +106,13 @@ class Scheduler:
             with SweepLock(root) as lock:
                 assert lock.fd is not None
                 self._launcher.open(lock.fd)  # every run holds the lock too: the root stays locked while one lives
-                with Ledger(root) as self._ledger:
+                with Ledger(root) as ledger:
+                    self._records = Records(ledger, self._summary, self._hooks)
                     try:
-                        settle_running(self._ledger)
-                        self._record_sweep()
-                        self._ledger.set_meta("log_file", self.options.log_file or "")
-                        self._runs = self.sweep.runs(foreign_checker(self._ledger, root.root))
+                        settle_running(ledger)
+                        self._records.sweep_starting(self.sweep)
+                        self._queue = RunQueue(self.sweep.runs(foreign_checker(ledger, root.root)))
+                        self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
                             self._loop()
                     finally:
@@ -139,25 +120,8 @@ class Scheduler:
         finally:
             capacity.close()
         self._summary.duration = self._clock() - started
-        self._call("on_sweep_end", self._summary)
+        self._records.call("on_sweep_end", self._summary)
         return self._summary
-
-    def _record_sweep(self) -> None:
-        """What ``gts status`` needs to know beyond the runs: the sweep's size (none for gts queue)."""
-        try:
-            self._ledger.set_meta("sweep_runs", str(len(self.sweep)))
-        except TypeError:  # an open-ended sweep
-            self._ledger.set_meta("sweep_runs", "")
-
-    def post(self, kind: str, value: Any = None) -> None:
-        """Wake the loop from another thread (e.g. new input for ``gts queue``)."""
-        self.inbox.put(kind, value)
-
-    def _call(self, hook: str, *args: Any) -> None:
-        try:
-            getattr(self._hooks, hook)(*args)
-        except Exception:
-            logger.exception("the %s callback raised; the sweep goes on", hook)
 
     # --- the loop -------------------------------------------------------------
 
@@ -165,7 +129,7 @@ class Scheduler:
         while True:
             if self._stop_level == 0:
                 self._fill()
-            if not self._active and (self._stop_level or (self._held is None and self._done_taking())):
+            if not self._active and (self._stop_level or self._queue.empty):
                 return
             try:
                 kind, value = self.inbox.get(self._seconds_to_next_deadline())
@@ -178,208 +142,102 @@ class Scheduler:
                 self._on_signal(value)
             self._enforce_deadlines()
 
-    def _done_taking(self) -> bool:
-        return self._exhausted and not self._retry and not self._deferred
-
     def _seconds_to_next_deadline(self) -> float | None:
         deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at) if d is not None]
-        if (self._held is not None or self.setup().measuring) and self._stop_level == 0:
+        if (self._queue.held is not None or self.setup().measuring) and self._stop_level == 0:
             if self._next_poll is None or self._next_poll <= self._clock():
                 self._next_poll = self._clock() + self.options.gpu_poll_interval
             deadlines.append(self._next_poll)
         return None if not deadlines else max(0.0, min(deadlines) - self._clock())
 
-    def _next(self) -> _Pending | None:
-        if self._held is None:
-            if self._retry:
-                self._held = self._retry.popleft()
-            elif not self._exhausted:
-                assert self._runs is not None
-                spec = next(self._runs, None)
-                if spec is None:
-                    self._exhausted = True
-                elif spec is not NOT_READY:
-                    self._held = _Pending(spec)
-            if self._held is None and self._exhausted and self._deferred:
-                self._held = self._deferred.popleft()
-        return self._held
-
     def _fill(self) -> None:
-        capacity = self.setup()
-        while (item := self._next()) is not None:
+        capacity, queue, records = self.setup(), self._queue, self._records
+        while (item := queue.head()) is not None:
             if not item.tries and self._skipped(item.spec):
-                self._held = None
+                queue.pop()
                 continue
             need = capacity.need(item.spec.config, item.need)
             placement = capacity.place(item.spec.name, need)
             if placement.impossible is not None:
-                self._held = None
-                self._fail(item, placement.impossible)
+                queue.pop()
+                records.not_started(item.spec, item.tries, placement.impossible, capacity.free_slot_name())
                 continue
             if placement.view is None:
                 if placement.waiting is not None and placement.waiting != self._waiting_for:
                     self._waiting_for = placement.waiting  # waiting for our own runs is the normal case
                     (logger.warning if placement.news else logger.info)("%s", placement.waiting)
                 return
-            self._held, self._waiting_for = None, None
-            self._report_skips()
+            queue.pop()
+            self._waiting_for = None
+            records.report_skips()
             logger.info("%s receives task %s", placement.view.slot.name, item.spec.test_config_string)
             self._launch(item, placement.view.index, need)
-        if self._done_taking():
-            self._report_skips()
+        if not queue.taking:
+            records.report_skips()
             for slot in capacity.newly_idle():
                 logger.info("%s finished", slot.name)
 
     def _skipped(self, spec: RunSpec) -> bool:
-        prior = read_prior(spec, self._ledger)
-        decision = before_run(
-            prior,
-            force_rerun=self.options.force_rerun,
-            skip_existing_folders=self.options.skip_existing_folders,
-        )
+        prior = read_prior(spec, self._records.ledger)
+        o = self.options
+        decision = before_run(prior, force_rerun=o.force_rerun, skip_existing_folders=o.skip_existing_folders)
         if decision.warning:
             logger.warning("%s %s", spec.work_dir, decision.warning)
         if decision.action == "run":
             return False
-        if decision.action == "adopt" and prior.outcome is not None:
-            adopt(self._ledger, spec, prior.outcome, params_text(spec.test_config))
-        name = self.setup().free_slot_name()
-        # The original's two lines, for scheduler.log; the console gets one count (_report_skips).
-        logger.info("%s receives task %s", name, spec.test_config_string, extra=FILE_ONLY)
-        logger.info("%s skips task %s", name, spec.test_config_string, extra=FILE_ONLY)
-        self._skips[decision.reason] = self._skips.get(decision.reason, 0) + 1
-        self._summary.skipped.append(spec.name)
-        self._call("on_skip", spec)
+        self._records.skipped(spec, prior, decision, self.setup().free_slot_name())
         return True
-
-    def _report_skips(self) -> None:
-        """One line for the runs skipped since the last one started (the console shows no per-run lines)."""
-        if self._skips:
-            reasons = "; ".join(f"{count} because {reason}" for reason, count in self._skips.items())
-            logger.info("skipped %d run(s): %s", sum(self._skips.values()), reasons)
-            self._skips.clear()
 
     # --- starting and ending runs ----------------------------------------------
 
-    def _fail(
-        self, item: _Pending, cause: str, slot: Slot | None = None, paths: RunPaths | None = None, tail: str = ""
-    ) -> None:
-        """A run that failed before its process could start."""
-        spec = item.spec
-        has_log = paths is not None and paths.log is not None and os.path.isfile(paths.log)
-        slot_name = slot.name if slot is not None else self.setup().free_slot_name()
-        logger.error("%s fails task %s (%s)", slot_name, spec.test_config_string, cause)
-        outcome = RunOutcome(
-            name=spec.name,
-            work_dir=spec.work_dir,
-            status=RunStatus.FAILED,
-            attempts=item.tries,
-            slot=None if slot is None else slot.name,
-            cause=cause,
-            log_path=paths.log if has_log and paths is not None else None,
-            log_tail=tail,
-        )
-        self._summary.record(outcome)
-        self._call("on_run_end", outcome)
-
-    def _launch(self, item: _Pending, slot_index: int, need: Need) -> None:
+    def _launch(self, item: Pending, slot_index: int, need: Need) -> None:
         spec, slot = item.spec, self.setup().slots[slot_index]
         item.tries += 1
         paths = RunPaths(spec.work_dir, self.options.log_file)
         token = uuid.uuid4().hex
-        number = self._ledger.mark_running(
-            name=spec.name,
-            run_index=spec.index,
-            config_hash=spec.config_hash,
-            slot=slot.name,
-            token=token,
-            work_dir=spec.work_dir,
-            params=params_text(spec.test_config),
-        )
+        number = self._records.starting(spec, slot, token)
         key = next(self._keys)
         try:
             handle = self._launcher.start(
                 Attempt(spec, slot, paths, token, number), lambda: self.inbox.put("exit", key)
             )
         except (LaunchError, OSError) as error:
-            cause = f"could not start: {error}"
             tail = paths.tail() or "\n".join(getattr(error, "details", "").splitlines()[-20:])
-            self._ledger.finish(spec.name, RunStatus.FAILED, cause=cause, log_tail=tail or None)
-            self._fail(item, cause, slot, paths, tail)
+            cause = f"could not start: {error}"
+            self._records.not_started(spec, item.tries, cause, slot.name, slot=slot, paths=paths, tail=tail)
             return
         now, timeout = self._clock(), self.options.timeout
         self.setup().take(slot_index, handle.pid, need)
         deadline = None if timeout is None else now + timeout
         self._active[key] = _Active(item, slot_index, slot, handle, paths, token, now, deadline)
-        self._call("on_run_start", spec, slot)
+        self._records.call("on_run_start", spec, slot)
 
     def _on_exit(self, key: int) -> None:
         active = self._active.pop(key)
-        reserved, peak = self.setup().release(active.slot_index, active.handle.pid)  # before reaping
-        ended = active.handle.reap()
-        spec, paths, item = active.spec, active.paths, active.item
-        unsafe = paths.unsafe(records_only=True)  # the run itself may have planted a link where our records go
-        outcome = Outcome.read(paths.outcome, token=active.token) if unsafe is None else None
-        tail = paths.tail()
-        end = classify(
-            ExitFacts(
-                returncode=ended.returncode,
-                reports_outcome=active.handle.reports_outcome,
-                outcome=outcome,
-                stopped=active.stopped,
-                unsafe=unsafe,
-                folder_exists=paths.exists(),
-                log_tail=tail,
-                unstoppable=ended.unstoppable,
-            )
+        capacity, handle, item = self.setup(), active.handle, active.item
+        reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
+        ended = handle.reap()
+        exit = read_exit(
+            active.paths, active.token, ended, reports_outcome=handle.reports_outcome, stopped=active.stopped
         )
-        if ended.strays:
-            logger.warning(
-                "%s left %d process(es) running outside its process group; stopped pid %s",
-                spec.name,
-                len(ended.strays),
-                ", ".join(map(str, ended.strays)),
-            )
-        if ended.unstoppable:
-            stuck = ", ".join(map(str, ended.unstoppable))
-            logger.error("%s: processes it started could not be stopped: pid %s", spec.name, stuck)
+        end = classify(exit.facts)
         if peak and end.oom is None:
-            self.setup().learn(peak)
-        succeeded = end.status is RunStatus.SUCCEEDED
-        result_file = outcome.large_result_file if succeeded and outcome else None
-        self._ledger.finish(
-            spec.name,
-            end.status,
-            exit_code=end.exit_code,
-            signal=end.signal,
-            cause=end.cause,
-            log_tail=tail,
-            result=None if end.result is None else json.dumps(end.result),
-            gpu_memory_peak=peak,
-            pid=active.handle.pid,
-            result_file=result_file,
-        )
-        record = RunOutcome(
-            name=spec.name,
-            work_dir=spec.work_dir,
-            status=end.status,
+            capacity.learn(peak)
+        duration = self._clock() - active.started
+        self._records.ended(
+            active.spec,
+            active.slot,
+            active.paths,
+            exit,
+            end,
+            ended,
             attempts=item.tries,
-            slot=active.slot.name,
-            exit_code=end.exit_code,
-            signal=end.signal,
-            cause=end.cause,
-            log_path=paths.log,
-            log_tail=tail,
-            duration=self._clock() - active.started,
-            result=end.result,
-            result_file=paths.result if result_file else None,
+            pid=handle.pid,
+            peak=peak,
+            duration=duration,
         )
-        self._summary.record(record)
-        self._call("on_run_end", record)
-        if succeeded:
-            logger.info("%s finishes task %s", active.slot.name, spec.test_config_string)
+        if end.status is RunStatus.SUCCEEDED:
             return
-        logger.error("%s fails task %s (%s)", active.slot.name, spec.test_config_string, record.describe())
         o = self.options
         step = after_exit(
             end,
@@ -391,21 +249,7 @@ class Scheduler:
             max_oom_retries=o.max_oom_retries,
             stopping=self._stop_level > 0,
         )
-        if step.action == "defer":
-            item.oom_retries += 1
-            item.need = step.need
-            size = "the whole GPU" if isinstance(step.need, WholeGpu) else format_memory(step.need)
-            logger.info(
-                "%s ran out of GPU memory; it will run again later, reserving %s (out-of-memory retry %d of %d)",
-                spec.name,
-                size,
-                item.oom_retries,
-                o.max_oom_retries,
-            )
-            self._deferred.append(item)
-        elif step.action == "retry":
-            logger.info("%s will be retried (attempt %d of %d)", spec.name, item.tries + 1, o.max_retries + 1)
-            self._retry.append(item)
+        self._queue.requeue(item, step, max_retries=o.max_retries, max_oom_retries=o.max_oom_retries)
 
     # --- stopping -----------------------------------------------------------------
 
@@ -463,6 +307,8 @@ class Scheduler:
             active.handle.reap()
             del self._active[key]
             try:
-                self._ledger.finish(active.spec.name, RunStatus.INTERRUPTED, cause="the scheduler stopped on an error")
+                self._records.ledger.finish(
+                    active.spec.name, RunStatus.INTERRUPTED, cause="the scheduler stopped on an error"
+                )
             except GTSError:
                 pass  # the ledger is what failed; the next start marks the run interrupted

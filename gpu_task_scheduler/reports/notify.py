@@ -25,9 +25,10 @@ import ssl
 import subprocess
 from collections.abc import Mapping, Sequence
 from email.message import EmailMessage
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..engine.summary import SweepSummary
+if TYPE_CHECKING:  # the engine calls these at a sweep's end; reports/ does not depend on the engine
+    from ..engine.summary import SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
 NOTIFY_TIMEOUT = 60.0

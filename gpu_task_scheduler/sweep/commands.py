@@ -12,20 +12,18 @@ Placeholders: every config key, plus ``{work_dir}``, ``{run_name}``,
 ``{run_index}`` and ``{gpus}`` (the run's ``CUDA_VISIBLE_DEVICES``). Format
 specs work (``{lr:.0e}``); an unknown placeholder is a ``ConfigError`` before
 anything runs.
+
+This module is the config-time half (checking and filling templates); running
+the command is ``backends/local/tasks.py``'s ``CommandTask``.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
-import subprocess
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from ..gpu_task import GPUTask
 from .templates import check_fields, fill, format_one
 
 BUILTINS = ("work_dir", "run_name", "run_index", "gpus")
@@ -91,104 +89,3 @@ def render_shell(template: str, values: Mapping[str, Any]) -> tuple[str, dict[st
             raise ValueError(f"the value of {{{field}}} contains a NUL character, which no command can be given")
         env[variable] = text
     return compiled.script, env
-
-
-class CommandFailed(SystemExit):
-    """The run's command exited non-zero; the run's process exits with the same code."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(code)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def run_with_grace(command: str | list[str], *, shell: bool, env: dict[str, str] | None) -> tuple[int, int | None]:
-    """Run the command; a stop signal to us is left to the command to act on.
-
-    The scheduler signals the run's whole process group, so the command has
-    the signal already (we pass it on only if it was sent to us alone). We
-    keep waiting, so a command that traps SIGTERM to save a checkpoint gets
-    the whole grace period; the scheduler's SIGKILL ends both of us after it.
-    Returns ``(returncode, stop signal or None)``.
-    """
-    received: list[int] = []
-    children: list[subprocess.Popen] = []
-
-    # Started by the scheduler, we lead the run's session and group, and a stop
-    # reaches the command through the group; a second copy could count as
-    # "stop now" to it. Otherwise (run by hand, or the command left the group)
-    # we pass the signal on.
-    scheduled = os.getsid(0) == os.getpid()
-
-    def on_stop(signum: int, frame: Any) -> None:
-        received.append(signum)
-        for child in children:
-            try:
-                if not scheduled or os.getpgid(child.pid) != os.getpgrp():
-                    os.kill(child.pid, signum)
-            except OSError:
-                pass
-
-    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {signum: signal.signal(signum, on_stop) for signum in stops}
-    try:
-        children.append(subprocess.Popen(command, shell=shell, env=env, stdin=subprocess.DEVNULL))
-        returncode = children[0].wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return returncode, (received[0] if received else None)
-
-
-class CommandTask(GPUTask):
-    """Runs one command per run, in the run folder's context, with the run's GPUs."""
-
-    def __init__(
-        self,
-        config: dict[str, Any],
-        work_dir: str,
-        *,
-        parts: Sequence[str],
-        shell: bool = False,
-        run_name: str = "",
-        run_index: int = 0,
-    ) -> None:
-        super().__init__(config, work_dir)
-        self.parts = list(parts)
-        self.shell = shell
-        self.run_name = run_name
-        self.run_index = run_index
-
-    def _values(self) -> dict[str, Any]:
-        values = dict(self._config)
-        values.update(
-            work_dir=self._work_dir,
-            run_name=self.run_name,
-            run_index=self.run_index,
-            gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        )
-        return values
-
-    def command(self) -> tuple[str | list[str], dict[str, str] | None]:
-        """The run's argv (or, with ``shell``, its script) and the environment it needs (None: ours)."""
-        if not self.shell:
-            return render(self.parts, self._values()), None
-        script, values = render_shell(self.parts[0], self._values())
-        return script, {**os.environ, **values}
-
-    def main(self) -> None:
-        command, env = self.command()
-        sys.stdout.flush()
-        returncode, stopped_by = run_with_grace(command, shell=self.shell, env=env)
-        if stopped_by is not None:
-            raise CommandFailed(
-                128 + stopped_by,
-                f"the command was stopped by {signal.Signals(stopped_by).name} (it ended with status {returncode})",
-            )
-        if returncode != 0:
-            code = returncode if returncode > 0 else 128 - returncode
-            how = f"exit code {returncode}" if returncode > 0 else f"signal {-returncode}"
-            raise CommandFailed(code, f"the command failed with {how}")
-        return None  # the command's own result.json, if it writes one, is the run's result

@@ -30,6 +30,10 @@ from .options import SchedulerOptions, parse_scheduler_config
 
 logger = logging.getLogger("gpu_task_scheduler")
 
+# What an open-ended sweep's runs() yields while its next run is not known yet
+# (gts queue waiting for a line); it calls the ``wake`` given to Sweep.follow when there is more.
+NOT_READY: Any = object()
+
 TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config", "task", "command", "shell")
 
 
@@ -251,6 +255,10 @@ class Sweep:
 
     def __iter__(self) -> Iterator[RunSpec]:
         return self.runs()
+
+    def follow(self, wake: Callable[[], None]) -> None:
+        """Called as a sweep starts: an open-ended sweep whose ``runs()`` yields :data:`NOT_READY`
+        calls ``wake()`` (from any thread) when its next run is known. A config's sweep never waits."""
 
     def runs(self, foreign: Callable[[str, str], bool] | None = None) -> Iterator[RunSpec]:
         """The runs, lazily. ``foreign(name, params)`` says whether the result root

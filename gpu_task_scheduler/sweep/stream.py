@@ -1,53 +1,29 @@
-"""``gts queue``: shell commands from a stream, run on the GPUs as they arrive.
+"""A sweep whose runs are the lines of a stream: ``gts queue``.
 
-Compatible with simple-gpu-scheduler: one command per line, run through the
-shell with ``CUDA_VISIBLE_DEVICES`` set to the slot's GPUs. A thread reads the
+Compatible with simple-gpu-scheduler: one shell command per line (blank lines
+and ``#`` comments skipped), each a run of its own named ``job-NNNNNN-<hash>``,
+run by ``backends/local/tasks.py``'s ``ShellLineTask``. A thread reads the
 stream and hands lines over through a small bounded buffer, so a fifo or
-``tail -f`` can keep feeding it and a million lines never sit in memory; the
-scheduler wakes when a line arrives. Each command's output goes to
-``<log dir>/<job>/worker.log``.
+``tail -f`` can keep feeding it and a million lines never sit in memory;
+``runs()`` yields :data:`NOT_READY` while no line is waiting, and the engine
+sleeps until the reader wakes it.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from ..engine.hooks import NOT_READY
-from ..gpu_task import GPUTask
-from ..sweep.expand import RunSpec, Sweep
-from ..sweep.naming import short_hash
+from .expand import NOT_READY, RunSpec, Sweep
+from .naming import short_hash
 
 _EOF = object()
 
 
-class ShellLineTask(GPUTask):
-    """Runs ``config["command"]`` through the shell, as simple-gpu-scheduler does.
-
-    ``shell_command`` makes the scheduler start the shell directly instead of
-    a Python runner (a few milliseconds instead of a Python start per line);
-    ``main()`` is the same thing, for running the task by hand.
-    """
-
-    @property
-    def shell_command(self) -> str:
-        return self._config["command"]
-
-    def main(self) -> Any:
-        completed = subprocess.run(self._config["command"], shell=True, stdin=subprocess.DEVNULL)
-        if completed.returncode != 0:
-            from ..sweep.commands import CommandFailed
-
-            code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
-            raise CommandFailed(code, f"the command failed with exit code {completed.returncode}")
-        return None
-
-
-class QueueSweep(Sweep):
+class StreamSweep(Sweep):
     """A sweep whose runs are the lines of a stream."""
 
     def __init__(self, config: Any, stream: IO[str], *, buffer: int = 64) -> None:
@@ -60,7 +36,8 @@ class QueueSweep(Sweep):
     def __len__(self) -> int:
         raise TypeError("a queue has no length until its input ends")
 
-    def start_reading(self, wake: Callable[[], None]) -> None:
+    def follow(self, wake: Callable[[], None]) -> None:
+        """Start reading the stream; ``wake()`` is called after each line, and at its end."""
         self._wake = wake
         self._reader = threading.Thread(target=self._read, name="gts-queue-reader", daemon=True)
         self._reader.start()

@@ -1,0 +1,203 @@
+"""The tasks the scheduler itself provides, and how a sweep's task is chosen.
+
+* a ``GPUTask`` subclass given by the caller, or named in the config
+  (``task: "package.module:Class"``, imported here);
+* :class:`CommandTask`: a ``command:`` template filled with the run's values
+  (templates are checked and filled by ``sweep/commands.py``);
+* :class:`ShellLineTask`: one line of ``gts queue`` input, run by ``/bin/sh``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ...errors import ConfigError, TaskClassError
+from ...gpu_task import GPUTask
+from ...sweep.commands import check_template, render, render_shell
+from ...sweep.expand import RunSpec, Sweep
+from .prepare import TaskFactory
+
+
+def check_task_class(task_class: object) -> type[GPUTask]:
+    if not (inspect.isclass(task_class) and issubclass(task_class, GPUTask)):
+        raise TaskClassError(
+            f"gpu_task_class must be a subclass of gpu_task_scheduler.gpu_task.GPUTask; got {task_class!r}"
+        )
+    return task_class
+
+
+def import_task(reference: str) -> type[GPUTask]:
+    """``"package.module:ClassName"`` -> the class (the current directory is importable, as with ``python -m``)."""
+    module_name, _, class_name = reference.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+        task_class = getattr(module, class_name)
+    except Exception as error:
+        raise ConfigError(f"cannot import the task {reference!r}: {type(error).__name__}: {error}") from error
+    return check_task_class(task_class)
+
+
+def command_factory(sweep: Sweep, command: Any, shell: bool) -> TaskFactory:
+    parts = check_template(command, sweep.keys(), shell=shell)
+
+    def make(spec: RunSpec) -> GPUTask:
+        return CommandTask(
+            copy.deepcopy(spec.config),
+            spec.work_dir,
+            parts=parts,
+            shell=shell,
+            run_name=spec.name,
+            run_index=spec.index,
+        )
+
+    make.__name__ = "CommandTask"
+    return make
+
+
+def resolve_task(
+    sweep: Sweep, task_class: type[GPUTask] | None = None, *, command: Any = None, shell: bool | None = None
+) -> TaskFactory:
+    """What each run of ``sweep`` runs: ``task_class``, else a command (given here or in the
+    config), else the config's ``task``. A ``TaskClassError`` when there is none."""
+    if task_class is not None:
+        return check_task_class(task_class)
+    if command is not None or sweep.command is not None:
+        return command_factory(
+            sweep, command if command is not None else sweep.command, sweep.shell if shell is None else shell
+        )
+    if sweep.task_ref is not None:
+        return import_task(sweep.task_ref)
+    raise TaskClassError(
+        "no task to run: pass gpu_task_class, or set task ('package.module:Class') or command in the config"
+    )
+
+
+class CommandFailed(SystemExit):
+    """The run's command exited non-zero; the run's process exits with the same code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def run_with_grace(command: str | list[str], *, shell: bool, env: dict[str, str] | None) -> tuple[int, int | None]:
+    """Run the command; a stop signal to us is left to the command to act on.
+
+    The scheduler signals the run's whole process group, so the command has
+    the signal already (we pass it on only if it was sent to us alone). We
+    keep waiting, so a command that traps SIGTERM to save a checkpoint gets
+    the whole grace period; the scheduler's SIGKILL ends both of us after it.
+    Returns ``(returncode, stop signal or None)``.
+    """
+    received: list[int] = []
+    children: list[subprocess.Popen] = []
+
+    # Started by the scheduler, we lead the run's session and group, and a stop
+    # reaches the command through the group; a second copy could count as
+    # "stop now" to it. Otherwise (run by hand, or the command left the group)
+    # we pass the signal on.
+    scheduled = os.getsid(0) == os.getpid()
+
+    def on_stop(signum: int, frame: Any) -> None:
+        received.append(signum)
+        for child in children:
+            try:
+                if not scheduled or os.getpgid(child.pid) != os.getpgrp():
+                    os.kill(child.pid, signum)
+            except OSError:
+                pass
+
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, on_stop) for signum in stops}
+    try:
+        children.append(subprocess.Popen(command, shell=shell, env=env, stdin=subprocess.DEVNULL))
+        returncode = children[0].wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return returncode, (received[0] if received else None)
+
+
+class CommandTask(GPUTask):
+    """Runs one command per run, in the run folder's context, with the run's GPUs."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        work_dir: str,
+        *,
+        parts: Sequence[str],
+        shell: bool = False,
+        run_name: str = "",
+        run_index: int = 0,
+    ) -> None:
+        super().__init__(config, work_dir)
+        self.parts = list(parts)
+        self.shell = shell
+        self.run_name = run_name
+        self.run_index = run_index
+
+    def _values(self) -> dict[str, Any]:
+        values = dict(self._config)
+        values.update(
+            work_dir=self._work_dir,
+            run_name=self.run_name,
+            run_index=self.run_index,
+            gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        )
+        return values
+
+    def command(self) -> tuple[str | list[str], dict[str, str] | None]:
+        """The run's argv (or, with ``shell``, its script) and the environment it needs (None: ours)."""
+        if not self.shell:
+            return render(self.parts, self._values()), None
+        script, values = render_shell(self.parts[0], self._values())
+        return script, {**os.environ, **values}
+
+    def main(self) -> None:
+        command, env = self.command()
+        sys.stdout.flush()
+        returncode, stopped_by = run_with_grace(command, shell=self.shell, env=env)
+        if stopped_by is not None:
+            raise CommandFailed(
+                128 + stopped_by,
+                f"the command was stopped by {signal.Signals(stopped_by).name} (it ended with status {returncode})",
+            )
+        if returncode != 0:
+            code = returncode if returncode > 0 else 128 - returncode
+            how = f"exit code {returncode}" if returncode > 0 else f"signal {-returncode}"
+            raise CommandFailed(code, f"the command failed with {how}")
+        return None  # the command's own result.json, if it writes one, is the run's result
+
+
+class ShellLineTask(GPUTask):
+    """Runs ``config["command"]`` through the shell, as simple-gpu-scheduler does.
+
+    ``shell_command`` makes the scheduler start the shell directly instead of
+    a Python runner (a few milliseconds instead of a Python start per line);
+    ``main()`` is the same thing, for running the task by hand.
+    """
+
+    @property
+    def shell_command(self) -> str:
+        return self._config["command"]
+
+    def main(self) -> Any:
+        completed = subprocess.run(self._config["command"], shell=True, stdin=subprocess.DEVNULL)
+        if completed.returncode != 0:
+            code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
+            raise CommandFailed(code, f"the command failed with exit code {completed.returncode}")
+        return None

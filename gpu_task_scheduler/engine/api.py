@@ -1,0 +1,93 @@
+"""The engine's entry points: plan a sweep (what would run), run it (with its log and notifications).
+
+``GPUTaskScheduler`` (the original's class) and the ``gts`` command are thin
+layers over these two functions, so a library call and a command line behave
+the same in every case.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from types import ModuleType
+
+from ..records.ledger import Ledger, foreign_checker
+from ..records.paths import RootPaths
+from ..records.prior import read_prior
+from ..reports.notify import run_notify_command, send_email
+from ..sweep.expand import RunSpec, Sweep
+from .decide import Decision, before_run
+from .hooks import Hooks
+from .launcher import Launcher
+from .logs import scheduler_logging
+from .loop import Scheduler
+from .summary import SweepSummary
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
+    """Each run with what a start would do with it now (the loop's own decision), read-only."""
+    options = sweep.options
+    ledger = Ledger.read_only(RootPaths(options.result_root_folder))
+    try:
+        for spec in sweep.runs(foreign_checker(ledger, options.result_root_folder)):
+            prior = read_prior(spec, ledger)
+            yield (
+                spec,
+                before_run(prior, force_rerun=options.force_rerun, skip_existing_folders=options.skip_existing_folders),
+            )
+    finally:
+        if ledger:
+            ledger.close()
+
+
+def run_sweep(
+    sweep: Sweep,
+    launcher: Launcher,
+    *,
+    hooks: Hooks | None = None,
+    nvml: ModuleType | None = None,
+    console: logging.Handler | None = None,
+    keep_succeeded: bool = True,
+) -> SweepSummary:
+    """Run the sweep to its end (or a stop signal) and return its summary.
+
+    The machine is checked first (no GPU for ``"gpu": "all"`` is a GTSError
+    before anything is written); the scheduler log is open while it runs; the
+    summary is logged and the notifications sent at the end.
+    """
+    hooks = hooks or Hooks()
+    options = sweep.options
+    scheduler = Scheduler(sweep, launcher, nvml=nvml, hooks=hooks, keep_succeeded=keep_succeeded)
+    try:
+        scheduler.setup()
+        with scheduler_logging(options.scheduler_log_file_path, console):
+            summary = scheduler.run()
+            hooks.close()  # the status line's last state, then the summary below it
+            (logger.info if summary.ok else logger.error)("%s", summary.report())
+            if options.notify_command is not None:
+                run_notify_command(options.notify_command, summary)
+            if options.notify_email is not None:
+                send_email(options.notify_email, summary)
+    finally:
+        hooks.close()
+    return summary
+
+
+def reraise_interruption(summary: SweepSummary) -> None:
+    """Act on the signal that stopped the sweep as if it had not been caught.
+
+    SIGINT raises a plain ``KeyboardInterrupt`` (the summary as its ``summary``
+    attribute), so an uncaught one ends the process with SIGINT's status;
+    SIGTERM and SIGHUP are delivered again to the previous handler.
+    """
+    if summary.interrupted_by == "SIGINT":
+        # The summary was logged; the traceback need not repeat it.
+        interrupt = KeyboardInterrupt("the sweep was interrupted (its summary is above and in .summary)")
+        interrupt.summary = summary  # type: ignore[attr-defined]
+        raise interrupt
+    if summary.interrupted_by is not None:
+        os.kill(os.getpid(), getattr(signal, summary.interrupted_by))

@@ -1,0 +1,74 @@
+"""The scheduler log: one format, the original's, on the console and in ``scheduler.log``.
+
+The library never configures logging for the application: handlers go on this
+package's logger for the duration of a sweep only, and the console handler is
+added only when the application has not configured logging itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+
+from ..errors import GTSError
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+FORMAT = "%(asctime)s %(levelname)s %(message)s"
+DATE_FORMAT = "%a, %d %b %Y %H:%M:%S"
+FILE_ONLY = {"gts_file_only": True}  # extra= for records meant for scheduler.log only (each skipped run)
+
+
+class ConsoleFilter(logging.Filter):
+    """Keeps per-run lines meant for scheduler.log only (each skipped run) off a console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "gts_file_only", False)
+
+
+@contextlib.contextmanager
+def scheduler_logging(path: str | None, console: logging.Handler | None = None) -> Iterator[None]:
+    """The original's scheduler log: appended to ``path`` and shown on the console (``console``,
+    else stderr unless the application set up logging). A level the application set on our
+    logger is kept; otherwise INFO while the sweep runs."""
+    handlers: list[logging.Handler] = []
+    if path is not None:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
+        except OSError as error:
+            raise GTSError(
+                f"cannot write the scheduler log {path!r}: {error.strerror or error}; set "
+                "scheduler_log_file_path to a writable file, or to null for the console only"
+            ) from None
+    if console is None and not logging.getLogger().handlers:
+        console = logging.StreamHandler(sys.stderr)
+    if console is not None:
+        console.addFilter(ConsoleFilter())
+        handlers.append(console)
+    formatter = logging.Formatter(FORMAT, datefmt=DATE_FORMAT)
+    previous_level = logger.level
+    if previous_level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+        logger.setLevel(previous_level)
+
+
+def plain_console_logging() -> None:
+    """For the ``gts`` command: the scheduler's lines on stderr, in the same format, unless
+    logging is configured already."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format=FORMAT, datefmt=DATE_FORMAT, stream=sys.stderr)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(ConsoleFilter())

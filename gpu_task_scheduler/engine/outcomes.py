@@ -1,0 +1,203 @@
+"""What the engine writes down about runs: the ledger, the sweep summary, the callbacks, the log lines.
+
+The loop decides (with ``decide.py``) and this module records, in one place
+per event: a run skipped or adopted, started, not started, ended. Each
+event's ledger write comes first, the summary and the callbacks after it, so
+a callback that raises (or a scheduler killed in it) never loses a record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+from ..gpu.devices import Slot
+from ..records.ledger import Ledger
+from ..records.paths import RunPaths
+from ..records.prior import Prior, adopt
+from ..records.protocol import Outcome
+from ..records.status import RunStatus
+from ..sweep.expand import RunSpec, Sweep, params_text
+from .decide import Classified, Decision, ExitFacts
+from .hooks import Hooks
+from .launcher import Ended
+from .logs import FILE_ONLY
+from .summary import RunOutcome, SweepSummary
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+@dataclass(frozen=True)
+class Exit:
+    """What was read after a run's process ended: the facts to classify, and the files behind them."""
+
+    facts: ExitFacts
+    outcome: Outcome | None
+    tail: str
+
+
+def read_exit(
+    paths: RunPaths, token: str, ended: Ended, *, reports_outcome: bool, stopped: tuple[RunStatus, str] | None
+) -> Exit:
+    """Read the run's outcome file and log tail, unless the run planted a link where our records go."""
+    unsafe = paths.unsafe(records_only=True)
+    outcome = Outcome.read(paths.outcome, token=token) if unsafe is None else None
+    tail = paths.tail()
+    facts = ExitFacts(
+        returncode=ended.returncode,
+        reports_outcome=reports_outcome,
+        outcome=outcome,
+        stopped=stopped,
+        unsafe=unsafe,
+        folder_exists=paths.exists(),
+        log_tail=tail,
+        unstoppable=ended.unstoppable,
+    )
+    return Exit(facts, outcome, tail)
+
+
+class Records:
+    def __init__(self, ledger: Ledger, summary: SweepSummary, hooks: Hooks) -> None:
+        self.ledger, self.summary, self._hooks = ledger, summary, hooks
+        self._skips: dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
+
+    def call(self, hook: str, *args: object) -> None:
+        try:
+            getattr(self._hooks, hook)(*args)
+        except Exception:
+            logger.exception("the %s callback raised; the sweep goes on", hook)
+
+    def sweep_starting(self, sweep: Sweep) -> None:
+        """What ``gts status`` needs to know beyond the runs: where runs log, the sweep's size (none for gts queue)."""
+        self.ledger.set_meta("log_file", sweep.options.log_file or "")
+        try:
+            self.ledger.set_meta("sweep_runs", str(len(sweep)))
+        except TypeError:  # an open-ended sweep
+            self.ledger.set_meta("sweep_runs", "")
+
+    # --- before a run ------------------------------------------------------------
+
+    def skipped(self, spec: RunSpec, prior: Prior, decision: Decision, slot_name: str) -> None:
+        if decision.action == "adopt" and prior.outcome is not None:
+            adopt(self.ledger, spec, prior.outcome, params_text(spec.test_config))
+        # The original's two lines, for scheduler.log; the console gets one count (report_skips).
+        logger.info("%s receives task %s", slot_name, spec.test_config_string, extra=FILE_ONLY)
+        logger.info("%s skips task %s", slot_name, spec.test_config_string, extra=FILE_ONLY)
+        self._skips[decision.reason] = self._skips.get(decision.reason, 0) + 1
+        self.summary.skipped.append(spec.name)
+        self.call("on_skip", spec)
+
+    def report_skips(self) -> None:
+        """One line for the runs skipped since the last one started (the console shows no per-run lines)."""
+        if self._skips:
+            reasons = "; ".join(f"{count} because {reason}" for reason, count in self._skips.items())
+            logger.info("skipped %d run(s): %s", sum(self._skips.values()), reasons)
+            self._skips.clear()
+
+    # --- a run starting ------------------------------------------------------------
+
+    def starting(self, spec: RunSpec, slot: Slot, token: str) -> int:
+        """Record the attempt before its process exists (a crash now leaves 'running', settled on resume)."""
+        return self.ledger.mark_running(
+            name=spec.name,
+            run_index=spec.index,
+            config_hash=spec.config_hash,
+            slot=slot.name,
+            token=token,
+            work_dir=spec.work_dir,
+            params=params_text(spec.test_config),
+        )
+
+    def not_started(
+        self,
+        spec: RunSpec,
+        attempts: int,
+        cause: str,
+        slot_name: str,
+        *,
+        slot: Slot | None = None,
+        paths: RunPaths | None = None,
+        tail: str = "",
+    ) -> None:
+        """A run that failed before its process could start (``slot``: it was recorded as starting there)."""
+        if slot is not None:
+            self.ledger.finish(spec.name, RunStatus.FAILED, cause=cause, log_tail=tail or None)
+        logger.error("%s fails task %s (%s)", slot_name, spec.test_config_string, cause)
+        log = paths.log if paths is not None else None
+        outcome = RunOutcome(
+            name=spec.name,
+            work_dir=spec.work_dir,
+            status=RunStatus.FAILED,
+            attempts=attempts,
+            slot=None if slot is None else slot.name,
+            cause=cause,
+            log_path=log if log is not None and os.path.isfile(log) else None,
+            log_tail=tail,
+        )
+        self.summary.record(outcome)
+        self.call("on_run_end", outcome)
+
+    # --- a run ending ----------------------------------------------------------------
+
+    def ended(
+        self,
+        spec: RunSpec,
+        slot: Slot,
+        paths: RunPaths,
+        exit: Exit,
+        end: Classified,
+        ended: Ended,
+        *,
+        attempts: int,
+        pid: int,
+        peak: int | None,
+        duration: float,
+    ) -> RunOutcome:
+        if ended.strays:
+            logger.warning(
+                "%s left %d process(es) running outside its process group; stopped pid %s",
+                spec.name,
+                len(ended.strays),
+                ", ".join(map(str, ended.strays)),
+            )
+        if ended.unstoppable:
+            stuck = ", ".join(map(str, ended.unstoppable))
+            logger.error("%s: processes it started could not be stopped: pid %s", spec.name, stuck)
+        succeeded = end.status is RunStatus.SUCCEEDED
+        result_file = exit.outcome.large_result_file if succeeded and exit.outcome else None
+        self.ledger.finish(
+            spec.name,
+            end.status,
+            exit_code=end.exit_code,
+            signal=end.signal,
+            cause=end.cause,
+            log_tail=exit.tail,
+            result=None if end.result is None else json.dumps(end.result),
+            gpu_memory_peak=peak,
+            pid=pid,
+            result_file=result_file,
+        )
+        record = RunOutcome(
+            name=spec.name,
+            work_dir=spec.work_dir,
+            status=end.status,
+            attempts=attempts,
+            slot=slot.name,
+            exit_code=end.exit_code,
+            signal=end.signal,
+            cause=end.cause,
+            log_path=paths.log,
+            log_tail=exit.tail,
+            duration=duration,
+            result=end.result,
+            result_file=paths.result if result_file else None,
+        )
+        self.summary.record(record)
+        self.call("on_run_end", record)
+        if succeeded:
+            logger.info("%s finishes task %s", slot.name, spec.test_config_string)
+        else:
+            logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, record.describe())
+        return record

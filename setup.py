@@ -41,6 +41,7 @@ setup(
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",
+            "pytest-xdist>=3.0",
             "hypothesis>=6",
             "pandas>=1.3",
             "matplotlib>=3.5",

@@ -66,13 +66,10 @@ class GPUTaskScheduler:
     def start(self, *, reraise_signals: bool = True) -> SweepSummary:
         """Run the sweep and return its :class:`SweepSummary`.
 
-        Runs that succeeded before are skipped (unless ``force_rerun``); a
-        failed run does not stop the others. On Ctrl-C the running runs are
-        stopped and ``KeyboardInterrupt`` is raised (the summary is its
-        ``summary`` attribute); on SIGTERM or SIGHUP they are stopped and the
-        signal is delivered again to the previous handler. With
-        ``reraise_signals=False`` the summary is returned instead (its
-        ``exit_code`` is 130).
+        Runs that succeeded before are skipped (unless ``force_rerun``); a failed run does not
+        stop the others. On Ctrl-C the runs are stopped and ``KeyboardInterrupt`` is raised (its
+        ``summary`` attribute is the summary); on SIGTERM or SIGHUP they are stopped and the
+        signal goes on to the previous handler. ``reraise_signals=False``: return the summary.
         """
         launcher = LocalLauncher(self._make_task, grace_period=self.sweep.options.grace_period)
         summary = run_sweep(self.sweep, launcher, hooks=self._hooks, nvml=self._nvml, console=self._console)

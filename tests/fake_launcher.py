@@ -3,8 +3,10 @@
 Each run "runs" for ``config["seconds"]`` of fake time and then ends as its config says:
 ``exit`` (0: success, recorded in an outcome file as the runner would; else that exit code),
 ``oom`` (a CUDA out-of-memory line in its log), ``trap_term`` (it ignores SIGTERM: only SIGKILL
-ends it), ``term_takes`` (seconds it needs after SIGTERM to stop). Nothing waits on the wall
-clock: when the loop would sleep, the clock jumps to the next thing that happens.
+ends it), ``term_takes`` (seconds it needs after SIGTERM to stop), ``hang_until_attempt``
+(attempts before this one never end by themselves), ``noticed_after`` (seconds between the end
+and its report reaching the loop, as when the scheduler was suspended). Nothing waits on the
+wall clock: when the loop would sleep, the clock jumps to the next thing that happens.
 """
 
 import heapq
@@ -39,15 +41,16 @@ class FakeWorld:
         self._ready.append((kind, value))
 
     def get(self, timeout):
+        until = None if timeout is None else self.now + timeout
         while not self._ready:
-            if self._timed and (timeout is None or self._timed[0][0] <= self.now + timeout):
+            if self._timed and (until is None or self._timed[0][0] <= until):
                 when, _, callback = heapq.heappop(self._timed)
                 self.now = max(self.now, when)
                 callback()
                 continue
-            if timeout is None:
+            if until is None:
                 raise AssertionError("the loop waits with nothing running and no deadline: it would hang")
-            self.now += timeout
+            self.now = until
             raise queue.Empty
         return self._ready.pop(0)
 
@@ -78,7 +81,8 @@ class FakeHandle:
         self.returncode = None
         self._generation = 0
         open(os.path.join(attempt.spec.work_dir, "ready"), "w").close()
-        self._end_at(world.now + config.get("seconds", 1.0), natural=True)
+        hangs = attempt.number < config.get("hang_until_attempt", 0)
+        self._end_at(world.now + (1e9 if hangs else config.get("seconds", 1.0)), natural=True)
 
     def _end_at(self, when, *, natural, returncode=None):
         self._generation += 1
@@ -89,7 +93,7 @@ class FakeHandle:
             if generation != self._generation or self.returncode is not None:
                 return
             self.returncode = returncode if not natural else self._natural_end()
-            self._on_exit()
+            self.world.at(self.world.now + self.config.get("noticed_after", 0.0), self._on_exit)
 
         self.world.at(when, end)
 

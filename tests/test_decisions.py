@@ -3,7 +3,7 @@ launcher and a fake clock (no processes, no waiting: each test takes millisecond
 
 import pytest
 from fake_launcher import FakeWorld
-from helpers import make_config
+from helpers import ledger_rows, make_config
 
 from gpu_task_scheduler.engine.decide import (
     OOM_GROWTH,
@@ -169,11 +169,40 @@ def test_out_of_memory_runs_go_last_and_are_bounded(tmp_path):
     assert failed.cause.startswith("GPU out of memory") and failed.attempts == 3
 
 
-def test_a_timeout_then_the_grace_period_on_the_clock(tmp_path):
+def test_a_timed_out_run_is_stopped_and_recorded_and_the_others_go_on(tmp_path):
+    root = tmp_path / "r"
+    world, summary = run(make_config(root, [{"seconds": [100, 0.5]}], slots=("cpu", "cpu"), timeout=1))
+    (failed,) = summary.failed
+    assert (failed.status, failed.signal, failed.cause) == (RunStatus.TIMED_OUT, "SIGTERM", "timed out after 1s")
+    assert world.stops == [(1.0, "seconds-100,", "term")] and [o.name for o in summary.succeeded] == ["seconds-0.5,"]
+    assert ledger_rows(root)["seconds-100,"]["status"] == "timed_out"
+
+
+def test_a_run_that_ignores_sigterm_is_killed_when_the_grace_period_ends(tmp_path, caplog):
     config = make_config(tmp_path / "r", [{"seconds": [100], "trap_term": [True]}], timeout=10, grace_period=5)
     world, summary = run(config)
     assert world.stops == [(10.0, "seconds-100,trap_term-True,", "term"), (15.0, "seconds-100,trap_term-True,", "kill")]
-    assert summary.failed[0].status is RunStatus.TIMED_OUT and summary.duration == 15.0
+    (failed,) = summary.failed
+    assert (failed.status, failed.signal) == (RunStatus.TIMED_OUT, "SIGKILL") and summary.duration == 15.0
+    assert "seconds-100,trap_term-True, did not stop within 5s of SIGTERM; sending SIGKILL" in caplog.text
+
+
+def test_a_run_that_timed_out_is_retried_at_once(tmp_path):
+    root = tmp_path / "r"
+    world, summary = run(make_config(root, [{"hang_until_attempt": [2]}], timeout=5, max_retries=1))
+    (succeeded,) = summary.succeeded
+    assert succeeded.attempts == 2 and not summary.failed and [t for t, _, _ in world.starts] == [0.0, 5.0]
+    row = ledger_rows(root)["hang_until_attempt-2,"]
+    assert (row["status"], row["attempts"]) == ("succeeded", 2)
+
+
+def test_a_run_that_ended_before_its_deadline_is_not_timed_out_by_a_late_look(tmp_path):
+    """The run ended at 0.3 s, but the loop hears of it only at 1.8 s (the scheduler was suspended):
+    at its deadline (1 s) the run has exited, so its own exit status decides, not the clock."""
+    root = tmp_path / "r"
+    world, summary = run(make_config(root, [{"seconds": [0.3], "noticed_after": [1.5]}], timeout=1))
+    assert world.stops == [] and [o.status for o in summary.outcomes.values()] == [RunStatus.SUCCEEDED]
+    assert summary.duration == 1.8
 
 
 def test_a_run_the_launcher_cannot_start_fails_alone(tmp_path):

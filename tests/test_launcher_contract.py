@@ -6,7 +6,9 @@ Each case is a small sweep whose runs behave as their config says (``seconds``, 
 """
 
 import os
+import queue
 import signal
+import threading
 import time
 
 import gts_test_tasks as tasks
@@ -17,9 +19,11 @@ from helpers import ledger_rows, make_config
 
 from gpu_task_scheduler.backends.local.launcher import LocalLauncher
 from gpu_task_scheduler.engine.hooks import Hooks, Inbox
+from gpu_task_scheduler.engine.launcher import Attempt
 from gpu_task_scheduler.engine.loop import Scheduler
+from gpu_task_scheduler.gpu.devices import Slot
 from gpu_task_scheduler.records.ledger import Ledger
-from gpu_task_scheduler.records.paths import RootPaths
+from gpu_task_scheduler.records.paths import RootPaths, RunPaths
 from gpu_task_scheduler.records.status import RunStatus
 from gpu_task_scheduler.sweep.expand import Sweep
 
@@ -132,3 +136,25 @@ def test_resume_after_the_scheduler_was_killed(backend, tmp_path):
         )
     summary = run_sweep(backend, config)
     assert [o.name for o in summary.succeeded] == [spec.name] and summary.skipped == ["i-1,seconds-0.05,"]
+
+
+def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_path):
+    """The loop's deadline check trusts has_exited() (a run that ended while the loop was not
+    looking, e.g. suspended, is not timed out): it is True once the run's exit is reported."""
+    sweep = Sweep(make_config(tmp_path / "r", [{"seconds": [0.05]}]))
+    spec = next(iter(sweep))
+    heard = threading.Event()
+    world = FakeWorld() if backend == "fake" else None
+    launcher = world or LocalLauncher(tasks.ContractTask, grace_period=1)
+    root = os.open(tmp_path, os.O_RDONLY)
+    try:
+        launcher.open(root)
+        attempt = Attempt(spec, Slot("cpu0", ()), RunPaths(spec.work_dir, sweep.options.log_file), "t", 1)
+        handle = launcher.start(attempt, heard.set)
+        if world is not None:
+            with pytest.raises(queue.Empty):  # the fake clock runs past the run's end; nothing was posted
+                world.get(1.0)
+        assert heard.wait(timeout=30) and handle.has_exited()
+        assert handle.reap().returncode == 0
+    finally:
+        os.close(root)

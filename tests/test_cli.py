@@ -3,6 +3,7 @@
 import email
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -589,3 +590,15 @@ def test_dry_run_says_what_a_real_run_then_does(command_sweep, in_tmp, capsys, c
     summary = GPUTaskScheduler(command_sweep).start()
     done = {**dict.fromkeys(summary.skipped, "skip"), **dict.fromkeys(summary.outcomes, "run")}
     assert said == done and len(said) == 3, (case, said, done)
+
+
+def test_a_queue_line_run_by_hand_fails_with_the_commands_status(tmp_path):
+    from gpu_task_scheduler.backends.local.tasks import CommandFailed, ShellLineTask
+
+    assert ShellLineTask({"command": "true"}, str(tmp_path)).main() is None
+    with pytest.raises(CommandFailed) as failed:
+        ShellLineTask({"command": "exit 3"}, str(tmp_path)).main()
+    assert failed.value.code == 3 and str(failed.value) == "the command failed with exit code 3"
+    with pytest.raises(CommandFailed) as killed:
+        ShellLineTask({"command": "kill -TERM $$"}, str(tmp_path)).main()
+    assert killed.value.code == 128 + signal.SIGTERM and "signal 15" in str(killed.value)

@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import GTSError
-from .devices import Slot, discover_slots, format_memory, open_monitor
+from .devices import Slot, discover_slots, format_memory, gpu_ids, open_monitor
 from .host import HostProbe
 from .nvml import GpuMonitor, GpuState
 from .placement import WHOLE_GPU, GpuBook, Need, Reservation, SlotView, WholeGpu, book, busy_reason, choose
@@ -62,7 +62,7 @@ class Capacity:
         if options.slots is None or any(not slot.is_cpu for slot in options.slots):
             self._monitor, why = open_monitor(nvml)
             if self._monitor is None and options.slots is not None:
-                ids = sorted({gpu for slot in options.slots for gpu in slot.gpu_ids})
+                ids = gpu_ids(options.slots)
                 logger.warning(
                     "GPU %s could not be checked: %s. The runs start on them anyway (CUDA decides "
                     "whether they exist), one run per slot, without memory checks",
@@ -76,7 +76,7 @@ class Capacity:
             packing = self._monitor is not None
             self._capacity = [1 if s.is_cpu or not packing else options.max_runs_per_gpu for s in self.slots]
             self._running = [0] * len(self.slots)
-            self._gpu_ids = sorted({gpu for slot in self.slots for gpu in slot.gpu_ids})
+            self._gpu_ids = gpu_ids(self.slots)
             self._states: dict[str, GpuState] = self._read_gpus() if self._monitor is not None else {}
         except BaseException:
             self.close()

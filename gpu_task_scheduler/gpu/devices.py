@@ -54,6 +54,15 @@ class Slot:
         return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices}
 
 
+def gpu_ids(slots: Sequence[Slot]) -> list[str]:
+    """Every GPU the slots use, once each, sorted.
+
+    >>> gpu_ids([Slot("gpu1,0", ("1", "0")), Slot("gpu0", ("0",)), Slot("cpu0", ())])
+    ['0', '1']
+    """
+    return sorted({gpu for slot in slots for gpu in slot.gpu_ids})
+
+
 def _gpu_id(value: object, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(f"{where} is {value!r} ({type(value).__name__}); expected {_ALLOWED}")

@@ -169,18 +169,24 @@ class CommandTask(GPUTask):
 
     def main(self) -> None:
         command, env = self.command()
-        sys.stdout.flush()
-        returncode, stopped_by = run_with_grace(command, shell=self.shell, env=env)
-        if stopped_by is not None:
-            raise CommandFailed(
-                128 + stopped_by,
-                f"the command was stopped by {signal.Signals(stopped_by).name} (it ended with status {returncode})",
-            )
-        if returncode != 0:
-            code = returncode if returncode > 0 else 128 - returncode
-            how = f"exit code {returncode}" if returncode > 0 else f"signal {-returncode}"
-            raise CommandFailed(code, f"the command failed with {how}")
+        run_command(command, shell=self.shell, env=env)
         return None  # the command's own result.json, if it writes one, is the run's result
+
+
+def run_command(command: str | list[str], *, shell: bool, env: dict[str, str] | None = None) -> None:
+    """Run a run's command in this process's place: its failure is ours, with the same exit status
+    (a signal N as 128 + N, as a shell reports it)."""
+    sys.stdout.flush()
+    returncode, stopped_by = run_with_grace(command, shell=shell, env=env)
+    if stopped_by is not None:
+        raise CommandFailed(
+            128 + stopped_by,
+            f"the command was stopped by {signal.Signals(stopped_by).name} (it ended with status {returncode})",
+        )
+    if returncode != 0:
+        code = returncode if returncode > 0 else 128 - returncode
+        how = f"exit code {returncode}" if returncode > 0 else f"signal {-returncode}"
+        raise CommandFailed(code, f"the command failed with {how}")
 
 
 class ShellLineTask(GPUTask):
@@ -196,8 +202,5 @@ class ShellLineTask(GPUTask):
         return self._config["command"]
 
     def main(self) -> Any:
-        completed = subprocess.run(self._config["command"], shell=True, stdin=subprocess.DEVNULL)
-        if completed.returncode != 0:
-            code = completed.returncode if completed.returncode > 0 else 128 - completed.returncode
-            raise CommandFailed(code, f"the command failed with exit code {completed.returncode}")
+        run_command(self._config["command"], shell=True)
         return None

@@ -469,6 +469,35 @@ def test_a_full_disk_under_the_ledger_stops_cleanly_and_loses_nothing(in_tmp, mo
     assert [journal_lines(journal).count(f"end a-{i},") for i in (1, 2, 3)] == [1, 1, 1]
 
 
+def test_a_batch_commits_once_at_its_end_and_a_start_at_once(in_tmp):
+    """Group commit: the writes of one turn of the loop share a transaction, but a run's
+    'running' record is committed before its process can exist, and an error keeps what was written."""
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    paths = RootPaths(str(in_tmp / "r"))
+    with Ledger(paths) as ledger:
+
+        def seen():  # what another process (gts status, a restart) would read now
+            reader = Ledger.read_only(paths)
+            try:
+                return {r.name: r.status.value for r in reader.records()}
+            finally:
+                reader.close()
+
+        start = {"run_index": 0, "config_hash": "h", "slot": "cpu0", "token": "t", "work_dir": "w"}
+        with ledger.batch():
+            ledger.mark_running(name="a", **start)
+            assert seen() == {"a": "running"}
+            ledger.finish("a", RunStatus.SUCCEEDED)
+            ledger.set_meta("k", "v")
+            assert seen() == {"a": "running"}  # not yet
+        assert seen() == {"a": "succeeded"} and ledger.get_meta("k") == "v"
+        with pytest.raises(RuntimeError), ledger.batch():
+            ledger.finish("a", RunStatus.FAILED)
+            raise RuntimeError("the loop failed after the write")
+        assert seen() == {"a": "failed"}
+
+
 def test_a_damaged_ledger_is_reported_with_the_way_out(in_tmp):
     root, journal = in_tmp / "r", str(in_tmp / "journal")
     config = make_config(root, [{"a": [1, 2]}], global_config={"journal": journal})

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Empty
 from types import ModuleType
+from typing import Any
 
 from ..errors import GTSError
 from ..gpu.capacity import Capacity
@@ -126,21 +127,30 @@ class Scheduler:
     # --- the loop -------------------------------------------------------------
 
     def _loop(self) -> None:
+        ledger = self._records.ledger
         while True:
             if self._stop_level == 0:
-                self._fill()
+                with ledger.batch():  # skips and adoptions share a transaction; each start commits
+                    self._fill()
             if not self._active and (self._stop_level or self._queue.empty):
                 return
             try:
-                kind, value = self.inbox.get(self._seconds_to_next_deadline())
+                event: tuple[str, Any] | None = self.inbox.get(self._seconds_to_next_deadline())
             except Empty:
-                kind, value = "tick", None
+                event = None
                 self.setup().measure()  # what the runs use now (their peaks teach us their needs)
-            if kind == "exit":
-                self._on_exit(value)
-            elif kind == "signal":
-                self._on_signal(value)
-            self._enforce_deadlines()
+            with ledger.batch():  # the ends of runs that ended together: one commit
+                while event is not None:
+                    kind, value = event
+                    if kind == "exit":
+                        self._on_exit(value)
+                    elif kind == "signal":
+                        self._on_signal(value)
+                    try:
+                        event = self.inbox.get(0)
+                    except Empty:
+                        event = None
+                self._enforce_deadlines()
 
     def _seconds_to_next_deadline(self) -> float | None:
         deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at) if d is not None]

@@ -362,6 +362,16 @@ def test_queue_runs_stdin_commands_on_the_slots(in_tmp):
     assert ok.returncode == 0 and (in_tmp / "gts-queue").is_dir()
 
 
+def test_a_queue_on_many_slots_runs_every_command(in_tmp):
+    """With 16 runs at once the scheduler holds many descriptors; each command's shell still
+    finds its lifeline (dash reads only one-digit descriptors in a redirection)."""
+    lines = "".join(f"echo {i} > out-{i}; sleep 0.2\n" for i in range(32))
+    result = _gts("queue", "--gpus", *["cpu"] * 16, "--log-dir", "q", input=lines, cwd=str(in_tmp))
+    assert result.returncode == 0, result.stderr
+    assert "32 succeeded, 0 failed" in result.stderr
+    assert sorted(int((in_tmp / f"out-{i}").read_text()) for i in range(32)) == list(range(32))
+
+
 def test_queue_reads_its_input_as_it_comes(in_tmp):
     """The first command runs while stdin is still open, as with a fifo or `tail -f`."""
     queue = subprocess.Popen(

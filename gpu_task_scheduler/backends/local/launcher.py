@@ -9,6 +9,7 @@ while any run of it lives), and is stopped as a whole (``process.py``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from ...engine.launcher import Attempt, Ended, LaunchError
@@ -69,14 +70,20 @@ class LocalHandle:
         self._killed = False
 
     def exited(self, on_exit: Callable[[], None]) -> None:
-        """The first process ended (watcher thread). A run that was asked to stop and whose other
-        processes still run (a shell that ran the command, workers saving state) keeps its grace
-        period: its exit is reported when they are gone, or when kill() has ended them."""
-        if self._stopping and not self._killed:
-            others = self.child.others()
-            if others:
-                wait_gone(others, timeout=self._grace_period + _DRAIN_SLACK)  # not our children: pidfds
-        on_exit()
+        """The first process ended (the reaper's thread: must not block). A run that was asked to
+        stop and whose other processes still run (a shell that ran the command, workers saving
+        state) keeps its grace period: its exit is reported when they are gone, or when kill()
+        has ended them; a thread of its own waits for that."""
+        others = self.child.others() if self._stopping and not self._killed else []
+        if not others:
+            on_exit()
+            return
+
+        def drain() -> None:
+            wait_gone(others, timeout=self._grace_period + _DRAIN_SLACK)  # not our children: pidfds
+            on_exit()
+
+        threading.Thread(target=drain, name=f"gts-drain-{self.pid}", daemon=True).start()
 
     def stop(self) -> None:
         self._stopping = True

@@ -12,10 +12,12 @@ Processes that leave the group (``setpgrp()``, daemons) are found through the
 run's session and the run token in their environment (``proctree.py``) and
 stopped with the group; those that could not be stopped are reported.
 
-Completion is an event: a watcher thread per child blocks in ``waitid`` and
-posts to the scheduler's queue the moment the child exits. It waits with
-``WNOWAIT``, leaving the child a zombie until the scheduler reaps it, so the
-group id cannot be reused by another process while we still signal it.
+A child is started with ``posix_spawn`` (``Popen`` where that cannot be done).
+Completion is an event: one reaper thread watches every child's pidfd
+(``reaper.py``; a ``waitid`` thread per child where there are no pidfds) and
+posts to the scheduler's queue the moment the child exits. Neither reaps: the
+child stays a zombie until the scheduler reaps it, so the group id cannot be
+reused by another process while we still signal it.
 """
 
 from __future__ import annotations
@@ -30,10 +32,50 @@ from typing import Any
 
 from ...records.paths import open_regular
 from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
+from .reaper import REAPER
 
 _RECENT = 30.0  # seconds after its start in which a run's pids are all above its first
 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
+
+
+# Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
+_DEFAULT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
+
+
+def _spawn(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    log_fd: int,
+    lifeline: tuple[int, int],
+    pass_fds: Sequence[int],
+) -> int:
+    """Start ``argv`` as the leader of a new session with ``posix_spawn`` (a vfork, not a copy of
+    this process), stdin from /dev/null, stdout and stderr to ``log_fd``, the lifeline's read end
+    ``lifeline[0]`` as descriptor ``lifeline[1]``, and of our other descriptors only ``pass_fds``
+    open (as they are numbered here). NotImplementedError where that cannot be done."""
+    if not hasattr(os, "posix_spawn") or not hasattr(os, "POSIX_SPAWN_DUP2") or os.path.realpath(cwd) != os.getcwd():
+        raise NotImplementedError
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, log_fd, 1),
+        (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        (os.POSIX_SPAWN_DUP2, lifeline[0], lifeline[1]),  # dup2 clears close-on-exec on the copy
+    ]
+    pass_fds = (*pass_fds, lifeline[0]) if lifeline[0] == lifeline[1] else tuple(pass_fds)
+    # Our descriptors are close-on-exec (PEP 446), so the child gets only these. Only the
+    # loop's thread starts runs, so no other start sees them inheritable meanwhile.
+    for fd in pass_fds:
+        os.set_inheritable(fd, True)
+    try:
+        spawn = os.posix_spawn if os.path.isabs(argv[0]) else os.posix_spawnp
+        return spawn(argv[0], argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
+    except TypeError as error:  # a Python without setsid=
+        raise NotImplementedError from error
+    finally:
+        for fd in pass_fds:
+            os.set_inheritable(fd, False)
 
 
 def _pgid(pid: int) -> int | None:
@@ -59,7 +101,11 @@ class Child:
     ) -> None:
         read_end, self._lifeline = os.pipe()
         env = dict(env)
-        env[LIFELINE_ENV] = str(read_end)
+        # In the child the lifeline is a low descriptor: the shell that runs a command reads it
+        # with a redirection, and dash takes only one digit there (the scheduler's own are
+        # often above 9). Where posix_spawn cannot be used, it keeps its number.
+        target = min(set(range(3, 10)) - set(inherit_fds))
+        env[LIFELINE_ENV] = str(target)
         self.token = token or os.urandom(16).hex()
         env[TOKEN_ENV] = self.token
         self.strays: list[int] = []  # processes of the run found outside its group, and stopped
@@ -70,7 +116,11 @@ class Child:
             if log_path
             else open(os.devnull, "wb")
         )
+        self._popen: subprocess.Popen | None = None
         try:
+            self.pid = _spawn(list(argv), env, cwd, log.fileno(), (read_end, target), inherit_fds)
+        except NotImplementedError:
+            env[LIFELINE_ENV] = str(read_end)
             self._popen = subprocess.Popen(
                 list(argv),
                 env=env,
@@ -82,17 +132,21 @@ class Child:
                 pass_fds=(read_end, *inherit_fds),
                 close_fds=True,
             )
+            self.pid = self._popen.pid
         except BaseException:
             os.close(self._lifeline)
             raise
         finally:
             os.close(read_end)
             log.close()
-        self.pid = self._popen.pid
         self._since = start_time(self.pid)
         self._spawned = time.monotonic()
-        self._watcher = threading.Thread(target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}", daemon=True)
-        self._watcher.start()
+        self._returncode: int | None = None
+        self._watcher: threading.Thread | None = None
+        if self._popen is not None or not REAPER.watch(self.pid, on_exit):
+            self._watcher = threading.Thread(target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}")
+            self._watcher.daemon = True
+            self._watcher.start()
 
     def _watch(self, on_exit: Callable[[], Any]) -> None:
         if hasattr(os, "waitid"):
@@ -101,8 +155,16 @@ class Child:
             except ChildProcessError:
                 pass
         else:  # macOS has no waitid; reaping here is the only way to wait
-            self._popen.wait()
+            self._wait()
         on_exit()
+
+    def _wait(self) -> int:
+        if self._popen is not None:
+            return self._popen.wait()
+        if self._returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self._returncode = os.waitstatus_to_exitcode(status)
+        return self._returncode
 
     def signal_group(self, signum: int) -> None:
         """Send ``signum`` to every process of the run's group."""
@@ -135,6 +197,7 @@ class Child:
                 return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
             except ChildProcessError:
                 return True
+        assert self._popen is not None  # where there is no waitid, children are started by Popen
         return self._popen.poll() is not None
 
     def others(self) -> list[int]:
@@ -166,8 +229,9 @@ class Child:
         The run's first process is reaped last: until then its pid, which is
         also the id of the run's session, cannot be taken by another process."""
         self.kill()
-        returncode = self._popen.wait()
-        self._watcher.join()
+        returncode = self._wait()
+        if self._watcher is not None:
+            self._watcher.join()
         if self._lifeline >= 0:
             os.close(self._lifeline)
             self._lifeline = -1

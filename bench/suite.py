@@ -1,0 +1,332 @@
+"""The benchmark suite: gts against its peers on the same workloads, in the same invocation.
+
+    python bench/suite.py                 # every workload, medians of 3 (a few minutes)
+    python bench/suite.py --repeat 1 --only W1 W2
+
+Every job is ``bench/probe.sh``: it appends its id, start, end and CUDA_VISIBLE_DEVICES
+to a log, so each tool is measured the same way, from what its jobs saw:
+
+* jobs/s (jobs / makespan), makespan (launch of the tool to the last job's end),
+  time to the first job's start, idle gap per slot between one job's end and the
+  next one's start (mean and p95), and CPU per job beyond the floor's (the tool's
+  process tree, as wait4 reports it, minus the floor's on the same jobs);
+* correctness: every job ran once, and no slot ran two jobs at once.
+
+Peers (installed by the suite into ``bench/.peers`` when missing): simple-gpu-scheduler,
+GNU parallel (its slot number picks the GPU id; installed with apt where we may), Ray
+(``ray.remote(num_gpus=1)``, workers reused; skipped where it does not install), and a
+minimal waitpid loop, the floor. Ratios are ours / peer (above 1: we are faster for jobs/s,
+we are slower for makespan and gaps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROBE = os.path.join(HERE, "probe.sh")
+PEERS = os.path.join(HERE, ".peers")
+GPUS4 = ["0", "1", "2", "3"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    what: str
+    seconds: list[float]  # one per job
+    slots: list[str]  # one GPU id per slot; "cpu" slots for gts run sweeps
+    tools: tuple[str, ...]
+
+
+def workloads() -> list[Workload]:
+    rng = random.Random(20261122)
+    mix = [round(rng.choice([0.02, 0.05, 0.1, 0.2, 0.5, 1.0]) * rng.uniform(0.5, 1.5), 3) for _ in range(120)]
+    queue_tools = ("gts queue", "simple-gpu-scheduler", "GNU parallel", "Ray", "waitpid floor")
+    return [
+        Workload("W1", "200 x 0 s on 4 GPU ids (dispatch)", [0.0] * 200, GPUS4, queue_tools),
+        Workload("W2", "64 x 0.5 s on 4 GPU ids", [0.5] * 64, GPUS4, queue_tools),
+        Workload("W3", "120 jobs of 0.01-1.5 s (seeded mix) on 4 GPU ids", mix, GPUS4, queue_tools),
+        Workload(
+            "W4",
+            "160 x 0.5 s on 16 slots (gts run: a command sweep)",
+            [0.5] * 160,
+            [str(i) for i in range(16)],
+            ("gts run", "gts queue", "simple-gpu-scheduler", "GNU parallel", "waitpid floor"),
+        ),
+        Workload("W5", "60 Python runs (GPUTask.main) x 0.05 s on 2 GPU ids", [0.05] * 60, ["0", "1"], ("gts run",)),
+    ]
+
+
+# --- peers -------------------------------------------------------------------------------
+
+
+def pip_peer(package: str, module: str) -> str | None:
+    """``package`` importable from bench/.peers/<package> (installed there when missing)."""
+    target = os.path.join(PEERS, package)
+    probe = [sys.executable, "-c", f"import {module}"]
+    env = {**os.environ, "PYTHONPATH": target}
+    if subprocess.run(probe, env=env, capture_output=True).returncode != 0:
+        print(f"installing {package} into {target} ...", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--target", target, package],
+            capture_output=True,
+        )
+        if subprocess.run(probe, env=env, capture_output=True).returncode != 0:
+            return None
+    return target
+
+
+def gnu_parallel() -> str | None:
+    found = shutil.which("parallel")
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        print("installing GNU parallel with apt-get ...", file=sys.stderr)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "parallel"], capture_output=True)
+        found = shutil.which("parallel")
+    if found is not None:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+        if "GNU parallel" not in version:
+            return None  # moreutils' parallel has another interface
+    return found
+
+
+FLOOR = textwrap.dedent(
+    """
+    import os, sys
+    slots, lines = sys.argv[1].split(","), sys.stdin.read().splitlines()
+    free, running = list(reversed(slots)), {}
+    for line in lines:
+        if not free:
+            pid, _ = os.wait()
+            free.append(running.pop(pid))
+        slot = free.pop()
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=slot)
+        running[os.posix_spawn("/bin/sh", ["/bin/sh", "-c", line], env)] = slot
+    while running:
+        pid, _ = os.wait()
+        running.pop(pid)
+    """
+)
+
+RAY = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    import ray
+    slots, lines = sys.argv[1].split(","), sys.stdin.read().splitlines()
+    ray.init(num_cpus=len(slots), num_gpus=len(slots), include_dashboard=False, log_to_driver=False)
+
+    @ray.remote(num_gpus=1, max_calls=0)  # GPU tasks default to a new worker per task; reuse them
+    def job(line):
+        return subprocess.run(line, shell=True).returncode
+
+    assert ray.get([job.remote(line) for line in lines]) == [0] * len(lines)
+    """
+)
+
+
+# --- one measurement -----------------------------------------------------------------------
+
+
+def command_lines(log: str, seconds: list[float]) -> list[str]:
+    return [f"{PROBE} {log} {index} {s:g}" for index, s in enumerate(seconds)]
+
+
+def tool_argv(tool: str, work: Workload, folder: str, lines: list[str], peers: dict) -> tuple[list[str], dict]:
+    """The command line that runs the workload with ``tool``, and its environment."""
+    env = dict(os.environ)
+    gts = [sys.executable, "-m", "gpu_task_scheduler"]
+    if tool == "gts queue":
+        return gts + ["queue", "--gpus", *work.slots, "--log-dir", os.path.join(folder, "q")], env
+    if tool == "gts run" and work.name == "W5":
+        config = {
+            "scheduler_config": {
+                "gpu": work.slots,
+                "result_root_folder": os.path.join(folder, "r"),
+                "scheduler_log_file_path": None,
+            },
+            "global_config": {"log": os.path.join(folder, "jobs.log")},
+            "test_config": [{"job": list(range(len(work.seconds))), "seconds": [work.seconds[0]]}],
+            "task": "probe_task:ProbeTask",
+        }
+        path = os.path.join(folder, "sweep.json")
+        with open(path, "w") as handle:
+            json.dump(config, handle)
+        env["PYTHONPATH"] = HERE
+        return gts + ["run", path, "--plain"], env
+    if tool == "gts run":
+        config = {
+            "scheduler_config": {
+                "gpu": work.slots,  # without NVML: one run per id, unchecked
+                "result_root_folder": os.path.join(folder, "r"),
+                "scheduler_log_file_path": None,
+                "log_file": None,
+            },
+            "test_config": [{"job": list(range(len(work.seconds))), "seconds": sorted(set(work.seconds))}],
+            "command": [PROBE, os.path.join(folder, "jobs.log"), "{job}", "{seconds}"],
+        }
+        assert len(set(work.seconds)) == 1, "a gts run workload has one duration"
+        path = os.path.join(folder, "sweep.json")
+        with open(path, "w") as handle:
+            json.dump(config, handle)
+        return gts + ["run", path, "--plain"], env
+    if tool == "simple-gpu-scheduler":
+        env["PYTHONPATH"] = peers["simple-gpu-scheduler"]
+        return [sys.executable, "-m", "simple_gpu_scheduler.scheduler", "--gpus", *work.slots], env
+    if tool == "GNU parallel":
+        # The slot number {%} (1, 2, ...) picks the GPU id; {=uq=} is the line, unquoted.
+        assert work.slots == [str(i) for i in range(len(work.slots))]
+        script = "export CUDA_VISIBLE_DEVICES=$(({%} - 1)); {=uq=}"
+        return [peers["GNU parallel"], "--will-cite", "-j", str(len(work.slots)), script], env
+    if tool == "Ray":
+        env["PYTHONPATH"] = peers["Ray"]
+        return [sys.executable, "-c", RAY, ",".join(work.slots)], env
+    if tool == "waitpid floor":
+        return [sys.executable, "-c", FLOOR, ",".join(work.slots)], env
+    raise ValueError(tool)
+
+
+def run_once(tool: str, work: Workload, peers: dict) -> dict | None:
+    with tempfile.TemporaryDirectory() as folder:
+        log = os.path.join(folder, "jobs.log")
+        lines = command_lines(log, work.seconds)
+        argv, env = tool_argv(tool, work, folder, lines, peers)
+        feed = "" if tool == "gts run" else "\n".join(lines) + "\n"
+        launched = time.time()
+        with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: nothing blocks on a full pipe
+            process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, cwd=folder, env=env
+            )
+            process.stdin.write(feed.encode())  # small enough for the pipe and the tools' readers
+            process.stdin.close()
+            _, status, usage = os.wait4(process.pid, 0)
+            process.returncode = os.waitstatus_to_exitcode(status)
+            stderr.seek(0)
+            errors = stderr.read().decode(errors="replace")
+        if process.returncode != 0:
+            print(f"{tool} on {work.name} failed ({process.returncode}): {errors[-500:]}", file=sys.stderr)
+            return None
+        with open(log) as handle:
+            jobs = [line.split() for line in handle]
+    return summarize(work, jobs, launched, usage.ru_utime + usage.ru_stime)
+
+
+def summarize(work: Workload, jobs: list[list[str]], launched: float, cpu: float) -> dict:
+    ids = [int(j[0]) for j in jobs]
+    problems = []
+    if sorted(ids) != list(range(len(work.seconds))):
+        missing = len(set(range(len(work.seconds))) - set(ids))
+        problems.append(f"{missing} missing, {len(ids) - len(set(ids))} duplicated")
+    by_slot: dict[str, list[tuple[float, float]]] = {}
+    for _, start, end, slot in jobs:
+        by_slot.setdefault(slot, []).append((float(start), float(end)))
+    gaps = []
+    for slot, spans in by_slot.items():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            if start < end - 1e-6:
+                problems.append(f"slot {slot} ran two jobs at once")
+                break
+            gaps.append(start - end)
+    if set(by_slot) - set(work.slots):
+        problems.append(f"jobs saw CUDA_VISIBLE_DEVICES {sorted(set(by_slot) - set(work.slots))}")
+    makespan = max(float(j[2]) for j in jobs) - launched
+    gaps.sort()
+    return {
+        "jobs/s": len(jobs) / makespan,
+        "makespan": makespan,
+        "first": min(float(j[1]) for j in jobs) - launched,
+        "gap": statistics.mean(gaps) * 1000 if gaps else 0.0,
+        "gap p95": gaps[int(0.95 * (len(gaps) - 1))] * 1000 if gaps else 0.0,
+        "cpu": cpu,
+        "problems": problems,
+    }
+
+
+def relaunch_seconds() -> float:
+    """What starting a fresh process for a Python run costs at least: the interpreter and the task's imports."""
+    env = {**os.environ, "PYTHONPATH": HERE}
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import probe_task"], env=env, check=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+# --- the table -----------------------------------------------------------------------------
+
+COLUMNS = [("jobs/s", "{:>8.1f}"), ("makespan", "{:>9.2f}"), ("first", "{:>7.3f}"), ("gap", "{:>8.1f}")]
+COLUMNS += [("gap p95", "{:>8.1f}"), ("cpu/job", "{:>8.1f}")]
+
+
+def median_of(results: list[dict]) -> dict:
+    merged = {key: statistics.median(r[key] for r in results) for key in results[0] if key != "problems"}
+    merged["problems"] = sorted({p for r in results for p in r["problems"]})
+    return merged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per tool and workload (the median is shown)")
+    parser.add_argument("--only", nargs="+", metavar="W", help="workloads to run (W1 ... W4)")
+    parser.add_argument("--tools", nargs="+", metavar="TOOL", help="tools to run (default: all that install)")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # each table as it is measured, also into a file
+    peers = {
+        "simple-gpu-scheduler": pip_peer("simple-gpu-scheduler", "simple_gpu_scheduler"),
+        "GNU parallel": gnu_parallel(),
+        "Ray": pip_peer("ray", "ray"),
+    }
+    for name, found in peers.items():
+        if found is None:
+            print(f"({name} is not available: left out)", file=sys.stderr)
+    print(f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, medians of {args.repeat}")
+    print("gap: a slot's idle time between two jobs (ms); first: seconds to the first job's start;")
+    print("cpu/job: ms of CPU per job beyond the waitpid floor's (tool and shells included)\n")
+    for work in workloads():
+        if args.only and work.name not in args.only:
+            continue
+        tools = [t for t in work.tools if peers.get(t, True) and (not args.tools or t in args.tools)]
+        if "waitpid floor" not in tools:
+            tools.append("waitpid floor")
+        rows = {}
+        for tool in tools:
+            results = [r for r in (run_once(tool, work, peers) for _ in range(args.repeat)) if r is not None]
+            if results:
+                rows[tool] = median_of(results)
+        floor_cpu = rows["waitpid floor"]["cpu"] if "waitpid floor" in rows else 0.0
+        jobs = len(work.seconds)
+        print(f"{work.name}: {work.what}")
+        print(f"  {'tool':<22}" + "".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in COLUMNS))
+        for tool, row in rows.items():
+            row["cpu/job"] = (row["cpu"] - floor_cpu) / jobs * 1000 if tool != "Ray" else float("nan")
+            cells = "".join(fmt.format(row[name]) for name, fmt in COLUMNS)
+            note = "  " + "; ".join(row["problems"]) if row["problems"] else ""
+            print(f"  {tool:<22}{cells}{note}")
+        if work.name == "W5":
+            relaunch = relaunch_seconds() * 1000
+            print(
+                f"  a bare relaunch (interpreter + the task's imports) takes {relaunch:.0f} ms: median gap / that = "
+                f"{rows['gts run']['gap'] / relaunch:.2f} (the target is < 0.5)"
+                if "gts run" in rows
+                else ""
+            )
+        ours = [t for t in rows if t.startswith("gts")]
+        for mine in ours:
+            ratios = [f"{peer} {rows[mine]['jobs/s'] / rows[peer]['jobs/s']:.2f}" for peer in rows if peer not in ours]
+            print(f"  {mine} jobs/s / peer's: " + ", ".join(ratios))
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -165,7 +165,7 @@ def prepare(
         except FileNotFoundError:
             pass
         _rotate_log(paths, attempt)
-        if paths.log:
+        if paths.log and os.path.dirname(paths.log) != paths.work_dir:  # a log_file in a subfolder
             os.makedirs(os.path.dirname(paths.log), exist_ok=True)
         atomic_write_json(paths.config, to_jsonable(spec.config), durable=False)  # informational
     except OSError as error:

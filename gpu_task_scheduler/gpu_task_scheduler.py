@@ -71,7 +71,8 @@ class GPUTaskScheduler:
         ``summary`` attribute is the summary); on SIGTERM or SIGHUP they are stopped and the
         signal goes on to the previous handler. ``reraise_signals=False``: return the summary.
         """
-        launcher = LocalLauncher(self._make_task, grace_period=self.sweep.options.grace_period)
+        options = self.sweep.options
+        launcher = LocalLauncher(self._make_task, grace_period=options.grace_period, prewarm=options.prewarm)
         summary = run_sweep(self.sweep, launcher, hooks=self._hooks, nvml=self._nvml, console=self._console)
         if reraise_signals:
             reraise_interruption(summary)

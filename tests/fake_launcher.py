@@ -58,6 +58,9 @@ class FakeWorld:
     def open(self, lock_fd):
         self.lock_fd = lock_fd
 
+    def close(self):
+        self.closed = True
+
     def start(self, attempt, on_exit):
         if attempt.spec.config.get("refuse"):
             from gpu_task_scheduler.engine.launcher import LaunchError

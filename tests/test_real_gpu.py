@@ -8,6 +8,7 @@ use it (all are skipped elsewhere, e.g. in CI), and they never change a GPU's se
 import subprocess
 import sys
 import textwrap
+import time
 
 import gts_gpu_tasks as tasks
 import pytest
@@ -138,3 +139,34 @@ def test_pytorch_out_of_memory_is_recognised(in_tmp):
     config = make_config(in_tmp / "r", [{"i": [0]}], slots=("0",), global_config={"alloc_gib": need}, max_oom_retries=0)
     (failed,) = GPUTaskScheduler(config, tasks.OutOfMemoryTask, nvml=pynvml).start().failed
     assert failed.cause.startswith("GPU out of memory"), failed.cause
+
+
+@needs_torch
+@pytest.mark.parametrize("prewarm", [True, False])
+def test_short_pytorch_runs_warm_or_fresh_leave_no_memory_held(in_tmp, prewarm):
+    import statistics
+
+    import gts_torch_module
+
+    config = make_config(in_tmp / "r", [{"i": list(range(8))}], slots=("0",), global_config={"alloc_gib": 1})
+    config["scheduler_config"]["prewarm"] = prewarm
+    summary = GPUTaskScheduler(config, gts_torch_module.ShortTorchTask, nvml=pynvml).start()
+    assert summary.ok and len(summary.succeeded) == 8
+    runs = sorted((o.result for o in summary.succeeded), key=lambda r: r["started"])
+    assert {r["sum"] for r in runs} == {1024} and len({r["pid"] for r in runs}) == 8
+    gaps = [later["started"] - earlier["ended"] for earlier, later in zip(runs, runs[1:], strict=False)]
+    relaunch = []
+    for _ in range(3):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        relaunch.append(time.perf_counter() - began)
+    print(
+        f"prewarm={prewarm}: median idle gap between short PyTorch runs {statistics.median(gaps) * 1000:.0f} ms, "
+        f"gaps {[round(g * 1000) for g in gaps]}; a fresh `python -c 'import torch'`: "
+        f"{statistics.median(relaunch) * 1000:.0f} ms"
+    )
+    if prewarm:  # every run after the first imported torch while the one before it ran
+        assert all(r["started"] - r["imported_at"] > 0 for r in runs[1:])
+    with GpuMonitor(pynvml) as monitor:  # no run's process holds GPU memory once the sweep is over
+        held = {p.pid for p in monitor.state(GPUS[0].uuid).processes}
+    assert not held & {r["pid"] for r in runs}

@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = None if args.plain else live_status(len(sweep), wanted(sys.stderr))
     if status is None:
         plain_console_logging()
-    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period)
+    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period, prewarm=sweep.options.prewarm)
     console = None if status is None else status.log_handler()
     summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
     return summary.exit_code

@@ -80,3 +80,7 @@ class Launcher(Protocol):
 
     def start(self, attempt: Attempt, on_exit: Callable[[], None]) -> Handle:
         """Start the attempt; ``on_exit()`` once it has ended. Raises LaunchError (or OSError)."""
+
+    def close(self) -> None:
+        """The sweep is over (every run has ended): release what the launcher holds, e.g. processes
+        started ahead for runs that will not come. Called while the root is still locked."""

@@ -118,6 +118,7 @@ class Scheduler:
                             self._loop()
                     finally:
                         self._kill_everything()
+                        self._launcher.close()
         finally:
             capacity.close()
         self._summary.duration = self._clock() - started

@@ -185,6 +185,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "max_retries": (lambda: 0, _int_at_least(0)),
     "timeout": (lambda: None, _optional(_seconds(allow_zero=False))),
     "grace_period": (lambda: 10.0, _seconds(allow_zero=True)),
+    "prewarm": (lambda: True, _bool),
     # GPU awareness (see gpu/placement.py).
     "max_runs_per_gpu": (lambda: 1, _int_at_least(1)),
     "gpu_memory": (lambda: None, _optional(_memory)),
@@ -225,6 +226,7 @@ class SchedulerOptions:
     max_retries: int
     timeout: float | None
     grace_period: float
+    prewarm: bool  # start each slot's next Python runner while its run works (backends/local/warm.py)
     max_runs_per_gpu: int
     gpu_memory: int | None
     gpu_memory_key: str

@@ -1,7 +1,8 @@
-"""The local launcher: each attempt is a fresh process on this machine.
+"""The local launcher: each attempt is a process on this machine.
 
 A Python task runs in ``python -c <runner boot>`` (``runner.py``) with its
-pickled task object; a plain command (``gts queue``) runs in a small POSIX sh
+pickled task object, in a fresh process or, with ``prewarm``, in one started
+for it while the slot's previous run worked (``warm.py``); a plain command (``gts queue``) runs in a small POSIX sh
 wrapper that keeps the lifeline. Either way the process leads its own session
 and process group, holds the root's lock descriptor (so the root stays locked
 while any run of it lives), and is stopped as a whole (``process.py``).
@@ -17,22 +18,32 @@ from ...gpu_task import GPUTask
 from .prepare import TaskFactory, class_factory, log_launch_failure, prepare
 from .process import Child
 from .proctree import wait_gone
+from .warm import WarmRunner
 
 _DRAIN_SLACK = 60.0  # seconds beyond the grace period a stopped run's processes are waited for
 
 
 class LocalLauncher:
-    def __init__(self, task: type[GPUTask] | TaskFactory, *, grace_period: float = 10.0) -> None:
-        """``task``: a GPUTask subclass (built as ``task(config, work_dir)`` per run) or a factory of tasks."""
+    def __init__(self, task: type[GPUTask] | TaskFactory, *, grace_period: float = 10.0, prewarm: bool = False) -> None:
+        """``task``: a GPUTask subclass (built as ``task(config, work_dir)`` per run) or a factory of
+        tasks. ``prewarm``: start each slot's next Python runner while its run works (``warm.py``)."""
         self._make_task = class_factory(task) if isinstance(task, type) else task
         self._lock_fd: int | None = None
         self._grace_period = grace_period
+        self._prewarm = prewarm
+        self._warm: dict[str, WarmRunner] = {}  # slot name -> the runner waiting for its next run
 
     def open(self, lock_fd: int) -> None:
         self._lock_fd = lock_fd
 
+    def close(self) -> None:
+        """Discard the runners still waiting: the sweep is over."""
+        while self._warm:
+            self._warm.popitem()[1].discard()
+
     def start(self, attempt: Attempt, on_exit: Callable[[], None]) -> LocalHandle:
         paths = attempt.paths
+        inherit = () if self._lock_fd is None else (self._lock_fd,)
         try:
             launch = prepare(
                 spec=attempt.spec,
@@ -43,19 +54,30 @@ class LocalLauncher:
                 attempt=attempt.number,
             )
             handle = LocalHandle(reports_outcome=not launch.direct, grace_period=self._grace_period)
-            handle.child = Child(
-                launch.argv,
-                env=launch.env,
-                cwd=launch.cwd,
-                log_path=paths.log,
-                on_exit=lambda: handle.exited(on_exit),
-                token=attempt.token,
-                inherit_fds=() if self._lock_fd is None else (self._lock_fd,),
-            )
+            warm = self._warm.pop(attempt.slot.name, None)
+            if warm is not None and warm.fits(launch) and warm.hand_over(launch, paths, handle.exited_to(on_exit)):
+                handle.child = warm.child
+            else:
+                if warm is not None:
+                    warm.discard()
+                handle.child = Child(
+                    launch.argv,
+                    env=launch.env,
+                    cwd=launch.cwd,
+                    log_path=paths.log,
+                    on_exit=handle.exited_to(on_exit),
+                    token=attempt.token,
+                    inherit_fds=inherit,
+                )
         except (LaunchError, OSError) as error:
             log_launch_failure(paths, error)
             raise
         handle.pid = handle.child.pid
+        if self._prewarm and launch.preload is not None:
+            try:
+                self._warm[attempt.slot.name] = WarmRunner(attempt.slot, launch, launch.preload, inherit)
+            except OSError:
+                pass  # no warm runner: the slot's next run starts a fresh process, as without prewarm
         return handle
 
 
@@ -68,6 +90,9 @@ class LocalHandle:
         self._grace_period = grace_period
         self._stopping = False
         self._killed = False
+
+    def exited_to(self, on_exit: Callable[[], None]) -> Callable[[], None]:
+        return lambda: self.exited(on_exit)
 
     def exited(self, on_exit: Callable[[], None]) -> None:
         """The first process ended (the reaper's thread: must not block). A run that was asked to

@@ -8,6 +8,8 @@ cannot be pickled, the folder cannot be written) fails this run only.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import os
 import pathlib
 import pickle
@@ -54,11 +56,22 @@ def log_launch_failure(paths: RunPaths, error: BaseException) -> None:
 
 
 @dataclass(frozen=True)
+class Preload:
+    """What a pre-warmed runner imports before its run is known (see ``warm.py``)."""
+
+    module: str | None  # the task class's module, or None for a class in the user's __main__ script
+    main_file: str | None  # that script, loaded under another name (its __main__ block does not run)
+    sys_path: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Launch:
     argv: list[str]
     env: dict[str, str]
     cwd: str
     direct: bool = False  # a plain command: exit status 0 is its success (no runner, no outcome file)
+    spec_file: str | None = None  # a Python run's start record (the runner's argument)
+    preload: Preload | None = None
 
 
 # A shell command run without a Python runner (``gts queue``): the command runs
@@ -202,8 +215,16 @@ def prepare(
         start.write(paths.spec)
     except OSError as error:
         raise LaunchError(f"could not write the run's start files: {error}") from error
+    module = type(task).__module__
     return Launch(
         argv=[python, "-c", _RUNNER_BOOT, os.path.abspath(paths.spec)],
         env=env,
         cwd=os.getcwd(),
+        spec_file=os.path.abspath(paths.spec),
+        preload=Preload(None if module == "__main__" else module, main_file, tuple(start.sys_path)),
     )
+
+
+def runner_argv(preload: Preload, python: str = sys.executable) -> list[str]:
+    """A runner that imports what ``preload`` names, then waits for its run (``warm.py``)."""
+    return [python, "-c", _RUNNER_BOOT, "--warm", json.dumps(dataclasses.asdict(preload))]

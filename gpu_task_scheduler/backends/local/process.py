@@ -37,6 +37,7 @@ from .reaper import REAPER
 _RECENT = 30.0  # seconds after its start in which a run's pids are all above its first
 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
+CONTROL_ENV = "GTS_CONTROL_FD"  # a pre-warmed runner's control socket (runner.run_warm)
 
 
 # Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
@@ -48,22 +49,22 @@ def _spawn(
     env: dict[str, str],
     cwd: str,
     log_fd: int,
-    lifeline: tuple[int, int],
+    placed: Sequence[tuple[int, int]],
     pass_fds: Sequence[int],
 ) -> int:
     """Start ``argv`` as the leader of a new session with ``posix_spawn`` (a vfork, not a copy of
-    this process), stdin from /dev/null, stdout and stderr to ``log_fd``, the lifeline's read end
-    ``lifeline[0]`` as descriptor ``lifeline[1]``, and of our other descriptors only ``pass_fds``
-    open (as they are numbered here). NotImplementedError where that cannot be done."""
+    this process), stdin from /dev/null, stdout and stderr to ``log_fd``, each ``(ours, theirs)``
+    of ``placed`` as descriptor ``theirs``, and of our other descriptors only ``pass_fds`` open
+    (as they are numbered here). NotImplementedError where that cannot be done."""
     if not hasattr(os, "posix_spawn") or not hasattr(os, "POSIX_SPAWN_DUP2") or os.path.realpath(cwd) != os.getcwd():
         raise NotImplementedError
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, log_fd, 1),
         (os.POSIX_SPAWN_DUP2, log_fd, 2),
-        (os.POSIX_SPAWN_DUP2, lifeline[0], lifeline[1]),  # dup2 clears close-on-exec on the copy
+        *((os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in placed),  # dup2 clears close-on-exec
     ]
-    pass_fds = (*pass_fds, lifeline[0]) if lifeline[0] == lifeline[1] else tuple(pass_fds)
+    pass_fds = (*pass_fds, *(ours for ours, theirs in placed if ours == theirs))
     # Our descriptors are close-on-exec (PEP 446), so the child gets only these. Only the
     # loop's thread starts runs, so no other start sees them inheritable meanwhile.
     for fd in pass_fds:
@@ -98,29 +99,39 @@ class Child:
         on_exit: Callable[[], Any],
         token: str = "",
         inherit_fds: Sequence[int] = (),
+        output: int | None = None,
+        control: int | None = None,
     ) -> None:
+        """``output``: a descriptor for stdout and stderr instead of ``log_path``'s file (ours to
+        close); ``control``: a socket the child finds in ``$GTS_CONTROL_FD`` (a pre-warmed runner's)."""
         read_end, self._lifeline = os.pipe()
         env = dict(env)
-        # In the child the lifeline is a low descriptor: the shell that runs a command reads it
-        # with a redirection, and dash takes only one digit there (the scheduler's own are
-        # often above 9). Where posix_spawn cannot be used, it keeps its number.
-        target = min(set(range(3, 10)) - set(inherit_fds))
-        env[LIFELINE_ENV] = str(target)
+        # In the child the lifeline (and control socket) get low descriptors: the shell that runs
+        # a command reads the lifeline with a redirection, and dash takes only one digit there (the
+        # scheduler's own are often above 9). Where posix_spawn cannot be used, they keep theirs.
+        low = sorted(set(range(3, 10)) - set(inherit_fds))
+        placed = [(read_end, low[0])] + ([] if control is None else [(control, low[1])])
+        env[LIFELINE_ENV] = str(low[0])
+        if control is not None:
+            env[CONTROL_ENV] = str(low[1])
         self.token = token or os.urandom(16).hex()
         env[TOKEN_ENV] = self.token
         self.strays: list[int] = []  # processes of the run found outside its group, and stopped
         self.unstoppable: list[int] = []  # ... and those that could not be stopped
         # The run folder was checked; O_NOFOLLOW and a regular-file check close the gap to now.
-        log = (
-            os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
-            if log_path
-            else open(os.devnull, "wb")
-        )
+        if output is not None:
+            log = os.fdopen(os.dup(output), "ab")
+        elif log_path:
+            log = os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+        else:
+            log = open(os.devnull, "wb")
         self._popen: subprocess.Popen | None = None
         try:
-            self.pid = _spawn(list(argv), env, cwd, log.fileno(), (read_end, target), inherit_fds)
+            self.pid = _spawn(list(argv), env, cwd, log.fileno(), placed, inherit_fds)
         except NotImplementedError:
             env[LIFELINE_ENV] = str(read_end)
+            if control is not None:
+                env[CONTROL_ENV] = str(control)
             self._popen = subprocess.Popen(
                 list(argv),
                 env=env,
@@ -129,7 +140,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                pass_fds=(read_end, *inherit_fds),
+                pass_fds=(read_end, *inherit_fds, *([] if control is None else [control])),
                 close_fds=True,
             )
             self.pid = self._popen.pid

@@ -217,7 +217,11 @@ def _load_main_script(path: str) -> ModuleType:
 
 def load_task(spec: RunStart) -> Any:
     sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]
-    main_module = _load_main_script(spec.main_file) if spec.main_file else None
+    main_module = None
+    if spec.main_file:  # loaded once per process: a pre-warmed runner has it already
+        loaded = sys.modules.get(MAIN_ALIAS)
+        same = loaded is not None and getattr(loaded, "__file__", None) == spec.main_file
+        main_module = loaded if same else _load_main_script(spec.main_file)
     with open(spec.task_file, "rb") as handle:
         return _TaskUnpickler(handle, main_module).load()
 
@@ -279,6 +283,14 @@ def _print_traceback(error: BaseException, headline: str | None = None) -> None:
 
 
 def run(spec_path: str) -> int:
+    _prepare_process()
+    try:
+        return _run(spec_path)
+    finally:
+        _report_leftovers()
+
+
+def _prepare_process() -> None:
     become_subreaper()
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _on_stop_signal)
@@ -289,10 +301,65 @@ def run(spec_path: str) -> int:
         signal.signal(_SCHEDULER_GONE, _on_scheduler_gone)
         signal_on_parent_death(_SCHEDULER_GONE)
     _watch_lifeline()
+
+
+# --- a pre-warmed runner ---------------------------------------------------------------
+
+
+def run_warm(preload: str) -> int:
+    """A runner started before its run is known: it imports what the run will need, then waits
+    on its control socket for the run's start record and log (``warm.py``). Until then it
+    touches no GPU and writes nothing; if the socket closes without a run, it just ends."""
+    import socket  # here: a cold runner does not pay for it
+
+    from .process import CONTROL_ENV
+
+    control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
+    _prepare_process()
+    _preload(json.loads(preload))
     try:
-        return _run(spec_path)
+        message, fds, _, _ = socket.recv_fds(control, 65536, 1)
+    except OSError:
+        return EXIT_OK
+    finally:
+        control.close()
+    if not message or len(fds) != 1:
+        return EXIT_OK  # discarded
+    _output_to(fds[0])
+    try:
+        return _run(message.decode("utf-8", "surrogateescape"))
     finally:
         _report_leftovers()
+
+
+def _preload(info: dict[str, Any]) -> None:
+    """Import the task's module (or load the script that defines it) now, as the run would."""
+    sys.path[:0] = [entry for entry in info["sys_path"] if entry not in sys.path]
+    try:
+        if info["main_file"]:
+            _load_main_script(info["main_file"])
+        elif info["module"]:
+            importlib.import_module(info["module"])
+    except BaseException:  # the run's own load tries again and reports what goes wrong
+        sys.modules.pop(MAIN_ALIAS, None)
+
+
+def _output_to(log_fd: int) -> None:
+    """From now on stdout and stderr go to the run's log, after what was printed while warming up."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        os.lseek(1, 0, os.SEEK_SET)
+        while chunk := os.read(1, 1 << 16):
+            os.write(log_fd, chunk)
+    except OSError:
+        pass  # what was printed before the run is lost, never the run's own output
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
 
 
 def _run(spec_path: str) -> int:
@@ -329,6 +396,8 @@ def _run(spec_path: str) -> int:
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--warm":
+        sys.exit(run_warm(sys.argv[2]))
     if len(sys.argv) != 2:
         print(
             "usage: python -m gpu_task_scheduler.backends.local.runner SPEC_FILE (started by the scheduler)",

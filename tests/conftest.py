@@ -15,6 +15,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 os.environ["GTS_NVML_MODULE"] = "fake_nvml"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
 
+# Imported only by runs on a machine with PyTorch (test_real_gpu.py); not a module to collect.
+collect_ignore = ["gts_torch_module.py"]
+
 
 def marked_pids(mark):
     """Processes (any parent) whose environment carries this test's mark."""

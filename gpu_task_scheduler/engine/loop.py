@@ -36,7 +36,7 @@ from ..records.paths import RootPaths, RunPaths
 from ..records.prior import read_prior, settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
-from .decide import after_exit, before_run, classify
+from .decide import before_run, classify
 from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
 from .outcomes import Records, read_exit
@@ -247,20 +247,8 @@ class Scheduler:
             peak=peak,
             duration=duration,
         )
-        if end.status is RunStatus.SUCCEEDED:
-            return
-        o = self.options
-        step = after_exit(
-            end,
-            tries=item.tries,
-            oom_retries=item.oom_retries,
-            reserved=reserved,
-            peak=peak,
-            max_retries=o.max_retries,
-            max_oom_retries=o.max_oom_retries,
-            stopping=self._stop_level > 0,
-        )
-        self._queue.requeue(item, step, max_retries=o.max_retries, max_oom_retries=o.max_oom_retries)
+        if end.status is not RunStatus.SUCCEEDED:
+            self._queue.ended(item, end, self.options, reserved=reserved, peak=peak, stopping=self._stop_level > 0)
 
     # --- stopping -----------------------------------------------------------------
 
@@ -317,9 +305,4 @@ class Scheduler:
             active.handle.kill()
             active.handle.reap()
             del self._active[key]
-            try:
-                self._records.ledger.finish(
-                    active.spec.name, RunStatus.INTERRUPTED, cause="the scheduler stopped on an error"
-                )
-            except GTSError:
-                pass  # the ledger is what failed; the next start marks the run interrupted
+            self._records.abandoned(active.spec)

@@ -13,6 +13,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from ..errors import GTSError
 from ..gpu.devices import Slot
 from ..records.ledger import Ledger
 from ..records.paths import RunPaths
@@ -138,6 +139,13 @@ class Records:
         )
         self.summary.record(outcome)
         self.call("on_run_end", outcome)
+
+    def abandoned(self, spec: RunSpec) -> None:
+        """A run killed because the scheduler stopped on an error (as much as the ledger still takes)."""
+        try:
+            self.ledger.finish(spec.name, RunStatus.INTERRUPTED, cause="the scheduler stopped on an error")
+        except GTSError:
+            pass  # the ledger is what failed; the next start marks the run interrupted
 
     # --- a run ending ----------------------------------------------------------------
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from ..gpu.devices import format_memory
 from ..gpu.placement import Need, WholeGpu
 from ..sweep.expand import NOT_READY, RunSpec
-from .decide import Next
+from ..sweep.options import SchedulerOptions
+from .decide import Classified, Next, after_exit
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -64,6 +65,29 @@ class RunQueue:
     @property
     def empty(self) -> bool:
         return self.held is None and not self.taking
+
+    def ended(
+        self,
+        item: Pending,
+        end: Classified,
+        options: SchedulerOptions,
+        *,
+        reserved: Need,
+        peak: int | None,
+        stopping: bool,
+    ) -> None:
+        """A run that did not succeed: queue it again if :func:`decide.after_exit` says so."""
+        step = after_exit(
+            end,
+            tries=item.tries,
+            oom_retries=item.oom_retries,
+            reserved=reserved,
+            peak=peak,
+            max_retries=options.max_retries,
+            max_oom_retries=options.max_oom_retries,
+            stopping=stopping,
+        )
+        self.requeue(item, step, max_retries=options.max_retries, max_oom_retries=options.max_oom_retries)
 
     def requeue(self, item: Pending, step: Next, *, max_retries: int, max_oom_retries: int) -> None:
         """Act on :func:`decide.after_exit`'s answer for a run that did not succeed."""

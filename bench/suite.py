@@ -159,7 +159,7 @@ def tool_argv(tool: str, work: Workload, folder: str, lines: list[str], peers: d
                 "gpu": work.slots,
                 "result_root_folder": os.path.join(folder, "r"),
                 "scheduler_log_file_path": None,
-                "prewarm": "prewarm off" not in tool,
+                **({"prewarm": False} if "prewarm off" in tool else {}),  # on by default
             },
             "global_config": {"log": os.path.join(folder, "jobs.log")},
             "test_config": [{"job": list(range(len(work.seconds))), "seconds": [work.seconds[0]]}],
@@ -168,7 +168,7 @@ def tool_argv(tool: str, work: Workload, folder: str, lines: list[str], peers: d
         path = os.path.join(folder, "sweep.json")
         with open(path, "w") as handle:
             json.dump(config, handle)
-        env["PYTHONPATH"] = HERE
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")]))
         return gts + ["run", path, "--plain"], env
     if tool == "gts run":
         config = {
@@ -262,7 +262,7 @@ def summarize(work: Workload, jobs: list[list[str]], launched: float, cpu: float
 
 def relaunch_seconds() -> float:
     """What starting a fresh process for a Python run costs at least: the interpreter and the task's imports."""
-    env = {**os.environ, "PYTHONPATH": HERE}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
     times = []
     for _ in range(5):
         started = time.perf_counter()

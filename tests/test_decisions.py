@@ -81,6 +81,10 @@ CLASSIFY = [
     (facts(0, reports_outcome=False), (S, None)),
     (facts(3, reports_outcome=False), (F, "the command failed with exit code 3")),
     (facts(-9, reports_outcome=False), (F, "the command was killed by SIGKILL")),
+    (
+        facts(1, reports_outcome=False, log_tail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"),
+        (F, "GPU out of memory (PyTorch): the command failed with exit code 1"),
+    ),
     (facts(-15, reports_outcome=False, stopped=(T, "timed out after 5s")), (T, "timed out after 5s")),
     (facts(-15, stopped=(INT, "interrupted by SIGINT")), (INT, "interrupted by SIGINT")),
     (facts(1, outcome=Outcome("failed", phase="main", error="ValueError: boom")), (F, "ValueError: boom")),

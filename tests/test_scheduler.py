@@ -313,3 +313,40 @@ def test_hostile_values_create_folders_only_inside_the_root(in_tmp):
     folders = [p for p in root.iterdir() if p.name != ".gts" and p.name != "scheduler.log"]
     assert len(folders) == len(values) and all(p.parent == root and p.is_dir() for p in folders)
     # (No shell sees these values here; test_reliability's command-sweep tests show that none ever does.)
+
+
+def test_a_command_run_records_its_success_so_a_killed_scheduler_never_repeats_it(in_tmp):
+    """Command sweeps start no Python runner; the wrapper records the success itself."""
+    from gpu_task_scheduler.records.ledger import Ledger
+
+    root, journal = in_tmp / "r", in_tmp / "journal"
+    config = make_config(root, [{"i": [0, 1]}])
+    config["command"] = ["sh", "-c", 'echo "ran $1" >> "$0"', str(journal), "{i}"]
+    assert GPUTaskScheduler(config).start().ok
+    rows = ledger_rows(root)
+    outcome = read_json(str(root / "i-0," / ".gts" / "outcome.json"))
+    assert (outcome["status"], outcome["token"]) == ("succeeded", rows["i-0,"]["token"])
+    # As a scheduler killed after the command ended, before it recorded the end, leaves the ledger:
+    with Ledger(RootPaths(str(root))) as ledger:
+        row = rows["i-0,"]
+        ledger.mark_running(
+            name="i-0,",
+            run_index=0,
+            config_hash=row["config_hash"],
+            slot="cpu0",
+            token=row["token"],
+            work_dir=row["work_dir"],
+        )
+    again = GPUTaskScheduler(config).start()
+    assert sorted(again.skipped) == ["i-0,", "i-1,"] and ledger_rows(root)["i-0,"]["status"] == "succeeded"
+    assert journal.read_text().splitlines() == ["ran 0", "ran 1"]
+
+
+def test_a_command_that_plants_a_link_where_its_outcome_goes_writes_nothing_through_it(in_tmp):
+    root, outside = in_tmp / "r", in_tmp / "outside"
+    outside.write_text("precious\n")
+    config = make_config(root, [{"i": [0]}])
+    config["command"] = ["sh", "-c", 'ln -s "$1" "$0/.gts/outcome.json"', "{work_dir}", str(outside)]
+    (failed,) = GPUTaskScheduler(config).start().failed
+    assert outside.read_text() == "precious\n"
+    assert failed.exit_code == 4 and "symbolic link where its outcome goes" in failed.log_tail

@@ -117,10 +117,13 @@ def classify(facts: ExitFacts) -> Classified:
     elif not facts.reports_outcome and facts.stopped is None:
         if facts.returncode == 0:
             status, cause = RunStatus.SUCCEEDED, None
-        elif exit_code:
-            status, cause = RunStatus.FAILED, f"the command failed with exit code {exit_code}"
         else:
-            status, cause = RunStatus.FAILED, f"the command was killed by {signal_name}"
+            status = RunStatus.FAILED
+            how = f"failed with exit code {exit_code}" if exit_code else f"was killed by {signal_name}"
+            cause = f"the command {how}"
+            oom = detect_oom(facts.log_tail)
+            if oom is not None:  # a command running PyTorch, say: retried later with more memory
+                cause = f"GPU out of memory ({oom}): {cause}"
     elif facts.stopped is not None:
         status, cause = facts.stopped
     else:

@@ -15,7 +15,7 @@ import pathlib
 import pickle
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,30 +69,40 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    direct: bool = False  # a plain command: exit status 0 is its success (no runner, no outcome file)
+    direct: bool = False  # a command without a Python runner: exit status 0 is its success (see below)
     spec_file: str | None = None  # a Python run's start record (the runner's argument)
     preload: Preload | None = None
 
 
-# A shell command run without a Python runner (``gts queue``): the command runs
-# in the background while a watcher blocks on the lifeline; if the scheduler
-# dies, the watcher reads EOF and kills the whole process group, as the Python
-# runner would (it ignores stop signals, so it watches through a grace period).
-# A stop signal to the group reaches the command; the wrapper traps it and
-# keeps waiting, so the command gets the whole grace period to act on it.
-# POSIX sh only.
-_SHELL_WRAPPER = (
+# A command run without a Python runner (``gts queue``'s lines, ``command:`` sweeps): the
+# command ("$@") runs in the background while a watcher blocks on the lifeline; if the scheduler
+# dies, the watcher reads EOF and kills the whole process group, as the Python runner would
+# (it ignores stop signals, so it watches through a grace period). A stop signal to the group
+# reaches the command; the wrapper traps it and keeps waiting, so the command gets the whole
+# grace period to act on it. When the command exits 0 without having been asked to stop, the
+# wrapper records the success in the run's outcome file (one write of a few bytes, with the
+# attempt's token; never through a link the run may have planted), so a scheduler killed a
+# moment later still never runs it again.
+# POSIX sh only; the values are in the environment and the arguments, never in the script.
+_COMMAND_WRAPPER = (
     '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; kill -KILL 0; } & watcher=$!; '
-    'sh -c "$1" & child=$!; '
-    'trap "stopping=1" TERM INT HUP; '
+    '"$@" & child=$!; '
+    'trap "stopping=1; stopped=1" TERM INT HUP; '
     'while :; do wait "$child"; status=$?; '
     'if [ -n "$stopping" ] && kill -0 "$child" 2>/dev/null; then stopping=; continue; fi; break; done; '
-    'kill -KILL "$watcher" 2>/dev/null; exit "$status"'
+    'kill -KILL "$watcher" 2>/dev/null; '
+    "f=$GTS_OUTCOME_FILE; d=${f%/*}; "
+    'if [ "$status" -eq 0 ] && [ -z "$stopped" ]; then '
+    'if [ -L "$f" ] || [ -L "$d" ] || [ -L "${d%/*}" ]; then '
+    'echo "gpu_task_scheduler: the run folder holds a symbolic link where its outcome goes" >&2; exit 4; fi; '
+    'printf \'{"status": "succeeded", "token": "%s", "config_hash": "%s", "pid": %d}\\n\' '
+    '"$GTS_RUN_TOKEN" "$GTS_CONFIG_HASH" "$$" > "$f" || exit 4; fi; '
+    'exit "$status"'
 )
 
 
-def shell_argv(command: str) -> list[str]:
-    return ["/bin/sh", "-c", _SHELL_WRAPPER, "gts-shell", command]
+def command_argv(argv: Sequence[str]) -> list[str]:
+    return ["/bin/sh", "-c", _COMMAND_WRAPPER, "gts-command", *argv]
 
 
 def class_factory(task_class: type[GPUTask]) -> TaskFactory:
@@ -188,15 +198,19 @@ def prepare(
         task = make_task(spec)
         task_name = type(task).__name__
         extra_env = _checked_env(task.required_env(), type(task))
+        # A task that is a command (CommandTask, a gts queue line) says which: it runs without Python.
+        direct_command = getattr(task, "direct_command", None)
+        direct = direct_command(slot.cuda_visible_devices) if callable(direct_command) else None
     except LaunchError:
         raise
     except Exception as error:
         details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         raise LaunchError(f"{task_name} failed before main(): {type(error).__name__}: {error}", details) from error
     env = _environment(slot, extra_env)
-    shell_command = getattr(task, "shell_command", None)
-    if isinstance(shell_command, str):
-        return Launch(argv=shell_argv(shell_command), env=env, cwd=os.getcwd(), direct=True)
+    if direct is not None:
+        env.update(direct[1])
+        env.update(GTS_OUTCOME_FILE=os.path.abspath(paths.outcome), GTS_CONFIG_HASH=spec.config_hash)
+        return Launch(argv=command_argv(direct[0]), env=env, cwd=os.getcwd(), direct=True)
     payload = _pickle_task(task)
     main_file = None
     if type(task).__module__ == "__main__":

@@ -167,6 +167,15 @@ class CommandTask(GPUTask):
         script, values = render_shell(self.parts[0], self._values())
         return script, {**os.environ, **values}
 
+    def direct_command(self, gpus: str) -> tuple[list[str], dict[str, str]]:
+        """What the scheduler runs for this run without a Python process (``main()`` is the same,
+        run by hand): the argv, and the variables the shell script needs (``shell: true``)."""
+        values = {**self._values(), "gpus": gpus}
+        if not self.shell:
+            return render(self.parts, values), {}
+        script, variables = render_shell(self.parts[0], values)
+        return ["/bin/sh", "-c", script], variables
+
     def main(self) -> None:
         command, env = self.command()
         run_command(command, shell=self.shell, env=env)
@@ -192,14 +201,13 @@ def run_command(command: str | list[str], *, shell: bool, env: dict[str, str] | 
 class ShellLineTask(GPUTask):
     """Runs ``config["command"]`` through the shell, as simple-gpu-scheduler does.
 
-    ``shell_command`` makes the scheduler start the shell directly instead of
-    a Python runner (a few milliseconds instead of a Python start per line);
-    ``main()`` is the same thing, for running the task by hand.
+    The scheduler starts the shell itself (``direct_command``), not a Python
+    runner: a few milliseconds instead of a Python start per line; ``main()``
+    does the same, for running the task by hand.
     """
 
-    @property
-    def shell_command(self) -> str:
-        return self._config["command"]
+    def direct_command(self, gpus: str) -> tuple[list[str], dict[str, str]]:
+        return ["/bin/sh", "-c", self._config["command"]], {}
 
     def main(self) -> Any:
         run_command(self._config["command"], shell=True)

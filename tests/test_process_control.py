@@ -20,7 +20,8 @@ SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {TESTS!r})
     import gts_test_tasks as tasks
     from gpu_task_scheduler import GPUTaskScheduler
-    summary = GPUTaskScheduler(json.loads(sys.argv[1]), getattr(tasks, sys.argv[2])).start()
+    task = None if sys.argv[2] == "-" else getattr(tasks, sys.argv[2])  # "-": the config's command
+    summary = GPUTaskScheduler(json.loads(sys.argv[1]), task).start()
     sys.exit(summary.exit_code)
 """)
 

@@ -37,7 +37,8 @@ RUNS = 60  # long enough that no launch gets far before the next kill, however f
 KILLS = 25
 
 
-def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_processes):
+@pytest.mark.parametrize("kind", ["python", "command"])
+def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_processes, kind):
     rng = random.Random(KILL_SEED)
     root, journal = in_tmp / "r", str(in_tmp / "journal")
     config = make_config(
@@ -47,9 +48,13 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
         global_config={"journal": journal, "sleep": 0.1},
         scheduler_log_file_path=None,
     )
+    task = "RecordTask"
+    if kind == "command":  # no Python in the run: the command wrapper records the success
+        script = 'echo "start i-$1," >> "$0"; sleep 0.1; echo "end i-$1," >> "$0"'
+        config["command"], task = ["sh", "-c", script, journal, "{i}"], "-"
     kills = 0
     for _ in range(KILLS):
-        scheduler = launch(config, "RecordTask")
+        scheduler = launch(config, task)
         try:
             scheduler.wait(timeout=rng.uniform(0.05, 0.5))  # a random moment to strike
         except subprocess.TimeoutExpired:
@@ -64,7 +69,7 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
         if (root / ".gts" / "ledger.sqlite3").exists():
             statuses = [row["status"] for row in ledger_rows(root).values()]
             assert statuses.count("running") <= 2  # never more runs at once than slots
-    last = launch(config, "RecordTask")
+    last = launch(config, task)
     finish(last, timeout=120)
     assert last.returncode == 0
     assert kills >= 15, f"only {kills} of {KILLS} launches were killed; the sweep is too short"

@@ -342,11 +342,12 @@ def test_a_command_run_records_its_success_so_a_killed_scheduler_never_repeats_i
     assert journal.read_text().splitlines() == ["ran 0", "ran 1"]
 
 
-def test_a_command_that_plants_a_link_where_its_outcome_goes_writes_nothing_through_it(in_tmp):
+def test_a_queue_line_that_plants_a_link_where_its_outcome_goes_writes_nothing_through_it(in_tmp):
+    from gpu_task_scheduler.backends.local.tasks import ShellLineTask
+
     root, outside = in_tmp / "r", in_tmp / "outside"
     outside.write_text("precious\n")
-    config = make_config(root, [{"i": [0]}])
-    config["command"] = ["sh", "-c", 'ln -s "$1" "$0/.gts/outcome.json"', "{work_dir}", str(outside)]
-    (failed,) = GPUTaskScheduler(config).start().failed
+    config = make_config(root, [{"command": [f'ln -s {outside} "$GTS_OUTCOME_FILE"']}])
+    (failed,) = GPUTaskScheduler(config, ShellLineTask).start().failed
     assert outside.read_text() == "precious\n"
     assert failed.exit_code == 4 and "symbolic link where its outcome goes" in failed.log_tail

@@ -74,10 +74,11 @@ class Launch:
     preload: Preload | None = None
 
 
-# A command run without a Python runner (``gts queue``'s lines, ``command:`` sweeps): the
+# A command run without a Python runner (``gts queue``'s lines): the
 # command ("$@") runs in the background while a watcher blocks on the lifeline; if the scheduler
 # dies, the watcher reads EOF and kills the whole process group, as the Python runner would
-# (it ignores stop signals, so it watches through a grace period). A stop signal to the group
+# (it ignores stop signals, so it watches through a grace period); a command that has already
+# exited (Linux: its /proc entry says so) is not cut off before its success is recorded. A stop signal to the group
 # reaches the command; the wrapper traps it and keeps waiting, so the command gets the whole
 # grace period to act on it. When the command exits 0 without having been asked to stop, the
 # wrapper records the success in the run's outcome file (one write of a few bytes, with the
@@ -85,8 +86,13 @@ class Launch:
 # moment later still never runs it again.
 # POSIX sh only; the values are in the environment and the arguments, never in the script.
 _COMMAND_WRAPPER = (
-    '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; kill -KILL 0; } & watcher=$!; '
     '"$@" & child=$!; '
+    # The watcher: when the scheduler is gone, the run goes too, unless its command has already
+    # ended (a zombie, or reaped): then its success is recorded below, as it would have been.
+    '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; '
+    'if [ -r "/proc/$$/stat" ]; then '
+    'if read -r s 2>/dev/null <"/proc/$child/stat"; then case "${s##*) }" in Z*) exit 0;; esac; else exit 0; fi; '
+    "fi; kill -KILL 0; } & watcher=$!; "
     'trap "stopping=1; stopped=1" TERM INT HUP; '
     'while :; do wait "$child"; status=$?; '
     'if [ -n "$stopping" ] && kill -0 "$child" 2>/dev/null; then stopping=; continue; fi; break; done; '
@@ -198,7 +204,7 @@ def prepare(
         task = make_task(spec)
         task_name = type(task).__name__
         extra_env = _checked_env(task.required_env(), type(task))
-        # A task that is a command (CommandTask, a gts queue line) says which: it runs without Python.
+        # A task that is a plain command (a gts queue line) says which: it runs without Python.
         direct_command = getattr(task, "direct_command", None)
         direct = direct_command(slot.cuda_visible_devices) if callable(direct_command) else None
     except LaunchError:

@@ -74,7 +74,7 @@ class Launch:
     preload: Preload | None = None
 
 
-# A command run without a Python runner (``gts queue``'s lines): the
+# A command run without a Python runner (``gts queue``'s lines, ``command:`` sweeps): the
 # command ("$@") runs in the background while a watcher blocks on the lifeline; if the scheduler
 # dies, the watcher reads EOF and kills the whole process group, as the Python runner would
 # (it ignores stop signals, so it watches through a grace period); a command that has already
@@ -88,11 +88,16 @@ class Launch:
 _COMMAND_WRAPPER = (
     '"$@" & child=$!; '
     # The watcher: when the scheduler is gone, the run goes too, unless its command has already
-    # ended (a zombie, or reaped): then its success is recorded below, as it would have been.
+    # ended. It freezes the command first (SIGSTOP) and then looks: a command that is frozen
+    # had not exited, and the whole group is killed; one that is a zombie or reaped had exited,
+    # and its success is recorded below, as it would have been. (Looking without freezing it
+    # first, a command on another core could finish its work between the look and the kill.)
     '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; '
-    'if [ -r "/proc/$$/stat" ]; then '
-    'if read -r s 2>/dev/null <"/proc/$child/stat"; then case "${s##*) }" in Z*) exit 0;; esac; else exit 0; fi; '
-    "fi; kill -KILL 0; } & watcher=$!; "
+    'if [ -r "/proc/$$/stat" ]; then kill -STOP "$child" 2>/dev/null; '
+    'while read -r s 2>/dev/null <"/proc/$child/stat"; do '
+    'case "${s##*) }" in Z*) exit 0;; [Tt]*) break;; esac; done; '
+    '[ -r "/proc/$child/stat" ] || exit 0; fi; '
+    "kill -KILL 0; } & watcher=$!; "
     'trap "stopping=1; stopped=1" TERM INT HUP; '
     'while :; do wait "$child"; status=$?; '
     'if [ -n "$stopping" ] && kill -0 "$child" 2>/dev/null; then stopping=; continue; fi; break; done; '
@@ -204,7 +209,7 @@ def prepare(
         task = make_task(spec)
         task_name = type(task).__name__
         extra_env = _checked_env(task.required_env(), type(task))
-        # A task that is a plain command (a gts queue line) says which: it runs without Python.
+        # A task that is a command (CommandTask, a gts queue line) says which: it runs without Python.
         direct_command = getattr(task, "direct_command", None)
         direct = direct_command(slot.cuda_visible_devices) if callable(direct_command) else None
     except LaunchError:

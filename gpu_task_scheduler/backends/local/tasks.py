@@ -167,6 +167,15 @@ class CommandTask(GPUTask):
         script, values = render_shell(self.parts[0], self._values())
         return script, {**os.environ, **values}
 
+    def direct_command(self, gpus: str) -> tuple[list[str], dict[str, str]]:
+        """What the scheduler runs for this run without a Python process (``main()`` is the same,
+        run by hand): the argv, and the variables the shell script needs (``shell: true``)."""
+        values = {**self._values(), "gpus": gpus}
+        if not self.shell:
+            return render(self.parts, values), {}
+        script, variables = render_shell(self.parts[0], values)
+        return ["/bin/sh", "-c", script], variables
+
     def main(self) -> None:
         command, env = self.command()
         run_command(command, shell=self.shell, env=env)

@@ -612,3 +612,21 @@ def test_a_queue_line_run_by_hand_fails_with_the_commands_status(tmp_path):
     with pytest.raises(CommandFailed) as killed:
         ShellLineTask({"command": "kill -TERM $$"}, str(tmp_path)).main()
     assert killed.value.code == 128 + signal.SIGTERM and "signal 15" in str(killed.value)
+
+
+@pytest.mark.parametrize("shell", [False, True])
+def test_a_command_run_by_hand_runs_what_the_scheduler_would(tmp_path, monkeypatch, shell):
+    from gpu_task_scheduler.backends.local.tasks import CommandFailed, CommandTask
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    template = (
+        'echo "{v} {gpus}" > {work_dir}/out'
+        if shell
+        else ["sh", "-c", 'echo "$1" > "$0/out"', "{work_dir}", "{v} {gpus}"]
+    )
+    parts = [template] if shell else template
+    task = CommandTask({"v": "$(id)"}, str(tmp_path), parts=parts, shell=shell)
+    assert task.main() is None and (tmp_path / "out").read_text() == "$(id) 3\n"
+    with pytest.raises(CommandFailed) as failed:
+        CommandTask({}, str(tmp_path), parts=["exit 5"] if shell else ["sh", "-c", "exit 5"], shell=shell).main()
+    assert failed.value.code == 5

@@ -56,8 +56,9 @@ def _spawn(
     this process), stdin from /dev/null, stdout and stderr to ``log_fd``, each ``(ours, theirs)``
     of ``placed`` as descriptor ``theirs``, and of our other descriptors only ``pass_fds`` open
     (as they are numbered here). NotImplementedError where that cannot be done."""
-    if not hasattr(os, "posix_spawn") or not hasattr(os, "POSIX_SPAWN_DUP2") or os.path.realpath(cwd) != os.getcwd():
-        raise NotImplementedError
+    here = os.getcwd()
+    if not hasattr(os, "POSIX_SPAWN_DUP2") or (cwd != here and os.path.realpath(cwd) != here):
+        raise NotImplementedError  # posix_spawn cannot change the directory
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, log_fd, 1),

@@ -150,35 +150,19 @@ class CommandTask(GPUTask):
         self.run_name = run_name
         self.run_index = run_index
 
-    def _values(self) -> dict[str, Any]:
-        values = dict(self._config)
-        values.update(
-            work_dir=self._work_dir,
-            run_name=self.run_name,
-            run_index=self.run_index,
-            gpus=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-        )
-        return values
-
-    def command(self) -> tuple[str | list[str], dict[str, str] | None]:
-        """The run's argv (or, with ``shell``, its script) and the environment it needs (None: ours)."""
-        if not self.shell:
-            return render(self.parts, self._values()), None
-        script, values = render_shell(self.parts[0], self._values())
-        return script, {**os.environ, **values}
-
     def direct_command(self, gpus: str) -> tuple[list[str], dict[str, str]]:
-        """What the scheduler runs for this run without a Python process (``main()`` is the same,
-        run by hand): the argv, and the variables the shell script needs (``shell: true``)."""
-        values = {**self._values(), "gpus": gpus}
+        """The run's argv (with ``shell``, ``/bin/sh -c`` and the script) and the variables the script
+        needs: the scheduler runs it without a Python process; ``main()`` runs the same by hand."""
+        values = dict(self._config)
+        values.update(work_dir=self._work_dir, run_name=self.run_name, run_index=self.run_index, gpus=gpus)
         if not self.shell:
             return render(self.parts, values), {}
         script, variables = render_shell(self.parts[0], values)
         return ["/bin/sh", "-c", script], variables
 
     def main(self) -> None:
-        command, env = self.command()
-        run_command(command, shell=self.shell, env=env)
+        argv, variables = self.direct_command(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        run_command(argv, shell=False, env={**os.environ, **variables} if variables else None)
         return None  # the command's own result.json, if it writes one, is the run's result
 
 

@@ -55,7 +55,16 @@ class LocalLauncher:
             )
             handle = LocalHandle(reports_outcome=not launch.direct, grace_period=self._grace_period)
             warm = self._warm.pop(attempt.slot.name, None)
-            if warm is not None and warm.fits(launch) and warm.hand_over(launch, paths, handle.exited_to(on_exit)):
+            try:
+                adopted = (
+                    warm is not None and warm.fits(launch) and warm.hand_over(launch, paths, handle.exited_to(on_exit))
+                )
+            except OSError:  # the run's log cannot be opened: the run fails, and nothing waits for it
+                assert warm is not None
+                warm.discard()
+                raise
+            if adopted:
+                assert warm is not None
                 handle.child = warm.child
             else:
                 if warm is not None:

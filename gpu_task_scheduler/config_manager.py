@@ -34,7 +34,8 @@ class ConfigManager:
         Folder names are the ones the scheduler gives: where the result root
         records a folder for other values, this run's name is its own (read
         only; nothing is written)."""
-        from .records.ledger import Ledger, foreign_checker
+        from .records.known import RootIndex
+        from .records.ledger import Ledger
         from .records.paths import RootPaths
 
         root = self._sweep.options.result_root_folder
@@ -45,7 +46,7 @@ class ConfigManager:
             except GTSError:
                 ledger = None  # a damaged ledger: the scheduler will say so; names from the folders alone
             try:
-                yield from self._sweep.runs(foreign_checker(ledger, root))
+                yield from self._sweep.runs(RootIndex(ledger, root).foreign)
             finally:
                 if ledger is not None:
                     ledger.close()

@@ -15,7 +15,7 @@ from gpu_task_scheduler.engine.decide import (
 )
 from gpu_task_scheduler.engine.loop import Scheduler
 from gpu_task_scheduler.gpu.placement import WHOLE_GPU
-from gpu_task_scheduler.records.ledger import RunRecord
+from gpu_task_scheduler.records.ledger import KnownRun
 from gpu_task_scheduler.records.prior import Prior
 from gpu_task_scheduler.records.protocol import Outcome
 from gpu_task_scheduler.records.status import RunStatus
@@ -25,12 +25,7 @@ S, F, T, INT = RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunSt
 
 
 def record(status, config_hash="h"):
-    empty = dict.fromkeys(
-        ["attempts", "slot", "pid", "token", "work_dir", "started_at", "ended_at", "exit_code", "signal", "cause"]
-    )
-    return RunRecord(
-        name="a-1,", run_index=0, config_hash=config_hash, status=status, log_tail=None, result=None, **empty
-    )
+    return KnownRun(status=status, config_hash=config_hash, params='{"a": 1}')
 
 
 GOOD = Outcome(status="succeeded", token="t", config_hash="h", result=1)

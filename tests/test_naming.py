@@ -3,9 +3,12 @@
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_task_scheduler import ConfigManager, Sweep
-from gpu_task_scheduler.sweep.naming import MAX_NAME_BYTES, NameRegistry, safe_folder_name
+from gpu_task_scheduler.sweep.expand import config_hash, params_text
+from gpu_task_scheduler.sweep.naming import MAX_NAME_BYTES, NameRegistry, config_string, safe_folder_name
 
 
 def original_name(
@@ -242,3 +245,71 @@ def test_test_config_string_is_the_originals_raw_string():
     assert run["test_config_string"] == original_name({"data_path": "/data/set-1", "seed": 1})
     assert run["test_config_string"] == "data_path-/data/set-1,seed-1,"
     assert run["test_config_string_filtered"] == "data_path-%2Fdata%2Fset-1,seed-1,"  # a folder name: escaped
+
+
+# --- every run's strings are rendered from its values' pieces, equal to rendering it whole --------
+
+_value = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6)),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=4,
+)
+_key = st.text(min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    global_config=st.dictionaries(_key, _value, max_size=3),
+    blocks=st.lists(
+        st.dictionaries(_key, st.lists(_value, min_size=1, max_size=3), max_size=3), min_size=1, max_size=2
+    ),
+    ignored_keys=st.lists(_key, max_size=2),
+    ignored_characters=st.lists(st.text(min_size=1, max_size=2), max_size=3),
+    maxlen=st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_a_runs_names_params_and_hash_equal_rendering_the_run_whole(
+    global_config, blocks, ignored_keys, ignored_characters, maxlen
+):
+    options = {
+        "gpu": ["cpu"],
+        "ignored_keys_for_folder_name": ignored_keys,
+        "ignored_characters_for_folder_name": ignored_characters,
+        "config_string_value_maxlen": maxlen,
+    }
+    sweep = Sweep({"scheduler_config": options, "global_config": global_config, "test_config": blocks})
+    configs = list(sweep.test_configs())
+    runs = list(sweep.runs())
+    assert len(runs) == len(configs)
+    for spec, (block, test_config) in zip(runs, configs, strict=True):
+        whole = dict(global_config, **test_config)
+        shown = config_string(
+            test_config,
+            indicator="-",
+            separator=",",
+            maxlen=maxlen,
+            ignored_characters=ignored_characters,
+        )
+        assert (spec.block, spec.test_config) == (block, test_config)
+        assert spec.config == whole and spec.config_hash == config_hash(whole)
+        assert spec.params == params_text(test_config)
+        assert spec.test_config_string == shown
+        if spec.renamed_from is None and not spec.duplicate:
+            assert spec.name == safe_folder_name(
+                config_string(
+                    test_config,
+                    indicator="-",
+                    separator=",",
+                    maxlen=maxlen,
+                    ignored_keys=ignored_keys,
+                    ignored_characters=ignored_characters,
+                )
+            )
+
+
+def test_runs_own_their_mutable_global_values():
+    sweep = Sweep(
+        {"scheduler_config": {"gpu": ["cpu"]}, "global_config": {"layers": [1]}, "test_config": [{"a": [1, 2]}]}
+    )
+    first, second = sweep.runs()
+    first.config["layers"].append(2)
+    assert second.config["layers"] == [1] and sweep.global_config["layers"] == [1]

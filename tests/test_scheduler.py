@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 
 import gts_test_tasks as tasks
@@ -10,6 +11,7 @@ from conftest import wait_until
 from helpers import journal_lines, ledger_rows, make_config
 
 from gpu_task_scheduler import GPUTaskScheduler, RunsFailedError, RunStatus, SchedulerBusyError
+from gpu_task_scheduler.records import known
 from gpu_task_scheduler.records.ledger import SweepLock
 from gpu_task_scheduler.records.paths import RootPaths, read_json
 
@@ -125,6 +127,26 @@ def test_succeeded_runs_are_skipped_and_failed_runs_run_again(in_tmp):
     assert "cpu0 skips task a-1," in (root / "scheduler.log").read_text()
     third = start(config)
     assert third.skipped == ["a-1,", "a-2,"] and not third.outcomes
+
+
+def test_resume_reads_the_ledger_in_windows_and_finds_rows_outside_them(in_tmp, monkeypatch):
+    """Runs are decided from ledger rows read a few run indices at a time; a row the window
+    does not hold (the sweep was reordered since) is still found, and a deleted folder still
+    means the run is done again."""
+    monkeypatch.setattr(known, "WINDOW", 2)
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    values = list(range(7))
+    first = start(make_config(root, [{"a": values}], global_config={"journal": journal}))
+    assert len(first.succeeded) == 7
+    for value in values:  # the ledger alone says they succeeded
+        (root / f"a-{value}," / ".gts" / "outcome.json").unlink()
+    reordered = make_config(root, [{"a": values[::-1]}], global_config={"journal": journal})
+    again = start(reordered)
+    assert sorted(again.skipped) == sorted(f"a-{v}," for v in values) and not again.outcomes
+    shutil.rmtree(root / "a-3,")
+    third = start(reordered)
+    assert [o.name for o in third.succeeded] == ["a-3,"] and len(third.skipped) == 6
+    assert journal_lines(journal).count("end a-3,") == 2 and journal_lines(journal).count("end a-4,") == 1
 
 
 def test_force_rerun_runs_everything_and_keeps_old_logs(in_tmp):

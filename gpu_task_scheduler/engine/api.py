@@ -13,7 +13,8 @@ import signal
 from collections.abc import Iterator
 from types import ModuleType
 
-from ..records.ledger import Ledger, foreign_checker
+from ..records.known import RootIndex
+from ..records.ledger import Ledger
 from ..records.paths import RootPaths
 from ..records.prior import read_prior
 from ..reports.notify import run_notify_command, send_email
@@ -33,8 +34,9 @@ def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
     options = sweep.options
     ledger = Ledger.read_only(RootPaths(options.result_root_folder))
     try:
-        for spec in sweep.runs(foreign_checker(ledger, options.result_root_folder)):
-            prior = read_prior(spec, ledger)
+        known = RootIndex(ledger, options.result_root_folder)
+        for spec in sweep.runs(known.foreign):
+            prior = read_prior(spec, known)
             yield (
                 spec,
                 before_run(prior, force_rerun=options.force_rerun, skip_existing_folders=options.skip_existing_folders),

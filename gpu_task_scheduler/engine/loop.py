@@ -31,7 +31,8 @@ from ..gpu.capacity import Capacity
 from ..gpu.devices import Slot
 from ..gpu.host import HostProbe
 from ..gpu.placement import Need
-from ..records.ledger import Ledger, SweepLock, foreign_checker
+from ..records.known import RootIndex
+from ..records.ledger import Ledger, SweepLock
 from ..records.paths import RootPaths, RunPaths
 from ..records.prior import read_prior, settle_running
 from ..records.status import RunStatus
@@ -112,11 +113,13 @@ class Scheduler:
                     try:
                         settle_running(ledger)
                         self._records.sweep_starting(self.sweep)
-                        self._queue = RunQueue(self.sweep.runs(foreign_checker(ledger, root.root)))
+                        self._known = RootIndex(ledger, root.root)
+                        self._queue = RunQueue(self.sweep.runs(self._known.foreign))
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
                             self._loop()
                     finally:
+                        self._records.flush()
                         self._kill_everything()
                         self._launcher.close()
         finally:
@@ -189,7 +192,7 @@ class Scheduler:
                 logger.info("%s finished", slot.name)
 
     def _skipped(self, spec: RunSpec) -> bool:
-        prior = read_prior(spec, self._records.ledger)
+        prior = read_prior(spec, self._known)
         o = self.options
         decision = before_run(prior, force_rerun=o.force_rerun, skip_existing_folders=o.skip_existing_folders)
         if decision.warning:

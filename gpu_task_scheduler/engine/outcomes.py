@@ -20,11 +20,11 @@ from ..records.paths import RunPaths
 from ..records.prior import Prior, adopt
 from ..records.protocol import Outcome
 from ..records.status import RunStatus
-from ..sweep.expand import RunSpec, Sweep, params_text
+from ..sweep.expand import RunSpec, Sweep
 from .decide import Classified, Decision, ExitFacts
 from .hooks import Hooks
 from .launcher import Ended
-from .logs import FILE_ONLY
+from .logs import file_only
 from .summary import RunOutcome, SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -63,6 +63,7 @@ class Records:
     def __init__(self, ledger: Ledger, summary: SweepSummary, hooks: Hooks) -> None:
         self.ledger, self.summary, self._hooks = ledger, summary, hooks
         self._skips: dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
+        self._skip_lines: list[str] = []  # their lines for scheduler.log, not yet written
 
     def call(self, hook: str, *args: object) -> None:
         try:
@@ -82,16 +83,26 @@ class Records:
 
     def skipped(self, spec: RunSpec, prior: Prior, decision: Decision, slot_name: str) -> None:
         if decision.action == "adopt" and prior.outcome is not None:
-            adopt(self.ledger, spec, prior.outcome, params_text(spec.test_config))
+            adopt(self.ledger, spec, prior.outcome, spec.params)
         # The original's two lines, for scheduler.log; the console gets one count (report_skips).
-        logger.info("%s receives task %s", slot_name, spec.test_config_string, extra=FILE_ONLY)
-        logger.info("%s skips task %s", slot_name, spec.test_config_string, extra=FILE_ONLY)
+        self._skip_lines += (
+            f"{slot_name} receives task {spec.test_config_string}",
+            f"{slot_name} skips task {spec.test_config_string}",
+        )
+        if len(self._skip_lines) >= 4096:
+            self.flush()
         self._skips[decision.reason] = self._skips.get(decision.reason, 0) + 1
         self.summary.skipped.append(spec.name)
         self.call("on_skip", spec)
 
+    def flush(self) -> None:
+        """Write the skipped runs' lines to scheduler.log."""
+        file_only(self._skip_lines)
+        self._skip_lines.clear()
+
     def report_skips(self) -> None:
         """One line for the runs skipped since the last one started (the console shows no per-run lines)."""
+        self.flush()
         if self._skips:
             reasons = "; ".join(f"{count} because {reason}" for reason, count in self._skips.items())
             logger.info("skipped %d run(s): %s", sum(self._skips.values()), reasons)
@@ -108,7 +119,7 @@ class Records:
             slot=slot.name,
             token=token,
             work_dir=spec.work_dir,
-            params=params_text(spec.test_config),
+            params=spec.params,
         )
 
     def not_started(

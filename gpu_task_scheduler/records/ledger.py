@@ -40,7 +40,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import LedgerError, SchedulerBusyError
-from .paths import MAX_INLINE_RESULT, RootPaths, RunPaths, ledger_path_problem, open_regular, read_json
+from .paths import MAX_INLINE_RESULT, RootPaths, ledger_path_problem, open_regular
 from .status import RunStatus
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS runs (
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
     gpu_memory_peak INTEGER, params TEXT, result_file TEXT
 );
+CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
@@ -99,6 +100,18 @@ class RunRecord:
     @property
     def result_value(self) -> Any:
         return None if self.result is None else json.loads(self.result)
+
+
+@dataclass(frozen=True, slots=True)
+class KnownRun:
+    """The part of a run's row that decides whether it runs: a few strings, so many fit in memory."""
+
+    status: RunStatus
+    config_hash: str | None
+    params: str | None  # JSON of its swept values
+
+
+_STATUSES = {status.value: status for status in RunStatus}
 
 
 def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
@@ -263,19 +276,50 @@ class Ledger:
                 f"was not written by gpu_task_scheduler (schema version {SCHEMA_VERSION} here); "
                 "move it aside and start again"
             )
+        values["status"] = self._status(values["name"], values["status"])
+        return RunRecord(**values)
+
+    def _status(self, name: str, status: str) -> RunStatus:
         try:
-            values["status"] = RunStatus(values["status"])
+            return RunStatus(status)
         except ValueError:
             raise LedgerError(
-                f"the ledger {self.path!r} records the run {values['name']!r} with the status "
-                f"{values['status']!r}, which this version ({__version__}) does not know: a newer version of "
+                f"the ledger {self.path!r} records the run {name!r} with the status "
+                f"{status!r}, which this version ({__version__}) does not know: a newer version of "
                 "gpu_task_scheduler wrote it; upgrade to use this result root"
             ) from None
-        return RunRecord(**values)
 
     def get(self, name: str) -> RunRecord | None:
         rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
         return self._record(rows[0]) if rows else None
+
+    def known(self, name: str) -> KnownRun | None:
+        """What deciding about the run ``name`` needs of its row (see records/known.py)."""
+        rows = self._tuples("SELECT name, status, config_hash, params FROM runs WHERE name = ?", (name,))
+        return self._known(*rows[0]) if rows else None
+
+    def known_between(self, first: int, end: int) -> dict[str, KnownRun]:
+        """The same for every run with ``first <= run_index < end``, by name (one query)."""
+        rows = self._tuples(
+            "SELECT name, status, config_hash, params FROM runs WHERE run_index >= ? AND run_index < ?", (first, end)
+        )
+        return {name: self._known(name, status, digest, params) for name, status, digest, params in rows}
+
+    def _tuples(self, sql: str, params: tuple) -> list[tuple[Any, ...]]:
+        """``_query`` without a Row per row (a Row costs more than the query, per row)."""
+        try:
+            cursor = self._db.cursor()
+            cursor.row_factory = None
+            return cursor.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as error:
+            raise _ledger_error(self.path, error) from error
+
+    def _known(self, name: str, status: str, config_hash: str | None, params: str | None) -> KnownRun:
+        known = _STATUSES.get(status)
+        return KnownRun(self._status(name, status) if known is None else known, config_hash, params)
+
+    def empty(self) -> bool:
+        return not self._query("SELECT 1 FROM runs LIMIT 1")
 
     def records(self) -> list[RunRecord]:
         return [self._record(row) for row in self._query("SELECT * FROM runs ORDER BY run_index, name")]
@@ -412,30 +456,6 @@ class Ledger:
 
     def running(self) -> list[RunRecord]:
         return [self._record(row) for row in self._query("SELECT * FROM runs WHERE status = 'running'")]
-
-
-def foreign_checker(ledger: Ledger | None, root: str) -> Callable[[str, str], bool]:
-    """``foreign(name, params)``: does the result root record the folder ``name``
-    for a run with other swept values than ``params``? Asked of the ledger,
-    and for folders it does not know, of the folder's own ``.gts/config.json``.
-    Folders with no record at all (a legacy root) belong to whoever wants them."""
-
-    def foreign(name: str, params: str) -> bool:
-        record = ledger.get(name) if ledger is not None else None
-        if record is not None:
-            return record.params is not None and record.params != params
-        paths = RunPaths(os.path.join(root, name), None)
-        if paths.unsafe() is not None:
-            return False  # not read through; running there is refused with the reason
-        recorded = read_json(paths.config)
-        if not isinstance(recorded, dict):
-            return False
-        return any(recorded.get(key, _MISSING) != value for key, value in json.loads(params).items())
-
-    return foreign
-
-
-_MISSING = object()
 
 
 class SweepLock:

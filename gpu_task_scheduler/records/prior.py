@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .ledger import Ledger, RunRecord
+from .known import RootIndex
+from .ledger import KnownRun, Ledger
 from .paths import RunPaths
 from .protocol import Outcome
 from .status import RunStatus
@@ -21,17 +22,22 @@ class Prior:
 
     duplicate: bool  # the same config appears earlier in the sweep
     config_hash: str  # this run's config hash
-    record: RunRecord | None  # the ledger's row for its name
-    folder_ok: bool  # its folder exists and is safe to read
+    record: KnownRun | None  # the ledger's row for its name
+    folder_ok: bool  # its folder exists (and, when the ledger has no row, is safe to read)
     outcome: Outcome | None  # the outcome file in its folder (read only when the ledger has no row)
 
 
-def read_prior(spec: RunSpec, ledger: Ledger | None) -> Prior:
-    record = ledger.get(spec.name) if ledger is not None else None
-    paths = RunPaths(spec.work_dir, None)
-    # An unsafe folder counts as absent: the run then starts, and is refused with the reason.
-    folder_ok = paths.exists() and paths.unsafe() is None
-    outcome = Outcome.read(paths.outcome) if folder_ok and record is None else None
+def read_prior(spec: RunSpec, known: RootIndex) -> Prior:
+    record = known.known(spec.name, spec.index)
+    folder_ok = known.has_folder(spec.name)
+    outcome = None
+    if folder_ok and record is None:
+        # Nothing is read from (or, when it runs, written into) the folder of a run the ledger
+        # records without a safety check. An unsafe folder counts as absent: the run then
+        # starts, and is refused with the reason.
+        paths = RunPaths(spec.work_dir, None)
+        folder_ok = paths.unsafe() is None
+        outcome = Outcome.read(paths.outcome) if folder_ok else None
     return Prior(
         duplicate=spec.duplicate, config_hash=spec.config_hash, record=record, folder_ok=folder_ok, outcome=outcome
     )

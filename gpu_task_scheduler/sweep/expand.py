@@ -25,7 +25,7 @@ from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
 from .files import ConfigSource, load_config
-from .naming import NameRegistry, config_string, safe_folder_name
+from .naming import NameRegistry, safe_folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -169,11 +169,80 @@ class RunSpec:
     config_hash: str
     duplicate: bool  # the same config under the same name came earlier in the sweep
     renamed_from: str | None = None  # the colliding name, when the name was disambiguated
+    params: str = ""  # params_text(test_config): the run's identity in the ledger
 
 
-def _for_params(foreign: Callable[[str, str], bool], params: str) -> Callable[[str], bool]:
+# ``foreign(name, params, index)``: does the result root record the folder ``name`` for
+# other swept values than ``params`` (asked for run ``index``)? See records/known.py.
+Foreign = Callable[[str, str, int], bool]
+
+
+def _for_params(foreign: Foreign, params: str, index: int) -> Callable[[str], bool]:
     """``foreign`` asked about one run's values."""
-    return lambda candidate: foreign(candidate, params)
+    return lambda candidate: foreign(candidate, params, index)
+
+
+def _params_digest(params: str) -> Callable[[], str]:
+    """The suffix that tells a run's folder from another config's: a hash of its values (computed only when needed)."""
+    return lambda: hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+_IMMUTABLE = (type(None), bool, int, float, str)
+
+
+def _without(characters: Sequence[str], text: str) -> str:
+    for character in characters:
+        text = text.replace(character, "")
+    return text
+
+
+def _hash_piece(key: str, value: Any) -> str:
+    """``"key":value`` as :func:`config_hash` writes it."""
+    return f"{json.dumps(key)}:{json.dumps(to_jsonable(value), sort_keys=True, separators=(',', ':'))}"
+
+
+class _Rendering:
+    """One test block, each of its values rendered once for all the runs that use it.
+
+    A block of 1,000 x 100 values has 100,000 runs but only 1,100 values: each
+    value's text in folder names, its JSON in the run's params and its JSON in
+    the config hash are made here once, and a run's strings are joins of these
+    pieces. They equal :func:`config_string`, :func:`params_text` and
+    :func:`config_hash` of the whole run byte for byte (``tests/test_naming.py``
+    checks that on random configs), since each of those renders keys in sorted
+    order, one value at a time.
+
+    ``columns[k]`` holds, for each value of the block's k-th key, the tuple
+    (value, name piece, params piece, hash piece); ``order`` is the key positions
+    in sorted order, ``named`` the same without the keys left out of folder
+    names, and ``hash_template`` the merged config's keys in sorted order, each
+    a global piece (position -1) or a block position.
+    """
+
+    def __init__(self, block: Mapping[str, Sequence[Any]], global_pieces: Mapping[str, str], o: SchedulerOptions):
+        self.keys = list(block)
+        self.columns = [
+            [
+                (
+                    value,
+                    f"{key}{o.test_config_string_indicator}{value_text(value)[: o.config_string_value_maxlen]}"
+                    f"{o.test_config_string_separator}",
+                    f"{json.dumps(key)}: {json.dumps(to_jsonable(value))}",
+                    _hash_piece(key, value),
+                )
+                for value in values
+            ]
+            for key, values in block.items()
+        ]
+        self.order = sorted(range(len(self.keys)), key=lambda i: self.keys[i])
+        ignored = set(o.ignored_keys_for_folder_name)
+        named = [i for i in self.order if self.keys[i] not in ignored]
+        self.named = self.order if named == self.order else named
+        position = {key: i for i, key in enumerate(self.keys)}
+        self.hash_template = [
+            (global_pieces[key], -1) if key not in position else ("", position[key])
+            for key in sorted(set(global_pieces) | set(position))
+        ]
 
 
 class Sweep:
@@ -235,17 +304,6 @@ class Sweep:
     def __len__(self) -> int:
         return self.size
 
-    def _name(self, test_config: Mapping[str, Any], filter_keys: bool) -> str:
-        o = self.options
-        return config_string(
-            test_config,
-            indicator=o.test_config_string_indicator,
-            separator=o.test_config_string_separator,
-            maxlen=o.config_string_value_maxlen,
-            ignored_keys=o.ignored_keys_for_folder_name if filter_keys else (),
-            ignored_characters=o.ignored_characters_for_folder_name,
-        )
-
     def test_configs(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(block index, test values) for every run, in the original's order."""
         for block_index, block in enumerate(self.blocks):
@@ -260,48 +318,65 @@ class Sweep:
         """Called as a sweep starts: an open-ended sweep whose ``runs()`` yields :data:`NOT_READY`
         calls ``wake()`` (from any thread) when its next run is known. A config's sweep never waits."""
 
-    def runs(self, foreign: Callable[[str, str], bool] | None = None) -> Iterator[RunSpec]:
-        """The runs, lazily. ``foreign(name, params)`` says whether the result root
-        records the folder ``name`` for other values than ``params`` (see
+    def runs(self, foreign: Foreign | None = None) -> Iterator[RunSpec]:
+        """The runs, lazily. ``foreign(name, params, index)`` says whether the result
+        root records the folder ``name`` for other values than ``params`` (see
         :func:`params_text`); such a folder is never given to this run."""
         registry = NameRegistry()
-        root = self.options.result_root_folder
-        for index, (block_index, test_config) in enumerate(self.test_configs()):
-            merged = copy.deepcopy(self.global_config)
-            merged.update(test_config)
-            digest = config_hash(merged)
-            wanted = safe_folder_name(self._name(test_config, filter_keys=True))
-            # The original's unfiltered string, raw (only folder names need escaping).
-            shown = self._name(test_config, filter_keys=False)
-            params = params_text(test_config)
-            name, duplicate = registry.assign(
-                wanted,
-                digest,
-                suffix=hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest(),
-                foreign=None if foreign is None else _for_params(foreign, params),
-            )
-            renamed_from = None
-            if name != wanted:
-                renamed_from = wanted
-                logger.warning(
-                    "run %d would share folder %r with a different config; using %r instead "
-                    "(a name of its own values only, the same on every start)",
-                    index,
+        o = self.options
+        root, ignored_characters = o.result_root_folder, o.ignored_characters_for_folder_name
+        global_pieces = {key: _hash_piece(key, value) for key, value in self.global_config.items()}
+        copy_global = (
+            copy.deepcopy
+            if any(not isinstance(v, _IMMUTABLE) for v in self.global_config.values())
+            else dict  # plain values are shared safely; a list or dict is each run's own
+        )
+        index = 0
+        for block_index, block in enumerate(self.blocks):
+            r = _Rendering(block, global_pieces, o)
+            for combo in itertools.product(*r.columns):
+                test_config = dict(zip(r.keys, [piece[0] for piece in combo], strict=True))
+                merged = copy_global(self.global_config)
+                merged.update(test_config)
+                text = "{" + ",".join([p if i < 0 else combo[i][3] for p, i in r.hash_template]) + "}"
+                digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+                params = "{" + ", ".join([combo[i][2] for i in r.order]) + "}"
+                # The original's unfiltered string, raw (only folder names need escaping).
+                shown = _without(ignored_characters, "".join([combo[i][1] for i in r.order]))
+                wanted = shown
+                if r.named is not r.order:
+                    wanted = _without(ignored_characters, "".join([combo[i][1] for i in r.named]))
+                wanted = safe_folder_name(wanted)
+                name, duplicate = registry.assign(
                     wanted,
-                    name,
+                    digest,
+                    suffix=_params_digest(params),
+                    foreign=None if foreign is None else _for_params(foreign, params, index),
                 )
-            yield RunSpec(
-                index=index,
-                block=block_index,
-                test_config=test_config,
-                config=merged,
-                test_config_string=shown,
-                name=name,
-                work_dir=os.path.join(root, name),
-                config_hash=digest,
-                duplicate=duplicate,
-                renamed_from=renamed_from,
-            )
+                renamed_from = None
+                if name != wanted:
+                    renamed_from = wanted
+                    logger.warning(
+                        "run %d would share folder %r with a different config; using %r instead "
+                        "(a name of its own values only, the same on every start)",
+                        index,
+                        wanted,
+                        name,
+                    )
+                yield RunSpec(
+                    index=index,
+                    block=block_index,
+                    test_config=test_config,
+                    config=merged,
+                    test_config_string=shown,
+                    name=name,
+                    work_dir=os.path.join(root, name),
+                    config_hash=digest,
+                    duplicate=duplicate,
+                    renamed_from=renamed_from,
+                    params=params,
+                )
+                index += 1
 
     def all_test_config_in_string(self) -> str:
         """The original's ``get_all_test_config_in_string()``: raw blocks, as written."""

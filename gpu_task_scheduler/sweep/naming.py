@@ -46,14 +46,14 @@ def config_string(
     for key in sorted(test_config):
         if key in skip:
             continue
-        parts.append(f"{key}{indicator}{_text(test_config[key])[:maxlen]}{separator}")
+        parts.append(f"{key}{indicator}{value_text(test_config[key])[:maxlen]}{separator}")
     name = "".join(parts)
     for character in ignored_characters:
         name = name.replace(character, "")
     return name
 
 
-def _text(value: object) -> str:
+def value_text(value: object) -> str:
     """``str(value)``, or a placeholder for values that cannot be printed
     (integers of over 4300 digits, objects whose ``__str__`` raises)."""
     try:
@@ -122,10 +122,16 @@ class NameRegistry:
         return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
 
     def assign(
-        self, name: str, config_hash: str, *, suffix: str | None = None, foreign: Callable[[str], bool] | None = None
+        self,
+        name: str,
+        config_hash: str,
+        *,
+        suffix: Callable[[], str] | str | None = None,
+        foreign: Callable[[str], bool] | None = None,
     ) -> tuple[str, bool]:
+        """``suffix`` (or a function that makes it, called only when a name is taken): the
+        config's own hash text; by default ``config_hash``."""
         config = int(config_hash[:16], 16)
-        suffix = suffix or config_hash
         candidate, width = name, _HASH_CHARS
         while True:
             key = self._key(candidate)
@@ -136,5 +142,7 @@ class NameRegistry:
                     return candidate, False
             elif owner == config:
                 return candidate, True
-            candidate = safe_folder_name(f"{name}~{suffix[:width]}")
+            if callable(suffix):
+                suffix = suffix()
+            candidate = safe_folder_name(f"{name}~{(suffix or config_hash)[:width]}")
             width += 4

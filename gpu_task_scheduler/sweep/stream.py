@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from .expand import NOT_READY, RunSpec, Sweep
+from .expand import NOT_READY, Foreign, RunSpec, Sweep, params_text
 from .naming import short_hash
 
 _EOF = object()
@@ -53,7 +53,7 @@ class StreamSweep(Sweep):
             self._lines.put(_EOF)
             self._wake()
 
-    def runs(self, foreign: Callable[[str, str], bool] | None = None) -> Iterator[RunSpec]:
+    def runs(self, foreign: Foreign | None = None) -> Iterator[RunSpec]:
         """The lines as runs; their names are unique by index, so ``foreign`` is not needed."""
         root = self.options.result_root_folder
         index = 0
@@ -76,5 +76,6 @@ class StreamSweep(Sweep):
                 work_dir=os.path.join(root, name),
                 config_hash=short_hash(command),
                 duplicate=False,
+                params=params_text({"command": command}),
             )
             index += 1

@@ -165,8 +165,10 @@ def test_short_pytorch_runs_warm_or_fresh_leave_no_memory_held(in_tmp, prewarm):
         f"gaps {[round(g * 1000) for g in gaps]}; a fresh `python -c 'import torch'`: "
         f"{statistics.median(relaunch) * 1000:.0f} ms"
     )
-    if prewarm:  # every run after the first imported torch while the one before it ran
-        assert all(r["started"] - r["imported_at"] > 0 for r in runs[1:])
+    # Pre-warmed, every run after the first imported torch while the one before it still ran;
+    # fresh, only once the one before it had ended (one slot: runs follow each other).
+    imported_early = [later["imported_at"] < earlier["ended"] for earlier, later in zip(runs, runs[1:], strict=False)]
+    assert imported_early == [prewarm] * 7, imported_early
     with GpuMonitor(pynvml) as monitor:  # no run's process holds GPU memory once the sweep is over
         held = {p.pid for p in monitor.state(GPUS[0].uuid).processes}
     assert not held & {r["pid"] for r in runs}

@@ -51,6 +51,15 @@ def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
 
 
 @pytest.fixture(autouse=True)
+def own_reservations_dir(tmp_path_factory, monkeypatch):
+    """Each test's schedulers share GPU reservations among themselves only (the fake GPUs of
+    tests running side by side have the same UUIDs)."""
+    folder = tmp_path_factory.mktemp("reservations")
+    monkeypatch.setenv("GTS_RESERVATIONS_DIR", str(folder / "shared"))
+    return folder / "shared"
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_processes(monkeypatch):
     """Every process a test starts carries a mark; none may survive the test."""
     mark = uuid.uuid4().hex

@@ -74,12 +74,16 @@ def _alive(pid):
         return False
 
 
-def allocate(gpu_id, used):
-    """Called in a run: this process now uses ``used`` bytes on GPU ``gpu_id`` (index or UUID)."""
+def allocate(gpu_id, used, *, strict=False):
+    """Called in a run: this process now uses ``used`` bytes on GPU ``gpu_id`` (index or UUID).
+    ``strict``: as CUDA does, refuse (return False) what does not fit in the GPU's free memory."""
     with _locked(write=True) as state:
         gpu = _find(state, gpu_id)
-        gpu["processes"] = [p for p in gpu["processes"] if p["pid"] != os.getpid()]
-        gpu["processes"].append({"pid": os.getpid(), "used": used})
+        others = [p for p in gpu["processes"] if p["pid"] != os.getpid()]
+        if strict and sum(p["used"] or 0 for p in others if _alive(p["pid"])) + used > gpu["total"]:
+            return False
+        gpu["processes"] = [*others, {"pid": os.getpid(), "used": used}]
+        return True
 
 
 def set_gpu(index, **changes):

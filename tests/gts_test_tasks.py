@@ -250,6 +250,25 @@ class FakeGpuTask(GPUTask):
         return attempts
 
 
+class DelayedAllocTask(GPUTask):
+    """Loads for ``delay`` seconds, then allocates ``alloc_gb`` on its fake GPU, as a training script
+    does. Where the GPU lacks the room the allocation fails as CUDA's does (the run exits with
+    PyTorch's message), and the run is noted in the file ``ooms``."""
+
+    def main(self):
+        import fake_nvml
+
+        time.sleep(self._config["delay"])
+        gpu = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
+        if not fake_nvml.allocate(gpu, int(self._config["alloc_gb"] * 1e9), strict=True):
+            with open(self._config["ooms"], "a") as handle:
+                handle.write(self._work_dir + "\n")
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB", flush=True)
+            sys.exit(1)
+        time.sleep(self._config["hold"])
+        return {"gpu": gpu}
+
+
 class PlantTask(GPUTask):
     """Plants what config['plant'] names in its own folder, then returns: a FIFO where its log,
     or its result.json, goes, or a symbolic link from result.json to a forged one."""

@@ -221,7 +221,7 @@ class Scheduler:
             self._records.not_started(spec, item.tries, cause, slot.name, slot=slot, paths=paths, tail=tail)
             return
         now, timeout = self._clock(), self.options.timeout
-        self.setup().take(slot_index, handle.pid, need)
+        self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None else now + timeout
         self._active[key] = _Active(item, slot_index, slot, handle, paths, token, now, deadline)
         self._records.call("on_run_start", spec, slot)

@@ -24,6 +24,7 @@ from .devices import Slot, discover_slots, format_memory, gpu_ids, open_monitor
 from .host import HostProbe
 from .nvml import GpuMonitor, GpuState
 from .placement import WHOLE_GPU, GpuBook, Need, Reservation, SlotView, WholeGpu, book, busy_reason, choose
+from .shared import STARTING, Held, Publisher, SharedReservations
 
 if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depend on sweep/
     from ..sweep.options import SchedulerOptions
@@ -58,6 +59,7 @@ class Capacity:
         self._o = options
         self._host = host or HostProbe()
         self._monitor: GpuMonitor | None = None
+        self._shared: SharedReservations | None = None
         why = ""
         if options.slots is None or any(not slot.is_cpu for slot in options.slots):
             self._monitor, why = open_monitor(nvml)
@@ -82,6 +84,11 @@ class Capacity:
             self.close()
             raise
         self._reservations: dict[int, Reservation] = {}
+        self._names: dict[int, str] = {}  # pgid -> run name, for other schedulers' `gts gpus`
+        self._starting: Reservation | None = None  # placed, its process not started yet
+        self.others: list[Publisher] = []  # other schedulers' reservations, as last read
+        if self._monitor is not None and self._gpu_ids and options.share_gpu_reservations:
+            self._shared = SharedReservations(options.result_root_folder)
         self._peaks: dict[int, int] = {}
         self._learned: list[int] = []
         self._last_slot = -1
@@ -91,6 +98,9 @@ class Capacity:
             self._host.cpu_percent()  # start the first measuring interval
 
     def close(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
         if self._monitor is not None:
             self._monitor.close()
             self._monitor = None
@@ -163,7 +173,8 @@ class Capacity:
                     for i, s in enumerate(self.slots)
                 ]
             self._states = states
-            books, used = book(states, self._reservations.values(), self._o.memory_margin, process_group)
+            others = self._other_reservations(states)
+            books, used = book(states, self._reservations.values(), self._o.memory_margin, process_group, others)
             for pgid, per_gpu in used.items():
                 self._peaks[pgid] = max([self._peaks.get(pgid, 0), *per_gpu.values()])
         views = []
@@ -186,11 +197,55 @@ class Capacity:
                     available=min(g.available for g in gpus) if gpus else None,
                     ours_on_gpus=max((g.ours for g in gpus), default=0),
                     busy=busy,
+                    others_pending=max((g.others_pending for g in gpus), default=0),
                 )
             )
         return views
 
+    def _other_reservations(self, states: Mapping[str, GpuState]) -> list[Reservation]:
+        """Other schedulers' reservations on our GPUs (by UUID: they may name GPUs otherwise)."""
+        if self._shared is None:
+            return []
+        self.others = self._shared.others()
+        ids = {state.uuid: gpu_id for gpu_id, state in states.items()}
+        return [
+            Reservation((ids[held.gpu_uuid],), held.pgid, held.reserved)
+            for publisher in self.others
+            for held in publisher.reservations
+            if held.gpu_uuid in ids
+        ]
+
+    def _publish(self) -> None:
+        """Our runs' reservations, for the other schedulers on this machine."""
+        if self._shared is None:
+            return
+        runs = list(self._reservations.items())
+        if self._starting is not None:
+            runs.append((STARTING, self._starting))
+        held = []
+        for pgid, run in runs:
+            for gpu_id in run.gpu_ids:
+                state = self._states.get(gpu_id)
+                if state is None:
+                    continue
+                reserved = state.total_memory if isinstance(run.reserved, WholeGpu) else run.reserved
+                if reserved > 0:
+                    held.append(Held(state.uuid, reserved, pgid, self._names.get(pgid, "")))
+        self._shared.publish(held)
+
     def place(self, name: str, need: Need) -> Placement:
+        self._starting = None
+        if self._shared is None or need is None:
+            return self._place(name, need)
+        with self._shared.locked():  # no other scheduler reads, places or publishes meanwhile
+            placement = self._place(name, need)
+            if placement.view is not None:
+                self._starting = Reservation(placement.view.slot.gpu_ids, STARTING, need)
+                self._names[STARTING] = name
+                self._publish()
+            return placement
+
+    def _place(self, name: str, need: Need) -> Placement:
         views = self.views()
         impossible = self._impossible(need)
         if impossible is not None:
@@ -217,9 +272,13 @@ class Capacity:
                 elif v.running >= v.capacity:
                     states.append(f"{v.slot.name} full ({v.running} of ours)")
                 else:
-                    states.append(f"{v.slot.name} {format_memory(v.available)} available")
+                    shared = (
+                        f" ({format_memory(v.others_pending)} reserved by other sweeps)" if v.others_pending else ""
+                    )
+                    states.append(f"{v.slot.name} {format_memory(v.available)} available{shared}")
             reason = f"needs {wanted}; " + "; ".join(states)
-        return Placement(waiting=f"waiting to start {name}: {reason}", news=host is not None or not self._reservations)
+        news = host is not None or not self._reservations or any(v.others_pending for v in views)
+        return Placement(waiting=f"waiting to start {name}: {reason}", news=news)
 
     def _impossible(self, need: Need) -> str | None:
         """Why a run can never start here (it needs more than any GPU has), or None."""
@@ -250,11 +309,14 @@ class Capacity:
 
     # --- runs starting and ending --------------------------------------------------
 
-    def take(self, slot_index: int, pgid: int, need: Need) -> None:
+    def take(self, slot_index: int, pgid: int, need: Need, name: str = "") -> None:
         self._running[slot_index] += 1
         self._idle_reported.discard(slot_index)
         reserved = need if need is not None else 0
         self._reservations[pgid] = Reservation(self.slots[slot_index].gpu_ids, pgid, reserved)
+        self._names[pgid] = name
+        self._starting = None
+        self._publish()
 
     @property
     def measuring(self) -> bool:
@@ -272,6 +334,8 @@ class Capacity:
             self.views()  # a last look at what it allocated
         self._running[slot_index] -= 1
         reservation = self._reservations.pop(pgid, None)
+        self._names.pop(pgid, None)
+        self._publish()
         peak = self._peaks.pop(pgid, 0) or None
         return (reservation.reserved if reservation else None), peak
 

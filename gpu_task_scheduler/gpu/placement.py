@@ -50,6 +50,7 @@ class GpuBook:
     available: int
     foreign_used: int  # used by processes that are not our runs
     ours: int  # how many of our runs use it
+    others_pending: int = 0  # reserved by other schedulers' runs, not allocated yet
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,22 @@ class SlotView:
     available: int | None  # bytes a new run may use (min over the slot's GPUs); None without NVML
     ours_on_gpus: int  # runs of ours on the slot's GPUs, from any slot
     busy: str | None  # why other users make it unusable now
+    others_pending: int = 0  # bytes other schedulers' runs reserved on its GPUs and not allocated yet
 
 
 def book(
-    states: Mapping[str, GpuState], runs: Iterable[Reservation], margin: int, pgid_of: Callable[[int], int | None]
+    states: Mapping[str, GpuState],
+    runs: Iterable[Reservation],
+    margin: int,
+    pgid_of: Callable[[int], int | None],
+    others: Iterable[Reservation] = (),
 ) -> tuple[dict[str, GpuBook], dict[int, dict[str, int]]]:
-    """Every GPU's account, and what each run (by process group) has allocated on each of its GPUs."""
-    runs = list(runs)
-    by_pgid = {run.pgid: run for run in runs}
+    """Every GPU's account, and what each run of ours (by process group) has allocated on each of
+    its GPUs. ``others``: other schedulers' runs on this machine, whose unallocated reservations
+    are taken off the free memory as ours are (see gpu/shared.py)."""
+    runs, others = list(runs), list(others)
+    ours_by_pgid = {run.pgid for run in runs}
+    tracked = ours_by_pgid | {run.pgid for run in others}
     books = {}
     used_by: dict[int, dict[str, int]] = {run.pgid: {} for run in runs}
     for gpu_id, state in states.items():
@@ -76,9 +85,9 @@ def book(
         allocated: dict[int, int] = {}
         for process in state.processes:
             owner = pgid_of(process.pid)
-            if owner in by_pgid:
+            if owner in tracked:
                 allocated[owner] = allocated.get(owner, 0) + (process.used_memory or 0)
-            else:
+            if owner not in ours_by_pgid:
                 foreign += process.used_memory or 0
         pending = 0
         ours = 0
@@ -88,12 +97,22 @@ def book(
             ours += 1
             used = allocated.get(run.pgid, 0)
             used_by[run.pgid][gpu_id] = used
-            reserved = state.total_memory if isinstance(run.reserved, WholeGpu) else run.reserved
-            pending += max(0, reserved - used)
+            pending += max(0, _bytes(run.reserved, state) - used)
+        others_pending = sum(
+            max(0, _bytes(run.reserved, state) - allocated.get(run.pgid, 0)) for run in others if gpu_id in run.gpu_ids
+        )
         books[gpu_id] = GpuBook(
-            state=state, available=state.free_memory - pending - margin, foreign_used=foreign, ours=ours
+            state=state,
+            available=state.free_memory - pending - others_pending - margin,
+            foreign_used=foreign,
+            ours=ours,
+            others_pending=others_pending,
         )
     return books, used_by
+
+
+def _bytes(reserved: int | WholeGpu, state: GpuState) -> int:
+    return state.total_memory if isinstance(reserved, WholeGpu) else reserved
 
 
 def busy_reason(gpu: GpuBook, *, memory_fraction: float | None, utilization: float | None) -> str | None:

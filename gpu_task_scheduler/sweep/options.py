@@ -197,6 +197,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "busy_utilization": (lambda: None, _optional(_percent)),
     "max_oom_retries": (lambda: 2, _int_at_least(0)),
     "gpu_poll_interval": (lambda: 2.0, _seconds(allow_zero=False)),
+    "share_gpu_reservations": (lambda: True, _bool),
     "cpu_fallback": (lambda: 0, _int_at_least(0)),
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
@@ -237,6 +238,7 @@ class SchedulerOptions:
     busy_utilization: float | None
     max_oom_retries: int
     gpu_poll_interval: float
+    share_gpu_reservations: bool  # publish and honour reservations machine-wide (gpu/shared.py)
     cpu_fallback: int
     max_host_cpu_percent: float | None
     min_host_free_memory: int | None

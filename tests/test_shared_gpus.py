@@ -1,0 +1,215 @@
+"""Several sweeps on one machine: GPU reservations shared through gpu/shared.py, on the fake NVML."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import fake_nvml
+import pytest
+from conftest import wait_until
+from fake_nvml import write_state
+from helpers import make_config
+from test_process_control import SCRIPT, finish
+
+from gpu_task_scheduler.gpu.shared import STARTING, Held, SharedReservations, _start_ticks
+
+GB = 10**9
+
+
+@pytest.fixture
+def one_gpu(in_tmp, monkeypatch):
+    path = in_tmp / "nvml.json"
+    monkeypatch.setenv(fake_nvml.ENV, str(path))
+    write_state(str(path), [{"name": "Fake H100 80GB", "total": 80 * GB}])
+    return path
+
+
+def sweep_config(root, ooms, *, runs, share=True, delay=1.5, hold=0.5):
+    """Runs of 20 GB that load for ``delay`` seconds before they allocate: three fit on the GPU."""
+    return make_config(
+        root,
+        [{"i": list(range(runs))}],
+        slots=("0",),
+        global_config={"alloc_gb": 20, "delay": delay, "hold": hold, "ooms": str(ooms)},
+        gpu_memory="20GB",
+        max_runs_per_gpu=8,
+        max_oom_retries=0,
+        gpu_poll_interval=0.2,
+        share_gpu_reservations=share,
+    )
+
+
+def start_sweep(config):
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, json.dumps(config), "DelayedAllocTask"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def most_at_once(stop):
+    """A thread noting the most runs that held memory on GPU 0 at one moment."""
+    seen = [0]
+
+    def watch():
+        while not stop.is_set():
+            with fake_nvml._locked() as state:
+                held = sum(1 for p in state["gpus"][0]["processes"] if fake_nvml._alive(p["pid"]))
+            seen[0] = max(seen[0], held)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+@pytest.mark.parametrize("sweeps", [2, 3])
+def test_sweeps_started_together_share_one_gpu_without_running_out_of_memory(one_gpu, in_tmp, sweeps):
+    ooms = in_tmp / "ooms"
+    stop = threading.Event()
+    watcher, seen = most_at_once(stop)
+    processes = [start_sweep(sweep_config(in_tmp / f"r{n}", ooms, runs=4)) for n in range(sweeps)]
+    outputs = [finish(p, timeout=120) for p in processes]
+    stop.set()
+    watcher.join()
+    assert not ooms.exists(), ooms.read_text()
+    assert [p.returncode for p in processes] == [0] * sweeps, outputs
+    assert seen[0] == 3  # the GPU was kept full: never more than fit, and as many as fit
+    assert any("reserved by other sweeps" in (in_tmp / f"r{n}" / "scheduler.log").read_text() for n in range(sweeps))
+
+
+def test_without_sharing_the_same_sweeps_run_out_of_memory(one_gpu, in_tmp):
+    """The control for the test above: what each scheduler's own reservations do not prevent."""
+    ooms = in_tmp / "ooms"
+    processes = [start_sweep(sweep_config(in_tmp / f"r{n}", ooms, runs=3, share=False)) for n in range(2)]
+    for process in processes:
+        finish(process, timeout=120)
+    assert ooms.exists() and len(ooms.read_text().splitlines()) >= 2
+
+
+def test_a_sweep_killed_with_sigkill_blocks_no_other(one_gpu, in_tmp, own_reservations_dir):
+    ooms = in_tmp / "ooms"
+    first = start_sweep(sweep_config(in_tmp / "a", ooms, runs=3, delay=60))
+    wait_until(lambda: _published_runs(own_reservations_dir) == 3, message="the first sweep's reservations")
+    first.send_signal(signal.SIGKILL)
+    finish(first)
+    began = time.monotonic()
+    second = start_sweep(sweep_config(in_tmp / "b", ooms, runs=3, delay=0.1, hold=0.1))
+    output = finish(second, timeout=60)
+    assert second.returncode == 0, output
+    assert time.monotonic() - began < 10  # no wait for the dead sweep's reservations
+    assert "reserved by other sweeps" not in (in_tmp / "b" / "scheduler.log").read_text()
+    assert not [n for n in os.listdir(own_reservations_dir) if n.endswith(".json")]  # its file was cleaned up
+
+
+def _published_runs(folder):
+    total = 0
+    for name in os.listdir(folder) if folder.exists() else []:
+        if name.endswith(".json"):
+            with open(folder / name) as handle:
+                total += sum(1 for r in json.load(handle)["reservations"] if r["pgid"] != STARTING)
+    return total
+
+
+# --- the record is everyone's input ------------------------------------------------------------
+
+
+@pytest.fixture
+def sleeper():
+    """A live process of ours standing in for another scheduler (its pid and start time)."""
+    process = subprocess.Popen(["sleep", "60"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _record(process, **changes):
+    record = {
+        "version": 1,
+        "host": os.uname().nodename,
+        "pid": process.pid,
+        "start": changes.pop("start", None) or _start_ticks(process.pid)[0],
+        "uid": os.getuid(),
+        "user": "someone",
+        "root": "/elsewhere",
+        "reservations": [{"gpu_uuid": "GPU-x", "reserved": 5 * GB, "pgid": os.getpgid(0), "run": "a-1,"}],
+    }
+    record.update(changes)
+    return record
+
+
+def test_another_schedulers_live_record_is_read(in_tmp, sleeper):
+    shared = SharedReservations(str(in_tmp / "r"), directory=str(in_tmp / "d"))
+    ticks = _start_ticks(os.getpid())[0]
+    (in_tmp / "d" / "other.json").write_text(json.dumps(_record(sleeper)))
+    (publisher,) = shared.others()
+    assert publisher.pid == sleeper.pid and publisher.reservations == (Held("GPU-x", 5 * GB, os.getpgid(0), "a-1,"),)
+    shared.publish([Held("GPU-y", GB, STARTING, "b-2,")])
+    assert sorted(os.listdir(in_tmp / "d")) == sorted(["other.json", f"{os.getuid()}-{os.getpid()}-{ticks}.json"])
+    shared.close()
+    assert sorted(os.listdir(in_tmp / "d")) == ["other.json"]
+
+
+@pytest.mark.parametrize(
+    "plant",
+    ["garbage", "wrong-types", "other-uid", "dead", "reused-pid", "other-host", "gone-group", "link", "fifo", "huge"],
+)
+def test_a_damaged_or_hostile_record_is_ignored_with_at_most_one_warning(in_tmp, sleeper, plant, caplog):
+    folder = in_tmp / "d"
+    shared = SharedReservations(str(in_tmp / "r"), directory=str(folder))
+    target = folder / "x.json"
+    outside = in_tmp / "outside.json"
+    outside.write_text(json.dumps(_record(sleeper)))
+    if plant == "garbage":
+        target.write_bytes(b"\x00{not json")
+    elif plant == "wrong-types":
+        target.write_text(json.dumps(_record(sleeper, reservations=[{"gpu_uuid": 1, "reserved": "x"}])))
+    elif plant == "other-uid":
+        target.write_text(json.dumps(_record(sleeper, uid=os.getuid() + 1)))
+    elif plant == "dead":
+        target.write_text(json.dumps(_record(sleeper, pid=2**22 + 7)))
+    elif plant == "reused-pid":
+        target.write_text(json.dumps(_record(sleeper, start=1)))
+    elif plant == "other-host":
+        target.write_text(json.dumps(_record(sleeper, host="elsewhere")))
+    elif plant == "gone-group":
+        record = _record(sleeper)
+        record["reservations"][0]["pgid"] = 2**22 + 9
+        target.write_text(json.dumps(record))
+    elif plant == "link":
+        target.symlink_to(outside)
+    elif plant == "fifo":
+        os.mkfifo(target)
+    elif plant == "huge":
+        target.write_text(json.dumps(_record(sleeper, root="x" * (1 << 20))))
+    for _ in range(2):
+        found = shared.others()
+        assert found == [] or (plant == "gone-group" and found[0].reservations == ())
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) <= 1
+    assert outside.exists()
+    shared.close()
+
+
+def test_a_stale_record_of_our_own_user_is_removed(in_tmp):
+    folder = in_tmp / "d"
+    shared = SharedReservations(str(in_tmp / "r"), directory=str(folder))
+    process = subprocess.Popen(["true"])
+    process.wait()
+    stale = folder / "stale.json"
+    stale.write_text(json.dumps(_record(process, start=1)))
+    assert shared.others() == [] and not stale.exists()
+    shared.close()
+
+
+def test_a_linked_directory_is_not_used(in_tmp, caplog):
+    (in_tmp / "real").mkdir()
+    (in_tmp / "d").symlink_to(in_tmp / "real")
+    shared = SharedReservations(str(in_tmp / "r"), directory=str(in_tmp / "d"))
+    assert shared.problem is not None and "not shared" in caplog.text
+    shared.publish([Held("GPU-y", GB, STARTING, "b-2,")])
+    assert shared.others() == [] and os.listdir(in_tmp / "real") == []
+    shared.close()

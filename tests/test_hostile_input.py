@@ -163,15 +163,15 @@ def test_a_ledger_this_version_cannot_read_says_why(tmp_path, sql, message):
     assert result.returncode == 1 and b"Traceback" not in result.stderr
 
 
-def test_a_first_release_ledger_is_upgraded_in_place(tmp_path):
+@pytest.mark.parametrize("version, dropped", [(1, ["result_file", "gpu_leftover"]), (2, ["gpu_leftover"])])
+def test_an_earlier_releases_ledger_is_upgraded_in_place(tmp_path, version, dropped):
     root = tmp_path / "r"
-    _ledger_with(
-        root, "ALTER TABLE runs DROP COLUMN result_file; UPDATE meta SET value = '1' WHERE key = 'schema_version'"
-    )
+    drops = "".join(f"ALTER TABLE runs DROP COLUMN {column}; " for column in dropped)
+    _ledger_with(root, f"{drops}UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
     assert rows(str(root))[0]["status"] == "succeeded"  # read as it is
     summary = GPUTaskScheduler(make_config(root, [{"a": [1, 2]}]), tasks.RecordTask).start()
     assert summary.skipped == ["a-1,"] and len(summary.succeeded) == 1
-    assert "result_file" in ledger_rows(root)["a-2,"]
+    assert {"result_file", "gpu_leftover"} <= set(ledger_rows(root)["a-2,"])
 
 
 @pytest.mark.parametrize(

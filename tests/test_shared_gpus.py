@@ -1,5 +1,6 @@
 """Several sweeps on one machine: GPU reservations shared through gpu/shared.py, on the fake NVML."""
 
+import contextlib
 import json
 import os
 import signal
@@ -9,12 +10,14 @@ import threading
 import time
 
 import fake_nvml
+import gts_test_tasks as tasks
 import pytest
 from conftest import wait_until
 from fake_nvml import write_state
-from helpers import make_config
+from helpers import ledger_rows, make_config
 from test_process_control import SCRIPT, finish
 
+from gpu_task_scheduler import GPUTaskScheduler
 from gpu_task_scheduler.gpu.shared import STARTING, Held, SharedReservations, _start_ticks
 
 GB = 10**9
@@ -213,3 +216,121 @@ def test_a_linked_directory_is_not_used(in_tmp, caplog):
     shared.publish([Held("GPU-y", GB, STARTING, "b-2,")])
     assert shared.others() == [] and os.listdir(in_tmp / "real") == []
     shared.close()
+
+
+# --- memory a run leaves held --------------------------------------------------------------------
+
+DAEMONIZING = """
+import os, sys, time
+daemon, pidfile, gpu = int(sys.argv[1]), sys.argv[2], os.environ["CUDA_VISIBLE_DEVICES"]
+if daemon:  # a server that leaves the run: its own session, a clean environment, init as its parent
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            env = {"PYTHONPATH": os.environ["PYTHONPATH"], "GTS_FAKE_NVML": os.environ["GTS_FAKE_NVML"]}
+            code = "import fake_nvml, os, sys, time; fake_nvml.allocate(sys.argv[1], 10**10); "
+            code += "open(sys.argv[2] + '.tmp', 'w').write(str(os.getpid())); "
+            code += "os.rename(sys.argv[2] + '.tmp', sys.argv[2]); "
+            code += "time.sleep(120)"
+            os.execve(sys.executable, [sys.executable, "-c", code, gpu, pidfile], env)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(pidfile) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(1.0)  # the scheduler's polls see the server while it is still the run's descendant
+        os._exit(0)
+    os.waitpid(middle, 0)
+"""
+
+
+def test_gpu_memory_a_run_leaves_held_is_reported_and_keeps_its_gpu_busy(one_gpu, in_tmp):
+    script, pidfile, root = in_tmp / "daemonizing.py", in_tmp / "server.pid", in_tmp / "r"
+    script.write_text(DAEMONIZING)
+    config = make_config(root, [{"i": [0], "daemon": [1]}, {"i": [1], "daemon": [0]}], slots=("0",))
+    config["scheduler_config"].update(gpu_poll_interval=0.1, ignored_keys_for_folder_name=["daemon"])
+    config["command"] = [sys.executable, str(script), "{daemon}", str(pidfile)]
+    scheduler = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, json.dumps(config), "-"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    server = None
+    try:
+        wait_until(lambda: "still held by pid" in _text(root / "scheduler.log"), message="the GPU to be held")
+        server = int(pidfile.read_text())
+        assert f"still hold GPU memory: pid {server} holds 9.3 GiB on gpu 0" in _text(root / "scheduler.log")
+        assert not (root / "i-1,").exists()  # the next run waits for the GPU
+        os.kill(server, signal.SIGKILL)
+        killed_at = time.time()
+        output = finish(scheduler, timeout=60)
+    finally:
+        if server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGKILL)
+        if scheduler.poll() is None:
+            scheduler.kill()
+            scheduler.communicate()
+    assert scheduler.returncode == 0, output
+    rows = ledger_rows(root)
+    assert (
+        rows["i-0,"]["status"] == "succeeded" and rows["i-0,"]["gpu_leftover"] == f"pid {server} holds 9.3 GiB on gpu 0"
+    )
+    assert rows["i-1,"]["status"] == "succeeded" and rows["i-1,"]["started_at"] >= killed_at
+    assert f"left GPU memory held: {root / 'i-0,'} (pid {server} holds 9.3 GiB on gpu 0)" in output
+
+
+def _text(path):
+    return path.read_text() if path.exists() else ""
+
+
+def test_an_idle_process_holding_the_memory_a_run_waits_for_is_named(one_gpu, in_tmp, sleeper):
+    fake_nvml.set_gpu(0, processes=[{"pid": sleeper.pid, "used": 70 * GB}], utilization=0)
+    root = in_tmp / "r"
+    config = make_config(
+        root,
+        [{"i": [0]}],
+        slots=("0",),
+        global_config={"alloc_gb": 1, "hold": 0},
+        gpu_memory="20GB",
+        gpu_poll_interval=0.05,
+        idle_holder_after=0.2,
+    )
+    named = f"idle processes holding memory: pid {sleeper.pid} (root) has held 65.2 GiB on gpu 0 at 0% utilisation"
+
+    def free_when_named():
+        wait_until(lambda: named in _text(root / "scheduler.log"), message="the idle process to be named")
+        fake_nvml.set_gpu(0, processes=[])
+
+    clearing = threading.Thread(target=free_when_named)
+    clearing.start()
+    summary = GPUTaskScheduler(config, tasks.FakeGpuTask, nvml=fake_nvml).start()
+    clearing.join()
+    assert summary.ok and len(summary.succeeded) == 1
+    log = _text(root / "scheduler.log")
+    assert log.count(named) == 1  # said once, not at every poll
+
+
+def test_gts_gpus_shows_memory_sweeps_reservations_and_other_users(
+    one_gpu, in_tmp, sleeper, own_reservations_dir, capsys
+):
+    from gpu_task_scheduler.cli.main import main
+
+    fake_nvml.set_gpu(0, processes=[{"pid": sleeper.pid, "used": 5 * GB}], utilization=7)
+    root = in_tmp / "r"
+    sweep = start_sweep(sweep_config(root, in_tmp / "ooms", runs=2, delay=60))
+    try:
+        wait_until(lambda: _published_runs(own_reservations_dir) == 2, message="the sweep's reservations")
+        assert main(["gpus", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert main(["gpus"]) == 0
+        text = capsys.readouterr().out
+    finally:
+        sweep.send_signal(signal.SIGTERM)
+        finish(sweep)
+    (gpu,) = report["gpus"]
+    assert (gpu["memory_total"], gpu["memory_used"], gpu["utilization"]) == (80 * GB, 5 * GB, 7)
+    assert gpu["reserved_not_allocated"] == 40 * GB
+    assert gpu["processes"] == [{"pid": sleeper.pid, "user": "root", "used_memory": 5 * GB, "sweep": None}]
+    (published,) = report["sweeps"]
+    assert published["pid"] == sweep.pid and published["root"] == str(root)
+    assert sorted(r["run"] for r in published["reservations"]) == ["i-0,", "i-1,"]
+    assert "reserved by sweeps, not allocated yet: 37.3 GiB" in text
+    assert f"pid {sleeper.pid}" in text and f"scheduler pid {sweep.pid} (root) in {root}: 2 reservation(s)" in text

@@ -186,6 +186,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from ..reports.gpus import format_gpus, machine_gpus
+
+    report = machine_gpus()
+    print(json.dumps(report, indent=1) if args.json else format_gpus(report))
+    return EXIT_FAILED if report["problem"] else EXIT_OK
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     from ..results import format_csv, format_table, rows
 
@@ -326,6 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("root", help="the result root (result_root_folder)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(handler=cmd_status)
+
+    gp = sub.add_parser(
+        "gpus",
+        help="this machine's GPUs: memory, utilisation, sweeps' runs and reservations, other processes",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts gpus\n  gts gpus --json | jq '.gpus[].memory_free'",
+    )
+    gp.add_argument("--json", action="store_true", help="machine-readable output")
+    gp.set_defaults(handler=cmd_gpus)
 
     r = sub.add_parser(
         "results",

@@ -231,6 +231,7 @@ class Scheduler:
         capacity, handle, item = self.setup(), active.handle, active.item
         reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
         ended = handle.reap()
+        leftovers = capacity.left_behind(handle.pid, active.spec.name)
         exit = read_exit(
             active.paths, active.token, ended, reports_outcome=handle.reports_outcome, stopped=active.stopped
         )
@@ -249,6 +250,7 @@ class Scheduler:
             pid=handle.pid,
             peak=peak,
             duration=duration,
+            gpu_leftover="; ".join(left.describe() for left in leftovers) or None,
         )
         if end.status is not RunStatus.SUCCEEDED:
             self._queue.ended(item, end, self.options, reserved=reserved, peak=peak, stopping=self._stop_level > 0)

@@ -173,6 +173,7 @@ class Records:
         pid: int,
         peak: int | None,
         duration: float,
+        gpu_leftover: str | None = None,
     ) -> RunOutcome:
         if ended.strays:
             logger.warning(
@@ -184,6 +185,13 @@ class Records:
         if ended.unstoppable:
             stuck = ", ".join(map(str, ended.unstoppable))
             logger.error("%s: processes it started could not be stopped: pid %s", spec.name, stuck)
+        if gpu_leftover:
+            logger.warning(
+                "%s has ended, but processes it started still hold GPU memory: %s; that GPU counts as busy "
+                "until they let go",
+                spec.name,
+                gpu_leftover,
+            )
         succeeded = end.status is RunStatus.SUCCEEDED
         result_file = exit.outcome.large_result_file if succeeded and exit.outcome else None
         self.ledger.finish(
@@ -197,6 +205,7 @@ class Records:
             gpu_memory_peak=peak,
             pid=pid,
             result_file=result_file,
+            gpu_leftover=gpu_leftover,
         )
         record = RunOutcome(
             name=spec.name,
@@ -212,6 +221,7 @@ class Records:
             duration=duration,
             result=end.result,
             result_file=paths.result if result_file else None,
+            gpu_leftover=gpu_leftover,
         )
         self.summary.record(record)
         self.call("on_run_end", record)

@@ -27,6 +27,7 @@ class RunOutcome:
     duration: float | None = None
     result: Any = None  # what main() returned, as JSON-compatible data (None if it is in result_file)
     result_file: str | None = None  # a result over 1 MiB of JSON: <work_dir>/.gts/result.json
+    gpu_leftover: str | None = None  # GPU memory its processes still held after it ended, in words
 
     def describe(self) -> str:
         if self.cause:
@@ -109,6 +110,7 @@ class SweepSummary:
                 "log_path": o.log_path,
                 "duration": o.duration,
                 "result": o.result,
+                "gpu_leftover": o.gpu_leftover,
             }
 
         return {
@@ -139,6 +141,9 @@ class SweepSummary:
                 lines.append(f"    log: {outcome.log_path}")
             if outcome.log_tail:
                 lines.append(textwrap.indent(outcome.log_tail, "    | "))
+        for outcome in self.outcomes.values():
+            if outcome.gpu_leftover:
+                lines.append(f"  left GPU memory held: {outcome.work_dir} ({outcome.gpu_leftover})")
         return "\n".join(lines)
 
     __str__ = report

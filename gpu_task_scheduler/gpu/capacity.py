@@ -14,7 +14,8 @@ import logging
 import os
 import random
 import statistics
-from collections.abc import Mapping
+import time
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from .devices import Slot, discover_slots, format_memory, gpu_ids, open_monitor
 from .host import HostProbe
 from .nvml import GpuMonitor, GpuState
 from .placement import WHOLE_GPU, GpuBook, Need, Reservation, SlotView, WholeGpu, book, busy_reason, choose
-from .shared import STARTING, Held, Publisher, SharedReservations
+from .shared import STARTING, Held, Publisher, SharedReservations, process_user
 
 if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depend on sweep/
     from ..sweep.options import SchedulerOptions
@@ -45,6 +46,54 @@ def process_group(pid: int) -> int | None:
         return os.getpgid(pid)
     except (ProcessLookupError, PermissionError):
         return None  # not in our PID namespace, or gone
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[-1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def owning_group(pid: int, groups: Container[int]) -> int | None:
+    """The process group in ``groups`` that ``pid`` belongs to, or that one of its ancestors
+    belongs to (a process that left its run's group, e.g. a daemon, while the run's runner,
+    its subreaper, still lives); otherwise its own group."""
+    own = process_group(pid)
+    if own in groups:
+        return own
+    ancestor: int | None = pid
+    for _ in range(64):
+        ancestor = _parent(ancestor) if ancestor else None
+        if not ancestor or ancestor <= 1:
+            break
+        group = process_group(ancestor)
+        if group in groups:
+            return group
+    return own
+
+
+def _duration(seconds: float) -> str:
+    """Coarse on purpose: a waiting message is logged again only when it changes."""
+    if seconds < 60:
+        return "under a minute"
+    if seconds < 7200:
+        return f"{seconds // 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A process of a run that ended, still holding memory on a GPU."""
+
+    pid: int
+    gpu_id: str
+    used: int
+    run: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} holds {format_memory(self.used)} on gpu {self.gpu_id}"
 
 
 class Capacity:
@@ -90,6 +139,10 @@ class Capacity:
         if self._monitor is not None and self._gpu_ids and options.share_gpu_reservations:
             self._shared = SharedReservations(options.result_root_folder)
         self._peaks: dict[int, int] = {}
+        self._seen: dict[int, dict[int, str]] = {}  # pgid -> {pid: gpu id} of its processes NVML showed
+        self._ending: dict[int, dict[int, str]] = {}  # the same for runs that ended, until reaped
+        self.leftovers: dict[int, Leftover] = {}  # pid -> what a run that ended left holding GPU memory
+        self._idle: dict[tuple[str, int], float] = {}  # (gpu id, pid) of others' processes -> idle since
         self._learned: list[int] = []
         self._last_slot = -1
         self._rng = random.Random(0)
@@ -174,9 +227,23 @@ class Capacity:
                 ]
             self._states = states
             others = self._other_reservations(states)
-            books, used = book(states, self._reservations.values(), self._o.memory_margin, process_group, others)
+            groups = self._reservations.keys()
+            owners: dict[int, int | None] = {}
+
+            def owner(pid: int) -> int | None:
+                owners[pid] = owning_group(pid, groups)
+                return owners[pid]
+
+            books, used = book(states, self._reservations.values(), self._o.memory_margin, owner, others)
             for pgid, per_gpu in used.items():
                 self._peaks[pgid] = max([self._peaks.get(pgid, 0), *per_gpu.values()])
+            for gpu_id, state in states.items():
+                for process in state.processes:
+                    group = owners.get(process.pid)
+                    if group in self._reservations:
+                        self._seen.setdefault(group, {})[process.pid] = gpu_id
+            self._check_leftovers(states)
+            self._watch_idle_holders(states, owners)
         views = []
         for index, slot in enumerate(self.slots):
             gpus = [books[gpu] for gpu in slot.gpu_ids if gpu in books]
@@ -185,6 +252,12 @@ class Capacity:
                 reason = busy_reason(
                     gpu, memory_fraction=self._o.busy_memory_fraction, utilization=self._o.busy_utilization
                 )
+                held = [left for left in self.leftovers.values() if left.gpu_id == gpu_id]
+                if held and not reason:
+                    reason = "; ".join(
+                        f"{format_memory(left.used)} still held by pid {left.pid}, which run {left.run} left behind"
+                        for left in held
+                    )
                 if reason:
                     busy = f"gpu {gpu_id}: {reason}"
                     break
@@ -277,6 +350,9 @@ class Capacity:
                     )
                     states.append(f"{v.slot.name} {format_memory(v.available)} available{shared}")
             reason = f"needs {wanted}; " + "; ".join(states)
+            idle = self.idle_holders(dict.fromkeys(gpu for v in views for gpu in v.slot.gpu_ids))
+            if idle:
+                reason += "; idle processes holding memory: " + "; ".join(idle)
         news = host is not None or not self._reservations or any(v.others_pending for v in views)
         return Placement(waiting=f"waiting to start {name}: {reason}", news=news)
 
@@ -334,10 +410,68 @@ class Capacity:
             self.views()  # a last look at what it allocated
         self._running[slot_index] -= 1
         reservation = self._reservations.pop(pgid, None)
+        self._ending[pgid] = self._seen.pop(pgid, {})
         self._names.pop(pgid, None)
         self._publish()
         peak = self._peaks.pop(pgid, 0) or None
         return (reservation.reserved if reservation else None), peak
+
+    def left_behind(self, pgid: int, run: str) -> list[Leftover]:
+        """After the run's processes were reaped (and its strays killed): those NVML showed holding
+        GPU memory during the run that still hold it. Their GPUs count as busy until they let go."""
+        seen = self._ending.pop(pgid, {})
+        if not seen or self._monitor is None:
+            return []
+        try:
+            states = self._monitor.snapshot(sorted(set(seen.values())))
+        except Exception:  # an NVMLError: nothing can be told now
+            return []
+        found = []
+        for gpu_id, state in states.items():
+            for process in state.processes:
+                if seen.get(process.pid) == gpu_id and (process.used_memory or 0) > 0:
+                    left = Leftover(process.pid, gpu_id, process.used_memory or 0, run)
+                    self.leftovers[process.pid] = left
+                    found.append(left)
+        return found
+
+    def _watch_idle_holders(self, states: Mapping[str, GpuState], owners: Mapping[int, int | None]) -> None:
+        """Note since when other users' processes hold memory on a GPU that computes nothing
+        (NVML's utilisation is per GPU: 0 % means none of its processes is working)."""
+        now = time.monotonic()
+        seen = set()
+        for gpu_id, state in states.items():
+            if state.utilization != 0:
+                continue
+            for process in state.processes:
+                if owners.get(process.pid) not in self._reservations and (process.used_memory or 0) > 0:
+                    seen.add((gpu_id, process.pid))
+                    self._idle.setdefault((gpu_id, process.pid), now)
+        for key in set(self._idle) - seen:
+            del self._idle[key]
+
+    def idle_holders(self, gpu_ids: Iterable[str]) -> list[str]:
+        """Other users' processes that have held memory on these GPUs at 0 % utilisation for
+        ``idle_holder_after`` seconds or more, in words (pid, user, memory, how long)."""
+        now, found = time.monotonic(), []
+        for gpu_id in gpu_ids:
+            state = self._states.get(gpu_id)
+            for process in state.processes if state is not None else ():
+                since = self._idle.get((gpu_id, process.pid))
+                if since is not None and now - since >= self._o.idle_holder_after:
+                    found.append(
+                        f"pid {process.pid} ({process_user(process.pid)}) has held "
+                        f"{format_memory(process.used_memory or 0)} on gpu {gpu_id} at 0% utilisation "
+                        f"for {_duration(now - since)}"
+                    )
+        return found
+
+    def _check_leftovers(self, states: Mapping[str, GpuState]) -> None:
+        for pid, left in list(self.leftovers.items()):
+            state = states.get(left.gpu_id)
+            if state is not None and not any(p.pid == pid and (p.used_memory or 0) > 0 for p in state.processes):
+                del self.leftovers[pid]
+                logger.info("pid %d no longer holds memory on gpu %s (left behind by %s)", pid, left.gpu_id, left.run)
 
     def learn(self, peak: int) -> None:
         """A run's peak, for estimating the needs of runs that declare none (not after running out of memory)."""

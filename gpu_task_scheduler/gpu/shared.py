@@ -124,6 +124,14 @@ def _group_exists(pgid: int) -> bool:
     return True
 
 
+def process_user(pid: int) -> str:
+    """The name of the user a process runs as ("?" when it cannot be told)."""
+    try:
+        return _user(os.stat(f"/proc/{pid}").st_uid)
+    except OSError:
+        return "?"
+
+
 def _user(uid: int) -> str:
     try:
         import pwd
@@ -136,7 +144,8 @@ def _user(uid: int) -> str:
 class SharedReservations:
     """This scheduler's file in the shared directory, and a reader of everyone else's."""
 
-    def __init__(self, root: str, directory: str | None = None) -> None:
+    def __init__(self, root: str, directory: str | None = None, *, publishing: bool = True) -> None:
+        """``publishing=False``: only read the others' records (``gts gpus``); nothing is created or removed."""
         self.directory = directory or default_directory()
         self._root = os.path.abspath(root)
         self._pid = os.getpid()
@@ -148,6 +157,7 @@ class SharedReservations:
         self._published: tuple[Held, ...] | None = None
         self._warned: set[str] = set()
         self._dir_fd: int | None = None
+        self._publishing = publishing
         self.problem: str | None = None
         try:
             self._dir_fd = self._open_directory()
@@ -155,7 +165,7 @@ class SharedReservations:
             self.problem = f"{self.directory}: {error.strerror or error}"
         except ValueError as error:
             self.problem = str(error)
-        if self.problem is not None:
+        if self.problem is not None and publishing:
             logger.warning(
                 "GPU reservations are not shared with other schedulers on this machine (%s); set %s to a "
                 "directory every user of these GPUs can write to",
@@ -165,6 +175,8 @@ class SharedReservations:
 
     def _open_directory(self) -> int:
         try:
+            if not self._publishing:
+                raise FileExistsError  # only look
             os.mkdir(self.directory, 0o700)
         except FileExistsError:
             pass
@@ -205,10 +217,11 @@ class SharedReservations:
     def close(self) -> None:
         if self._dir_fd is None:
             return
-        try:
-            os.unlink(self._name, dir_fd=self._dir_fd)
-        except OSError:
-            pass
+        if self._publishing:
+            try:
+                os.unlink(self._name, dir_fd=self._dir_fd)
+            except OSError:
+                pass
         os.close(self._dir_fd)
         self._dir_fd = None
 
@@ -217,7 +230,7 @@ class SharedReservations:
     def publish(self, reservations: Iterable[Held]) -> None:
         """Replace this scheduler's published reservations (atomically: readers see old or new)."""
         held = tuple(reservations)
-        if self._dir_fd is None or held == self._published:
+        if self._dir_fd is None or not self._publishing or held == self._published:
             return
         record = {
             "version": _VERSION,
@@ -295,7 +308,7 @@ class SharedReservations:
         live = tuple(h for h in publisher.reservations if h.pgid == STARTING or _group_exists(h.pgid))
         publisher = replace(publisher, reservations=live)
         if _start_ticks(pid) != (start, info.st_uid):  # its scheduler is gone (or the pid is another's now)
-            if info.st_uid == self._uid:
+            if info.st_uid == self._uid and self._publishing:
                 try:
                     os.unlink(name, dir_fd=self._dir_fd)  # our own user's: clean it up
                 except OSError:

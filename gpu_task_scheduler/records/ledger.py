@@ -46,8 +46,12 @@ from .status import RunStatus
 logger = logging.getLogger("gpu_task_scheduler")
 
 # 1: the first release. 2: runs.result_file (results too large to keep in the ledger).
-SCHEMA_VERSION = 2
-_MIGRATIONS = {1: "ALTER TABLE runs ADD COLUMN result_file TEXT"}
+# 3: runs.gpu_leftover (GPU memory a run's processes still held after it ended).
+SCHEMA_VERSION = 3
+_MIGRATIONS = {
+    1: "ALTER TABLE runs ADD COLUMN result_file TEXT",
+    2: "ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",
+}
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
 # What the ledger keeps of one run: results up to 1 MiB of JSON (larger ones stay in
@@ -63,7 +67,7 @@ CREATE TABLE IF NOT EXISTS runs (
     slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
-    gpu_memory_peak INTEGER, params TEXT, result_file TEXT
+    gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -92,6 +96,7 @@ class RunRecord:
     gpu_memory_peak: int | None = None  # bytes on one GPU, as NVML saw the run's processes
     params: str | None = None  # JSON of the run's swept values (its test_config)
     result_file: str | None = None  # a result too large for the ledger: this file in the run's .gts/
+    gpu_leftover: str | None = None  # GPU memory its processes still held after it ended, in words
 
     @property
     def params_value(self) -> dict[str, Any]:
@@ -128,7 +133,7 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
 
 
 _FIELDS = set(RunRecord.__dataclass_fields__)
-_OPTIONAL_COLUMNS = {"result_file"}  # added by a later schema: a ledger read as it is may lack them
+_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover"}  # added by a later schema: a ledger read as it is may lack them
 
 
 def _check_version(path: str, version: int | None) -> None:
@@ -350,7 +355,7 @@ class Ledger:
                  attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
-                 gpu_memory_peak = NULL""",
+                 gpu_memory_peak = NULL, gpu_leftover = NULL""",
             (name, run_index, config_hash, slot, token, work_dir, self._clock(), params),
         )
         record = self.get(name)
@@ -372,13 +377,15 @@ class Ledger:
         gpu_memory_peak: int | None = None,
         pid: int | None = None,
         result_file: str | None = None,
+        gpu_leftover: str | None = None,
     ) -> None:
         if result is not None and len(result) > MAX_INLINE_RESULT:  # never let one run's result wedge the root
             cause = (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
             result = None
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
-               log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?
+               log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?,
+               gpu_leftover = ?
                WHERE name = ?""",
             (
                 status.value,
@@ -391,6 +398,7 @@ class Ledger:
                 gpu_memory_peak,
                 pid,
                 result_file,
+                None if gpu_leftover is None else gpu_leftover[:MAX_TEXT],
                 name,
             ),
         )

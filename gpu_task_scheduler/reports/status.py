@@ -61,6 +61,7 @@ def status(root: str) -> dict[str, Any]:
                 if stale
                 else record.cause,
                 "log": os.path.join(root, record.name, log_file) if log_file else None,
+                "gpu_leftover": record.gpu_leftover,
             }
         )
     if total_text:

@@ -198,6 +198,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "max_oom_retries": (lambda: 2, _int_at_least(0)),
     "gpu_poll_interval": (lambda: 2.0, _seconds(allow_zero=False)),
     "share_gpu_reservations": (lambda: True, _bool),
+    "idle_holder_after": (lambda: 600.0, _seconds(allow_zero=True)),
     "cpu_fallback": (lambda: 0, _int_at_least(0)),
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
@@ -239,6 +240,7 @@ class SchedulerOptions:
     max_oom_retries: int
     gpu_poll_interval: float
     share_gpu_reservations: bool  # publish and honour reservations machine-wide (gpu/shared.py)
+    idle_holder_after: float  # a process holding GPU memory this long at 0 % utilisation is named
     cpu_fallback: int
     max_host_cpu_percent: float | None
     min_host_free_memory: int | None
@@ -258,7 +260,7 @@ class SchedulerOptions:
 
 
 _SIZES = ("gpu_memory", "memory_margin", "min_host_free_memory")
-_SECONDS = ("timeout", "grace_period", "gpu_poll_interval")
+_SECONDS = ("timeout", "grace_period", "gpu_poll_interval", "idle_holder_after")
 
 
 def parse_scheduler_config(raw: Any) -> SchedulerOptions:

@@ -94,6 +94,17 @@ class FlakyTask(GPUTask):
         return {"attempts": attempts}
 
 
+IDENTITY = ("GTS_RUN_NAME", "GTS_RUN_DIR", "GTS_SWEEP_ROOT", "GTS_RUN_INDEX", "GTS_ATTEMPT")
+
+
+class IdentityTask(FlakyTask):
+    """Fails on attempts before ``succeed_on``; returns the run's identity variables."""
+
+    def main(self):
+        super().main()
+        return {name: os.environ.get(name) for name in IDENTITY}
+
+
 class BadInitTask(GPUTask):
     def __init__(self, config, work_dir):
         super().__init__(config, work_dir)

@@ -373,3 +373,33 @@ def test_a_queue_line_that_plants_a_link_where_its_outcome_goes_writes_nothing_t
     (failed,) = GPUTaskScheduler(config, ShellLineTask).start().failed
     assert outside.read_text() == "precious\n"
     assert failed.exit_code == 4 and "symbolic link where its outcome goes" in failed.log_tail
+
+
+@pytest.mark.parametrize("prewarm", [True, False])
+def test_runs_know_who_they_are_for_experiment_trackers(in_tmp, prewarm):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1, 2, 3], "succeed_on": [1]}, {"a": [4], "succeed_on": [2]}], max_retries=1)
+    config["scheduler_config"].update(prewarm=prewarm, ignored_keys_for_folder_name=["succeed_on"])
+    summary = start(config, tasks.IdentityTask)
+    seen = {o.name: o.result for o in summary.succeeded}
+    for index, name in enumerate(["a-1,", "a-2,", "a-3,", "a-4,"]):
+        attempt = "2" if name == "a-4," else "1"
+        assert seen[name] == {
+            "GTS_RUN_NAME": name,
+            "GTS_RUN_DIR": str(root / name),
+            "GTS_SWEEP_ROOT": str(root),
+            "GTS_RUN_INDEX": str(index),
+            "GTS_ATTEMPT": attempt,
+        }
+
+
+def test_commands_know_who_they_are_too(in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [7]}])
+    config["command"] = [
+        "sh",
+        "-c",
+        'echo "$GTS_RUN_NAME $GTS_RUN_INDEX $GTS_ATTEMPT $GTS_SWEEP_ROOT" > "$GTS_RUN_DIR/who"',
+    ]
+    assert GPUTaskScheduler(config).start().ok
+    assert (root / "a-7," / "who").read_text() == f"a-7, 0 1 {root}\n"

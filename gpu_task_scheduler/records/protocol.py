@@ -31,6 +31,7 @@ class RunStart:
     outcome_file: str
     main_file: str | None
     sys_path: list[str]
+    run_env: dict[str, str]  # the run's identity (GTS_RUN_NAME, ...), set before its task is loaded
 
     def write(self, path: str) -> None:
         atomic_write_json(path, asdict(self))

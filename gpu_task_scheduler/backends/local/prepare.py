@@ -171,6 +171,20 @@ def _environment(slot: Slot, extra_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def run_identity(spec: RunSpec, attempt: int) -> dict[str, str]:
+    """What a run is, for experiment trackers (W&B, MLflow, TensorBoard run names), in its
+    environment. Per run, so not in a pre-warmed runner's environment: the runner sets them
+    before it loads the run's task (read them in ``main()``, not at a module's import)."""
+    work_dir = os.path.abspath(spec.work_dir)
+    return {
+        "GTS_RUN_NAME": spec.name,
+        "GTS_RUN_DIR": work_dir,
+        "GTS_SWEEP_ROOT": os.path.dirname(work_dir),
+        "GTS_RUN_INDEX": str(spec.index),
+        "GTS_ATTEMPT": str(attempt),
+    }
+
+
 def _rotate_log(paths: RunPaths, attempt: int) -> None:
     """Keep the log of an earlier attempt instead of overwriting it."""
     if paths.log and os.path.lexists(paths.log):
@@ -218,8 +232,10 @@ def prepare(
         details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         raise LaunchError(f"{task_name} failed before main(): {type(error).__name__}: {error}", details) from error
     env = _environment(slot, extra_env)
+    identity = run_identity(spec, attempt)
     if direct is not None:
         env.update(direct[1])
+        env.update(identity)
         env.update(GTS_OUTCOME_FILE=os.path.abspath(paths.outcome), GTS_CONFIG_HASH=spec.config_hash)
         return Launch(argv=command_argv(direct[0]), env=env, cwd=os.getcwd(), direct=True)
     payload = _pickle_task(task)
@@ -234,6 +250,7 @@ def prepare(
         outcome_file=os.path.abspath(paths.outcome),
         main_file=main_file,
         sys_path=[os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)],
+        run_env=identity,
     )
     try:
         atomic_write(paths.task, payload)

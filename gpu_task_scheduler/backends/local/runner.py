@@ -364,6 +364,7 @@ def _output_to(log_fd: int) -> None:
 
 def _run(spec_path: str) -> int:
     spec = RunStart.read(spec_path)
+    os.environ.update(spec.run_env)
     try:
         task = load_task(spec)
     except BaseException as error:  # anything the user's module does at import time

@@ -8,7 +8,6 @@ Thin: parses arguments, calls the library, maps errors to exit codes
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -58,9 +57,15 @@ def _config_among_gpus(args: argparse.Namespace) -> None:
     """``gts run --gpus 0 1 sweep.yaml``: ``--gpus`` took the config file too; give it back."""
     from ..sweep.files import SUFFIXES
 
-    if args.config is not None:
-        return
     gpus = args.gpus or []
+    while gpus and "=" in gpus[-1]:  # `--gpus 0 1 sweep.yaml lr=0.1`: overrides (no GPU id has "=")
+        args.overrides.insert(0, gpus.pop())
+    if args.config is not None:
+        if "=" in args.config:  # `gts run --gpus 0 -- lr=0.1`? the config is among the gpus then
+            args.overrides.insert(0, args.config)
+            args.config = None
+        else:
+            return
     files = [value for value in gpus if os.path.splitext(value)[1].lower() in SUFFIXES]
     if len(files) == 1 and gpus[-1] == files[0]:
         args.config = gpus.pop()
@@ -72,7 +77,9 @@ def _config_among_gpus(args: argparse.Namespace) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> dict[str, Any]:
-    config = copy.deepcopy(dict(load_config(args.config)))
+    from ..sweep.overrides import apply_overrides
+
+    config, args.override_notes = apply_overrides(dict(load_config(args.config)), args.overrides)
     if not isinstance(config.get("scheduler_config", {}), dict):
         return config  # validation reports it
     scheduler = dict(config.get("scheduler_config") or {})
@@ -116,6 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     sweep = Sweep(_run_config(args))
     make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
     if args.dry_run:
+        for note in args.override_notes:
+            print(f"override: {note}")
         return _dry_run(sweep)
     status = None if args.plain else live_status(len(sweep), wanted(sys.stderr))
     if status is None:
@@ -243,11 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_formatter,
         description="Run every run of a sweep config (YAML, JSON or .py).",
         epilog="examples:\n  gts run sweep.yaml\n  gts run sweep.yaml --gpus 0 1 --dry-run\n"
+        "  gts run sweep.yaml lr=0.1,0.01 layers=2 +seed=1,2,3 scheduler_config.timeout=600\n"
         "  gts run sweep.yaml --task mypkg.tasks:Train --gpus 0,1 2,3\n\n"
         "The task is the config's `command:` template, its `task: module:Class`, "
         "or --task.",
     )
     run.add_argument("config", nargs="?", help="the sweep config: .yaml, .yml, .json or .py")
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="change the config: lr=0.1,0.01 sweeps lr, layers=2 fixes it, +seed=1,2 adds a key, "
+        "scheduler_config.timeout=600 reaches inside",
+    )
     run.add_argument("--task", metavar="MODULE:CLASS", help="the GPUTask subclass to run (overrides the config)")
     run.add_argument(
         "--gpus", nargs="+", metavar="ID", help="slots: 0 1 or 0,1 (one GPU each), 0+1 2+3 (groups of GPUs), cpu, all"

@@ -159,6 +159,18 @@ class BlockTask(GPUTask):
         return {"slept": seconds}
 
 
+class WaitForFileTask(GPUTask):
+    """Announces that it runs, then waits until the file ``wait_for`` exists (at most 60 s)."""
+
+    def main(self):
+        with open(os.path.join(self._work_dir, "started"), "w") as handle:
+            handle.write(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self._config["wait_for"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "done"
+
+
 class NoisyTask(GPUTask):
     """Returns values that JSON cannot hold as they are."""
 

@@ -195,6 +195,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_stop(args: argparse.Namespace) -> int:
+    import time
+
+    from ..records.control import request_stop
+    from ..records.ledger import scheduler_process
+
+    mode = "now" if args.now else "drain" if args.drain else "stop"
+    pid = request_stop(args.root, mode)
+    what = {
+        "stop": "to stop its runs (SIGTERM, then SIGKILL after the grace period) and exit",
+        "drain": "to start no more runs and exit when the running ones have finished",
+        "now": "to kill its runs at once and exit",
+    }[mode]
+    print(f"asked the scheduler of {args.root} (pid {pid}) {what}")
+    if args.wait:
+        while scheduler_process(args.root)[0]:
+            time.sleep(0.1)
+        print("it has exited")
+    return EXIT_OK
+
+
 def cmd_gpus(args: argparse.Namespace) -> int:
     from ..reports.gpus import format_gpus, machine_gpus
 
@@ -351,6 +372,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("root", help="the result root (result_root_folder)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(handler=cmd_status)
+
+    st = sub.add_parser(
+        "stop",
+        help="stop the sweep running on a result root (from another shell)",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts stop results/\n  gts stop results/ --drain --wait\n  gts stop results/ --now",
+    )
+    st.add_argument("root", help="the result root of the running sweep")
+    how = st.add_mutually_exclusive_group()
+    how.add_argument("--drain", action="store_true", help="start no more runs; let the running ones finish")
+    how.add_argument("--now", action="store_true", help="kill the running runs at once (no grace period)")
+    st.add_argument("--wait", action="store_true", help="return once the scheduler has exited")
+    st.set_defaults(handler=cmd_stop)
 
     gp = sub.add_parser(
         "gpus",

@@ -91,5 +91,5 @@ def reraise_interruption(summary: SweepSummary) -> None:
         interrupt = KeyboardInterrupt("the sweep was interrupted (its summary is above and in .summary)")
         interrupt.summary = summary  # type: ignore[attr-defined]
         raise interrupt
-    if summary.interrupted_by is not None:
+    if summary.interrupted_by in ("SIGTERM", "SIGHUP"):  # not `gts stop`: it asks only the sweep to stop
         os.kill(os.getpid(), getattr(signal, summary.interrupted_by))

@@ -96,10 +96,11 @@ class Inbox:
 
 
 class StopSignals:
-    """While active (in the main thread), SIGINT, SIGTERM and SIGHUP only post an event."""
+    """While active (in the main thread), SIGINT, SIGTERM and SIGHUP (or ``signals``) only post an event."""
 
-    def __init__(self, inbox: Inbox) -> None:
+    def __init__(self, inbox: Inbox, signals: Sequence[int] = STOP_SIGNALS) -> None:
         self._inbox = inbox
+        self._signals = signals
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
@@ -107,7 +108,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
+            for signum in self._signals:
                 self._previous[signum] = signal.signal(signum, self._handler)
         return self
 

@@ -31,6 +31,7 @@ from ..gpu.capacity import Capacity
 from ..gpu.devices import Slot
 from ..gpu.host import HostProbe
 from ..gpu.placement import Need
+from ..records.control import CONTROL_SIGNAL, take_stop_request
 from ..records.known import RootIndex
 from ..records.ledger import Ledger, SweepLock
 from ..records.paths import RootPaths, RunPaths
@@ -84,6 +85,7 @@ class Scheduler:
         self._active: dict[int, _Active] = {}
         self._keys = iter(range(1 << 62))
         self._stop_level = 0
+        self._draining = False  # `gts stop --drain`: no new runs; the running ones finish
         self._summary = SweepSummary(keep_succeeded=keep_succeeded)
         self._capacity: Capacity | None = None
         self._waiting_for: str | None = None
@@ -105,7 +107,8 @@ class Scheduler:
                 os.makedirs(root.root, exist_ok=True)
             except OSError as error:
                 raise GTSError(f"cannot create the result root {root.root!r}: {error}") from error
-            with SweepLock(root) as lock:
+            # `gts stop` finds this scheduler through the lock: its signal is ours before the lock is.
+            with StopSignals(self.inbox, (CONTROL_SIGNAL,)), SweepLock(root) as lock:
                 assert lock.fd is not None
                 self._launcher.open(lock.fd)  # every run holds the lock too: the root stays locked while one lives
                 with Ledger(root) as ledger:
@@ -133,10 +136,10 @@ class Scheduler:
     def _loop(self) -> None:
         ledger = self._records.ledger
         while True:
-            if self._stop_level == 0:
+            if self._stop_level == 0 and not self._draining:
                 with ledger.batch():  # skips and adoptions share a transaction; each start commits
                     self._fill()
-            if not self._active and (self._stop_level or self._queue.empty):
+            if not self._active and (self._stop_level or self._draining or self._queue.empty):
                 return
             try:
                 event: tuple[str, Any] | None = self.inbox.get(self._seconds_to_next_deadline())
@@ -284,21 +287,38 @@ class Scheduler:
                 active.kill_at = None
 
     def _on_signal(self, signum: int) -> None:
-        name = signal.Signals(signum).name
+        if signum == CONTROL_SIGNAL:  # `gts stop`: what it asks is in the root's request file
+            mode = take_stop_request(self.options.result_root_folder)
+            name = {"stop": "gts stop", "drain": "gts stop --drain", "now": "gts stop --now"}[mode]
+            if mode == "drain":
+                self._drain(name)
+            else:
+                self._stop_all(name, at_once=mode == "now")
+            return
+        self._stop_all(signal.Signals(signum).name, at_once=self._stop_level > 0)
+
+    def _drain(self, name: str) -> None:
         self._summary.interrupted_by = self._summary.interrupted_by or name
-        self._stop_level += 1
+        if not self._draining and not self._stop_level:
+            logger.warning("%s: starting no more runs; %d running run(s) may finish", name, len(self._active))
+        self._draining = True
+
+    def _stop_all(self, name: str, *, at_once: bool) -> None:
+        self._summary.interrupted_by = self._summary.interrupted_by or name
+        self._stop_level = 2 if at_once else self._stop_level + 1
         if self._stop_level == 1:
             logger.warning(
-                "received %s: starting no more runs; stopping %d running run(s) "
+                "%s: starting no more runs; stopping %d running run(s) "
                 "(SIGTERM, then SIGKILL after %gs). Press Ctrl-C again to stop at once.",
-                name,
+                "received " + name if name.startswith("SIG") else name,
                 len(self._active),
                 self.options.grace_period,
             )
             for active in self._active.values():
                 self._stop(active, RunStatus.INTERRUPTED, f"interrupted by {name}")
         else:
-            logger.warning("received %s again: killing %d run(s) now", name, len(self._active))
+            again = f"received {name} again" if name.startswith("SIG") else name
+            logger.warning("%s: killing %d run(s) now", again, len(self._active))
             for active in self._active.values():
                 active.stopped = active.stopped or (RunStatus.INTERRUPTED, f"interrupted by {name}")
                 active.kill_at = None

@@ -606,6 +606,12 @@ def scheduler_state(root: str) -> tuple[bool | None, str]:
     without touching the lock (``/proc/locks`` lists every ``flock`` with the pid
     that took it), and who it is. ``running`` is None when this cannot be known
     here (no ``/proc/locks``, or a holder on another host)."""
+    running, _, holder = scheduler_process(root)
+    return running, holder
+
+
+def scheduler_process(root: str) -> tuple[bool | None, int | None, str]:
+    """``scheduler_state`` with the holder's pid (None when it cannot be told)."""
     holder = SweepLock(RootPaths(root)).holder()
     try:
         info = os.stat(root)
@@ -614,14 +620,15 @@ def scheduler_state(root: str) -> tuple[bool | None, str]:
     except OSError:
         pid, host = _parse_holder(holder)
         if pid is None or host != socket.gethostname():
-            return None, holder
-        return _pid_alive(pid), holder
+            return None, None, holder
+        return _pid_alive(pid), pid, holder
     wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     for line in table:
         fields = line.split()
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
-            return _pid_alive(int(fields[4])), holder  # held; by a live scheduler, or only by its leftovers
-    return False, holder
+            pid = int(fields[4])  # held; by a live scheduler, or only by its leftovers
+            return _pid_alive(pid), pid, holder
+    return False, None, holder
 
 
 def _parse_holder(text: str) -> tuple[int | None, str | None]:

@@ -174,6 +174,10 @@ class RootPaths:
     def lock(self) -> str:
         return os.path.join(self.meta, "lock")
 
+    @property
+    def stop_request(self) -> str:
+        return os.path.join(self.meta, "stop-request")
+
 
 @dataclass(frozen=True)
 class RunPaths:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -82,6 +84,74 @@ def rows(root: str) -> list[dict[str, Any]]:
             row.update({f"result.{key}": value for key, value in result.items()})
         elif result is not None:
             row["result"] = result
+        table.append(row)
+    return table
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def metric(row: dict[str, Any], key: str) -> float | None:
+    """``key`` of a row as a number: a result (``loss`` finds ``result.loss``) or a parameter."""
+    for name in (f"result.{key}", key) if not key.startswith("result.") else (key,):
+        if name in row:
+            return _number(row[name])
+    if key == "result":
+        return _number(row.get("result"))
+    return None
+
+
+def sort_rows(table: Sequence[dict[str, Any]], key: str, *, descending: bool = False) -> list[dict[str, Any]]:
+    """The rows by ``key`` (a result or a parameter); rows without a number there come last."""
+    with_value = [row for row in table if metric(row, key) is not None]
+    without = [row for row in table if metric(row, key) is None]
+    return sorted(with_value, key=lambda row: metric(row, key) or 0.0, reverse=descending) + without
+
+
+def best(root: str, key: str, *, maximize: bool = False) -> dict[str, Any] | None:
+    """The succeeded run with the lowest ``key`` (the highest with ``maximize``), or None."""
+    succeeded = [row for row in rows(root) if row["status"] == RunStatus.SUCCEEDED.value]
+    ranked = sort_rows(succeeded, key, descending=maximize)
+    return ranked[0] if ranked and metric(ranked[0], key) is not None else None
+
+
+def aggregate(root: str, over: str) -> list[dict[str, Any]]:
+    """One row per group of succeeded runs that differ only in ``over`` (e.g. the seed): their
+    other parameters, ``runs`` (how many), and for every numeric result its mean, sample
+    standard deviation (None for one run) and count, as ``result.loss.mean`` and so on."""
+    groups: dict[str, list[RunRecord]] = {}
+    params: dict[str, dict[str, Any]] = {}
+    found = False
+    for record in records(root):
+        values = record.params_value
+        found = found or over in values
+        if record.status is not RunStatus.SUCCEEDED:
+            continue
+        rest = {k: v for k, v in values.items() if k != over}
+        group = json.dumps(rest, sort_keys=True)
+        groups.setdefault(group, []).append(record)
+        params.setdefault(group, rest)
+    if not found:
+        raise ConfigError(f"no run of {root!r} has the parameter {over!r} to average over")
+    table = []
+    for group, members in groups.items():
+        row: dict[str, Any] = dict(params[group])
+        row["runs"] = len(members)
+        numbers: dict[str, list[float]] = {}
+        for record in members:
+            result = run_result(root, record)
+            items = result.items() if isinstance(result, dict) else [("", result)]
+            for name, value in items:
+                number = _number(value)
+                if number is not None:
+                    numbers.setdefault(f"result.{name}" if name else "result", []).append(number)
+        for name, found_numbers in numbers.items():
+            row[f"{name}.mean"] = statistics.fmean(found_numbers)
+            row[f"{name}.std"] = statistics.stdev(found_numbers) if len(found_numbers) > 1 else None
+            row[f"{name}.count"] = len(found_numbers)
         table.append(row)
     return table
 

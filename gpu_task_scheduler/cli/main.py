@@ -244,9 +244,26 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    from ..results import format_csv, format_table, rows
+    from ..results import aggregate, best, format_csv, format_table, rows, sort_rows
 
-    table = rows(args.root)
+    if args.best and (args.sort or args.average_over):
+        raise ConfigError("--best gives one run; it does not go with --sort or --average-over")
+    if args.top is not None and args.top < 1:
+        raise ConfigError("--top must be 1 or more")
+    if args.best:
+        found = best(args.root, args.best, maximize=args.desc)
+        table = [] if found is None else [found]
+        if found is None:
+            print(f"no succeeded run has a number for {args.best!r}", file=sys.stderr)
+            return EXIT_FAILED
+    else:
+        table = aggregate(args.root, args.average_over) if args.average_over else rows(args.root)
+        if args.sort:
+            table = sort_rows(
+                table, args.sort if not args.average_over else _mean_column(args.sort), descending=args.desc
+            )
+        if args.top is not None:
+            table = table[: args.top]
     if args.format == "json":
         print(json.dumps(table, indent=1))
     elif args.format == "csv":
@@ -254,6 +271,12 @@ def cmd_results(args: argparse.Namespace) -> int:
     else:
         print(format_table(table, escape=sys.stdout.isatty()) if table else "no runs recorded")
     return EXIT_OK
+
+
+def _mean_column(key: str) -> str:
+    """``--sort loss --average-over seed`` sorts by the mean of the result."""
+    name = key if key.startswith("result") else f"result.{key}"
+    return f"{name}.mean"
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -432,10 +455,23 @@ def build_parser() -> argparse.ArgumentParser:
         "results",
         help="one row per run: parameters, state, duration, result",
         formatter_class=_formatter,
-        epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv",
+        epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv\n"
+        "  gts results results/ --sort loss --top 5\n  gts results results/ --best accuracy --desc\n"
+        "  gts results results/ --average-over seed --sort loss",
     )
     r.add_argument("root", help="the result root")
     r.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    r.add_argument("--sort", metavar="KEY", help="order by a result (loss finds result.loss) or a parameter")
+    r.add_argument("--desc", action="store_true", help="largest first (with --best: the largest)")
+    r.add_argument("--top", type=int, metavar="N", help="only the first N rows")
+    r.add_argument("--best", metavar="KEY", help="the one succeeded run with the lowest KEY (--desc: highest)")
+    r.add_argument(
+        "--average-over",
+        "--group-by-seed",
+        dest="average_over",
+        metavar="KEY",
+        help="mean, std and count of every numeric result over runs that differ only in KEY (e.g. seed)",
+    )
     r.set_defaults(handler=cmd_results)
 
     p = sub.add_parser(

@@ -195,6 +195,68 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_retry(args: argparse.Namespace) -> int:
+    from ..backends.local.launcher import LocalLauncher
+    from ..backends.local.tasks import import_task, resolve_task
+    from ..engine.api import run_sweep
+    from ..engine.hooks import HookList
+    from ..records.ledger import RunStatus
+    from ..reports.runlogs import find_run
+    from ..results import open_ledger
+    from ..sweep.expand import Sweep
+    from .progress import live_status, wanted
+
+    if not (args.failed or args.interrupted or args.runs):
+        raise ConfigError("say which runs: --failed, --interrupted, or their names (or prefixes, or indexes)")
+    ledger = open_ledger(args.root)
+    try:
+        records = ledger.records()
+        recorded = ledger.get_meta("sweep_config")
+    finally:
+        ledger.close()
+    if not recorded:
+        raise ConfigError(
+            f"{args.root} keeps no record of its sweep's config (written by an earlier version, or a config "
+            "with values that are not plain JSON): run the sweep again with its config file instead "
+            "(failed and interrupted runs run again)"
+        )
+    wanted_status = {RunStatus.FAILED, RunStatus.TIMED_OUT} if args.failed else set()
+    if args.interrupted:
+        wanted_status.add(RunStatus.INTERRUPTED)
+    chosen = {r.name: r for r in records if r.status in wanted_status}
+    for run in args.runs:
+        record = find_run(records, run)
+        if record.status is RunStatus.SUCCEEDED and not args.force:
+            raise ConfigError(f"{record.name} succeeded; add --force to run it again")
+        if record.status is RunStatus.RUNNING:
+            raise ConfigError(f"{record.name} is recorded as running; stop its sweep first (gts stop)")
+        chosen[record.name] = record
+    if not chosen:
+        print("no run to retry", file=sys.stderr)
+        return EXIT_OK
+    config = json.loads(recorded)
+    if not args.task and "task" not in config and "command" not in config:
+        raise ConfigError(
+            "the sweep's task class has no importable name (defined in __main__?): give --task MODULE:CLASS"
+        )
+    config["scheduler_config"]["result_root_folder"] = os.path.abspath(args.root)
+    if args.gpus:
+        config["scheduler_config"]["gpu"] = _gpu_option(args.gpus)
+    if args.force:
+        config["scheduler_config"]["force_rerun"] = True
+    sweep = Sweep(config)
+    sweep.selected = frozenset(chosen)
+    make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
+    print(f"running {len(chosen)} run(s) again: {', '.join(sorted(chosen)[:10])}{' ...' if len(chosen) > 10 else ''}")
+    status = None if args.plain else live_status(len(sweep), wanted(sys.stderr))
+    if status is None:
+        plain_console_logging()
+    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period, prewarm=sweep.options.prewarm)
+    console = None if status is None else status.log_handler()
+    summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
+    return summary.exit_code
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     import time
 
@@ -414,6 +476,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("root", help="the result root (result_root_folder)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(handler=cmd_status)
+
+    rt = sub.add_parser(
+        "retry",
+        help="run failed or interrupted runs of a result root again, without the config file",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts retry results/ --failed\n  gts retry results/ --interrupted --gpus 0 1\n"
+        "  gts retry results/ lr-0.1, 7",
+    )
+    rt.add_argument("root", help="the result root")
+    rt.add_argument("runs", nargs="*", metavar="RUN", help="runs by folder name, unique prefix or index")
+    rt.add_argument("--failed", action="store_true", help="every failed or timed-out run")
+    rt.add_argument("--interrupted", action="store_true", help="every interrupted run")
+    rt.add_argument("--force", action="store_true", help="also runs named that succeeded")
+    rt.add_argument("--gpus", nargs="+", metavar="ID", help="slots, as for gts run (default: the sweep's)")
+    rt.add_argument("--task", metavar="MODULE:CLASS", help="the GPUTask subclass (when the record names none)")
+    rt.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
+    rt.set_defaults(handler=cmd_retry)
 
     st = sub.add_parser(
         "stop",

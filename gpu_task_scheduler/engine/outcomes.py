@@ -75,9 +75,13 @@ class Records:
         """What ``gts status`` needs to know beyond the runs: where runs log, the sweep's size (none for gts queue)."""
         self.ledger.set_meta("log_file", sweep.options.log_file or "")
         try:
-            self.ledger.set_meta("sweep_runs", str(len(sweep)))
+            len(sweep)
         except TypeError:  # an open-ended sweep
             self.ledger.set_meta("sweep_runs", "")
+        else:
+            self.ledger.set_meta("sweep_runs", str(sweep.size))
+        if sweep.selected is None:  # `gts retry` runs the recorded sweep: the record stays as it is
+            self.ledger.set_meta("sweep_config", sweep.record() or "")
 
     # --- before a run ------------------------------------------------------------
 

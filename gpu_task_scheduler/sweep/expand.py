@@ -279,6 +279,10 @@ class Sweep:
 
             check_template(self.command, self.keys(), shell=self.shell)
         self._has_test_config = raw.get("test_config") is not None
+        # What its runs run, set by backends/local/tasks.resolve_task: {"task": "mod:Class"} or
+        # {"command": ..., "shell": ...}; None when it cannot be named (a class in __main__).
+        self.task_record: dict[str, Any] | None = None
+        self.selected: frozenset[str] | None = None  # `gts retry`: only the runs with these names
         self.size = sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
         if self.size > sys.maxsize:
             raise ConfigError(
@@ -302,7 +306,24 @@ class Sweep:
         return list(keys)
 
     def __len__(self) -> int:
-        return self.size
+        return self.size if self.selected is None else len(self.selected)
+
+    def record(self) -> str | None:
+        """The sweep as JSON, kept in the ledger so that ``gts retry`` can run its runs again
+        without the config file. None when it is not plain JSON (a value that is an object, a
+        tuple, a range). Notification settings, which may hold a password, are left out."""
+        options = {k: v for k, v in self.options.as_dict().items() if k not in ("notify_command", "notify_email")}
+        config = {
+            "scheduler_config": options,
+            "global_config": self.global_config,
+            "test_config": self.blocks if self._has_test_config else None,
+            **(self.task_record or {}),  # none: `gts retry --task` names it
+        }
+        try:
+            text = json.dumps(config, allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+        return text if json.loads(text) == config else None
 
     def test_configs(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(block index, test values) for every run, in the original's order."""
@@ -353,6 +374,9 @@ class Sweep:
                     suffix=_params_digest(params),
                     foreign=None if foreign is None else _for_params(foreign, params, index),
                 )
+                if self.selected is not None and name not in self.selected:
+                    index += 1
+                    continue
                 renamed_from = None
                 if name != wanted:
                     renamed_from = wanted

@@ -36,6 +36,9 @@ class StreamSweep(Sweep):
     def __len__(self) -> int:
         raise TypeError("a queue has no length until its input ends")
 
+    def record(self) -> str | None:
+        return None  # its runs are its input's lines: nothing to run again from a record
+
     def follow(self, wake: Callable[[], None]) -> None:
         """Start reading the stream; ``wake()`` is called after each line, and at its end."""
         self._wake = wake

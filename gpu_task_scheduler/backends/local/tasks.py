@@ -70,12 +70,18 @@ def resolve_task(
     """What each run of ``sweep`` runs: ``task_class``, else a command (given here or in the
     config), else the config's ``task``. A ``TaskClassError`` when there is none."""
     if task_class is not None:
-        return check_task_class(task_class)
+        checked = check_task_class(task_class)
+        if task_class.__module__ != "__main__" and "<locals>" not in task_class.__qualname__:
+            sweep.task_record = {"task": f"{task_class.__module__}:{task_class.__qualname__}"}
+        return checked
     if command is not None or sweep.command is not None:
-        return command_factory(
-            sweep, command if command is not None else sweep.command, sweep.shell if shell is None else shell
-        )
+        command = command if command is not None else sweep.command
+        shell = sweep.shell if shell is None else shell
+        factory = command_factory(sweep, command, shell)
+        sweep.task_record = {"command": command, "shell": shell}
+        return factory
     if sweep.task_ref is not None:
+        sweep.task_record = {"task": sweep.task_ref}
         return import_task(sweep.task_ref)
     raise TaskClassError(
         "no task to run: pass gpu_task_class, or set task ('package.module:Class') or command in the config"

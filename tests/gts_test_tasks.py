@@ -274,13 +274,19 @@ class FakeGpuTask(GPUTask):
 
 
 class DelayedAllocTask(GPUTask):
-    """Loads for ``delay`` seconds, then allocates ``alloc_gb`` on its fake GPU, as a training script
-    does. Where the GPU lacks the room the allocation fails as CUDA's does (the run exits with
-    PyTorch's message), and the run is noted in the file ``ooms``."""
+    """Loads for ``delay`` seconds (after the file ``barrier`` exists, if given), then allocates
+    ``alloc_gb`` on its fake GPU, as a training script does. Where the GPU lacks the room the
+    allocation fails as CUDA's does (the run exits with PyTorch's message), and the run is noted
+    in the file ``ooms``."""
 
     def main(self):
         import fake_nvml
 
+        open(os.path.join(self._work_dir, "started"), "w").close()
+        barrier = self._config.get("barrier")
+        deadline = time.monotonic() + 60
+        while barrier and not os.path.exists(barrier) and time.monotonic() < deadline:
+            time.sleep(0.01)  # loads until the test says (instead of for ``delay`` seconds)
         time.sleep(self._config["delay"])
         gpu = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
         if not fake_nvml.allocate(gpu, int(self._config["alloc_gb"] * 1e9), strict=True):

@@ -31,13 +31,13 @@ def one_gpu(in_tmp, monkeypatch):
     return path
 
 
-def sweep_config(root, ooms, *, runs, share=True, delay=1.5, hold=0.5):
+def sweep_config(root, ooms, *, runs, share=True, delay=1.5, hold=1.0, barrier=None):
     """Runs of 20 GB that load for ``delay`` seconds before they allocate: three fit on the GPU."""
     return make_config(
         root,
         [{"i": list(range(runs))}],
         slots=("0",),
-        global_config={"alloc_gb": 20, "delay": delay, "hold": hold, "ooms": str(ooms)},
+        global_config={"alloc_gb": 20, "delay": delay, "hold": hold, "ooms": str(ooms), "barrier": barrier},
         gpu_memory="20GB",
         max_runs_per_gpu=8,
         max_oom_retries=0,
@@ -87,8 +87,16 @@ def test_sweeps_started_together_share_one_gpu_without_running_out_of_memory(one
 
 def test_without_sharing_the_same_sweeps_run_out_of_memory(one_gpu, in_tmp):
     """The control for the test above: what each scheduler's own reservations do not prevent."""
-    ooms = in_tmp / "ooms"
-    processes = [start_sweep(sweep_config(in_tmp / f"r{n}", ooms, runs=3, share=False)) for n in range(2)]
+    ooms, barrier = in_tmp / "ooms", in_tmp / "barrier"
+    roots = [in_tmp / f"r{n}" for n in range(2)]
+    processes = [start_sweep(sweep_config(r, ooms, runs=3, share=False, delay=0, barrier=str(barrier))) for r in roots]
+    # Each scheduler sees the whole GPU free and starts its three runs; only then do they allocate.
+    wait_until(
+        lambda: all((r / f"i-{i}," / "started").exists() for r in roots for i in range(3)),
+        timeout=60,
+        message="both sweeps' runs to start",
+    )
+    barrier.write_text("")
     for process in processes:
         finish(process, timeout=120)
     assert ooms.exists() and len(ooms.read_text().splitlines()) >= 2

@@ -24,10 +24,14 @@ def journal_lines(path):
 
 
 def ledger_rows(root):
-    """The ledger's rows read directly with sqlite3, independent of the Ledger class."""
+    """The ledger's rows read directly with sqlite3, independent of the Ledger class. A ledger
+    whose scheduler was killed after SQLite created the file, before it created the tables,
+    has no rows."""
     db = sqlite3.connect(os.path.join(str(root), ".gts", "ledger.sqlite3"))
     db.row_factory = sqlite3.Row
     try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchall():
+            return {}
         return {row["name"]: dict(row) for row in db.execute("SELECT * FROM runs")}
     finally:
         db.close()

@@ -1,0 +1,519 @@
+"""The reliability battery: kills at random moments, crash table, hostile input,
+fuzzed configs, concurrent schedulers and storage faults."""
+
+import itertools
+import math
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import tempfile
+
+import gts_test_broken_import
+import gts_test_tasks as tasks
+import pytest
+from conftest import marked_pids, wait_until
+from helpers import journal_lines, ledger_rows, make_config
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from test_process_control import finish, launch, started
+
+from gpu_task_scheduler import (
+    ConfigError,
+    ConfigManager,
+    GPUTaskScheduler,
+    GTSError,
+    LedgerError,
+    RunStatus,
+    SchedulerBusyError,
+    Sweep,
+)
+from gpu_task_scheduler.gpu_task import GPUTask
+from gpu_task_scheduler.records.ledger import Ledger
+
+KILL_SEED = 407
+RUNS = 60  # long enough that no launch gets far before the next kill, however fast the machine
+KILLS = 25
+
+
+@pytest.mark.parametrize("kind", ["python", "command"])
+def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_processes, kind):
+    rng = random.Random(KILL_SEED)
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(
+        root,
+        [{"i": list(range(RUNS))}],
+        slots=("cpu", "cpu"),
+        global_config={"journal": journal, "sleep": 0.1},
+        scheduler_log_file_path=None,
+    )
+    task = "RecordTask"
+    if kind == "command":  # no Python in the run: the command wrapper records the success
+        script = 'echo "start i-$1," >> "$0"; sleep 0.1; echo "end i-$1," >> "$0"'
+        config["command"], task = ["sh", "-c", script, journal, "{i}"], "-"
+    kills = 0
+    for _ in range(KILLS):
+        scheduler = launch(config, task)
+        try:
+            scheduler.wait(timeout=rng.uniform(0.05, 0.5))  # a random moment to strike
+        except subprocess.TimeoutExpired:
+            scheduler.kill()
+            kills += 1
+        finish(scheduler)
+        wait_until(
+            lambda: not marked_pids(no_leaked_processes),
+            timeout=5,
+            message="the killed scheduler's runs to die with it",
+        )
+        if (root / ".gts" / "ledger.sqlite3").exists():
+            statuses = [row["status"] for row in ledger_rows(root).values()]
+            assert statuses.count("running") <= 2  # never more runs at once than slots
+    last = launch(config, task)
+    finish(last, timeout=120)
+    assert last.returncode == 0
+    assert kills >= 15, f"only {kills} of {KILLS} launches were killed; the sweep is too short"
+    lines = journal_lines(journal)
+    assert [lines.count(f"end i-{i},") for i in range(RUNS)] == [1] * RUNS
+    rows = ledger_rows(root)
+    assert sorted(rows) == sorted(f"i-{i}," for i in range(RUNS))
+    assert {row["status"] for row in rows.values()} == {"succeeded"}
+    starts = sum(line.startswith("start") for line in lines)
+    print(f"survived {kills} SIGKILLs; {starts} starts for {RUNS} runs")
+
+
+def test_ctrl_c_reaches_the_runs_own_subprocesses(in_tmp, no_leaked_processes):
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"hang": [True]}], grace_period=5), "GrandchildTask")
+    pid_file = root / "hang-True," / "grandchild.pid"
+    wait_until(pid_file.exists, message="the grandchild to start")
+    grandchild = int(pid_file.read_text())
+    scheduler.send_signal(signal.SIGINT)
+    finish(scheduler)
+    assert scheduler.returncode == -signal.SIGINT
+    wait_until(lambda: grandchild not in marked_pids(no_leaked_processes), timeout=5, message="the grandchild to die")
+    assert ledger_rows(root)["hang-True,"]["status"] == "interrupted"
+
+
+def test_a_run_killed_from_outside_is_recorded_with_the_signal(in_tmp):
+    root = in_tmp / "r"
+    scheduler = launch(make_config(root, [{"a": [1]}]), "BlockTask")
+    wait_until(lambda: started(root, "a-1,"), message="the run to start")
+    os.kill(int((root / "a-1," / "started").read_text()), signal.SIGKILL)
+    output = finish(scheduler)
+    assert scheduler.returncode == 1, output
+    row = ledger_rows(root)["a-1,"]
+    assert (row["status"], row["signal"], row["exit_code"]) == ("failed", "SIGKILL", None)
+    assert "fails task a-1, (killed by SIGKILL)" in output
+
+
+@pytest.mark.parametrize(
+    "task, cause",
+    [
+        (tasks.SelfDeletingTask, "the run folder disappeared"),
+        (
+            tasks.UnpicklableStateTask,
+            "the task could not be loaded in the run's process: RuntimeError: cannot restore this task",
+        ),
+        (
+            gts_test_broken_import.BrokenImportTask,
+            "the task could not be loaded in the run's process: ImportError: No module named 'cuda_only_dependency'",
+        ),
+        (tasks.FullDiskTask, "OSError: [Errno 27] File too large"),
+    ],
+)
+def test_more_failures_are_recorded_with_their_cause(in_tmp, task, cause):
+    root = in_tmp / "r"
+    summary = GPUTaskScheduler(make_config(root, [{"a": [1]}]), task).start()
+    (failed,) = summary.failed
+    assert failed.status is RunStatus.FAILED and failed.cause == cause
+    assert ledger_rows(root)["a-1,"]["cause"] == cause
+    assert summary.exit_code == 1 and cause in summary.report()
+
+
+def test_a_run_printing_100_mb_is_fine(in_tmp):
+    root = in_tmp / "r"
+    summary = GPUTaskScheduler(make_config(root, [{"a": [1, 2]}], slots=("cpu", "cpu")), tasks.HugeOutputTask).start()
+    assert len(summary.succeeded) == 2
+    assert os.path.getsize(root / "a-1," / "worker.log") > 100 * 1024 * 1024
+    assert summary.succeeded[0].log_tail == ""  # kept only where it explains a failure; the ledger has it
+    assert ledger_rows(root)["a-1,"]["log_tail"].endswith("done printing")
+    assert len(ledger_rows(root)["a-1,"]["log_tail"]) < 20 * 1024
+
+
+HOSTILE = [
+    "../../../../etc/passwd",
+    "/",
+    "..",
+    ".",
+    "a/b/../../..",
+    "nul\0byte",
+    "new\nline\r\n",
+    "x" * 10_000,
+    "; rm -rf ~",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "| cat /etc/shadow",
+    "\u202eevil\u202c",
+    "😀" * 300,
+    "%2F",
+    "%00",
+    "~",
+    "-",
+    "--help",
+    " ",
+    "",
+]
+
+
+@pytest.mark.parametrize("shell", [False, True])
+def test_hostile_values_never_run_in_command_sweeps(in_tmp, shell):
+    values = [v for v in HOSTILE if "\0" not in v]  # a NUL cannot be passed to any program
+    command = (
+        'printf \'%s\' "{v}" > "{work_dir}/v.txt"'
+        if shell
+        else ["sh", "-c", 'printf "%s" "$1" > "$2/v.txt"', "sh", "{v}", "{work_dir}"]
+    )
+    config = make_config(
+        in_tmp / "r",
+        [{"v": values}],
+        slots=("cpu", "cpu"),
+        config_string_value_maxlen=None,
+        scheduler_log_file_path=None,
+    )
+    config.update(command=command, shell=shell)
+    summary = GPUTaskScheduler(config).start()
+    assert summary.ok and len(summary.succeeded) == len(values)
+    written = sorted((in_tmp / "r" / o.name / "v.txt").read_bytes().decode() for o in summary.succeeded)
+    assert written == sorted(values)
+    assert sorted(os.listdir(in_tmp)) == ["r"] and not (in_tmp / "pwned").exists()
+
+
+def test_hostile_values_and_keys_are_contained_unique_and_stable(in_tmp):
+    root = in_tmp / "r"
+    config = make_config(
+        root,
+        [{"v": HOSTILE}, {"../k": [1], "k/../../x": ["y"]}, {"k\0ey": ["z" * 500]}],
+        slots=("cpu", "cpu"),
+        config_string_value_maxlen=None,
+    )
+    first = GPUTaskScheduler(config, tasks.RecordTask).start()
+    assert len(first.succeeded) == len(HOSTILE) + 2 and first.ok
+    names = [o.name for o in first.succeeded]
+    assert len(set(names)) == len(names)
+    for outcome in first.succeeded:
+        folder = os.path.realpath(outcome.work_dir)
+        assert os.path.dirname(folder) == os.path.realpath(root) or folder == os.path.realpath(root)
+        assert len(os.path.basename(folder).encode()) <= 255
+    assert sorted(os.listdir(in_tmp)) == ["r"] and not (in_tmp / "pwned").exists()
+    assert [run.name for run in Sweep(config)] == [run.name for run in Sweep(config)]
+    again = GPUTaskScheduler(config, tasks.RecordTask).start()
+    assert not again.outcomes and len(again.skipped) == len(HOSTILE) + 2
+
+
+# --- fuzzed configs -------------------------------------------------------------
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.binary(max_size=4))
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+keys = st.one_of(st.text(max_size=8), st.integers(), st.none())
+gpu_entry = st.one_of(
+    st.sampled_from(["0", "1", "cpu", "GPU-abc", "MIG-1/2", "0,1", "", "x"]),
+    st.integers(-2, 9),
+    st.lists(st.one_of(st.text(max_size=3), st.integers(-1, 3)), max_size=3),
+    values,
+)
+option_names = [
+    "force_rerun",
+    "config_string_value_maxlen",
+    "ignored_keys_for_folder_name",
+    "max_retries",
+    "ignored_characters_for_folder_name",
+    "result_root_folder",
+    "timeout",
+    "grace_period",
+    "log_file",
+    "scheduler_log_file_path",
+    "test_config_string_indicator",
+    "skip_existing_folders",
+    "forse_rerun",
+]
+scheduler_configs = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={"gpu": st.one_of(st.lists(gpu_entry, max_size=3), values), **{name: values for name in option_names}},
+    ),
+    values,
+)
+blocks = st.lists(
+    st.one_of(st.dictionaries(keys, st.one_of(st.lists(values, max_size=3), values), max_size=3), values), max_size=3
+)
+anything = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "scheduler_config": scheduler_configs,
+            "global_config": st.one_of(st.dictionaries(keys, values, max_size=3), values),
+            "test_config": st.one_of(blocks, values),
+            "extra": values,
+        },
+    ),
+    values,
+)
+# Mostly valid configs with hostile keys and values, so that expansion and naming get exercised too.
+good_slots = st.lists(
+    st.one_of(
+        st.sampled_from(["0", "1", "cpu", "GPU-ab12", "MIG-3/1/0", "0,1"]),
+        st.integers(0, 9),
+        st.lists(st.sampled_from(["0", "1", "2"]), min_size=1, max_size=2, unique=True),
+    ),
+    min_size=1,
+    max_size=3,
+)
+good_options = {
+    "force_rerun": st.booleans(),
+    "config_string_value_maxlen": st.one_of(st.none(), st.integers(1, 60)),
+    "ignored_keys_for_folder_name": st.lists(st.text(min_size=1, max_size=4), max_size=2),
+    "ignored_characters_for_folder_name": st.lists(st.text(min_size=1, max_size=2), max_size=3),
+    "test_config_string_indicator": st.text(max_size=3),
+    "test_config_string_separator": st.text(max_size=3),
+    "skip_existing_folders": st.booleans(),
+    "max_retries": st.integers(0, 3),
+    "timeout": st.one_of(st.none(), st.floats(0.1, 1e6)),
+    "grace_period": st.floats(0, 100),
+    "log_file": st.one_of(st.none(), st.sampled_from(["worker.log", "logs/out.txt"])),
+    "scheduler_log_file_path": st.one_of(st.none(), st.sampled_from(["s.log", "logs/s.log"])),
+}
+near_valid = st.fixed_dictionaries(
+    {
+        "scheduler_config": st.fixed_dictionaries(
+            {"gpu": good_slots},
+            optional={name: st.one_of(strategy, strategy, values) for name, strategy in good_options.items()},
+        )
+    },
+    optional={
+        "global_config": st.dictionaries(st.text(min_size=1, max_size=6), values, max_size=3),
+        "test_config": st.lists(
+            st.dictionaries(st.text(min_size=1, max_size=8), st.lists(values, min_size=1, max_size=3), max_size=3),
+            max_size=3,
+        ),
+    },
+)
+configs = st.one_of(near_valid, anything)
+
+
+def _number(value, low, *, strict):
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > low if strict else value >= low)
+    )
+
+
+def _count(value, low):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _path_text(value):
+    return isinstance(value, str) and value != "" and "\0" not in value
+
+
+# An oracle written apart from the validation code: what each fuzzed option may be. An accepted
+# config must satisfy it, so a check removed from sweep.py shows up as an accepted bad value.
+OPTION_ORACLE = {
+    "force_rerun": lambda v: isinstance(v, bool),
+    "skip_existing_folders": lambda v: isinstance(v, bool),
+    "config_string_value_maxlen": lambda v: v is None or _count(v, 1),
+    "ignored_keys_for_folder_name": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v),
+    "ignored_characters_for_folder_name": lambda v: (
+        isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v)
+    ),
+    "max_retries": lambda v: _count(v, 0),
+    "result_root_folder": _path_text,
+    "scheduler_log_file_path": lambda v: v is None or _path_text(v),
+    "timeout": lambda v: v is None or _number(v, 0, strict=True),
+    "grace_period": lambda v: _number(v, 0, strict=False),
+    "log_file": lambda v: (
+        v is None
+        or (
+            _path_text(v)
+            and not v.startswith("/")
+            and ".." not in v.split("/")
+            and os.path.normpath(v).split("/")[0] not in (".gts", ".")
+        )
+    ),
+    "test_config_string_indicator": lambda v: isinstance(v, str),
+    "test_config_string_separator": lambda v: isinstance(v, str),
+    "forse_rerun": lambda v: False,  # an unknown key is never accepted
+}
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs)
+def test_fuzzed_configs_run_or_raise_config_error_and_write_nothing(config):
+    before = os.getcwd()
+    with tempfile.TemporaryDirectory() as folder:
+        os.chdir(folder)
+        try:
+            try:
+                manager = ConfigManager(config)
+                GPUTaskScheduler(config, GPUTask)
+            except ConfigError as error:
+                assert str(error)
+                event("rejected with ConfigError")
+            else:
+                event("accepted")
+                for key, value in config["scheduler_config"].items():
+                    assert key == "gpu" or OPTION_ORACLE[key](value), f"accepted {key}={value!r}"
+                assert manager.get_num_left_config() == len(manager.sweep)
+                for run in itertools.islice(manager.iter_runs(), 20):
+                    assert os.sep not in run.name and len(run.name.encode()) <= 255
+                manager.get_all_test_config_in_string()
+                manager.get_gpu_envs()
+            assert os.listdir(folder) == []
+        finally:
+            os.chdir(before)
+
+
+# --- concurrent schedulers --------------------------------------------------------
+
+
+def test_a_second_scheduler_names_the_running_one(in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1]}], grace_period=5)
+    first = launch(config, "BlockTask")
+    wait_until(lambda: started(root, "a-1,"), message="the first scheduler's run to start")
+    before = (ledger_rows(root), tree(root))
+    with pytest.raises(SchedulerBusyError, match=f"pid {first.pid} on host"):
+        GPUTaskScheduler(config, tasks.BlockTask).start()
+    # Checked while the first one still runs: the refused one changed no record, file or run.
+    assert (ledger_rows(root), tree(root)) == before and ledger_rows(root)["a-1,"]["status"] == "running"
+    first.send_signal(signal.SIGTERM)
+    finish(first)
+    assert ledger_rows(root)["a-1,"]["status"] == "interrupted"
+
+
+def tree(root):
+    """Every path under root, with each file's size and modification time. (Not the folders'
+    times, nor SQLite's side files: reading the ledger with sqlite3, as ledger_rows does, makes
+    and removes those.)"""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.name.endswith(("-wal", "-shm")):
+            continue
+        info = path.lstat()
+        found[str(path.relative_to(root))] = "folder" if path.is_dir() else (info.st_size, info.st_mtime_ns)
+    return found
+
+
+def test_a_lock_left_by_a_killed_scheduler_is_taken_over(in_tmp, monkeypatch):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1]}])
+    first = launch(config, "BlockTask")
+    wait_until(lambda: started(root, "a-1,"), message="the run to start")
+    first.kill()
+    finish(first)
+    assert f"pid {first.pid}" in (root / ".gts" / "lock").read_text()  # stale content, no holder
+    monkeypatch.setenv("GTS_TEST_SLEEP", "0")
+    assert GPUTaskScheduler(config, tasks.BlockTask).start().ok
+
+
+# --- storage faults -----------------------------------------------------------------
+
+
+def test_a_result_root_that_cannot_be_created(in_tmp):
+    (in_tmp / "file").write_text("")
+    with pytest.raises(GTSError, match="cannot create the result root"):
+        GPUTaskScheduler(
+            make_config(in_tmp / "file" / "r", [{"a": [1]}], scheduler_log_file_path=None), tasks.RecordTask
+        ).start()
+    assert sorted(os.listdir(in_tmp)) == ["file"]
+
+
+class _FailingConnection:
+    """Passes everything to a real sqlite3 connection, but the disk fills up
+    when the ledger records the end of the first run."""
+
+    def __init__(self, db):
+        self._db = db
+
+    def execute(self, sql, *params):
+        if sql.lstrip().startswith("UPDATE runs SET status"):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.execute(sql, *params)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+    def __enter__(self):
+        return self._db.__enter__()
+
+    def __exit__(self, *exc):
+        return self._db.__exit__(*exc)
+
+
+def test_a_full_disk_under_the_ledger_stops_cleanly_and_loses_nothing(in_tmp, monkeypatch):
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(root, [{"a": [1, 2, 3]}], global_config={"journal": journal})
+    real_init = Ledger.__init__
+
+    def failing_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._db = _FailingConnection(self._db)
+
+    monkeypatch.setattr(Ledger, "__init__", failing_init)
+    with pytest.raises(LedgerError, match="database or disk is full.*Nothing is lost"):
+        GPUTaskScheduler(config, tasks.RecordTask).start()
+    monkeypatch.setattr(Ledger, "__init__", real_init)
+    summary = GPUTaskScheduler(config, tasks.RecordTask).start()
+    assert summary.skipped == ["a-1,"]  # its child had recorded its success
+    assert [journal_lines(journal).count(f"end a-{i},") for i in (1, 2, 3)] == [1, 1, 1]
+
+
+def test_a_batch_commits_once_at_its_end_and_a_start_at_once(in_tmp):
+    """Group commit: the writes of one turn of the loop share a transaction, but a run's
+    'running' record is committed before its process can exist, and an error keeps what was written."""
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    paths = RootPaths(str(in_tmp / "r"))
+    with Ledger(paths) as ledger:
+
+        def seen():  # what another process (gts status, a restart) would read now
+            reader = Ledger.read_only(paths)
+            try:
+                return {r.name: r.status.value for r in reader.records()}
+            finally:
+                reader.close()
+
+        start = {"run_index": 0, "config_hash": "h", "slot": "cpu0", "token": "t", "work_dir": "w"}
+        with ledger.batch():
+            ledger.mark_running(name="a", **start)
+            assert seen() == {"a": "running"}
+            ledger.finish("a", RunStatus.SUCCEEDED)
+            ledger.set_meta("k", "v")
+            assert seen() == {"a": "running"}  # not yet
+        assert seen() == {"a": "succeeded"} and ledger.get_meta("k") == "v"
+        with pytest.raises(RuntimeError), ledger.batch():
+            ledger.finish("a", RunStatus.FAILED)
+            raise RuntimeError("the loop failed after the write")
+        assert seen() == {"a": "failed"}
+
+
+def test_a_damaged_ledger_is_reported_with_the_way_out(in_tmp):
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(root, [{"a": [1, 2]}], global_config={"journal": journal})
+    GPUTaskScheduler(config, tasks.RecordTask).start()
+    ledger = root / ".gts" / "ledger.sqlite3"
+    for suffix in ("-wal", "-shm"):
+        if (root / ".gts" / f"ledger.sqlite3{suffix}").exists():
+            (root / ".gts" / f"ledger.sqlite3{suffix}").unlink()
+    ledger.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(LedgerError, match="is damaged .*Move it aside"):
+        GPUTaskScheduler(config, tasks.RecordTask).start()
+    ledger.rename(root / ".gts" / "ledger.broken")
+    summary = GPUTaskScheduler(config, tasks.RecordTask).start()
+    assert summary.skipped == ["a-1,", "a-2,"] and journal_lines(journal).count("end a-1,") == 1

@@ -187,9 +187,50 @@ def cmd_grid(args: argparse.Namespace) -> int:
 # --- gts status / results / plot ----------------------------------------------------------
 
 
+def _gpu_memory_by_group() -> dict[int, int] | None:
+    """Bytes of GPU memory each process group holds now (None without NVML)."""
+    from ..gpu.devices import open_monitor
+
+    monitor, _ = open_monitor()
+    if monitor is None:
+        return None
+    used: dict[int, int] = {}
+    try:
+        for state in monitor.all():
+            for process in state.processes:
+                try:
+                    group = os.getpgid(process.pid)
+                except OSError:
+                    continue
+                used[group] = used.get(group, 0) + (process.used_memory or 0)
+    except Exception:  # an NVMLError: show no memory this time
+        return None
+    finally:
+        monitor.close()
+    return used
+
+
+def _watch(root: str) -> int:
+    import time
+
+    from ..reports.status import status, watch_view
+
+    terminal = sys.stdout.isatty()
+    while True:
+        report = status(root)
+        frame = watch_view(report, _gpu_memory_by_group(), escape=terminal)
+        sys.stdout.write(("\x1b[H\x1b[2J" if terminal else "") + frame + "\n" + ("" if terminal else "\n"))
+        sys.stdout.flush()
+        if not report["scheduler"]["running"]:
+            return EXIT_OK
+        time.sleep(1.0)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from ..reports.status import format_status, status
 
+    if args.watch:
+        return _watch(args.root)
     report = status(args.root)
     print(json.dumps(report, indent=1) if args.json else format_status(report, escape=sys.stdout.isatty()))
     return EXIT_OK
@@ -475,6 +516,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("root", help="the result root (result_root_folder)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument(
+        "--watch",
+        action="store_true",
+        help="a view redrawn every second (counts, ETA, each slot's run with its time and GPU memory, "
+        "why runs wait) until the sweep ends",
+    )
     s.set_defaults(handler=cmd_status)
 
     rt = sub.add_parser(

@@ -183,8 +183,11 @@ class Scheduler:
                 if placement.waiting is not None and placement.waiting != self._waiting_for:
                     self._waiting_for = placement.waiting  # waiting for our own runs is the normal case
                     (logger.warning if placement.news else logger.info)("%s", placement.waiting)
+                    records.ledger.set_meta("waiting", placement.waiting)  # for `gts status --watch`
                 return
             queue.pop()
+            if self._waiting_for is not None:
+                records.ledger.set_meta("waiting", "")
             self._waiting_for = None
             records.report_skips()
             logger.info("%s receives task %s", placement.view.slot.name, item.spec.test_config_string)
@@ -224,6 +227,7 @@ class Scheduler:
             self._records.not_started(spec, item.tries, cause, slot.name, slot=slot, paths=paths, tail=tail)
             return
         now, timeout = self._clock(), self.options.timeout
+        self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
         self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None else now + timeout
         self._active[key] = _Active(item, slot_index, slot, handle, paths, token, now, deadline)

@@ -74,6 +74,7 @@ class Records:
     def sweep_starting(self, sweep: Sweep) -> None:
         """What ``gts status`` needs to know beyond the runs: where runs log, the sweep's size (none for gts queue)."""
         self.ledger.set_meta("log_file", sweep.options.log_file or "")
+        self.ledger.set_meta("waiting", "")  # why runs wait, while they do (`gts status --watch`)
         try:
             len(sweep)
         except TypeError:  # an open-ended sweep

@@ -363,6 +363,10 @@ class Ledger:
         self.commit()  # the run's process starts next: its record must exist before it does
         return record.attempts
 
+    def set_pid(self, name: str, pid: int) -> None:
+        """The running attempt's process (the leader of its process group)."""
+        self._write("UPDATE runs SET pid = ? WHERE name = ?", (pid, name))
+
     def finish(
         self,
         name: str,

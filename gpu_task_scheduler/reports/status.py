@@ -8,8 +8,9 @@ import os
 from typing import Any
 
 from ..errors import GTSError
+from ..gpu.devices import format_memory
 from ..records.ledger import RunRecord, RunStatus
-from ..results import duration, open_ledger, rows
+from ..results import duration, escape_controls, open_ledger, rows
 
 _COLORS = {
     "succeeded": "tab:green",
@@ -35,6 +36,7 @@ def status(root: str) -> dict[str, Any]:
         records = ledger.records()
         total_text = ledger.get_meta("sweep_runs")
         log_file = ledger.get_meta("log_file") or None
+        waiting = ledger.get_meta("waiting") or None
     finally:
         ledger.close()
     running, holder = scheduler_state(root)
@@ -61,12 +63,14 @@ def status(root: str) -> dict[str, Any]:
                 if stale
                 else record.cause,
                 "log": os.path.join(root, record.name, log_file) if log_file else None,
+                "gpu_memory_peak": record.gpu_memory_peak,
                 "gpu_leftover": record.gpu_leftover,
+                "pid": record.pid if record.status is RunStatus.RUNNING and not stale else None,
             }
         )
     if total_text:
         counts["pending"] = max(0, int(total_text) - len(records))
-    scheduler = {"running": running, "holder": holder}
+    scheduler = {"running": running, "holder": holder, "waiting": waiting if running else None}
     return {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts, "runs": runs}
 
 
@@ -103,12 +107,52 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
     if table:
         from ..results import format_table
 
-        lines.append(
-            format_table(
-                table, ["name", "status", "slot", "started", "duration", "exit", "attempts", "log"], escape=escape
-            )
-        )
+        for row in table:
+            peak = row.get("gpu_memory_peak")
+            row["gpu peak"] = None if peak is None else format_memory(peak)
+        names = ["name", "status", "slot", "started", "duration", "exit", "attempts", "gpu peak", "cause", "log"]
+        lines.append(format_table(table, names, escape=escape))
     return "\n".join(lines)
+
+
+def eta(report: dict[str, Any]) -> float | None:
+    """Seconds until the sweep ends, guessed from the runs that succeeded (None before any did)."""
+    done = [run["duration"] for run in report["runs"] if run["status"] == "succeeded" and run["duration"]]
+    running = [run for run in report["runs"] if run["status"] == "running"]
+    left = report["counts"].get("pending", 0) + len(running)
+    if not done or not left:
+        return None if not done else 0.0
+    mean = sum(done) / len(done)
+    started = sum(min(mean, run["duration"] or 0.0) for run in running)
+    return max(0.0, (mean * left - started) / max(1, len(running)))
+
+
+def watch_view(report: dict[str, Any], memory: dict[int, int] | None, *, escape: bool = False) -> str:
+    """One screen of ``gts status --watch``: counts and ETA, each running run on its slot with its
+    elapsed time and GPU memory (``memory``: bytes by pid, None without NVML), why runs wait, the
+    latest failures."""
+    clean = escape_controls if escape else (lambda text: text)
+    counts = report["counts"]
+    head = ", ".join(f"{count} {name}" for name, count in counts.items() if count) or "no runs recorded"
+    left = eta(report)
+    lines = [f"{clean(report['root'])}: {head}" + ("" if left is None else f" | ETA {_clock(left)}")]
+    running = sorted((run for run in report["runs"] if run["status"] == "running"), key=lambda run: run["slot"] or "")
+    for run in running:
+        used = "" if memory is None else f"  {format_memory(memory.get(run['pid'] or -1, 0))} GPU memory"
+        lines.append(f"  {clean(run['slot'] or '?'):<8} {clean(run['name'])}  {_clock(run['duration'] or 0)}{used}")
+    if report["scheduler"].get("waiting"):
+        lines.append(f"  waiting: {clean(report['scheduler']['waiting'])}")
+    failed = [run for run in report["runs"] if run["status"] in ("failed", "timed_out")]
+    for run in failed[-5:]:
+        lines.append(f"  {run['status']}: {clean(run['name'])} ({clean(run['cause'] or run['exit'] or '')})")
+    if not report["scheduler"]["running"]:
+        lines.append("no scheduler is running on this root")
+    return "\n".join(lines)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _save(figure: Any, output: str) -> None:

@@ -1,0 +1,83 @@
+"""`gts status ROOT --watch` on a terminal (a pty), from another process than the running sweep."""
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import fake_nvml
+from conftest import wait_until
+from fake_nvml import write_state
+from helpers import make_config
+from test_process_control import SCRIPT, finish
+
+from gpu_task_scheduler import GPUTaskScheduler
+from gpu_task_scheduler.cli.main import main
+
+
+def read_until(fd, wanted, seen, timeout=30):
+    """Read the terminal into ``seen`` (a bytearray) until ``wanted`` is in it."""
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{wanted!r} not shown in {timeout}s; the terminal had:\n{seen.decode()}")
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:  # the watcher ended: its end of the pty is closed
+                raise AssertionError(f"{wanted!r} never shown; the terminal had:\n{seen.decode()}") from None
+    return seen
+
+
+def test_watch_redraws_the_running_sweep_and_ends_with_it(in_tmp, monkeypatch):
+    path = in_tmp / "nvml.json"
+    monkeypatch.setenv(fake_nvml.ENV, str(path))
+    write_state(str(path), [{"name": "Fake H100 80GB", "total": 80 * 10**9}])
+    root, barrier = in_tmp / "r", in_tmp / "barrier"
+    config = make_config(
+        root, [{"i": [0, 1]}], slots=("0",), global_config={"alloc_gb": 10, "hold": 0, "barrier": str(barrier)}
+    )
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, json.dumps(config), "FakeGpuTask"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    wait_until(lambda: (root / ".gts" / "ledger.sqlite3").exists(), message="the sweep to start")
+    master, slave = pty.openpty()
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "status", str(root), "--watch"], stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    seen = bytearray()
+    try:
+        read_until(master, b"9.3 GiB GPU memory", seen)  # the run on gpu0, with what it holds
+        assert b"gpu0" in seen and b"i-0," in seen and b"\x1b[H\x1b[2J" in seen  # redrawn in place
+        barrier.write_text("")
+        read_until(master, b"no scheduler is running on this root", seen)
+        assert watcher.wait(timeout=30) == 0
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+        os.close(master)
+        barrier.write_text("")
+        output = finish(sweep)
+    assert sweep.returncode == 0, output
+    assert b"2 succeeded" in seen
+
+
+def test_status_shows_the_failure_cause_and_the_gpu_memory_peak(in_tmp, capsys):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1, 2]}])
+    config["command"] = ["sh", "-c", "exit $0", "{a}"]
+    config["test_config"] = [{"a": [0, 4]}]
+    GPUTaskScheduler(config).start()
+    assert main(["status", str(root)]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("name"))
+    assert "gpu peak" in header and "cause" in header
+    assert "the command failed with exit code 4" in out

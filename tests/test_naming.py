@@ -162,20 +162,22 @@ PREFIX = "p" * 30  # values that agree in their first 30 characters share a fold
 A, B, C = PREFIX + "-a", PREFIX + "-b", PREFIX + "-c"
 
 
-def _sweep(root, values, **global_config):
+def _sweep(root, values, on_config_change="stop", **global_config):
     command = ["sh", "-c", 'printf "%s" "$1" > "$2/value.txt"', "sh", "{v}", "{work_dir}"]
+    scheduler = {"gpu": ["cpu"], "result_root_folder": str(root), "scheduler_log_file_path": None}
+    scheduler["on_config_change"] = on_config_change
     return {
-        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root), "scheduler_log_file_path": None},
+        "scheduler_config": scheduler,
         "global_config": global_config,
         "test_config": [{"v": values}],
         "command": command,
     }
 
 
-def _run(root, values, **global_config):
+def _run(root, values, on_config_change="stop", **global_config):
     from gpu_task_scheduler import GPUTaskScheduler
 
-    summary = GPUTaskScheduler(_sweep(root, values, **global_config)).start()
+    summary = GPUTaskScheduler(_sweep(root, values, on_config_change, **global_config)).start()
     assert summary.ok, summary
     return summary
 
@@ -197,7 +199,7 @@ def test_a_folder_never_changes_hands_when_the_sweep_grows_shrinks_or_is_reorder
     _run(root, [A, B])
     before = _folders(root)
     assert before[A] == "v-" + PREFIX + "," and before[B].startswith("v-" + PREFIX + ",~")
-    summary = _run(root, later)
+    summary = _run(root, later, "rerun")  # [C] alone looks like A changed: see the tests below
     after = _folders(root)
     for value in (A, B):
         assert after[value] == before[value]  # never rewritten by another value's run
@@ -206,7 +208,7 @@ def test_a_folder_never_changes_hands_when_the_sweep_grows_shrinks_or_is_reorder
     assert sorted(summary.skipped) == sorted(before[v] for v in later if v != C)
     if C in later:
         assert after[C] not in before.values()
-    manager = ConfigManager(_sweep(root, later))
+    manager = ConfigManager(_sweep(root, later, "rerun"))
     assert [os.path.basename(s.work_dir) for s in manager.iter_runs()] == [after[v] for v in later]
 
 
@@ -230,12 +232,40 @@ def test_a_folder_recorded_only_on_disk_is_not_taken_over(tmp_path):
     assert _folders(root)[C].startswith("v-" + PREFIX + ",~")
 
 
-def test_a_run_whose_config_changed_since_it_succeeded_runs_again(tmp_path):
+def test_a_run_whose_config_changed_since_it_succeeded_stops_the_start_or_runs_again_or_is_kept(tmp_path):
+    from gpu_task_scheduler import ConfigError
+
     root = tmp_path / "r"
-    _run(root, ["x"], epochs=1)
-    assert len(_run(root, ["x"], epochs=1).skipped) == 1
-    summary = _run(root, ["x"], epochs=2)
-    assert [o.name for o in summary.succeeded] == ["v-x,"] and not summary.skipped
+    _run(root, ["x", "y"], epochs=1)
+    assert len(_run(root, ["x", "y"], epochs=1).skipped) == 2
+    with pytest.raises(ConfigError) as raised:
+        _run(root, ["x", "y"], epochs=2)
+    message = str(raised.value)
+    assert message.startswith("2 run(s) of this root succeeded with another config")
+    assert f"{root / 'v-x,'}: config changed (epochs: 1 -> 2)" in message and "--accept-changes" in message
+    kept = _run(root, ["x", "y"], "keep", epochs=2)
+    assert sorted(kept.skipped) == ["v-x,", "v-y,"] and not kept.outcomes
+    rerun = _run(root, ["x"], "rerun", epochs=2)
+    assert [o.name for o in rerun.succeeded] == ["v-x,"] and not rerun.skipped
+
+
+def test_a_run_whose_left_out_value_changed_is_not_taken_for_done(tmp_path):
+    """A value cut short by the folder name (or a key left out of it) changed: the folder the root
+    records for the old value looks like this run's, but its result is not."""
+    from gpu_task_scheduler import ConfigError
+
+    root = tmp_path / "r"
+    _run(root, [A])
+    with pytest.raises(ConfigError, match="swept values changed"):
+        _run(root, [C])
+    assert _folders(root) == {A: "v-" + PREFIX + ","}  # nothing ran
+    kept = _run(root, [C], "keep")
+    assert kept.skipped == ["v-" + PREFIX + ","] and not kept.outcomes
+    rerun = _run(root, [C], "rerun")
+    assert [o.name for o in rerun.succeeded] == [_folders(root)[C]] and _folders(root)[C].startswith(
+        "v-" + PREFIX + ",~"
+    )
+    assert _folders(root)[A] == "v-" + PREFIX + ","  # never another value's folder
 
 
 def test_test_config_string_is_the_originals_raw_string():

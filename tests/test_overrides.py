@@ -107,3 +107,22 @@ def test_overrides_may_follow_the_gpus(in_tmp, capsys):
     assert main(["run", "--gpus", "cpu", "cpu", "s.yaml", "lr=2,3", "--dry-run"]) == 0
     shown = capsys.readouterr().out
     assert "r/lr-2," in shown and "r/lr-3," in shown
+
+
+def test_a_changed_config_stops_gts_run_until_the_user_chooses(in_tmp, capsys):
+    (in_tmp / "s.yaml").write_text(
+        "scheduler_config: {gpu: [cpu], result_root_folder: r}\n"
+        "global_config: {wd: 0.0}\n"
+        "test_config: [{lr: [0.1]}]\n"
+        "command: [sh, -c, 'echo $0 >> {work_dir}/ran', '{wd}']\n"
+    )
+    assert main(["run", "s.yaml", "--plain"]) == 0
+    capsys.readouterr()
+    assert main(["run", "s.yaml", "wd=0.5", "--dry-run"]) == 2  # what a start would say
+    assert "config changed (wd: 0.0 -> 0.5)" in capsys.readouterr().err
+    assert main(["run", "s.yaml", "wd=0.5", "--plain"]) == 2
+    assert "--accept-changes" in capsys.readouterr().err
+    assert main(["run", "s.yaml", "wd=0.5", "--keep", "--plain"]) == 0
+    assert (in_tmp / "r" / "lr-0.1," / "ran").read_text() == "0.0\n"
+    assert main(["run", "s.yaml", "wd=0.5", "--accept-changes", "--plain"]) == 0
+    assert (in_tmp / "r" / "lr-0.1," / "ran").read_text() == "0.0\n0.5\n"

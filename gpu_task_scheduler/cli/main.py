@@ -94,6 +94,8 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None and value is not False:
             scheduler[key] = value
+    if args.accept_changes or args.keep:
+        scheduler["on_config_change"] = "rerun" if args.accept_changes else "keep"
     config["scheduler_config"] = scheduler
     return config
 
@@ -446,6 +448,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when a run is stopped (default 10)",
     )
     run.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
+    changed = run.add_mutually_exclusive_group()
+    changed.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="runs that succeeded with another config run again (on_config_change: rerun)",
+    )
+    changed.add_argument(
+        "--keep",
+        action="store_true",
+        help="runs that succeeded with another config keep their results (on_config_change: keep)",
+    )
     run.set_defaults(handler=cmd_run)
 
     q = sub.add_parser(

@@ -19,6 +19,7 @@ from ..records.paths import RootPaths
 from ..records.prior import read_prior
 from ..reports.notify import run_notify_command, send_email
 from ..sweep.expand import RunSpec, Sweep
+from .changes import find_changes, refuse
 from .decide import Decision, before_run
 from .hooks import Hooks
 from .launcher import Launcher
@@ -32,14 +33,26 @@ logger = logging.getLogger("gpu_task_scheduler")
 def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
     """Each run with what a start would do with it now (the loop's own decision), read-only."""
     options = sweep.options
-    ledger = Ledger.read_only(RootPaths(options.result_root_folder))
+    root = options.result_root_folder
+    ledger = Ledger.read_only(RootPaths(root))
     try:
-        known = RootIndex(ledger, options.result_root_folder)
+        take_over: frozenset[str] = frozenset()
+        if ledger is not None and options.on_config_change != "rerun":  # as a start decides it
+            changes = find_changes(sweep, ledger, root)
+            if changes and options.on_config_change == "stop":
+                raise refuse(changes, root)
+            take_over = frozenset(change.name for change in changes if change.kind == "values")
+        known = RootIndex(ledger, root, take_over=take_over)
         for spec in sweep.runs(known.foreign):
             prior = read_prior(spec, known)
             yield (
                 spec,
-                before_run(prior, force_rerun=options.force_rerun, skip_existing_folders=options.skip_existing_folders),
+                before_run(
+                    prior,
+                    force_rerun=options.force_rerun,
+                    skip_existing_folders=options.skip_existing_folders,
+                    keep_changed=options.on_config_change == "keep",
+                ),
             )
     finally:
         if ledger:

@@ -37,7 +37,7 @@ class Decision:
     warning: str | None = None
 
 
-def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool) -> Decision:
+def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, keep_changed: bool = False) -> Decision:
     if prior.duplicate:
         return Decision("skip", "the same config appears earlier in the sweep", "skip (same config as an earlier run)")
     if force_rerun:
@@ -49,6 +49,12 @@ def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool) 
         if not prior.folder_ok:
             return Decision("run", "its folder is gone", "run again (folder gone)")
         if record.config_hash not in (None, prior.config_hash):
+            if keep_changed:
+                return Decision(
+                    "skip",
+                    "it succeeded with another config, kept (on_config_change: keep)",
+                    "skip (config changed; kept)",
+                )
             return Decision(
                 "run",
                 "its config changed",

@@ -38,6 +38,7 @@ from ..records.paths import RootPaths, RunPaths
 from ..records.prior import read_prior, settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
+from .changes import find_changes, refuse
 from .decide import before_run, classify
 from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
@@ -116,7 +117,7 @@ class Scheduler:
                     try:
                         settle_running(ledger)
                         self._records.sweep_starting(self.sweep)
-                        self._known = RootIndex(ledger, root.root)
+                        self._known = RootIndex(ledger, root.root, take_over=self._changed_runs(ledger, root.root))
                         self._queue = RunQueue(self.sweep.runs(self._known.foreign))
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
@@ -130,6 +131,17 @@ class Scheduler:
         self._summary.duration = self._clock() - started
         self._records.call("on_sweep_end", self._summary)
         return self._summary
+
+    def _changed_runs(self, ledger: Ledger, root: str) -> frozenset[str]:
+        """Runs that succeeded with another config: stop (the default) before anything runs; with
+        ``keep``, the folders this start's runs may take over (engine/changes.py)."""
+        mode = self.options.on_config_change
+        if mode == "rerun":
+            return frozenset()
+        changes = find_changes(self.sweep, ledger, root)
+        if changes and mode == "stop":
+            raise refuse(changes, root)
+        return frozenset(change.name for change in changes if change.kind == "values")
 
     # --- the loop -------------------------------------------------------------
 
@@ -200,7 +212,12 @@ class Scheduler:
     def _skipped(self, spec: RunSpec) -> bool:
         prior = read_prior(spec, self._known)
         o = self.options
-        decision = before_run(prior, force_rerun=o.force_rerun, skip_existing_folders=o.skip_existing_folders)
+        decision = before_run(
+            prior,
+            force_rerun=o.force_rerun,
+            skip_existing_folders=o.skip_existing_folders,
+            keep_changed=o.on_config_change == "keep",
+        )
         if decision.warning:
             logger.warning("%s %s", spec.work_dir, decision.warning)
         if decision.action == "run":

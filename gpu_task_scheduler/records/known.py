@@ -33,8 +33,18 @@ _MISSING = object()
 class RootIndex:
     """The ledger's rows and the root's folders, for deciding about runs in sweep order."""
 
-    def __init__(self, ledger: Ledger | None, root: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        root: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        take_over: frozenset[str] = frozenset(),
+    ) -> None:
+        """``take_over``: folders that this start's runs of other swept values may have
+        (``on_config_change: keep``; see engine/changes.py)."""
         self.ledger, self._root, self._clock = ledger, root, clock
+        self._take_over = take_over
         self._window: dict[str, KnownRun] = {}
         self._first = self._end = 0
         # Rows may sit outside the window (the sweep changed since they were written): a name
@@ -73,7 +83,7 @@ class RootIndex:
         ``.gts/config.json``. Folders with no record at all (a legacy root) belong to whoever wants them."""
         known = self.known(name, index)
         if known is not None:
-            return known.params is not None and known.params != params
+            return known.params is not None and known.params != params and name not in self._take_over
         if not self.has_folder(name):
             return False
         paths = RunPaths(os.path.join(self._root, name), None)

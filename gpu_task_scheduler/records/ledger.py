@@ -323,6 +323,20 @@ class Ledger:
         known = _STATUSES.get(status)
         return KnownRun(self._status(name, status) if known is None else known, config_hash, params)
 
+    def has_succeeded(self) -> bool:
+        return bool(self._tuples("SELECT 1 FROM runs WHERE status = 'succeeded' LIMIT 1", ()))
+
+    def succeeded_params(self) -> Iterator[str]:
+        """The swept values (JSON) of every run that succeeded, read a batch at a time."""
+        try:
+            cursor = self._db.cursor()
+            cursor.row_factory = None
+            cursor.execute("SELECT params FROM runs WHERE status = 'succeeded' AND params IS NOT NULL")
+            while batch := cursor.fetchmany(4096):
+                yield from (row[0] for row in batch)
+        except sqlite3.DatabaseError as error:
+            raise _ledger_error(self.path, error) from error
+
     def empty(self) -> bool:
         return not self._query("SELECT 1 FROM runs LIMIT 1")
 

@@ -186,6 +186,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "timeout": (lambda: None, _optional(_seconds(allow_zero=False))),
     "grace_period": (lambda: 10.0, _seconds(allow_zero=True)),
     "prewarm": (lambda: True, _bool),
+    "on_config_change": (lambda: "stop", _one_of("stop", "rerun", "keep")),
     # GPU awareness (see gpu/placement.py).
     "max_runs_per_gpu": (lambda: 1, _int_at_least(1)),
     "gpu_memory": (lambda: None, _optional(_memory)),
@@ -229,6 +230,7 @@ class SchedulerOptions:
     timeout: float | None
     grace_period: float
     prewarm: bool  # start each slot's next Python runner while its run works (backends/local/warm.py)
+    on_config_change: str  # a succeeded run whose config changed since: "stop", "rerun" or "keep"
     max_runs_per_gpu: int
     gpu_memory: int | None
     gpu_memory_key: str

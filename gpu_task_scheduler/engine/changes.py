@@ -1,0 +1,120 @@
+"""Runs whose config changed since they succeeded, found before anything runs (``on_config_change``).
+
+Two kinds, both under a folder name the root records as succeeded:
+
+* ``config``: the same swept values, another config (a ``global_config``
+  change): the run's result is not this config's.
+* ``values``: other swept values under the same name, where the recorded run
+  is no longer in the sweep and these values were never run: most likely
+  the same run with a key left out of folder names changed, or a value
+  that the name cuts short (``config_string_value_maxlen``). (A new config
+  that merely shares a cut name with a run still in the sweep is not a
+  change: it gets a folder of its own, as always.)
+
+``stop`` (the default) lists them and runs nothing; ``rerun`` runs them again
+(``config`` in place, ``values`` in a folder of its own); ``keep`` treats the
+recorded results as this config's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ..jsonable import to_jsonable
+from ..records.known import RootIndex
+from ..records.ledger import Ledger
+from ..records.paths import RunPaths, read_json
+from ..records.status import RunStatus
+from ..sweep.expand import Sweep
+
+SHOWN = 20  # changes listed in the error; the rest are counted
+
+
+@dataclass(frozen=True)
+class Change:
+    name: str
+    index: int
+    kind: str  # "config" or "values"
+    differences: str  # "epochs: 1 -> 2; seed: 1 -> 2"
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def _differences(old: Any, new: Any) -> str:
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return "its recorded config cannot be read"
+
+    def shown(config: dict[str, Any], key: str) -> str:
+        return repr(config[key]) if key in config else "(none)"
+
+    found = [
+        f"{key}: {shown(old, key)} -> {shown(new, key)}"
+        for key in sorted(set(old) | set(new), key=str)
+        if key not in old or key not in new or old[key] != new[key]
+    ]
+    return "; ".join(found[:5]) + ("; ..." if len(found) > 5 else "") or "no difference in its recorded config"
+
+
+def find_changes(sweep: Sweep, ledger: Ledger, root: str) -> list[Change]:
+    """Every change (see the module's notes), in sweep order; reads the whole sweep once. An
+    open-ended sweep (`gts queue`: each line is its own run) has none."""
+    try:
+        len(sweep)
+    except TypeError:
+        return []
+    if not ledger.has_succeeded():
+        return []
+    index = RootIndex(ledger, root)
+    recorded = {_digest(params) for params in ledger.succeeded_params()}
+    in_sweep: set[bytes] = set()
+    collisions: list[tuple[str, int, str, str]] = []
+
+    def probe(name: str, params: str, at: int) -> bool:
+        known = index.known(name, at)
+        if known is not None and known.status is RunStatus.SUCCEEDED and known.params not in (None, params):
+            collisions.append((name, at, known.params or "", params))
+        return index.foreign(name, params, at)
+
+    changes = []
+    for spec in sweep.runs(probe):
+        in_sweep.add(_digest(spec.params))
+        known = index.known(spec.name, spec.index)
+        if (
+            known is not None
+            and known.status is RunStatus.SUCCEEDED
+            and known.params == spec.params
+            and known.config_hash not in (None, spec.config_hash)
+        ):
+            paths = RunPaths(spec.work_dir, None)
+            old = read_json(paths.config) if paths.unsafe() is None else None
+            changes.append(Change(spec.name, spec.index, "config", _differences(old, to_jsonable(spec.config))))
+    for name, at, old_params, new_params in collisions:
+        if _digest(old_params) not in in_sweep and _digest(new_params) not in recorded:
+            changes.append(Change(name, at, "values", _differences(json.loads(old_params), json.loads(new_params))))
+    return sorted(changes, key=lambda change: change.index)
+
+
+def refuse(changes: list[Change], root: str) -> ConfigError:
+    """The error that stops a start (``on_config_change: stop``), listing the changes."""
+    lines = [
+        f"{os.path.join(root, change.name)}: "
+        + ("swept values changed" if change.kind == "values" else "config changed")
+        + f" ({change.differences})"
+        for change in changes[:SHOWN]
+    ]
+    if len(changes) > SHOWN:
+        lines.append(f"... and {len(changes) - SHOWN} more")
+    return ConfigError(
+        f"{len(changes)} run(s) of this root succeeded with another config than this start gives them, so "
+        "their results are not this config's; nothing was run:\n  "
+        + "\n  ".join(lines)
+        + "\nChoose: run them again (gts run --accept-changes; scheduler_config on_config_change: rerun), or "
+        "keep their results as this config's (gts run --keep; on_config_change: keep)"
+    )

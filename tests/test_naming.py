@@ -245,7 +245,8 @@ def test_a_run_whose_config_changed_since_it_succeeded_stops_the_start_or_runs_a
     assert f"{root / 'v-x,'}: config changed (epochs: 1 -> 2)" in message and "--accept-changes" in message
     kept = _run(root, ["x", "y"], "keep", epochs=2)
     assert sorted(kept.skipped) == ["v-x,", "v-y,"] and not kept.outcomes
-    rerun = _run(root, ["x"], "rerun", epochs=2)
+    assert sorted(_run(root, ["x", "y"], epochs=2).skipped) == ["v-x,", "v-y,"]  # kept for good
+    rerun = _run(root, ["x"], "rerun", epochs=3)
     assert [o.name for o in rerun.succeeded] == ["v-x,"] and not rerun.skipped
 
 
@@ -261,11 +262,14 @@ def test_a_run_whose_left_out_value_changed_is_not_taken_for_done(tmp_path):
     assert _folders(root) == {A: "v-" + PREFIX + ","}  # nothing ran
     kept = _run(root, [C], "keep")
     assert kept.skipped == ["v-" + PREFIX + ","] and not kept.outcomes
-    rerun = _run(root, [C], "rerun")
-    assert [o.name for o in rerun.succeeded] == [_folders(root)[C]] and _folders(root)[C].startswith(
-        "v-" + PREFIX + ",~"
-    )
-    assert _folders(root)[A] == "v-" + PREFIX + ","  # never another value's folder
+    assert _run(root, [C]).skipped == ["v-" + PREFIX + ","]  # kept for good
+    assert _folders(root) == {A: "v-" + PREFIX + ","}
+    other = tmp_path / "other"
+    _run(other, [A])
+    rerun = _run(other, [C], "rerun")
+    renamed = _folders(other)[C]
+    assert [o.name for o in rerun.succeeded] == [renamed] and renamed.startswith("v-" + PREFIX + ",~")
+    assert _folders(other)[A] == "v-" + PREFIX + ","  # never another value's folder
 
 
 def test_test_config_string_is_the_originals_raw_string():

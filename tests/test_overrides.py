@@ -124,5 +124,6 @@ def test_a_changed_config_stops_gts_run_until_the_user_chooses(in_tmp, capsys):
     assert "--accept-changes" in capsys.readouterr().err
     assert main(["run", "s.yaml", "wd=0.5", "--keep", "--plain"]) == 0
     assert (in_tmp / "r" / "lr-0.1," / "ran").read_text() == "0.0\n"
-    assert main(["run", "s.yaml", "wd=0.5", "--accept-changes", "--plain"]) == 0
-    assert (in_tmp / "r" / "lr-0.1," / "ran").read_text() == "0.0\n0.5\n"
+    assert main(["run", "s.yaml", "wd=0.5", "--plain"]) == 0  # kept for good: nothing changed since
+    assert main(["run", "s.yaml", "wd=0.7", "--accept-changes", "--plain"]) == 0
+    assert (in_tmp / "r" / "lr-0.1," / "ran").read_text() == "0.0\n0.7\n"

@@ -71,6 +71,9 @@ def find_changes(sweep: Sweep, ledger: Ledger, root: str) -> list[Change]:
         return []
     if not ledger.has_succeeded():
         return []
+    identity = sweep.identity()
+    if identity is not None and ledger.get_meta("sweep_identity") == identity:
+        return []  # the sweep that recorded these runs, unchanged: nothing to look for
     index = RootIndex(ledger, root)
     recorded = {_digest(params) for params in ledger.succeeded_params()}
     in_sweep: set[bytes] = set()

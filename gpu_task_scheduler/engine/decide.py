@@ -31,7 +31,8 @@ OOM_GROWTH = 1.5  # after an out-of-memory failure, a run's estimate grows by th
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "run", "skip" or "adopt" (skip, recording the folder's success in the ledger)
+    action: str  # "run", "skip", "adopt" (skip, recording the folder's success in the ledger)
+    # or "keep" (skip, recording its result as this config's: on_config_change keep)
     reason: str  # for the log
     label: str  # for --dry-run: "skip (succeeded)", "run again (failed)", ...
     warning: str | None = None
@@ -51,7 +52,7 @@ def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, 
         if record.config_hash not in (None, prior.config_hash):
             if keep_changed:
                 return Decision(
-                    "skip",
+                    "keep",
                     "it succeeded with another config, kept (on_config_change: keep)",
                     "skip (config changed; kept)",
                 )

@@ -116,12 +116,15 @@ class Scheduler:
                     self._records = Records(ledger, self._summary, self._hooks)
                     try:
                         settle_running(ledger)
+                        take_over = self._changed_runs(ledger, root.root)  # before the sweep is recorded
                         self._records.sweep_starting(self.sweep)
-                        self._known = RootIndex(ledger, root.root, take_over=self._changed_runs(ledger, root.root))
+                        self._known = RootIndex(ledger, root.root, take_over=take_over)
                         self._queue = RunQueue(self.sweep.runs(self._known.foreign))
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
                             self._loop()
+                        if not self._stop_level and not self._draining:
+                            self._records.sweep_completed(self.sweep)
                     finally:
                         self._records.flush()
                         self._kill_everything()

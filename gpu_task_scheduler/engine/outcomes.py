@@ -84,11 +84,19 @@ class Records:
         if sweep.selected is None:  # `gts retry` runs the recorded sweep: the record stays as it is
             self.ledger.set_meta("sweep_config", sweep.record() or "")
 
+    def sweep_completed(self, sweep: Sweep) -> None:
+        """Every run of the sweep was decided: a start with the same identity has no changed run
+        to look for (engine/changes.py). Not after a stop: some changes may be undecided still."""
+        if sweep.selected is None:
+            self.ledger.set_meta("sweep_identity", sweep.identity() or "")
+
     # --- before a run ------------------------------------------------------------
 
     def skipped(self, spec: RunSpec, prior: Prior, decision: Decision, slot_name: str) -> None:
         if decision.action == "adopt" and prior.outcome is not None:
             adopt(self.ledger, spec, prior.outcome, spec.params)
+        elif decision.action == "keep":  # from now on its result is this config's
+            self.ledger.keep(spec.name, params=spec.params, config_hash=spec.config_hash)
         # The original's two lines, for scheduler.log; the console gets one count (report_skips).
         self._skip_lines += (
             f"{slot_name} receives task {spec.test_config_string}",

@@ -377,6 +377,10 @@ class Ledger:
         self.commit()  # the run's process starts next: its record must exist before it does
         return record.attempts
 
+    def keep(self, name: str, *, params: str, config_hash: str) -> None:
+        """A succeeded run's result taken as that of another config (``on_config_change: keep``)."""
+        self._write("UPDATE runs SET params = ?, config_hash = ? WHERE name = ?", (params, config_hash, name))
+
     def set_pid(self, name: str, pid: int) -> None:
         """The running attempt's process (the leader of its process group)."""
         self._write("UPDATE runs SET pid = ? WHERE name = ?", (pid, name))

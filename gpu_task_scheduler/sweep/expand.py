@@ -308,6 +308,26 @@ class Sweep:
     def __len__(self) -> int:
         return self.size if self.selected is None else len(self.selected)
 
+    def identity(self) -> str | None:
+        """A digest of what decides every run's folder name and config: global_config, the
+        blocks and the naming options, by their ``repr`` (which tells a tuple from a list and
+        1 from 1.0; an object whose ``repr`` holds its address gives another digest at each
+        start, which only costs the check it saves). Two starts with the same identity give
+        every run the same name and config (see engine/changes.py)."""
+        o = self.options
+        naming = (
+            o.test_config_string_indicator,
+            o.test_config_string_separator,
+            o.config_string_value_maxlen,
+            o.ignored_keys_for_folder_name,
+            o.ignored_characters_for_folder_name,
+        )
+        try:
+            text = repr((self.global_config, self.blocks, naming))
+        except Exception:  # a value whose repr raises
+            return None
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
     def record(self) -> str | None:
         """The sweep as JSON, kept in the ledger so that ``gts retry`` can run its runs again
         without the config file. None when it is not plain JSON (a value that is an object, a

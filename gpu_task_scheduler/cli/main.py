@@ -100,6 +100,22 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
+    """Run it with the status line on a terminal (plain log lines otherwise); its exit code."""
+    from ..backends.local.launcher import LocalLauncher
+    from ..engine.api import run_sweep
+    from ..engine.hooks import HookList
+    from .progress import live_status, wanted
+
+    status = None if plain else live_status(len(sweep), wanted(sys.stderr))
+    if status is None:
+        plain_console_logging()
+    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period, prewarm=sweep.options.prewarm)
+    console = None if status is None else status.log_handler()
+    summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
+    return summary.exit_code
+
+
 def _dry_run(sweep: Any) -> int:
     """What a real start would do with each run: the engine's own decision, read-only."""
     from ..engine.api import plan
@@ -114,12 +130,8 @@ def _dry_run(sweep: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..backends.local.launcher import LocalLauncher
     from ..backends.local.tasks import import_task, resolve_task
-    from ..engine.api import run_sweep
-    from ..engine.hooks import HookList
     from ..sweep.expand import Sweep
-    from .progress import live_status, wanted
 
     _config_among_gpus(args)
     sweep = Sweep(_run_config(args))
@@ -128,13 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for note in args.override_notes:
             print(f"override: {note}")
         return _dry_run(sweep)
-    status = None if args.plain else live_status(len(sweep), wanted(sys.stderr))
-    if status is None:
-        plain_console_logging()
-    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period, prewarm=sweep.options.prewarm)
-    console = None if status is None else status.log_handler()
-    summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
-    return summary.exit_code
+    return _run_sweep(sweep, make_task, plain=args.plain)
 
 
 # --- gts queue ---------------------------------------------------------------------------
@@ -239,15 +245,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from ..backends.local.launcher import LocalLauncher
     from ..backends.local.tasks import import_task, resolve_task
-    from ..engine.api import run_sweep
-    from ..engine.hooks import HookList
     from ..records.ledger import RunStatus
     from ..reports.runlogs import find_run
     from ..results import open_ledger
     from ..sweep.expand import Sweep
-    from .progress import live_status, wanted
 
     if not (args.failed or args.interrupted or args.runs):
         raise ConfigError("say which runs: --failed, --interrupted, or their names (or prefixes, or indexes)")
@@ -291,13 +293,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     sweep.selected = frozenset(chosen)
     make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
     print(f"running {len(chosen)} run(s) again: {', '.join(sorted(chosen)[:10])}{' ...' if len(chosen) > 10 else ''}")
-    status = None if args.plain else live_status(len(sweep), wanted(sys.stderr))
-    if status is None:
-        plain_console_logging()
-    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period, prewarm=sweep.options.prewarm)
-    console = None if status is None else status.log_handler()
-    summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
-    return summary.exit_code
+    return _run_sweep(sweep, make_task, plain=args.plain)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -1,13 +1,15 @@
 """`gts stop ROOT [--drain | --now]` from another shell, against a sweep running in its own process."""
 
 import signal
+import threading
 
+import gts_test_tasks as tasks
 import pytest
 from conftest import marked_pids, wait_until
 from helpers import ledger_rows, make_config
 from test_process_control import finish, launch, started
 
-from gpu_task_scheduler import GTSError
+from gpu_task_scheduler import GPUTaskScheduler, GTSError
 from gpu_task_scheduler.cli.main import main
 from gpu_task_scheduler.records.control import request_stop
 
@@ -73,8 +75,6 @@ def test_gts_stop_says_clearly_when_nothing_runs(in_tmp, capsys):
     assert "is not a result root" in capsys.readouterr().err
     config = make_config(root, [{"a": [1]}])
     config["command"] = ["true"]
-    from gpu_task_scheduler import GPUTaskScheduler
-
     GPUTaskScheduler(config).start()
     with pytest.raises(GTSError, match="no scheduler is running on"):
         request_stop(str(root), "stop")
@@ -92,3 +92,21 @@ def test_a_stop_signal_before_the_loop_is_not_lost(in_tmp, no_leaked_processes):
     scheduler.send_signal(signal.SIGUSR1)
     output = finish(scheduler)
     assert scheduler.returncode == 130 and "interrupted by gts stop" in output
+
+
+def test_a_sweep_outside_the_main_thread_is_not_signalled(in_tmp, no_leaked_processes):
+    """There, SIGUSR1 would keep its default action and end the whole program."""
+    root, flag = in_tmp / "r", in_tmp / "go"
+    config = make_config(root, [{"a": [1]}], global_config={"wait_for": str(flag)})
+    results = []
+    sweep = threading.Thread(target=lambda: results.append(GPUTaskScheduler(config, tasks.WaitForFileTask).start()))
+    sweep.start()
+    try:
+        wait_until(lambda: started(root, "a-1,"), message="the run to start")
+        with pytest.raises(GTSError, match=r"does not take stop requests .* kill -TERM"):
+            request_stop(str(root), "stop")
+    finally:
+        flag.write_text("")
+        sweep.join(timeout=60)
+    assert results and results[0].ok
+    assert not (root / ".gts" / "control").exists()

@@ -106,6 +106,11 @@ class StopSignals:
     def _handler(self, signum: int, frame: Any) -> None:
         self._inbox.put("signal", signum)  # SimpleQueue.put is safe in a signal handler
 
+    @property
+    def installed(self) -> bool:
+        """Whether the signals are ours now (only the main thread can take them)."""
+        return bool(self._previous)
+
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in self._signals:
@@ -115,3 +120,4 @@ class StopSignals:
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        self._previous.clear()

@@ -31,7 +31,7 @@ from ..gpu.capacity import Capacity
 from ..gpu.devices import Slot
 from ..gpu.host import HostProbe
 from ..gpu.placement import Need
-from ..records.control import CONTROL_SIGNAL, take_stop_request
+from ..records.control import CONTROL_SIGNAL, take_stop_request, taking_requests
 from ..records.known import RootIndex
 from ..records.ledger import Ledger, SweepLock
 from ..records.paths import RootPaths, RunPaths
@@ -109,7 +109,11 @@ class Scheduler:
             except OSError as error:
                 raise GTSError(f"cannot create the result root {root.root!r}: {error}") from error
             # `gts stop` finds this scheduler through the lock: its signal is ours before the lock is.
-            with StopSignals(self.inbox, (CONTROL_SIGNAL,)), SweepLock(root) as lock:
+            with (
+                StopSignals(self.inbox, (CONTROL_SIGNAL,)) as control,
+                SweepLock(root) as lock,
+                taking_requests(root.root, control.installed),
+            ):
                 assert lock.fd is not None
                 self._launcher.open(lock.fd)  # every run holds the lock too: the root stays locked while one lives
                 with Ledger(root) as ledger:

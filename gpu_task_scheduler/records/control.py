@@ -10,9 +10,11 @@ only a live scheduler of that root is ever signalled.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
+from collections.abc import Iterator
 
 from ..errors import ConfigError, GTSError
 from .ledger import scheduler_process
@@ -38,6 +40,11 @@ def request_stop(root: str, mode: str) -> int:
         state = "no scheduler is running on" if running is False else "cannot tell which scheduler holds"
         known = holder and holder != "unknown"
         raise GTSError(f"{state} {root}" + (f" (the last one: {holder})" if known else ""))
+    if not _taking_requests(root, pid):
+        raise GTSError(
+            f"the scheduler of {root} (pid {pid}) does not take stop requests (it runs its sweep outside "
+            f"its program's main thread, or is an earlier version); stop it with: kill -TERM {pid}"
+        )
     try:
         atomic_write(paths.stop_request, mode.encode(), durable=False)
         os.kill(pid, CONTROL_SIGNAL)
@@ -46,6 +53,30 @@ def request_stop(root: str, mode: str) -> int:
     except OSError as error:
         raise GTSError(f"cannot ask the scheduler of {root} (pid {pid}) to stop: {error}") from None
     return pid
+
+
+@contextlib.contextmanager
+def taking_requests(root: str, enabled: bool) -> Iterator[None]:
+    """While the scheduler handles CONTROL_SIGNAL, ``.gts/control`` names its pid, so that
+    ``gts stop`` signals only a scheduler that handles it (a sweep run outside a program's main
+    thread cannot take signals: the signal's default action would end the program)."""
+    path = RootPaths(root).control
+    if enabled:
+        atomic_write(path, str(os.getpid()).encode(), durable=False)
+    try:
+        yield
+    finally:
+        if enabled:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _taking_requests(root: str, pid: int) -> bool:
+    try:
+        with os.fdopen(open_regular(RootPaths(root).control), "rb") as handle:
+            return handle.read(32).strip() == str(pid).encode()
+    except OSError:
+        return False
 
 
 def take_stop_request(root: str) -> str:

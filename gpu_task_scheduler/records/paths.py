@@ -178,6 +178,10 @@ class RootPaths:
     def stop_request(self) -> str:
         return os.path.join(self.meta, "stop-request")
 
+    @property
+    def control(self) -> str:
+        return os.path.join(self.meta, "control")
+
 
 @dataclass(frozen=True)
 class RunPaths:

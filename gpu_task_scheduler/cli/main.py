@@ -291,7 +291,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
         config["scheduler_config"]["force_rerun"] = True
     sweep = Sweep(config)
     sweep.selected = frozenset(chosen)
-    make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
+    try:
+        make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
+    except (ConfigError, TaskClassError) as error:  # the recorded task cannot be imported from here
+        raise type(error)(
+            f"{error}; run gts retry where the sweep was started, set PYTHONPATH, or name the task with --task"
+        ) from None
     print(f"running {len(chosen)} run(s) again: {', '.join(sorted(chosen)[:10])}{' ...' if len(chosen) > 10 else ''}")
     return _run_sweep(sweep, make_task, plain=args.plain)
 

@@ -82,7 +82,7 @@ sys.path.insert(0, sys.argv[1])
 from gpu_task_scheduler.records.ledger import Ledger
 from gpu_task_scheduler.records.paths import RootPaths, RunPaths, atomic_write_json
 from gpu_task_scheduler.records.status import RunStatus
-from gpu_task_scheduler.sweep.expand import Sweep, params_text
+from gpu_task_scheduler.sweep.expand import Sweep
 import os
 import shutil
 sweep = Sweep(json.loads(sys.argv[2]))
@@ -93,12 +93,9 @@ with Ledger(RootPaths(root)) as ledger, ledger.batch():
         os.makedirs(paths.meta)
         atomic_write_json(paths.config, spec.config, durable=False)
         open(paths.log, "w").close()
-        ledger._write(
-            "INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at, "
-            "ended_at, exit_code, params) VALUES (?, ?, ?, 'succeeded', 1, 'cpu', 't', ?, ?, ?, 0, ?)",
-            (spec.name, spec.index, spec.config_hash, spec.work_dir, time.time(), time.time(),
-             params_text(spec.test_config)),
-        )
+        ledger.mark_running(name=spec.name, run_index=spec.index, config_hash=spec.config_hash, slot="cpu0",
+                            token="t", work_dir=spec.work_dir, params=spec.params)
+        ledger.finish(spec.name, RunStatus.SUCCEEDED, exit_code=0)
         outcome = {"status": "succeeded", "token": "t", "config_hash": spec.config_hash, "finished_at": time.time()}
         atomic_write_json(paths.outcome, outcome, durable=False)
 """

@@ -82,8 +82,7 @@ def test_gts_stop_says_clearly_when_nothing_runs(in_tmp, capsys):
     assert "no scheduler is running on" in capsys.readouterr().err
 
 
-def test_a_stop_signal_before_the_loop_is_not_lost(in_tmp, no_leaked_processes):
-    """The control signal is handled from before the lock is taken: never its default (exit)."""
+def test_an_unreadable_stop_request_means_stop(in_tmp, no_leaked_processes):
     root = in_tmp / "r"
     config = make_config(root, [{"a": [1]}], slots=("cpu",), grace_period=5)
     scheduler = launch(config)

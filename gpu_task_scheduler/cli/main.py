@@ -195,11 +195,8 @@ def cmd_grid(args: argparse.Namespace) -> int:
 # --- gts status / results / plot ----------------------------------------------------------
 
 
-def _gpu_memory_by_group() -> dict[int, int] | None:
+def _gpu_memory_by_group(monitor: Any) -> dict[int, int] | None:
     """Bytes of GPU memory each process group holds now (None without NVML)."""
-    from ..gpu.devices import open_monitor
-
-    monitor, _ = open_monitor()
     if monitor is None:
         return None
     used: dict[int, int] = {}
@@ -213,25 +210,29 @@ def _gpu_memory_by_group() -> dict[int, int] | None:
                 used[group] = used.get(group, 0) + (process.used_memory or 0)
     except Exception:  # an NVMLError: show no memory this time
         return None
-    finally:
-        monitor.close()
     return used
 
 
 def _watch(root: str) -> int:
     import time
 
+    from ..gpu.devices import open_monitor
     from ..reports.status import status, watch_view
 
     terminal = sys.stdout.isatty()
-    while True:
-        report = status(root)
-        frame = watch_view(report, _gpu_memory_by_group(), escape=terminal)
-        sys.stdout.write(("\x1b[H\x1b[2J" if terminal else "") + frame + "\n" + ("" if terminal else "\n"))
-        sys.stdout.flush()
-        if not report["scheduler"]["running"]:
-            return EXIT_OK
-        time.sleep(1.0)
+    monitor, _ = open_monitor()  # once: NVML takes a while to start
+    try:
+        while True:
+            report = status(root)
+            frame = watch_view(report, _gpu_memory_by_group(monitor), escape=terminal)
+            sys.stdout.write(("\x1b[H\x1b[2J" if terminal else "") + frame + "\n" + ("" if terminal else "\n"))
+            sys.stdout.flush()
+            if not report["scheduler"]["running"]:
+                return EXIT_OK
+            time.sleep(1.0)  # the refresh period
+    finally:
+        if monitor is not None:
+            monitor.close()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -293,8 +294,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
     sweep.selected = frozenset(chosen)
     try:
         make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
-    except (ConfigError, TaskClassError) as error:  # the recorded task cannot be imported from here
-        raise type(error)(
+    except (ConfigError, TaskClassError) as error:
+        if args.task or "task" not in config:
+            raise
+        raise type(error)(  # the recorded task cannot be imported from here
             f"{error}; run gts retry where the sweep was started, set PYTHONPATH, or name the task with --task"
         ) from None
     print(f"running {len(chosen)} run(s) again: {', '.join(sorted(chosen)[:10])}{' ...' if len(chosen) > 10 else ''}")
@@ -316,10 +319,25 @@ def cmd_stop(args: argparse.Namespace) -> int:
     }[mode]
     print(f"asked the scheduler of {args.root} (pid {pid}) {what}")
     if args.wait:
-        while scheduler_process(args.root)[0]:
+        _wait_for_exit(pid)
+        while scheduler_process(args.root)[0]:  # the pid gone, its runs may hold the lock a moment longer
             time.sleep(0.1)
         print("it has exited")
     return EXIT_OK
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Until the process ``pid`` has ended (a pidfd where Linux has them)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfds here, or it is gone already: the caller looks
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from ..engine.hooks import Hooks
 from ..engine.summary import RunOutcome, SweepSummary
 from ..gpu.devices import Slot
 from ..records.status import RunStatus
+from ..reports.status import clock_text
 from ..sweep.expand import RunSpec
 
 _CLEAR = "\r\033[K"
@@ -37,11 +38,6 @@ def wanted(stream: TextIO) -> bool:
         return stream.isatty() and os.environ.get("TERM", "") not in ("dumb", "unknown")
     except (AttributeError, ValueError):  # closed, or not a file
         return False
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class LiveStatus(Hooks):
@@ -71,7 +67,7 @@ class LiveStatus(Hooks):
         eta = "?"
         if self.durations and pending + len(self.running):
             mean = sum(self.durations) / len(self.durations)
-            eta = _clock(mean * (pending + len(self.running)) / self.parallel)
+            eta = clock_text(mean * (pending + len(self.running)) / self.parallel)
         per_slot: dict[str, list[str]] = {}
         for name, slot in self.running.items():
             per_slot.setdefault(slot, []).append(name)
@@ -80,7 +76,7 @@ class LiveStatus(Hooks):
         if self.interrupted:
             counts += f"{self.interrupted} interrupted, "
         counts += f"{len(self.running)} running, {pending} pending, {self.skipped} skipped"
-        return f"[gts] {counts} | {_clock(elapsed)} elapsed, ETA {eta}" + (f" | {where}" if where else "")
+        return f"[gts] {counts} | {clock_text(elapsed)} elapsed, ETA {eta}" + (f" | {where}" if where else "")
 
     def _columns(self) -> int:
         if self._width is not None:

@@ -19,7 +19,7 @@ from ..records.paths import RootPaths
 from ..records.prior import read_prior
 from ..reports.notify import run_notify_command, send_email
 from ..sweep.expand import RunSpec, Sweep
-from .changes import find_changes, refuse
+from .changes import settle_changes
 from .decide import Decision, before_run
 from .hooks import Hooks
 from .launcher import Launcher
@@ -36,12 +36,7 @@ def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
     root = options.result_root_folder
     ledger = Ledger.read_only(RootPaths(root))
     try:
-        take_over: frozenset[str] = frozenset()
-        if ledger is not None and options.on_config_change != "rerun":  # as a start decides it
-            changes = find_changes(sweep, ledger, root)
-            if changes and options.on_config_change == "stop":
-                raise refuse(changes, root)
-            take_over = frozenset(change.name for change in changes if change.kind == "values")
+        take_over = settle_changes(sweep, ledger, root) if ledger is not None else frozenset()
         known = RootIndex(ledger, root, take_over=take_over)
         for spec in sweep.runs(known.foreign):
             prior = read_prior(spec, known)

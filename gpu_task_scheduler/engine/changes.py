@@ -104,6 +104,19 @@ def find_changes(sweep: Sweep, ledger: Ledger, root: str) -> list[Change]:
     return sorted(changes, key=lambda change: change.index)
 
 
+def settle_changes(sweep: Sweep, ledger: Ledger, root: str) -> frozenset[str]:
+    """What ``on_config_change`` makes of the changes, the same for a start and ``--dry-run``:
+    ``stop`` raises the listing (ConfigError) when there is any; ``keep`` gives the folders this
+    start's runs of other values may take over; ``rerun`` looks for nothing."""
+    mode = sweep.options.on_config_change
+    if mode == "rerun":
+        return frozenset()
+    changes = find_changes(sweep, ledger, root)
+    if changes and mode == "stop":
+        raise refuse(changes, root)
+    return frozenset(change.name for change in changes if change.kind == "values")
+
+
 def refuse(changes: list[Change], root: str) -> ConfigError:
     """The error that stops a start (``on_config_change: stop``), listing the changes."""
     lines = [

@@ -38,7 +38,7 @@ from ..records.paths import RootPaths, RunPaths
 from ..records.prior import read_prior, settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
-from .changes import find_changes, refuse
+from .changes import settle_changes
 from .decide import before_run, classify
 from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
@@ -120,7 +120,8 @@ class Scheduler:
                     self._records = Records(ledger, self._summary, self._hooks)
                     try:
                         settle_running(ledger)
-                        take_over = self._changed_runs(ledger, root.root)  # before the sweep is recorded
+                        # Runs that succeeded with another config: checked before the sweep is recorded.
+                        take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
                         self._known = RootIndex(ledger, root.root, take_over=take_over)
                         self._queue = RunQueue(self.sweep.runs(self._known.foreign))
@@ -138,17 +139,6 @@ class Scheduler:
         self._summary.duration = self._clock() - started
         self._records.call("on_sweep_end", self._summary)
         return self._summary
-
-    def _changed_runs(self, ledger: Ledger, root: str) -> frozenset[str]:
-        """Runs that succeeded with another config: stop (the default) before anything runs; with
-        ``keep``, the folders this start's runs may take over (engine/changes.py)."""
-        mode = self.options.on_config_change
-        if mode == "rerun":
-            return frozenset()
-        changes = find_changes(self.sweep, ledger, root)
-        if changes and mode == "stop":
-            raise refuse(changes, root)
-        return frozenset(change.name for change in changes if change.kind == "values")
 
     # --- the loop -------------------------------------------------------------
 

@@ -22,9 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import GTSError
 from .devices import Slot, discover_slots, format_memory, gpu_ids, open_monitor
-from .host import HostProbe
+from .host import HostProbe, process_stat
 from .nvml import GpuMonitor, GpuState
-from .placement import WHOLE_GPU, GpuBook, Need, Reservation, SlotView, WholeGpu, book, busy_reason, choose
+from .placement import (
+    WHOLE_GPU,
+    GpuBook,
+    Need,
+    Reservation,
+    SlotView,
+    WholeGpu,
+    book,
+    busy_reason,
+    choose,
+    reserved_bytes,
+)
 from .shared import STARTING, Held, Publisher, SharedReservations, process_user
 
 if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depend on sweep/
@@ -48,14 +59,6 @@ def process_group(pid: int) -> int | None:
         return None  # not in our PID namespace, or gone
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rsplit(b")", 1)[-1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def owning_group(pid: int, groups: Container[int]) -> int | None:
     """The process group in ``groups`` that ``pid`` belongs to, or that one of its ancestors
     belongs to (a process that left its run's group, e.g. a daemon, while the run's runner,
@@ -65,7 +68,8 @@ def owning_group(pid: int, groups: Container[int]) -> int | None:
         return own
     ancestor: int | None = pid
     for _ in range(64):
-        ancestor = _parent(ancestor) if ancestor else None
+        process = process_stat(ancestor) if ancestor else None
+        ancestor = process[1] if process else None
         if not ancestor or ancestor <= 1:
             break
         group = process_group(ancestor)
@@ -301,7 +305,7 @@ class Capacity:
                 state = self._states.get(gpu_id)
                 if state is None:
                     continue
-                reserved = state.total_memory if isinstance(run.reserved, WholeGpu) else run.reserved
+                reserved = reserved_bytes(run.reserved, state)
                 if reserved > 0:
                     held.append(Held(state.uuid, reserved, pgid, self._names.get(pgid, "")))
         self._shared.publish(held)

@@ -1,8 +1,20 @@
-"""Host conditions for starting a run: CPU utilisation and free RAM (Linux /proc)."""
+"""Host conditions for starting a run: CPU utilisation and free RAM; processes (Linux /proc)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+
+def process_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, parent pid, start time in clock ticks)`` of a process, or None when it is gone.
+    (The run's own process has its own reader, ``backends/local/proctree.py``: it imports no
+    more of the package than it must.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[-1].split()  # after the name, which may hold anything
+        return fields[0].decode(), int(fields[1]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _read(path: str) -> str:

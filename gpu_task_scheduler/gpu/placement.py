@@ -97,9 +97,11 @@ def book(
             ours += 1
             used = allocated.get(run.pgid, 0)
             used_by[run.pgid][gpu_id] = used
-            pending += max(0, _bytes(run.reserved, state) - used)
+            pending += max(0, reserved_bytes(run.reserved, state) - used)
         others_pending = sum(
-            max(0, _bytes(run.reserved, state) - allocated.get(run.pgid, 0)) for run in others if gpu_id in run.gpu_ids
+            max(0, reserved_bytes(run.reserved, state) - allocated.get(run.pgid, 0))
+            for run in others
+            if gpu_id in run.gpu_ids
         )
         books[gpu_id] = GpuBook(
             state=state,
@@ -111,7 +113,8 @@ def book(
     return books, used_by
 
 
-def _bytes(reserved: int | WholeGpu, state: GpuState) -> int:
+def reserved_bytes(reserved: int | WholeGpu, state: GpuState) -> int:
+    """A reservation on one GPU in bytes (the whole GPU's memory for ``WHOLE_GPU``)."""
     return state.total_memory if isinstance(reserved, WholeGpu) else reserved
 
 

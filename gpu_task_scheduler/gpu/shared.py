@@ -46,6 +46,8 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 
+from .host import process_stat
+
 logger = logging.getLogger("gpu_task_scheduler")
 
 DIR_ENV = "GTS_RESERVATIONS_DIR"
@@ -88,13 +90,12 @@ def default_directory() -> str:
 
 def _start_ticks(pid: int) -> tuple[int, int] | None:
     """``(start time in clock ticks, owner uid)`` of a live process, or None."""
+    process = process_stat(pid)
+    if process is None or process[0] in ("Z", "X"):
+        return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[-1].split()
-        if fields[0] in (b"Z", b"X"):
-            return None
-        return int(fields[19]), os.stat(f"/proc/{pid}").st_uid
-    except (OSError, IndexError, ValueError):
+        return process[2], os.stat(f"/proc/{pid}").st_uid
+    except OSError:
         return None
 
 

@@ -92,11 +92,13 @@ def show_log(
     handle = _open(path)
     if handle is None and not follow:
         raise GTSError(f"{record.name} has no log yet ({path})")
+    ledger = None
     try:
         if handle is not None:
             write(_tail(handle, lines))
         if not follow:
             return record
+        ledger = open_ledger(root)  # once: a follow looks at the run's state ten times a second
         identity = None if handle is None else os.fstat(handle.fileno()).st_ino
         while True:
             if handle is not None:
@@ -104,7 +106,7 @@ def show_log(
                 if chunk:
                     write(chunk)
                     continue
-            current = _current(root, record.name)
+            current = ledger.get(record.name)
             if current is None or not _active(root, current):
                 if handle is not None:  # what it wrote between our last read and its end
                     write(handle.read())
@@ -122,14 +124,8 @@ def show_log(
     finally:
         if handle is not None:
             handle.close()
-
-
-def _current(root: str, name: str) -> RunRecord | None:
-    ledger = open_ledger(root)
-    try:
-        return ledger.get(name)
-    finally:
-        ledger.close()
+        if ledger is not None:
+            ledger.close()
 
 
 def _active(root: str, record: RunRecord) -> bool:

@@ -129,17 +129,18 @@ def eta(report: dict[str, Any]) -> float | None:
 
 def watch_view(report: dict[str, Any], memory: dict[int, int] | None, *, escape: bool = False) -> str:
     """One screen of ``gts status --watch``: counts and ETA, each running run on its slot with its
-    elapsed time and GPU memory (``memory``: bytes by pid, None without NVML), why runs wait, the
+    elapsed time and GPU memory (``memory``: bytes by process group, which a run's pid leads;
+    None without NVML), why runs wait, the
     latest failures."""
     clean = escape_controls if escape else (lambda text: text)
     counts = report["counts"]
     head = ", ".join(f"{count} {name}" for name, count in counts.items() if count) or "no runs recorded"
     left = eta(report)
-    lines = [f"{clean(report['root'])}: {head}" + ("" if left is None else f" | ETA {_clock(left)}")]
+    lines = [f"{clean(report['root'])}: {head}" + ("" if left is None else f" | ETA {clock_text(left)}")]
     running = sorted((run for run in report["runs"] if run["status"] == "running"), key=lambda run: run["slot"] or "")
     for run in running:
         used = "" if memory is None else f"  {format_memory(memory.get(run['pid'] or -1, 0))} GPU memory"
-        lines.append(f"  {clean(run['slot'] or '?'):<8} {clean(run['name'])}  {_clock(run['duration'] or 0)}{used}")
+        lines.append(f"  {clean(run['slot'] or '?'):<8} {clean(run['name'])}  {clock_text(run['duration'] or 0)}{used}")
     if report["scheduler"].get("waiting"):
         lines.append(f"  waiting: {clean(report['scheduler']['waiting'])}")
     failed = [run for run in report["runs"] if run["status"] in ("failed", "timed_out")]
@@ -150,7 +151,8 @@ def watch_view(report: dict[str, Any], memory: dict[int, int] | None, *, escape:
     return "\n".join(lines)
 
 
-def _clock(seconds: float) -> str:
+def clock_text(seconds: float) -> str:
+    """``h:mm:ss`` (also the status line's, cli/progress.py)."""
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 

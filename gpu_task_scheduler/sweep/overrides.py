@@ -27,7 +27,6 @@ from typing import Any
 from ..errors import ConfigError, unknown_key_message
 from .files import load_yaml
 
-_SECTIONS = ("scheduler_config", "global_config", "test_config")
 _TOP_VALUES = ("task", "command", "shell")
 
 
@@ -97,8 +96,6 @@ def _apply(config: dict[str, Any], path: list[str], text: str, add: bool, overri
             raise ConfigError(f"the override {override!r} names global_config; name a key in it")
     if len(path) > 1:
         section = _section(config, "global_config", override)
-        if path[0] not in section and not add:
-            raise ConfigError(unknown_key_message(f"global_config (override {override!r})", path[0], list(section)))
         return _set_nested(section, path, _value(text, override), add, override, "global_config")
     return _sweep_or_fix(config, path[0], [_value(piece, override) for piece in split_values(text)], add, override)
 

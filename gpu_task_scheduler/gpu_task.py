@@ -32,6 +32,12 @@ class GPUTask:
         """The run's result folder."""
         return self._work_dir
 
+    @property
+    def dependencies(self) -> list[str]:
+        """In a config with stages: the result folders of the runs of earlier stages this run
+        waited for (each succeeded), in the sweep's order; empty otherwise."""
+        return list(self.__dict__.get("_gts_dependencies", ()))
+
     def required_env(self) -> Mapping[str, str]:
         """Extra environment variables for the run's process."""
         return {}

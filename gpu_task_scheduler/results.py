@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ConfigError, GTSError
+from .errors import ConfigError, GTSError, closest
 from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.paths import RootPaths, RunPaths, read_json
 
@@ -34,12 +34,24 @@ def open_ledger(root: str) -> Ledger:
     return ledger
 
 
-def records(root: str) -> list[RunRecord]:
+def records(root: str, stage: str | None = None) -> list[RunRecord]:
+    """The recorded runs, in the sweep's order; ``stage``: only that stage's (a sweep with stages)."""
     ledger = open_ledger(root)
     try:
-        return ledger.records()
+        found = ledger.records()
     finally:
         ledger.close()
+    if stage is None:
+        return found
+    stages = sorted({record.stage for record in found if record.stage is not None})
+    if stage not in stages:
+        guess = closest(stage, stages)
+        raise ConfigError(
+            f"{root!r} records no run of the stage {stage!r}"
+            + (f"; did you mean {guess!r}?" if guess else "")
+            + (f" Its stages: {', '.join(stages)}." if stages else "; its sweep has no stages")
+        )
+    return [record for record in found if record.stage == stage]
 
 
 def run_folder(root: str, record: RunRecord) -> RunPaths:
@@ -71,11 +83,14 @@ def duration(record: RunRecord) -> float | None:
     return None if end is None else end - record.started_at
 
 
-def rows(root: str) -> list[dict[str, Any]]:
-    """One dict per run: ``name``, the swept parameters, ``status``, ``duration``, then the result."""
+def rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
+    """One dict per run: ``name``, its ``stage`` (a sweep with stages), the swept parameters,
+    ``status``, ``duration``, then the result. ``stage``: only that stage's runs."""
     table = []
-    for record in records(root):
+    for record in records(root, stage):
         row: dict[str, Any] = {"name": record.name}
+        if record.stage is not None:
+            row["stage"] = record.stage
         row.update(record.params_value)
         row["status"] = record.status.value
         row["duration"] = duration(record)
@@ -111,26 +126,29 @@ def sort_rows(table: Sequence[dict[str, Any]], key: str, *, descending: bool = F
     return sorted(with_value, key=lambda row: metric(row, key) or 0.0, reverse=descending) + without
 
 
-def best(root: str, key: str, *, maximize: bool = False) -> dict[str, Any] | None:
+def best(root: str, key: str, *, maximize: bool = False, stage: str | None = None) -> dict[str, Any] | None:
     """The succeeded run with the lowest ``key`` (the highest with ``maximize``), or None."""
-    succeeded = [row for row in rows(root) if row["status"] == RunStatus.SUCCEEDED.value]
+    succeeded = [row for row in rows(root, stage=stage) if row["status"] == RunStatus.SUCCEEDED.value]
     ranked = sort_rows(succeeded, key, descending=maximize)
     return ranked[0] if ranked and metric(ranked[0], key) is not None else None
 
 
-def aggregate(root: str, over: str) -> list[dict[str, Any]]:
+def aggregate(root: str, over: str, *, stage: str | None = None) -> list[dict[str, Any]]:
     """One row per group of succeeded runs that differ only in ``over`` (e.g. the seed): their
     other parameters, ``runs`` (how many), and for every numeric result its mean, sample
-    standard deviation (None for one run) and count, as ``result.loss.mean`` and so on."""
+    standard deviation (None for one run) and count, as ``result.loss.mean`` and so on.
+    Runs of different stages are never averaged together."""
     groups: dict[str, list[RunRecord]] = {}
     params: dict[str, dict[str, Any]] = {}
     found = False
-    for record in records(root):
+    for record in records(root, stage):
         values = record.params_value
         found = found or over in values
         if record.status is not RunStatus.SUCCEEDED:
             continue
         rest = {k: v for k, v in values.items() if k != over}
+        if record.stage is not None:
+            rest = {"stage": record.stage, **rest}
         group = json.dumps(rest, sort_keys=True)
         groups.setdefault(group, []).append(record)
         params.setdefault(group, rest)

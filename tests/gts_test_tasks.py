@@ -5,6 +5,7 @@ the config key ``journal`` (O_APPEND, one write per line), so tests can count
 exactly how often each run's main() started and completed.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -415,3 +416,26 @@ class ContractTask(GPUTask):
         if config.get("exit", 0):
             sys.exit(config["exit"])
         return {"name": os.path.basename(self._work_dir)}
+
+
+class TrainStageTask(GPUTask):
+    """A train stage: writes its model, unless config["fail_lr"] names its lr and the file
+    config["fixed"] does not exist."""
+
+    def main(self):
+        if self.config["lr"] == self.config.get("fail_lr") and not os.path.exists(self.config.get("fixed", "")):
+            raise RuntimeError(f"training diverged at lr={self.config['lr']}")
+        with open(os.path.join(self.work_dir, "model.json"), "w") as handle:
+            json.dump({"lr": self.config["lr"], "seed": self.config["seed"]}, handle)
+        return {"loss": self.config["lr"] * 10 + self.config["seed"]}
+
+
+class EvalStageTask(GPUTask):
+    """An eval stage: reads the model of each run it depends on (self.dependencies)."""
+
+    def main(self):
+        models = []
+        for folder in self.dependencies:
+            with open(os.path.join(folder, "model.json")) as handle:
+                models.append(json.load(handle))
+        return {"models": models, "dirs": self.dependencies, "env": os.environ.get("GTS_DEP_DIRS")}

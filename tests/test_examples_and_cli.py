@@ -1,5 +1,6 @@
 """The README's promises: the demo sweep, lazy imports, the gts command."""
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,29 @@ def test_the_public_names_are_exported_and_listed_statically():
     names = [element.value for element in listed.elts]
     assert names == sorted(gpu_task_scheduler._EXPORTS)
     assert all(getattr(gpu_task_scheduler, name) is not None for name in names)
+
+
+def test_the_readme_stages_example_is_the_config_file_and_runs(in_tmp):
+    config = open(os.path.join(REPO, "configs", "stages.yaml"), encoding="utf-8").read()
+    body = "".join(line for line in config.splitlines(keepends=True) if not line.startswith("#"))
+    assert _readme_block("<!-- stages: configs/stages.yaml -->") == body.lstrip("\n")
+    (in_tmp / "configs").mkdir()
+    (in_tmp / "configs" / "stages.yaml").write_text(config)
+    (in_tmp / "examples").mkdir()
+    for script in ("train.py", "evaluate.py"):
+        (in_tmp / "examples" / script).write_text(open(os.path.join(REPO, "examples", script)).read())
+    gts = [sys.executable, "-m", "gpu_task_scheduler"]
+    run = subprocess.run(
+        gts + ["run", "configs/stages.yaml"], cwd=str(in_tmp), capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert "12 succeeded, 0 failed, 0 skipped" in run.stderr
+    table = subprocess.run(
+        gts + ["results", "results/stages", "--stage", "eval", "--format", "json"],
+        cwd=str(in_tmp),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rows = json.loads(table.stdout)
+    assert len(rows) == 8 and all(row["stage"] == "eval" and 0 < row["result.accuracy"] < 1 for row in rows)

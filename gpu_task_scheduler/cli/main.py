@@ -124,7 +124,10 @@ def _dry_run(sweep: Any) -> int:
     for spec, decision in plan(sweep):
         kind = decision.label.split(" ")[0]
         counts[kind] = counts.get(kind, 0) + 1
-        print(f"{spec.index:>6}  {decision.label:<28}  {spec.work_dir}")
+        waits = ""
+        if spec.after and decision.action == "run":  # a run of a later stage starts after these succeed
+            waits = f"  (after {spec.after[0]})" if len(spec.after) == 1 else f"  (after {len(spec.after)} runs)"
+        print(f"{spec.index:>6}  {decision.label:<28}  {spec.work_dir}{waits}")
     print(f"{sum(counts.values())} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     return EXIT_OK
 
@@ -269,6 +272,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
     wanted_status = {RunStatus.FAILED, RunStatus.TIMED_OUT} if args.failed else set()
     if args.interrupted:
         wanted_status.add(RunStatus.INTERRUPTED)
+    if wanted_status:  # the runs of later stages they blocked wait for them again
+        wanted_status.add(RunStatus.BLOCKED)
     chosen = {r.name: r for r in records if r.status in wanted_status}
     for run in args.runs:
         record = find_run(records, run)
@@ -281,7 +286,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
         print("no run to retry", file=sys.stderr)
         return EXIT_OK
     config = json.loads(recorded)
-    if not args.task and "task" not in config and "command" not in config:
+    stages = config.get("stages") or []
+    each_stage_has_one = bool(stages) and all("task" in stage or "command" in stage for stage in stages)
+    if not args.task and "task" not in config and "command" not in config and not each_stage_has_one:
         raise ConfigError(
             "the sweep's task class has no importable name (defined in __main__?): give --task MODULE:CLASS"
         )
@@ -375,13 +382,16 @@ def cmd_results(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise ConfigError("--top must be 1 or more")
     if args.best:
-        found = best(args.root, args.best, maximize=args.desc)
+        found = best(args.root, args.best, maximize=args.desc, stage=args.stage)
         table = [] if found is None else [found]
         if found is None:
             print(f"no succeeded run has a number for {args.best!r}", file=sys.stderr)
             return EXIT_FAILED
     else:
-        table = aggregate(args.root, args.average_over) if args.average_over else rows(args.root)
+        if args.average_over:
+            table = aggregate(args.root, args.average_over, stage=args.stage)
+        else:
+            table = rows(args.root, stage=args.stage)
         if args.sort:
             table = sort_rows(
                 table, args.sort if not args.average_over else _mean_column(args.sort), descending=args.desc
@@ -565,8 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rt.add_argument("root", help="the result root")
     rt.add_argument("runs", nargs="*", metavar="RUN", help="runs by folder name, unique prefix or index")
-    rt.add_argument("--failed", action="store_true", help="every failed or timed-out run")
-    rt.add_argument("--interrupted", action="store_true", help="every interrupted run")
+    rt.add_argument(
+        "--failed", action="store_true", help="every failed or timed-out run (and every run blocked by one: stages)"
+    )
+    rt.add_argument(
+        "--interrupted", action="store_true", help="every interrupted run (and every run blocked by one: stages)"
+    )
     rt.add_argument("--force", action="store_true", help="also runs named that succeeded")
     rt.add_argument("--gpus", nargs="+", metavar="ID", help="slots, as for gts run (default: the sweep's)")
     rt.add_argument("--task", metavar="MODULE:CLASS", help="the GPUTask subclass (when the record names none)")
@@ -615,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_formatter,
         epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv\n"
         "  gts results results/ --sort loss --top 5\n  gts results results/ --best accuracy --desc\n"
-        "  gts results results/ --average-over seed --sort loss",
+        "  gts results results/ --average-over seed --sort loss\n  gts results results/ --stage eval --best loss",
     )
     r.add_argument("root", help="the result root")
     r.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -630,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="mean, std and count of every numeric result over runs that differ only in KEY (e.g. seed)",
     )
+    r.add_argument("--stage", metavar="NAME", help="only the runs of this stage (a sweep with stages)")
     r.set_defaults(handler=cmd_results)
 
     p = sub.add_parser(

@@ -43,7 +43,7 @@ from .decide import before_run, classify
 from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
 from .outcomes import Records, read_exit
-from .pending import Pending, RunQueue
+from .pending import Pending, RunQueue, Waits, failure_words
 from .summary import SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -125,6 +125,7 @@ class Scheduler:
                         self._records.sweep_starting(self.sweep)
                         self._known = RootIndex(ledger, root.root, take_over=take_over)
                         self._queue = RunQueue(self.sweep.runs(self._known.foreign))
+                        self._waits = Waits(self.sweep, ledger)
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
                             self._loop()
@@ -179,14 +180,20 @@ class Scheduler:
     def _fill(self) -> None:
         capacity, queue, records = self.setup(), self._queue, self._records
         while (item := queue.head()) is not None:
-            if not item.tries and self._skipped(item.spec):
-                queue.pop()
+            self._waits.seen(item.spec)
+            if not item.tries and not item.decided:
+                if self._skipped(item.spec):
+                    queue.pop()
+                    continue
+                item.decided = True
+            if item.spec.after and not self._ready(item):
                 continue
             need = capacity.need(item.spec.config, item.need)
             placement = capacity.place(item.spec.name, need)
             if placement.impossible is not None:
                 queue.pop()
                 records.not_started(item.spec, item.tries, placement.impossible, capacity.free_slot_name())
+                self._settle(item.spec, RunStatus.FAILED, placement.impossible)
                 continue
             if placement.view is None:
                 if placement.waiting is not None and placement.waiting != self._waiting_for:
@@ -201,10 +208,36 @@ class Scheduler:
             records.report_skips()
             logger.info("%s receives task %s", placement.view.slot.name, item.spec.test_config_string)
             self._launch(item, placement.view.index, need)
+        if not self._active:
+            for item in queue.stranded():  # cannot happen in a sweep built by Sweep; never wait forever
+                self._block(item.spec, "its dependencies never settled in this start")
         if not queue.taking:
             records.report_skips()
             for slot in capacity.newly_idle():
                 logger.info("%s finished", slot.name)
+
+    def _ready(self, item: Pending) -> bool:
+        """Whether the held run of a later stage may start now; if not, it is parked or blocked."""
+        waiting, blocked = self._waits.check(item.spec)
+        if blocked is not None:
+            self._queue.pop()
+            self._block(item.spec, blocked)
+            return False
+        if waiting:
+            self._queue.park(item, waiting)
+            return False
+        return True
+
+    def _block(self, spec: RunSpec, cause: str) -> None:
+        self._records.report_skips()
+        self._records.blocked(spec, cause)
+        self._settle(spec, RunStatus.BLOCKED, cause)
+
+    def _settle(self, spec: RunSpec, status: RunStatus, cause: str | None = None) -> None:
+        """``spec`` will not run again in this start: the runs waiting for it go on (or are blocked)."""
+        ok = status is RunStatus.SUCCEEDED
+        if self._waits.settle(spec, None if ok else failure_words(status, cause)):
+            self._queue.settled(spec.name, ok=ok)
 
     def _skipped(self, spec: RunSpec) -> bool:
         prior = read_prior(spec, self._known)
@@ -220,6 +253,8 @@ class Scheduler:
         if decision.action == "run":
             return False
         self._records.skipped(spec, prior, decision, self.setup().free_slot_name())
+        if not prior.duplicate:  # a duplicate settles with the earlier run of the same name
+            self._settle(spec, RunStatus.SUCCEEDED)
         return True
 
     # --- starting and ending runs ----------------------------------------------
@@ -239,6 +274,7 @@ class Scheduler:
             tail = paths.tail() or "\n".join(getattr(error, "details", "").splitlines()[-20:])
             cause = f"could not start: {error}"
             self._records.not_started(spec, item.tries, cause, slot.name, slot=slot, paths=paths, tail=tail)
+            self._settle(spec, RunStatus.FAILED, cause)
             return
         now, timeout = self._clock(), self.options.timeout
         self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
@@ -273,8 +309,12 @@ class Scheduler:
             duration=duration,
             gpu_leftover="; ".join(left.describe() for left in leftovers) or None,
         )
-        if end.status is not RunStatus.SUCCEEDED:
-            self._queue.ended(item, end, self.options, reserved=reserved, peak=peak, stopping=self._stop_level > 0)
+        if end.status is RunStatus.SUCCEEDED:
+            self._settle(active.spec, end.status)
+        elif not self._queue.ended(
+            item, end, self.options, reserved=reserved, peak=peak, stopping=self._stop_level > 0
+        ):
+            self._settle(active.spec, end.status, end.cause)
 
     # --- stopping -----------------------------------------------------------------
 

@@ -133,6 +133,7 @@ class Records:
             token=token,
             work_dir=spec.work_dir,
             params=spec.params,
+            stage=spec.stage,
         )
 
     def not_started(
@@ -161,6 +162,22 @@ class Records:
             log_path=log if log is not None and os.path.isfile(log) else None,
             log_tail=tail,
         )
+        self.summary.record(outcome)
+        self.call("on_run_end", outcome)
+
+    def blocked(self, spec: RunSpec, cause: str) -> None:
+        """A run not started: a run it depends on did not succeed. Run again, it waits for that run again."""
+        self.ledger.block(
+            name=spec.name,
+            run_index=spec.index,
+            config_hash=spec.config_hash,
+            work_dir=spec.work_dir,
+            params=spec.params,
+            stage=spec.stage,
+            cause=cause,
+        )
+        logger.warning("%s is blocked: %s", spec.name, cause)
+        outcome = RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.BLOCKED, cause=cause)
         self.summary.record(outcome)
         self.call("on_run_end", outcome)
 

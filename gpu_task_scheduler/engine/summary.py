@@ -41,11 +41,11 @@ class RunOutcome:
 
 @dataclass
 class SweepSummary:
-    """Succeeded, failed and skipped runs of one ``start()``.
+    """Succeeded, failed, blocked and skipped runs of one ``start()``.
 
-    ``summary.ok`` is False when any run failed or the sweep was interrupted;
-    ``summary.exit_code`` is a process exit status for scripts (0 all fine,
-    1 some runs failed, 130 interrupted); ``summary.raise_for_failures()``
+    ``summary.ok`` is False when any run failed or was blocked (stages) or the
+    sweep was interrupted; ``summary.exit_code`` is a process exit status for
+    scripts (0 all fine, 1 some runs failed or were blocked, 130 interrupted); ``summary.raise_for_failures()``
     raises :class:`RunsFailedError` when anything failed.
     """
 
@@ -85,14 +85,19 @@ class SweepSummary:
         return self._with(RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.INTERRUPTED)
 
     @property
+    def blocked(self) -> list[RunOutcome]:
+        """Runs not started because a run of an earlier stage they depend on did not succeed."""
+        return self._with(RunStatus.BLOCKED)
+
+    @property
     def ok(self) -> bool:
-        return not self.failed and self.interrupted_by is None
+        return not self.failed and not self.blocked and self.interrupted_by is None
 
     @property
     def exit_code(self) -> int:
         if self.interrupted_by is not None:
             return 130
-        return 1 if self.failed else 0
+        return 1 if self.failed or self.blocked else 0
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as JSON-compatible data (what ``notify_command`` reads on stdin)."""
@@ -118,7 +123,12 @@ class SweepSummary:
             "exit_code": self.exit_code,
             "duration": self.duration,
             "interrupted_by": self.interrupted_by,
-            "counts": {"succeeded": self.succeeded_count, "failed": len(self.failed), "skipped": len(self.skipped)},
+            "counts": {
+                "succeeded": self.succeeded_count,
+                "failed": len(self.failed),
+                "blocked": len(self.blocked),
+                "skipped": len(self.skipped),
+            },
             "runs": [outcome(o) for o in self.outcomes.values()],
             "skipped": list(self.skipped),
         }
@@ -128,8 +138,9 @@ class SweepSummary:
             raise RunsFailedError(self.report(), self)
 
     def report(self) -> str:
+        blocked = f"{len(self.blocked)} blocked, " if self.blocked else ""
         head = (
-            f"{self.succeeded_count} succeeded, {len(self.failed)} failed, "
+            f"{self.succeeded_count} succeeded, {len(self.failed)} failed, {blocked}"
             f"{len(self.skipped)} skipped in {self.duration:.1f}s"
         )
         if self.interrupted_by:
@@ -141,6 +152,8 @@ class SweepSummary:
                 lines.append(f"    log: {outcome.log_path}")
             if outcome.log_tail:
                 lines.append(textwrap.indent(outcome.log_tail, "    | "))
+        for outcome in self.blocked:
+            lines.append(f"  blocked: {outcome.work_dir} ({outcome.describe()})")
         for outcome in self.outcomes.values():
             if outcome.gpu_leftover:
                 lines.append(f"  left GPU memory held: {outcome.work_dir} ({outcome.gpu_leftover})")

@@ -47,10 +47,12 @@ logger = logging.getLogger("gpu_task_scheduler")
 
 # 1: the first release. 2: runs.result_file (results too large to keep in the ledger).
 # 3: runs.gpu_leftover (GPU memory a run's processes still held after it ended).
-SCHEMA_VERSION = 3
+# 4: runs.stage and the status 'blocked' (stages; an older version could not read that status).
+SCHEMA_VERSION = 4
 _MIGRATIONS = {
     1: "ALTER TABLE runs ADD COLUMN result_file TEXT",
     2: "ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",
+    3: "ALTER TABLE runs ADD COLUMN stage TEXT",
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -67,7 +69,7 @@ CREATE TABLE IF NOT EXISTS runs (
     slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
-    gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT
+    gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -97,6 +99,7 @@ class RunRecord:
     params: str | None = None  # JSON of the run's swept values (its test_config)
     result_file: str | None = None  # a result too large for the ledger: this file in the run's .gts/
     gpu_leftover: str | None = None  # GPU memory its processes still held after it ended, in words
+    stage: str | None = None  # its stage, in a config with stages
 
     @property
     def params_value(self) -> dict[str, Any]:
@@ -133,7 +136,8 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
 
 
 _FIELDS = set(RunRecord.__dataclass_fields__)
-_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover"}  # added by a later schema: a ledger read as it is may lack them
+# Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
+_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage"}
 
 
 def _check_version(path: str, version: int | None) -> None:
@@ -357,25 +361,51 @@ class Ledger:
         token: str,
         work_dir: str,
         params: str | None = None,
+        stage: str | None = None,
     ) -> int:
         """Record a new attempt before its child starts; return the attempt number."""
         self._write(
             """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at,
-                                 params)
-               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?)
+                                 params, stage)
+               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?)
                ON CONFLICT(name) DO UPDATE SET
-                 params = excluded.params,
+                 params = excluded.params, stage = excluded.stage,
                  run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
                  attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
                  gpu_memory_peak = NULL, gpu_leftover = NULL""",
-            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params),
+            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage),
         )
         record = self.get(name)
         assert record is not None
         self.commit()  # the run's process starts next: its record must exist before it does
         return record.attempts
+
+    def block(
+        self,
+        *,
+        name: str,
+        run_index: int,
+        config_hash: str,
+        work_dir: str,
+        params: str,
+        stage: str | None,
+        cause: str,
+    ) -> None:
+        """A run not started because a run it depends on did not succeed (its attempts so far are kept)."""
+        self._write(
+            """INSERT INTO runs (name, run_index, config_hash, status, attempts, work_dir, ended_at, cause,
+                                 params, stage)
+               VALUES (?, ?, ?, 'blocked', 0, ?, ?, ?, ?, ?)
+               ON CONFLICT(name) DO UPDATE SET
+                 run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'blocked',
+                 slot = NULL, pid = NULL, token = NULL, work_dir = excluded.work_dir, started_at = NULL,
+                 ended_at = excluded.ended_at, exit_code = NULL, signal = NULL, cause = excluded.cause,
+                 log_tail = NULL, result = NULL, result_file = NULL, gpu_memory_peak = NULL,
+                 gpu_leftover = NULL, params = excluded.params, stage = excluded.stage""",
+            (name, run_index, config_hash, work_dir, self._clock(), cause[:MAX_TEXT], params, stage),
+        )
 
     def keep(self, name: str, *, params: str, config_hash: str) -> None:
         """A succeeded run's result taken as that of another config (``on_config_change: keep``)."""
@@ -436,13 +466,15 @@ class Ledger:
         ended_at: float | None,
         params: str | None = None,
         result_file: str | None = None,
+        stage: str | None = None,
     ) -> None:
         """Record a success found in a run folder but missing from the ledger."""
         if result is not None and len(result) > MAX_INLINE_RESULT:
             result = None
         self._write(
             """INSERT OR REPLACE INTO runs (name, run_index, config_hash, status, attempts, work_dir,
-               ended_at, cause, result, params, result_file) VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?, ?, ?)""",
+               ended_at, cause, result, params, result_file, stage)
+               VALUES (?, ?, ?, 'succeeded', 1, ?, ?, ?, ?, ?, ?, ?)""",
             (
                 name,
                 run_index,
@@ -453,6 +485,7 @@ class Ledger:
                 result,
                 params,
                 result_file,
+                stage,
             ),
         )
 

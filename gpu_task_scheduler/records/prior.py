@@ -54,6 +54,7 @@ def adopt(ledger: Ledger, spec: RunSpec, outcome: Outcome, params: str) -> None:
         ended_at=outcome.finished_at,
         params=params,
         result_file=outcome.large_result_file,
+        stage=spec.stage,
     )
 
 

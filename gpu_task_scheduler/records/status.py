@@ -12,6 +12,7 @@ class RunStatus(str, enum.Enum):
     FAILED = "failed"
     TIMED_OUT = "timed_out"
     INTERRUPTED = "interrupted"
+    BLOCKED = "blocked"  # not run: a run of an earlier stage it depends on did not succeed
 
     def __str__(self) -> str:
         return self.value

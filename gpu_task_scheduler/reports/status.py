@@ -50,6 +50,7 @@ def status(root: str) -> dict[str, Any]:
         runs.append(
             {
                 "name": record.name,
+                "stage": record.stage,
                 "status": state,
                 "slot": record.slot,
                 "started": _iso(record.started_at),
@@ -62,7 +63,11 @@ def status(root: str) -> dict[str, Any]:
                 )
                 if stale
                 else record.cause,
-                "log": os.path.join(root, record.name, log_file) if log_file else None,
+                "log": (
+                    os.path.join(root, record.name, log_file)
+                    if log_file and record.status is not RunStatus.BLOCKED  # never started this time
+                    else None
+                ),
                 "gpu_memory_peak": record.gpu_memory_peak,
                 "gpu_leftover": record.gpu_leftover,
                 "pid": record.pid if record.status is RunStatus.RUNNING and not stale else None,

@@ -9,7 +9,8 @@ value is written into it: each placeholder becomes a reference to an
 environment variable holding the value (see ``shell_template.py``).
 
 Placeholders: every config key, plus ``{work_dir}``, ``{run_name}``,
-``{run_index}`` and ``{gpus}`` (the run's ``CUDA_VISIBLE_DEVICES``). Format
+``{run_index}`` and ``{gpus}`` (the run's ``CUDA_VISIBLE_DEVICES``), and in a
+stage that follows another, ``{dep_dir}`` (see ``stages.py``). Format
 specs work (``{lr:.0e}``); an unknown placeholder is a ``ConfigError`` before
 anything runs.
 

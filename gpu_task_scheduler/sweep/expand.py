@@ -27,6 +27,7 @@ from ..jsonable import to_jsonable
 from .files import ConfigSource, load_config
 from .naming import NameRegistry, safe_folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
+from .stages import Dependencies, Stage, parse_stages
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -34,7 +35,7 @@ logger = logging.getLogger("gpu_task_scheduler")
 # (gts queue waiting for a line); it calls the ``wake`` given to Sweep.follow when there is more.
 NOT_READY: Any = object()
 
-TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config", "task", "command", "shell")
+TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config", "stages", "task", "command", "shell")
 
 
 # --- global_config and test_config ------------------------------------------
@@ -170,6 +171,8 @@ class RunSpec:
     duplicate: bool  # the same config under the same name came earlier in the sweep
     renamed_from: str | None = None  # the colliding name, when the name was disambiguated
     params: str = ""  # params_text(test_config): the run's identity in the ledger
+    stage: str | None = None  # its stage's name, in a config with stages
+    after: tuple[str, ...] = ()  # the names of the runs it waits for (earlier stages' runs)
 
 
 # ``foreign(name, params, index)``: does the result root record the folder ``name`` for
@@ -259,13 +262,31 @@ class Sweep:
             )
         self.options: SchedulerOptions = parse_scheduler_config(raw["scheduler_config"])
         budget = _Budget()
-        for section in ("global_config", "test_config", "command"):
+        for section in ("global_config", "test_config", "stages", "command"):
             check_values(raw.get(section), section, budget)
+        self.staged = raw.get("stages") is not None
+        if self.staged and raw.get("test_config") is not None:
+            raise ConfigError(
+                "the config has both stages and a top-level test_config; with stages, each stage has its "
+                "own test_config: move it into the stages"
+            )
         try:
             self.global_config = copy.deepcopy(parse_global_config(raw.get("global_config")))
             self.blocks = copy.deepcopy(parse_test_config(raw.get("test_config")))
+            self.stages = (
+                parse_stages(
+                    raw["stages"],
+                    self.global_config,
+                    parse_global=parse_global_config,
+                    parse_blocks=parse_test_config,
+                )
+                if self.staged
+                else [Stage(None, self.global_config, self.blocks)]
+            )
         except (TypeError, copy.Error) as error:
             raise ConfigError(f"config values could not be copied: {error}") from error
+        if self.staged:
+            self.blocks = [block for stage in self.stages for block in stage.blocks]
         self._check_memory_values()
         self.task_ref = raw.get("task")
         if self.task_ref is not None and (not isinstance(self.task_ref, str) or ":" not in self.task_ref):
@@ -274,16 +295,14 @@ class Sweep:
         self.shell = raw.get("shell", False)
         if not isinstance(self.shell, bool):
             raise ConfigError(f"shell must be true or false; got {self.shell!r}")
-        if self.command is not None:
-            from .commands import check_template
-
-            check_template(self.command, self.keys(), shell=self.shell)
+        self._check_commands()
         self._has_test_config = raw.get("test_config") is not None
         # What its runs run, set by backends/local/tasks.resolve_task: {"task": "mod:Class"} or
         # {"command": ..., "shell": ...}; None when it cannot be named (a class in __main__).
         self.task_record: dict[str, Any] | None = None
         self.selected: frozenset[str] | None = None  # `gts retry`: only the runs with these names
         self.size = sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
+        self.followed = frozenset(other for stage in self.stages for other in stage.after)
         if self.size > sys.maxsize:
             raise ConfigError(
                 f"the sweep has {self.size:.3e} runs, more than any machine can run; check the lists in test_config"
@@ -292,17 +311,51 @@ class Sweep:
     def _check_memory_values(self) -> None:
         """Per-run GPU memory needs (``gpu_memory_key``) are checked up front too."""
         key = self.options.gpu_memory_key
-        if key in self.global_config:
-            parse_memory(self.global_config[key], f"global_config[{key!r}]")
-        for index, block in enumerate(self.blocks):
-            for value in block.get(key, ()):
-                parse_memory(value, f"test_config[{index}][{key!r}]")
+        for stage in self.stages:
+            where = "" if stage.name is None else f"stage {stage.name!r}: "
+            if key in stage.global_config:
+                parse_memory(stage.global_config[key], f"{where}global_config[{key!r}]")
+            for index, block in enumerate(stage.blocks):
+                for value in block.get(key, ()):
+                    parse_memory(value, f"{where}test_config[{index}][{key!r}]")
+
+    def _check_commands(self) -> None:
+        """Each command template against the keys of the runs it runs (``{dep_dir}``: in a stage whose
+        every run has exactly one dependency)."""
+        from .commands import check_template
+        from .templates import base_key, placeholders
+
+        for stage in self.stages:
+            own = stage.command is not None
+            command = stage.command if own else self.command
+            if command is None or (stage.task_ref is not None and not own):
+                continue
+            shell = (stage.shell if stage.shell is not None else self.shell) if own else self.shell
+            extra = ["dep_dir"] if stage.after else []
+            where = "command" if stage.name is None else f"the command of stage {stage.name!r}"
+            try:
+                parts = check_template(command, stage.keys() + extra, shell=shell)
+            except ConfigError as error:
+                if stage.name is None:
+                    raise
+                whose = "its own command" if own else "the top-level command"
+                raise ConfigError(f"stage {stage.name!r} runs {whose}, and: {error}") from None
+            uses = any(base_key(field) == "dep_dir" for part in parts for field, _, _ in placeholders(part))
+            if uses and (stage.fewest_dependencies, stage.most_dependencies) != (1, 1):
+                fewest, most = stage.fewest_dependencies, stage.most_dependencies
+                count = fewest if fewest == most else f"{fewest} to {most}"
+                raise ConfigError(
+                    f"{where} uses {{dep_dir}}, but its runs wait for {count} "
+                    "runs each; {dep_dir} names the one run a run waits for. "
+                    "Read $GTS_DEP_DIRS (the folders, one per line) instead, or set match: so that "
+                    "each run waits for one"
+                )
 
     def keys(self) -> list[str]:
         """Every key a run's config can have."""
-        keys = dict.fromkeys(self.global_config)
-        for block in self.blocks:
-            keys.update(dict.fromkeys(block))
+        keys: dict[str, None] = {}
+        for stage in self.stages:
+            keys.update(dict.fromkeys(stage.keys()))
         return list(keys)
 
     def __len__(self) -> int:
@@ -322,8 +375,11 @@ class Sweep:
             o.ignored_keys_for_folder_name,
             o.ignored_characters_for_folder_name,
         )
+        swept: Any = self.blocks
+        if self.staged:
+            swept = [(s.name, s.global_config, s.blocks, s.after, s.match) for s in self.stages]
         try:
-            text = repr((self.global_config, self.blocks, naming))
+            text = repr((self.global_config, swept, naming))
         except Exception:  # a value whose repr raises
             return None
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -339,6 +395,9 @@ class Sweep:
             "test_config": self.blocks if self._has_test_config else None,
             **(self.task_record or {}),  # none: `gts retry --task` names it
         }
+        if self.staged:
+            del config["test_config"]
+            config["stages"] = [stage.raw for stage in self.stages]
         try:
             text = json.dumps(config, allow_nan=False)
         except (TypeError, ValueError):
@@ -346,7 +405,7 @@ class Sweep:
         return text if json.loads(text) == config else None
 
     def test_configs(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """(block index, test values) for every run, in the original's order."""
+        """(block index, test values) for every run, in the original's order (stage by stage)."""
         for block_index, block in enumerate(self.blocks):
             keys = list(block)
             for values in itertools.product(*block.values()):
@@ -366,61 +425,71 @@ class Sweep:
         registry = NameRegistry()
         o = self.options
         root, ignored_characters = o.result_root_folder, o.ignored_characters_for_folder_name
-        global_pieces = {key: _hash_piece(key, value) for key, value in self.global_config.items()}
-        copy_global = (
-            copy.deepcopy
-            if any(not isinstance(v, _IMMUTABLE) for v in self.global_config.values())
-            else dict  # plain values are shared safely; a list or dict is each run's own
-        )
-        index = 0
-        for block_index, block in enumerate(self.blocks):
-            r = _Rendering(block, global_pieces, o)
-            for combo in itertools.product(*r.columns):
-                test_config = dict(zip(r.keys, [piece[0] for piece in combo], strict=True))
-                merged = copy_global(self.global_config)
-                merged.update(test_config)
-                text = "{" + ",".join([p if i < 0 else combo[i][3] for p, i in r.hash_template]) + "}"
-                digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-                params = "{" + ", ".join([combo[i][2] for i in r.order]) + "}"
-                # The original's unfiltered string, raw (only folder names need escaping).
-                shown = _without(ignored_characters, "".join([combo[i][1] for i in r.order]))
-                wanted = shown
-                if r.named is not r.order:
-                    wanted = _without(ignored_characters, "".join([combo[i][1] for i in r.named]))
-                wanted = safe_folder_name(wanted)
-                name, duplicate = registry.assign(
-                    wanted,
-                    digest,
-                    suffix=_params_digest(params),
-                    foreign=None if foreign is None else _for_params(foreign, params, index),
-                )
-                if self.selected is not None and name not in self.selected:
-                    index += 1
-                    continue
-                renamed_from = None
-                if name != wanted:
-                    renamed_from = wanted
-                    logger.warning(
-                        "run %d would share folder %r with a different config; using %r instead "
-                        "(a name of its own values only, the same on every start)",
-                        index,
+        dependencies = Dependencies(self.stages) if self.followed else None
+        index, block_index = 0, 0
+        for stage in self.stages:
+            prefix = stage.run_name
+            global_pieces = {key: _hash_piece(key, value) for key, value in stage.global_config.items()}
+            copy_global = (
+                copy.deepcopy
+                if any(not isinstance(v, _IMMUTABLE) for v in stage.global_config.values())
+                else dict  # plain values are shared safely; a list or dict is each run's own
+            )
+            for block in stage.blocks:
+                r = _Rendering(block, global_pieces, o)
+                for combo in itertools.product(*r.columns):
+                    test_config = dict(zip(r.keys, [piece[0] for piece in combo], strict=True))
+                    merged = copy_global(stage.global_config)
+                    merged.update(test_config)
+                    text = "{" + ",".join([p if i < 0 else combo[i][3] for p, i in r.hash_template]) + "}"
+                    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+                    params = "{" + ", ".join([combo[i][2] for i in r.order]) + "}"
+                    # The original's unfiltered string, raw (only folder names need escaping).
+                    shown = prefix(_without(ignored_characters, "".join([combo[i][1] for i in r.order])))
+                    wanted = shown
+                    if r.named is not r.order:
+                        wanted = prefix(_without(ignored_characters, "".join([combo[i][1] for i in r.named])))
+                    wanted = safe_folder_name(wanted)
+                    name, duplicate = registry.assign(
                         wanted,
-                        name,
+                        digest,
+                        suffix=_params_digest(params),
+                        foreign=None if foreign is None else _for_params(foreign, params, index),
                     )
-                yield RunSpec(
-                    index=index,
-                    block=block_index,
-                    test_config=test_config,
-                    config=merged,
-                    test_config_string=shown,
-                    name=name,
-                    work_dir=os.path.join(root, name),
-                    config_hash=digest,
-                    duplicate=duplicate,
-                    renamed_from=renamed_from,
-                    params=params,
-                )
-                index += 1
+                    after: tuple[str, ...] = ()
+                    if dependencies is not None:
+                        after = dependencies.of(stage.name, merged)
+                        dependencies.note(stage.name, name, merged)
+                    if self.selected is not None and name not in self.selected:
+                        index += 1
+                        continue
+                    renamed_from = None
+                    if name != wanted:
+                        renamed_from = wanted
+                        logger.warning(
+                            "run %d would share folder %r with a different config; using %r instead "
+                            "(a name of its own values only, the same on every start)",
+                            index,
+                            wanted,
+                            name,
+                        )
+                    yield RunSpec(
+                        index=index,
+                        block=block_index,
+                        test_config=test_config,
+                        config=merged,
+                        test_config_string=shown,
+                        name=name,
+                        work_dir=os.path.join(root, name),
+                        config_hash=digest,
+                        duplicate=duplicate,
+                        renamed_from=renamed_from,
+                        params=params,
+                        stage=stage.name,
+                        after=after,
+                    )
+                    index += 1
+                block_index += 1
 
     def all_test_config_in_string(self) -> str:
         """The original's ``get_all_test_config_in_string()``: raw blocks, as written."""

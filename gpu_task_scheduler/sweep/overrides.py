@@ -1,7 +1,7 @@
 """Overrides on the command line, as Hydra writes them: ``gts run sweep.yaml lr=0.1,0.01 layers=2``.
 
 * ``key=a,b`` sweeps ``key`` over the values; ``key=a`` fixes it. A key swept in
-  ``test_config`` gets the values in every block that has it; a key of
+  ``test_config`` (or a stage's) gets the values in every block that has it; a key of
   ``global_config`` given several values becomes swept, in every block.
 * ``+key=...`` adds a key the config does not have (a single value to
   ``global_config``, several swept in every block); without the ``+`` an
@@ -136,9 +136,21 @@ def _set_nested(section: dict[str, Any], path: list[str], value: Any, add: bool,
     return f"{where}.{'.'.join(path)} = {value!r}"
 
 
+def _blocks(config: dict[str, Any], create: bool = False) -> list[Any]:
+    """The test_config blocks of the config, or of every stage (``create``: a missing test_config becomes [{}])."""
+    stages = config.get("stages")
+    holders = [s for s in stages if isinstance(s, dict)] if isinstance(stages, list) else [config]
+    blocks: list[Any] = []
+    for holder in holders:
+        found = holder.get("test_config")
+        if not isinstance(found, list) and create:
+            holder["test_config"] = found = [{}]
+        blocks += found if isinstance(found, list) else []
+    return blocks
+
+
 def _sweep_or_fix(config: dict[str, Any], key: str, values: list[Any], add: bool, override: str) -> str:
-    blocks = config.get("test_config")
-    blocks = blocks if isinstance(blocks, list) else []
+    blocks = _blocks(config)
     with_key = [block for block in blocks if isinstance(block, dict) and key in block]
     found = config.get("global_config")
     global_config: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -160,7 +172,7 @@ def _sweep_or_fix(config: dict[str, Any], key: str, values: list[Any], add: bool
     if in_global:
         del config["global_config"][key]
     if not blocks:
-        config["test_config"] = blocks = [{}]
+        blocks = _blocks(config, create=True)
     for block in blocks:
         if isinstance(block, dict):
             block[key] = list(values)

@@ -176,13 +176,24 @@ def run_identity(spec: RunSpec, attempt: int) -> dict[str, str]:
     environment. Per run, so not in a pre-warmed runner's environment: the runner sets them
     before it loads the run's task (read them in ``main()``, not at a module's import)."""
     work_dir = os.path.abspath(spec.work_dir)
-    return {
+    identity = {
         "GTS_RUN_NAME": spec.name,
         "GTS_RUN_DIR": work_dir,
         "GTS_SWEEP_ROOT": os.path.dirname(work_dir),
         "GTS_RUN_INDEX": str(spec.index),
         "GTS_ATTEMPT": str(attempt),
     }
+    if spec.stage is not None:
+        identity["GTS_STAGE"] = spec.stage
+        # One per line: a folder name may hold ':' or ' ', never a newline (naming.py escapes it).
+        identity["GTS_DEP_DIRS"] = "\n".join(dependency_dirs(spec))
+    return identity
+
+
+def dependency_dirs(spec: RunSpec) -> list[str]:
+    """The folders of the runs ``spec`` waited for (absolute: the run's current directory is not the root's)."""
+    root = os.path.dirname(os.path.abspath(spec.work_dir))
+    return [os.path.join(root, name) for name in spec.after]
 
 
 def _rotate_log(paths: RunPaths, attempt: int) -> None:
@@ -222,6 +233,8 @@ def prepare(
     try:
         task = make_task(spec)
         task_name = type(task).__name__
+        if spec.after:
+            task.__dict__["_gts_dependencies"] = tuple(dependency_dirs(spec))  # GPUTask.dependencies
         extra_env = _checked_env(task.required_env(), type(task))
         # A task that is a command (CommandTask, a gts queue line) says which: it runs without Python.
         direct_command = getattr(task, "direct_command", None)

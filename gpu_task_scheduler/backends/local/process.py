@@ -230,7 +230,10 @@ class Child:
         found = self._processes()
         if not found:
             return
-        self.strays.extend(pid for pid in found if pid not in self.strays)
+        # A process still in the group has had the group's SIGKILL and may just not have died yet
+        # (the command wrapper's watcher, killed as the wrapper exits): killed again, not reported.
+        outside = [pid for pid in found if _pgid(pid) not in (None, self.pid)]  # None: gone meanwhile
+        self.strays.extend(pid for pid in outside if pid not in self.strays)
         refused = kill_all(found)
         alive = wait_gone([pid for pid in found if pid not in refused], timeout=5)
         self.unstoppable = sorted(set(refused + alive))

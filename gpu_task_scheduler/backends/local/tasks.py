@@ -23,7 +23,7 @@ from ...errors import ConfigError, TaskClassError
 from ...gpu_task import GPUTask
 from ...sweep.commands import check_template, render, render_shell
 from ...sweep.expand import RunSpec, Sweep
-from .prepare import TaskFactory
+from .prepare import TaskFactory, class_factory
 
 
 def check_task_class(task_class: object) -> type[GPUTask]:
@@ -47,8 +47,8 @@ def import_task(reference: str) -> type[GPUTask]:
     return check_task_class(task_class)
 
 
-def command_factory(sweep: Sweep, command: Any, shell: bool) -> TaskFactory:
-    parts = check_template(command, sweep.keys(), shell=shell)
+def command_factory(sweep: Sweep, command: Any, shell: bool, keys: list[str] | None = None) -> TaskFactory:
+    parts = check_template(command, sweep.keys() if keys is None else keys, shell=shell)
 
     def make(spec: RunSpec) -> GPUTask:
         return CommandTask(
@@ -68,7 +68,42 @@ def resolve_task(
     sweep: Sweep, task_class: type[GPUTask] | None = None, *, command: Any = None, shell: bool | None = None
 ) -> TaskFactory:
     """What each run of ``sweep`` runs: ``task_class``, else a command (given here or in the
-    config), else the config's ``task``. A ``TaskClassError`` when there is none."""
+    config), else the config's ``task``; a stage's own ``task`` or ``command`` for its runs.
+    A ``TaskClassError`` when a run has none."""
+    if not sweep.staged:
+        return _resolve_default(sweep, task_class, command=command, shell=shell)
+    default: TaskFactory | None = None
+    if all(stage.task_ref is not None or stage.command is not None for stage in sweep.stages):
+        try:  # every stage names its own: the sweep needs no task of its own
+            default = _resolve_default(sweep, task_class, command=command, shell=shell)
+        except TaskClassError:
+            pass
+    else:
+        default = _resolve_default(sweep, task_class, command=command, shell=shell)
+    by_stage: dict[str | None, TaskFactory] = {}
+    for stage in sweep.stages:
+        if stage.command is not None:
+            stage_shell = stage.shell if stage.shell is not None else sweep.shell
+            keys = stage.keys() + (["dep_dir"] if stage.after else [])
+            by_stage[stage.name] = command_factory(sweep, stage.command, stage_shell, keys)
+        elif isinstance(stage.task_ref, str):
+            by_stage[stage.name] = class_factory(import_task(stage.task_ref))
+        elif stage.task_ref is not None:
+            by_stage[stage.name] = class_factory(check_task_class(stage.task_ref))
+        else:
+            assert default is not None
+            by_stage[stage.name] = class_factory(default) if isinstance(default, type) else default
+
+    def make(spec: RunSpec) -> GPUTask:
+        return by_stage[spec.stage](spec)
+
+    make.__name__ = "the stage's task"
+    return make
+
+
+def _resolve_default(
+    sweep: Sweep, task_class: type[GPUTask] | None, *, command: Any, shell: bool | None
+) -> TaskFactory:
     if task_class is not None:
         checked = check_task_class(task_class)
         if task_class.__module__ != "__main__" and "<locals>" not in task_class.__qualname__:
@@ -77,7 +112,7 @@ def resolve_task(
     if command is not None or sweep.command is not None:
         command = command if command is not None else sweep.command
         shell = sweep.shell if shell is None else shell
-        factory = command_factory(sweep, command, shell)
+        factory = command_factory(sweep, command, shell, sweep.keys() + (["dep_dir"] if sweep.followed else []))
         sweep.task_record = {"command": command, "shell": shell}
         return factory
     if sweep.task_ref is not None:
@@ -161,6 +196,8 @@ class CommandTask(GPUTask):
         needs: the scheduler runs it without a Python process; ``main()`` runs the same by hand."""
         values = dict(self._config)
         values.update(work_dir=self._work_dir, run_name=self.run_name, run_index=self.run_index, gpus=gpus)
+        if len(self.dependencies) == 1:  # a stage whose runs each wait for one run (checked with the config)
+            values["dep_dir"] = self.dependencies[0]
         if not self.shell:
             return render(self.parts, values), {}
         script, variables = render_shell(self.parts[0], values)

@@ -37,7 +37,7 @@ RUNS = 60  # long enough that no launch gets far before the next kill, however f
 KILLS = 25
 
 
-@pytest.mark.parametrize("kind", ["python", "command"])
+@pytest.mark.parametrize("kind", ["python", "command", "stages"])
 def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_processes, kind):
     rng = random.Random(KILL_SEED)
     root, journal = in_tmp / "r", str(in_tmp / "journal")
@@ -52,6 +52,14 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
     if kind == "command":  # no Python in the run: the command wrapper records the success
         script = 'echo "start i-$1," >> "$0"; sleep 0.1; echo "end i-$1," >> "$0"'
         config["command"], task = ["sh", "-c", script, journal, "{i}"], "-"
+    names = [f"i-{i}," for i in range(RUNS)]
+    if kind == "stages":  # half the runs wait for the other half: no eval run may start before its train run ended
+        script = 'echo "start $1" >> "$0"; sleep 0.1; echo "end $1" >> "$0"'
+        half = {"test_config": [{"i": list(range(RUNS // 2))}], "command": ["sh", "-c", script, journal, "{run_name}"]}
+        config["stages"] = [{"name": "train", **half}, {"name": "eval", "after": "train", **half}]
+        del config["test_config"]
+        task = "-"
+        names = [f"{stage}.i-{i}," for stage in ("train", "eval") for i in range(RUNS // 2)]
     kills = 0
     for _ in range(KILLS):
         scheduler = launch(config, task)
@@ -74,9 +82,11 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
     assert last.returncode == 0
     assert kills >= 15, f"only {kills} of {KILLS} launches were killed; the sweep is too short"
     lines = journal_lines(journal)
-    assert [lines.count(f"end i-{i},") for i in range(RUNS)] == [1] * RUNS
+    assert [lines.count(f"end {name}") for name in names] == [1] * RUNS
+    for i in range(RUNS // 2 if kind == "stages" else 0):
+        assert lines.index(f"end train.i-{i},") < lines.index(f"start eval.i-{i},")
     rows = ledger_rows(root)
-    assert sorted(rows) == sorted(f"i-{i}," for i in range(RUNS))
+    assert sorted(rows) == sorted(names)
     assert {row["status"] for row in rows.values()} == {"succeeded"}
     starts = sum(line.startswith("start") for line in lines)
     print(f"survived {kills} SIGKILLs; {starts} starts for {RUNS} runs")

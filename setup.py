@@ -38,6 +38,8 @@ setup(
         # Task classes defined interactively (a notebook, the REPL) are carried to their
         # process by value.
         "interactive": ["cloudpickle>=2.0"],
+        # Sweeps over the GPUs of several machines (backend: ray; see backends/ray/).
+        "ray": ["ray>=2.10"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",
@@ -46,6 +48,7 @@ setup(
             "pandas>=1.3",
             "matplotlib>=3.5",
             "cloudpickle>=2.0",
+            "ray>=2.10",
             "ruff>=0.6",
             "mypy>=1.10",
         ],

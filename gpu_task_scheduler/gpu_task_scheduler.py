@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from .backends.local.launcher import LocalLauncher
+from .backends.choose import launcher_for
 from .backends.local.tasks import resolve_task
 from .engine.api import reraise_interruption, run_sweep
 from .engine.hooks import HookList, Hooks
@@ -71,9 +71,8 @@ class GPUTaskScheduler:
         ``summary`` attribute is the summary); on SIGTERM or SIGHUP they are stopped and the
         signal goes on to the previous handler. ``reraise_signals=False``: return the summary.
         """
-        options = self.sweep.options
-        launcher = LocalLauncher(self._make_task, grace_period=options.grace_period, prewarm=options.prewarm)
-        summary = run_sweep(self.sweep, launcher, hooks=self._hooks, nvml=self._nvml, console=self._console)
+        with launcher_for(self.sweep.options, self._make_task) as launcher:
+            summary = run_sweep(self.sweep, launcher, hooks=self._hooks, nvml=self._nvml, console=self._console)
         if reraise_signals:
             reraise_interruption(summary)
         return summary

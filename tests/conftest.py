@@ -130,3 +130,24 @@ def smtp_server():
     server.shutdown()
     server.server_close()
     thread.join()
+
+
+# Ray: the tests that use it run in one pytest worker (xdist_group "ray", with --dist loadgroup),
+# which starts one Ray instance of 4 declared GPUs for all of them, on this machine only.
+RAY_GPUS = 4
+
+
+@pytest.fixture(scope="session")
+def ray_instance():
+    """A Ray instance shared by the tests of this worker: the Ray launcher uses a connection the
+    program already has (and leaves it open). Stopped with ray.shutdown(), never `ray stop`."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    mark = os.environ.pop(MARK, None)  # Ray's processes outlive the test that happened to start them
+    try:
+        ray.init(num_cpus=2, num_gpus=RAY_GPUS, include_dashboard=False, log_to_driver=False)
+    finally:
+        if mark is not None:
+            os.environ[MARK] = mark
+    yield ray
+    ray.shutdown()

@@ -61,7 +61,7 @@ class FakeWorld:
     def close(self):
         self.closed = True
 
-    def start(self, attempt, on_exit):
+    def start(self, attempt, on_exit, on_placed=None):
         if attempt.spec.config.get("refuse"):
             from gpu_task_scheduler.engine.launcher import LaunchError
 

@@ -90,6 +90,11 @@ def test_scheduler_defaults_match_the_original(in_tmp):
         "cpu_fallback": 0,
         "max_host_cpu_percent": None,
         "min_host_free_memory": None,
+        "backend": "local",
+        "ray_address": None,
+        "ray_cpus_per_run": 0,
+        "ray_local_gpus": None,
+        "node_failure_retries": 3,
         "notify_command": None,
         "notify_email": None,
     }
@@ -398,6 +403,11 @@ BAD_VALUES = {
     "cpu_fallback": [(-1, "0"), (1.0, "integer")],
     "max_host_cpu_percent": [(-1, "percentage"), (101, "percentage")],
     "min_host_free_memory": [("plenty", "memory size")],
+    "backend": [("slurm", "one of 'local', 'ray'"), (None, "one of")],
+    "ray_address": [(6379, "a string or null")],
+    "ray_cpus_per_run": [(-1, "a number >= 0"), ("1", "a number >= 0"), (float("inf"), ">= 0")],
+    "ray_local_gpus": [(-1, "integer >= 0"), (1.5, "integer")],
+    "node_failure_retries": [(-1, "integer >= 0"), (True, "integer")],
     "notify_command": [(5, "a command"), ("  ", "a command"), ([1, 2], "a command")],
     "notify_email": [
         ({"host": "h"}, "a dict with host, sender, recipients"),

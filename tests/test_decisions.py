@@ -99,6 +99,10 @@ CLASSIFY = [
         (F, "GPU out of memory (PyTorch)"),
     ),
     (facts(0, outcome=GOOD, unstoppable=(7, 8)), (S, "processes it started could not be stopped: pid 7, 8")),
+    # The machine went away: interrupted, whatever the exit status; unless it succeeded first, or we stopped it.
+    (facts(-9, lost="its machine went away"), (INT, "its machine went away")),
+    (facts(-9, outcome=GOOD, lost="its machine went away"), (S, None)),
+    (facts(-9, stopped=(T, "timed out after 1s"), lost="x"), (T, "timed out after 1s")),
 ]
 
 
@@ -127,6 +131,14 @@ AFTER_EXIT = [
     ((ended(F, oom="x"), 3, 2, 10, None, False), ("done", None)),  # max_oom_retries used up
     ((ended(F), 3, 2, 10, None, False), ("retry", None)),  # out-of-memory retries do not use up max_retries
 ]
+
+
+def test_an_attempt_lost_with_its_machine_runs_again_a_bounded_number_of_times():
+    lost = classify(facts(-9, lost="its machine went away"))
+    common = dict(tries=5, oom_retries=0, reserved=None, peak=None, max_retries=0, max_oom_retries=0)
+    assert after_exit(lost, stopping=False, lost_retries=2, max_lost_retries=3, **common).action == "lost"
+    assert after_exit(lost, stopping=False, lost_retries=3, max_lost_retries=3, **common).action == "done"
+    assert after_exit(lost, stopping=True, lost_retries=0, max_lost_retries=3, **common).action == "done"
 
 
 @pytest.mark.parametrize("inputs, expected", AFTER_EXIT)

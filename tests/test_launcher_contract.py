@@ -1,10 +1,11 @@
-"""The contract every launcher keeps, run against each: the local one (real processes) and the
-fake one (no processes, fake clock). A later launcher (pre-warmed, Ray) joins the parameter list.
+"""The contract every launcher keeps, run against each: the local one (real processes), the
+fake one (no processes, fake clock) and the Ray one (a local Ray instance, see conftest.py).
 
 Each case is a small sweep whose runs behave as their config says (``seconds``, ``exit``, ``oom``,
 ``trap_term``, ``term_takes``; see fake_launcher.py and gts_test_tasks.ContractTask).
 """
 
+import contextlib
 import os
 import queue
 import signal
@@ -18,6 +19,7 @@ from fake_launcher import FakeWorld
 from helpers import ledger_rows, make_config
 
 from gpu_task_scheduler.backends.local.launcher import LocalLauncher
+from gpu_task_scheduler.backends.ray.launcher import RayLauncher
 from gpu_task_scheduler.engine.hooks import Hooks, Inbox
 from gpu_task_scheduler.engine.launcher import Attempt
 from gpu_task_scheduler.engine.loop import Scheduler
@@ -46,23 +48,33 @@ class SignalOnStart(Hooks):
 
 
 def run_sweep(backend, config, hooks=None):
+    if backend == "ray":
+        config["scheduler_config"]["backend"] = "ray"
     sweep = Sweep(config)
     if backend == "fake":
         world = FakeWorld()
         scheduler = Scheduler(sweep, world, clock=world.clock, inbox=world, hooks=hooks)
+        launcher = contextlib.nullcontext()
+    elif backend == "ray":
+        launcher = RayLauncher(tasks.ContractTask, sweep.options)
+        scheduler = Scheduler(sweep, launcher, inbox=Inbox(), hooks=hooks)
     else:
         launcher = LocalLauncher(tasks.ContractTask, grace_period=sweep.options.grace_period)
         scheduler = Scheduler(sweep, launcher, inbox=Inbox(), hooks=hooks)
+        launcher = contextlib.nullcontext()
     if hooks is not None:
         hooks.scheduler = scheduler
-    return scheduler.run()
+    with launcher:
+        return scheduler.run()
 
 
-BACKENDS = ["local", "fake"]
+BACKENDS = ["local", "fake", pytest.param("ray", marks=[pytest.mark.xdist_group("ray")])]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_instance")
     return request.param
 
 
@@ -146,6 +158,9 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
     heard = threading.Event()
     world = FakeWorld() if backend == "fake" else None
     launcher = world or LocalLauncher(tasks.ContractTask, grace_period=1)
+    if backend == "ray":
+        launcher = RayLauncher(tasks.ContractTask, sweep.options)
+    os.makedirs(sweep.options.result_root_folder)
     root = os.open(tmp_path, os.O_RDONLY)
     try:
         launcher.open(root)
@@ -158,3 +173,5 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
         assert handle.reap().returncode == 0
     finally:
         os.close(root)
+        if backend == "ray":
+            launcher.shutdown()

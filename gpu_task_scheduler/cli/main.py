@@ -90,19 +90,23 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
         ("max_retries", "max_retries"),
         ("timeout", "timeout"),
         ("grace_period", "grace_period"),
+        ("backend", "backend"),
+        ("address", "ray_address"),
     ):
         value = getattr(args, flag)
         if value is not None and value is not False:
             scheduler[key] = value
     if args.accept_changes or args.keep:
         scheduler["on_config_change"] = "rerun" if args.accept_changes else "keep"
+    if args.address is not None and args.backend is None:
+        scheduler["backend"] = "ray"  # only Ray takes an address
     config["scheduler_config"] = scheduler
     return config
 
 
 def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
     """Run it with the status line on a terminal (plain log lines otherwise); its exit code."""
-    from ..backends.local.launcher import LocalLauncher
+    from ..backends.choose import launcher_for
     from ..engine.api import run_sweep
     from ..engine.hooks import HookList
     from .progress import live_status, wanted
@@ -110,9 +114,9 @@ def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
     status = None if plain else live_status(len(sweep), wanted(sys.stderr))
     if status is None:
         plain_console_logging()
-    launcher = LocalLauncher(make_task, grace_period=sweep.options.grace_period, prewarm=sweep.options.prewarm)
     console = None if status is None else status.log_handler()
-    summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
+    with launcher_for(sweep.options, make_task) as launcher:
+        summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
     return summary.exit_code
 
 
@@ -450,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every run of a sweep config (YAML, JSON or .py).",
         epilog="examples:\n  gts run sweep.yaml\n  gts run sweep.yaml --gpus 0 1 --dry-run\n"
         "  gts run sweep.yaml lr=0.1,0.01 layers=2 +seed=1,2,3 scheduler_config.timeout=600\n"
-        "  gts run sweep.yaml --task mypkg.tasks:Train --gpus 0,1 2,3\n\n"
+        "  gts run sweep.yaml --task mypkg.tasks:Train --gpus 0,1 2,3\n"
+        "  gts run sweep.yaml --address auto --gpus all    # every GPU of the Ray cluster\n\n"
         "The task is the config's `command:` template, its `task: module:Class`, "
         "or --task.",
     )
@@ -475,6 +480,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when a run is stopped (default 10)",
+    )
+    run.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        help="where runs run: this machine's GPUs (local, the default) or a Ray cluster's (ray)",
+    )
+    run.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="the Ray cluster to use ('auto': the one this machine belongs to); implies --backend ray. "
+        "Without it, --backend ray starts a Ray instance on this machine for the sweep",
     )
     run.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
     changed = run.add_mutually_exclusive_group()

@@ -87,6 +87,7 @@ class ExitFacts:
     folder_exists: bool
     log_tail: str
     unstoppable: tuple[int, ...] = ()
+    lost: str | None = None  # the launcher lost it with its machine (Ended.lost)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Classified:
     signal: str | None
     result: Any = None
     oom: str | None = None  # the out-of-memory message found in the log
+    lost: bool = False  # ended because its machine went away: run again elsewhere
 
 
 def describe_returncode(returncode: int) -> tuple[int | None, str | None]:
@@ -119,8 +121,13 @@ def classify(facts: ExitFacts) -> Classified:
     exit_code, signal_name = describe_returncode(facts.returncode)
     result, oom = None, None
     outcome = facts.outcome
+    lost = False
     if outcome is not None and outcome.succeeded:
         status, cause, result = RunStatus.SUCCEEDED, None, outcome.result
+    elif facts.lost is not None and facts.stopped is None:
+        # Whatever its exit status says, the machine took it down: an interruption, not its failure.
+        status, cause, lost = RunStatus.INTERRUPTED, facts.lost, True
+        exit_code, signal_name = None, None
     elif not facts.reports_outcome and facts.stopped is None:
         if facts.returncode == 0:
             status, cause = RunStatus.SUCCEEDED, None
@@ -148,7 +155,7 @@ def classify(facts: ExitFacts) -> Classified:
     if facts.unstoppable:
         note = "processes it started could not be stopped: pid " + ", ".join(map(str, facts.unstoppable))
         cause = f"{cause}; {note}" if cause else note
-    return Classified(status, cause, exit_code, signal_name, result, oom)
+    return Classified(status, cause, exit_code, signal_name, result, oom, lost)
 
 
 # --- what happens next ----------------------------------------------------------
@@ -156,7 +163,9 @@ def classify(facts: ExitFacts) -> Classified:
 
 @dataclass(frozen=True)
 class Next:
-    action: str  # "done", "retry" (queued again now) or "defer" (after every other run, with `need`)
+    # "done", "retry" (queued again now), "lost" (queued again now: its machine went away) or
+    # "defer" (after every other run, with `need`)
+    action: str
     need: Need = None
 
 
@@ -170,15 +179,20 @@ def after_exit(
     max_retries: int,
     max_oom_retries: int,
     stopping: bool,
+    lost_retries: int = 0,
+    max_lost_retries: int = 0,
 ) -> Next:
-    """``tries``: attempts made so far (this one included); ``oom_retries``: out-of-memory retries so far."""
+    """``tries``: attempts made so far (this one included); ``oom_retries``: out-of-memory retries so far;
+    ``lost_retries``: attempts run again because their machine went away."""
     if ended.status is RunStatus.SUCCEEDED or stopping:
         return Next("done")
+    if ended.lost:
+        return Next("lost") if lost_retries < max_lost_retries else Next("done")
     if ended.oom is not None:
         if oom_retries >= max_oom_retries:
             return Next("done")
         grown = max(reserved if isinstance(reserved, int) else 0, peak or 0)
         return Next("defer", int(grown * OOM_GROWTH) if grown > 0 else WHOLE_GPU)
-    if ended.status in (RunStatus.FAILED, RunStatus.TIMED_OUT) and tries - oom_retries <= max_retries:
+    if ended.status in (RunStatus.FAILED, RunStatus.TIMED_OUT) and tries - oom_retries - lost_retries <= max_retries:
         return Next("retry")
     return Next("done")

@@ -22,6 +22,7 @@ from typing import Protocol
 from ..gpu.devices import Slot
 from ..records.paths import RunPaths
 from ..sweep.expand import RunSpec
+from ..sweep.options import SchedulerOptions
 
 
 class LaunchError(Exception):
@@ -53,6 +54,7 @@ class Ended:
     returncode: int  # as Popen gives it: negative for a signal
     strays: tuple[int, ...] = ()  # processes it left outside its process group, stopped
     unstoppable: tuple[int, ...] = ()  # ... and those that could not be stopped
+    lost: str | None = None  # the launcher lost the attempt (its machine went away): how, in words
 
 
 class Handle(Protocol):
@@ -78,9 +80,20 @@ class Launcher(Protocol):
         """The result root is locked by ``lock_fd``; a launcher whose runs can outlive a crash of the
         scheduler lets them hold it (so no second scheduler takes the root while one lives)."""
 
-    def start(self, attempt: Attempt, on_exit: Callable[[], None]) -> Handle:
-        """Start the attempt; ``on_exit()`` once it has ended. Raises LaunchError (or OSError)."""
+    def start(
+        self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
+    ) -> Handle:
+        """Start the attempt; ``on_exit()`` once it has ended. Raises LaunchError (or OSError).
+        A launcher that runs attempts on other machines calls ``on_placed(node, pid)`` once it
+        knows where the attempt runs (``Handle.pid`` is 0 until then); both from any thread."""
 
     def close(self) -> None:
         """The sweep is over (every run has ended): release what the launcher holds, e.g. processes
         started ahead for runs that will not come. Called while the root is still locked."""
+
+
+class ClusterLauncher(Launcher, Protocol):
+    """A launcher whose slots are not this machine's GPUs but what a cluster offers (Ray)."""
+
+    def slots(self, options: SchedulerOptions) -> list[Slot]:
+        """The slots of the sweep (raises GTSError when there are none)."""

@@ -95,7 +95,9 @@ class Scheduler:
     def setup(self) -> Capacity:
         """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
         if self._capacity is None:
-            self._capacity = Capacity(self.options, nvml=self._nvml, host=self._host)
+            cluster_slots = getattr(self._launcher, "slots", None)  # a ClusterLauncher's (Ray)
+            slots = cluster_slots(self.options) if callable(cluster_slots) else None
+            self._capacity = Capacity(self.options, nvml=self._nvml, host=self._host, slots=slots)
         return self._capacity
 
     def run(self) -> SweepSummary:
@@ -161,6 +163,8 @@ class Scheduler:
                     kind, value = event
                     if kind == "exit":
                         self._on_exit(value)
+                    elif kind == "placed":
+                        self._on_placed(*value)
                     elif kind == "signal":
                         self._on_signal(value)
                     try:
@@ -268,7 +272,9 @@ class Scheduler:
         key = next(self._keys)
         try:
             handle = self._launcher.start(
-                Attempt(spec, slot, paths, token, number), lambda: self.inbox.put("exit", key)
+                Attempt(spec, slot, paths, token, number),
+                lambda: self.inbox.put("exit", key),
+                lambda node, pid: self.inbox.put("placed", (key, node, pid)),
             )
         except (LaunchError, OSError) as error:
             tail = paths.tail() or "\n".join(getattr(error, "details", "").splitlines()[-20:])
@@ -277,11 +283,19 @@ class Scheduler:
             self._settle(spec, RunStatus.FAILED, cause)
             return
         now, timeout = self._clock(), self.options.timeout
-        self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
+        if handle.pid > 0:  # a run on another machine has none here until it is placed (_on_placed)
+            self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
         self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None else now + timeout
         self._active[key] = _Active(item, slot_index, slot, handle, paths, token, now, deadline)
         self._records.call("on_run_start", spec, slot)
+
+    def _on_placed(self, key: int, node: str, pid: int) -> None:
+        """A run on another machine started there (a ClusterLauncher's report)."""
+        active = self._active.get(key)
+        if active is not None:
+            self._records.ledger.set_node(active.spec.name, node, pid)
+            logger.info("%s runs on %s (pid %d there)", active.spec.name, node, pid)
 
     def _on_exit(self, key: int) -> None:
         active = self._active.pop(key)
@@ -304,7 +318,7 @@ class Scheduler:
             end,
             ended,
             attempts=item.tries,
-            pid=handle.pid,
+            pid=handle.pid if handle.pid > 0 else None,
             peak=peak,
             duration=duration,
             gpu_leftover="; ".join(left.describe() for left in leftovers) or None,

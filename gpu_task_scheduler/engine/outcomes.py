@@ -55,6 +55,7 @@ def read_exit(
         folder_exists=paths.exists(),
         log_tail=tail,
         unstoppable=ended.unstoppable,
+        lost=ended.lost,
     )
     return Exit(facts, outcome, tail)
 
@@ -200,7 +201,7 @@ class Records:
         ended: Ended,
         *,
         attempts: int,
-        pid: int,
+        pid: int | None,
         peak: int | None,
         duration: float,
         gpu_leftover: str | None = None,

@@ -32,6 +32,7 @@ class Pending:
     spec: RunSpec
     tries: int = 0  # attempts of this run in this start()
     oom_retries: int = 0
+    lost_retries: int = 0  # attempts run again because their machine went away
     need: Need = None  # the memory estimate raised after an out-of-memory failure
     decided: bool = False  # before_run() said it runs (asked once, also when it waits for dependencies)
     waiting_on: set[str] | None = None  # while parked: the runs it still waits for
@@ -134,11 +135,21 @@ class RunQueue:
             max_retries=options.max_retries,
             max_oom_retries=options.max_oom_retries,
             stopping=stopping,
+            lost_retries=item.lost_retries,
+            max_lost_retries=options.node_failure_retries,
         )
-        self.requeue(item, step, max_retries=options.max_retries, max_oom_retries=options.max_oom_retries)
+        self.requeue(
+            item,
+            step,
+            max_retries=options.max_retries,
+            max_oom_retries=options.max_oom_retries,
+            max_lost_retries=options.node_failure_retries,
+        )
         return step.action != "done"
 
-    def requeue(self, item: Pending, step: Next, *, max_retries: int, max_oom_retries: int) -> None:
+    def requeue(
+        self, item: Pending, step: Next, *, max_retries: int, max_oom_retries: int, max_lost_retries: int = 0
+    ) -> None:
         """Act on :func:`decide.after_exit`'s answer for a run that did not succeed."""
         spec = item.spec
         if step.action == "defer":
@@ -153,6 +164,15 @@ class RunQueue:
                 max_oom_retries,
             )
             self._deferred.append(item)
+        elif step.action == "lost":
+            item.lost_retries += 1
+            logger.warning(
+                "%s will run again on another machine (%d of %d such retries)",
+                spec.name,
+                item.lost_retries,
+                max_lost_retries,
+            )
+            self._retry.append(item)
         elif step.action == "retry":
             logger.info("%s will be retried (attempt %d of %d)", spec.name, item.tries + 1, max_retries + 1)
             self._retry.append(item)

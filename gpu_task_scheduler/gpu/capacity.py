@@ -15,7 +15,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -107,14 +107,17 @@ class Capacity:
         *,
         nvml: ModuleType | None = None,
         host: HostProbe | None = None,
+        slots: Sequence[Slot] | None = None,
     ) -> None:
-        """Finds the slots on this machine; raises GTSError if there are none (and holds nothing then)."""
+        """Finds the slots on this machine; raises GTSError if there are none (and holds nothing then).
+        ``slots``: a cluster's instead (a launcher's, see engine/launcher.py), one run each, placed by
+        the cluster on GPUs this machine cannot see: no NVML here."""
         self._o = options
         self._host = host or HostProbe()
         self._monitor: GpuMonitor | None = None
         self._shared: SharedReservations | None = None
         why = ""
-        if options.slots is None or any(not slot.is_cpu for slot in options.slots):
+        if slots is None and (options.slots is None or any(not slot.is_cpu for slot in options.slots)):
             self._monitor, why = open_monitor(nvml)
             if self._monitor is None and options.slots is not None:
                 ids = gpu_ids(options.slots)
@@ -125,8 +128,12 @@ class Capacity:
                     why,
                 )
         try:
-            self.slots: list[Slot] = discover_slots(
-                options.slots, cpu_fallback=options.cpu_fallback, monitor=self._monitor, why_no_monitor=why
+            self.slots: list[Slot] = (
+                list(slots)
+                if slots is not None
+                else discover_slots(
+                    options.slots, cpu_fallback=options.cpu_fallback, monitor=self._monitor, why_no_monitor=why
+                )
             )
             packing = self._monitor is not None
             self._capacity = [1 if s.is_cpu or not packing else options.max_runs_per_gpu for s in self.slots]

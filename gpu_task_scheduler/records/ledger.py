@@ -47,12 +47,13 @@ logger = logging.getLogger("gpu_task_scheduler")
 
 # 1: the first release. 2: runs.result_file (results too large to keep in the ledger).
 # 3: runs.gpu_leftover (GPU memory a run's processes still held after it ended).
-# 4: runs.stage and the status 'blocked' (stages; an older version could not read that status).
+# 4: runs.stage and the status 'blocked' (stages; an older version could not read that status),
+#    runs.node (the machine a run ran on, with the Ray backend).
 SCHEMA_VERSION = 4
 _MIGRATIONS = {
-    1: "ALTER TABLE runs ADD COLUMN result_file TEXT",
-    2: "ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",
-    3: "ALTER TABLE runs ADD COLUMN stage TEXT",
+    1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
+    2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
+    3: ("ALTER TABLE runs ADD COLUMN stage TEXT", "ALTER TABLE runs ADD COLUMN node TEXT"),
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -69,7 +70,7 @@ CREATE TABLE IF NOT EXISTS runs (
     slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
-    gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT
+    gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT, node TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -100,6 +101,7 @@ class RunRecord:
     result_file: str | None = None  # a result too large for the ledger: this file in the run's .gts/
     gpu_leftover: str | None = None  # GPU memory its processes still held after it ended, in words
     stage: str | None = None  # its stage, in a config with stages
+    node: str | None = None  # the machine its last attempt ran on (Ray backend): "ip/node id"
 
     @property
     def params_value(self) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
 
 _FIELDS = set(RunRecord.__dataclass_fields__)
 # Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
-_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage"}
+_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node"}
 
 
 def _check_version(path: str, version: int | None) -> None:
@@ -167,7 +169,8 @@ class Ledger:
             version = self._version()
             if version is not None and version < SCHEMA_VERSION:
                 for step in range(version, SCHEMA_VERSION):
-                    self._db.execute(_MIGRATIONS[step])
+                    for statement in _MIGRATIONS[step]:
+                        self._db.execute(statement)
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
             self._db.executescript(_SCHEMA)
             version = self._version()
@@ -374,7 +377,7 @@ class Ledger:
                  attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
-                 gpu_memory_peak = NULL, gpu_leftover = NULL""",
+                 gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL""",
             (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage),
         )
         record = self.get(name)
@@ -414,6 +417,10 @@ class Ledger:
     def set_pid(self, name: str, pid: int) -> None:
         """The running attempt's process (the leader of its process group)."""
         self._write("UPDATE runs SET pid = ? WHERE name = ?", (pid, name))
+
+    def set_node(self, name: str, node: str, pid: int) -> None:
+        """The machine the running attempt runs on, and its process there."""
+        self._write("UPDATE runs SET node = ?, pid = ? WHERE name = ?", (node, pid, name))
 
     def finish(
         self,

@@ -52,6 +52,7 @@ def status(root: str) -> dict[str, Any]:
                 "name": record.name,
                 "stage": record.stage,
                 "status": state,
+                "node": record.node,
                 "slot": record.slot,
                 "started": _iso(record.started_at),
                 "duration": None if stale else duration(record),
@@ -116,6 +117,8 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
             peak = row.get("gpu_memory_peak")
             row["gpu peak"] = None if peak is None else format_memory(peak)
         names = ["name", "status", "slot", "started", "duration", "exit", "attempts", "gpu peak", "cause", "log"]
+        if any(run.get("node") for run in report["runs"]):  # the Ray backend: which machine
+            names.insert(names.index("slot") + 1, "node")
         lines.append(format_table(table, names, escape=escape))
     return "\n".join(lines)
 

@@ -340,7 +340,14 @@ class Sweep:
                     raise
                 whose = "its own command" if own else "the top-level command"
                 raise ConfigError(f"stage {stage.name!r} runs {whose}, and: {error}") from None
-            uses = any(base_key(field) == "dep_dir" for part in parts for field, _, _ in placeholders(part))
+            fields = {base_key(field) for part in parts for field, _, _ in placeholders(part)}
+            if "gpus" in fields and self.options.backend == "ray":
+                raise ConfigError(
+                    f"{where} uses {{gpus}}, which the Ray backend cannot fill in: Ray chooses a run's GPUs "
+                    "on the machine that runs it, after the command is built. Read $CUDA_VISIBLE_DEVICES "
+                    "there instead (shell: true, or in the script)"
+                )
+            uses = "dep_dir" in fields
             if uses and (stage.fewest_dependencies, stage.most_dependencies) != (1, 1):
                 fewest, most = stage.fewest_dependencies, stage.most_dependencies
                 count = fewest if fewest == most else f"{fewest} to {most}"

@@ -117,6 +117,11 @@ def _percent(value: Any) -> str | None:
     return None if ok else "a percentage in (0, 100]"
 
 
+def _non_negative(value: Any) -> str | None:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and float(value) >= 0
+    return None if ok else "a number >= 0"
+
+
 PLACEMENTS = ("first_fit", "round_robin", "random", "most_free")
 
 
@@ -203,6 +208,12 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "cpu_fallback": (lambda: 0, _int_at_least(0)),
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
+    # Where runs run (see backends/ray/): this machine, or a Ray cluster.
+    "backend": (lambda: "local", _one_of("local", "ray")),
+    "ray_address": (lambda: None, _optional(_text)),
+    "ray_cpus_per_run": (lambda: 0, _non_negative),
+    "ray_local_gpus": (lambda: None, _optional(_int_at_least(0))),
+    "node_failure_retries": (lambda: 3, _int_at_least(0)),
     # Notifications when the sweep ends (see reports/notify.py).
     "notify_command": (lambda: None, _optional(_command_option)),
     "notify_email": (lambda: None, _optional(_email_option)),
@@ -246,6 +257,11 @@ class SchedulerOptions:
     cpu_fallback: int
     max_host_cpu_percent: float | None
     min_host_free_memory: int | None
+    backend: str  # "local" (this machine's GPUs) or "ray"
+    ray_address: str | None  # an existing cluster ("auto", "HOST:PORT"); None: a Ray instance of our own
+    ray_cpus_per_run: float  # CPUs each run's Ray task asks for
+    ray_local_gpus: int | None  # GPUs a Ray instance of our own declares (None: as Ray detects them)
+    node_failure_retries: int  # a run whose machine went away runs again elsewhere, this many times
     notify_command: str | list[str] | None
     notify_email: Mapping[str, Any] | None
     given: Mapping[str, Any] = field(repr=False, compare=False)  # as written, defaults added

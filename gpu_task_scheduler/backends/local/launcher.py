@@ -41,7 +41,9 @@ class LocalLauncher:
         while self._warm:
             self._warm.popitem()[1].discard()
 
-    def start(self, attempt: Attempt, on_exit: Callable[[], None]) -> LocalHandle:
+    def start(
+        self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
+    ) -> LocalHandle:
         paths = attempt.paths
         inherit = () if self._lock_fd is None else (self._lock_fd,)
         try:

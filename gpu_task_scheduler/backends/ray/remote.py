@@ -1,0 +1,166 @@
+"""What runs in Ray's processes: the supervisor of one attempt, and the driver's stop channel.
+
+:func:`supervise` is the body of a run's Ray task (a streaming generator: it
+reports where the run started, then how it ended). It starts the run's
+process as the local backend does (:class:`~..local.process.Child`: its own
+session, its log, the lifeline that ends the run if this supervisor dies) with
+the GPUs Ray gave the task as ``CUDA_VISIBLE_DEVICES``, and waits for it. The
+Ray worker is reused by the next task (``max_calls=0``); each run still gets a
+fresh process.
+
+:class:`Control` is a small async actor of the driver's: a stop or kill the
+engine asks for is posted there and reaches the supervisor, which waits on it
+in a thread. When the driver (and with it the actor) is gone, the supervisor
+kills its run: a run never outlives its scheduler, on any machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+# What a stop request may say; "end": the run is over, the supervisor stops waiting.
+STOP, KILL, END = "stop", "kill", "end"
+
+
+class Control:
+    """Stop requests for the runs of one sweep, by attempt token (an async Ray actor of the driver's)."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, list[str]] = {}
+        self._changed: dict[str, asyncio.Condition] = {}
+
+    def _condition(self, token: str) -> asyncio.Condition:
+        if token not in self._changed:
+            self._changed[token] = asyncio.Condition()
+        return self._changed[token]
+
+    async def wait(self, token: str, seen: int) -> str:
+        """The request after the first ``seen`` ones for ``token``, once there is one."""
+        condition = self._condition(token)
+        async with condition:
+            await condition.wait_for(lambda: len(self._requests.get(token, ())) > seen)
+            request = self._requests[token][seen]
+        if request == END:  # the supervisor asks no more
+            self._requests.pop(token, None)
+            self._changed.pop(token, None)
+        return request
+
+    async def request(self, token: str, what: str) -> None:
+        self._requests.setdefault(token, []).append(what)
+        condition = self._condition(token)
+        async with condition:
+            condition.notify_all()
+
+
+def node_name() -> str:
+    """This machine as the ledger and ``gts status`` show it: ``IP/node id`` (8 hex digits)."""
+    import ray
+
+    return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
+
+
+def _cannot_run(run: dict[str, Any], node: str) -> str | None:
+    """Why this machine cannot run the attempt (it does not see the run folder, or the directory
+    the sweep was started from), or None."""
+    if not os.path.isfile(run["config_file"]):
+        return (
+            f"{node} does not see the run folder {run['work_dir']} that the scheduler prepared: the result "
+            "root must be on a filesystem every machine of the cluster sees, at the same path"
+        )
+    if not os.path.isdir(run["cwd"]):
+        return (
+            f"{node} has no directory {run['cwd']}, where the sweep was started (runs start there): start "
+            "the sweep from a directory every machine sees, at the same path"
+        )
+    return None
+
+
+def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
+    """Yields ``{"node", "pid"}`` once the run's process started (or ``{"lost": why}`` when this
+    machine cannot run it), then ``{"returncode", "strays", "unstoppable"}`` when it has ended."""
+    import ray
+
+    from ..local.launcher import LocalHandle
+    from ..local.process import Child
+
+    node = node_name()
+    problem = _cannot_run(run, node)
+    if problem is not None:
+        yield {"lost": problem}
+        return
+    env = dict(os.environ)
+    env.update(run["env"])
+    gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in gpus)
+    argv = list(run["argv"])
+    if argv and argv[0] == run["python"]:  # the driver's interpreter: this machine's may live elsewhere
+        argv[0] = sys.executable
+    handle = LocalHandle(reports_outcome=run["reports_outcome"], grace_period=run["grace_period"])
+    ended = threading.Event()
+    try:
+        handle.child = Child(
+            argv, env=env, cwd=run["cwd"], log_path=run["log"], on_exit=handle.exited_to(ended.set), token=run["token"]
+        )
+    except OSError as error:  # as locally: the run fails, and its log says why
+        _log(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
+        yield {"node": node, "pid": 0}
+        yield {"returncode": 127, "strays": (), "unstoppable": ()}
+        return
+    handle.pid = handle.child.pid
+    threading.Thread(target=_obey, args=(control, run["token"], handle, ended), daemon=True).start()
+    yield {"node": node, "pid": handle.pid}
+    ended.wait()
+    result = handle.reap()
+    control.request.remote(run["token"], END)
+    yield {"returncode": result.returncode, "strays": result.strays, "unstoppable": result.unstoppable}
+
+
+def _log(path: str | None, text: str) -> None:
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError:
+            pass
+
+
+def _obey(control: Any, token: str, handle: Any, ended: threading.Event) -> None:
+    """Pass the driver's stop requests on to the run; kill it if the driver is gone."""
+    import ray
+
+    seen = 0
+    while True:
+        try:
+            request = ray.get(control.wait.remote(token, seen))
+        except Exception:  # the driver, or its actor, is gone: so goes the run
+            if not ended.is_set():
+                handle.kill()
+            return
+        seen += 1
+        if request == END:
+            return
+        if request == STOP:
+            handle.stop()
+        elif request == KILL:
+            handle.kill()
+
+
+def probe(root: str, nonce: str, answer: str) -> str | None:
+    """A node's half of the shared-filesystem check: it reads the driver's probe file, writes its own."""
+    from ...records.paths import META
+
+    meta = os.path.join(root, META)
+    try:
+        with open(os.path.join(meta, "probe"), encoding="utf-8") as handle:
+            if handle.read() != nonce:
+                return f"{node_name()} reads another file at {root}/{META}/probe than the scheduler wrote"
+        with open(os.path.join(meta, f"probe-{answer}"), "w", encoding="utf-8") as handle:
+            handle.write(answer)
+    except OSError as error:
+        return f"{node_name()} cannot use the result root {root}: {error}"
+    return None

@@ -1,0 +1,188 @@
+"""The Ray backend beyond the launcher contract: the cluster's GPUs as slots, packing, where runs
+ran, Ctrl-C, and a two-machine cluster that loses a machine in the middle of a sweep.
+
+The in-process tests share one Ray instance of 4 declared GPUs (conftest.ray_instance); the
+others start their own Ray in a child process, as `gts run` would, and check that nothing of it
+is left behind (conftest.no_leaked_processes).
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import gts_test_tasks as tasks
+import pytest
+from conftest import RAY_GPUS, TESTS, wait_until
+from helpers import journal_lines, ledger_rows, make_config
+from test_process_control import finish, launch, started
+
+from gpu_task_scheduler import GPUTaskScheduler
+from gpu_task_scheduler.backends.ray import remote
+from gpu_task_scheduler.cli.main import _run_config, build_parser, main
+from gpu_task_scheduler.errors import ConfigError
+from gpu_task_scheduler.sweep.expand import Sweep
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")
+NODE = re.compile(r"^\d+\.\d+\.\d+\.\d+/[0-9a-f]{8}$")
+
+
+def ray_config(root, test_config, **options):
+    scheduler = {"gpu": "all", "result_root_folder": str(root), "backend": "ray", **options}
+    return {"scheduler_config": scheduler, "test_config": test_config}
+
+
+def test_the_slots_are_the_clusters_gpus_and_no_cpu_share_caps_them(ray_instance, in_tmp, capsys):
+    """4 runs at the same time on a Ray instance of 2 CPUs: each asks for a GPU and no CPU."""
+    root = in_tmp / "r"
+    config = ray_config(root, [{"i": list(range(RAY_GPUS)), "expect": [RAY_GPUS]}])
+    summary = GPUTaskScheduler(config, tasks.RendezvousTask).start()
+    assert summary.ok and len(summary.succeeded) == RAY_GPUS
+    assert sorted(o.result["slot"] for o in summary.succeeded) == [str(i) for i in range(RAY_GPUS)]
+    rows = ledger_rows(root).values()
+    assert all(NODE.match(row["node"]) and row["pid"] > 0 for row in rows)
+    assert sorted(row["slot"] for row in rows) == [f"gpu{i}" for i in range(RAY_GPUS)]
+    assert main(["status", str(root)]) == 0
+    header, first = capsys.readouterr().out.splitlines()[1:3]
+    assert header.split()[:4] == ["name", "status", "slot", "node"] and NODE.match(first.split()[3])
+
+
+def test_max_runs_per_gpu_asks_ray_for_a_share_of_a_gpu(ray_instance, in_tmp):
+    root = in_tmp / "r"
+    config = ray_config(root, [{"i": list(range(2 * RAY_GPUS)), "expect": [2 * RAY_GPUS]}], max_runs_per_gpu=2)
+    summary = GPUTaskScheduler(config, tasks.RendezvousTask).start()
+    assert summary.ok
+    gpus = sorted(o.result["slot"] for o in summary.succeeded)
+    assert gpus == sorted(str(i) for i in range(RAY_GPUS) for _ in range(2))  # two runs on each GPU
+
+
+def test_a_command_sweep_runs_on_ray_with_the_gpus_ray_gave_at_normal_priority(ray_instance, in_tmp):
+    """Ray starts its workers at niceness 15; a run must not inherit that (it would wait behind
+    every other process of a busy machine)."""
+    root = in_tmp / "r"
+    config = ray_config(root, [{"i": [0, 1]}])
+    config["command"] = ["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES" > "$0/gpus"; nice > "$0/nice"', "{work_dir}"]
+    assert GPUTaskScheduler(config).start().ok
+    assert {(root / name / "nice").read_text().strip() for name in ("i-0,", "i-1,")} == {str(os.nice(0))}
+    assert sorted((root / name / "gpus").read_text().strip() for name in ("i-0,", "i-1,")) in (
+        [str(a), str(b)] for a in range(RAY_GPUS) for b in range(RAY_GPUS) if a < b
+    )
+
+
+def test_the_gpus_placeholder_is_refused_with_ray(tmp_path):
+    config = ray_config(tmp_path / "r", [{"i": [0]}])
+    config["command"] = "train --gpus {gpus}"
+    with pytest.raises(ConfigError, match=r"uses \{gpus\}, which the Ray backend cannot fill in"):
+        Sweep(config)
+
+
+def test_a_machine_that_does_not_see_the_run_folder_says_so(tmp_path):
+    run = {"config_file": str(tmp_path / "r" / "x" / ".gts" / "config.json"), "work_dir": "/shared/r/x", "cwd": "/"}
+    problem = remote._cannot_run(run, "10.0.0.7/0123abcd")
+    assert problem.startswith("10.0.0.7/0123abcd does not see the run folder /shared/r/x")
+    (tmp_path / "r" / "x" / ".gts").mkdir(parents=True)
+    (tmp_path / "r" / "x" / ".gts" / "config.json").write_text("{}")
+    assert remote._cannot_run({**run, "cwd": str(tmp_path / "gone")}, "n") == (
+        f"n has no directory {tmp_path / 'gone'}, where the sweep was started (runs start there): start the "
+        "sweep from a directory every machine sees, at the same path"
+    )
+    assert remote._cannot_run({**run, "cwd": str(tmp_path)}, "n") is None
+
+
+def test_gts_run_address_means_the_ray_backend(in_tmp, capsys):
+    (in_tmp / "sweep.json").write_text(json.dumps({**make_config(in_tmp / "r", [{"i": [0]}]), "command": "true"}))
+    assert main(["run", "sweep.json", "--address", "10.0.0.1:6379", "--dry-run"]) == 0
+    capsys.readouterr()
+    args = build_parser().parse_args(["run", "sweep.json", "--address", "auto"])
+    args.overrides = []
+    scheduler = _run_config(args)["scheduler_config"]
+    assert (scheduler["backend"], scheduler["ray_address"]) == ("ray", "auto")
+
+
+# --- a Ray of its own, in a child process ----------------------------------------------------------
+
+
+def test_ctrl_c_stops_the_runs_on_ray_and_our_ray_instance(in_tmp, no_leaked_processes):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1, 2]}], slots=("cpu", "cpu"), grace_period=5, backend="ray")
+    config["global_config"] = {"journal": str(in_tmp / "journal")}
+    scheduler = launch(config, "BlockTask")
+    wait_until(lambda: started(root, "a-1,", "a-2,"), timeout=60, message="both runs to start on Ray")
+    scheduler.send_signal(signal.SIGINT)
+    output = finish(scheduler, timeout=60)
+    assert scheduler.returncode == -signal.SIGINT, output
+    assert "started a Ray instance on this machine" in output
+    rows = ledger_rows(root)
+    assert {row["status"] for row in rows.values()} == {"interrupted"}
+    assert all(row["cause"] == "interrupted by SIGINT" and NODE.match(row["node"]) for row in rows.values())
+    # no_leaked_processes: the runs' processes and every process of our Ray instance are gone
+
+
+CLUSTER = textwrap.dedent(f"""
+    import json, os, sqlite3, sys, threading, time
+    sys.path.insert(0, {TESTS!r})
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from ray.cluster_utils import Cluster
+    import gts_test_tasks as tasks
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    config = json.loads(sys.argv[1])
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=2, include_dashboard=False))
+    doomed = cluster.add_node(num_cpus=1, num_gpus=2)
+    cluster.wait_for_nodes()
+    config["scheduler_config"]["ray_address"] = cluster.address
+    ledger = os.path.join(config["scheduler_config"]["result_root_folder"], ".gts", "ledger.sqlite3")
+    seen = {{}}
+
+    def on_doomed():
+        try:
+            db = sqlite3.connect(f"file:{{ledger}}?mode=ro", uri=True)
+            rows = db.execute("SELECT name, node FROM runs WHERE status = 'running' AND node LIKE ?",
+                              ("%/" + doomed.node_id[:8],)).fetchall()
+            db.close()
+            return rows
+        except sqlite3.Error:
+            return []
+
+    def remove_when_busy():  # once two runs run on the second machine, it goes away
+        while len(on_doomed()) < 2:
+            time.sleep(0.05)
+        seen["lost"] = sorted(name for name, _ in on_doomed())
+        cluster.remove_node(doomed)
+
+    threading.Thread(target=remove_when_busy, daemon=True).start()
+    summary = GPUTaskScheduler(config, tasks.BlockTask).start()
+    print("LOST " + json.dumps(seen.get("lost")), flush=True)
+    cluster.shutdown()
+    sys.exit(summary.exit_code)
+""")
+
+
+def test_a_two_machine_sweep_survives_losing_a_machine(in_tmp, no_leaked_processes):
+    """Runs spread over both machines; the second goes away with two runs on it: they run again on
+    the first, every run succeeds exactly once, and nothing that succeeded runs again."""
+    root, journal = in_tmp / "r", in_tmp / "journal"
+    config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 1.5})
+    config["scheduler_config"].update(gpu="all", backend="ray")
+    process = subprocess.Popen(
+        [sys.executable, "-c", CLUSTER, json.dumps(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    output = finish(process, timeout=150)
+    assert process.returncode == 0, output
+    lost = json.loads(output.split("LOST ", 1)[1].splitlines()[0])
+    assert len(lost) >= 2, output
+    lines = journal_lines(journal)
+    assert [lines.count(f"end i-{i},") for i in range(8)] == [1] * 8  # each run completed once
+    rows = ledger_rows(root)
+    assert {row["status"] for row in rows.values()} == {"succeeded"}
+    for name in lost:  # cut off with their machine (before or after their main() began), run again elsewhere
+        assert rows[name]["attempts"] == 2 and not rows[name]["node"].endswith(doomed_node(output)), output
+    assert "went away or stopped answering" in output and "will run again on another machine" in output
+
+
+def doomed_node(output):
+    return output.split("(its machine ", 1)[1].split(" ", 1)[0]

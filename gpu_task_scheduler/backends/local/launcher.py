@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from ...engine.launcher import Attempt, Ended, LaunchError
 from ...gpu_task import GPUTask
-from .prepare import TaskFactory, class_factory, log_launch_failure, prepare
+from .prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from .process import Child
 from .proctree import wait_gone
 from .warm import WarmRunner
@@ -47,14 +47,7 @@ class LocalLauncher:
         paths = attempt.paths
         inherit = () if self._lock_fd is None else (self._lock_fd,)
         try:
-            launch = prepare(
-                spec=attempt.spec,
-                slot=attempt.slot,
-                make_task=self._make_task,
-                paths=paths,
-                token=attempt.token,
-                attempt=attempt.number,
-            )
+            launch = prepare_attempt(attempt, self._make_task)
             handle = LocalHandle(reports_outcome=not launch.direct, grace_period=self._grace_period)
             warm = self._warm.pop(attempt.slot.name, None)
             try:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...engine.launcher import LaunchError
+from ...engine.launcher import Attempt, LaunchError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
@@ -277,6 +277,18 @@ def prepare(
         cwd=os.getcwd(),
         spec_file=os.path.abspath(paths.spec),
         preload=Preload(None if module == "__main__" else module, main_file, tuple(start.sys_path)),
+    )
+
+
+def prepare_attempt(attempt: Attempt, make_task: TaskFactory) -> Launch:
+    """:func:`prepare` for one attempt, as every launcher calls it."""
+    return prepare(
+        spec=attempt.spec,
+        slot=attempt.slot,
+        make_task=make_task,
+        paths=attempt.paths,
+        token=attempt.token,
+        attempt=attempt.number,
     )
 
 

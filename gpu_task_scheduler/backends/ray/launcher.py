@@ -53,7 +53,7 @@ from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...records.paths import META, atomic_write
 from ...sweep.options import SchedulerOptions
-from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare
+from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from . import remote
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -200,14 +200,7 @@ class RayLauncher:
     ) -> RayHandle:
         paths = attempt.paths
         try:
-            launch = prepare(
-                spec=attempt.spec,
-                slot=attempt.slot,
-                make_task=self._make_task,
-                paths=paths,
-                token=attempt.token,
-                attempt=attempt.number,
-            )
+            launch = prepare_attempt(attempt, self._make_task)
         except (LaunchError, OSError) as error:
             log_launch_failure(paths, error)
             raise

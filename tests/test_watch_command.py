@@ -81,3 +81,15 @@ def test_status_shows_the_failure_cause_and_the_gpu_memory_peak(in_tmp, capsys):
     header = next(line for line in out.splitlines() if line.startswith("name"))
     assert "gpu peak" in header and "cause" in header
     assert "the command failed with exit code 4" in out
+
+
+def test_watch_names_the_machine_of_a_run_on_ray_instead_of_this_machines_gpu_memory():
+    from gpu_task_scheduler.reports.status import watch_view
+
+    run = {"status": "running", "slot": "gpu0", "name": "lr-0.1,", "duration": 5.0, "pid": 4242, "cause": None}
+    report = {"root": "/r", "counts": {"running": 2}, "scheduler": {"running": True, "waiting": None}}
+    report["runs"] = [{**run, "node": "10.0.0.7/3f2a9c1e"}, {**run, "slot": "gpu1", "name": "lr-0.2,", "node": None}]
+    assert watch_view(report, {4242: 3 * 2**30}).splitlines()[1:] == [
+        "  gpu0     lr-0.1,  0:00:05  on 10.0.0.7/3f2a9c1e",  # its pid 4242 is on that machine, not this one's
+        "  gpu1     lr-0.2,  0:00:05  3.0 GiB GPU memory",
+    ]

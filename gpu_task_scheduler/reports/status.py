@@ -147,7 +147,10 @@ def watch_view(report: dict[str, Any], memory: dict[int, int] | None, *, escape:
     lines = [f"{clean(report['root'])}: {head}" + ("" if left is None else f" | ETA {clock_text(left)}")]
     running = sorted((run for run in report["runs"] if run["status"] == "running"), key=lambda run: run["slot"] or "")
     for run in running:
-        used = "" if memory is None else f"  {format_memory(memory.get(run['pid'] or -1, 0))} GPU memory"
+        if run.get("node"):  # the Ray backend: its pid is on that machine, its GPUs out of this one's sight
+            used = f"  on {clean(run['node'])}"
+        else:
+            used = "" if memory is None else f"  {format_memory(memory.get(run['pid'] or -1, 0))} GPU memory"
         lines.append(f"  {clean(run['slot'] or '?'):<8} {clean(run['name'])}  {clock_text(run['duration'] or 0)}{used}")
     if report["scheduler"].get("waiting"):
         lines.append(f"  waiting: {clean(report['scheduler']['waiting'])}")

@@ -166,7 +166,7 @@ def test_a_two_machine_sweep_survives_losing_a_machine(in_tmp, no_leaked_process
     """Runs spread over both machines; the second goes away with two runs on it: they run again on
     the first, every run succeeds exactly once, and nothing that succeeded runs again."""
     root, journal = in_tmp / "r", in_tmp / "journal"
-    config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 1.5})
+    config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 2.5})
     config["scheduler_config"].update(gpu="all", backend="ray")
     process = subprocess.Popen(
         [sys.executable, "-c", CLUSTER, json.dumps(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT

@@ -156,6 +156,7 @@ def test_a_failed_train_run_blocks_only_its_own_eval_run_and_a_rerun_unblocks_it
     assert main(["status", str(root)]) == 0
     out = capsys.readouterr().out
     assert "4 succeeded, 2 failed, 2 blocked" in out and "its dependency train.lr-0.5,seed-0, failed" in out
+    assert out.splitlines()[1:3] == ["  stage train: 2 succeeded, 2 failed", "  stage eval: 2 succeeded, 2 blocked"]
 
     # Fixed: the failed and the blocked runs run, the others are not repeated.
     fixed.write_text("")

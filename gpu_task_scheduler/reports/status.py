@@ -42,11 +42,15 @@ def status(root: str) -> dict[str, Any]:
     running, holder = scheduler_state(root)
     counts = {status.value: 0 for status in RunStatus}
     counts[STALE] = 0
+    stages: dict[str, dict[str, int]] = {}
     runs = []
     for record in records:
         stale = record.status is RunStatus.RUNNING and running is False
         state = STALE if stale else record.status.value
         counts[state] += 1
+        if record.stage is not None:  # a sweep with stages: the counts of each too, in the sweep's order
+            stages.setdefault(record.stage, {}).setdefault(state, 0)
+            stages[record.stage][state] += 1
         runs.append(
             {
                 "name": record.name,
@@ -77,7 +81,10 @@ def status(root: str) -> dict[str, Any]:
     if total_text:
         counts["pending"] = max(0, int(total_text) - len(records))
     scheduler = {"running": running, "holder": holder, "waiting": waiting if running else None}
-    return {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts, "runs": runs}
+    report = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts, "runs": runs}
+    if stages:
+        report["stages"] = stages
+    return report
 
 
 def _iso(timestamp: float | None) -> str | None:
@@ -102,6 +109,8 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
         None: f"whether a scheduler runs cannot be told from here ({report['scheduler']['holder']})",
     }[running]
     lines = [f"{report['root']}: {head or 'no runs recorded'}; {where}"]
+    for stage, stage_counts in report.get("stages", {}).items():
+        lines.append(f"  stage {stage}: " + ", ".join(f"{count} {name}" for name, count in stage_counts.items()))
     if counts.get(STALE):
         lines.append(
             f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "

@@ -85,7 +85,8 @@ class Launcher(Protocol):
     ) -> Handle:
         """Start the attempt; ``on_exit()`` once it has ended. Raises LaunchError (or OSError).
         A launcher that runs attempts on other machines calls ``on_placed(node, pid)`` once it
-        knows where the attempt runs (``Handle.pid`` is 0 until then); both from any thread."""
+        knows where the attempt runs (until then ``Handle.pid`` is a negative number of the launcher's,
+        unique among its attempts); both from any thread."""
 
     def close(self) -> None:
         """The sweep is over (every run has ended): release what the launcher holds, e.g. processes

@@ -78,7 +78,7 @@ class RayLauncher:
         self._make_task = class_factory(task) if isinstance(task, type) else task
         self._o = options
         self._ray: Any = None
-        self._started_ray = False  # we called ray.init(): ray.shutdown() at the end
+        self._connected = False  # we called ray.init() (started an instance, or joined a cluster): shut down at the end
         self._control: Any = None
         self._supervise: Any = None
         self._runtime_env: dict[str, Any] = {}
@@ -107,10 +107,11 @@ class RayLauncher:
                     ray.init(address=self._o.ray_address, log_to_driver=False)
                 except (ConnectionError, ValueError, RuntimeError) as error:
                     raise GTSError(f"cannot connect to the Ray cluster at {self._o.ray_address!r}: {error}") from error
+                self._connected = True
                 self._notes.append(f"connected to the Ray cluster at {self._o.ray_address}")
             else:
                 ray.init(num_gpus=self._o.ray_local_gpus, include_dashboard=False, log_to_driver=False)
-                self._started_ray = True
+                self._connected = True
                 took = time.monotonic() - started
                 self._notes.append(f"started a Ray instance on this machine in {took:.1f}s")
         self._ray = ray
@@ -133,7 +134,7 @@ class RayLauncher:
         ray, self._ray = self._ray, None
         if ray is None:
             return
-        if self._started_ray or self._o.ray_address is not None:
+        if self._connected:  # our instance stops with it; a cluster we joined only loses this driver
             ray.shutdown()
         elif self._control is not None:  # the program's own connection: leave it, take our actor away
             ray.kill(self._control)

@@ -68,9 +68,10 @@ def test_a_command_sweep_runs_on_ray_with_the_gpus_ray_gave_at_normal_priority(r
     config["command"] = ["sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES" > "$0/gpus"; nice > "$0/nice"', "{work_dir}"]
     assert GPUTaskScheduler(config).start().ok
     assert {(root / name / "nice").read_text().strip() for name in ("i-0,", "i-1,")} == {str(os.nice(0))}
-    assert sorted((root / name / "gpus").read_text().strip() for name in ("i-0,", "i-1,")) in (
-        [str(a), str(b)] for a in range(RAY_GPUS) for b in range(RAY_GPUS) if a < b
-    )
+    # One GPU of Ray's each (the two runs need not overlap, so they may get the same one; distinct
+    # GPUs for runs at the same time: test_the_slots_are_the_clusters_gpus_...).
+    for name in ("i-0,", "i-1,"):
+        assert (root / name / "gpus").read_text().strip() in {str(i) for i in range(RAY_GPUS)}
 
 
 def test_the_gpus_placeholder_is_refused_with_ray(tmp_path):

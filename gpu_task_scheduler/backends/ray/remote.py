@@ -112,7 +112,7 @@ def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
         yield {"returncode": 127, "strays": (), "unstoppable": ()}
         return
     handle.pid = handle.child.pid
-    threading.Thread(target=_obey, args=(control, run["token"], handle, ended), daemon=True).start()
+    threading.Thread(target=_obey, args=(control, run["token"], handle, ended, run["log"]), daemon=True).start()
     yield {"node": node, "pid": handle.pid}
     ended.wait()
     result = handle.reap()
@@ -129,7 +129,7 @@ def _log(path: str | None, text: str) -> None:
             pass
 
 
-def _obey(control: Any, token: str, handle: Any, ended: threading.Event) -> None:
+def _obey(control: Any, token: str, handle: Any, ended: threading.Event, log: str | None) -> None:
     """Pass the driver's stop requests on to the run; kill it if the driver is gone."""
     import ray
 
@@ -137,8 +137,9 @@ def _obey(control: Any, token: str, handle: Any, ended: threading.Event) -> None
     while True:
         try:
             request = ray.get(control.wait.remote(token, seen))
-        except Exception:  # the driver, or its actor, is gone: so goes the run
+        except Exception as error:  # the driver, or its actor, is gone: so goes the run
             if not ended.is_set():
+                _log(log, f"gpu_task_scheduler: the scheduler is gone ({type(error).__name__}); stopping the run\n")
                 handle.kill()
             return
         seen += 1

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import ConfigError, GTSError, closest
 from .records.ledger import Ledger, RunRecord, RunStatus
-from .records.paths import RootPaths, RunPaths, read_json
+from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 
 RESULT_FILE = "result.json"
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
@@ -55,16 +55,20 @@ def records(root: str, stage: str | None = None) -> list[RunRecord]:
 
 
 def run_folder(root: str, record: RunRecord) -> RunPaths:
-    """A recorded run's folder, found from the root as given now (the ledger's
-    ``work_dir`` may be relative to wherever the sweep was started)."""
-    return RunPaths(os.path.join(root, record.name), None)
+    """A recorded run's folder (see :meth:`RunPaths.recorded`: raises UnsafePathError for a
+    name that is not one folder under the root)."""
+    return RunPaths.recorded(root, record.name)
 
 
 def run_result(root: str, record: RunRecord) -> Any:
-    """What ``main()`` returned, else the run's own ``result.json`` (never through a symbolic link)."""
+    """What ``main()`` returned, else the run's own ``result.json`` (never through a symbolic
+    link, never outside the root)."""
     value = record.result_value
     if value is None:
-        paths = run_folder(root, record)
+        try:
+            paths = run_folder(root, record)
+        except UnsafePathError:
+            return None
         if paths.unsafe() is None:
             value = read_json(
                 paths.result if record.result_file else os.path.join(paths.work_dir, RESULT_FILE), limit=MAX_RESULT_FILE

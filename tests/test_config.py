@@ -142,15 +142,17 @@ def test_relative_result_root_stays_relative():
     assert manager.get_next_config()["work_dir"] == os.path.join("out", "a-1,")
 
 
-def test_no_test_config_gives_one_run_in_the_root():
+def test_no_test_config_gives_one_run_in_a_folder_of_its_own():
+    """The original ran it in the result root itself, where a task that cleans its folder would delete
+    every other run and the root's records (see sweep/naming.py)."""
     manager = ConfigManager(
         {"scheduler_config": {"gpu": ["0"], "result_root_folder": "out"}, "global_config": {"x": 1}}
     )
     assert manager.get_next_config() == {
         "config": {"x": 1},
         "test_config_string": "",
-        "test_config_string_filtered": "",
-        "work_dir": os.path.join("out", ""),
+        "test_config_string_filtered": "run",
+        "work_dir": os.path.join("out", "run"),
     }
     assert manager.get_next_config() == {"config": None}
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpu_task_scheduler import ConfigManager, Sweep
 from gpu_task_scheduler.sweep.expand import config_hash, params_text
-from gpu_task_scheduler.sweep.naming import MAX_NAME_BYTES, NameRegistry, config_string, safe_folder_name
+from gpu_task_scheduler.sweep.naming import MAX_NAME_BYTES, NameRegistry, config_string, folder_name, safe_folder_name
 
 
 def original_name(
@@ -328,7 +328,7 @@ def test_a_runs_names_params_and_hash_equal_rendering_the_run_whole(
         assert spec.params == params_text(test_config)
         assert spec.test_config_string == shown
         if spec.renamed_from is None and not spec.duplicate:
-            assert spec.name == safe_folder_name(
+            assert spec.name == folder_name(
                 config_string(
                     test_config,
                     indicator="-",

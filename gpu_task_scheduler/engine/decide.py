@@ -49,19 +49,33 @@ def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, 
             return Decision("run", f"it ended {record.status.value} before", f"run again ({record.status.value})")
         if not prior.folder_ok:
             return Decision("run", "its folder is gone", "run again (folder gone)")
-        if record.config_hash not in (None, prior.config_hash):
+        changed = program_changed(record.program, prior.program)
+        if record.config_hash not in (None, prior.config_hash) or changed:
             if keep_changed:
                 return Decision(
                     "keep",
                     "it succeeded with another config, kept (on_config_change: keep)",
                     "skip (config changed; kept)",
                 )
+            what = "what it runs (its task or command)" if changed else "its config"
             return Decision(
                 "run",
-                "its config changed",
+                f"{what} changed",
                 "run again (config changed)",
-                warning="succeeded earlier with a different config (global_config changed?); "
-                "its result is not this config's, so it runs again",
+                warning=f"succeeded earlier, but {what} changed since; its result is not this config's, "
+                "so it runs again",
+            )
+        if (
+            prior.dependencies_ended is not None
+            and record.started_at is not None
+            and prior.dependencies_ended > record.started_at
+        ):
+            return Decision(
+                "run",
+                "a run it depends on ran again after it",
+                "run again (input changed)",
+                warning="succeeded earlier, but a run it depends on ran again after it started: "
+                "its inputs changed, so it runs again",
             )
         return Decision("skip", "it succeeded before", "skip (succeeded)")
     if not prior.folder_ok:
@@ -72,6 +86,11 @@ def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, 
     if skip_existing_folders:
         return Decision("skip", "its folder exists (skip_existing_folders)", "skip (folder exists)")
     return Decision("run", "it is new", "run")
+
+
+def program_changed(recorded: str | None, current: str | None) -> bool:
+    """Whether a run ran something else before (its task class or command); unknown is no change."""
+    return recorded is not None and current is not None and recorded != current
 
 
 # --- how an attempt ended -------------------------------------------------------

@@ -121,6 +121,8 @@ class Scheduler:
                 with Ledger(root) as ledger:
                     self._records = Records(ledger, self._summary, self._hooks)
                     try:
+                        if self.options.learn_gpu_memory:  # what this root's runs were seen to use before
+                            capacity.learned_before(ledger.recorded_peaks())
                         settle_running(ledger)
                         # Runs that succeeded with another config: checked before the sweep is recorded.
                         take_over = settle_changes(self.sweep, ledger, root.root)
@@ -185,13 +187,15 @@ class Scheduler:
         capacity, queue, records = self.setup(), self._queue, self._records
         while (item := queue.head()) is not None:
             self._waits.seen(item.spec)
+            # A run of a later stage is decided once the runs it depends on settled: one that ran
+            # again in this start makes its earlier success stale (decide.before_run).
+            if item.spec.after and not self._ready(item):
+                continue
             if not item.tries and not item.decided:
                 if self._skipped(item.spec):
                     queue.pop()
                     continue
                 item.decided = True
-            if item.spec.after and not self._ready(item):
-                continue
             need = capacity.need(item.spec.config, item.need)
             placement = capacity.place(item.spec.name, need)
             if placement.impossible is not None:

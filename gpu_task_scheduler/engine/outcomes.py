@@ -97,7 +97,7 @@ class Records:
         if decision.action == "adopt" and prior.outcome is not None:
             adopt(self.ledger, spec, prior.outcome, spec.params)
         elif decision.action == "keep":  # from now on its result is this config's
-            self.ledger.keep(spec.name, params=spec.params, config_hash=spec.config_hash)
+            self.ledger.keep(spec.name, params=spec.params, config_hash=spec.config_hash, program=spec.program)
         # The original's two lines, for scheduler.log; the console gets one count (report_skips).
         self._skip_lines += (
             f"{slot_name} receives task {spec.test_config_string}",
@@ -135,6 +135,7 @@ class Records:
             work_dir=spec.work_dir,
             params=spec.params,
             stage=spec.stage,
+            program=spec.program,
         )
 
     def not_started(

@@ -78,6 +78,18 @@ def owning_group(pid: int, groups: Container[int]) -> int | None:
     return own
 
 
+def available_words(available: int | None) -> str:
+    """What a slot has for a new run, never as a negative size: memory held by others beyond
+    the free memory and the margin leaves it none.
+
+    >>> available_words(-60 * 2**30)
+    'no memory available'
+    """
+    if available is not None and available <= 0:
+        return "no memory available"
+    return f"{format_memory(available)} available"
+
+
 def _duration(seconds: float) -> str:
     """Coarse on purpose: a waiting message is logged again only when it changes."""
     if seconds < 60:
@@ -207,8 +219,9 @@ class Capacity:
     # --- needs --------------------------------------------------------------------
 
     def need(self, config: Mapping[str, Any], raised: Need = None) -> Need:
-        """Bytes per GPU a run needs: raised after an out-of-memory failure, declared, learned,
-        else the whole GPU (when runs share GPUs) or None (no accounting)."""
+        """Bytes per GPU a run needs: raised after an out-of-memory failure, declared, learned
+        (also with one run per GPU: a GPU that other processes fill gets no run that could not fit
+        there), else the whole GPU (when runs share GPUs) or None (no accounting)."""
         if self._monitor is None:
             return None
         if raised is not None:
@@ -219,7 +232,13 @@ class Capacity:
         if self._o.learn_gpu_memory and self._learned:
             pick = max if self._o.learn_gpu_memory == "max" else statistics.mean
             return int(pick(self._learned))
-        return WHOLE_GPU if self._o.max_runs_per_gpu > 1 else None
+        if self._o.max_runs_per_gpu > 1:
+            return WHOLE_GPU
+        return self._o.min_free_gpu_memory  # None: any memory available at all
+
+    def learned_before(self, peaks: Iterable[int]) -> None:
+        """Peaks the result root recorded for runs of earlier starts (see ``learn``)."""
+        self._learned.extend(peak for peak in peaks if peak > 0)
 
     # --- placing ------------------------------------------------------------------
 
@@ -359,7 +378,7 @@ class Capacity:
                     shared = (
                         f" ({format_memory(v.others_pending)} reserved by other sweeps)" if v.others_pending else ""
                     )
-                    states.append(f"{v.slot.name} {format_memory(v.available)} available{shared}")
+                    states.append(f"{v.slot.name} {available_words(v.available)}{shared}")
             reason = f"needs {wanted}; " + "; ".join(states)
             idle = self.idle_holders(dict.fromkeys(gpu for v in views for gpu in v.slot.gpu_ids))
             if idle:

@@ -131,11 +131,16 @@ def busy_reason(gpu: GpuBook, *, memory_fraction: float | None, utilization: flo
 
 
 def fits(view: SlotView, need: Need) -> bool:
+    """Whether a run needing ``need`` may start on the slot now. Even a run of unknown need gets
+    no GPU without memory available: one that other processes fill beyond the margin (or beyond
+    ``min_free_gpu_memory``, which the caller takes off ``available``) would only run out of it."""
     if view.running >= view.capacity or view.busy is not None:
         return False
     if isinstance(need, WholeGpu):
-        return view.ours_on_gpus == 0
-    return need is None or view.available is None or need <= view.available
+        return view.ours_on_gpus == 0 and (view.available is None or view.available > 0)
+    if view.available is None:
+        return True
+    return view.available > 0 if need is None else need <= view.available
 
 
 def choose(

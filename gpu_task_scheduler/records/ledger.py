@@ -40,7 +40,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import LedgerError, SchedulerBusyError
-from .paths import MAX_INLINE_RESULT, RootPaths, ledger_path_problem, open_regular
+from .paths import MAX_INLINE_RESULT, RootPaths, ledger_path_problem, open_regular, root_records_problem
 from .status import RunStatus
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -49,11 +49,13 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 3: runs.gpu_leftover (GPU memory a run's processes still held after it ended).
 # 4: runs.stage and the status 'blocked' (stages; an older version could not read that status),
 #    runs.node (the machine a run ran on, with the Ray backend).
-SCHEMA_VERSION = 4
+# 5: runs.program (what the run ran: its task class or command, so a change of it is a config change).
+SCHEMA_VERSION = 5
 _MIGRATIONS = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
     3: ("ALTER TABLE runs ADD COLUMN stage TEXT", "ALTER TABLE runs ADD COLUMN node TEXT"),
+    4: ("ALTER TABLE runs ADD COLUMN program TEXT",),
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -70,7 +72,8 @@ CREATE TABLE IF NOT EXISTS runs (
     slot TEXT, pid INTEGER, token TEXT, work_dir TEXT,
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
-    gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT, node TEXT
+    gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT, node TEXT,
+    program TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -102,6 +105,7 @@ class RunRecord:
     gpu_leftover: str | None = None  # GPU memory its processes still held after it ended, in words
     stage: str | None = None  # its stage, in a config with stages
     node: str | None = None  # the machine its last attempt ran on (Ray backend): "ip/node id"
+    program: str | None = None  # what it ran, as RunSpec.program (None: not known, e.g. a class in __main__)
 
     @property
     def params_value(self) -> dict[str, Any]:
@@ -119,6 +123,8 @@ class KnownRun:
     status: RunStatus
     config_hash: str | None
     params: str | None  # JSON of its swept values
+    program: str | None = None  # what it ran (RunSpec.program)
+    started_at: float | None = None  # when its last attempt started (runs of later stages compare it)
 
 
 _STATUSES = {status.value: status for status in RunStatus}
@@ -139,7 +145,7 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
 
 _FIELDS = set(RunRecord.__dataclass_fields__)
 # Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
-_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node"}
+_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program"}
 
 
 def _check_version(path: str, version: int | None) -> None:
@@ -157,7 +163,7 @@ class Ledger:
     def __init__(self, paths: RootPaths, *, clock: Callable[[], float] = time.time) -> None:
         self.path = paths.ledger
         self._clock = clock
-        problem = ledger_path_problem(paths.root)
+        problem = ledger_path_problem(paths.root) or root_records_problem(paths)
         if problem is not None:
             raise LedgerError(problem)
         os.makedirs(paths.meta, exist_ok=True)
@@ -176,14 +182,25 @@ class Ledger:
             version = self._version()
             _check_version(self.path, version)
             self._check_columns()
+            self._identity = self._file_identity()
         except sqlite3.DatabaseError as error:
             raise _ledger_error(self.path, error) from error
         except LedgerError:
             self._db.close()
             raise
 
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            info = os.lstat(self.path)
+        except OSError:
+            return None
+        return info.st_dev, info.st_ino
+
     def _check_columns(self) -> None:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        # A ledger of an older schema read as it is (read-only, not migrated) has no program column.
+        program = "program" if "program" in columns else "NULL"
+        self._known_select = f"SELECT name, status, config_hash, params, {program}, started_at FROM runs"
         missing = sorted(_FIELDS - columns - _OPTIONAL_COLUMNS)
         if missing:
             raise LedgerError(
@@ -233,9 +250,22 @@ class Ledger:
         if not self._batches:
             self.commit()
 
+    _identity: tuple[int, int] | None = None  # the ledger file this connection writes
+
     def commit(self) -> None:
-        """Make every write so far durable against a crash of this process."""
+        """Make every write so far durable against a crash of this process.
+
+        Raises LedgerError if the ledger file was deleted or replaced since it was opened
+        (someone removed ``.gts`` mid-sweep): what would be committed would go to a file no
+        one can open again, so the sweep stops instead of running on unrecorded."""
         if self._pending:
+            if self._identity is not None and self._file_identity() != self._identity:
+                self._rollback()
+                raise LedgerError(
+                    f"the ledger {self.path!r} was deleted or replaced while the sweep ran; stopping the "
+                    "sweep, since nothing it does can be recorded. Start it again: runs that succeeded are "
+                    "recognised from the .gts/outcome.json in their folders"
+                )
             try:
                 self._db.execute("COMMIT")
             except sqlite3.DatabaseError as error:
@@ -307,15 +337,25 @@ class Ledger:
 
     def known(self, name: str) -> KnownRun | None:
         """What deciding about the run ``name`` needs of its row (see records/known.py)."""
-        rows = self._tuples("SELECT name, status, config_hash, params FROM runs WHERE name = ?", (name,))
+        rows = self._tuples(f"{self._known_select} WHERE name = ?", (name,))
         return self._known(*rows[0]) if rows else None
 
     def known_between(self, first: int, end: int) -> dict[str, KnownRun]:
         """The same for every run with ``first <= run_index < end``, by name (one query)."""
-        rows = self._tuples(
-            "SELECT name, status, config_hash, params FROM runs WHERE run_index >= ? AND run_index < ?", (first, end)
-        )
-        return {name: self._known(name, status, digest, params) for name, status, digest, params in rows}
+        rows = self._tuples(f"{self._known_select} WHERE run_index >= ? AND run_index < ?", (first, end))
+        return {row[0]: self._known(*row) for row in rows}
+
+    def last_end(self, names: tuple[str, ...]) -> float | None:
+        """When the latest of these runs ended, as recorded (None: none has an end)."""
+        latest: float | None = None
+        for start in range(0, len(names), 500):  # SQLite takes at most 999 parameters
+            chunk = names[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._tuples(f"SELECT MAX(ended_at) FROM runs WHERE name IN ({marks})", chunk)
+            value = rows[0][0] if rows else None
+            if isinstance(value, (int, float)) and (latest is None or value > latest):
+                latest = float(value)
+        return latest
 
     def _tuples(self, sql: str, params: tuple) -> list[tuple[Any, ...]]:
         """``_query`` without a Row per row (a Row costs more than the query, per row)."""
@@ -326,23 +366,41 @@ class Ledger:
         except sqlite3.DatabaseError as error:
             raise _ledger_error(self.path, error) from error
 
-    def _known(self, name: str, status: str, config_hash: str | None, params: str | None) -> KnownRun:
+    def _known(
+        self,
+        name: str,
+        status: str,
+        config_hash: str | None,
+        params: str | None,
+        program: str | None = None,
+        started_at: float | None = None,
+    ) -> KnownRun:
         known = _STATUSES.get(status)
-        return KnownRun(self._status(name, status) if known is None else known, config_hash, params)
+        started = float(started_at) if isinstance(started_at, (int, float)) else None
+        return KnownRun(self._status(name, status) if known is None else known, config_hash, params, program, started)
 
     def has_succeeded(self) -> bool:
         return bool(self._tuples("SELECT 1 FROM runs WHERE status = 'succeeded' LIMIT 1", ()))
 
-    def succeeded_params(self) -> Iterator[str]:
-        """The swept values (JSON) of every run that succeeded, read a batch at a time."""
+    def succeeded_runs(self) -> Iterator[tuple[str, str | None, str]]:
+        """(name, stage, params) of every run that succeeded, read a batch at a time."""
         try:
             cursor = self._db.cursor()
             cursor.row_factory = None
-            cursor.execute("SELECT params FROM runs WHERE status = 'succeeded' AND params IS NOT NULL")
+            cursor.execute("SELECT name, stage, params FROM runs WHERE status = 'succeeded' AND params IS NOT NULL")
             while batch := cursor.fetchmany(4096):
-                yield from (row[0] for row in batch)
+                yield from batch
         except sqlite3.DatabaseError as error:
             raise _ledger_error(self.path, error) from error
+
+    def recorded_peaks(self, limit: int = 1000) -> list[int]:
+        """The GPU memory peaks of the latest runs that succeeded (bytes on one GPU), newest first."""
+        rows = self._tuples(
+            "SELECT gpu_memory_peak FROM runs WHERE status = 'succeeded' AND gpu_memory_peak > 0 "
+            "ORDER BY ended_at DESC LIMIT ?",
+            (limit,),
+        )
+        return [int(row[0]) for row in rows if isinstance(row[0], int)]
 
     def empty(self) -> bool:
         return not self._query("SELECT 1 FROM runs LIMIT 1")
@@ -365,20 +423,21 @@ class Ledger:
         work_dir: str,
         params: str | None = None,
         stage: str | None = None,
+        program: str | None = None,
     ) -> int:
         """Record a new attempt before its child starts; return the attempt number."""
         self._write(
             """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at,
-                                 params, stage)
-               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?)
+                                 params, stage, program)
+               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT(name) DO UPDATE SET
-                 params = excluded.params, stage = excluded.stage,
+                 params = excluded.params, stage = excluded.stage, program = excluded.program,
                  run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
                  attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
                  gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL""",
-            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage),
+            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage, program),
         )
         record = self.get(name)
         assert record is not None
@@ -410,9 +469,12 @@ class Ledger:
             (name, run_index, config_hash, work_dir, self._clock(), cause[:MAX_TEXT], params, stage),
         )
 
-    def keep(self, name: str, *, params: str, config_hash: str) -> None:
+    def keep(self, name: str, *, params: str, config_hash: str, program: str | None = None) -> None:
         """A succeeded run's result taken as that of another config (``on_config_change: keep``)."""
-        self._write("UPDATE runs SET params = ?, config_hash = ? WHERE name = ?", (params, config_hash, name))
+        self._write(
+            "UPDATE runs SET params = ?, config_hash = ?, program = COALESCE(?, program) WHERE name = ?",
+            (params, config_hash, program, name),
+        )
 
     def set_pid(self, name: str, pid: int) -> None:
         """The running attempt's process (the leader of its process group)."""
@@ -475,7 +537,7 @@ class Ledger:
         result_file: str | None = None,
         stage: str | None = None,
     ) -> None:
-        """Record a success found in a run folder but missing from the ledger."""
+        """Record a success found in a run folder but missing from the ledger (what ran it is not known)."""
         if result is not None and len(result) > MAX_INLINE_RESULT:
             result = None
         self._write(
@@ -499,8 +561,20 @@ class Ledger:
     @classmethod
     def read_only(cls, paths: RootPaths) -> Ledger | None:
         """The ledger of an existing result root, opened without writing anything (None if there is none)."""
-        if not os.path.exists(paths.ledger):
+        problem = root_records_problem(paths)
+        if problem is not None:
+            raise LedgerError(f"cannot read the ledger: {problem}")
+        try:
+            size = os.lstat(paths.ledger).st_size
+        except FileNotFoundError:
             return None
+        except OSError as error:
+            raise LedgerError(f"cannot read the ledger {paths.ledger!r}: {error.strerror}") from None
+        if size == 0 and not os.path.exists(paths.ledger + "-wal"):
+            raise LedgerError(
+                f"the ledger {paths.ledger!r} is empty (0 bytes): the scheduler that created it stopped "
+                "before it recorded anything. Start the sweep again (it starts from scratch)"
+            )
         ledger = cls.__new__(cls)
         ledger.path = paths.ledger
         ledger._clock = time.time
@@ -548,18 +622,39 @@ class SweepLock:
         self._paths = paths
         self._leftover_timeout = leftover_timeout
         self.fd: int | None = None
+        self._meta_fd: int | None = None
 
     def acquire(self) -> None:
+        problem = root_records_problem(self._paths)
+        if problem is not None:
+            raise LedgerError(problem)
         os.makedirs(self._paths.meta, exist_ok=True)
         fd = os.open(self._paths.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
         try:
             if not self._try_lock(fd):
                 self._take_over_from_leftovers(fd)
+            self._meta_fd = self._lock_meta()
             self._write_holder()
         except BaseException:
             os.close(fd)
             raise
         self.fd = fd
+
+    def _lock_meta(self) -> int:
+        """Lock ``.gts`` itself too, by the folder we open (no link followed): two roots can only
+        share one ledger folder through a mount, and then the second scheduler stops here."""
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(self._paths.meta, flags)
+        except OSError as error:
+            raise LedgerError(f"cannot open {self._paths.meta!r} ({error.strerror}); refusing to use it") from None
+        if not self._try_lock(fd):
+            os.close(fd)
+            raise SchedulerBusyError(
+                f"the records folder {self._paths.meta!r} is in use by another scheduler (the same folder is "
+                "reachable from another result root, e.g. through a mount): two sweeps never share one ledger"
+            )
+        return fd
 
     @staticmethod
     def _try_lock(fd: int) -> bool:
@@ -654,6 +749,9 @@ class SweepLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+        if self._meta_fd is not None:
+            os.close(self._meta_fd)
+            self._meta_fd = None
 
     def __enter__(self) -> SweepLock:
         self.acquire()

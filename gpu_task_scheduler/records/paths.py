@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 META = ".gts"
+# Linux and macOS limit one path component to 255 bytes.
+MAX_NAME_BYTES = 255
 # Results up to this many bytes of JSON go into the outcome file and the ledger;
 # larger ones into the run's own .gts/result.json, which the ledger refers to.
 MAX_INLINE_RESULT = 1 << 20
@@ -158,6 +160,65 @@ def ledger_path_problem(root: str) -> str | None:
     return None
 
 
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a run folder under a result root, or None. A name the sweep
+    makes is always one plain path component (sweep/naming.py); one read from a ledger, a
+    command line or a file is checked with this before it is joined to the root.
+
+    >>> name_problem("lr-0.1,") is None
+    True
+    >>> name_problem("../../outside")
+    "the run name '../../outside' holds a path separator"
+    """
+    if not isinstance(name, str) or not name:
+        return f"the run name {name!r} is not a non-empty string"
+    if name in (".", ".."):
+        return f"the run name {name!r} would be the result root or its parent"
+    if "/" in name:
+        return f"the run name {name!r} holds a path separator"
+    if "\0" in name:
+        return f"the run name {name!r} holds NUL"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"the run name {name[:40]!r}... is over {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def log_name_problem(value: object) -> str | None:
+    """What is wrong with ``log_file`` (a run's log, relative to its folder), or None."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not value
+        or os.path.isabs(value)
+        or ".." in value.split("/")
+        or "\0" in value
+        or value.endswith("/")
+        or os.path.normpath(value) == "."
+    ):
+        return "a file name relative to the run folder (without '..') or null"
+    if os.path.normpath(value).split("/")[0] == META:
+        return f"a file name outside {META}/, which holds the scheduler's own records"
+    return None
+
+
+def root_records_problem(paths: RootPaths) -> str | None:
+    """Why the result root's records cannot be trusted, or None. ``.gts`` must be a real folder:
+    a symbolic link there would let two result roots share one ledger while each holds only
+    its own root's lock. The ledger and SQLite's files beside it must be regular files (or
+    absent): SQLite would block forever opening a FIFO, and read a device."""
+    problem = _kind_problem(paths.meta, want_dir=True)
+    if problem is not None:
+        if "symbolic link" in problem:
+            problem += " (a linked .gts would let two result roots share one ledger)"
+        return problem
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        problem = _kind_problem(paths.ledger + suffix, want_dir=False)
+        if problem is not None:
+            return problem
+    return None
+
+
 @dataclass(frozen=True)
 class RootPaths:
     root: str
@@ -247,6 +308,21 @@ class RunPaths:
             return stat.S_ISDIR(os.lstat(self.work_dir).st_mode)
         except OSError:
             return False
+
+    @classmethod
+    def recorded(cls, root: str, name: object, log_name: object = None) -> RunPaths:
+        """The folder of a run a ledger records, found from the root as given now (the ledger's
+        ``work_dir`` may be relative to wherever the sweep started). A ledger is as hostile as
+        anything else under the root: a name that is not one path component, or a log name
+        that leaves the run folder, raises :class:`UnsafePathError` instead of reaching outside."""
+        problem = name_problem(name)
+        if problem is None and log_name is not None:
+            wrong = log_name_problem(log_name)
+            problem = None if wrong is None else f"the ledger's log_file {log_name!r} is not {wrong}"
+        if problem is not None:
+            raise UnsafePathError(errno.EINVAL, f"{problem}; not reading it", root)
+        assert isinstance(name, str) and (log_name is None or isinstance(log_name, str))
+        return cls(os.path.join(root, name), log_name)
 
     def old_log(self, attempt: int) -> str:
         return os.path.join(self.old_logs, f"attempt-{attempt}-{self.log_name}")

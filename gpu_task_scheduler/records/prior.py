@@ -25,6 +25,9 @@ class Prior:
     record: KnownRun | None  # the ledger's row for its name
     folder_ok: bool  # its folder exists (and, when the ledger has no row, is safe to read)
     outcome: Outcome | None  # the outcome file in its folder (read only when the ledger has no row)
+    program: str | None = None  # what this run runs (RunSpec.program)
+    # When the latest of the runs it depends on ended (read only for a recorded success of a later stage).
+    dependencies_ended: float | None = None
 
 
 def read_prior(spec: RunSpec, known: RootIndex) -> Prior:
@@ -38,8 +41,17 @@ def read_prior(spec: RunSpec, known: RootIndex) -> Prior:
         paths = RunPaths(spec.work_dir, None)
         folder_ok = paths.unsafe() is None
         outcome = Outcome.read(paths.outcome) if folder_ok else None
+    dependencies_ended = None
+    if spec.after and record is not None and record.status is RunStatus.SUCCEEDED and known.ledger is not None:
+        dependencies_ended = known.ledger.last_end(spec.after)
     return Prior(
-        duplicate=spec.duplicate, config_hash=spec.config_hash, record=record, folder_ok=folder_ok, outcome=outcome
+        duplicate=spec.duplicate,
+        config_hash=spec.config_hash,
+        record=record,
+        folder_ok=folder_ok,
+        outcome=outcome,
+        program=spec.program,
+        dependencies_ended=dependencies_ended,
     )
 
 

@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 from ..errors import ConfigError, GTSError
 from ..records.ledger import RunRecord, RunStatus, scheduler_state
-from ..records.paths import RunPaths, open_regular
+from ..records.paths import RunPaths, UnsafePathError, open_regular
 from ..results import open_ledger
 
 FOLLOW_POLL = 0.1  # seconds between looks at a followed log
@@ -49,6 +49,16 @@ def _log_paths(root: str) -> tuple[list[RunRecord], str]:
     if not log_file:
         raise GTSError(f"the runs of {root} keep no log (log_file is null in its scheduler_config)")
     return records, log_file
+
+
+def _log_of(root: str, record: RunRecord, log_file: str) -> str:
+    """The run's log file; a name or log_file in the ledger that would leave the root is an error."""
+    try:
+        path = RunPaths.recorded(root, record.name, log_file).log
+    except UnsafePathError as error:
+        raise GTSError(f"{root}: {error.strerror}") from None
+    assert path is not None
+    return path
 
 
 def _tail(handle: BinaryIO, lines: int | None) -> bytes:
@@ -87,8 +97,7 @@ def show_log(
     """Write the run's log (its last ``lines``); ``follow``: then what it adds, until the run ends."""
     records, log_file = _log_paths(root)
     record = find_run(records, run)
-    path = RunPaths(os.path.join(root, record.name), log_file).log
-    assert path is not None
+    path = _log_of(root, record, log_file)
     handle = _open(path)
     if handle is None and not follow:
         raise GTSError(f"{record.name} has no log yet ({path})")
@@ -138,11 +147,13 @@ def failed_tails(root: str, write: Callable[[bytes], None], *, lines: int = 20) 
     records, log_file = _log_paths(root)
     failed = [r for r in records if r.status in (RunStatus.FAILED, RunStatus.TIMED_OUT)]
     for record in failed:
-        path = RunPaths(os.path.join(root, record.name), log_file).log
-        assert path is not None
         cause = f" ({record.cause})" if record.cause else ""
         write(f"==> {record.name}: {record.status.value}{cause} <==\n".encode("utf-8", "replace"))
-        handle = _open(path)
+        try:
+            handle = _open(_log_of(root, record, log_file))
+        except GTSError as error:  # one hostile row hides no other run's log
+            write(f"(not read: {error})\n".encode("utf-8", "replace"))
+            continue
         if handle is None:
             write(b"(no log)\n")
             continue

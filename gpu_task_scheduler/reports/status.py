@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import GTSError
 from ..gpu.devices import format_memory
 from ..records.ledger import RunRecord, RunStatus
+from ..records.paths import RunPaths, UnsafePathError
 from ..results import duration, escape_controls, open_ledger, rows
 
 _COLORS = {
@@ -68,11 +69,7 @@ def status(root: str) -> dict[str, Any]:
                 )
                 if stale
                 else record.cause,
-                "log": (
-                    os.path.join(root, record.name, log_file)
-                    if log_file and record.status is not RunStatus.BLOCKED  # never started this time
-                    else None
-                ),
+                "log": _log(root, record, log_file),
                 "gpu_memory_peak": record.gpu_memory_peak,
                 "gpu_leftover": record.gpu_leftover,
                 "pid": record.pid if record.status is RunStatus.RUNNING and not stale else None,
@@ -85,6 +82,17 @@ def status(root: str) -> dict[str, Any]:
     if stages:
         report["stages"] = stages
     return report
+
+
+def _log(root: str, record: RunRecord, log_file: str | None) -> str | None:
+    """Where the run's log is (None: it keeps none, never started this time, or the ledger names
+    a place outside the root)."""
+    if not log_file or record.status is RunStatus.BLOCKED:
+        return None
+    try:
+        return RunPaths.recorded(root, record.name, log_file).log
+    except UnsafePathError:
+        return None
 
 
 def _iso(timestamp: float | None) -> str | None:

@@ -25,7 +25,7 @@ from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
 from .files import ConfigSource, load_config
-from .naming import NameRegistry, safe_folder_name, value_text
+from .naming import NameRegistry, folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
 from .stages import Dependencies, Stage, parse_stages
 
@@ -173,6 +173,7 @@ class RunSpec:
     params: str = ""  # params_text(test_config): the run's identity in the ledger
     stage: str | None = None  # its stage's name, in a config with stages
     after: tuple[str, ...] = ()  # the names of the runs it waits for (earlier stages' runs)
+    program: str | None = None  # what it runs (Sweep.programs): a change of it is a config change
 
 
 # ``foreign(name, params, index)``: does the result root record the folder ``name`` for
@@ -300,6 +301,9 @@ class Sweep:
         # What its runs run, set by backends/local/tasks.resolve_task: {"task": "mod:Class"} or
         # {"command": ..., "shell": ...}; None when it cannot be named (a class in __main__).
         self.task_record: dict[str, Any] | None = None
+        # What each stage's runs run (None: the one stage of a config without stages), as canonical
+        # JSON; set with task_record. A stage missing here runs something that cannot be named.
+        self.programs: dict[str | None, str] = {}
         self.selected: frozenset[str] | None = None  # `gts retry`: only the runs with these names
         self.size = sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
         self.followed = frozenset(other for stage in self.stages for other in stage.after)
@@ -386,10 +390,21 @@ class Sweep:
         if self.staged:
             swept = [(s.name, s.global_config, s.blocks, s.after, s.match) for s in self.stages]
         try:
-            text = repr((self.global_config, swept, naming))
+            text = repr((self.global_config, swept, naming, sorted(self.programs.items(), key=str)))
         except Exception:  # a value whose repr raises
             return None
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def set_program(self, stage: str | None, record: Mapping[str, Any] | None) -> None:
+        """What the runs of ``stage`` run: ``{"task": "mod:Class"}`` or ``{"command": ..., "shell": ...}``
+        (None: it cannot be named, e.g. a class defined in ``__main__``)."""
+        if record is None:
+            self.programs.pop(stage, None)
+            return
+        try:
+            self.programs[stage] = json.dumps(to_jsonable(record), sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            self.programs.pop(stage, None)
 
     def record(self) -> str | None:
         """The sweep as JSON, kept in the ledger so that ``gts retry`` can run its runs again
@@ -436,6 +451,7 @@ class Sweep:
         index, block_index = 0, 0
         for stage in self.stages:
             prefix = stage.run_name
+            program = self.programs.get(stage.name)
             global_pieces = {key: _hash_piece(key, value) for key, value in stage.global_config.items()}
             copy_global = (
                 copy.deepcopy
@@ -456,7 +472,7 @@ class Sweep:
                     wanted = shown
                     if r.named is not r.order:
                         wanted = prefix(_without(ignored_characters, "".join([combo[i][1] for i in r.named])))
-                    wanted = safe_folder_name(wanted)
+                    wanted = folder_name(wanted)
                     name, duplicate = registry.assign(
                         wanted,
                         digest,
@@ -494,6 +510,7 @@ class Sweep:
                         params=params,
                         stage=stage.name,
                         after=after,
+                        program=program,
                     )
                     index += 1
                 block_index += 1

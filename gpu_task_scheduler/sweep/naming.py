@@ -6,11 +6,19 @@ values: keys sorted, each written ``key`` + indicator + ``str(value)[:maxlen]``
 :func:`config_string` reproduces that byte for byte, so existing result
 folders keep their names.
 
-On top of it, :func:`safe_folder_name` makes sure a name is one path component
+On top of it, :func:`folder_name` makes sure a name is one path component
 inside the result root (no ``/``, NUL, control characters, ``.``/``..``, or
-more than 255 bytes), and :class:`NameRegistry` gives two *different* configs
-that end up with the same name distinct folders instead of letting the second
-one be skipped as "already done".
+more than 255 bytes) and never empty, and :class:`NameRegistry` gives two
+*different* configs that end up with the same name distinct folders instead of
+letting the second one be skipped as "already done".
+
+Where we differ from the original on purpose: a run whose name is empty (a
+sweep without ``test_config``, an empty test block, a block whose keys are
+all left out of names or whose characters are all stripped) ran in the result
+root itself there. Here the root holds ``.gts`` and every other run, and a
+task that cleans its own folder would delete them; such a run gets the folder
+:data:`EMPTY_NAME` instead (and ``run~<hash>`` for a second config with an
+empty name, as for any other shared name).
 """
 
 from __future__ import annotations
@@ -19,8 +27,8 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-# Linux and macOS limit one path component to 255 bytes.
-MAX_NAME_BYTES = 255
+from ..records.paths import MAX_NAME_BYTES
+
 _HASH_CHARS = 8
 
 
@@ -71,6 +79,22 @@ def _escape(match: re.Match[str]) -> str:
 
 def short_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+
+
+# The folder of a run whose name would be empty (see the module's notes). No name that
+# config_string() makes for a run with a swept key equals it: those end in the separator.
+EMPTY_NAME = "run"
+
+
+def folder_name(name: str) -> str:
+    """The folder a run named ``name`` gets: :func:`safe_folder_name`, and never the root.
+
+    >>> folder_name("")
+    'run'
+    >>> folder_name("lr-0.1,")
+    'lr-0.1,'
+    """
+    return safe_folder_name(name) or EMPTY_NAME
 
 
 def safe_folder_name(name: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
-from ..records.paths import META, ledger_path_problem
+from ..records.paths import ledger_path_problem, log_name_problem
 
 
 def _bool(value: Any) -> str | None:
@@ -72,24 +72,6 @@ def _seconds(allow_zero: bool) -> Callable[[Any], str | None]:
 def _string_list(value: Any) -> str | None:
     ok = isinstance(value, (list, tuple)) and all(isinstance(item, str) and item for item in value)
     return None if ok else "a list of non-empty strings"
-
-
-def _log_file(value: Any) -> str | None:
-    if value is None:
-        return None
-    if (
-        not isinstance(value, str)
-        or not value
-        or os.path.isabs(value)
-        or ".." in value.split("/")
-        or "\0" in value
-        or value.endswith("/")
-        or os.path.normpath(value) == "."
-    ):
-        return "a file name relative to the run folder (without '..') or null"
-    if os.path.normpath(value).split("/")[0] == META:
-        return f"a file name outside {META}/, which holds the scheduler's own records"
-    return None
 
 
 def _memory(value: Any) -> str | None:
@@ -180,7 +162,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "test_config_string_indicator": (lambda: "-", _text),
     "test_config_string_separator": (lambda: ",", _text),
     "test_config_string_inst_separator": (lambda: "+", _text),
-    "log_file": (lambda: "worker.log", _log_file),
+    "log_file": (lambda: "worker.log", log_name_problem),
     "scheduler_log_file_path": (lambda: "scheduler.log", _optional(_path)),
     "config_string_value_maxlen": (lambda: 30, _optional(_int_at_least(1))),
     "ignored_keys_for_folder_name": (lambda: [], _string_list),
@@ -198,6 +180,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "gpu_memory_key": (lambda: "gpu_memory", _key_name),
     "learn_gpu_memory": (lambda: "max", _one_of("max", "mean", None)),
     "memory_margin": (lambda: "512MiB", _memory),
+    "min_free_gpu_memory": (lambda: None, _optional(_memory)),
     "placement": (lambda: "first_fit", _one_of(*PLACEMENTS)),
     "busy_memory_fraction": (lambda: None, _optional(_fraction)),
     "busy_utilization": (lambda: None, _optional(_percent)),
@@ -247,6 +230,7 @@ class SchedulerOptions:
     gpu_memory_key: str
     learn_gpu_memory: str | None
     memory_margin: int
+    min_free_gpu_memory: int | None  # what a GPU must have available for a run whose need is not known yet
     placement: str
     busy_memory_fraction: float | None
     busy_utilization: float | None
@@ -277,7 +261,7 @@ class SchedulerOptions:
         return self.gpu_memory
 
 
-_SIZES = ("gpu_memory", "memory_margin", "min_host_free_memory")
+_SIZES = ("gpu_memory", "memory_margin", "min_free_gpu_memory", "min_host_free_memory")
 _SECONDS = ("timeout", "grace_period", "gpu_poll_interval", "idle_holder_after")
 
 

@@ -71,7 +71,9 @@ def resolve_task(
     config), else the config's ``task``; a stage's own ``task`` or ``command`` for its runs.
     A ``TaskClassError`` when a run has none."""
     if not sweep.staged:
-        return _resolve_default(sweep, task_class, command=command, shell=shell)
+        factory = _resolve_default(sweep, task_class, command=command, shell=shell)
+        sweep.set_program(None, sweep.task_record)
+        return factory
     default: TaskFactory | None = None
     if all(stage.task_ref is not None or stage.command is not None for stage in sweep.stages):
         try:  # every stage names its own: the sweep needs no task of its own
@@ -86,13 +88,17 @@ def resolve_task(
             stage_shell = stage.shell if stage.shell is not None else sweep.shell
             keys = stage.keys() + (["dep_dir"] if stage.after else [])
             by_stage[stage.name] = command_factory(sweep, stage.command, stage_shell, keys)
+            sweep.set_program(stage.name, {"command": stage.command, "shell": stage_shell})
         elif isinstance(stage.task_ref, str):
             by_stage[stage.name] = class_factory(import_task(stage.task_ref))
+            sweep.set_program(stage.name, {"task": stage.task_ref})
         elif stage.task_ref is not None:
             by_stage[stage.name] = class_factory(check_task_class(stage.task_ref))
+            sweep.set_program(stage.name, _class_record(stage.task_ref))
         else:
             assert default is not None
             by_stage[stage.name] = class_factory(default) if isinstance(default, type) else default
+            sweep.set_program(stage.name, sweep.task_record)
 
     def make(spec: RunSpec) -> GPUTask:
         return by_stage[spec.stage](spec)
@@ -106,8 +112,7 @@ def _resolve_default(
 ) -> TaskFactory:
     if task_class is not None:
         checked = check_task_class(task_class)
-        if task_class.__module__ != "__main__" and "<locals>" not in task_class.__qualname__:
-            sweep.task_record = {"task": f"{task_class.__module__}:{task_class.__qualname__}"}
+        sweep.task_record = _class_record(task_class) or sweep.task_record
         return checked
     if command is not None or sweep.command is not None:
         command = command if command is not None else sweep.command
@@ -121,6 +126,13 @@ def _resolve_default(
     raise TaskClassError(
         "no task to run: pass gpu_task_class, or set task ('package.module:Class') or command in the config"
     )
+
+
+def _class_record(task_class: type) -> dict[str, Any] | None:
+    """``{"task": "module:Class"}``, or None for a class that cannot be imported by that name."""
+    if task_class.__module__ == "__main__" or "<locals>" in task_class.__qualname__:
+        return None
+    return {"task": f"{task_class.__module__}:{task_class.__qualname__}"}
 
 
 class CommandFailed(SystemExit):

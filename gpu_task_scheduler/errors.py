@@ -55,4 +55,6 @@ def unknown_key_message(where: str, key: object, valid: Iterable[str]) -> str:
     guess = closest(key, valid) if isinstance(key, str) else None
     if guess is not None:
         message += f"; did you mean {guess!r}?"
+    if not valid:
+        return message + f"; {where} has no keys."
     return message + f" Valid keys: {', '.join(valid)}."

@@ -146,11 +146,21 @@ class GrandchildTask(GPUTask):
 
 
 class BlockTask(GPUTask):
-    """Announces that it runs, then sleeps (``GTS_TEST_SLEEP`` overrides); may ignore SIGTERM."""
+    """Announces that it runs, then sleeps (``GTS_TEST_SLEEP`` overrides); may ignore SIGTERM.
+
+    While it runs it holds an flock on ``<work_dir>/exclusive``; an attempt that finds it held (an
+    earlier attempt of the same run still alive) writes ``overlap`` to the journal."""
 
     def main(self):
+        import fcntl
+
         if self._config.get("ignore_term"):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self._exclusive = open(os.path.join(self._work_dir, "exclusive"), "a")  # held until the process ends
+        try:
+            fcntl.flock(self._exclusive, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            journal(self._config, "overlap", self._work_dir)
         journal(self._config, "start", self._work_dir)
         with open(os.path.join(self._work_dir, "started"), "w") as handle:
             handle.write(str(os.getpid()))

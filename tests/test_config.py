@@ -80,6 +80,7 @@ def test_scheduler_defaults_match_the_original(in_tmp):
         "gpu_memory_key": "gpu_memory",
         "learn_gpu_memory": "max",
         "memory_margin": "512MiB",
+        "min_free_gpu_memory": None,
         "placement": "first_fit",
         "busy_memory_fraction": None,
         "busy_utilization": None,
@@ -95,6 +96,7 @@ def test_scheduler_defaults_match_the_original(in_tmp):
         "ray_cpus_per_run": 0,
         "ray_local_gpus": None,
         "node_failure_retries": 3,
+        "lease_interval": 1.0,
         "notify_command": None,
         "notify_email": None,
     }
@@ -395,6 +397,7 @@ BAD_VALUES = {
     "gpu_memory_key": [("", "non-empty string"), (3, "non-empty string")],
     "learn_gpu_memory": [("min", "one of 'max', 'mean', None"), (True, "one of")],
     "memory_margin": [("lots", "memory size"), (None, "memory size")],
+    "min_free_gpu_memory": [("some", "memory size"), (-1, "memory size")],
     "placement": [("best", "one of 'first_fit'"), (None, "one of")],
     "busy_memory_fraction": [(1.5, "fraction"), (0, "fraction"), ("half", "fraction")],
     "busy_utilization": [(150, "percentage"), (0, "percentage"), ("50%", "percentage")],
@@ -410,6 +413,7 @@ BAD_VALUES = {
     "ray_cpus_per_run": [(-1, "a number >= 0"), ("1", "a number >= 0"), (float("inf"), ">= 0")],
     "ray_local_gpus": [(-1, "integer >= 0"), (1.5, "integer")],
     "node_failure_retries": [(-1, "integer >= 0"), (True, "integer")],
+    "lease_interval": [(0, "seconds > 0"), ("1", "seconds"), (float("inf"), "seconds")],
     "notify_command": [(5, "a command"), ("  ", "a command"), ([1, 2], "a command")],
     "notify_email": [
         ({"host": "h"}, "a dict with host, sender, recipients"),

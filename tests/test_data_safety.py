@@ -440,3 +440,102 @@ def test_available_memory_is_never_shown_negative():
     assert available_words(-(60 * 2**30)) == "no memory available"
     assert available_words(0) == "no memory available"
     assert available_words(2**30) == "1.0 GiB available"
+
+
+# --- no tracebacks on bad values ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("scheduler_config=1", "names scheduler_config; name a key in it (e.g. scheduler_config.timeout=600)"),
+        ("global_config=3", "names global_config; name a key in it"),
+        ("model.lr=1,2", "gives several values to model.lr, a key inside a dict, which is not swept"),
+        ("scheduler_config.timeout=1,2", "give one value, or a list as scheduler_config.timeout=[1,2]"),
+        ("empty.x=1", "unknown key 'x' in global_config.empty (override 'empty.x=1'); global_config.empty (over"),
+        ("scheduler_config.gpu_poll_interval=1e300", "at most 31536000 (a year)"),
+        ("scheduler_config.grace_period=1e300", "at most 31536000 (a year)"),
+    ],
+)
+def test_bad_overrides_get_one_line_errors(in_tmp, capsys, override, message):
+    config = _yaml(
+        in_tmp / "s.yaml",
+        """
+scheduler_config: {gpu: [cpu], result_root_folder: results}
+global_config: {model: {lr: 0.1}, empty: {}}
+command: [echo, "{a}"]
+test_config: [{a: [1]}]
+""",
+    )
+    assert gts(["run", config, override, "--dry-run"]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error and "Valid keys: ." not in error, error
+    assert not (in_tmp / "results").exists()
+
+
+def test_a_huge_grace_period_on_the_command_line_is_refused_before_anything_runs(in_tmp, capsys):
+    config = _sleeping_sweep(in_tmp / "s.yaml", "results", 0)
+    assert gts(["run", config, "--grace-period", "1e300", "--plain"]) == 2
+    assert "at most 31536000" in capsys.readouterr().err and not (in_tmp / "results").exists()
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        ("UPDATE runs SET result = '{bad'", "result = '{bad', which is not JSON"),
+        ("UPDATE runs SET params = '[1'", "params = '[1', which is not a JSON object"),
+        ("UPDATE runs SET started_at = 'yesterday'", "started_at = 'yesterday', which is not a time"),
+        ("UPDATE runs SET attempts = 'many'", "attempts = 'many', which is not an integer"),
+        ("UPDATE meta SET value = 'many' WHERE key = 'sweep_runs'", "the sweep's size as 'many', not a number"),
+    ],
+)
+def test_a_hand_edited_ledger_names_the_bad_field_and_the_rest_stays_readable(in_tmp, edit, field):
+    config = _yaml(
+        in_tmp / "s.yaml",
+        """
+scheduler_config: {gpu: [cpu], result_root_folder: results, scheduler_log_file_path: null}
+command: [python, -c, "import json, os; json.dump(dict(x=1), open(os.environ['GTS_RUN_DIR'] + '/result.json', 'w'))",
+          "{a}"]
+test_config: [{a: [1, 2]}]
+""",
+    )
+    assert gts(["run", config, "--plain"]) == 0
+    db = sqlite3.connect(in_tmp / "results" / ".gts" / "ledger.sqlite3")
+    db.execute(edit if "meta" in edit else edit + " WHERE name = 'a-1,'")
+    db.commit()
+    db.close()
+    for command in (["status", "results"], ["status", "results", "--json"], ["results", "results"]):
+        result = _gts_subprocess(*command)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (command, result.stderr)
+        said = field in result.stderr or ("meta" in edit and command[0] == "results")  # results reads no size
+        assert said and "a-2," in result.stdout, (command, result.stderr)
+
+
+def test_retry_after_a_narrower_sweep_replaced_the_record_says_why_and_fails(in_tmp, capsys):
+    sweep = """
+scheduler_config: {{gpu: [cpu], result_root_folder: results, scheduler_log_file_path: null}}
+command: [python, -c, "import sys; sys.exit(int(sys.argv[1]) % 2)", "{{a}}"]
+test_config: [{{a: {values}}}]
+"""
+    assert gts(["run", _yaml(in_tmp / "s.yaml", sweep.format(values="[1, 2, 3]")), "--plain"]) == 1  # 1, 3 fail
+    assert gts(["run", _yaml(in_tmp / "s.yaml", sweep.format(values="[2, 4]")), "--plain"]) == 0  # the record now
+    capsys.readouterr()
+    assert gts(["retry", "results", "--failed", "--plain"]) == 2
+    captured = capsys.readouterr()
+    assert "2 of the runs to retry are not in the sweep results recorded last" in captured.err, captured.err
+    assert "a-1,, a-3," in captured.err and "running" not in captured.out
+
+
+def test_a_placeholder_one_block_lacks_is_an_error_before_anything_runs(in_tmp, capsys):
+    config = _yaml(
+        in_tmp / "s.yaml",
+        """
+scheduler_config: {gpu: [cpu], result_root_folder: results}
+command: [echo, "{a}", "{b}"]
+test_config: [{a: [1], b: [2]}, {a: [3]}]
+""",
+    )
+    assert gts(["run", config, "--plain"]) == 2
+    error = capsys.readouterr().err
+    assert "uses {b}, which the runs of test_config[1] do not have (their keys: a)" in error, error
+    assert not (in_tmp / "results").exists()

@@ -6,17 +6,21 @@ Each case is a small sweep whose runs behave as their config says (``seconds``, 
 """
 
 import contextlib
+import json
 import os
 import queue
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import gts_test_tasks as tasks
 import pytest
-from conftest import wait_until
+from conftest import TESTS, wait_until
 from fake_launcher import FakeWorld
-from helpers import ledger_rows, make_config
+from helpers import journal_lines, ledger_rows, make_config
+from test_process_control import finish
 
 from gpu_task_scheduler.backends.local.launcher import LocalLauncher
 from gpu_task_scheduler.backends.ray.launcher import RayLauncher
@@ -175,3 +179,49 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
         os.close(root)
         if backend == "ray":
             launcher.shutdown()
+
+
+# --- machines that go away (backends whose runs run on machines the scheduler does not own) -----------
+
+CLUSTER_BACKENDS = [pytest.param("ray", marks=[pytest.mark.xdist_group("ray")])]
+
+
+@pytest.mark.parametrize("backend", CLUSTER_BACKENDS)
+@pytest.mark.parametrize("when", ["busy", "at:0.75", "at:0.95", "partition"])
+def test_a_run_whose_machine_is_lost_or_cut_off_runs_exactly_once(in_tmp, no_leaked_processes, backend, when):
+    """A machine goes away with runs on it (as soon as they run, at 75 % of them, just before they end),
+    or every run's supervisor is cut off from the scheduler for a while: each run's side effect (its
+    journal's "end") happens once, no two attempts of a run ever overlap, and the sweep succeeds. A
+    run is retried only once its old attempt is over (its lease), and one that finished in the
+    meantime is recorded as succeeded, not run again."""
+    pytest.importorskip("ray")
+    root, journal = in_tmp / "r", in_tmp / "journal"
+    config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 2.5})
+    config["scheduler_config"].update(
+        gpu=["0", "1", "2", "3"], backend=backend, lease_interval=0.2, grace_period=0.5, node_failure_retries=10
+    )
+    script = os.path.join(TESTS, "ray_cluster.py")
+    process = subprocess.Popen(
+        [sys.executable, script, json.dumps(config), when], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    output = finish(process, timeout=170)
+    assert process.returncode == 0, output
+    lost = json.loads(output.split("LOST ", 1)[1].splitlines()[0])
+    assert len(lost) >= 2, output
+    lines = journal_lines(journal)
+    assert "overlap" not in " ".join(lines), output
+    assert [lines.count(f"end i-{i},") for i in range(8)] == [1] * 8, output  # each side effect once
+    rows = ledger_rows(root)
+    assert {row["status"] for row in rows.values()} == {"succeeded"}
+    retried = [name for name in lost if rows[name]["attempts"] > 1]
+    if when == "partition":
+        assert retried, output  # cut off: stopped by their own supervisors, then run again
+        logs = " ".join(log.read_text() for name in retried for log in (root / name / ".gts" / "logs").iterdir())
+        assert "no word from the scheduler" in logs, output
+    elif when == "busy":
+        assert retried == lost and "went away or stopped answering" in output, output
+        # Retried only once the old attempt was known to be over: its lease expired (its machine
+        # took its supervisor down), or it had not started.
+        assert "given up, its lease expired" in output or "given up, it had not started" in output, output
+    if retried:  # the log says how the old attempt was known to be over before its run ran again
+        assert "given up, " in output or "cut off from the scheduler" in output, output

@@ -10,14 +10,11 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import textwrap
 
 import gts_test_tasks as tasks
 import pytest
-from conftest import RAY_GPUS, TESTS, wait_until
-from helpers import journal_lines, ledger_rows, make_config
+from conftest import RAY_GPUS, wait_until
+from helpers import ledger_rows, make_config
 from test_process_control import finish, launch, started
 
 from gpu_task_scheduler import GPUTaskScheduler
@@ -121,69 +118,3 @@ def test_ctrl_c_stops_the_runs_on_ray_and_our_ray_instance(in_tmp, no_leaked_pro
     assert {row["status"] for row in rows.values()} == {"interrupted"}
     assert all(row["cause"] == "interrupted by SIGINT" and NODE.match(row["node"]) for row in rows.values())
     # no_leaked_processes: the runs' processes and every process of our Ray instance are gone
-
-
-CLUSTER = textwrap.dedent(f"""
-    import json, os, sqlite3, sys, threading, time
-    sys.path.insert(0, {TESTS!r})
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    from ray.cluster_utils import Cluster
-    import gts_test_tasks as tasks
-    from gpu_task_scheduler import GPUTaskScheduler
-
-    config = json.loads(sys.argv[1])
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=2, include_dashboard=False))
-    doomed = cluster.add_node(num_cpus=1, num_gpus=2)
-    cluster.wait_for_nodes()
-    config["scheduler_config"]["ray_address"] = cluster.address
-    ledger = os.path.join(config["scheduler_config"]["result_root_folder"], ".gts", "ledger.sqlite3")
-    seen = {{}}
-
-    def on_doomed():
-        try:
-            db = sqlite3.connect(f"file:{{ledger}}?mode=ro", uri=True)
-            rows = db.execute("SELECT name, node FROM runs WHERE status = 'running' AND node LIKE ?",
-                              ("%/" + doomed.node_id[:8],)).fetchall()
-            db.close()
-            return rows
-        except sqlite3.Error:
-            return []
-
-    def remove_when_busy():  # once two runs run on the second machine, it goes away
-        while len(on_doomed()) < 2:
-            time.sleep(0.05)
-        seen["lost"] = sorted(name for name, _ in on_doomed())
-        cluster.remove_node(doomed)
-
-    threading.Thread(target=remove_when_busy, daemon=True).start()
-    summary = GPUTaskScheduler(config, tasks.BlockTask).start()
-    print("LOST " + json.dumps(seen.get("lost")), flush=True)
-    cluster.shutdown()
-    sys.exit(summary.exit_code)
-""")
-
-
-def test_a_two_machine_sweep_survives_losing_a_machine(in_tmp, no_leaked_processes):
-    """Runs spread over both machines; the second goes away with two runs on it: they run again on
-    the first, every run succeeds exactly once, and nothing that succeeded runs again."""
-    root, journal = in_tmp / "r", in_tmp / "journal"
-    config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 2.5})
-    config["scheduler_config"].update(gpu="all", backend="ray")
-    process = subprocess.Popen(
-        [sys.executable, "-c", CLUSTER, json.dumps(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    output = finish(process, timeout=150)
-    assert process.returncode == 0, output
-    lost = json.loads(output.split("LOST ", 1)[1].splitlines()[0])
-    assert len(lost) >= 2, output
-    lines = journal_lines(journal)
-    assert [lines.count(f"end i-{i},") for i in range(8)] == [1] * 8  # each run completed once
-    rows = ledger_rows(root)
-    assert {row["status"] for row in rows.values()} == {"succeeded"}
-    for name in lost:  # cut off with their machine (before or after their main() began), run again elsewhere
-        assert rows[name]["attempts"] == 2 and not rows[name]["node"].endswith(doomed_node(output)), output
-    assert "went away or stopped answering" in output and "will run again on another machine" in output
-
-
-def doomed_node(output):
-    return output.split("(its machine ", 1)[1].split(" ", 1)[0]

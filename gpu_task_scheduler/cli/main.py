@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from ..engine.logs import plain_console_logging
-from ..errors import ConfigError, GTSError, TaskClassError
+from ..errors import ConfigError, GTSError, SchedulerBusyError, TaskClassError
 from ..sweep.files import load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -254,7 +254,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     from ..backends.local.tasks import import_task, resolve_task
-    from ..records.ledger import RunStatus
+    from ..records.ledger import RunStatus, scheduler_state
     from ..reports.runlogs import find_run
     from ..results import open_ledger
     from ..sweep.expand import Sweep
@@ -289,7 +289,15 @@ def cmd_retry(args: argparse.Namespace) -> int:
     if not chosen:
         print("no run to retry", file=sys.stderr)
         return EXIT_OK
-    config = json.loads(recorded)
+    try:
+        config = json.loads(recorded)
+        if not isinstance(config, dict) or not isinstance(config.get("scheduler_config"), dict):
+            raise ValueError("not a config")
+    except (ValueError, RecursionError):
+        raise ConfigError(
+            f"the ledger of {args.root} keeps its sweep's config (meta 'sweep_config'), but what it keeps is "
+            "not a config (changed by hand?): run the sweep again with its config file instead"
+        ) from None
     stages = config.get("stages") or []
     each_stage_has_one = bool(stages) and all("task" in stage or "command" in stage for stage in stages)
     if not args.task and "task" not in config and "command" not in config and not each_stage_has_one:
@@ -311,8 +319,28 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise type(error)(  # the recorded task cannot be imported from here
             f"{error}; run gts retry where the sweep was started, set PYTHONPATH, or name the task with --task"
         ) from None
-    print(f"running {len(chosen)} run(s) again: {', '.join(sorted(chosen)[:10])}{' ...' if len(chosen) > 10 else ''}")
-    return _run_sweep(sweep, make_task, plain=args.plain)
+    in_sweep = {spec.name for spec in sweep.runs()} & set(chosen)
+    missing = sorted(set(chosen) - in_sweep)
+    if missing:  # a later start with another config replaced the record: these runs are not in it
+        print(
+            f"gts retry: error: {len(missing)} of the runs to retry are not in the sweep {args.root} recorded last "
+            f"(a later start with another config replaced it): {', '.join(missing[:10])}"
+            f"{' ...' if len(missing) > 10 else ''}. Run the config they belong to again with gts run CONFIG "
+            "(its failed and interrupted runs run again)",
+            file=sys.stderr,
+        )
+        if not in_sweep:
+            return EXIT_USAGE
+        sweep.selected = frozenset(in_sweep)
+    running, holder = scheduler_state(args.root)
+    if running:  # said before "running ... again", which would be untrue
+        raise SchedulerBusyError(
+            f"another scheduler is already running on {args.root!r} ({holder}); wait for it to finish or stop it first"
+        )
+    shown = ", ".join(sorted(in_sweep)[:10]) + (" ..." if len(in_sweep) > 10 else "")
+    print(f"running {len(in_sweep)} run(s) again: {shown}")
+    code = _run_sweep(sweep, make_task, plain=args.plain)
+    return code if code != EXIT_OK or not missing else EXIT_FAILED
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -144,6 +144,31 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
 
 
 _FIELDS = set(RunRecord.__dataclass_fields__)
+_INTEGERS = {"run_index", "attempts", "pid", "exit_code", "gpu_memory_peak"}
+_TIMES = {"started_at", "ended_at"}
+_JSON = {"result": "JSON", "params": "a JSON object"}
+
+
+def _field_problem(field: str, value: Any) -> str | None:
+    """Why a recorded value cannot be what this version writes in ``field`` (None: it can)."""
+    if value is None or field == "status":
+        return None
+    if field in _INTEGERS:
+        return None if isinstance(value, int) else "not an integer"
+    if field in _TIMES:
+        return None if isinstance(value, (int, float)) and abs(value) < 1e12 else "not a time"
+    if not isinstance(value, str):
+        return "not text"
+    if field in _JSON:
+        try:
+            decoded = json.loads(value)
+        except (ValueError, RecursionError):
+            return f"not {_JSON[field]}"
+        if field == "params" and not isinstance(decoded, dict):
+            return "not a JSON object"
+    return None
+
+
 # Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
 _OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program"}
 
@@ -319,7 +344,32 @@ class Ledger:
                 "move it aside and start again"
             )
         values["status"] = self._status(values["name"], values["status"])
+        for field, value in values.items():
+            problem = _field_problem(field, value)
+            if problem is not None:
+                self._warn_once(values["name"], field, value, problem)
+                values[field] = 0 if field == "attempts" else None
         return RunRecord(**values)
+
+    _warned: set[tuple[str, str]] | None = None
+
+    def _warn_once(self, name: Any, field: str, value: Any, problem: str) -> None:
+        """A value changed by hand into something this version never writes: shown as unknown,
+        said once per run and field, so that the rest of the ledger stays readable."""
+        if self._warned is None:
+            self._warned = set()
+        if (str(name), field) in self._warned or len(self._warned) > 100:
+            return
+        self._warned.add((str(name), field))
+        shown = repr(value)
+        logger.warning(
+            "the ledger %s records run %r with %s = %s, which is %s; taken as unknown",
+            self.path,
+            name,
+            field,
+            shown[:80] + ("..." if len(shown) > 80 else ""),
+            problem,
+        )
 
     def _status(self, name: str, status: str) -> RunStatus:
         try:

@@ -12,6 +12,7 @@
             .gts/task.pkl        the task object handed to the child process
             .gts/spec.json       what the child needs to start
             .gts/outcome.json    written by the child when main() ends
+            .gts/lease           renewed while a run on another machine lives (lease.py)
             .gts/result.json     what main() returned, when it is over 1 MiB of JSON
             .gts/logs/           logs of earlier attempts
 
@@ -272,6 +273,11 @@ class RunPaths:
     @property
     def outcome(self) -> str:
         return os.path.join(self.meta, "outcome.json")
+
+    @property
+    def lease(self) -> str:
+        """The attempt's lease, kept by a run on another machine (see lease.py)."""
+        return os.path.join(self.meta, "lease")
 
     @property
     def result(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 from typing import Any
 
@@ -21,6 +22,8 @@ _COLORS = {
     "running": "tab:blue",
 }
 
+
+logger = logging.getLogger("gpu_task_scheduler")
 
 STALE = "stale"
 
@@ -76,7 +79,12 @@ def status(root: str) -> dict[str, Any]:
             }
         )
     if total_text:
-        counts["pending"] = max(0, int(total_text) - len(records))
+        try:
+            counts["pending"] = max(0, int(total_text) - len(records))
+        except ValueError:  # changed by hand: the pending count is unknown, the rest is read
+            logger.warning(
+                "the ledger of %s records the sweep's size as %r, not a number; pending unknown", root, total_text[:40]
+            )
     scheduler = {"running": running, "holder": holder, "waiting": waiting if running else None}
     report = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts, "runs": runs}
     if stages:

@@ -326,7 +326,7 @@ class Sweep:
     def _check_commands(self) -> None:
         """Each command template against the keys of the runs it runs (``{dep_dir}``: in a stage whose
         every run has exactly one dependency)."""
-        from .commands import check_template
+        from .commands import BUILTINS, check_template
         from .templates import base_key, placeholders
 
         for stage in self.stages:
@@ -345,6 +345,18 @@ class Sweep:
                 whose = "its own command" if own else "the top-level command"
                 raise ConfigError(f"stage {stage.name!r} runs {whose}, and: {error}") from None
             fields = {base_key(field) for part in parts for field, _, _ in placeholders(part)}
+            given = set(BUILTINS) | set(extra) | set(stage.global_config)
+            for index, block in enumerate(stage.blocks):  # every run has every key its command uses
+                missing = sorted(fields - given - set(block))
+                if missing:
+                    block_name = (
+                        f"test_config[{index}]" if stage.name is None else f"stage {stage.name!r} block {index}"
+                    )
+                    raise ConfigError(
+                        f"{where} uses {{{missing[0]}}}, which the runs of {block_name} do not have (their keys: "
+                        f"{', '.join(sorted(set(block) | set(stage.global_config))) or 'none'}): give {missing[0]!r} "
+                        "in that block or in global_config"
+                    )
             if "gpus" in fields and self.options.backend == "ray":
                 raise ConfigError(
                     f"{where} uses {{gpus}}, which the Ray backend cannot fill in: Ray chooses a run's GPUs "

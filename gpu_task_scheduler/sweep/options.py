@@ -56,6 +56,11 @@ def _int_at_least(minimum: int) -> Callable[[Any], str | None]:
     return check
 
 
+# The longest wait any option may ask for: a year. Beyond it a timeout is a typo, and the clocks'
+# waits overflow (a thread's wait takes at most threading.TIMEOUT_MAX, about 292 years).
+MAX_SECONDS = 365 * 24 * 3600
+
+
 def _seconds(allow_zero: bool) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         ok = (
@@ -63,8 +68,10 @@ def _seconds(allow_zero: bool) -> Callable[[Any], str | None]:
             and not isinstance(value, bool)
             and math.isfinite(value)
             and (float(value) >= 0 if allow_zero else float(value) > 0)
+            and float(value) <= MAX_SECONDS
         )
-        return None if ok else ("a number of seconds >= 0" if allow_zero else "a number of seconds > 0")
+        bound = ">= 0" if allow_zero else "> 0"
+        return None if ok else f"a number of seconds {bound} and at most {MAX_SECONDS} (a year)"
 
     return check
 
@@ -197,6 +204,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "ray_cpus_per_run": (lambda: 0, _non_negative),
     "ray_local_gpus": (lambda: None, _optional(_int_at_least(0))),
     "node_failure_retries": (lambda: 3, _int_at_least(0)),
+    "lease_interval": (lambda: 1.0, _seconds(allow_zero=False)),
     # Notifications when the sweep ends (see reports/notify.py).
     "notify_command": (lambda: None, _optional(_command_option)),
     "notify_email": (lambda: None, _optional(_email_option)),
@@ -246,6 +254,7 @@ class SchedulerOptions:
     ray_cpus_per_run: float  # CPUs each run's Ray task asks for
     ray_local_gpus: int | None  # GPUs a Ray instance of our own declares (None: as Ray detects them)
     node_failure_retries: int  # a run whose machine went away runs again elsewhere, this many times
+    lease_interval: float  # how often a run on another machine renews its lease (records/lease.py)
     notify_command: str | list[str] | None
     notify_email: Mapping[str, Any] | None
     given: Mapping[str, Any] = field(repr=False, compare=False)  # as written, defaults added

@@ -28,6 +28,7 @@ from ..errors import ConfigError, unknown_key_message
 from .files import load_yaml
 
 _TOP_VALUES = ("task", "command", "shell")
+_EXAMPLE = {"scheduler_config": "timeout=600", "global_config": "epochs=10"}
 
 
 def split_values(text: str) -> list[str]:
@@ -87,13 +88,18 @@ def _apply(config: dict[str, Any], path: list[str], text: str, add: bool, overri
         return f"{head} = {config[head]!r}"
     if head == "test_config":
         raise ConfigError(f"the override {override!r} names test_config; name the swept key itself (e.g. lr=0.1,0.01)")
+    if head in ("scheduler_config", "global_config") and len(path) == 1:
+        raise ConfigError(f"the override {override!r} names {head}; name a key in it (e.g. {head}.{_EXAMPLE[head]})")
+    if len(path) > 1 and len(split_values(text)) > 1:
+        raise ConfigError(
+            f"the override {override!r} gives several values to {'.'.join(path)}, a key inside a dict, which "
+            f"is not swept: give one value, or a list as {'.'.join(path)}=[{text}]"
+        )
     if head == "scheduler_config":
         section = _section(config, head, override)
         return _set_nested(section, path[1:], _value(text, override), add, override, head)
     if head == "global_config":
         path = path[1:]
-        if not path:
-            raise ConfigError(f"the override {override!r} names global_config; name a key in it")
     if len(path) > 1:
         section = _section(config, "global_config", override)
         return _set_nested(section, path, _value(text, override), add, override, "global_config")
@@ -119,7 +125,8 @@ def _set_nested(section: dict[str, Any], path: list[str], value: Any, add: bool,
     for depth, part in enumerate(path[:-1]):
         if part not in target:
             if not add:
-                raise ConfigError(unknown_key_message(f"{where} (override {override!r})", part, list(target)))
+                inside = ".".join([where, *path[:depth]])
+                raise ConfigError(unknown_key_message(f"{inside} (override {override!r})", part, list(target)))
             target[part] = {}
         target = target[part]
         if not isinstance(target, dict):
@@ -129,7 +136,8 @@ def _set_nested(section: dict[str, Any], path: list[str], value: Any, add: bool,
     if where == "scheduler_config" and len(path) == 1:
         known = True  # every scheduler key exists (defaults); validation names the unknown ones
     elif not known and not add:
-        raise ConfigError(unknown_key_message(f"{where} (override {override!r})", last, list(target)))
+        inside = ".".join([where, *path[:-1]])
+        raise ConfigError(unknown_key_message(f"{inside} (override {override!r})", last, list(target)))
     else:
         _check_add(add, known, override, last)
     target[last] = value

@@ -28,6 +28,12 @@ delimiter) or where the reference itself would be escaped (right after a
 backslash) are refused with a :class:`ConfigError` before anything runs.
 Even if this scanner misreads an exotic template, the worst outcome is a
 wrong word, never an executed value: the value is not in the script.
+
+What this does not and cannot do: a *command* that runs its arguments as code
+(``eval``, ``trap``, ``sh -c``, ``python -c``, ``ssh``) runs the value it is
+given, as it would any word; the README states this rule. Telling such
+commands apart would need the shell's whole grammar (aliases, functions,
+``command eval``, a variable holding ``eval``) and would still be a guess.
 """
 
 from __future__ import annotations

@@ -22,9 +22,14 @@
   fresh process. The task reports where the run started (the engine records
   the machine, ``gts status`` shows it) and how it ended.
 * **Failures.** When a machine goes away, the tasks on it fail with Ray's
-  error: the attempt is recorded as interrupted ("its machine went away") and
-  the run runs again elsewhere, up to ``node_failure_retries`` times. A run
-  whose process had recorded its success in its folder first is not run
+  error. Ray says so before that machine's processes are surely gone (or
+  the machine is only cut off and they run on), so the attempt is given up
+  and its lease waited for (``records/lease.py``): the run runs again only
+  once its old attempt is known to be over (released, or its lease expired:
+  a supervisor cut off from the driver stops its run before that). Then the
+  attempt is recorded as interrupted ("its machine went away") and the run
+  runs again elsewhere, up to ``node_failure_retries`` times; a run whose
+  process had recorded its success in its folder meanwhile is not run
   again: the outcome file decides, as locally. Ray itself retries nothing
   (``max_retries=0``), so the ledger knows every attempt.
 * **Stopping.** The engine's stop and kill go through a small actor of the
@@ -51,6 +56,7 @@ from ...engine.launcher import Attempt, Ended, LaunchError
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
+from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write
 from ...sweep.options import SchedulerOptions
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
@@ -217,6 +223,8 @@ class RayLauncher:
             "python": sys.executable,
             "work_dir": os.path.abspath(attempt.spec.work_dir),
             "config_file": os.path.abspath(paths.config),
+            "lease": os.path.abspath(paths.lease),
+            "lease_every": self._o.lease_interval,
         }
         task = self._supervise.options(
             num_gpus=self._gpus.get(attempt.slot.name, 0.0),
@@ -237,6 +245,8 @@ class RayLauncher:
             grace_period=self._o.grace_period,
             on_exit=on_exit,
             on_placed=on_placed,
+            lease=os.path.abspath(paths.lease),
+            terms=LeaseTerms(self._o.lease_interval, self._o.grace_period),
         )
 
 
@@ -304,8 +314,11 @@ class RayHandle:
         grace_period: float,
         on_exit: Callable[[], None],
         on_placed: Callable[[str, int], None] | None,
+        lease: str,
+        terms: LeaseTerms,
     ) -> None:
         self.pid = pid
+        self._lease, self._terms = lease, terms
         self.reports_outcome = reports_outcome
         self.node: str | None = None
         self._ray, self._generator, self._control, self._token = ray, generator, control, token
@@ -320,10 +333,21 @@ class RayHandle:
     def _follow(self, on_exit: Callable[[], None]) -> None:
         try:
             self._ended = self._receive()
-        except Exception as error:  # whatever went wrong, the engine hears of an end
-            self._ended = Ended(returncode=-9, lost=self._lost_words(error))
+        except Exception as error:  # whatever went wrong, the engine hears of an end: once the attempt is over
+            lost = self._lost_words(error)
+            self._ended = Ended(returncode=-9, lost=f"{lost}; given up, {self._fence()}")
         finally:
             on_exit()
+
+    def _fence(self) -> str:
+        """Give the attempt up, and wait until it is surely over (its lease): only then may the
+        engine run it again. In words, how that was known."""
+        try:  # from now on its supervisor hears it is not wanted: it cannot start its run any more
+            self._ray.get(self._control.abandon.remote(self._token), timeout=NO_ANSWER)
+        except Exception:
+            pass  # our own actor, on this machine: gone only with the driver; the lease still decides
+        self._control.request.remote(self._token, remote.KILL)  # a supervisor that still listens stops now
+        return wait_over(self._lease, self._token, self._terms)
 
     def _receive(self) -> Ended:
         exceptions = self._ray.exceptions
@@ -335,10 +359,15 @@ class RayHandle:
             if self._on_placed is not None:
                 self._on_placed(first["node"], first["pid"])
             last = self._next()
-        except exceptions.TaskCancelledError:  # killed before it started
+        except exceptions.TaskCancelledError:  # killed before it started (or as it did: its lease says)
+            wait_over(self._lease, self._token, self._terms)
             return Ended(returncode=-9)
+        fenced = last.get("fenced")
         return Ended(
-            returncode=last["returncode"], strays=tuple(last["strays"]), unstoppable=tuple(last["unstoppable"])
+            returncode=last["returncode"],
+            strays=tuple(last["strays"]),
+            unstoppable=tuple(last["unstoppable"]),
+            lost=None if fenced is None else f"its machine {self.node} was cut off from the scheduler: {fenced}",
         )
 
     def _next(self) -> dict[str, Any]:

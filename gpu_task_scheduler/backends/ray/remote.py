@@ -12,6 +12,15 @@ fresh process.
 engine asks for is posted there and reaches the supervisor, which waits on it
 in a thread. When the driver (and with it the actor) is gone, the supervisor
 kills its run: a run never outlives its scheduler, on any machine.
+
+Each attempt holds a lease in its run folder (``records/lease.py``): the
+supervisor takes it before the run starts, starts the run only if the driver
+still wants the attempt, renews it after each word from the driver, stops the
+run when it has had none for the lease's ``fence_after`` (the machine is cut
+off, or the driver gave the attempt up), and releases it when the run's
+processes are gone. The driver runs a lost attempt again only once its lease
+says it is over, so an attempt whose machine the cluster lost sight of never
+runs side by side with its retry.
 """
 
 from __future__ import annotations
@@ -20,11 +29,17 @@ import asyncio
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+from ...records.lease import LeaseHolder, LeaseTerms
+
 # What a stop request may say; "end": the run is over, the supervisor stops waiting.
 STOP, KILL, END = "stop", "kill", "end"
+# Seconds a supervisor waits for the driver's word before it starts its run (the driver's first answer
+# can take a while on a loaded machine; waiting is safe: an attempt the driver gave up never starts).
+FIRST_WORD = 60.0
 
 
 class Control:
@@ -33,6 +48,16 @@ class Control:
     def __init__(self) -> None:
         self._requests: dict[str, list[str]] = {}
         self._changed: dict[str, asyncio.Condition] = {}
+        self._abandoned: set[str] = set()  # attempts the driver gave up (their machine was lost)
+
+    async def renew(self, token: str) -> bool:
+        """Whether the attempt ``token`` is still wanted: a supervisor asks before it starts its run
+        and before each renewal of its lease."""
+        return token not in self._abandoned
+
+    async def abandon(self, token: str) -> None:
+        """The driver gives the attempt up: from now on its supervisor hears that it is not wanted."""
+        self._abandoned.add(token)
 
     def _condition(self, token: str) -> asyncio.Condition:
         if token not in self._changed:
@@ -82,7 +107,8 @@ def _cannot_run(run: dict[str, Any], node: str) -> str | None:
 
 def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
     """Yields ``{"node", "pid"}`` once the run's process started (or ``{"lost": why}`` when this
-    machine cannot run it), then ``{"returncode", "strays", "unstoppable"}`` when it has ended."""
+    machine cannot run it), then ``{"returncode", "strays", "unstoppable", "fenced"}`` when it has
+    ended (``fenced``: why this supervisor stopped the run itself, or None)."""
     import ray
 
     from ..local.launcher import LocalHandle
@@ -92,6 +118,23 @@ def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
     problem = _cannot_run(run, node)
     if problem is not None:
         yield {"lost": problem}
+        return
+    terms = LeaseTerms(run["lease_every"], run["grace_period"])
+    lease = LeaseHolder(run["lease"], run["token"])
+    try:
+        lease.renew()
+    except OSError as error:
+        yield {"lost": f"{node} cannot write the run's lease {run['lease']}: {error}"}
+        return
+    try:  # the lease is taken: only now may the driver's word let the run start (see records/lease.py)
+        wanted = ray.get(control.renew.remote(run["token"]), timeout=FIRST_WORD)
+    except Exception as error:  # no answer from the driver: the run must not start
+        lease.release()
+        yield {"lost": f"{node} had no word from the scheduler before the run started ({type(error).__name__})"}
+        return
+    if not wanted:
+        lease.release()
+        yield {"lost": "the scheduler gave the attempt up before it started"}
         return
     env = dict(os.environ)
     env.update(run["env"])
@@ -108,16 +151,68 @@ def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
         )
     except OSError as error:  # as locally: the run fails, and its log says why
         _log(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
+        lease.release()
         yield {"node": node, "pid": 0}
-        yield {"returncode": 127, "strays": (), "unstoppable": ()}
+        yield {"returncode": 127, "strays": (), "unstoppable": (), "fenced": None}
         return
     handle.pid = handle.child.pid
+    fenced: list[str] = []
     threading.Thread(target=_obey, args=(control, run["token"], handle, ended, run["log"]), daemon=True).start()
+    threading.Thread(
+        target=_keep_lease, args=(control, lease, terms, handle, ended, run["log"], fenced), daemon=True
+    ).start()
     yield {"node": node, "pid": handle.pid}
     ended.wait()
     result = handle.reap()
+    lease.release()  # its processes are gone: a retry need not wait
     control.request.remote(run["token"], END)
-    yield {"returncode": result.returncode, "strays": result.strays, "unstoppable": result.unstoppable}
+    yield {
+        "returncode": result.returncode,
+        "strays": result.strays,
+        "unstoppable": result.unstoppable,
+        "fenced": fenced[0] if fenced else None,
+    }
+
+
+def _keep_lease(
+    control: Any,
+    lease: LeaseHolder,
+    terms: LeaseTerms,
+    handle: Any,
+    ended: threading.Event,
+    log: str | None,
+    fenced: list[str],
+) -> None:
+    """Renew the lease after each word from the driver; stop the run (grace, then kill) once there
+    has been none for ``terms.fence_after``, or the driver gave the attempt up."""
+    import ray
+
+    renewed = time.monotonic()
+    while not ended.wait(terms.renew_every):
+        try:
+            wanted = ray.get(control.renew.remote(lease.token), timeout=terms.renew_every)
+            if wanted:
+                lease.renew()
+                renewed = time.monotonic()
+                continue
+            reason = "the scheduler gave this attempt up (it lost sight of this machine)"
+        except Exception as error:  # no answer (a partition), the driver gone, or the file system failing
+            if time.monotonic() - renewed < terms.fence_after:
+                continue
+            reason = (
+                f"no word from the scheduler, or no renewal of the run's lease, for {terms.fence_after:g}s "
+                f"({type(error).__name__})"
+            )
+        fenced.append(reason)
+        _log(
+            log,
+            f"gpu_task_scheduler: {reason}: stopping the run (SIGTERM, then SIGKILL after "
+            f"{terms.grace_period:g}s), so that it never runs beside its retry\n",
+        )
+        handle.stop()
+        if not ended.wait(terms.grace_period):
+            handle.kill()
+        return
 
 
 def _log(path: str | None, text: str) -> None:

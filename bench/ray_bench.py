@@ -33,7 +33,7 @@ if backend == "ray":
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     import ray
     start = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count(), num_gpus=0, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=0, include_dashboard=False, log_to_driver=False)
     figures["ray_start"] = time.perf_counter() - start
 task = None if "command" in config else probe_task.ProbeTask
 scheduler = GPUTaskScheduler(config, task, live_status=False)

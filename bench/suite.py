@@ -129,7 +129,7 @@ RAY = textwrap.dedent(
     import os, subprocess, sys
     import ray
     slots, lines = sys.argv[1].split(","), sys.stdin.read().splitlines()
-    ray.init(num_cpus=len(slots), num_gpus=len(slots), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=len(slots), num_gpus=len(slots), include_dashboard=False, log_to_driver=False)
 
     @ray.remote(num_gpus=1, max_calls=0)  # GPU tasks default to a new worker per task; reuse them
     def job(line):

@@ -38,12 +38,16 @@ def records(root: str, stage: str | None = None) -> list[RunRecord]:
     """The recorded runs, in the sweep's order; ``stage``: only that stage's (a sweep with stages)."""
     ledger = open_ledger(root)
     try:
-        found = ledger.records()
+        if stage is None:
+            return ledger.records()
+        _check_stage(ledger, root, stage)
+        return list(ledger.iter_records("stage = ?", (stage,)))
     finally:
         ledger.close()
-    if stage is None:
-        return found
-    stages = sorted({record.stage for record in found if record.stage is not None})
+
+
+def _check_stage(ledger: Ledger, root: str, stage: str) -> None:
+    stages = ledger.stages()
     if stage not in stages:
         guess = closest(stage, stages)
         raise ConfigError(
@@ -51,7 +55,6 @@ def records(root: str, stage: str | None = None) -> list[RunRecord]:
             + (f"; did you mean {guess!r}?" if guess else "")
             + (f" Its stages: {', '.join(stages)}." if stages else "; its sweep has no stages")
         )
-    return [record for record in found if record.stage == stage]
 
 
 def run_folder(root: str, record: RunRecord) -> RunPaths:
@@ -90,21 +93,46 @@ def duration(record: RunRecord) -> float | None:
 def rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
     """One dict per run: ``name``, its ``stage`` (a sweep with stages), the swept parameters,
     ``status``, ``duration``, then the result. ``stage``: only that stage's runs."""
-    table = []
-    for record in records(root, stage):
-        row: dict[str, Any] = {"name": record.name}
-        if record.stage is not None:
-            row["stage"] = record.stage
-        row.update(record.params_value)
-        row["status"] = record.status.value
-        row["duration"] = duration(record)
-        result = run_result(root, record)
-        if isinstance(result, dict):
-            row.update({f"result.{key}": value for key, value in result.items()})
-        elif result is not None:
-            row["result"] = result
-        table.append(row)
-    return table
+    return [_row(root, record) for record in records(root, stage)]
+
+
+def _row(root: str, record: RunRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": record.name}
+    if record.stage is not None:
+        row["stage"] = record.stage
+    row.update(record.params_value)
+    row["status"] = record.status.value
+    row["duration"] = duration(record)
+    result = run_result(root, record)
+    if isinstance(result, dict):
+        row.update({f"result.{key}": value for key, value in result.items()})
+    elif result is not None:
+        row["result"] = result
+    return row
+
+
+def top_rows(
+    root: str, key: str, count: int, *, descending: bool = False, stage: str | None = None
+) -> list[dict[str, Any]]:
+    """``sort_rows(rows(root), key)[:count]``, without building every row: SQLite ranks the runs
+    whose result the ledger holds, and only those ``count`` and the runs whose result is kept in
+    their folders (read one by one, as ``rows`` reads them) become rows. A root of 300,000 runs:
+    about a second, in bounded memory."""
+    ledger = open_ledger(root)
+    try:
+        if stage is not None:
+            _check_stage(ledger, root, stage)
+        names = set(ledger.ranked(key, count, descending=descending, stage=stage))
+        where = "(result IS NULL OR NOT json_valid(result) OR (params IS NOT NULL AND NOT json_valid(params)))"
+        params: tuple[str, ...] = ()
+        if stage is not None:
+            where, params = where + " AND stage = ?", (stage,)
+        marks = ",".join("?" * len(names))
+        candidates = list(ledger.iter_records(f"({where}) OR name IN ({marks})", (*params, *names)))
+    finally:
+        ledger.close()
+    # In the sweep's order, as rows() gives them, so that sort_rows breaks ties as it would there.
+    return sort_rows([_row(root, record) for record in candidates], key, descending=descending)[:count]
 
 
 def _number(value: Any) -> float | None:

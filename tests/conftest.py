@@ -145,7 +145,7 @@ def ray_instance():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     mark = os.environ.pop(MARK, None)  # Ray's processes outlive the test that happened to start them
     try:
-        ray.init(num_cpus=2, num_gpus=RAY_GPUS, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, num_gpus=RAY_GPUS, include_dashboard=False, log_to_driver=False)
     finally:
         if mark is not None:
             os.environ[MARK] = mark

@@ -1,6 +1,7 @@
 """Data safety against a hostile or careless user, end to end through `gts`: no run gets a folder that
 holds other runs, one ledger per root, nothing hangs on a special file, nothing is read outside the root."""
 
+import json
 import os
 import re
 import sqlite3
@@ -507,7 +508,9 @@ test_config: [{a: [1, 2]}]
     for command in (["status", "results"], ["status", "results", "--json"], ["results", "results"]):
         result = _gts_subprocess(*command)
         assert result.returncode == 0 and "Traceback" not in result.stderr, (command, result.stderr)
-        said = field in result.stderr or ("meta" in edit and command[0] == "results")  # results reads no size
+        # results reads no size; status reads no result or parameters (it shows neither)
+        unread = ("meta" in edit and command[0] == "results") or (command[0] == "status" and "JSON" in field)
+        said = field in result.stderr or unread
         assert said and "a-2," in result.stdout, (command, result.stderr)
 
 
@@ -539,3 +542,145 @@ test_config: [{a: [1], b: [2]}, {a: [3]}]
     error = capsys.readouterr().err
     assert "uses {b}, which the runs of test_config[1] do not have (their keys: a)" in error, error
     assert not (in_tmp / "results").exists()
+
+
+# --- small ones, each with its test ------------------------------------------------------------------
+
+
+def test_gpu_ids_are_ascii_digits_and_an_inherited_cuda_visible_devices_is_named_as_given(in_tmp, capsys, monkeypatch):
+    from gpu_task_scheduler.gpu.nvml import visible_ids
+
+    config = _sleeping_sweep(in_tmp / "s.yaml", "results", 0)
+    assert gts(["run", config, "--gpus", "١", "--dry-run"]) == 2
+    assert "is not a GPU id" in capsys.readouterr().err
+    assert visible_ids({"CUDA_VISIBLE_DEVICES": "١"}) == []  # CUDA stops at it
+    for given in ("-1", "abc"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", given)
+        assert gts(["run", config, "--gpus", "0", "--plain"]) != 0
+        assert f"CUDA_VISIBLE_DEVICES={given!r}" in capsys.readouterr().err
+
+
+def test_a_kept_change_is_the_base_of_the_next_one(in_tmp, capsys):
+    sweep = """
+scheduler_config: {{gpu: [cpu], result_root_folder: results, scheduler_log_file_path: null}}
+command: [echo, "{{a}}"]
+global_config: {{{extra}}}
+test_config: [{{a: [1]}}]
+"""
+    assert gts(["run", _yaml(in_tmp / "s.yaml", sweep.format(extra="y: 1")), "--plain"]) == 0
+    assert gts(["run", _yaml(in_tmp / "s.yaml", sweep.format(extra="y: 1, z: 1")), "--plain", "--keep"]) == 0
+    capsys.readouterr()
+    assert gts(["run", _yaml(in_tmp / "s.yaml", sweep.format(extra="y: 1, z: 1.0")), "--plain"]) == 2
+    assert "config changed (z: 1 -> 1.0)" in capsys.readouterr().err
+
+
+def test_a_stage_named_twice_in_after_is_waited_for_once():
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    stages = [
+        {"name": "a", "test_config": [{"x": [1]}]},
+        {"name": "b", "test_config": [{"x": [1]}]},
+        {"name": "c", "after": ["a", "b", "a"], "test_config": [{"x": [1]}]},
+    ]
+    *_, last = Sweep({"scheduler_config": {"gpu": ["cpu"]}, "stages": stages})
+    assert last.after == ("a.x-1,", "b.x-1,")
+
+
+def test_control_characters_in_values_never_reach_the_terminal_raw(in_tmp):
+    config = _yaml(
+        in_tmp / "s.yaml",
+        """
+scheduler_config: {gpu: [cpu], result_root_folder: results, scheduler_log_file_path: log.txt}
+command: [echo, "{a}"]
+test_config: [{a: ["x\\e[2Jy"]}]
+""",
+    )
+    result = _gts_subprocess("run", config, "--plain")
+    assert result.returncode == 0 and "\x1b" not in result.stderr and "x\\x1b" in result.stderr, result.stderr
+    assert "\x1b" in (in_tmp / "log.txt").read_text()  # the file keeps what the values are
+
+
+def test_logs_of_a_run_that_has_not_started_say_so(in_tmp, capsys):
+    config = _yaml(
+        in_tmp / "s.yaml",
+        """
+scheduler_config: {gpu: [cpu], result_root_folder: results, scheduler_log_file_path: null}
+command: [python, -c, "import sys; sys.exit(int(sys.argv[1]))", "{a}"]
+test_config: [{a: [1, 0]}]
+""",
+    )
+    assert gts(["run", config, "--plain"]) == 1
+    db = sqlite3.connect(in_tmp / "results" / ".gts" / "ledger.sqlite3")
+    db.execute("DELETE FROM runs WHERE name = 'a-0,'")  # as if it had not started yet
+    db.commit()
+    db.close()
+    capsys.readouterr()
+    assert gts(["logs", "results", "a-0,"]) != 0
+    assert "a-0, has not started yet (it is pending)" in capsys.readouterr().err
+
+
+def test_watch_after_the_scheduler_was_killed_says_so_and_fails(in_tmp):
+    root = in_tmp / "results"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", _sleeping_sweep(in_tmp / "s.yaml", "results"), "--plain"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (root / "x-1,").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)  # the run's folder appearing has no event to wait on
+    finally:
+        sweep.kill()  # kill -9: the run it started ends with its lifeline
+        sweep.wait()
+    result = _gts_subprocess("status", str(root), "--watch", timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "the sweep is no longer running" in result.stderr and "1 stale" in result.stderr, result.stderr
+
+
+# --- the read side on large roots -----------------------------------------------------------------
+
+
+def test_ranked_top_rows_are_the_sorted_rows_head(in_tmp):
+    """results --sort --top ranks in SQLite; what it gives equals sorting every row, for results
+    in the ledger, in run folders, scalar results, missing keys, non-numbers, ties and parameters."""
+    import random
+
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.status import RunStatus
+    from gpu_task_scheduler.results import rows, sort_rows, top_rows
+
+    rng = random.Random(5)
+    root = in_tmp / "root"
+    with Ledger(RootPaths(str(root))) as ledger:
+        for index in range(60):
+            name = f"run-{index},"
+            ledger.mark_running(
+                name=name,
+                run_index=index,
+                config_hash="h",
+                slot="cpu0",
+                token="t",
+                work_dir=str(root / name),
+                params=json.dumps({"lr": rng.choice([0.1, 0.2, 0.3]), "tag": rng.choice(["a", "b"])}),
+            )
+            kind = index % 6
+            result = {
+                0: {"loss": rng.choice([0.5, 0.25, 1.0])},
+                1: {"loss": "nan?"},
+                2: {"acc": rng.random()},
+                3: rng.random(),
+                4: None,  # its result is the folder's result.json
+                5: {"loss": rng.random(), "lr": 9.0},
+            }[kind]
+            if kind == 4:
+                (root / name).mkdir(parents=True)
+                (root / name / "result.json").write_text(json.dumps({"loss": rng.random()}))
+            ledger.finish(name, RunStatus.SUCCEEDED, result=None if result is None else json.dumps(result))
+    everything = rows(str(root))
+    for key in ("loss", "result.loss", "lr", "result", "acc", "missing"):
+        for descending in (False, True):
+            for count in (1, 7, 60, 100):
+                expected = sort_rows(everything, key, descending=descending)[:count]
+                assert top_rows(str(root), key, count, descending=descending) == expected, (key, descending, count)

@@ -120,19 +120,48 @@ def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
     return summary.exit_code
 
 
+# A dry run lists every run of a sweep of up to DRY_LISTED runs; of a larger one, the first and the
+# last DRY_ENDS, with the counts of all. It decides at most DRY_DECIDED runs (as many as a start
+# would before its first thousand runs ended, and more than anyone reads).
+DRY_LISTED = 1000
+DRY_ENDS = 20
+DRY_DECIDED = 1_000_000
+
+
 def _dry_run(sweep: Any) -> int:
-    """What a real start would do with each run: the engine's own decision, read-only."""
+    """What a real start would do with each run: the engine's own decision, read-only, streamed."""
+    import collections
+    import itertools
+
     from ..engine.api import plan
 
     counts: dict[str, int] = {}
-    for spec, decision in plan(sweep):
+    size = len(sweep)
+    listed_all = size <= DRY_LISTED
+    last: collections.deque[str] = collections.deque(maxlen=DRY_ENDS)
+    decided = 0
+    for spec, decision in itertools.islice(plan(sweep), DRY_DECIDED):
+        decided += 1
         kind = decision.label.split(" ")[0]
         counts[kind] = counts.get(kind, 0) + 1
         waits = ""
         if spec.after and decision.action == "run":  # a run of a later stage starts after these succeed
             waits = f"  (after {spec.after[0]})" if len(spec.after) == 1 else f"  (after {len(spec.after)} runs)"
-        print(f"{spec.index:>6}  {decision.label:<28}  {spec.work_dir}{waits}")
-    print(f"{sum(counts.values())} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        line = f"{spec.index:>6}  {decision.label:<28}  {spec.work_dir}{waits}"
+        if listed_all or decided <= DRY_ENDS:
+            print(line)
+        else:
+            last.append(line)
+    if not listed_all:
+        hidden = decided - DRY_ENDS - len(last)
+        if hidden > 0:
+            print(f"   ... {hidden:,} more runs (the counts below include them)")
+        for line in last:
+            print(line)
+    summary = f"{decided} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    if decided < size:
+        summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"
+    print(summary)
     return EXIT_OK
 
 
@@ -230,25 +259,43 @@ def _watch(root: str) -> int:
     monitor, _ = open_monitor()  # once: NVML takes a while to start
     try:
         while True:
-            report = status(root)
+            report = status(root, runs="watch")
             frame = watch_view(report, _gpu_memory_by_group(monitor), escape=terminal)
             sys.stdout.write(("\x1b[H\x1b[2J" if terminal else "") + frame + "\n" + ("" if terminal else "\n"))
             sys.stdout.flush()
             if not report["scheduler"]["running"]:
-                return EXIT_OK
+                return _watch_end(report)
             time.sleep(1.0)  # the refresh period
     finally:
         if monitor is not None:
             monitor.close()
 
 
+def _watch_end(report: dict[str, Any]) -> int:
+    """How ``--watch`` ends once no scheduler runs the root: 0 when the sweep ended with every run
+    decided, else 1 and what it left (a scheduler killed with -9 leaves its runs stale)."""
+    counts = report["counts"]
+    left = {what: counts.get(what, 0) for what in ("stale", "pending", "running")}
+    if not any(left.values()):
+        return EXIT_OK
+    words = ", ".join(f"{count} {what}" for what, count in left.items() if count)
+    print(
+        f"gts status: the sweep is no longer running (no scheduler holds {report['root']}; it was stopped or "
+        f"killed) and left runs undone: {words}. Start it again to finish them",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..reports.status import format_status, status
+    from ..reports.status import format_status, status, write_status_json
 
     if args.watch:
         return _watch(args.root)
-    report = status(args.root)
-    print(json.dumps(report, indent=1) if args.json else format_status(report, escape=sys.stdout.isatty()))
+    if args.json:
+        write_status_json(args.root, sys.stdout.write)
+        return EXIT_OK
+    print(format_status(status(args.root, runs="table"), escape=sys.stdout.isatty()))
     return EXIT_OK
 
 
@@ -407,7 +454,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    from ..results import aggregate, best, format_csv, format_table, rows, sort_rows
+    from ..results import aggregate, best, format_csv, format_table, rows, sort_rows, top_rows
 
     if args.best and (args.sort or args.average_over):
         raise ConfigError("--best gives one run; it does not go with --sort or --average-over")
@@ -420,7 +467,9 @@ def cmd_results(args: argparse.Namespace) -> int:
             print(f"no succeeded run has a number for {args.best!r}", file=sys.stderr)
             return EXIT_FAILED
     else:
-        if args.average_over:
+        if args.sort and args.top is not None and not args.average_over:  # ranked without reading every row
+            table = top_rows(args.root, args.sort, args.top, descending=args.desc, stage=args.stage)
+        elif args.average_over:
             table = aggregate(args.root, args.average_over, stage=args.stage)
         else:
             table = rows(args.root, stage=args.stage)

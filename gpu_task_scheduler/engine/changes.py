@@ -53,6 +53,10 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(to_jsonable(value), sort_keys=True)
+
+
 def _differences(old: Any, new: Any) -> str:
     if not isinstance(old, dict) or not isinstance(new, dict):
         return "its recorded config cannot be read"
@@ -60,10 +64,13 @@ def _differences(old: Any, new: Any) -> str:
     def shown(config: dict[str, Any], key: str) -> str:
         return repr(config[key]) if key in config else "(none)"
 
+    def same(key: str) -> bool:  # as the config hash sees them: 1 and 1.0 differ, as do [1] and (1,)
+        return key in old and key in new and _canonical(old[key]) == _canonical(new[key])
+
     found = [
         f"{key}: {shown(old, key)} -> {shown(new, key)}"
         for key in sorted(set(old) | set(new), key=str)
-        if key not in old or key not in new or old[key] != new[key]
+        if not same(key)
     ]
     return "; ".join(found[:5]) + ("; ..." if len(found) > 5 else "") or "no difference in its recorded config"
 

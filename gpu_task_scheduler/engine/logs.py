@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -19,6 +20,23 @@ logger = logging.getLogger("gpu_task_scheduler")
 
 FORMAT = "%(asctime)s %(levelname)s %(message)s"
 DATE_FORMAT = "%a, %d %b %Y %H:%M:%S"
+
+
+# Control characters but newline and tab: in a value (a run's name, a log tail), an ESC would drive
+# the terminal that shows the log.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class ConsoleFormatter(logging.Formatter):
+    r"""The log's format for a console: control characters shown as ``\x1b`` (scheduler.log keeps them).
+
+    >>> ConsoleFormatter("%(message)s").format(logging.makeLogRecord({"msg": "a\x1b[2Jb\tc"}))
+    'a\\x1b[2Jb\tc'
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return _UNPRINTABLE.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def file_only(lines: Sequence[str]) -> None:
@@ -61,12 +79,12 @@ def scheduler_logging(path: str | None, console: logging.Handler | None = None) 
         console = logging.StreamHandler(sys.stderr)
     if console is not None:
         handlers.append(console)
-    formatter = logging.Formatter(FORMAT, datefmt=DATE_FORMAT)
     previous_level = logger.level
     if previous_level == logging.NOTSET:
         logger.setLevel(logging.INFO)
     for handler in handlers:
-        handler.setFormatter(formatter)
+        on_console = handler is console
+        handler.setFormatter((ConsoleFormatter if on_console else logging.Formatter)(FORMAT, datefmt=DATE_FORMAT))
         logger.addHandler(handler)
     try:
         yield
@@ -82,3 +100,5 @@ def plain_console_logging() -> None:
     logging is configured already."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format=FORMAT, datefmt=DATE_FORMAT, stream=sys.stderr)
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(ConsoleFormatter(FORMAT, datefmt=DATE_FORMAT))

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from ..errors import GTSError
 from ..gpu.devices import Slot
+from ..jsonable import to_jsonable
 from ..records.ledger import Ledger
-from ..records.paths import RunPaths
+from ..records.paths import RunPaths, atomic_write_json
 from ..records.prior import Prior, adopt
 from ..records.protocol import Outcome
 from ..records.status import RunStatus
@@ -98,6 +99,12 @@ class Records:
             adopt(self.ledger, spec, prior.outcome, spec.params)
         elif decision.action == "keep":  # from now on its result is this config's
             self.ledger.keep(spec.name, params=spec.params, config_hash=spec.config_hash, program=spec.program)
+            paths = RunPaths(spec.work_dir, None)
+            if paths.unsafe() is None:  # its folder's config too: a later change is told against this one
+                try:
+                    atomic_write_json(paths.config, to_jsonable(spec.config), durable=False)
+                except OSError as error:
+                    logger.warning("%s: could not record its kept config (%s)", spec.work_dir, error)
         # The original's two lines, for scheduler.log; the console gets one count (report_skips).
         self._skip_lines += (
             f"{slot_name} receives task {spec.test_config_string}",

@@ -28,7 +28,7 @@ logger = logging.getLogger("gpu_task_scheduler")
 
 CPU = "cpu"
 ALL = "all"
-_GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f][0-9A-Fa-f-]*|MIG-[0-9A-Za-z][0-9A-Za-z/-]*)$")
+_GPU_ID = re.compile(r"^([0-9]+|GPU-[0-9A-Fa-f][0-9A-Fa-f-]*|MIG-[0-9A-Za-z][0-9A-Za-z/-]*)$")
 _ALLOWED = (
     'a GPU index ("0" or 0), a GPU or MIG UUID ("GPU-...", "MIG-..."), '
     'a list of those for a GPU group (["1", "2"]), or "cpu"'
@@ -131,23 +131,28 @@ def resolve_slots(
     visible: list[str] | None,
     cpu_fallback: int = 0,
     why_no_gpu: str = "",
+    visible_text: str | None = None,
 ) -> list[Slot]:
     """The slots a sweep runs on, on this machine.
 
     ``slots`` is the parsed config (None for ``"all"``), ``gpu_count`` what NVML
     sees (None without NVML) and ``visible`` an inherited
     ``CUDA_VISIBLE_DEVICES`` (None when unset). Index ids in the config count
-    within the visible GPUs, as CUDA would count them.
+    within the visible GPUs, as CUDA would count them. ``visible_text``: the inherited
+    variable as it was given, for messages (``-1`` hides every GPU; it is named as written).
 
     >>> [s.name for s in resolve_slots(None, gpu_count=4, visible=["2", "3"])]
     ['gpu2', 'gpu3']
     >>> [s.cuda_visible_devices for s in resolve_slots(parse_slots(["1", "0"]), gpu_count=4, visible=["2", "3"])]
     ['3', '2']
     """
+    given = ",".join(visible or []) if visible_text is None else visible_text
     if slots is None:
         ids = visible if visible is not None else [str(i) for i in range(gpu_count or 0)]
         if not ids:
-            reason = why_no_gpu or ("CUDA_VISIBLE_DEVICES hides every GPU" if visible == [] else "NVML sees no GPU")
+            reason = why_no_gpu or (
+                f"the inherited CUDA_VISIBLE_DEVICES={given!r} hides every GPU" if visible == [] else "NVML sees no GPU"
+            )
             if cpu_fallback > 0:
                 logger.warning(
                     'gpu is "all" but no GPU is available (%s); running on %d CPU slot(s)', reason, cpu_fallback
@@ -164,11 +169,11 @@ def resolve_slots(
     for slot in slots:
         ids = []
         for gpu_id in slot.gpu_ids:
-            if gpu_id.isdigit():
+            if gpu_id.isascii() and gpu_id.isdigit():
                 if int(gpu_id) >= len(visible):
                     raise GTSError(
                         f"gpu {gpu_id} is not visible: the inherited CUDA_VISIBLE_DEVICES="
-                        f"{','.join(visible)!r} allows {len(visible)} GPU(s), numbered from 0"
+                        f"{given!r} allows {len(visible)} GPU(s), numbered from 0"
                     )
                 gpu_id = visible[int(gpu_id)]
             ids.append(gpu_id)
@@ -251,5 +256,13 @@ def discover_slots(
             count = monitor.count()
         except Exception as error:  # the bindings' NVMLError
             why = f"NVML could not count the GPUs: {error}"
-    visible = visible_ids(dict(os.environ if environ is None else environ))
-    return resolve_slots(slots, gpu_count=count, visible=visible, cpu_fallback=cpu_fallback, why_no_gpu=why)
+    environ = dict(os.environ if environ is None else environ)
+    visible = visible_ids(environ)
+    return resolve_slots(
+        slots,
+        gpu_count=count,
+        visible=visible,
+        cpu_fallback=cpu_fallback,
+        why_no_gpu=why,
+        visible_text=environ.get("CUDA_VISIBLE_DEVICES"),
+    )

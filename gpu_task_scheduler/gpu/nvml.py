@@ -167,7 +167,7 @@ def visible_ids(environ: dict[str, str] | None = None) -> list[str] | None:
     # CUDA stops at the first invalid entry (e.g. "-1" hides every GPU).
     valid = []
     for item in ids:
-        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
+        if not ((item.isascii() and item.isdigit()) or item.startswith(("GPU-", "MIG-"))):
             break
         valid.append(item)
     return valid

@@ -145,6 +145,11 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
 
 _FIELDS = set(RunRecord.__dataclass_fields__)
 _INTEGERS = {"run_index", "attempts", "pid", "exit_code", "gpu_memory_peak"}
+_NUMBER = "(typeof({0}) IN ('integer', 'real') AND abs({0}) < 1e12)"  # a time as this version writes it
+STALE_CAUSE = (
+    "recorded as running, but no scheduler holds the result root (it was stopped or killed): "
+    "nothing runs it; the next start runs it again"
+)
 _TIMES = {"started_at", "ended_at"}
 _JSON = {"result": "JSON", "params": "a JSON object"}
 
@@ -223,6 +228,7 @@ class Ledger:
 
     def _check_columns(self) -> None:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        self._column_names = columns
         # A ledger of an older schema read as it is (read-only, not migrated) has no program column.
         program = "program" if "program" in columns else "NULL"
         self._known_select = f"SELECT name, status, config_hash, params, {program}, started_at FROM runs"
@@ -407,7 +413,7 @@ class Ledger:
                 latest = float(value)
         return latest
 
-    def _tuples(self, sql: str, params: tuple) -> list[tuple[Any, ...]]:
+    def _tuples(self, sql: str, params: tuple | dict[str, Any]) -> list[tuple[Any, ...]]:
         """``_query`` without a Row per row (a Row costs more than the query, per row)."""
         try:
             cursor = self._db.cursor()
@@ -457,6 +463,146 @@ class Ledger:
 
     def records(self) -> list[RunRecord]:
         return [self._record(row) for row in self._query("SELECT * FROM runs ORDER BY run_index, name")]
+
+    def iter_records(
+        self, where: str = "", params: tuple = (), *, limit: int | None = None, last: bool = False
+    ) -> Iterator[RunRecord]:
+        """The runs (``where``: an SQL condition on the runs table), in the sweep's order (``last``: from
+        the end), read a batch at a time: a root of any size is walked in bounded memory."""
+        order = "run_index DESC, name DESC" if last else "run_index, name"
+        sql = f"SELECT * FROM runs {'WHERE ' + where if where else ''} ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        try:
+            cursor = self._db.execute(sql, params)
+            while batch := cursor.fetchmany(1024):
+                yield from (self._record(row) for row in batch)
+        except sqlite3.DatabaseError as error:
+            raise _ledger_error(self.path, error) from error
+
+    def status_entries(
+        self,
+        *,
+        root: str,
+        log_file: str | None,
+        stale: bool,
+        now: float,
+        where: str = "",
+        limit: int | None = None,
+        last: bool = False,
+    ) -> Iterator[str]:
+        """Each run's entry in ``gts status --json`` (see reports/status.py), as JSON text that
+        SQLite writes, in the sweep's order: a root of 300,000 runs in a second, in bounded memory.
+        ``stale``: no scheduler holds the root (runs recorded as running are stale). A value of the
+        wrong type (changed by hand) is shown as null; :meth:`problems` names it."""
+        order = "run_index DESC, name DESC" if last else "run_index, name"
+        sql = f"""SELECT json_object(
+            'name', name, 'stage', {self._column("stage")},
+            'status', CASE WHEN status = 'running' AND :stale THEN 'stale' ELSE status END,
+            'node', {self._column("node")}, 'slot', slot,
+            'started', CASE WHEN {_NUMBER.format("started_at")}
+                THEN datetime(CAST(started_at AS INTEGER), 'unixepoch', 'localtime') END,
+            'duration', CASE WHEN status = 'running' AND :stale THEN NULL
+                WHEN NOT {_NUMBER.format("started_at")} THEN NULL
+                WHEN {_NUMBER.format("ended_at")} THEN ended_at - started_at
+                WHEN status = 'running' THEN :now - started_at END,
+            'exit', COALESCE(signal, CAST(exit_code AS TEXT)),
+            'attempts', CASE WHEN typeof(attempts) = 'integer' THEN attempts ELSE 0 END,
+            'cause', CASE WHEN status = 'running' AND :stale THEN :stale_cause ELSE cause END,
+            'log', CASE WHEN :log IS NOT NULL AND status != 'blocked' AND typeof(name) = 'text' AND name != ''
+                AND name NOT IN ('.', '..') AND instr(name, '/') = 0 AND instr(name, char(0)) = 0
+                THEN :root || '/' || name || '/' || :log END,
+            'gpu_memory_peak', CASE WHEN typeof(gpu_memory_peak) = 'integer' THEN gpu_memory_peak END,
+            'gpu_leftover', {self._column("gpu_leftover")},
+            'pid', CASE WHEN status = 'running' AND NOT :stale AND typeof(pid) = 'integer' THEN pid END)
+            FROM runs {"WHERE " + where if where else ""} ORDER BY {order}"""
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        values = {"stale": stale, "now": now, "root": root, "log": log_file, "stale_cause": STALE_CAUSE}
+        try:
+            cursor = self._db.cursor()
+            cursor.row_factory = None
+            cursor.execute(sql, values)
+            while batch := cursor.fetchmany(4096):
+                yield from (row[0] for row in batch)
+        except sqlite3.DatabaseError as error:
+            raise _ledger_error(self.path, error) from error
+
+    def problems(self, limit: int = 20, *, json_fields: bool = True) -> list[tuple[str, str, Any, str]]:
+        """Values changed by hand into what this version never writes: (run, field, value, what it
+        is not), at most ``limit``, found by one scan in SQLite. ``json_fields``: also results and
+        parameters that are not JSON (what reads neither need not pay for parsing them)."""
+        checks = [(f, f"typeof({f}) NOT IN ('null', 'integer')", "an integer") for f in sorted(_INTEGERS)]
+        checks += [(f, f"NOT ({_NUMBER.format(f)} OR {f} IS NULL)", "a time") for f in sorted(_TIMES)]
+        if json_fields:
+            checks += [(f, f"{f} IS NOT NULL AND NOT json_valid({f})", "JSON") for f in ("result", "params")]
+        checks = [check for check in checks if check[0] in self._columns()]
+        fields = ", ".join(f"CASE WHEN {condition} THEN 1 ELSE 0 END, {field}" for field, condition, _ in checks)
+        where = " OR ".join(f"({condition})" for _, condition, _ in checks)
+        found: list[tuple[str, str, Any, str]] = []
+        for row in self._tuples(f"SELECT name, {fields} FROM runs WHERE {where} LIMIT ?", (limit,)):
+            for index, (field, _, kind) in enumerate(checks):
+                if row[1 + 2 * index]:
+                    found.append((row[0], field, row[2 + 2 * index], f"not {kind}"))
+        return found[:limit]
+
+    def ranked(self, key: str, limit: int, *, descending: bool = False, stage: str | None = None) -> list[str]:
+        """The names of the ``limit`` runs whose recorded result has the smallest (``descending``:
+        largest) number at ``key`` (a result key, else a swept parameter of that name, as
+        ``results.metric`` reads a row), runs without one last, ties in the sweep's order; ranked by
+        SQLite. Only runs whose result is in the ledger: the rest (results kept in their folders)
+        are the caller's to rank."""
+        result_key = key[len("result.") :] if key.startswith("result.") else key
+        path = "$." + json.dumps(result_key)  # a quoted JSON path: any key, dots and all
+        number = "json_type({0}, :path) IN ('integer', 'real')"
+        value = (
+            "CASE WHEN json_type(result) IN ('integer', 'real') THEN json_extract(result, '$') END"
+            if key == "result"  # a run whose main() returned a number
+            else f"CASE WHEN json_type(result, :path) IS NOT NULL THEN "
+            f"(CASE WHEN {number.format('result')} THEN json_extract(result, :path) END) "
+            + ("" if key.startswith("result.") else "WHEN " + number.format("params").replace(":path", ":ppath"))
+            + ("" if key.startswith("result.") else " THEN json_extract(params, :ppath) ")
+            + "END"
+        )
+        where = "result IS NOT NULL AND json_valid(result) AND (params IS NULL OR json_valid(params))"
+        if stage is not None:
+            where += " AND stage = :stage"
+        sql = (
+            f"SELECT name, {value} AS v FROM runs WHERE {where} "
+            f"ORDER BY v IS NULL, v {'DESC' if descending else 'ASC'}, run_index, name LIMIT :limit"
+        )
+        values = {"path": path, "ppath": "$." + json.dumps(key), "stage": stage, "limit": int(limit)}
+        return [row[0] for row in self._tuples(sql, values)]
+
+    def stages(self) -> list[str]:
+        """The stages the runs belong to, sorted (none in a sweep without stages)."""
+        rows = self._tuples(f"SELECT DISTINCT {self._column('stage')} FROM runs", ())
+        return sorted(row[0] for row in rows if isinstance(row[0], str))
+
+    def _column(self, name: str) -> str:
+        """A column of a later schema, or NULL in a ledger read as an older version left it."""
+        return name if name in self._columns() else "NULL"
+
+    def tally(self) -> tuple[list[tuple[str | None, str, int]], float | None]:
+        """(stage, status, how many runs), counted by SQLite in one scan, in the order stages first
+        appear; and how long the runs that succeeded took on average (None before any did)."""
+        timed = f"status = 'succeeded' AND {_NUMBER.format('started_at')} AND {_NUMBER.format('ended_at')}"
+        rows = self._tuples(
+            f"SELECT {self._column('stage')}, status, COUNT(*), MIN(run_index), "
+            f"SUM(CASE WHEN {timed} THEN ended_at - started_at END), SUM(CASE WHEN {timed} THEN 1 ELSE 0 END) "
+            f"FROM runs GROUP BY 1, 2 ORDER BY 4",
+            (),
+        )
+        for row in rows:
+            if row[1] not in _STATUSES:  # a newer version's status: the error that says so
+                (name,) = self._tuples("SELECT name FROM runs WHERE status = ? LIMIT 1", (row[1],))[0]
+                self._status(name, row[1])
+        seconds = sum(row[4] or 0.0 for row in rows)
+        timed_runs = sum(row[5] or 0 for row in rows)
+        return [(row[0], row[1], row[2]) for row in rows], (seconds / timed_runs if timed_runs else None)
+
+    def _columns(self) -> set[str]:
+        return self._column_names
 
     def counts(self) -> dict[RunStatus, int]:
         rows = self._query("SELECT status, COUNT(*) FROM runs GROUP BY status")

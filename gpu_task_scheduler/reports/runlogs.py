@@ -39,13 +39,34 @@ def find_run(records: list[RunRecord], wanted: str) -> RunRecord:
     raise ConfigError(f"no run is named {wanted!r} or starts so; runs: {some or 'none recorded'}")
 
 
-def _log_paths(root: str) -> tuple[list[RunRecord], str]:
+def not_started(root: str, wanted: str, recorded_sweep: str | None) -> str | None:
+    """The name of a run of the root's recorded sweep that ``wanted`` names and that has no record
+    yet (it has not started), or None."""
+    import json
+
+    from ..sweep.expand import Sweep
+
+    try:
+        config = json.loads(recorded_sweep or "")
+        config["scheduler_config"]["result_root_folder"] = root
+        names = (spec.name for spec in Sweep(config).runs())
+        return next((name for name in names if name == wanted or name.startswith(wanted)), None)
+    except Exception:  # no record, or one this version cannot read: nothing more to say
+        return None
+
+
+def _log_paths(root: str, wanted: str | None = None) -> tuple[list[RunRecord], str]:
     ledger = open_ledger(root)
     try:
         records = ledger.records()
         log_file = ledger.get_meta("log_file") or ""
+        recorded_sweep = ledger.get_meta("sweep_config")
     finally:
         ledger.close()
+    if wanted is not None and not any(r.name == wanted or r.name.startswith(wanted) for r in records):
+        pending = not_started(root, wanted, recorded_sweep)
+        if pending is not None:
+            raise GTSError(f"{pending} has not started yet (it is pending): it has no log yet")
     if not log_file:
         raise GTSError(f"the runs of {root} keep no log (log_file is null in its scheduler_config)")
     return records, log_file
@@ -95,7 +116,7 @@ def show_log(
     sleep: Callable[[float], None] = time.sleep,
 ) -> RunRecord:
     """Write the run's log (its last ``lines``); ``follow``: then what it adds, until the run ends."""
-    records, log_file = _log_paths(root)
+    records, log_file = _log_paths(root, run)
     record = find_run(records, run)
     path = _log_of(root, record, log_file)
     handle = _open(path)
@@ -144,8 +165,15 @@ def _active(root: str, record: RunRecord) -> bool:
 
 def failed_tails(root: str, write: Callable[[bytes], None], *, lines: int = 20) -> int:
     """The last ``lines`` of every failed (or timed-out) run's log, each under a header; how many."""
-    records, log_file = _log_paths(root)
-    failed = [r for r in records if r.status in (RunStatus.FAILED, RunStatus.TIMED_OUT)]
+    ledger = open_ledger(root)
+    try:
+        log_file = ledger.get_meta("log_file") or ""
+        if not log_file:
+            raise GTSError(f"the runs of {root} keep no log (log_file is null in its scheduler_config)")
+        # Only the failed runs are read from the ledger (a root of 300,000 runs has a few thousand).
+        failed = list(ledger.iter_records("status IN ('failed', 'timed_out')"))
+    finally:
+        ledger.close()
     for record in failed:
         cause = f" ({record.cause})" if record.cause else ""
         write(f"==> {record.name}: {record.status.value}{cause} <==\n".encode("utf-8", "replace"))

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import datetime
+import functools
 import json
 import logging
 import os
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import GTSError
 from ..gpu.devices import format_memory
-from ..records.ledger import RunRecord, RunStatus
-from ..records.paths import RunPaths, UnsafePathError
+from ..records.ledger import RunStatus
+from ..records.paths import log_name_problem
 from ..results import duration, escape_controls, open_ledger, rows
 
 _COLORS = {
@@ -28,91 +30,92 @@ logger = logging.getLogger("gpu_task_scheduler")
 STALE = "stale"
 
 
-def status(root: str) -> dict[str, Any]:
-    """Counts and one entry per run, from the ledger (read-only).
+# `gts status` lists every run of a root of up to TABLE_ALL runs; of a larger one, the runs that did
+# not succeed, up to TABLE_OTHERS (`--json` streams every run, `gts results` has every result).
+TABLE_ALL = 1000
+TABLE_OTHERS = 200
+
+
+def status(root: str, *, runs: str = "all") -> dict[str, Any]:
+    """Counts (by SQLite, never by reading every run here) and the entries of the runs ``runs`` asks
+    for: ``"all"``, ``"table"`` (what ``gts status`` lists, see TABLE_ALL) or ``"watch"`` (the running
+    runs and the latest five failures). Read-only.
 
     Runs recorded as running while no scheduler holds the root (it was
     killed) are shown as ``stale``, with no growing duration: nothing runs them."""
-    from ..records.ledger import scheduler_state
-
     ledger = open_ledger(root)
     try:
-        records = ledger.records()
-        total_text = ledger.get_meta("sweep_runs")
-        log_file = ledger.get_meta("log_file") or None
-        waiting = ledger.get_meta("waiting") or None
+        report, recorded, entries = _head(root, ledger)
+        if runs == "watch":
+            texts = list(entries(where="status = 'running'"))
+            texts += reversed(list(entries(where="status IN ('failed', 'timed_out')", limit=5, last=True)))
+        elif runs == "table" and recorded > TABLE_ALL:
+            texts = list(entries(where="status != 'succeeded'", limit=TABLE_OTHERS))
+        else:
+            texts = list(entries())
+        report["runs"] = [json.loads(text) for text in texts]
+        report["listed"] = {"runs": len(texts), "of": recorded}
     finally:
         ledger.close()
+    return report
+
+
+def write_status_json(root: str, write: Callable[[str], object]) -> None:
+    """The report of :func:`status` with every run, as JSON written a run at a time (each run's
+    entry is written by SQLite): a root of 300,000 runs never sits in memory."""
+    ledger = open_ledger(root)
+    try:
+        report, _, entries = _head(root, ledger)
+        write(json.dumps(report, indent=1)[:-2] + ',\n "runs": [')
+        for index, text in enumerate(entries()):
+            write(("\n  " if index == 0 else ",\n  ") + text)
+        write("\n ]\n}\n")
+    finally:
+        ledger.close()
+
+
+def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., Iterator[str]]]:
+    """The report without its runs, how many runs are recorded, and the runs' entries (JSON text,
+    ``Ledger.status_entries`` bound to this root)."""
+    from ..records.ledger import scheduler_state
+
+    tally, mean = ledger.tally()
+    total_text = ledger.get_meta("sweep_runs")
+    log_file = ledger.get_meta("log_file") or None
+    waiting = ledger.get_meta("waiting") or None
+    for name, field, value, problem in ledger.problems(json_fields=False):  # status shows no result
+        ledger._warn_once(name, field, value, problem)
     running, holder = scheduler_state(root)
     counts = {status.value: 0 for status in RunStatus}
     counts[STALE] = 0
     stages: dict[str, dict[str, int]] = {}
-    runs = []
-    for record in records:
-        stale = record.status is RunStatus.RUNNING and running is False
-        state = STALE if stale else record.status.value
-        counts[state] += 1
-        if record.stage is not None:  # a sweep with stages: the counts of each too, in the sweep's order
-            stages.setdefault(record.stage, {}).setdefault(state, 0)
-            stages[record.stage][state] += 1
-        runs.append(
-            {
-                "name": record.name,
-                "stage": record.stage,
-                "status": state,
-                "node": record.node,
-                "slot": record.slot,
-                "started": _iso(record.started_at),
-                "duration": None if stale else duration(record),
-                "exit": _exit(record),
-                "attempts": record.attempts,
-                "cause": (
-                    "recorded as running, but no scheduler holds the result root (it was stopped or killed): "
-                    "nothing runs it; the next start runs it again"
-                )
-                if stale
-                else record.cause,
-                "log": _log(root, record, log_file),
-                "gpu_memory_peak": record.gpu_memory_peak,
-                "gpu_leftover": record.gpu_leftover,
-                "pid": record.pid if record.status is RunStatus.RUNNING and not stale else None,
-            }
-        )
+    for stage, state, count in tally:
+        if state == RunStatus.RUNNING.value and running is False:
+            state = STALE
+        counts[state] = counts.get(state, 0) + count
+        if stage is not None:  # a sweep with stages: the counts of each too, in the sweep's order
+            stages.setdefault(stage, {}).setdefault(state, 0)
+            stages[stage][state] += count
+    recorded = sum(count for _, _, count in tally)
     if total_text:
         try:
-            counts["pending"] = max(0, int(total_text) - len(records))
+            counts["pending"] = max(0, int(total_text) - recorded)
         except ValueError:  # changed by hand: the pending count is unknown, the rest is read
             logger.warning(
                 "the ledger of %s records the sweep's size as %r, not a number; pending unknown", root, total_text[:40]
             )
     scheduler = {"running": running, "holder": holder, "waiting": waiting if running else None}
-    report = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts, "runs": runs}
+    report: dict[str, Any] = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts}
     if stages:
         report["stages"] = stages
-    return report
-
-
-def _log(root: str, record: RunRecord, log_file: str | None) -> str | None:
-    """Where the run's log is (None: it keeps none, never started this time, or the ledger names
-    a place outside the root)."""
-    if not log_file or record.status is RunStatus.BLOCKED:
-        return None
-    try:
-        return RunPaths.recorded(root, record.name, log_file).log
-    except UnsafePathError:
-        return None
-
-
-def _iso(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    return datetime.datetime.fromtimestamp(timestamp).isoformat(sep=" ", timespec="seconds")
-
-
-def _exit(record: RunRecord) -> str | None:
-    if record.signal:
-        return record.signal
-    return None if record.exit_code is None else str(record.exit_code)
+    report["mean_success_seconds"] = mean
+    if log_file is not None and log_name_problem(log_file) is not None:
+        log_file = None  # changed by hand into a path out of the run folders: no log path is shown
+    base = root if root == "/" else root.rstrip("/")
+    entries = functools.partial(
+        ledger.status_entries, root=base, log_file=log_file, stale=running is False, now=time.time()
+    )
+    return report, recorded, entries
 
 
 def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
@@ -145,17 +148,22 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
         if any(run.get("node") for run in report["runs"]):  # the Ray backend: which machine
             names.insert(names.index("slot") + 1, "node")
         lines.append(format_table(table, names, escape=escape))
+    listed = report.get("listed", {})
+    if listed.get("of", 0) > listed.get("runs", 0):
+        lines.append(
+            f"({listed['runs']} of {listed['of']} recorded runs listed: those that did not succeed, up to "
+            f"{TABLE_OTHERS}; gts status ROOT --json lists every run, gts results ROOT every result)"
+        )
     return "\n".join(lines)
 
 
 def eta(report: dict[str, Any]) -> float | None:
     """Seconds until the sweep ends, guessed from the runs that succeeded (None before any did)."""
-    done = [run["duration"] for run in report["runs"] if run["status"] == "succeeded" and run["duration"]]
+    mean = report.get("mean_success_seconds")
     running = [run for run in report["runs"] if run["status"] == "running"]
     left = report["counts"].get("pending", 0) + len(running)
-    if not done or not left:
-        return None if not done else 0.0
-    mean = sum(done) / len(done)
+    if not mean or not left:
+        return None if not mean else 0.0
     started = sum(min(mean, run["duration"] or 0.0) for run in running)
     return max(0.0, (mean * left - started) / max(1, len(running)))
 

@@ -124,6 +124,7 @@ def parse_stages(
         after = (after,) if isinstance(after, str) else after
         if not isinstance(after, (list, tuple)) or not all(isinstance(a, str) for a in after):
             raise ConfigError(f"{where}: after must be a stage name or a list of them; got {item.get('after')!r}")
+        after = tuple(dict.fromkeys(after))  # a stage named twice is waited for once
         earlier = [stage.name for stage in stages]
         for other in after:
             if other not in earlier:

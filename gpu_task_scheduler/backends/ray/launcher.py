@@ -116,7 +116,9 @@ class RayLauncher:
                 self._connected = True
                 self._notes.append(f"connected to the Ray cluster at {self._o.ray_address}")
             else:
-                ray.init(num_gpus=self._o.ray_local_gpus, include_dashboard=False, log_to_driver=False)
+                # address="local": a new instance of our own, also when a cluster runs on this machine (without
+                # it, ray.init() joins that cluster, and refuses num_gpus there).
+                ray.init(address="local", num_gpus=self._o.ray_local_gpus, include_dashboard=False, log_to_driver=False)
                 self._connected = True
                 took = time.monotonic() - started
                 self._notes.append(f"started a Ray instance on this machine in {took:.1f}s")

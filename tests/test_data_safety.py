@@ -684,3 +684,32 @@ def test_ranked_top_rows_are_the_sorted_rows_head(in_tmp):
             for count in (1, 7, 60, 100):
                 expected = sort_rows(everything, key, descending=descending)[:count]
                 assert top_rows(str(root), key, count, descending=descending) == expected, (key, descending, count)
+
+
+def test_retry_while_a_scheduler_holds_the_root_fails_before_saying_it_runs(in_tmp):
+    config = _yaml(
+        in_tmp / "s.yaml",
+        """
+scheduler_config: {gpu: [cpu, cpu], result_root_folder: results, scheduler_log_file_path: null}
+command: [python, -c, "import sys, time; time.sleep(30 * (int(sys.argv[1]) - 1)); sys.exit(1)", "{x}"]
+test_config: [{x: [1, 2]}]
+""",
+    )
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", config, "--plain"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # x-1 fails at once while x-2 runs on: no event to wait on
+            if (in_tmp / "results" / ".gts" / "ledger.sqlite3").exists():
+                if ledger_rows(in_tmp / "results").get("x-1,", {}).get("status") == "failed":
+                    break
+            time.sleep(0.05)
+        result = _gts_subprocess("retry", "results", "--failed", "--plain")
+    finally:
+        sweep.terminate()
+        sweep.wait(timeout=60)
+    assert result.returncode != 0 and "another scheduler is already running" in result.stderr, result.stderr
+    assert "running 1 run(s) again" not in result.stdout

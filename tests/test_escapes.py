@@ -24,6 +24,18 @@ def alive(pid):
         return False
 
 
+def stopped(pid):
+    """Every thread of ``pid`` is stopped (state T)."""
+    states = []
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{thread}/stat", "rb") as handle:
+                states.append(handle.read().rsplit(b")", 1)[1].split()[0])
+        except OSError:
+            continue
+    return bool(states) and all(state == b"T" for state in states)
+
+
 def escapee(root, name):
     return int((root / name / "escapee.pid").read_text())
 
@@ -70,6 +82,9 @@ def test_the_root_stays_locked_while_a_run_of_a_killed_scheduler_lives_and_a_res
     wait_until(lambda: started(root, "a-1,"), message="the run to start")
     run_pid = int((root / "a-1," / "started").read_text())
     os.kill(run_pid, signal.SIGSTOP)  # its lifeline cannot act: it outlives its scheduler
+    # SIGSTOP is not synchronous: until every thread has stopped, the lifeline thread could still
+    # wake when the scheduler dies and end the run (seen once on a loaded machine).
+    wait_until(lambda: stopped(run_pid), message=f"every thread of {run_pid} to be stopped")
     try:
         first.kill()
         finish(first)

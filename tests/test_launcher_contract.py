@@ -174,7 +174,9 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
             with pytest.raises(queue.Empty):  # the fake clock runs past the run's end; nothing was posted
                 world.get(1.0)
         assert heard.wait(timeout=30) and handle.has_exited()
-        assert handle.reap().returncode == 0, attempt.paths.tail()  # the run's log says why, if not
+        ended = handle.reap()
+        # If not: the run's log says why, or the launcher's own words (Ray's error, in ended.lost).
+        assert ended.returncode == 0, (ended, attempt.paths.tail())
     finally:
         os.close(root)
         if backend == "ray":

@@ -189,15 +189,16 @@ def _keep_lease(
 
     renewed = time.monotonic()
     while not ended.wait(terms.renew_every):
+        deadline = renewed + terms.fence_after  # a slow answer (a loaded machine) still counts until then
         try:
-            wanted = ray.get(control.renew.remote(lease.token), timeout=terms.renew_every)
+            wanted = ray.get(control.renew.remote(lease.token), timeout=max(0.05, deadline - time.monotonic()))
             if wanted:
                 lease.renew()
                 renewed = time.monotonic()
                 continue
             reason = "the scheduler gave this attempt up (it lost sight of this machine)"
         except Exception as error:  # no answer (a partition), the driver gone, or the file system failing
-            if time.monotonic() - renewed < terms.fence_after:
+            if time.monotonic() < deadline:
                 continue
             reason = (
                 f"no word from the scheduler, or no renewal of the run's lease, for {terms.fence_after:g}s "

@@ -40,3 +40,13 @@ def peer(name):
 
 def gts():
     return [sys.executable, "-m", "gpu_task_scheduler"]
+
+
+def grid(runs):
+    """Two value lists whose product is ``runs`` (a square-ish grid, as sweeps are)."""
+    a = 1
+    for candidate in range(int(runs**0.5), 0, -1):
+        if runs % candidate == 0:
+            a = candidate
+            break
+    return list(range(a)), list(range(runs // a))

@@ -6,8 +6,8 @@ python bench/read_bench.py [--runs 300000] [--grid 1000000] [--repeat 3] [--work
 The root is built through the ledger's own API, as the scheduler leaves it: every run recorded with
 its swept values and a result ({"loss": ...}); one in a hundred failed, with a log in its folder
 (the other runs' folders are not needed by these commands). Each command runs as `python -m
-gpu_task_scheduler ...` in its own process, its output sent to a file, as a user would pipe it; the
-figures are the median wall time and the largest peak RSS (the child's ru_maxrss) over the repeats.
+gpu_task_scheduler ...` in its own process, its output thrown away (as into a pipe); the figures
+are the median wall time and the largest peak RSS (the child's ru_maxrss) over the repeats.
 The target for each: under 2 s and 200 MB.
 """
 
@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _common import grid, gts, measure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -50,16 +52,6 @@ with Ledger(RootPaths(root)) as ledger, ledger.batch():
 """
 
 
-def grid(runs):
-    """Two keys whose product is ``runs``."""
-    a = 1
-    for candidate in range(int(runs**0.5), 0, -1):
-        if runs % candidate == 0:
-            a = candidate
-            break
-    return list(range(a)), list(range(runs // a))
-
-
 def config(root, runs):
     a, b = grid(runs)
     return {
@@ -67,18 +59,6 @@ def config(root, runs):
         "test_config": [{"a": a, "b": b}],
         "command": ["true", "{a}", "{b}"],
     }
-
-
-def measure(argv, cwd):
-    """(seconds, peak RSS in MB, exit code) of one `gts` command, its output to a file."""
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(os.path.join(cwd, "out.txt"), "wb") as out:
-        started = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "gpu_task_scheduler", *argv], stdout=out, stderr=out, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        seconds = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    return seconds, usage.ru_maxrss / 1024, child.returncode
 
 
 def main():
@@ -105,12 +85,13 @@ def main():
             ("gts logs --failed", ["logs", root, "--failed"]),
             (f"gts run --dry-run ({args.grid:,}-run grid)", ["run", dry, "--dry-run"]),
         ]
+        env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
         print(f"{'command':<44} {'seconds':>8} {'peak MB':>8}  (target: < 2 s, < 200 MB)")
         for label, argv in commands:
-            figures = [measure(argv, workdir) for _ in range(args.repeat)]
-            codes = {code for _, _, code in figures}
-            seconds = statistics.median(s for s, _, _ in figures)
-            peak = max(m for _, m, _ in figures)
+            figures = [measure([*gts(), *argv], cwd=workdir, env=env) for _ in range(args.repeat)]
+            codes = {code for code, _, _ in figures}
+            seconds = statistics.median(wall for _, wall, _ in figures)
+            peak = max(rss for _, _, rss in figures)
             mark = "" if codes <= {0, 1} else f"  exit {sorted(codes)}"
             print(f"{label:<44} {seconds:8.2f} {peak:8.0f}{mark}", flush=True)
 

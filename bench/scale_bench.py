@@ -21,18 +21,10 @@ import subprocess
 import sys
 import tempfile
 
+from _common import grid
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-
-
-def grid(runs):
-    """Two keys whose product is ``runs`` (a square-ish grid, as sweeps are)."""
-    a = 1
-    for candidate in range(int(runs**0.5), 0, -1):
-        if runs % candidate == 0:
-            a = candidate
-            break
-    return list(range(a)), list(range(runs // a))
 
 
 def config(root, runs, command, shell=False):

@@ -500,11 +500,11 @@ class Ledger:
             'name', name, 'stage', {self._column("stage")},
             'status', CASE WHEN status = 'running' AND :stale THEN 'stale' ELSE status END,
             'node', {self._column("node")}, 'slot', slot,
-            'started', CASE WHEN {_NUMBER.format("started_at")}
+            'started', CASE WHEN typeof(started_at) IN ('integer', 'real')
                 THEN datetime(CAST(started_at AS INTEGER), 'unixepoch', 'localtime') END,
-            'duration', CASE WHEN status = 'running' AND :stale THEN NULL
-                WHEN NOT {_NUMBER.format("started_at")} THEN NULL
-                WHEN {_NUMBER.format("ended_at")} THEN ended_at - started_at
+            'duration', CASE WHEN typeof(started_at) NOT IN ('integer', 'real') OR (status = 'running' AND :stale)
+                THEN NULL
+                WHEN typeof(ended_at) IN ('integer', 'real') THEN ended_at - started_at
                 WHEN status = 'running' THEN :now - started_at END,
             'exit', COALESCE(signal, CAST(exit_code AS TEXT)),
             'attempts', CASE WHEN typeof(attempts) = 'integer' THEN attempts ELSE 0 END,

@@ -713,3 +713,14 @@ test_config: [{x: [1, 2]}]
         sweep.wait(timeout=60)
     assert result.returncode != 0 and "another scheduler is already running" in result.stderr, result.stderr
     assert "running 1 run(s) again" not in result.stdout
+
+
+def test_a_peak_learned_on_larger_gpus_never_makes_a_run_impossible(in_tmp, fake_gpus):
+    fake_gpus({}, {})
+    assert gts(["run", _gpu_sweep(in_tmp, "[0]"), "--plain"]) == 0
+    db = sqlite3.connect(in_tmp / "results" / ".gts" / "ledger.sqlite3")
+    db.execute("UPDATE runs SET gpu_memory_peak = ?", (95 * 10**9,))  # as if seen on a 141 GB GPU
+    db.commit()
+    db.close()
+    assert gts(["run", _gpu_sweep(in_tmp, "[0, 1, 2]"), "--plain"]) == 0  # they run, on the whole GPU each
+    assert {row["status"] for row in rows(str(in_tmp / "results"))} == {"succeeded"}

@@ -231,7 +231,10 @@ class Capacity:
             return declared
         if self._o.learn_gpu_memory and self._learned:
             pick = max if self._o.learn_gpu_memory == "max" else statistics.mean
-            return int(pick(self._learned))
+            learned = int(pick(self._learned))
+            if self._states:  # an estimate (maybe from other GPUs, in an earlier start) never makes a run impossible
+                learned = min(learned, max(s.total_memory for s in self._states.values()) - self._o.memory_margin)
+            return learned
         if self._o.max_runs_per_gpu > 1:
             return WHOLE_GPU
         return self._o.min_free_gpu_memory  # None: any memory available at all

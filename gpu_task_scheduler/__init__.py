@@ -21,6 +21,7 @@ _EXPORTS = {
     "GPUTask": "gpu_task",
     "GPUTaskScheduler": "gpu_task_scheduler",
     "lazy_import": "lazy",
+    "report": "reporting",
     "Ledger": "records.ledger",
     "RunRecord": "records.ledger",
     "RunStatus": "records.status",
@@ -47,6 +48,7 @@ __all__ = [
     "SweepSummary",
     "TaskClassError",
     "lazy_import",
+    "report",
 ]  # written out, so that type checkers see what is exported
 
 
@@ -72,4 +74,5 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time 
     from .lazy import lazy_import  # noqa: F401
     from .records.ledger import Ledger, RunRecord  # noqa: F401
     from .records.status import RunStatus  # noqa: F401
+    from .reporting import report  # noqa: F401
     from .sweep.expand import RunSpec, Sweep  # noqa: F401

@@ -38,6 +38,13 @@ class GPUTask:
         waited for (each succeeded), in the sweep's order; empty otherwise."""
         return list(self.__dict__.get("_gts_dependencies", ()))
 
+    def report(self, step: float, **metrics: float) -> None:
+        """Record metrics at ``step`` as the run trains (see ``gpu_task_scheduler.reporting``):
+        ``gts status`` and ``gts results`` show the latest of each."""
+        from .reporting import report
+
+        report(step, **metrics)
+
     def required_env(self) -> Mapping[str, str]:
         """Extra environment variables for the run's process."""
         return {}

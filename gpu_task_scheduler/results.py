@@ -108,6 +108,9 @@ def _row(root: str, record: RunRecord) -> dict[str, Any]:
         row.update({f"result.{key}": value for key, value in result.items()})
     elif result is not None:
         row["result"] = result
+    for name, summary in record.metrics_value.items():  # what it reported last as it trained
+        if isinstance(summary, dict):
+            row[f"metrics.{name}"] = summary.get("last")
     return row
 
 

@@ -449,3 +449,17 @@ class EvalStageTask(GPUTask):
             with open(os.path.join(folder, "model.json")) as handle:
                 models.append(json.load(handle))
         return {"models": models, "dirs": self.dependencies, "env": os.environ.get("GTS_DEP_DIRS")}
+
+
+class ReportingTask(GPUTask):
+    """Reports a falling loss for ``steps`` steps (``lr`` sets how fast), then returns the last; fails
+    on its first attempt when ``fail_first`` is set (after reporting)."""
+
+    def main(self):
+        loss = 1.0
+        for step in range(1, self._config.get("steps", 3) + 1):
+            loss *= 1 - self._config.get("lr", 0.5)
+            self.report(step, loss=loss, acc=1 - loss)
+        if self._config.get("fail_first") and os.environ.get("GTS_ATTEMPT") == "1":
+            raise RuntimeError("first attempt fails")
+        return {"final": loss}

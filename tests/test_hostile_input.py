@@ -166,10 +166,10 @@ def test_a_ledger_this_version_cannot_read_says_why(tmp_path, sql, message):
 @pytest.mark.parametrize(
     "version, dropped",
     [
-        (1, ["result_file", "gpu_leftover", "stage", "node", "program"]),
-        (2, ["gpu_leftover", "stage", "node", "program"]),
-        (3, ["stage", "node", "program"]),
-        (4, ["program"]),
+        (1, ["result_file", "gpu_leftover", "stage", "node", "program", "metrics"]),
+        (2, ["gpu_leftover", "stage", "node", "program", "metrics"]),
+        (3, ["stage", "node", "program", "metrics"]),
+        (4, ["program", "metrics"]),
     ],
 )
 def test_an_earlier_releases_ledger_is_upgraded_in_place(tmp_path, version, dropped):
@@ -179,7 +179,7 @@ def test_an_earlier_releases_ledger_is_upgraded_in_place(tmp_path, version, drop
     assert rows(str(root))[0]["status"] == "succeeded"  # read as it is
     summary = GPUTaskScheduler(make_config(root, [{"a": [1, 2]}]), tasks.RecordTask).start()
     assert summary.skipped == ["a-1,"] and len(summary.succeeded) == 1
-    assert {"result_file", "gpu_leftover", "stage", "node", "program"} <= set(ledger_rows(root)["a-2,"])
+    assert {"result_file", "gpu_leftover", "stage", "node", "program", "metrics"} <= set(ledger_rows(root)["a-2,"])
 
 
 @pytest.mark.parametrize(

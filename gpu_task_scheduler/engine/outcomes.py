@@ -17,6 +17,7 @@ from ..errors import GTSError
 from ..gpu.devices import Slot
 from ..jsonable import to_jsonable
 from ..records.ledger import Ledger
+from ..records.metrics import read_all
 from ..records.paths import RunPaths, atomic_write_json
 from ..records.prior import Prior, adopt
 from ..records.protocol import Outcome
@@ -233,6 +234,12 @@ class Records:
             )
         succeeded = end.status is RunStatus.SUCCEEDED
         result_file = exit.outcome.large_result_file if succeeded and exit.outcome else None
+        metrics = None
+        if paths.unsafe(records_only=True) is None:  # what it reported as it trained, within bounds
+            reader = read_all(paths.metrics)
+            metrics = reader.summary_json()
+            if reader.problem is not None:
+                logger.warning("%s reported metrics the scheduler skips: %s", spec.name, reader.problem)
         self.ledger.finish(
             spec.name,
             end.status,
@@ -245,6 +252,7 @@ class Records:
             pid=pid,
             result_file=result_file,
             gpu_leftover=gpu_leftover,
+            metrics=metrics,
         )
         record = RunOutcome(
             name=spec.name,

@@ -49,13 +49,14 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 3: runs.gpu_leftover (GPU memory a run's processes still held after it ended).
 # 4: runs.stage and the status 'blocked' (stages; an older version could not read that status),
 #    runs.node (the machine a run ran on, with the Ray backend).
-# 5: runs.program (what the run ran: its task class or command, so a change of it is a config change).
+# 5: runs.program (what the run ran: its task class or command, so a change of it is a config change),
+#    runs.metrics (a summary of what the run reported as it trained, see metrics.py).
 SCHEMA_VERSION = 5
 _MIGRATIONS = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
     3: ("ALTER TABLE runs ADD COLUMN stage TEXT", "ALTER TABLE runs ADD COLUMN node TEXT"),
-    4: ("ALTER TABLE runs ADD COLUMN program TEXT",),
+    4: ("ALTER TABLE runs ADD COLUMN program TEXT", "ALTER TABLE runs ADD COLUMN metrics TEXT"),
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -73,7 +74,7 @@ CREATE TABLE IF NOT EXISTS runs (
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
     gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT, node TEXT,
-    program TEXT
+    program TEXT, metrics TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -106,6 +107,16 @@ class RunRecord:
     stage: str | None = None  # its stage, in a config with stages
     node: str | None = None  # the machine its last attempt ran on (Ray backend): "ip/node id"
     program: str | None = None  # what it ran, as RunSpec.program (None: not known, e.g. a class in __main__)
+    metrics: str | None = None  # JSON: what its last attempt reported, per metric {last, step, min, max}
+
+    @property
+    def metrics_value(self) -> dict[str, Any]:
+        """The reported metrics' summary (empty when none; a hand-damaged one reads as none)."""
+        try:
+            value = json.loads(self.metrics) if self.metrics else {}
+        except (ValueError, RecursionError):
+            return {}
+        return value if isinstance(value, dict) else {}
 
     @property
     def params_value(self) -> dict[str, Any]:
@@ -175,7 +186,7 @@ def _field_problem(field: str, value: Any) -> str | None:
 
 
 # Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
-_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program"}
+_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program", "metrics"}
 
 
 def _check_version(path: str, version: int | None) -> None:
@@ -514,6 +525,7 @@ class Ledger:
                 THEN :root || '/' || name || '/' || :log END,
             'gpu_memory_peak', CASE WHEN typeof(gpu_memory_peak) = 'integer' THEN gpu_memory_peak END,
             'gpu_leftover', {self._column("gpu_leftover")},
+            'metrics', CASE WHEN json_valid({self._column("metrics")}) THEN json({self._column("metrics")}) END,
             'pid', CASE WHEN status = 'running' AND NOT :stale AND typeof(pid) = 'integer' THEN pid END)
             FROM runs {"WHERE " + where if where else ""} ORDER BY {order}"""
         if limit is not None:
@@ -632,7 +644,7 @@ class Ledger:
                  attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
-                 gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL""",
+                 gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL, metrics = NULL""",
             (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage, program),
         )
         record = self.get(name)
@@ -695,6 +707,7 @@ class Ledger:
         pid: int | None = None,
         result_file: str | None = None,
         gpu_leftover: str | None = None,
+        metrics: str | None = None,
     ) -> None:
         if result is not None and len(result) > MAX_INLINE_RESULT:  # never let one run's result wedge the root
             cause = (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
@@ -702,7 +715,7 @@ class Ledger:
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
                log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?,
-               gpu_leftover = ?
+               gpu_leftover = ?, metrics = COALESCE(?, metrics)
                WHERE name = ?""",
             (
                 status.value,
@@ -716,6 +729,7 @@ class Ledger:
                 pid,
                 result_file,
                 None if gpu_leftover is None else gpu_leftover[:MAX_TEXT],
+                None if metrics is None else metrics[:MAX_TEXT],
                 name,
             ),
         )

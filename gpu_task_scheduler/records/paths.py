@@ -13,6 +13,7 @@
             .gts/spec.json       what the child needs to start
             .gts/outcome.json    written by the child when main() ends
             .gts/lease           renewed while a run on another machine lives (lease.py)
+            .gts/metrics.jsonl   what the run reports as it trains (metrics.py)
             .gts/result.json     what main() returned, when it is over 1 MiB of JSON
             .gts/logs/           logs of earlier attempts
 
@@ -275,6 +276,11 @@ class RunPaths:
         return os.path.join(self.meta, "outcome.json")
 
     @property
+    def metrics(self) -> str:
+        """What the run reports as it trains, one JSON object a line (see metrics.py)."""
+        return os.path.join(self.meta, "metrics.jsonl")
+
+    @property
     def lease(self) -> str:
         """The attempt's lease, kept by a run on another machine (see lease.py)."""
         return os.path.join(self.meta, "lease")
@@ -296,7 +302,7 @@ class RunPaths:
             folders, files = [self.work_dir, self.meta], [self.outcome]
         else:
             folders = [self.work_dir, self.meta, self.old_logs]
-            files = [self.config, self.task, self.spec, self.outcome]
+            files = [self.config, self.task, self.spec, self.outcome, self.metrics]
         if self.log and not records_only:
             relative = os.path.relpath(self.log, self.work_dir)
             parts = relative.split(os.sep)
@@ -332,6 +338,9 @@ class RunPaths:
 
     def old_log(self, attempt: int) -> str:
         return os.path.join(self.old_logs, f"attempt-{attempt}-{self.log_name}")
+
+    def old_metrics(self, attempt: int) -> str:
+        return os.path.join(self.old_logs, f"attempt-{attempt}-metrics.jsonl")
 
     def tail(self, lines: int = 20, max_bytes: int = 16384) -> str:
         """The last ``lines`` lines of the run's log (reads at most ``max_bytes``)."""

@@ -13,7 +13,8 @@ from typing import Any
 from ..errors import GTSError
 from ..gpu.devices import format_memory
 from ..records.ledger import RunStatus
-from ..records.paths import log_name_problem
+from ..records.metrics import describe, latest
+from ..records.paths import RunPaths, log_name_problem, name_problem
 from ..results import duration, escape_controls, open_ledger, rows
 
 _COLORS = {
@@ -55,6 +56,13 @@ def status(root: str, *, runs: str = "all") -> dict[str, Any]:
             texts = list(entries())
         report["runs"] = [json.loads(text) for text in texts]
         report["listed"] = {"runs": len(texts), "of": recorded}
+        if runs == "watch":  # a running run's latest metrics, from its own file (the ledger has them at its end)
+            for run in report["runs"]:
+                if run["status"] == "running" and name_problem(run["name"]) is None:
+                    found = latest(RunPaths(os.path.join(root, run["name"]), None).metrics)
+                    if found is not None:
+                        step, values = found
+                        run["metrics"] = {name: {"last": value, "step": step} for name, value in values.items()}
     finally:
         ledger.close()
     return report
@@ -144,7 +152,10 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
         for row in table:
             peak = row.get("gpu_memory_peak")
             row["gpu peak"] = None if peak is None else format_memory(peak)
+            row["metrics"] = describe(row["metrics"]) if isinstance(row.get("metrics"), dict) else None
         names = ["name", "status", "slot", "started", "duration", "exit", "attempts", "gpu peak", "cause", "log"]
+        if any(row["metrics"] for row in table):  # runs that report as they train: their latest values
+            names.insert(names.index("attempts") + 1, "metrics")
         if any(run.get("node") for run in report["runs"]):  # the Ray backend: which machine
             names.insert(names.index("slot") + 1, "node")
         lines.append(format_table(table, names, escape=escape))
@@ -184,7 +195,11 @@ def watch_view(report: dict[str, Any], memory: dict[int, int] | None, *, escape:
             used = f"  on {clean(run['node'])}"
         else:
             used = "" if memory is None else f"  {format_memory(memory.get(run['pid'] or -1, 0))} GPU memory"
-        lines.append(f"  {clean(run['slot'] or '?'):<8} {clean(run['name'])}  {clock_text(run['duration'] or 0)}{used}")
+        reported = f"  {describe(run['metrics'])}" if isinstance(run.get("metrics"), dict) else ""
+        lines.append(
+            f"  {clean(run['slot'] or '?'):<8} {clean(run['name'])}  {clock_text(run['duration'] or 0)}{used}"
+            + clean(reported)
+        )
     if report["scheduler"].get("waiting"):
         lines.append(f"  waiting: {clean(report['scheduler']['waiting'])}")
     failed = [run for run in report["runs"] if run["status"] in ("failed", "timed_out")]

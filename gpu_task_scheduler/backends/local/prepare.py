@@ -25,6 +25,7 @@ from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
 from ...records.paths import RunPaths, atomic_write, atomic_write_json, open_regular
 from ...records.protocol import RunStart
+from ...reporting import METRICS_ENV
 from ...sweep.expand import RunSpec
 
 # The child starts our runner even when this package is not installed but only
@@ -182,6 +183,7 @@ def run_identity(spec: RunSpec, attempt: int) -> dict[str, str]:
         "GTS_SWEEP_ROOT": os.path.dirname(work_dir),
         "GTS_RUN_INDEX": str(spec.index),
         "GTS_ATTEMPT": str(attempt),
+        METRICS_ENV: RunPaths(work_dir, None).metrics,
     }
     if spec.stage is not None:
         identity["GTS_STAGE"] = spec.stage
@@ -197,11 +199,12 @@ def dependency_dirs(spec: RunSpec) -> list[str]:
 
 
 def _rotate_log(paths: RunPaths, attempt: int) -> None:
-    """Keep the log of an earlier attempt instead of overwriting it."""
-    if paths.log and os.path.lexists(paths.log):
-        old = paths.old_log(attempt - 1)
-        os.makedirs(paths.old_logs, exist_ok=True)
-        os.replace(paths.log, old)
+    """Keep the log and the metrics of an earlier attempt instead of overwriting them (an attempt
+    reports its own curve)."""
+    for current, old in ((paths.log, paths.old_log(attempt - 1)), (paths.metrics, paths.old_metrics(attempt - 1))):
+        if current and os.path.lexists(current):
+            os.makedirs(paths.old_logs, exist_ok=True)
+            os.replace(current, old)
 
 
 def prepare(

@@ -1,0 +1,189 @@
+"""What a run reports as it trains: its metrics file, read tolerantly and within bounds.
+
+A run appends one JSON object per line to ``<run>/.gts/metrics.jsonl`` (the
+environment variable ``GTS_METRICS_FILE`` names it; ``gpu_task_scheduler.report``
+and ``GPUTask.report`` write it for Python code), each with a ``step``::
+
+    {"step": 12, "loss": 0.231, "acc": 0.91}
+
+The file is written by the run, so it is as hostile as anything else under
+the result root. :class:`MetricsReader` reads what is new since its last
+read, at most ``MAX_READ`` bytes at a time, through ``open_regular`` (never a
+link, never blocking on a FIFO), and skips every line that is not such an
+object: not JSON, no numeric ``step``, a step lower than the one before, a
+value that is not a finite number, a line over ``MAX_LINE`` bytes. It keeps
+only a summary per metric (its last value and step, its lowest and highest),
+for at most ``MAX_METRICS`` metrics, so neither a long run nor a malicious
+one can fill the scheduler's memory. The first bad line is remembered, in
+words, so that the scheduler can say so once per run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from .paths import UnsafePathError, open_regular
+
+MAX_LINE = 64 << 10  # bytes of one line; a longer one is skipped
+MAX_READ = 4 << 20  # bytes read in one call
+MAX_METRICS = 100  # metric names kept per run
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_line(line: bytes) -> tuple[float, dict[str, float]] | str:
+    """``(step, metrics)`` of one line, or why it is skipped.
+
+    >>> parse_line(b'{"step": 3, "loss": 0.5}')
+    (3, {'loss': 0.5})
+    >>> parse_line(b'{"loss": 0.5}')
+    'it has no numeric "step"'
+    >>> parse_line(b'{"step": 1, "loss": "low"}')
+    "its value of 'loss' is not a finite number"
+    """
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return "it is not JSON"
+    if not isinstance(record, dict):
+        return "it is not a JSON object"
+    step = record.pop("step", None)
+    if not _number(step):
+        return 'it has no numeric "step"'
+    for key, value in record.items():
+        if not _number(value):
+            return f"its value of {key!r} is not a finite number"
+    return step, record
+
+
+class MetricsReader:
+    """The summary of one attempt's metrics file, read incrementally."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0
+        self.summary: dict[str, dict[str, float]] = {}  # name -> {"last", "step", "min", "max"}
+        self.last_step: float | None = None
+        self.lines = 0  # good lines read
+        self.problem: str | None = None  # the first bad line, in words
+        self._partial = b""
+        self._skipping = False  # inside a line over MAX_LINE: skip to its end
+        self._line_number = 0
+
+    def read(self, limit: int = MAX_READ) -> int:
+        """Read what the run appended since the last call (at most ``limit`` bytes); how many
+        good lines that gave. A missing file is no line yet; a link or a FIFO is a problem."""
+        try:
+            fd = open_regular(self.path)
+        except FileNotFoundError:
+            return 0
+        except OSError as error:
+            strerror = error.strerror if isinstance(error, UnsafePathError) else str(error)
+            self._note(f"the metrics file is not read: {strerror}")
+            return 0
+        try:
+            if os.fstat(fd).st_size < self.offset:  # replaced by a shorter file: start again
+                self.offset, self._partial, self._skipping = 0, b"", False
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            data = os.read(fd, limit)
+        finally:
+            os.close(fd)
+        self.offset += len(data)
+        before = self.lines
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        for line in complete:
+            self._line(line)
+        if len(self._partial) > MAX_LINE:
+            self._line_number += 1
+            self._note(f"line {self._line_number} is over {MAX_LINE // 1024} KiB")
+            self._partial, self._skipping = b"", True
+        return self.lines - before
+
+    def _line(self, line: bytes) -> None:
+        if self._skipping:  # the end of a line that was too long
+            self._skipping = False
+            return
+        self._line_number += 1
+        if not line.strip():
+            return
+        if len(line) > MAX_LINE:
+            self._note(f"line {self._line_number} is over {MAX_LINE // 1024} KiB")
+            return
+        parsed = parse_line(line)
+        if isinstance(parsed, str):
+            self._note(f"line {self._line_number} is skipped: {parsed}")
+            return
+        step, metrics = parsed
+        if self.last_step is not None and step < self.last_step:
+            self._note(f"line {self._line_number} is skipped: its step {step:g} goes back from {self.last_step:g}")
+            return
+        self.last_step = step
+        self.lines += 1
+        for name, value in metrics.items():
+            kept = self.summary.get(name)
+            if kept is None:
+                if len(self.summary) >= MAX_METRICS:
+                    self._note(f"more than {MAX_METRICS} metrics: {name!r} and later ones are not kept")
+                    continue
+                self.summary[name] = {"last": value, "step": step, "min": value, "max": value}
+            else:
+                kept.update(last=value, step=step, min=min(kept["min"], value), max=max(kept["max"], value))
+
+    def _note(self, problem: str) -> None:
+        if self.problem is None:
+            self.problem = problem
+
+    def summary_json(self) -> str | None:
+        """The summary as the ledger keeps it (None when nothing was reported)."""
+        return json.dumps(self.summary, sort_keys=True) if self.summary else None
+
+
+def read_all(path: str, *, limit: int = 64 << 20) -> MetricsReader:
+    """A reader that has read the whole file (at most ``limit`` bytes)."""
+    reader = MetricsReader(path)
+    while reader.offset < limit:
+        before = reader.offset
+        reader.read(min(MAX_READ, limit - reader.offset))
+        if reader.offset == before:
+            break
+    return reader
+
+
+def latest(path: str) -> tuple[float, dict[str, float]] | None:
+    """The last good line of a metrics file, read from its end (at most two lines' worth): what
+    ``gts status --watch`` shows of a running run, every second, at a bounded cost."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - 2 * MAX_LINE), os.SEEK_SET)
+        data = os.read(fd, 2 * MAX_LINE)
+    finally:
+        os.close(fd)
+    for line in reversed(data.split(b"\n")[1 if size > 2 * MAX_LINE else 0 :]):
+        parsed = parse_line(line) if line.strip() else "empty"
+        if not isinstance(parsed, str):
+            return parsed
+    return None
+
+
+def describe(summary: dict[str, Any], *, at_most: int = 3) -> str:
+    """``loss 0.231 @ step 12, acc 0.91 @ step 12`` (the last values).
+
+    >>> describe({"loss": {"last": 0.2314, "step": 12, "min": 0.2, "max": 2.0}})
+    'loss 0.231 @ step 12'
+    """
+    parts = []
+    for name in list(summary)[:at_most]:
+        value = summary[name]
+        if isinstance(value, dict) and _number(value.get("last")) and _number(value.get("step")):
+            parts.append(f"{name} {value['last']:.3g} @ step {value['step']:g}")
+    more = len(summary) - at_most
+    return ", ".join(parts) + (f", +{more} more" if more > 0 else "")

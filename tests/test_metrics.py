@@ -1,0 +1,165 @@
+"""Runs that report as they train: the metrics file, its tolerant reader, and what status and results show."""
+
+import json
+import os
+import subprocess
+import sys
+
+import gts_test_tasks as tasks
+import pytest
+from helpers import ledger_rows, make_config
+
+from gpu_task_scheduler import GPUTaskScheduler, report
+from gpu_task_scheduler.cli.main import main as gts
+from gpu_task_scheduler.records.metrics import MAX_LINE, MetricsReader, latest, read_all
+from gpu_task_scheduler.reports.status import format_status, status
+from gpu_task_scheduler.results import rows
+
+
+def test_a_python_task_reports_and_status_and_results_show_it(in_tmp):
+    root = in_tmp / "r"
+    summary = GPUTaskScheduler(make_config(root, [{"lr": [0.5, 0.9]}], max_retries=0), tasks.ReportingTask).start()
+    assert summary.ok
+    recorded = json.loads(ledger_rows(root)["lr-0.5,"]["metrics"])
+    assert recorded["loss"] == {"last": 0.125, "step": 3, "min": 0.125, "max": 0.5}
+    assert recorded["acc"]["max"] == 0.875
+    by_name = {row["name"]: row for row in rows(str(root))}
+    assert by_name["lr-0.5,"]["metrics.loss"] == 0.125 and by_name["lr-0.9,"]["metrics.acc"] == pytest.approx(0.999)
+    text = format_status(status(str(root), runs="table"))
+    assert "acc 0.875 @ step 3, loss 0.125 @ step 3" in text
+    assert json.loads((root / "lr-0.5," / ".gts" / "metrics.jsonl").read_text().splitlines()[0]) == {
+        "step": 1,
+        "loss": 0.5,
+        "acc": 0.5,
+    }
+
+
+def test_each_attempt_reports_its_own_curve(in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"lr": [0.5]}], global_config={"fail_first": True}, max_retries=1)
+    assert GPUTaskScheduler(config, tasks.ReportingTask).start().ok
+    folder = root / "lr-0.5,"
+    assert len((folder / ".gts" / "logs" / "attempt-1-metrics.jsonl").read_text().splitlines()) == 3
+    assert len((folder / ".gts" / "metrics.jsonl").read_text().splitlines()) == 3  # not 6: its own
+    assert json.loads(ledger_rows(root)["lr-0.5,"]["metrics"])["loss"]["step"] == 3
+
+
+@pytest.mark.parametrize("shell", [False, True])
+def test_a_command_reports_through_the_variable_in_any_language(in_tmp, capsys, shell):
+    python = "import gpu_task_scheduler as g; [g.report(s, loss=1 / s) for s in (1, 2, 4)]"
+    command = (
+        # A template's braces are doubled: {{ }} is a literal brace, {a} a placeholder.
+        'echo \'{{"step": 1, "loss": 3}}\' >> "$GTS_METRICS_FILE"; '
+        'echo \'{{"step": 2, "loss": 2.5}}\' >> "$GTS_METRICS_FILE"'
+        if shell
+        else ["python", "-c", python]
+    )
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(in_tmp / "r"), "scheduler_log_file_path": None},
+        "command": command,
+        "shell": shell,
+        "test_config": [{"a": [1]}],
+    }
+    (in_tmp / "s.json").write_text(json.dumps(config))
+    assert gts(["run", str(in_tmp / "s.json"), "--plain"]) == 0
+    capsys.readouterr()
+    assert gts(["results", str(in_tmp / "r"), "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["metrics.loss"] == (2.5 if shell else 0.25)
+
+
+def test_report_outside_a_sweep_does_nothing_and_refuses_what_would_be_skipped(monkeypatch, tmp_path):
+    monkeypatch.delenv("GTS_METRICS_FILE", raising=False)
+    report(1, loss=0.5)  # a script run by hand: nothing written, no error
+    for bad in ({"loss": float("nan")}, {"loss": "0.5"}, {"loss": True}):
+        with pytest.raises(ValueError, match="not a finite number"):
+            report(1, **bad)
+    with pytest.raises(ValueError, match="step"):
+        report(None, loss=1.0)
+    monkeypatch.setenv("GTS_METRICS_FILE", str(tmp_path / "m.jsonl"))
+    report(2.5, loss=1)
+    assert (tmp_path / "m.jsonl").read_text() == '{"step": 2.5, "loss": 1}\n'
+
+
+BAD_LINES = {
+    "not JSON": b"loss: 0.3",
+    "not an object": b"[1, 2]",
+    "no step": b'{"loss": 0.3}',
+    "a step that is not a number": b'{"step": "3", "loss": 0.3}',
+    "a value that is not a number": b'{"step": 3, "loss": "low"}',
+    "NaN": b'{"step": 3, "loss": NaN}',
+    "a step going back": b'{"step": 1, "loss": 0.3}',
+    "a megabyte line": b'{"step": 3, "pad": "' + b"x" * (1 << 20) + b'"}',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_LINES))
+def test_bad_lines_are_skipped_and_the_first_is_named(tmp_path, kind):
+    path = tmp_path / "metrics.jsonl"
+    good = [b'{"step": 1, "loss": 0.9}', b'{"step": 2, "loss": 0.5}']
+    path.write_bytes(b"\n".join([*good, BAD_LINES[kind], b'{"step": 4, "loss": 0.1}']) + b"\n")
+    reader = read_all(str(path))
+    assert reader.summary["loss"] == {"last": 0.1, "step": 4, "min": 0.1, "max": 0.9}
+    assert reader.lines == 3 and reader.problem is not None and "line 3" in reader.problem, reader.problem
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_metrics_file_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    path = tmp_path / "metrics.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        (tmp_path / "elsewhere").write_text('{"step": 1, "secret": 1}\n')
+        path.symlink_to(tmp_path / "elsewhere")
+    reader = read_all(str(path))
+    assert reader.summary == {} and "not read" in reader.problem
+    assert latest(str(path)) is None
+
+
+def test_the_reader_takes_what_is_new_and_waits_for_a_line_to_end(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    reader = MetricsReader(str(path))
+    assert reader.read() == 0  # no file yet
+    with open(path, "ab") as handle:
+        handle.write(b'{"step": 1, "loss": 0.9}\n{"step": 2, "lo')
+        handle.flush()
+        assert reader.read() == 1 and reader.summary["loss"]["step"] == 1
+        handle.write(b'ss": 0.4}\n')
+        handle.flush()
+        assert reader.read() == 1 and reader.summary["loss"] == {"last": 0.4, "step": 2, "min": 0.4, "max": 0.9}
+    assert reader.problem is None
+    assert latest(str(path)) == (2, {"loss": 0.4})
+
+
+def test_a_line_longer_than_a_read_is_skipped_without_filling_memory(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "pad": "' + b"x" * (3 * MAX_LINE) + b'"}\n{"step": 2, "loss": 1}\n')
+    reader = MetricsReader(str(path))
+    while reader.offset < path.stat().st_size:  # small reads: the long line never sits whole in memory
+        reader.read(limit=MAX_LINE // 2)
+        assert len(reader._partial) <= MAX_LINE
+    assert reader.summary == {"loss": {"last": 1, "step": 2, "min": 1, "max": 1}} and "over 64 KiB" in reader.problem
+
+
+def test_a_run_writing_junk_metrics_gets_one_warning_and_succeeds(in_tmp):
+    junk = (  # a template's braces are doubled
+        'for i in 1 2 3; do echo "not json $i" >> "$GTS_METRICS_FILE"; done; '
+        'echo \'{{"step": 1, "x": 2}}\' >> "$GTS_METRICS_FILE"'
+    )
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "r", "scheduler_log_file_path": "log.txt"},
+        "command": junk,
+        "shell": True,
+        "test_config": [{"a": [1]}],
+    }
+    (in_tmp / "s.json").write_text(json.dumps(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "s.json", "--plain"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("reported metrics the scheduler skips") == 1
+    assert "line 1 is skipped: it is not JSON" in result.stderr
+    assert json.loads(ledger_rows(in_tmp / "r")["a-1,"]["metrics"])["x"]["last"] == 2

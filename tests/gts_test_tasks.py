@@ -419,6 +419,8 @@ class ContractTask(GPUTask):
 
             signal.signal(signal.SIGTERM, on_term)
         open(os.path.join(self._work_dir, "ready"), "w").close()
+        for step in range(1, config.get("report", 0) + 1):  # a run that reports as it trains
+            self.report(step, loss=1 / step)
         time.sleep(config.get("seconds", 1.0))
         if config.get("oom"):
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)

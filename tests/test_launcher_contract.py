@@ -99,6 +99,14 @@ def test_many_runs_share_the_slots_one_run_each(backend, tmp_path):
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False))
 
 
+def test_what_a_run_reports_reaches_the_ledger(backend, tmp_path):
+    if backend == "fake":
+        pytest.skip("the fake launcher's runs are no processes: they write no file")
+    run_sweep(backend, make_config(tmp_path / "r", [{"report": [4], "seconds": [0.05]}]))
+    (row,) = ledger_rows(tmp_path / "r").values()
+    assert json.loads(row["metrics"]) == {"loss": {"last": 0.25, "step": 4, "min": 0.25, "max": 1.0}}
+
+
 def test_a_failing_run(backend, tmp_path):
     summary = run_sweep(backend, make_config(tmp_path / "r", [{"exit": [3], "seconds": [0.05]}]))
     (failed,) = summary.failed

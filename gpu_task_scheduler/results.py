@@ -21,6 +21,7 @@ from typing import Any
 
 from .errors import ConfigError, GTSError, closest
 from .records.ledger import Ledger, RunRecord, RunStatus
+from .records.metrics import read_all
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 
 RESULT_FILE = "result.json"
@@ -223,6 +224,40 @@ def to_dataframe(root: str) -> Any:
     except ImportError as error:
         raise GTSError("to_dataframe() needs pandas: pip install 'gts-sweep[results]'") from error
     table = rows(root)
+    return pandas.DataFrame(table, columns=columns(table))
+
+
+def curve_rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
+    """One dict per reported step of every run: ``name``, its ``stage``, the swept parameters,
+    ``status``, ``step``, then each metric reported at that step (the run's last attempt; what its
+    metrics file holds, read as the scheduler reads it)."""
+    table = []
+    for record in records(root, stage):
+        try:
+            paths = run_folder(root, record)
+        except UnsafePathError:
+            continue
+        if paths.unsafe(records_only=True) is not None:
+            continue
+        points = read_all(paths.metrics, keep_points=True).points or []
+        head: dict[str, Any] = {"name": record.name}
+        if record.stage is not None:
+            head["stage"] = record.stage
+        head.update(record.params_value)
+        head["status"] = record.status.value
+        for step, values in points:
+            table.append({**head, "step": step, **values})
+    return table
+
+
+def curves(root: str, *, stage: str | None = None) -> Any:
+    """What the runs reported as they trained, as a pandas DataFrame: one row per run and step
+    (``curve_rows``; ``pip install gts-sweep[results]``)."""
+    try:
+        import pandas
+    except ImportError as error:
+        raise GTSError("curves() needs pandas: pip install 'gts-sweep[results]'") from error
+    table = curve_rows(root, stage=stage)
     return pandas.DataFrame(table, columns=columns(table))
 
 

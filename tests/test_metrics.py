@@ -163,3 +163,25 @@ def test_a_run_writing_junk_metrics_gets_one_warning_and_succeeds(in_tmp):
     assert result.stderr.count("reported metrics the scheduler skips") == 1
     assert "line 1 is skipped: it is not JSON" in result.stderr
     assert json.loads(ledger_rows(in_tmp / "r")["a-1,"]["metrics"])["x"]["last"] == 2
+
+
+def test_curves_are_a_row_per_run_and_step_and_the_plot_draws_them(in_tmp, capsys):
+    pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    from gpu_task_scheduler.results import curves
+
+    root = in_tmp / "r"
+    config = make_config(root, [{"lr": [0.1, 0.3, 0.5, 0.9], "steps": [5]}])
+    assert GPUTaskScheduler(config, tasks.ReportingTask).start().ok
+    frame = curves(str(root))
+    assert list(frame.columns) == ["name", "lr", "steps", "status", "step", "loss", "acc"]
+    assert len(frame) == 20 and sorted(frame["step"].unique()) == [1, 2, 3, 4, 5]
+    last = frame[frame["step"] == 5].set_index("lr")["loss"]
+    assert last[0.5] == pytest.approx(0.5**5) and last[0.9] < last[0.1]
+    assert gts(["plot", str(root), "--curves", "loss", "--by", "lr", "-o", str(in_tmp / "curves.png")]) == 0
+    assert (in_tmp / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert gts(["plot", str(root), "--curves", "los", "-o", str(in_tmp / "x.png")]) != 0
+    assert "no run reported 'los' as it trained; reported: acc, loss" in capsys.readouterr().err
+    assert gts(["plot", str(root), "--curves", "loss", "--by", "l", "-o", str(in_tmp / "x.png")]) != 0
+    assert "no parameter 'l'" in capsys.readouterr().err

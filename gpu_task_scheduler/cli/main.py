@@ -495,17 +495,18 @@ def _mean_column(key: str) -> str:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from ..reports.status import plot_metric, plot_timeline
+    from ..reports.status import plot_curves, plot_metric, plot_timeline
 
-    if args.timeline == bool(args.metric):
-        raise ConfigError("give either --timeline or --metric NAME --by PARAMETER")
+    if [bool(args.timeline), bool(args.metric), bool(args.curves)].count(True) != 1:
+        raise ConfigError("give one of --timeline, --metric NAME --by PARAMETER, --curves NAME [--by PARAMETER]")
     if args.metric and not args.by:
         raise ConfigError("--metric needs --by PARAMETER (the x axis)")
-    output = (
-        plot_timeline(args.root, args.output)
-        if args.timeline
-        else plot_metric(args.root, args.metric, args.by, args.output)
-    )
+    if args.timeline:
+        output = plot_timeline(args.root, args.output)
+    elif args.curves:
+        output = plot_curves(args.root, args.curves, args.by, args.output)
+    else:
+        output = plot_metric(args.root, args.metric, args.by, args.output)
     print(output)
     return EXIT_OK
 
@@ -742,15 +743,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "plot",
-        help="plot a timeline of the runs, or a metric against a parameter",
+        help="plot a timeline of the runs, a metric against a parameter, or the runs' reported curves",
         formatter_class=_formatter,
         epilog="examples:\n  gts plot results/ --timeline -o timeline.png\n"
-        "  gts plot results/ --metric loss --by lr -o loss.png",
+        "  gts plot results/ --metric loss --by lr -o loss.png\n"
+        "  gts plot results/ --curves loss --by lr -o curves.png",
     )
     p.add_argument("root", help="the result root")
     p.add_argument("--timeline", action="store_true", help="runs as bars per slot over time, failures marked")
     p.add_argument("--metric", help="a key of the runs' results")
-    p.add_argument("--by", help="the parameter on the x axis")
+    p.add_argument("--curves", metavar="NAME", help="a metric the runs reported as they trained, against the step")
+    p.add_argument("--by", help="the parameter on the x axis (with --curves: the one that colours the lines)")
     p.add_argument("-o", "--output", required=True, help="the image file to write (.png, .svg, .pdf)")
     p.set_defaults(handler=cmd_plot)
     return parser

@@ -64,8 +64,11 @@ def parse_line(line: bytes) -> tuple[float, dict[str, float]] | str:
 class MetricsReader:
     """The summary of one attempt's metrics file, read incrementally."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, keep_points: bool = False) -> None:
+        """``keep_points``: also keep every good line as ``(step, metrics)`` in :attr:`points` (a
+        curve, for plots and ``results.curves()``)."""
         self.path = path
+        self.points: list[tuple[float, dict[str, float]]] | None = [] if keep_points else None
         self.offset = 0
         self.summary: dict[str, dict[str, float]] = {}  # name -> {"last", "step", "min", "max"}
         self.last_step: float | None = None
@@ -124,6 +127,8 @@ class MetricsReader:
             return
         self.last_step = step
         self.lines += 1
+        if self.points is not None:
+            self.points.append((step, metrics))
         for name, value in metrics.items():
             kept = self.summary.get(name)
             if kept is None:
@@ -143,9 +148,9 @@ class MetricsReader:
         return json.dumps(self.summary, sort_keys=True) if self.summary else None
 
 
-def read_all(path: str, *, limit: int = 64 << 20) -> MetricsReader:
+def read_all(path: str, *, limit: int = 64 << 20, keep_points: bool = False) -> MetricsReader:
     """A reader that has read the whole file (at most ``limit`` bytes)."""
-    reader = MetricsReader(path)
+    reader = MetricsReader(path, keep_points=keep_points)
     while reader.offset < limit:
         before = reader.offset
         reader.read(min(MAX_READ, limit - reader.offset))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -278,6 +279,62 @@ def plot_timeline(root: str, output: str) -> str:
         bbox_to_anchor=(1.01, 1.0),
         borderaxespad=0,
     )
+    figure.tight_layout()
+    _save(figure, output)
+    pyplot.close(figure)
+    return output
+
+
+def plot_curves(root: str, metric: str, by: str | None, output: str) -> str:
+    """What the runs reported of ``metric`` against the step, one line per run, coloured by the
+    parameter ``by`` (a colour scale for numbers); a run that did not succeed ends in a cross."""
+    from ..results import curve_rows
+
+    points = [row for row in curve_rows(root) if isinstance(row.get(metric), (int, float))]
+    if not points:
+        from ..results import records
+
+        reported = sorted({name for record in records(root) for name in record.metrics_value})
+        raise GTSError(f"no run reported {metric!r} as it trained; reported: {', '.join(reported) or 'nothing'}")
+    if by is not None and not any(by in row for row in points):
+        known = sorted({k for row in points for k in row} - {"name", "stage", "status", "step", metric})
+        raise GTSError(f"the runs have no parameter {by!r}; they have: {', '.join(known) or 'none'}")
+    pyplot = _pyplot()
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for row in points:
+        runs.setdefault(row["name"], []).append(row)
+    colour_by: dict[str, Any] = {name: run[0].get(by) if by else None for name, run in runs.items()}
+    values = sorted({json.dumps(value, default=str) for value in colour_by.values()}) if by else []
+    numeric = bool(by) and all(
+        isinstance(value, (int, float)) and not isinstance(value, bool) for value in colour_by.values()
+    )
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    colormap = pyplot.get_cmap("viridis" if numeric else "tab10")
+    if numeric:
+        low, high = min(colour_by.values()), max(colour_by.values())
+        log = low > 0 and high / low > 50
+    labelled: set[str] = set()
+    for name, run in runs.items():
+        value = colour_by[name]
+        if numeric:
+            position = (
+                0.5
+                if high == low
+                else ((math.log(value / low) / math.log(high / low)) if log else (value - low) / (high - low))
+            )
+            color = colormap(position)
+        else:
+            color = colormap(values.index(json.dumps(value, default=str)) % 10) if by else None
+        label = f"{by}={value}" if by and str(value) not in labelled else None
+        labelled.add(str(value))
+        steps = [row["step"] for row in run]
+        axes.plot(steps, [row[metric] for row in run], color=color, linewidth=1.2, label=label)
+        if run[-1]["status"] != "succeeded":  # cut short: where it stopped
+            axes.plot(steps[-1:], [run[-1][metric]], marker="x", color=color or "black", markersize=8)
+    axes.set_xlabel("step")
+    axes.set_ylabel(metric)
+    if by and len(labelled) <= 12:
+        axes.legend(fontsize="small", title=None)
     figure.tight_layout()
     _save(figure, output)
     pyplot.close(figure)

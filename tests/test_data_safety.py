@@ -724,3 +724,24 @@ def test_a_peak_learned_on_larger_gpus_never_makes_a_run_impossible(in_tmp, fake
     db.close()
     assert gts(["run", _gpu_sweep(in_tmp, "[0, 1, 2]"), "--plain"]) == 0  # they run, on the whole GPU each
     assert {row["status"] for row in rows(str(in_tmp / "results"))} == {"succeeded"}
+
+
+def test_status_of_a_large_root_lists_what_did_not_succeed_and_json_lists_every_run(in_tmp, capsys):
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.status import RunStatus
+
+    root = in_tmp / "root"
+    with Ledger(RootPaths(str(root))) as ledger, ledger.batch():
+        for index in range(1005):
+            name = f"i-{index},"
+            ledger.mark_running(name=name, run_index=index, config_hash="h", slot="cpu0", token="t", work_dir=name)
+            ledger.finish(name, RunStatus.FAILED if index % 500 == 3 else RunStatus.SUCCEEDED, exit_code=0)
+    assert gts(["status", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "1002 succeeded, 3 failed" in out and "i-3," in out and "i-1003," in out and "i-4," not in out
+    assert "(3 of 1005 recorded runs listed: those that did not succeed" in out
+    assert gts(["status", str(root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["runs"]) == 1005 and report["runs"][4]["name"] == "i-4,"
+    assert report["counts"]["failed"] == 3 and report["runs"][3]["status"] == "failed"

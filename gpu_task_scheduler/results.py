@@ -116,7 +116,7 @@ def _row(root: str, record: RunRecord) -> dict[str, Any]:
 
 
 def top_rows(
-    root: str, key: str, count: int, *, descending: bool = False, stage: str | None = None
+    root: str, key: str, count: int, *, descending: bool = False, stage: str | None = None, succeeded: bool = False
 ) -> list[dict[str, Any]]:
     """``sort_rows(rows(root), key)[:count]``, without building every row: SQLite ranks the runs
     whose result the ledger holds, and only those ``count`` and the runs whose result is kept in
@@ -126,11 +126,13 @@ def top_rows(
     try:
         if stage is not None:
             _check_stage(ledger, root, stage)
-        names = set(ledger.ranked(key, count, descending=descending, stage=stage))
+        names = set(ledger.ranked(key, count, descending=descending, stage=stage, succeeded=succeeded))
         where = "(result IS NULL OR NOT json_valid(result) OR (params IS NOT NULL AND NOT json_valid(params)))"
         params: tuple[str, ...] = ()
         if stage is not None:
             where, params = where + " AND stage = ?", (stage,)
+        if succeeded:
+            where += " AND status = 'succeeded'"
         marks = ",".join("?" * len(names))
         candidates = list(ledger.iter_records(f"({where}) OR name IN ({marks})", (*params, *names)))
     finally:
@@ -163,9 +165,9 @@ def sort_rows(table: Sequence[dict[str, Any]], key: str, *, descending: bool = F
 
 
 def best(root: str, key: str, *, maximize: bool = False, stage: str | None = None) -> dict[str, Any] | None:
-    """The succeeded run with the lowest ``key`` (the highest with ``maximize``), or None."""
-    succeeded = [row for row in rows(root, stage=stage) if row["status"] == RunStatus.SUCCEEDED.value]
-    ranked = sort_rows(succeeded, key, descending=maximize)
+    """The succeeded run with the lowest ``key`` (the highest with ``maximize``), or None (ranked by
+    SQLite: see :func:`top_rows`)."""
+    ranked = top_rows(root, key, 1, descending=maximize, stage=stage, succeeded=True)
     return ranked[0] if ranked and metric(ranked[0], key) is not None else None
 
 

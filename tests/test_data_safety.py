@@ -649,7 +649,7 @@ def test_ranked_top_rows_are_the_sorted_rows_head(in_tmp):
     from gpu_task_scheduler.records.ledger import Ledger
     from gpu_task_scheduler.records.paths import RootPaths
     from gpu_task_scheduler.records.status import RunStatus
-    from gpu_task_scheduler.results import rows, sort_rows, top_rows
+    from gpu_task_scheduler.results import best, metric, rows, sort_rows, top_rows
 
     rng = random.Random(5)
     root = in_tmp / "root"
@@ -677,13 +677,17 @@ def test_ranked_top_rows_are_the_sorted_rows_head(in_tmp):
             if kind == 4:
                 (root / name).mkdir(parents=True)
                 (root / name / "result.json").write_text(json.dumps({"loss": rng.random()}))
-            ledger.finish(name, RunStatus.SUCCEEDED, result=None if result is None else json.dumps(result))
+            status = RunStatus.FAILED if index % 7 == 0 else RunStatus.SUCCEEDED  # best() skips these
+            ledger.finish(name, status, result=None if result is None else json.dumps(result))
     everything = rows(str(root))
     for key in ("loss", "result.loss", "lr", "result", "acc", "missing"):
         for descending in (False, True):
             for count in (1, 7, 60, 100):
                 expected = sort_rows(everything, key, descending=descending)[:count]
                 assert top_rows(str(root), key, count, descending=descending) == expected, (key, descending, count)
+            succeeded = sort_rows([r for r in everything if r["status"] == "succeeded"], key, descending=descending)
+            first = succeeded[0] if succeeded and metric(succeeded[0], key) is not None else None
+            assert best(str(root), key, maximize=descending) == first, (key, descending)
 
 
 def test_retry_while_a_scheduler_holds_the_root_fails_before_saying_it_runs(in_tmp):

@@ -558,7 +558,9 @@ class Ledger:
                     found.append((row[0], field, row[2 + 2 * index], f"not {kind}"))
         return found[:limit]
 
-    def ranked(self, key: str, limit: int, *, descending: bool = False, stage: str | None = None) -> list[str]:
+    def ranked(
+        self, key: str, limit: int, *, descending: bool = False, stage: str | None = None, succeeded: bool = False
+    ) -> list[str]:
         """The names of the ``limit`` runs whose recorded result has the smallest (``descending``:
         largest) number at ``key`` (a result key, else a swept parameter of that name, as
         ``results.metric`` reads a row), runs without one last, ties in the sweep's order; ranked by
@@ -579,6 +581,8 @@ class Ledger:
         where = "result IS NOT NULL AND json_valid(result) AND (params IS NULL OR json_valid(params))"
         if stage is not None:
             where += " AND stage = :stage"
+        if succeeded:
+            where += " AND status = 'succeeded'"
         sql = (
             f"SELECT name, {value} AS v FROM runs WHERE {where} "
             f"ORDER BY v IS NULL, v {'DESC' if descending else 'ASC'}, run_index, name LIMIT :limit"

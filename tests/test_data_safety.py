@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from conftest import wait_until
 from helpers import ledger_rows
 
 from gpu_task_scheduler.cli.main import main as gts
@@ -103,7 +104,7 @@ test_config: [{{x: [1]}}]
     )
 
 
-def test_two_roots_through_one_linked_gts_never_both_run(in_tmp):
+def test_two_roots_through_one_linked_gts_never_both_run(in_tmp, no_leaked_processes):
     (in_tmp / "a" / ".gts").mkdir(parents=True)
     (in_tmp / "b").mkdir()
     os.symlink(in_tmp / "a" / ".gts", in_tmp / "b" / ".gts")
@@ -115,9 +116,7 @@ def test_two_roots_through_one_linked_gts_never_both_run(in_tmp):
     )
     try:
         ledger = in_tmp / "a" / ".gts" / "ledger.sqlite3"
-        deadline = time.monotonic() + 30
-        while not ledger.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)  # the first sweep's ledger appearing has no event to wait on
+        wait_until(lambda: ledger.exists() or first.poll() is not None, message="the first sweep's ledger")
         second = subprocess.run(
             [sys.executable, "-m", "gpu_task_scheduler", "run", _sleeping_sweep(in_tmp / "b.yaml", "b", 0), "--plain"],
             capture_output=True,
@@ -257,7 +256,7 @@ test_config: [{x: [1]}]
     assert "Traceback" not in captured.err
 
 
-def test_deleting_the_records_mid_sweep_stops_the_sweep_and_says_so(in_tmp):
+def test_deleting_the_records_mid_sweep_stops_the_sweep_and_says_so(in_tmp, no_leaked_processes):
     import shutil
 
     config = _yaml(
@@ -276,9 +275,7 @@ test_config: [{x: [1, 2, 3, 4, 5, 6]}]
         cwd=in_tmp,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not (in_tmp / "results" / "x-1," / "started").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)  # a run's first file appearing has no event to wait on
+        wait_until(lambda: (in_tmp / "results" / "x-1," / "started").exists(), message="the first run to start")
         shutil.rmtree(in_tmp / "results" / ".gts")
         _, stderr = sweep.communicate(timeout=60)
     finally:
@@ -619,7 +616,7 @@ test_config: [{a: [1, 0]}]
     assert "a-0, has not started yet (it is pending)" in capsys.readouterr().err
 
 
-def test_watch_after_the_scheduler_was_killed_says_so_and_fails(in_tmp):
+def test_watch_after_the_scheduler_was_killed_says_so_and_fails(in_tmp, no_leaked_processes):
     root = in_tmp / "results"
     sweep = subprocess.Popen(
         [sys.executable, "-m", "gpu_task_scheduler", "run", _sleeping_sweep(in_tmp / "s.yaml", "results"), "--plain"],
@@ -627,9 +624,7 @@ def test_watch_after_the_scheduler_was_killed_says_so_and_fails(in_tmp):
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while not (root / "x-1,").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)  # the run's folder appearing has no event to wait on
+        wait_until(lambda: (root / "x-1,").exists(), message="the run's folder")
     finally:
         sweep.kill()  # kill -9: the run it started ends with its lifeline
         sweep.wait()
@@ -690,7 +685,7 @@ def test_ranked_top_rows_are_the_sorted_rows_head(in_tmp):
             assert best(str(root), key, maximize=descending) == first, (key, descending)
 
 
-def test_retry_while_a_scheduler_holds_the_root_fails_before_saying_it_runs(in_tmp):
+def test_retry_while_a_scheduler_holds_the_root_fails_before_saying_it_runs(in_tmp, no_leaked_processes):
     config = _yaml(
         in_tmp / "s.yaml",
         """
@@ -705,12 +700,11 @@ test_config: [{x: [1, 2]}]
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # x-1 fails at once while x-2 runs on: no event to wait on
-            if (in_tmp / "results" / ".gts" / "ledger.sqlite3").exists():
-                if ledger_rows(in_tmp / "results").get("x-1,", {}).get("status") == "failed":
-                    break
-            time.sleep(0.05)
+        ledger = in_tmp / "results" / ".gts" / "ledger.sqlite3"
+        wait_until(  # x-1 fails at once while x-2 runs on
+            lambda: ledger.exists() and ledger_rows(in_tmp / "results").get("x-1,", {}).get("status") == "failed",
+            message="x-1, to fail",
+        )
         result = _gts_subprocess("retry", "results", "--failed", "--plain")
     finally:
         sweep.terminate()

@@ -121,8 +121,8 @@ def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
 
 
 # A dry run lists every run of a sweep of up to DRY_LISTED runs; of a larger one, the first and the
-# last DRY_ENDS, with the counts of all. It decides at most DRY_DECIDED runs (as many as a start
-# would before its first thousand runs ended, and more than anyone reads).
+# last DRY_ENDS, with the counts of all. It decides at most DRY_DECIDED runs, so that its time and
+# memory stay bounded however large the grid (each decision costs the name registry a few bytes).
 DRY_LISTED = 1000
 DRY_ENDS = 20
 DRY_DECIDED = 1_000_000

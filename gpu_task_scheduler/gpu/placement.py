@@ -132,8 +132,8 @@ def busy_reason(gpu: GpuBook, *, memory_fraction: float | None, utilization: flo
 
 def fits(view: SlotView, need: Need) -> bool:
     """Whether a run needing ``need`` may start on the slot now. Even a run of unknown need gets
-    no GPU without memory available: one that other processes fill beyond the margin (or beyond
-    ``min_free_gpu_memory``, which the caller takes off ``available``) would only run out of it."""
+    no GPU without memory available: one that other processes fill beyond the margin would only
+    run out of it (``Capacity.need`` gives ``min_free_gpu_memory`` as the need of such a run)."""
     if view.running >= view.capacity or view.busy is not None:
         return False
     if isinstance(need, WholeGpu):

@@ -240,9 +240,9 @@ class Ledger:
     def _check_columns(self) -> None:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
         self._column_names = columns
-        # A ledger of an older schema read as it is (read-only, not migrated) has no program column.
-        program = "program" if "program" in columns else "NULL"
-        self._known_select = f"SELECT name, status, config_hash, params, {program}, started_at FROM runs"
+        self._known_select = (
+            f"SELECT name, status, config_hash, params, {self._column('program')}, started_at FROM runs"
+        )
         missing = sorted(_FIELDS - columns - _OPTIONAL_COLUMNS)
         if missing:
             raise LedgerError(
@@ -540,6 +540,11 @@ class Ledger:
         except sqlite3.DatabaseError as error:
             raise _ledger_error(self.path, error) from error
 
+    def warn_problems(self, *, json_fields: bool = True) -> None:
+        """Say (once per run and field) which values were changed by hand (:meth:`problems`)."""
+        for name, field, value, problem in self.problems(json_fields=json_fields):
+            self._warn_once(name, field, value, problem)
+
     def problems(self, limit: int = 20, *, json_fields: bool = True) -> list[tuple[str, str, Any, str]]:
         """Values changed by hand into what this version never writes: (run, field, value, what it
         is not), at most ``limit``, found by one scan in SQLite. ``json_fields``: also results and
@@ -651,10 +656,9 @@ class Ledger:
                  gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL, metrics = NULL""",
             (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage, program),
         )
-        record = self.get(name)
-        assert record is not None
+        (attempts,) = self._tuples("SELECT attempts FROM runs WHERE name = ?", (name,))[0]
         self.commit()  # the run's process starts next: its record must exist before it does
-        return record.attempts
+        return int(attempts)
 
     def block(
         self,
@@ -851,6 +855,9 @@ class SweepLock:
             self._write_holder()
         except BaseException:
             os.close(fd)
+            if self._meta_fd is not None:
+                os.close(self._meta_fd)
+                self._meta_fd = None
             raise
         self.fd = fd
 

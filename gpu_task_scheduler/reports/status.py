@@ -60,7 +60,7 @@ def status(root: str, *, runs: str = "all") -> dict[str, Any]:
         if runs == "watch":  # a running run's latest metrics, from its own file (the ledger has them at its end)
             for run in report["runs"]:
                 if run["status"] == "running" and name_problem(run["name"]) is None:
-                    found = latest(RunPaths(os.path.join(root, run["name"]), None).metrics)
+                    found = latest(RunPaths.recorded(root, run["name"]).metrics)
                     if found is not None:
                         step, values = found
                         run["metrics"] = {name: {"last": value, "step": step} for name, value in values.items()}
@@ -92,8 +92,7 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     total_text = ledger.get_meta("sweep_runs")
     log_file = ledger.get_meta("log_file") or None
     waiting = ledger.get_meta("waiting") or None
-    for name, field, value, problem in ledger.problems(json_fields=False):  # status shows no result
-        ledger._warn_once(name, field, value, problem)
+    ledger.warn_problems(json_fields=False)  # status shows no result or parameters
     running, holder = scheduler_state(root)
     counts = {status.value: 0 for status in RunStatus}
     counts[STALE] = 0

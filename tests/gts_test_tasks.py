@@ -25,6 +25,15 @@ def journal(config, event, work_dir):
             os.close(fd)
 
 
+def announce(work_dir):
+    """Writes this process's pid to ``<work_dir>/started`` in one step (a rename), so a test
+    that sees the file can read the pid from it."""
+    path = os.path.join(work_dir, "started")
+    with open(path + ".tmp", "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+
+
 class RecordTask(GPUTask):
     """Succeeds unless a file ``fail_if`` exists; sleeps ``sleep`` seconds first."""
 
@@ -162,8 +171,7 @@ class BlockTask(GPUTask):
         except BlockingIOError:
             journal(self._config, "overlap", self._work_dir)
         journal(self._config, "start", self._work_dir)
-        with open(os.path.join(self._work_dir, "started"), "w") as handle:
-            handle.write(str(os.getpid()))
+        announce(self._work_dir)
         seconds = float(os.environ.get("GTS_TEST_SLEEP", self._config.get("sleep", 600)))
         time.sleep(seconds)
         journal(self._config, "end", self._work_dir)
@@ -174,8 +182,7 @@ class WaitForFileTask(GPUTask):
     """Announces that it runs, then waits until the file ``wait_for`` exists (at most 60 s)."""
 
     def main(self):
-        with open(os.path.join(self._work_dir, "started"), "w") as handle:
-            handle.write(str(os.getpid()))
+        announce(self._work_dir)
         deadline = time.monotonic() + 60
         while not os.path.exists(self._config["wait_for"]) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -363,8 +370,7 @@ class EscapeTask(GPUTask):
             if time.monotonic() > deadline:
                 raise TimeoutError("the escapee never started")
             time.sleep(0.01)
-        with open(os.path.join(self._work_dir, "started"), "w") as handle:
-            handle.write(str(os.getpid()))
+        announce(self._work_dir)
         if self._config.get("hang"):
             time.sleep(600)
         return {"escapee": int(open(pid_file).read())}
@@ -396,8 +402,7 @@ class LifelineLossTask(GPUTask):
     or replaces itself with another program ('exec'), and runs on."""
 
     def main(self):
-        with open(os.path.join(self._work_dir, "started"), "w") as handle:
-            handle.write(str(os.getpid()))
+        announce(self._work_dir)
         if self._config["how"] == "exec":
             os.execv("/bin/sleep", ["sleep", "600"])
         os.closerange(3, 65536)

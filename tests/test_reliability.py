@@ -79,8 +79,8 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
             statuses = [row["status"] for row in ledger_rows(root).values()]
             assert statuses.count("running") <= 2  # never more runs at once than slots
     last = launch(config, task)
-    finish(last, timeout=120)
-    assert last.returncode == 0
+    output = finish(last, timeout=120)
+    assert last.returncode == 0, output
     assert kills >= 15, f"only {kills} of {KILLS} launches were killed; the sweep is too short"
     lines = journal_lines(journal)
     assert [lines.count(f"end {name}") for name in names] == [1] * RUNS

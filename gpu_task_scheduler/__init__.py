@@ -22,6 +22,7 @@ _EXPORTS = {
     "GPUTaskScheduler": "gpu_task_scheduler",
     "lazy_import": "lazy",
     "report": "reporting",
+    "Pruned": "reporting",
     "Ledger": "records.ledger",
     "RunRecord": "records.ledger",
     "RunStatus": "records.status",
@@ -38,6 +39,7 @@ __all__ = [
     "GTSError",
     "Ledger",
     "LedgerError",
+    "Pruned",
     "RunOutcome",
     "RunRecord",
     "RunSpec",
@@ -74,5 +76,5 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time 
     from .lazy import lazy_import  # noqa: F401
     from .records.ledger import Ledger, RunRecord  # noqa: F401
     from .records.status import RunStatus  # noqa: F401
-    from .reporting import report  # noqa: F401
+    from .reporting import Pruned, report  # noqa: F401
     from .sweep.expand import RunSpec, Sweep  # noqa: F401

@@ -40,7 +40,8 @@ class GPUTask:
 
     def report(self, step: float, **metrics: float) -> None:
         """Record metrics at ``step`` as the run trains (see ``gpu_task_scheduler.reporting``):
-        ``gts status`` and ``gts results`` show the latest of each."""
+        ``gts status`` and ``gts results`` show the latest of each. Raises
+        ``gpu_task_scheduler.Pruned`` when the sweep's ``early_stop`` rule stopped this run."""
         from .reporting import report
 
         report(step, **metrics)

@@ -425,7 +425,8 @@ class ContractTask(GPUTask):
             signal.signal(signal.SIGTERM, on_term)
         open(os.path.join(self._work_dir, "ready"), "w").close()
         for step in range(1, config.get("report", 0) + 1):  # a run that reports as it trains
-            self.report(step, loss=1 / step)
+            self.report(step, loss=config.get("loss", 1 / step))  # raises Pruned when early_stop stopped it
+            time.sleep(config.get("pause", 0))
         time.sleep(config.get("seconds", 1.0))
         if config.get("oom"):
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
@@ -470,3 +471,35 @@ class ReportingTask(GPUTask):
         if self._config.get("fail_first") and os.environ.get("GTS_ATTEMPT") == "1":
             raise RuntimeError("first attempt fails")
         return {"final": loss}
+
+
+def curve_value(config, step):
+    """A learning curve that crosses others: ``fast`` learners drop early to a high floor."""
+    return config["floor"] + (config["start"] - config["floor"]) * (config["decay"] ** step)
+
+
+class CurveTask(GPUTask):
+    """Reports ``loss`` = curve_value(config, step) for steps 1..config['steps'] (``pause`` seconds
+    apart); journals each step and, when stopped early, ``pruned``, then lets Pruned end it
+    (``catch``: returns instead, as a task that saves a checkpoint would)."""
+
+    def main(self):
+        from gpu_task_scheduler import Pruned
+
+        journal(self._config, "start", self._work_dir)
+        try:
+            for step in range(1, self._config["steps"] + 1):
+                time.sleep(self._config.get("pause", 0))
+                journal(self._config, f"step{step}", self._work_dir)
+                try:
+                    self.report(step, loss=curve_value(self._config, step))
+                except Exception:  # what user code often has: it must not swallow Pruned
+                    journal(self._config, "swallowed", self._work_dir)
+                    raise
+        except Pruned:
+            journal(self._config, "pruned", self._work_dir)
+            if self._config.get("catch"):
+                return {"saved_at": step}
+            raise
+        journal(self._config, "end", self._work_dir)
+        return {"loss": curve_value(self._config, self._config["steps"])}

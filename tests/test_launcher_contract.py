@@ -107,6 +107,20 @@ def test_what_a_run_reports_reaches_the_ledger(backend, tmp_path):
     assert json.loads(row["metrics"]) == {"loss": {"last": 0.25, "step": 4, "min": 0.25, "max": 1.0}}
 
 
+def test_a_run_the_early_stop_rule_stops_is_pruned_at_its_next_report(backend, tmp_path):
+    if backend == "fake":
+        pytest.skip("the fake launcher's runs are no processes: they write no file")
+    config = make_config(tmp_path / "r", [{"loss": [0.1, 0.9], "report": [60], "pause": [0.05]}], grace_period=30)
+    config["early_stop"] = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 60}
+    summary = run_sweep(backend, config)
+    assert summary.ok and summary.exit_code == 0
+    assert summary.outcomes["loss-0.1,pause-0.05,report-60,"].status is RunStatus.SUCCEEDED
+    pruned = summary.outcomes["loss-0.9,pause-0.05,report-60,"]
+    assert pruned.status is RunStatus.PRUNED and pruned.cause == "pruned at step 1: loss 0.9, rung cutoff 0.1"
+    assert pruned.signal is None and pruned.duration < 20  # Pruned ended it, long before the grace period did
+    assert ledger_rows(tmp_path / "r")["loss-0.9,pause-0.05,report-60,"]["status"] == "pruned"
+
+
 def test_a_failing_run(backend, tmp_path):
     summary = run_sweep(backend, make_config(tmp_path / "r", [{"exit": [3], "seconds": [0.05]}]))
     (failed,) = summary.failed

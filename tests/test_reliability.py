@@ -93,6 +93,63 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
     print(f"survived {kills} SIGKILLs; {starts} starts for {RUNS} runs")
 
 
+def _stopped_by_the_rule(root):
+    """The runs with a recorded stop verdict (the ledger read directly; none before it exists)."""
+    path = root / ".gts" / "ledger.sqlite3"
+    if not path.exists():
+        return set()
+    with sqlite3.connect(path) as db:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'verdicts'").fetchall():
+            return set()
+        return {name for (name,) in db.execute("SELECT name FROM verdicts WHERE stop = 1")}
+
+
+def test_sigkill_with_early_stopping_repeats_no_pruned_run_and_prunes_the_same_runs(in_tmp, no_leaked_processes):
+    rng = random.Random(KILL_SEED)
+
+    def config(root):
+        return {
+            **make_config(
+                root,
+                [{"start": [1.0], "floor": [0.1, 0.2, 0.3, 0.5], "decay": [0.5, 0.8, 0.95]}],
+                global_config={"steps": 27, "pause": 0.01, "journal": f"{root}.journal"},
+                scheduler_log_file_path=None,
+            ),
+            "early_stop": {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 27},
+        }
+
+    uninterrupted = launch(config(in_tmp / "once"), "CurveTask")
+    finish(uninterrupted, timeout=120)
+    expected = {name for name, row in ledger_rows(in_tmp / "once").items() if row["status"] == "pruned"}
+    assert 3 <= len(expected) < 12
+    root, journal = in_tmp / "r", f"{in_tmp / 'r'}.journal"
+    stopped_at: dict[str, int] = {}  # a run the rule stopped -> the journal's length when that was seen
+    kills = 0
+    for _ in range(KILLS):
+        scheduler = launch(config(root), "CurveTask")
+        try:
+            scheduler.wait(timeout=rng.uniform(0.05, 0.5))
+        except subprocess.TimeoutExpired:
+            scheduler.kill()
+            kills += 1
+        finish(scheduler)
+        wait_until(lambda: not marked_pids(no_leaked_processes), timeout=5, message="the runs to die")
+        for name in _stopped_by_the_rule(root):
+            stopped_at.setdefault(name, len(journal_lines(journal)))
+    last = launch(config(root), "CurveTask")
+    output = finish(last, timeout=120)
+    assert last.returncode == 0, output
+    assert kills >= 15, f"only {kills} of {KILLS} launches were killed; the sweep is too short"
+    rows = ledger_rows(root)
+    assert {name for name, row in rows.items() if row["status"] == "pruned"} == expected
+    assert {row["status"] for name, row in rows.items() if name not in expected} == {"succeeded"}
+    lines = journal_lines(journal)
+    for name, seen in stopped_at.items():
+        assert f"start {name}" not in lines[seen:], f"{name} ran again after the rule stopped it"
+    for name in set(rows) - expected:
+        assert lines.count(f"end {name}") == 1
+
+
 def test_ctrl_c_reaches_the_runs_own_subprocesses(in_tmp, no_leaked_processes):
     root = in_tmp / "r"
     scheduler = launch(make_config(root, [{"hang": [True]}], grace_period=5), "GrandchildTask")

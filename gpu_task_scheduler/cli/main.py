@@ -306,8 +306,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
     from ..results import open_ledger
     from ..sweep.expand import Sweep
 
-    if not (args.failed or args.interrupted or args.runs):
-        raise ConfigError("say which runs: --failed, --interrupted, or their names (or prefixes, or indexes)")
+    if not (args.failed or args.interrupted or args.pruned or args.runs):
+        raise ConfigError("say which runs: --failed, --interrupted, --pruned, or their names (or prefixes, or indexes)")
     ledger = open_ledger(args.root)
     try:
         records = ledger.records()
@@ -323,6 +323,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
     wanted_status = {RunStatus.FAILED, RunStatus.TIMED_OUT} if args.failed else set()
     if args.interrupted:
         wanted_status.add(RunStatus.INTERRUPTED)
+    if args.pruned:
+        wanted_status.add(RunStatus.PRUNED)
     if wanted_status:  # the runs of later stages they blocked wait for them again
         wanted_status.add(RunStatus.BLOCKED)
     chosen = {r.name: r for r in records if r.status in wanted_status}
@@ -358,6 +360,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
         config["scheduler_config"]["force_rerun"] = True
     sweep = Sweep(config)
     sweep.selected = frozenset(chosen)
+    # Runs stopped early run again to their end: the early_stop rule leaves them alone this time.
+    sweep.rerun_pruned = True
+    sweep.unjudged = frozenset(name for name, record in chosen.items() if record.status is RunStatus.PRUNED)
     try:
         make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
     except (ConfigError, TaskClassError) as error:
@@ -662,7 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rt = sub.add_parser(
         "retry",
-        help="run failed or interrupted runs of a result root again, without the config file",
+        help="run failed, interrupted or pruned runs of a result root again, without the config file",
         formatter_class=_formatter,
         epilog="examples:\n  gts retry results/ --failed\n  gts retry results/ --interrupted --gpus 0 1\n"
         "  gts retry results/ lr-0.1, 7",
@@ -674,6 +679,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rt.add_argument(
         "--interrupted", action="store_true", help="every interrupted run (and every run blocked by one: stages)"
+    )
+    rt.add_argument(
+        "--pruned",
+        action="store_true",
+        help="every run the early_stop rule stopped early, run to its end this time (and every run blocked by one)",
     )
     rt.add_argument("--force", action="store_true", help="also runs named that succeeded")
     rt.add_argument("--gpus", nargs="+", metavar="ID", help="slots, as for gts run (default: the sweep's)")

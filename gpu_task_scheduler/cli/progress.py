@@ -1,7 +1,7 @@
 """The live view of a running sweep: a status line on a terminal, nothing extra otherwise.
 
 On a terminal, one line at the bottom shows the counts (done, failed,
-interrupted, running, pending, skipped), elapsed time, an ETA from the mean
+interrupted, stopped early, running, pending, skipped), elapsed time, an ETA from the mean
 duration of the runs so far, and which run is on which slot. It is redrawn
 at every start and end of a run and at least once a second in between, cut
 to the terminal's width (a line that wraps cannot be redrawn in place), and
@@ -48,7 +48,7 @@ class LiveStatus(Hooks):
         self.stream = stream or sys.stderr
         self.started = time.monotonic()
         self.running: dict[str, str] = {}  # run name -> slot name, in start order
-        self.done = self.failed = self.interrupted = self.skipped = 0
+        self.done = self.failed = self.interrupted = self.pruned = self.skipped = 0
         self.durations: list[float] = []
         self.parallel = 1  # the most runs seen running at once: the sweep's parallelism, for the ETA
         self._tick = tick
@@ -61,7 +61,7 @@ class LiveStatus(Hooks):
     # --- the line ---------------------------------------------------------------------
 
     def line(self) -> str:
-        finished = self.done + self.failed + self.interrupted + self.skipped
+        finished = self.done + self.failed + self.interrupted + self.pruned + self.skipped
         pending = max(0, self.total - finished - len(self.running))
         elapsed = time.monotonic() - self.started
         eta = "?"
@@ -75,6 +75,8 @@ class LiveStatus(Hooks):
         counts = f"{self.done} done, {self.failed} failed, "
         if self.interrupted:
             counts += f"{self.interrupted} interrupted, "
+        if self.pruned:
+            counts += f"{self.pruned} stopped early, "
         counts += f"{len(self.running)} running, {pending} pending, {self.skipped} skipped"
         return f"[gts] {counts} | {clock_text(elapsed)} elapsed, ETA {eta}" + (f" | {where}" if where else "")
 
@@ -132,9 +134,11 @@ class LiveStatus(Hooks):
             self.done += 1
         elif outcome.status is RunStatus.INTERRUPTED:
             self.interrupted += 1
+        elif outcome.status is RunStatus.PRUNED:
+            self.pruned += 1
         else:
             self.failed += 1
-        if outcome.duration is not None and outcome.status is not RunStatus.INTERRUPTED:
+        if outcome.duration is not None and outcome.status not in (RunStatus.INTERRUPTED, RunStatus.PRUNED):
             self.durations.append(outcome.duration)
         self._draw()
 

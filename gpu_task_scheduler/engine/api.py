@@ -47,6 +47,7 @@ def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
                     force_rerun=options.force_rerun,
                     skip_existing_folders=options.skip_existing_folders,
                     keep_changed=options.on_config_change == "keep",
+                    rerun_pruned=sweep.rerun_pruned,
                 ),
             )
     finally:

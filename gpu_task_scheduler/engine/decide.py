@@ -3,7 +3,7 @@
 * :func:`before_run`: is a run skipped, adopted from its folder's record, or run?
   The loop and ``gts run --dry-run`` both call it, so they cannot disagree.
 * :func:`classify`: how did an attempt end (succeeded, failed, timed out,
-  interrupted, out of GPU memory), and why?
+  interrupted, pruned, out of GPU memory), and why?
 * :func:`after_exit`: what happens next (retry, run later with a larger memory
   need, or done)?
 
@@ -38,14 +38,24 @@ class Decision:
     warning: str | None = None
 
 
-def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, keep_changed: bool = False) -> Decision:
+def before_run(
+    prior: Prior,
+    *,
+    force_rerun: bool,
+    skip_existing_folders: bool,
+    keep_changed: bool = False,
+    rerun_pruned: bool = False,
+) -> Decision:
+    """``rerun_pruned``: a run the sweep's early_stop rule stopped runs again (``gts retry --pruned``);
+    otherwise it is done, as a success is."""
     if prior.duplicate:
         return Decision("skip", "the same config appears earlier in the sweep", "skip (same config as an earlier run)")
     if force_rerun:
         return Decision("run", "force_rerun", "run (force_rerun)")
     record = prior.record
     if record is not None:
-        if record.status is not RunStatus.SUCCEEDED:
+        done = (RunStatus.SUCCEEDED,) if rerun_pruned else (RunStatus.SUCCEEDED, RunStatus.PRUNED)
+        if record.status not in done:
             return Decision("run", f"it ended {record.status.value} before", f"run again ({record.status.value})")
         if not prior.folder_ok:
             return Decision("run", "its folder is gone", "run again (folder gone)")
@@ -62,7 +72,7 @@ def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, 
                 "run",
                 f"{what} changed",
                 "run again (config changed)",
-                warning=f"succeeded earlier, but {what} changed since; its result is not this config's, "
+                warning=f"{_earlier(record.status)}, but {what} changed since; its result is not this config's, "
                 "so it runs again",
             )
         if (
@@ -74,9 +84,11 @@ def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, 
                 "run",
                 "a run it depends on ran again after it",
                 "run again (input changed)",
-                warning="succeeded earlier, but a run it depends on ran again after it started: "
+                warning=f"{_earlier(record.status)}, but a run it depends on ran again after it started: "
                 "its inputs changed, so it runs again",
             )
+        if record.status is RunStatus.PRUNED:
+            return Decision("skip", "it was stopped early (early_stop)", "skip (pruned)")
         return Decision("skip", "it succeeded before", "skip (succeeded)")
     if not prior.folder_ok:
         return Decision("run", "it is new", "run")
@@ -86,6 +98,10 @@ def before_run(prior: Prior, *, force_rerun: bool, skip_existing_folders: bool, 
     if skip_existing_folders:
         return Decision("skip", "its folder exists (skip_existing_folders)", "skip (folder exists)")
     return Decision("run", "it is new", "run")
+
+
+def _earlier(status: RunStatus) -> str:
+    return "succeeded earlier" if status is RunStatus.SUCCEEDED else "was stopped early (pruned) earlier"
 
 
 def program_changed(recorded: str | None, current: str | None) -> bool:
@@ -101,7 +117,7 @@ class ExitFacts:
     returncode: int  # negative: killed by that signal
     reports_outcome: bool  # False for a plain command
     outcome: Outcome | None  # this attempt's outcome file (token checked), if any
-    stopped: tuple[RunStatus, str] | None  # we stopped it: (TIMED_OUT or INTERRUPTED, cause)
+    stopped: tuple[RunStatus, str] | None  # we stopped it: (TIMED_OUT, INTERRUPTED or PRUNED, cause)
     unsafe: str | None  # its folder was changed into something unsafe
     folder_exists: bool
     log_tail: str
@@ -141,7 +157,12 @@ def classify(facts: ExitFacts) -> Classified:
     result, oom = None, None
     outcome = facts.outcome
     lost = False
-    if outcome is not None and outcome.succeeded:
+    pruned = facts.stopped is not None and facts.stopped[0] is RunStatus.PRUNED
+    if outcome is not None and outcome.succeeded and outcome.pruned is not None:
+        # main() caught Pruned (to save, say) and returned: stopped early all the same, its result kept
+        status, result = RunStatus.PRUNED, outcome.result
+        cause = facts.stopped[1] if facts.stopped is not None and pruned else outcome.pruned
+    elif outcome is not None and outcome.succeeded:
         status, cause, result = RunStatus.SUCCEEDED, None, outcome.result
     elif facts.lost is not None and facts.stopped is None:
         # Whatever its exit status says, the machine took it down: an interruption, not its failure.

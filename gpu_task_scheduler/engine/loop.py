@@ -34,7 +34,7 @@ from ..gpu.placement import Need
 from ..records.control import CONTROL_SIGNAL, take_stop_request, taking_requests
 from ..records.known import RootIndex
 from ..records.ledger import Ledger, SweepLock
-from ..records.paths import RootPaths, RunPaths
+from ..records.paths import RootPaths, RunPaths, atomic_write
 from ..records.prior import read_prior, settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
@@ -44,6 +44,7 @@ from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
 from .outcomes import Records, read_exit
 from .pending import Pending, RunQueue, Waits, failure_words
+from .stopper import Stopper, cause_of
 from .summary import SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -59,8 +60,9 @@ class _Active:
     token: str
     started: float
     deadline: float | None
-    stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT or INTERRUPTED, cause) once we stop it
+    stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED or PRUNED, cause) once we stop it
     kill_at: float | None = None
+    term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
 
     @property
     def spec(self) -> RunSpec:
@@ -91,6 +93,8 @@ class Scheduler:
         self._capacity: Capacity | None = None
         self._waiting_for: str | None = None
         self._next_poll: float | None = None
+        self._stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
+        self._next_look: float | None = None
 
     def setup(self) -> Capacity:
         """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
@@ -124,6 +128,8 @@ class Scheduler:
                         if self.options.learn_gpu_memory:  # what this root's runs were seen to use before
                             capacity.learned_before(ledger.recorded_peaks())
                         settle_running(ledger)
+                        if self.sweep.stopping:
+                            self._stopper = Stopper(self.sweep, ledger, root.root)
                         # Runs that succeeded with another config: checked before the sweep is recorded.
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
@@ -173,10 +179,15 @@ class Scheduler:
                         event = self.inbox.get(0)
                     except Empty:
                         event = None
+                self._look_at_metrics()
                 self._enforce_deadlines()
 
     def _seconds_to_next_deadline(self) -> float | None:
-        deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at) if d is not None]
+        deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at, a.term_at) if d is not None]
+        if self._stopper is not None and self._stopper.watching:
+            if self._next_look is None:
+                self._next_look = self._clock() + self._stopper.interval
+            deadlines.append(self._next_look)
         if (self._queue.held is not None or self.setup().measuring) and self._stop_level == 0:
             if self._next_poll is None or self._next_poll <= self._clock():
                 self._next_poll = self._clock() + self.options.gpu_poll_interval
@@ -255,6 +266,7 @@ class Scheduler:
             force_rerun=o.force_rerun,
             skip_existing_folders=o.skip_existing_folders,
             keep_changed=o.on_config_change == "keep",
+            rerun_pruned=self.sweep.rerun_pruned,
         )
         if decision.warning:
             logger.warning("%s %s", spec.work_dir, decision.warning)
@@ -292,6 +304,8 @@ class Scheduler:
         self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None else now + timeout
         self._active[key] = _Active(item, slot_index, slot, handle, paths, token, now, deadline)
+        if self._stopper is not None:
+            self._stopper.watch(spec, paths)
         self._records.call("on_run_start", spec, slot)
 
     def _on_placed(self, key: int, node: str, pid: int) -> None:
@@ -305,6 +319,8 @@ class Scheduler:
         active = self._active.pop(key)
         capacity, handle, item = self.setup(), active.handle, active.item
         reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
+        if self._stopper is not None:
+            self._stopper.ended(active.spec.name)  # what it reported last counts for the others
         ended = handle.reap()
         leftovers = capacity.left_behind(handle.pid, active.spec.name)
         exit = read_exit(
@@ -336,17 +352,56 @@ class Scheduler:
 
     # --- stopping -----------------------------------------------------------------
 
+    def _look_at_metrics(self) -> None:
+        """What running runs reported since the last look, judged by the sweep's early_stop rules."""
+        if self._stopper is None or self._next_look is None or self._clock() < self._next_look:
+            return
+        self._next_look = None
+        for active in self._active.values():
+            if active.stopped is None:
+                verdict = self._stopper.look(active.spec.name)
+                if verdict is not None:
+                    self._prune(active, cause_of(verdict))
+
+    def _prune(self, active: _Active, cause: str) -> None:
+        """Stop a run early: a Python run's next report() raises Pruned (SIGTERM after the grace
+        period if it does not report again); a command gets SIGTERM now."""
+        self._records.ledger.commit()  # the verdict is on disk before anything acts on it
+        logger.info("%s is stopped early: %s", active.spec.name, cause)
+        marked = False
+        if active.paths.unsafe() is None:
+            try:
+                atomic_write(active.paths.pruned, cause.encode("utf-8"), durable=False)
+                marked = True
+            except OSError as error:
+                logger.warning(
+                    "%s: could not write %s (%s); stopping it now", active.spec.name, active.paths.pruned, error
+                )
+        if marked and active.handle.reports_outcome:
+            active.stopped = (RunStatus.PRUNED, cause)
+            active.deadline = None
+            active.term_at = self._clock() + self.options.grace_period
+        else:
+            self._stop(active, RunStatus.PRUNED, cause)
+
     def _stop(self, active: _Active, reason: RunStatus, cause: str) -> None:
         """SIGTERM the run now, SIGKILL it when the grace period ends."""
         active.stopped = active.stopped or (reason, cause)
         active.handle.stop()
         active.kill_at = self._clock() + self.options.grace_period
-        active.deadline = None
+        active.deadline = active.term_at = None
 
     def _enforce_deadlines(self) -> None:
         now = self._clock()
         for active in self._active.values():
-            if active.deadline is not None and now >= active.deadline:
+            if active.term_at is not None and now >= active.term_at and active.stopped is not None:
+                logger.warning(
+                    "%s did not report again within %gs of being stopped early; sending SIGTERM",
+                    active.spec.name,
+                    self.options.grace_period,
+                )
+                self._stop(active, *active.stopped)
+            elif active.deadline is not None and now >= active.deadline:
                 if active.handle.has_exited():
                     # It ended while we were not looking (the scheduler was stopped, or
                     # busy): its own exit status says how, not the clock we read late.
@@ -397,7 +452,7 @@ class Scheduler:
             logger.warning("%s: killing %d run(s) now", again, len(self._active))
             for active in self._active.values():
                 active.stopped = active.stopped or (RunStatus.INTERRUPTED, f"interrupted by {name}")
-                active.kill_at = None
+                active.kill_at = active.term_at = None
                 active.handle.kill()
 
     def _kill_everything(self) -> None:

@@ -233,7 +233,13 @@ class Records:
                 gpu_leftover,
             )
         succeeded = end.status is RunStatus.SUCCEEDED
-        result_file = exit.outcome.large_result_file if succeeded and exit.outcome else None
+        # A pruned run that caught Pruned and returned keeps its result, too.
+        returned = (
+            exit.outcome is not None
+            and exit.outcome.succeeded
+            and end.status in (RunStatus.SUCCEEDED, RunStatus.PRUNED)
+        )
+        result_file = exit.outcome.large_result_file if returned and exit.outcome else None
         metrics = None
         if paths.unsafe(records_only=True) is None:  # what it reported as it trained, within bounds
             reader = read_all(paths.metrics)
@@ -274,6 +280,8 @@ class Records:
         self.call("on_run_end", record)
         if succeeded:
             logger.info("%s finishes task %s", slot.name, spec.test_config_string)
+        elif end.status is RunStatus.PRUNED:
+            logger.info("%s stopped task %s early (%s)", slot.name, spec.test_config_string, record.describe())
         else:
             logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, record.describe())
         return record

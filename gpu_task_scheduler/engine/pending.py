@@ -234,6 +234,10 @@ class Waits:
 
 def failure_words(status: RunStatus, cause: str | None) -> str:
     """How a run that others wait for ended, for their cause: ``failed (exit code 1)``, ``is blocked``."""
-    words = {RunStatus.BLOCKED: "is blocked", RunStatus.TIMED_OUT: "timed out"}.get(status, str(status))
+    words = {
+        RunStatus.BLOCKED: "is blocked",
+        RunStatus.TIMED_OUT: "timed out",
+        RunStatus.PRUNED: "was stopped early",
+    }.get(status, str(status))
     first = (cause or "").strip().splitlines()[0][:200] if cause and cause.strip() else ""
     return f"{words} ({first})" if first and status is not RunStatus.BLOCKED else words

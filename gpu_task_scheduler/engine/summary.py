@@ -41,11 +41,12 @@ class RunOutcome:
 
 @dataclass
 class SweepSummary:
-    """Succeeded, failed, blocked and skipped runs of one ``start()``.
+    """Succeeded, failed, blocked, pruned and skipped runs of one ``start()``.
 
     ``summary.ok`` is False when any run failed or was blocked (stages) or the
     sweep was interrupted; ``summary.exit_code`` is a process exit status for
-    scripts (0 all fine, 1 some runs failed or were blocked, 130 interrupted); ``summary.raise_for_failures()``
+    scripts (0 all fine, runs stopped early by ``early_stop`` included; 1 some runs failed or were
+    blocked, 130 interrupted); ``summary.raise_for_failures()``
     raises :class:`RunsFailedError` when anything failed.
     """
 
@@ -90,6 +91,11 @@ class SweepSummary:
         return self._with(RunStatus.BLOCKED)
 
     @property
+    def pruned(self) -> list[RunOutcome]:
+        """Runs the sweep's early_stop rule stopped early: not failures."""
+        return self._with(RunStatus.PRUNED)
+
+    @property
     def ok(self) -> bool:
         return not self.failed and not self.blocked and self.interrupted_by is None
 
@@ -127,6 +133,7 @@ class SweepSummary:
                 "succeeded": self.succeeded_count,
                 "failed": len(self.failed),
                 "blocked": len(self.blocked),
+                "pruned": len(self.pruned),
                 "skipped": len(self.skipped),
             },
             "runs": [outcome(o) for o in self.outcomes.values()],
@@ -139,8 +146,9 @@ class SweepSummary:
 
     def report(self) -> str:
         blocked = f"{len(self.blocked)} blocked, " if self.blocked else ""
+        pruned = f"{len(self.pruned)} stopped early, " if self.pruned else ""
         head = (
-            f"{self.succeeded_count} succeeded, {len(self.failed)} failed, {blocked}"
+            f"{self.succeeded_count} succeeded, {len(self.failed)} failed, {blocked}{pruned}"
             f"{len(self.skipped)} skipped in {self.duration:.1f}s"
         )
         if self.interrupted_by:

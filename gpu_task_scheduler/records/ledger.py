@@ -51,12 +51,14 @@ logger = logging.getLogger("gpu_task_scheduler")
 #    runs.node (the machine a run ran on, with the Ray backend).
 # 5: runs.program (what the run ran: its task class or command, so a change of it is a config change),
 #    runs.metrics (a summary of what the run reported as it trained, see metrics.py).
-SCHEMA_VERSION = 5
-_MIGRATIONS = {
+# 6: the status 'pruned' and the table verdicts (what the early_stop rule decided about each run).
+SCHEMA_VERSION = 6
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
     3: ("ALTER TABLE runs ADD COLUMN stage TEXT", "ALTER TABLE runs ADD COLUMN node TEXT"),
     4: ("ALTER TABLE runs ADD COLUMN program TEXT", "ALTER TABLE runs ADD COLUMN metrics TEXT"),
+    5: (),  # the table verdicts is created with the schema
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -77,6 +79,13 @@ CREATE TABLE IF NOT EXISTS runs (
     program TEXT, metrics TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
+-- The early_stop rule's word on a run, kept so that a restart decides as the sweep before it did:
+-- ASHA's value of each run at each rung it reached (stop 0 or 1), the median rule's stops.
+-- rung is the rung's step (ASHA) or the step the run was stopped at (median).
+CREATE TABLE IF NOT EXISTS verdicts (
+    name TEXT NOT NULL, rung REAL NOT NULL, step REAL NOT NULL, value REAL NOT NULL,
+    stop INTEGER NOT NULL, cause TEXT, PRIMARY KEY (name, rung)
+);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
@@ -187,6 +196,12 @@ def _field_problem(field: str, value: Any) -> str | None:
 
 # Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
 _OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program", "metrics"}
+
+
+def pruned_cause(step: Any, cause: str) -> str:
+    """``pruned at step 3: loss 1.92, rung cutoff 0.87``: a pruned run's cause, as the ledger keeps it."""
+    at = f"{step:g}" if isinstance(step, (int, float)) else str(step)
+    return f"pruned at step {at}: {cause}" if cause else f"pruned at step {at}"
 
 
 def _check_version(path: str, version: int | None) -> None:
@@ -642,7 +657,16 @@ class Ledger:
         stage: str | None = None,
         program: str | None = None,
     ) -> int:
-        """Record a new attempt before its child starts; return the attempt number."""
+        """Record a new attempt before its child starts; return the attempt number.
+
+        The early_stop rule's verdicts on the run are kept when it resumes after an interruption
+        (its sweep was stopped or killed: the rule goes on where it was) and dropped when it starts
+        again after it ended otherwise (a new curve, judged afresh)."""
+        self._write(
+            """DELETE FROM verdicts WHERE name = ?
+               AND EXISTS (SELECT 1 FROM runs WHERE name = ? AND status NOT IN ('interrupted', 'running'))""",
+            (name, name),
+        )
         self._write(
             """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at,
                                  params, stage, program)
@@ -659,6 +683,35 @@ class Ledger:
         (attempts,) = self._tuples("SELECT attempts FROM runs WHERE name = ?", (name,))[0]
         self.commit()  # the run's process starts next: its record must exist before it does
         return int(attempts)
+
+    def record_verdict(self, name: str, *, rung: float, step: float, value: float, stop: bool, cause: str) -> None:
+        """What the early_stop rule decided about ``name`` at ``rung`` (see tuning/stopping.py)."""
+        self._write(
+            "INSERT OR REPLACE INTO verdicts (name, rung, step, value, stop, cause) VALUES (?, ?, ?, ?, ?, ?)",
+            (name, rung, step, value, int(stop), cause[:MAX_TEXT]),
+        )
+
+    def verdicts(self, name: str | None = None) -> list[tuple[str, float, float, float, bool, str | None]]:
+        """Every recorded verdict (or those of the run ``name``): ``(name, rung, step, value, stop, cause)``;
+        rows of the wrong types (changed by hand) are left out."""
+        where, params = ("WHERE name = ?", (name,)) if name is not None else ("", ())
+        rows = self._tuples(f"SELECT name, rung, step, value, stop, cause FROM verdicts {where} ORDER BY rowid", params)
+        return [
+            (name, float(rung), float(step), float(value), bool(stop), cause if isinstance(cause, str) else None)
+            for name, rung, step, value, stop, cause in rows
+            if isinstance(name, str)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (rung, step, value))
+        ]
+
+    def stop_verdict(self, name: str) -> str | None:
+        """Why the early_stop rule stopped ``name``, if it did (and the run has not started again since)."""
+        rows = self._tuples(
+            "SELECT cause, step FROM verdicts WHERE name = ? AND stop = 1 ORDER BY rung LIMIT 1", (name,)
+        )
+        if not rows:
+            return None
+        cause, step = rows[0]
+        return pruned_cause(step, cause if isinstance(cause, str) else "")
 
     def block(
         self,

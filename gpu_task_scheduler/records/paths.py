@@ -14,6 +14,7 @@
             .gts/outcome.json    written by the child when main() ends
             .gts/lease           renewed while a run on another machine lives (lease.py)
             .gts/metrics.jsonl   what the run reports as it trains (metrics.py)
+            .gts/pruned          why the scheduler stopped the run early (early_stop)
             .gts/result.json     what main() returned, when it is over 1 MiB of JSON
             .gts/logs/           logs of earlier attempts
 
@@ -281,6 +282,11 @@ class RunPaths:
         return os.path.join(self.meta, "metrics.jsonl")
 
     @property
+    def pruned(self) -> str:
+        """Written by the scheduler when it stops the run early: why (``report()`` raises ``Pruned``)."""
+        return os.path.join(self.meta, "pruned")
+
+    @property
     def lease(self) -> str:
         """The attempt's lease, kept by a run on another machine (see lease.py)."""
         return os.path.join(self.meta, "lease")
@@ -302,7 +308,7 @@ class RunPaths:
             folders, files = [self.work_dir, self.meta], [self.outcome]
         else:
             folders = [self.work_dir, self.meta, self.old_logs]
-            files = [self.config, self.task, self.spec, self.outcome, self.metrics]
+            files = [self.config, self.task, self.spec, self.outcome, self.metrics, self.pruned]
         if self.log and not records_only:
             relative = os.path.relpath(self.log, self.work_dir)
             parts = relative.split(os.sep)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .known import RootIndex
 from .ledger import KnownRun, Ledger
+from .metrics import read_all
 from .paths import RunPaths
 from .protocol import Outcome
 from .status import RunStatus
@@ -71,19 +72,31 @@ def adopt(ledger: Ledger, spec: RunSpec, outcome: Outcome, params: str) -> None:
 
 
 def settle_running(ledger: Ledger) -> None:
-    """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), or interrupted."""
+    """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), pruned (the
+    early_stop rule had stopped them), or interrupted."""
     for record in ledger.running():
         paths = RunPaths(record.work_dir or "", None)
         safe = record.work_dir and paths.unsafe(records_only=True) is None
         outcome = Outcome.read(paths.outcome, token=record.token) if safe and record.token else None
+        metrics = read_all(paths.metrics).summary_json() if safe else None  # what it reported before it ended
+        pruned = ledger.stop_verdict(record.name)
         if outcome is not None and outcome.succeeded:
             ledger.finish(
                 record.name,
-                RunStatus.SUCCEEDED,
+                RunStatus.SUCCEEDED if outcome.pruned is None else RunStatus.PRUNED,
                 exit_code=0,
+                cause=None if outcome.pruned is None else pruned or outcome.pruned,
                 result=json.dumps(outcome.result),
                 ended_at=outcome.finished_at,
                 result_file=outcome.large_result_file,
+                metrics=metrics,
             )
+        elif pruned is not None:  # the early_stop rule had stopped it: that was its end
+            ledger.finish(record.name, RunStatus.PRUNED, cause=pruned, metrics=metrics)
         else:
-            ledger.finish(record.name, RunStatus.INTERRUPTED, cause="the scheduler stopped while the run was active")
+            ledger.finish(
+                record.name,
+                RunStatus.INTERRUPTED,
+                cause="the scheduler stopped while the run was active",
+                metrics=metrics,
+            )

@@ -59,6 +59,7 @@ class Outcome:
     result_note: str | None = None  # e.g. "converted from ndarray"
     phase: str | None = None  # for a failure: "load" (import, unpickle) or "main"
     error: str | None = None  # for a failure: the exception, in one line
+    pruned: str | None = None  # report() raised Pruned (early_stop), with this cause
 
     @property
     def succeeded(self) -> bool:
@@ -108,4 +109,5 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "result_note": (str,),
     "phase": (str,),
     "error": (str,),
+    "pruned": (str,),
 }

@@ -13,6 +13,7 @@ class RunStatus(str, enum.Enum):
     TIMED_OUT = "timed_out"
     INTERRUPTED = "interrupted"
     BLOCKED = "blocked"  # not run: a run of an earlier stage it depends on did not succeed
+    PRUNED = "pruned"  # stopped early by the sweep's early_stop rule: not a failure, not run again
 
     def __str__(self) -> str:
         return self.value

@@ -23,6 +23,7 @@ _COLORS = {
     "failed": "tab:red",
     "timed_out": "tab:orange",
     "interrupted": "tab:gray",
+    "pruned": "tab:purple",
     "running": "tab:blue",
 }
 
@@ -328,7 +329,7 @@ def plot_curves(root: str, metric: str, by: str | None, output: str) -> str:
         labelled.add(str(value))
         steps = [row["step"] for row in run]
         axes.plot(steps, [row[metric] for row in run], color=color, linewidth=1.2, label=label)
-        if run[-1]["status"] != "succeeded":  # cut short: where it stopped
+        if run[-1]["status"] != "succeeded":  # cut short (pruned, failed, ...): where it stopped
             axes.plot(steps[-1:], [run[-1][metric]], marker="x", color=color or "black", markersize=8)
     axes.set_xlabel("step")
     axes.set_ylabel(metric)

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
+from ..tuning.stopping import Rule, parse_early_stop
 from .files import ConfigSource, load_config
 from .naming import NameRegistry, folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
@@ -35,7 +36,16 @@ logger = logging.getLogger("gpu_task_scheduler")
 # (gts queue waiting for a line); it calls the ``wake`` given to Sweep.follow when there is more.
 NOT_READY: Any = object()
 
-TOP_LEVEL_KEYS = ("scheduler_config", "global_config", "test_config", "stages", "task", "command", "shell")
+TOP_LEVEL_KEYS = (
+    "scheduler_config",
+    "global_config",
+    "test_config",
+    "stages",
+    "task",
+    "command",
+    "shell",
+    "early_stop",
+)
 
 
 # --- global_config and test_config ------------------------------------------
@@ -297,6 +307,23 @@ class Sweep:
         if not isinstance(self.shell, bool):
             raise ConfigError(f"shell must be true or false; got {self.shell!r}")
         self._check_commands()
+        if self.staged and raw.get("early_stop") is not None:
+            raise ConfigError(
+                "early_stop applies to the runs of one stage: with stages, give it in the stage whose runs "
+                "it may stop (e.g. in the train stage), not at the top level"
+            )
+        self.early_stop_raw = copy.deepcopy(raw.get("early_stop"))
+        # The early_stop rule of each stage that has one (None: the one stage of a config without stages).
+        self.stopping: dict[str | None, Rule] = {}
+        for stage in self.stages:
+            rule = parse_early_stop(
+                stage.early_stop if self.staged else self.early_stop_raw,
+                "early_stop" if stage.name is None else f"stage {stage.name!r}: early_stop",
+            )
+            if rule is not None:
+                self.stopping[stage.name] = rule
+        self.rerun_pruned = False  # `gts retry --pruned`: runs stopped early run again (to their end)
+        self.unjudged: frozenset[str] = frozenset()  # runs the early_stop rule leaves alone in this start
         self._has_test_config = raw.get("test_config") is not None
         # What its runs run, set by backends/local/tasks.resolve_task: {"task": "mod:Class"} or
         # {"command": ..., "shell": ...}; None when it cannot be named (a class in __main__).
@@ -428,6 +455,7 @@ class Sweep:
             "global_config": self.global_config,
             "test_config": self.blocks if self._has_test_config else None,
             **(self.task_record or {}),  # none: `gts retry --task` names it
+            **({"early_stop": self.early_stop_raw} if self.early_stop_raw is not None else {}),
         }
         if self.staged:
             del config["test_config"]

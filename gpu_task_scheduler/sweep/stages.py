@@ -44,7 +44,7 @@ from typing import Any
 from ..errors import ConfigError, unknown_key_message
 from ..jsonable import to_jsonable
 
-STAGE_KEYS = ("name", "after", "match", "global_config", "test_config", "task", "command", "shell")
+STAGE_KEYS = ("name", "after", "match", "global_config", "test_config", "task", "command", "shell", "early_stop")
 STAGE_SEPARATOR = "."  # between a stage's name and its run's name in the run's folder name
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
@@ -58,6 +58,7 @@ class Stage:
     match: tuple[str, ...] | None = None  # the keys compared with each stage in `after` (None: those both sweep)
     task_ref: str | type | None = None  # 'package.module:Class', or the class itself (Python configs)
     command: Any = None
+    early_stop: Any = None  # its early_stop value as written (checked by tuning/stopping.parse_early_stop)
     shell: bool | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # as written (for the ledger's record of the sweep)
     fewest_dependencies: int = 0  # of any of its runs (`{dep_dir}` needs every run to have exactly one)
@@ -165,6 +166,7 @@ def parse_stages(
                 task_ref=task,
                 command=copy.deepcopy(item.get("command")),
                 shell=shell,
+                early_stop=copy.deepcopy(item.get("early_stop")),
                 raw=copy.deepcopy(dict(item)),  # a task given as a class makes the record None
             )
         )

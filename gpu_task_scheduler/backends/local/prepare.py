@@ -25,7 +25,7 @@ from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
 from ...records.paths import RunPaths, atomic_write, atomic_write_json, open_regular
 from ...records.protocol import RunStart
-from ...reporting import METRICS_ENV
+from ...reporting import METRICS_ENV, PRUNE_ENV
 from ...sweep.expand import RunSpec
 
 # The child starts our runner even when this package is not installed but only
@@ -184,6 +184,7 @@ def run_identity(spec: RunSpec, attempt: int) -> dict[str, str]:
         "GTS_RUN_INDEX": str(spec.index),
         "GTS_ATTEMPT": str(attempt),
         METRICS_ENV: RunPaths(work_dir, None).metrics,
+        PRUNE_ENV: RunPaths(work_dir, None).pruned,
     }
     if spec.stage is not None:
         identity["GTS_STAGE"] = spec.stage
@@ -222,10 +223,11 @@ def prepare(
         raise LaunchError(f"the run folder is not safe to use: {problem}")
     try:
         os.makedirs(paths.meta, exist_ok=True)
-        try:
-            os.unlink(paths.outcome)
-        except FileNotFoundError:
-            pass
+        for stale in (paths.outcome, paths.pruned):  # an earlier attempt's end is not this one's
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
         _rotate_log(paths, attempt)
         if paths.log and os.path.dirname(paths.log) != paths.work_dir:  # a log_file in a subfolder
             os.makedirs(os.path.dirname(paths.log), exist_ok=True)

@@ -40,6 +40,7 @@ from typing import Any
 # imported up front: nothing slow may stand between main() and its record
 from ...records.paths import MAX_INLINE_RESULT, atomic_write
 from ...records.protocol import RESULT_FILE, Outcome, RunStart
+from ...reporting import Pruned, pruned_cause
 from .proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 
 EXIT_OK = 0
@@ -381,11 +382,18 @@ def _run(spec_path: str) -> int:
         _RECORDING.acquire()
         result = None  # sys.exit(0) inside main() is a successful end
     except BaseException as error:
-        _write_outcome(spec, _error("main", error))
-        _print_traceback(error)
+        pruned = pruned_cause()
+        _write_outcome(spec, {**_error("main", error), **({"pruned": pruned} if pruned else {})})
+        if pruned is not None and isinstance(error, Pruned):  # the end early stopping asked for: no traceback
+            print(f"gpu_task_scheduler: stopped early: {pruned}", file=sys.stderr)
+        else:
+            _print_traceback(error)
         return EXIT_FAILED
     try:
-        _record(spec, {"status": "succeeded", **_jsonable_result(spec, result)})
+        pruned = pruned_cause()  # main() caught Pruned (to save, say) and returned
+        _record(
+            spec, {"status": "succeeded", **_jsonable_result(spec, result), **({"pruned": pruned} if pruned else {})}
+        )
     except OSError as error:
         print(f"gpu_task_scheduler: could not record the run's success: {error}", file=sys.stderr)
         return EXIT_OUTCOME_ERROR

@@ -1,0 +1,186 @@
+"""The sweep's early_stop rules at work: what running runs report, fed to the rules as it arrives.
+
+The rules (``tuning/stopping.py``) are pure; this module keeps what they decide
+over, reads the runs' metrics files, and writes every verdict to the ledger
+before the loop acts on it, so that a restarted scheduler decides as the one
+before it did:
+
+* ASHA's value of each run at each rung it reached is a verdict row. A run that
+  resumes after an interruption has its rungs already: it is not judged at one
+  of them twice. A run the rule stopped is settled ``pruned`` by the next start
+  (``records/prior.settle_running``), even if the scheduler was killed before
+  the run's end was recorded.
+* The median rule decides over whole curves: they are read again from the
+  runs' metrics files when the scheduler starts.
+
+Reading costs one ``open`` of each running run's metrics file per look (the
+loop looks every :data:`LOOK_INTERVAL` seconds while a run with a rule is
+running, less often when many are) and the bytes that are new; the same on a shared file system (Ray),
+where change notification does not reach the machine that watches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..records.ledger import Ledger, pruned_cause
+from ..records.metrics import MetricsReader, read_all
+from ..records.paths import RunPaths, UnsafePathError
+from ..sweep.expand import RunSpec, Sweep
+from ..tuning.stopping import Asha, Curve, Median, Rule, Verdict
+
+# Seconds between looks at the running runs' metrics files: 0.1, or 5 ms per watched run when
+# more run at once (at most 200 opens a second, also on a slow shared file system).
+LOOK_INTERVAL = 0.1
+LOOK_PER_RUN = 0.005
+
+
+@dataclass
+class _Watched:
+    spec: RunSpec
+    rule: Rule
+    reader: MetricsReader
+    stopped: bool = False  # the rule stopped it: what it reports after that counts for nothing
+
+
+class Stopper:
+    def __init__(self, sweep: Sweep, ledger: Ledger, root: str) -> None:
+        self._rules = sweep.stopping
+        self._unjudged = sweep.unjudged
+        self._ledger = ledger
+        self._watched: dict[str, _Watched] = {}
+        # ASHA, per stage: rung -> {run: its value there}; and per run: the rungs it has a value at.
+        self._rungs: dict[str | None, dict[float, dict[str, float]]] = {}
+        self._reached: dict[str, dict[float, float]] = {}
+        # The median rule, per stage: run -> its curve of the metric.
+        self._curves: dict[str | None, dict[str, Curve]] = {}
+        self._restore(root)
+
+    @property
+    def watching(self) -> bool:
+        return bool(self._watched)
+
+    @property
+    def interval(self) -> float:
+        """Seconds until the next look at the running runs' metrics files."""
+        return max(LOOK_INTERVAL, LOOK_PER_RUN * len(self._watched))
+
+    # --- what was recorded before this start ---------------------------------------
+
+    def _restore(self, root: str) -> None:
+        stages = {}
+        for record in self._ledger.iter_records():
+            stages[record.name] = record.stage
+            rule = self._rules.get(record.stage)
+            if isinstance(rule, Median):
+                try:
+                    path = RunPaths.recorded(root, record.name).metrics
+                except UnsafePathError:
+                    continue
+                reader = read_all(path, keep_points=True)
+                curve = self._curves.setdefault(record.stage, {}).setdefault(record.name, Curve())
+                for step, metrics in reader.points or ():
+                    if rule.metric in metrics:
+                        curve.add(step, metrics[rule.metric], rule)
+        for name, rung, _step, value, _stop, _cause in self._ledger.verdicts():
+            if isinstance(self._rules.get(stages.get(name)), Asha):
+                self._note_rung(stages.get(name), name, rung, value)
+
+    def _note_rung(self, stage: str | None, name: str, rung: float, value: float) -> None:
+        self._rungs.setdefault(stage, {}).setdefault(rung, {})[name] = value
+        self._reached.setdefault(name, {})[rung] = value
+
+    def _forget_rungs(self, name: str) -> None:
+        for rung in self._reached.pop(name, {}):
+            for table in self._rungs.values():
+                table.get(rung, {}).pop(name, None)
+
+    # --- running runs ----------------------------------------------------------------
+
+    def watch(self, spec: RunSpec, paths: RunPaths) -> None:
+        """A run of a stage with a rule started (its metrics file is new: an earlier attempt's was moved)."""
+        rule = self._rules.get(spec.stage)
+        if rule is None:
+            return
+        self._watched[spec.name] = _Watched(spec, rule, MetricsReader(paths.metrics, keep_points=True))
+        if isinstance(rule, Asha):  # what the ledger keeps of it now (dropped if it starts afresh)
+            self._forget_rungs(spec.name)
+            for name, rung, _step, value, _stop, _cause in self._ledger.verdicts(spec.name):
+                self._note_rung(spec.stage, name, rung, value)
+        else:
+            self._curves.setdefault(spec.stage, {})[spec.name] = Curve()
+
+    def look(self, name: str) -> Verdict | None:
+        """Read what ``name`` reported since the last look; the verdict that stops it, if one does
+        (written to the ledger, not yet committed)."""
+        watched = self._watched.get(name)
+        if watched is None or watched.stopped:
+            return None
+        verdict = self._read(watched, judge=name not in self._unjudged)
+        watched.stopped = verdict is not None
+        return verdict
+
+    def ended(self, name: str) -> None:
+        """The run ended: what it reported last still counts for the others (ASHA's rungs, the
+        median rule's curves), but nothing it reported can stop it now. What a run the rule
+        stopped reported after that (until it saw it was stopped) counts for nothing: the rule's
+        tables stay what they would be had it stopped at once."""
+        watched = self._watched.pop(name, None)
+        if watched is not None and not watched.stopped:  # a stopped run's last reports came too late
+            self._read(watched, judge=False)
+
+    def _read(self, watched: _Watched, *, judge: bool) -> Verdict | None:
+        reader, rule = watched.reader, watched.rule
+        reader.read()
+        points = [(step, metrics[rule.metric]) for step, metrics in reader.points or () if rule.metric in metrics]
+        if reader.points:
+            reader.points.clear()  # the rules keep what they need; the reader keeps nothing
+        if not points:
+            return None
+        if isinstance(rule, Asha):
+            return self._asha(watched.spec, rule, points, judge=judge)
+        assert isinstance(rule, Median)
+        return self._median(watched.spec, rule, points, judge=judge)
+
+    def _asha(self, spec: RunSpec, rule: Asha, points: Iterable[tuple[float, float]], *, judge: bool) -> Verdict | None:
+        table = self._rungs.setdefault(spec.stage, {})
+        reached = self._reached.setdefault(spec.name, {})
+        for step, value in points:
+            rung = rule.rung_for(step, reached)
+            if rung is None:
+                continue
+            others = [v for run, v in table.get(rung, {}).items() if run != spec.name]
+            verdict = rule.judge(rung, step, value, others)
+            stop = verdict.stop and judge
+            self._note_rung(spec.stage, spec.name, rung, value)
+            self._ledger.record_verdict(
+                spec.name, rung=rung, step=step, value=value, stop=stop, cause=verdict.cause if stop else ""
+            )
+            if stop:
+                return verdict
+        return None
+
+    def _median(
+        self, spec: RunSpec, rule: Median, points: Iterable[tuple[float, float]], *, judge: bool
+    ) -> Verdict | None:
+        curves = self._curves.setdefault(spec.stage, {})
+        curve = curves.setdefault(spec.name, Curve())
+        for step, value in points:
+            curve.add(step, value, rule)
+        if not judge or curve.best is None or curve.last_step is None:
+            return None
+        # Judged at the last point of each look (a few times a second), so that what a decision
+        # costs does not grow with how often the run reports.
+        step = curve.last_step
+        others = [c for run, c in curves.items() if run != spec.name]
+        verdict = rule.judge(step, value, curve.best, others)
+        if verdict.stop:
+            self._ledger.record_verdict(spec.name, rung=step, step=step, value=value, stop=True, cause=verdict.cause)
+            return verdict
+        return None
+
+
+def cause_of(verdict: Verdict) -> str:
+    """``pruned at step 3: loss 1.92, rung cutoff 0.87``."""
+    return pruned_cause(verdict.step, verdict.cause)

@@ -1,0 +1,2 @@
+"""What runs next and when a run stops: the sweep's decisions that go beyond a fixed list
+(``stopping.py``: early stopping rules)."""

@@ -1,0 +1,235 @@
+"""When a run stops early: the rules, as pure decisions over recorded values.
+
+A config names one rule per sweep (or per stage) with its ``early_stop`` key::
+
+    early_stop: {method: asha, metric: loss, mode: min, min_step: 1, max_step: 27, reduction_factor: 3}
+    early_stop: {method: median, metric: loss, mode: min, min_step: 5, min_runs: 3}
+
+* :class:`Asha`: asynchronous successive halving, the stopping variant (Li et al.,
+  MLSys 2020). Its rungs are the steps ``min_step * reduction_factor**k`` below
+  ``max_step``. The first time a run reports a step at or past a rung it has no
+  value at, its value there is recorded, and it goes on only if that value is
+  within the best ``1/reduction_factor`` of the values the other runs recorded
+  at that rung so far (the ``1/reduction_factor`` quantile, linearly
+  interpolated). The first run at a rung always goes on: nobody waits for a
+  rung to fill.
+* :class:`Median`: the median stopping rule (Golovin et al., "Google Vizier",
+  KDD 2017). At a step ``t >= min_step``, a run stops when its best value so
+  far is worse than the median of the other runs' running averages at ``t``
+  (the mean of what each reported up to ``t``), counting only the runs that
+  reached ``t``, once at least ``min_runs`` of them did.
+
+A run at or past ``max_step`` is never stopped. Nothing here reads a file or
+the clock: the engine (``engine/stopper.py``) feeds the values and keeps the
+state that makes decisions survive a restart; the tests feed tables.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, unknown_key_message
+
+METHODS = ("asha", "median")
+_KEYS = {
+    "asha": ("method", "metric", "mode", "min_step", "max_step", "reduction_factor"),
+    "median": ("method", "metric", "mode", "min_step", "max_step", "min_runs"),
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A rule's word on a run at ``step``: go on, or stop (``stop``), and why (``cause``)."""
+
+    stop: bool
+    step: float
+    value: float
+    cause: str = ""
+    rung: float | None = None  # ASHA: the rung at which the value was recorded
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile of ``values``, linearly interpolated between the closest ranks.
+
+    >>> quantile([4.0, 1.0, 3.0, 2.0], 1 / 3)
+    2.0
+    >>> quantile([1.0, 2.0], 0.5)
+    1.5
+    """
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def _g(value: float) -> str:
+    return f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    metric: str
+    mode: str  # "min" or "max"
+    min_step: float
+    max_step: float | None
+
+    def worse(self, value: float, than: float) -> bool:
+        return value > than if self.mode == "min" else value < than
+
+    def best(self, values: Sequence[float]) -> float:
+        return min(values) if self.mode == "min" else max(values)
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Asha(Rule):
+    reduction_factor: float = 3.0
+
+    @property
+    def rungs(self) -> list[float]:
+        """The rung steps, lowest first (``max_step`` is no rung: a run there is never stopped)."""
+        rungs, step = [], float(self.min_step)
+        assert self.max_step is not None
+        while step < self.max_step:
+            rungs.append(step)
+            step *= self.reduction_factor
+        return rungs
+
+    def rung_for(self, step: float, recorded: Mapping[float, Any]) -> float | None:
+        """The rung a report at ``step`` records a value at: the highest one at or below ``step``,
+        if the run has no value there yet (``recorded``: its rungs so far). None: no rung to record."""
+        assert self.max_step is not None
+        if step >= self.max_step:
+            return None
+        for rung in reversed(self.rungs):
+            if rung <= step:
+                return None if rung in recorded else rung
+        return None
+
+    def judge(self, rung: float, step: float, value: float, others: Sequence[float]) -> Verdict:
+        """The verdict for a value first recorded at ``rung`` (reported at ``step``), given the
+        values other runs recorded at that rung before it."""
+        if not others:
+            return Verdict(False, step, value, rung=rung)
+        best_share = 1 / self.reduction_factor
+        cutoff = quantile(others, best_share if self.mode == "min" else 1 - best_share)
+        if self.worse(value, cutoff):
+            cause = f"{self.metric} {_g(value)}, rung cutoff {_g(cutoff)}"
+            return Verdict(True, step, value, cause, rung=rung)
+        return Verdict(False, step, value, rung=rung)
+
+    def describe(self) -> str:
+        rungs = ", ".join(f"{r:g}" for r in self.rungs)
+        return (
+            f"ASHA on {self.mode} {self.metric}: rungs at steps {rungs}, the best 1/{self.reduction_factor:g} "
+            f"go on, none stopped at step {self.max_step:g} or later"
+        )
+
+
+class Curve:
+    """One run's values of the metric, by step, with running sums: the running average up to any
+    step costs a binary search."""
+
+    __slots__ = ("steps", "sums", "best")
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self.sums: list[float] = []
+        self.best: float | None = None
+
+    def add(self, step: float, value: float, rule: Rule) -> None:
+        if self.steps and step < self.steps[-1]:
+            return  # the metrics reader already skips a step that goes back
+        self.steps.append(step)
+        self.sums.append((self.sums[-1] if self.sums else 0.0) + value)
+        self.best = value if self.best is None or rule.worse(self.best, value) else self.best
+
+    @property
+    def last_step(self) -> float | None:
+        return self.steps[-1] if self.steps else None
+
+    def mean_up_to(self, step: float) -> float | None:
+        count = bisect_right(self.steps, step)
+        return self.sums[count - 1] / count if count else None
+
+
+@dataclass(frozen=True)
+class Median(Rule):
+    min_runs: int = 3
+
+    def judge(self, step: float, value: float, best: float, others: Sequence[Curve]) -> Verdict:
+        """The verdict for a run whose best value so far is ``best``, reporting ``value`` at ``step``;
+        ``others``: the other runs' curves."""
+        if step < self.min_step or (self.max_step is not None and step >= self.max_step):
+            return Verdict(False, step, value)
+        averages = [
+            mean
+            for curve in others
+            if curve.last_step is not None and curve.last_step >= step
+            for mean in (curve.mean_up_to(step),)
+            if mean is not None
+        ]
+        if len(averages) < self.min_runs:
+            return Verdict(False, step, value)
+        median = quantile(averages, 0.5)
+        if self.worse(best, median):
+            cause = f"best {self.metric} {_g(best)}, median of {len(averages)} runs {_g(median)}"
+            return Verdict(True, step, value, cause)
+        return Verdict(False, step, value)
+
+    def describe(self) -> str:
+        until = "" if self.max_step is None else f", none stopped at step {self.max_step:g} or later"
+        return (
+            f"the median rule on {self.mode} {self.metric}: from step {self.min_step:g}, once {self.min_runs} "
+            f"other runs got there{until}"
+        )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | None:
+    """The rule an ``early_stop`` value asks for (None for none); ConfigError with the fix otherwise."""
+    if raw is None:
+        return None
+    example = "e.g. {method: asha, metric: loss, mode: min, min_step: 1, max_step: 27}"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a dict, {example}; got {raw!r}")
+    method = raw.get("method")
+    if method not in METHODS:
+        raise ConfigError(f"{where}: method must be one of {', '.join(METHODS)}; got {method!r}")
+    for key in raw:
+        if key not in _KEYS[method]:
+            raise ConfigError(unknown_key_message(f"{where} (method {method})", key, _KEYS[method]))
+    metric = raw.get("metric")
+    if not isinstance(metric, str) or not metric or metric == "step":
+        raise ConfigError(f"{where}: metric must name a reported metric, e.g. loss; got {metric!r}")
+    mode = raw.get("mode")
+    if mode not in ("min", "max"):
+        raise ConfigError(f"{where}: mode must be min (lower is better) or max (higher is better); got {mode!r}")
+    min_step = raw.get("min_step", 1)
+    if not _number(min_step) or min_step <= 0:
+        raise ConfigError(f"{where}: min_step must be a number above 0; got {min_step!r}")
+    max_step = raw.get("max_step")
+    if method == "asha" and max_step is None:
+        raise ConfigError(f"{where}: asha needs max_step, the step at which a run is complete")
+    if max_step is not None and (not _number(max_step) or max_step <= min_step):
+        raise ConfigError(f"{where}: max_step must be a number above min_step ({min_step!r}); got {max_step!r}")
+    common = {"metric": metric, "mode": mode, "min_step": min_step, "max_step": max_step}
+    if method == "asha":
+        factor = raw.get("reduction_factor", 3)
+        if not _number(factor) or factor <= 1 or factor > 1000:
+            raise ConfigError(f"{where}: reduction_factor must be a number above 1 (e.g. 3); got {factor!r}")
+        return Asha(**common, reduction_factor=factor)
+    min_runs = raw.get("min_runs", 3)
+    if not isinstance(min_runs, int) or isinstance(min_runs, bool) or not 1 <= min_runs <= 1_000_000:
+        raise ConfigError(f"{where}: min_runs must be a whole number of at least 1; got {min_runs!r}")
+    return Median(**common, min_runs=min_runs)

@@ -9,6 +9,12 @@ line, with a numeric ``step`` that never goes back and numeric values.
 
 In a ``GPUTask``, ``self.report(step, **metrics)`` is the same call.
 
+Under ASHA, a report at one of its rungs waits (a moment, at most
+``RUNG_WAIT`` seconds) until the scheduler has judged it, so that a run
+the rule stops trains no further step: the scheduler reads the line, then
+writes ``pruned`` (the run stops) or the rung to ``GTS_JUDGED_FILE`` (it
+goes on).
+
 With ``early_stop`` in the config, the scheduler may stop a run early: it
 writes the reason to the file ``GTS_PRUNE_FILE`` names, and the run's next
 ``report()`` raises :class:`Pruned` there (a ``BaseException``, so an
@@ -23,9 +29,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 METRICS_ENV = "GTS_METRICS_FILE"
 PRUNE_ENV = "GTS_PRUNE_FILE"
+# ASHA only: {"metric": "loss", "steps": [1, 3, 9]}, its rungs; and the file in which the scheduler
+# says up to which rung it let the run go on.
+RUNGS_ENV = "GTS_RUNGS"
+JUDGED_ENV = "GTS_JUDGED_FILE"
+RUNG_WAIT = 5.0  # seconds report() waits at a rung for the verdict, at most (then it goes on)
 _CAUSE_BYTES = 4096
 
 
@@ -62,7 +74,41 @@ def report(step: float, **metrics: float) -> None:
         os.write(fd, line.encode())  # one write of one line: lines of concurrent writers never interleave
     finally:
         os.close(fd)
+    _wait_at_a_rung(step, metrics)
     _raise_if_pruned()
+
+
+_rungs: tuple[str, list[float]] | None = None  # (metric, rung steps), read once
+_passed = float("-inf")  # the step reported last, past which rungs are waited at
+
+
+def _wait_at_a_rung(step: float, metrics: dict[str, float]) -> None:
+    global _rungs, _passed
+    if _rungs is None:
+        _rungs = _read_rungs()
+    metric, steps = _rungs
+    rung = max((r for r in steps if _passed < r <= step), default=None)
+    _passed = max(_passed, step)
+    if rung is None or metric not in metrics:
+        return
+    judged_file, marker = os.environ.get(JUDGED_ENV, ""), os.environ.get(PRUNE_ENV, "")
+    deadline = time.monotonic() + RUNG_WAIT
+    while time.monotonic() < deadline and not os.path.exists(marker):
+        try:
+            with open(judged_file, "rb") as handle:
+                if float(handle.read(64)) >= rung:
+                    return
+        except (OSError, ValueError):
+            pass  # not judged yet (or a half-read number: read again)
+        time.sleep(0.005)
+
+
+def _read_rungs() -> tuple[str, list[float]]:
+    try:
+        value = json.loads(os.environ.get(RUNGS_ENV) or "null")
+        return str(value["metric"]), [float(step) for step in value["steps"]]
+    except (ValueError, TypeError, KeyError):
+        return "", []
 
 
 def _raise_if_pruned() -> None:

@@ -331,3 +331,53 @@ def test_the_curves_of_pruned_runs_end_where_they_stopped_and_are_plotted(in_tmp
     assert (last_step[status == "pruned"] < 27).all() and (last_step[status == "succeeded"] == 27).all()
     assert gts(["plot", str(root), "--curves", "loss", "--by", "decay", "-o", str(in_tmp / "c.png")]) == 0
     assert (in_tmp / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_stopped_at_a_rung_trains_no_further_step(in_tmp):
+    root = in_tmp / "r"
+    config = _curve_sweep(root)
+    config["test_config"] = [{"start": [0.5, 1.0], "floor": [0.1], "decay": [0.8]}]
+    summary = GPUTaskScheduler(config, tasks.CurveTask).start()
+    worse = "decay-0.8,floor-0.1,start-1.0,"
+    assert summary.outcomes[worse].status is RunStatus.PRUNED
+    lines = journal_lines(str(root) + ".journal")
+    # report() at rung 1 waited for the verdict: the run never began its second step
+    assert [line for line in lines if line.endswith(f" {worse}")] == [
+        f"start {worse}",
+        f"step1 {worse}",
+        f"pruned {worse}",
+    ]
+
+
+def test_a_resumed_run_is_not_judged_again_at_a_rung_it_passed(in_tmp):
+    from gpu_task_scheduler.reporting import RUNG_WAIT
+
+    root = in_tmp / "r"
+    config = _curve_sweep(root)
+    config["test_config"] = [{"start": [0.5, 1.0], "floor": [0.1], "decay": [0.8]}]
+    GPUTaskScheduler(config, tasks.CurveTask).start()
+    run = "decay-0.8,floor-0.1,start-0.5,"
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:  # as if its sweep had been stopped at step 2
+        db.execute("UPDATE runs SET status = 'interrupted' WHERE name = ?", (run,))
+        before = db.execute("SELECT rung, value FROM verdicts WHERE name = ? ORDER BY rung", (run,)).fetchall()
+    summary = GPUTaskScheduler(config, tasks.CurveTask).start()
+    assert summary.outcomes[run].status is RunStatus.SUCCEEDED
+    assert summary.outcomes[run].duration < RUNG_WAIT  # told at once that it had passed its rungs
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        after = db.execute("SELECT rung, value FROM verdicts WHERE name = ? ORDER BY rung", (run,)).fetchall()
+    assert after == before
+    assert [rung for rung, _ in after] == [1.0, 3.0, 9.0]
+    assert [value for _, value in after] == pytest.approx([0.1 + 0.4 * 0.8**step for step in (1, 3, 9)])
+
+
+def test_a_median_sweep_stops_runs_behind_the_median_of_the_others(in_tmp):
+    root = in_tmp / "r"
+    rule = {"method": "median", "metric": "loss", "mode": "min", "min_step": 3, "min_runs": 2}
+    summary = GPUTaskScheduler(_curve_sweep(root, early_stop=rule), tasks.CurveTask).start()
+    assert summary.ok and summary.pruned
+    assert summary.outcomes["decay-0.5,floor-0.1,start-1.0,"].status is RunStatus.SUCCEEDED  # the best
+    for outcome in summary.pruned:
+        assert outcome.cause.startswith("pruned at step ") and ", median of " in outcome.cause
+    assert {o.name for o in summary.pruned} == {
+        name for name, row in ledger_rows(root).items() if row["status"] == "pruned"
+    }

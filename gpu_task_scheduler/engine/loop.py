@@ -362,22 +362,27 @@ class Scheduler:
                 verdict = self._stopper.look(active.spec.name)
                 if verdict is not None:
                     self._prune(active, cause_of(verdict))
+                elif (rung := self._stopper.take_judged(active.spec.name)) is not None:
+                    self._tell(active, active.paths.judged, repr(rung))
+
+    def _tell(self, active: _Active, path: str, text: str) -> bool:
+        """Write one of the files the scheduler tells a running run something through (atomically,
+        never through a link the run planted)."""
+        if active.paths.unsafe() is not None:
+            return False
+        try:
+            atomic_write(path, text.encode("utf-8"), durable=False)
+        except OSError as error:
+            logger.warning("%s: could not write %s (%s)", active.spec.name, path, error)
+            return False
+        return True
 
     def _prune(self, active: _Active, cause: str) -> None:
         """Stop a run early: a Python run's next report() raises Pruned (SIGTERM after the grace
         period if it does not report again); a command gets SIGTERM now."""
         self._records.ledger.commit()  # the verdict is on disk before anything acts on it
         logger.info("%s is stopped early: %s", active.spec.name, cause)
-        marked = False
-        if active.paths.unsafe() is None:
-            try:
-                atomic_write(active.paths.pruned, cause.encode("utf-8"), durable=False)
-                marked = True
-            except OSError as error:
-                logger.warning(
-                    "%s: could not write %s (%s); stopping it now", active.spec.name, active.paths.pruned, error
-                )
-        if marked and active.handle.reports_outcome:
+        if self._tell(active, active.paths.pruned, cause) and active.handle.reports_outcome:
             active.stopped = (RunStatus.PRUNED, cause)
             active.deadline = None
             active.term_at = self._clock() + self.options.grace_period

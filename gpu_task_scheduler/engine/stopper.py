@@ -42,6 +42,7 @@ class _Watched:
     rule: Rule
     reader: MetricsReader
     stopped: bool = False  # the rule stopped it: what it reports after that counts for nothing
+    judged: float | None = None  # ASHA: the highest rung it went on from, not yet told to the run
 
 
 class Stopper:
@@ -108,6 +109,8 @@ class Stopper:
             self._forget_rungs(spec.name)
             for name, rung, _step, value, _stop, _cause in self._ledger.verdicts(spec.name):
                 self._note_rung(spec.stage, name, rung, value)
+            reached = self._reached.get(spec.name)
+            self._watched[spec.name].judged = max(reached) if reached else None  # resumed: judged there
         else:
             self._curves.setdefault(spec.stage, {})[spec.name] = Curve()
 
@@ -120,6 +123,15 @@ class Stopper:
         verdict = self._read(watched, judge=name not in self._unjudged)
         watched.stopped = verdict is not None
         return verdict
+
+    def take_judged(self, name: str) -> float | None:
+        """The highest ASHA rung ``name`` went on from since the last call, to tell the run (a Python
+        run's ``report()`` waits at a rung until it knows, so that it trains no step it may not need)."""
+        watched = self._watched.get(name)
+        if watched is None:
+            return None
+        judged, watched.judged = watched.judged, None
+        return judged
 
     def ended(self, name: str) -> None:
         """The run ended: what it reported last still counts for the others (ASHA's rungs, the
@@ -139,11 +151,14 @@ class Stopper:
         if not points:
             return None
         if isinstance(rule, Asha):
-            return self._asha(watched.spec, rule, points, judge=judge)
+            return self._asha(watched, rule, points, judge=judge)
         assert isinstance(rule, Median)
         return self._median(watched.spec, rule, points, judge=judge)
 
-    def _asha(self, spec: RunSpec, rule: Asha, points: Iterable[tuple[float, float]], *, judge: bool) -> Verdict | None:
+    def _asha(
+        self, watched: _Watched, rule: Asha, points: Iterable[tuple[float, float]], *, judge: bool
+    ) -> Verdict | None:
+        spec = watched.spec
         table = self._rungs.setdefault(spec.stage, {})
         reached = self._reached.setdefault(spec.name, {})
         for step, value in points:
@@ -159,6 +174,7 @@ class Stopper:
             )
             if stop:
                 return verdict
+            watched.judged = rung
         return None
 
     def _median(

@@ -15,6 +15,7 @@
             .gts/lease           renewed while a run on another machine lives (lease.py)
             .gts/metrics.jsonl   what the run reports as it trains (metrics.py)
             .gts/pruned          why the scheduler stopped the run early (early_stop)
+            .gts/judged          the last ASHA rung at which the run was let go on
             .gts/result.json     what main() returned, when it is over 1 MiB of JSON
             .gts/logs/           logs of earlier attempts
 
@@ -287,6 +288,12 @@ class RunPaths:
         return os.path.join(self.meta, "pruned")
 
     @property
+    def judged(self) -> str:
+        """The highest ASHA rung the scheduler judged the run at and let it go on (``report()`` waits
+        for it at a rung)."""
+        return os.path.join(self.meta, "judged")
+
+    @property
     def lease(self) -> str:
         """The attempt's lease, kept by a run on another machine (see lease.py)."""
         return os.path.join(self.meta, "lease")
@@ -308,7 +315,7 @@ class RunPaths:
             folders, files = [self.work_dir, self.meta], [self.outcome]
         else:
             folders = [self.work_dir, self.meta, self.old_logs]
-            files = [self.config, self.task, self.spec, self.outcome, self.metrics, self.pruned]
+            files = [self.config, self.task, self.spec, self.outcome, self.metrics, self.pruned, self.judged]
         if self.log and not records_only:
             relative = os.path.relpath(self.log, self.work_dir)
             parts = relative.split(os.sep)

@@ -184,6 +184,7 @@ class RunSpec:
     stage: str | None = None  # its stage's name, in a config with stages
     after: tuple[str, ...] = ()  # the names of the runs it waits for (earlier stages' runs)
     program: str | None = None  # what it runs (Sweep.programs): a change of it is a config change
+    early_stop: Rule | None = None  # its stage's early_stop rule (an ASHA run's report() waits at its rungs)
 
 
 # ``foreign(name, params, index)``: does the result root record the folder ``name`` for
@@ -492,6 +493,7 @@ class Sweep:
         for stage in self.stages:
             prefix = stage.run_name
             program = self.programs.get(stage.name)
+            rule = self.stopping.get(stage.name)
             global_pieces = {key: _hash_piece(key, value) for key, value in stage.global_config.items()}
             copy_global = (
                 copy.deepcopy
@@ -551,6 +553,7 @@ class Sweep:
                         stage=stage.name,
                         after=after,
                         program=program,
+                        early_stop=rule,
                     )
                     index += 1
                 block_index += 1

@@ -27,6 +27,7 @@ state that makes decisions survive a restart; the tests feed tables.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -135,13 +136,14 @@ class Asha(Rule):
 
 class Curve:
     """One run's values of the metric, by step, with running sums: the running average up to any
-    step costs a binary search."""
+    step costs a binary search. Kept as arrays of doubles (16 bytes a point), as the median rule
+    needs every run's whole curve."""
 
     __slots__ = ("steps", "sums", "best")
 
     def __init__(self) -> None:
-        self.steps: list[float] = []
-        self.sums: list[float] = []
+        self.steps = array("d")
+        self.sums = array("d")
         self.best: float | None = None
 
     def add(self, step: float, value: float, rule: Rule) -> None:

@@ -25,8 +25,9 @@ from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
 from ...records.paths import RunPaths, atomic_write, atomic_write_json, open_regular
 from ...records.protocol import RunStart
-from ...reporting import METRICS_ENV, PRUNE_ENV
+from ...reporting import JUDGED_ENV, METRICS_ENV, PRUNE_ENV, RUNGS_ENV
 from ...sweep.expand import RunSpec
+from ...tuning.stopping import Asha
 
 # The child starts our runner even when this package is not installed but only
 # importable from the launcher's sys.path; appending keeps the child's own
@@ -186,6 +187,9 @@ def run_identity(spec: RunSpec, attempt: int) -> dict[str, str]:
         METRICS_ENV: RunPaths(work_dir, None).metrics,
         PRUNE_ENV: RunPaths(work_dir, None).pruned,
     }
+    if isinstance(spec.early_stop, Asha):  # report() waits at its rungs for the verdict
+        identity[RUNGS_ENV] = json.dumps({"metric": spec.early_stop.metric, "steps": spec.early_stop.rungs})
+        identity[JUDGED_ENV] = RunPaths(work_dir, None).judged
     if spec.stage is not None:
         identity["GTS_STAGE"] = spec.stage
         # One per line: a folder name may hold ':' or ' ', never a newline (naming.py escapes it).
@@ -223,7 +227,7 @@ def prepare(
         raise LaunchError(f"the run folder is not safe to use: {problem}")
     try:
         os.makedirs(paths.meta, exist_ok=True)
-        for stale in (paths.outcome, paths.pruned):  # an earlier attempt's end is not this one's
+        for stale in (paths.outcome, paths.pruned, paths.judged):  # an earlier attempt's end is not this one's
             try:
                 os.unlink(stale)
             except FileNotFoundError:

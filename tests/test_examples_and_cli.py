@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ledger_rows
 
 from gpu_task_scheduler import lazy_import
 from gpu_task_scheduler.cli.main import main as gts_main
@@ -149,3 +150,33 @@ def test_the_readme_stages_example_is_the_config_file_and_runs(in_tmp):
     )
     rows = json.loads(table.stdout)
     assert len(rows) == 8 and all(row["stage"] == "eval" and 0 < row["result.accuracy"] < 1 for row in rows)
+
+
+def test_the_early_stop_example_prunes_saves_and_runs_nothing_again(in_tmp):
+    (in_tmp / "configs").mkdir()
+    (in_tmp / "examples").mkdir()
+    for path in ("configs/early_stop.yaml", "examples/curve_train.py"):
+        (in_tmp / path).write_text(open(os.path.join(REPO, path), encoding="utf-8").read())
+    gts = [sys.executable, "-m", "gpu_task_scheduler"]
+    run = subprocess.run(
+        gts + ["run", "configs/early_stop.yaml", "--plain"],
+        cwd=str(in_tmp),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "stopped early, 0 skipped" in run.stderr
+    rows = ledger_rows(in_tmp / "results" / "early_stop")
+    pruned = [name for name, row in rows.items() if row["status"] == "pruned"]
+    assert pruned and len(pruned) < 12 and {row["status"] for row in rows.values()} == {"pruned", "succeeded"}
+    for name in pruned:  # SIGTERM reached the script, which saved before it ended
+        assert (in_tmp / "results" / "early_stop" / name / "checkpoint.json").exists()
+    again = subprocess.run(
+        gts + ["run", "configs/early_stop.yaml", "--plain"],
+        cwd=str(in_tmp),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0 and "0 succeeded, 0 failed, 12 skipped" in again.stderr

@@ -21,8 +21,9 @@ from gpu_task_scheduler import Pruned, report
 
 
 def loss_at(lr: float, width: int, epoch: int) -> float:
-    rate = 0.4 * (lr / 0.001) ** 0.3 * (1 + width / 4096)
-    floor = 0.12 + 0.2 * abs(math.log10(lr / 0.03)) ** 1.5 + 0.05 * abs(math.log2(width / 512)) / 4
+    speed = math.log(0.3 / lr) / math.log(10**0.5)  # 0 for lr 0.3, 1 for 0.1, 2 for 0.03, ...
+    rate = 1.2 * 0.7**speed * (1 + 0.05 * math.log2(width / 128))
+    floor = 0.12 + 0.08 * abs(speed - 2.5) ** 1.5 + 0.02 * abs(math.log2(width / 512))
     return floor + (1.0 - floor) * math.exp(-rate * epoch)
 
 

@@ -40,6 +40,9 @@ setup(
         "interactive": ["cloudpickle>=2.0"],
         # Sweeps over the GPUs of several machines (backend: ray; see backends/ray/).
         "ray": ["ray>=2.10"],
+        # Adaptive search (search: {sampler: tpe | cmaes | qmc}): Optuna's samplers, imported
+        # only by a sweep that asks for one; sampler: random needs nothing.
+        "search": ["optuna>=3.6", "cmaes>=0.10"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",
@@ -49,6 +52,8 @@ setup(
             "matplotlib>=3.5",
             "cloudpickle>=2.0",
             "ray>=2.10",
+            "optuna>=3.6",
+            "cmaes>=0.10",
             "ruff>=0.6",
             "mypy>=1.10",
         ],

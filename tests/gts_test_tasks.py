@@ -503,3 +503,32 @@ class CurveTask(GPUTask):
             raise
         journal(self._config, "end", self._work_dir)
         return {"loss": curve_value(self._config, self._config["steps"])}
+
+
+def branin(x1, x2):
+    """The Branin function: minimum 0.397887 at (-pi, 12.275), (pi, 2.275) and (9.42478, 2.475)."""
+    import math
+
+    b, c, t = 5.1 / (4 * math.pi**2), 5 / math.pi, 1 / (8 * math.pi)
+    return (x2 - b * x1**2 + c * x1 - 6) ** 2 + 10 * (1 - t) * math.cos(x1) + 10
+
+
+class BraninTask(GPUTask):
+    """Returns {"value": branin(x1, x2)}; fails when x1 is below config["fail_below"]; sleeps
+    config["sleep"]; journals its start and end; with config["report"], only reports the value (at
+    steps 1 and 2, config["hold"] seconds apart)."""
+
+    def main(self):
+        journal(self._config, "start", self._work_dir)
+        time.sleep(self._config.get("sleep", 0))
+        x1, x2 = self._config["x1"], self._config["x2"]
+        if x1 < self._config.get("fail_below", float("-inf")):
+            raise ValueError(f"x1={x1} is below fail_below")
+        value = branin(x1, x2)
+        journal(self._config, "end", self._work_dir)
+        if self._config.get("report"):  # two steps of the same value, "hold" seconds apart
+            self.report(1, value=value)
+            time.sleep(self._config.get("hold", 0))
+            self.report(2, value=value)
+            return None
+        return {"value": value}

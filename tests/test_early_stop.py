@@ -292,6 +292,8 @@ def test_a_pruned_run_blocks_the_runs_that_depend_on_it(in_tmp):
         assert blocked.status is RunStatus.BLOCKED
         assert f"{outcome.name} was stopped early (pruned at step" in blocked.cause
     assert not any(o.status is RunStatus.PRUNED for o in summary.outcomes.values() if o.name.startswith("eval."))
+    again = GPUTaskScheduler(config, tasks.CurveTask).start()  # the pruned runs are skipped, and still block
+    assert {o.name for o in again.blocked} == {o.name for o in summary.blocked} and not again.succeeded
 
 
 def test_a_run_the_rule_stopped_before_its_scheduler_was_killed_is_settled_pruned(in_tmp):

@@ -150,6 +150,44 @@ def test_sigkill_with_early_stopping_repeats_no_pruned_run_and_prunes_the_same_r
         assert lines.count(f"end {name}") == 1
 
 
+def test_a_tpe_search_killed_twice_ends_with_exactly_its_budget(in_tmp, no_leaked_processes):
+    optuna = pytest.importorskip("optuna")
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(
+        root,
+        [{"x1": {"uniform": [-5, 10]}, "x2": {"uniform": [0, 15]}}],
+        slots=("cpu",) * 4,
+        global_config={"journal": journal, "sleep": 0.1},
+        scheduler_log_file_path=None,
+    )
+    config["search"] = {"sampler": "tpe", "n_runs": 40, "seed": 0, "metric": "value", "mode": "min"}
+    for at_least in (8, 20):  # kill -9 once some runs ended, then again later
+        scheduler = launch(config, "BraninTask")
+        wait_until(
+            lambda at_least=at_least: sum(line.startswith("end ") for line in journal_lines(journal)) >= at_least,
+            timeout=60,
+            message=f"{at_least} runs to end",
+        )
+        scheduler.kill()
+        finish(scheduler)
+        wait_until(lambda: not marked_pids(no_leaked_processes), timeout=5, message="the runs to die")
+    last = launch(config, "BraninTask")
+    output = finish(last, timeout=120)
+    assert last.returncode == 0, output
+    rows = ledger_rows(root)
+    assert len(rows) == 40 and {row["status"] for row in rows.values()} == {"succeeded"}
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(root / ".gts" / "optuna.journal"))
+    )
+    trials = optuna.load_study(study_name="gts", storage=storage).trials
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert sorted(t.user_attrs["gts_run"] for t in complete) == sorted(rows)  # each run told once, none lost
+    # A trial asked by a killed scheduler before it had all its values ran nothing: told failed.
+    assert all(t.state.name == "FAIL" and "gts_run" not in t.user_attrs for t in trials if t not in complete)
+    ends = [line.split(" ", 1)[1] for line in journal_lines(journal) if line.startswith("end ")]
+    assert set(ends) == set(rows)
+
+
 def test_ctrl_c_reaches_the_runs_own_subprocesses(in_tmp, no_leaked_processes):
     root = in_tmp / "r"
     scheduler = launch(make_config(root, [{"hang": [True]}], grace_period=5), "GrandchildTask")

@@ -159,6 +159,13 @@ def _dry_run(sweep: Any) -> int:
         for line in last:
             print(line)
     summary = f"{decided} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    if sweep.search is not None:  # its runs are chosen as earlier ones end: only those asked are known
+        from ..sweep.space import describe
+
+        print(summary.replace("runs:", "runs asked so far:") if decided else "no run asked yet")
+        print(f"{sweep.search.describe()}; space: {describe(sweep.space)}")
+        print(f"a start asks for up to {max(0, size - decided)} more run(s)")
+        return EXIT_OK
     if decided < size:
         summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"
     print(summary)

@@ -134,6 +134,8 @@ class Scheduler:
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
                         self._known = RootIndex(ledger, root.root, take_over=take_over)
+                        self.sweep.parallel = len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
+                        self.sweep.lookup = ledger.get
                         self._queue = RunQueue(self.sweep.runs(self._known.foreign))
                         self._waits = Waits(self.sweep, ledger)
                         self.sweep.follow(lambda: self.inbox.put("wake"))
@@ -257,6 +259,8 @@ class Scheduler:
         ok = status is RunStatus.SUCCEEDED
         if self._waits.settle(spec, None if ok else failure_words(status, cause)):
             self._queue.settled(spec.name, ok=ok)
+        if self.sweep.search is not None:  # the sampler learns how it ended
+            self.sweep.settled(spec, status.value, self._records.ledger.get(spec.name))
 
     def _skipped(self, spec: RunSpec) -> bool:
         prior = read_prior(spec, self._known)
@@ -274,7 +278,11 @@ class Scheduler:
             return False
         self._records.skipped(spec, prior, decision, self.setup().free_slot_name())
         if not prior.duplicate:  # a duplicate settles with the earlier run of the same name
-            self._settle(spec, RunStatus.SUCCEEDED)
+            if prior.record is not None and prior.record.status is RunStatus.PRUNED:  # dependents stay blocked
+                full = self._records.ledger.get(spec.name)
+                self._settle(spec, RunStatus.PRUNED, full.cause if full is not None else None)
+            else:
+                self._settle(spec, RunStatus.SUCCEEDED)
         return True
 
     # --- starting and ending runs ----------------------------------------------

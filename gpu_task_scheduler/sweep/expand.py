@@ -10,6 +10,7 @@ never sits in memory.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -24,10 +25,12 @@ from typing import Any
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
+from ..tuning.search import Search, Searcher, Trial, parse_search
 from ..tuning.stopping import Rule, parse_early_stop
 from .files import ConfigSource, load_config
 from .naming import NameRegistry, folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
+from .space import Distribution, is_distribution, parse_space
 from .stages import Dependencies, Stage, parse_stages
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -45,6 +48,7 @@ TOP_LEVEL_KEYS = (
     "command",
     "shell",
     "early_stop",
+    "search",
 )
 
 
@@ -111,6 +115,11 @@ def _values(value: Any, where: str) -> Sequence[Any]:
     hint = f"; write a list of values, e.g. [{value!r}]"
     if isinstance(value, (str, bytes)):
         raise ConfigError(f"{where} is the string {value!r}, not a list of values{hint}")
+    if is_distribution(value):
+        raise ConfigError(
+            f"{where} is a distribution ({value!r}), which only a search samples: add a search section, e.g. "
+            "search: {sampler: random, n_runs: 20, metric: loss, mode: min}, or give a list of values"
+        )
     if isinstance(value, Mapping):
         raise ConfigError(f"{where} is a dict, not a list of values")
     if isinstance(value, (set, frozenset)):
@@ -211,6 +220,11 @@ def _without(characters: Sequence[str], text: str) -> str:
     return text
 
 
+def _display(value: Any) -> str:
+    """A sampled value in a folder name: a float to 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else value_text(value)
+
+
 def _hash_piece(key: str, value: Any) -> str:
     """``"key":value`` as :func:`config_hash` writes it."""
     return f"{json.dumps(key)}:{json.dumps(to_jsonable(value), sort_keys=True, separators=(',', ':'))}"
@@ -273,6 +287,11 @@ class Sweep:
                 "could not find scheduler_config in config; add e.g. {'scheduler_config': {'gpu': ['0']}}"
             )
         self.options: SchedulerOptions = parse_scheduler_config(raw["scheduler_config"])
+        self.search: Search | None = parse_search(raw.get("search"))
+        self.space: dict[str, Distribution] = {}
+        self._space_raw: Any = None
+        if self.search is not None:
+            raw = self._take_space(raw)
         budget = _Budget()
         for section in ("global_config", "test_config", "stages", "command"):
             check_values(raw.get(section), section, budget)
@@ -334,11 +353,39 @@ class Sweep:
         self.programs: dict[str | None, str] = {}
         self.selected: frozenset[str] | None = None  # `gts retry`: only the runs with these names
         self.size = sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
+        if self.search is not None:
+            self.size = self.search.n_runs
+        self.parallel = 1  # runs the engine starts at once (set by it): a search asks no more ahead
+        self.searcher: Searcher | None = None
+        self.live = False  # follow() was called: the engine runs this sweep (a search may ask)
+        self.trial_of: dict[str, int] = {}  # a search's run name -> its (first) trial number
+        self.twins: dict[str, list[int]] = {}  # a run name -> later trials that asked for the same values
+        self.asked = 0  # trials asked, over every start
+        self.in_flight = 0
+        self.lookup: Callable[[str], Any] = lambda name: None  # the ledger's record of a run (set by the engine)
         self.followed = frozenset(other for stage in self.stages for other in stage.after)
         if self.size > sys.maxsize:
             raise ConfigError(
                 f"the sweep has {self.size:.3e} runs, more than any machine can run; check the lists in test_config"
             )
+
+    def _take_space(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """A search's space, checked; the rest of the config sees one representative value a key."""
+        assert self.search is not None
+        if raw.get("stages") is not None:
+            raise ConfigError(
+                "search with stages is not supported yet: search in a config of its own, then run the later "
+                "stages over its result root's runs"
+            )
+        blocks = raw.get("test_config")
+        if not isinstance(blocks, (list, tuple)) or len(blocks) != 1:
+            raise ConfigError(
+                "a search samples one space: give test_config as one block of key -> distribution, e.g. "
+                "[{lr: {loguniform: [1.0e-5, 1.0e-1]}, layers: {int: [2, 8]}}]"
+            )
+        self.space = parse_space(blocks[0])
+        self._space_raw = copy.deepcopy(blocks[0])
+        return {**raw, "test_config": [{key: [d.representative()] for key, d in self.space.items()}]}
 
     def _check_memory_values(self) -> None:
         """Per-run GPU memory needs (``gpu_memory_key``) are checked up front too."""
@@ -458,6 +505,9 @@ class Sweep:
             **(self.task_record or {}),  # none: `gts retry --task` names it
             **({"early_stop": self.early_stop_raw} if self.early_stop_raw is not None else {}),
         }
+        if self.search is not None:
+            config["test_config"] = [self._space_raw]
+            config["search"] = dataclasses.asdict(self.search)
         if self.staged:
             del config["test_config"]
             config["stages"] = [stage.raw for stage in self.stages]
@@ -479,12 +529,28 @@ class Sweep:
 
     def follow(self, wake: Callable[[], None]) -> None:
         """Called as a sweep starts: an open-ended sweep whose ``runs()`` yields :data:`NOT_READY`
-        calls ``wake()`` (from any thread) when its next run is known. A config's sweep never waits."""
+        calls ``wake()`` (from any thread) when its next run is known. A config's sweep never waits
+        (a search waits for its runs to end: the engine's loop goes on by itself then)."""
+        self.live = True
+
+    def settled(self, spec: RunSpec, status: str, record: Any) -> None:
+        """``spec`` will not run again in this start (the engine's word, with its ledger record): a
+        search tells its sampler how it ended (see tuning/search.py)."""
+        if self.search is not None:
+            from ..tuning.search import settled
+
+            settled(self, spec, status, record)
 
     def runs(self, foreign: Foreign | None = None) -> Iterator[RunSpec]:
         """The runs, lazily. ``foreign(name, params, index)`` says whether the result
         root records the folder ``name`` for other values than ``params`` (see
-        :func:`params_text`); such a folder is never given to this run."""
+        :func:`params_text`); such a folder is never given to this run. A search yields
+        the runs it asked so far, and, once the engine runs it (:meth:`follow`), asks for more."""
+        if self.search is not None:
+            from ..tuning.search import search_runs
+
+            yield from search_runs(self, foreign)
+            return
         registry = NameRegistry()
         o = self.options
         root, ignored_characters = o.result_root_folder, o.ignored_characters_for_folder_name
@@ -557,6 +623,47 @@ class Sweep:
                     )
                     index += 1
                 block_index += 1
+
+    def trial_run(self, trial: Trial, registry: NameRegistry, foreign: Foreign | None) -> RunSpec:
+        """The run of a search's trial: its exact values in its config; in its name, floats to 4
+        significant digits (unique: a clash gets a suffix of the exact values' hash)."""
+        o = self.options
+        values = {key: trial.values[key] for key in self.space}
+        merged = copy.deepcopy(self.global_config)
+        merged.update(values)
+        shown = "".join(
+            f"{key}{o.test_config_string_indicator}{_display(value)}{o.test_config_string_separator}"
+            for key, value in values.items()
+            if key not in o.ignored_keys_for_folder_name
+        )
+        wanted = folder_name(_without(o.ignored_characters_for_folder_name, shown))
+        params = params_text(values)
+        digest = config_hash(merged)
+        if trial.name is not None:
+            name = trial.name
+            _, duplicate = registry.assign(name, digest)
+        else:
+            name, duplicate = registry.assign(
+                wanted,
+                digest,
+                suffix=_params_digest(params),
+                foreign=None if foreign is None else _for_params(foreign, params, trial.number),
+            )
+        self.trial_of.setdefault(name, trial.number)
+        return RunSpec(
+            index=trial.number,
+            block=0,
+            test_config=values,
+            config=merged,
+            test_config_string=shown,
+            name=name,
+            work_dir=os.path.join(o.result_root_folder, name),
+            config_hash=digest,
+            duplicate=duplicate,
+            params=params,
+            program=self.programs.get(None),
+            early_stop=self.stopping.get(None),
+        )
 
     def all_test_config_in_string(self) -> str:
         """The original's ``get_all_test_config_in_string()``: raw blocks, as written."""

@@ -28,7 +28,12 @@ from ..errors import ConfigError, unknown_key_message
 from .files import load_yaml
 
 _TOP_VALUES = ("task", "command", "shell")
-_EXAMPLE = {"scheduler_config": "timeout=600", "global_config": "epochs=10"}
+_EXAMPLE = {
+    "scheduler_config": "timeout=600",
+    "global_config": "epochs=10",
+    "search": "n_runs=100",
+    "early_stop": "min_step=3",
+}
 
 
 def split_values(text: str) -> list[str]:
@@ -88,22 +93,39 @@ def _apply(config: dict[str, Any], path: list[str], text: str, add: bool, overri
         return f"{head} = {config[head]!r}"
     if head == "test_config":
         raise ConfigError(f"the override {override!r} names test_config; name the swept key itself (e.g. lr=0.1,0.01)")
-    if head in ("scheduler_config", "global_config") and len(path) == 1:
+    if head in (*_SECTIONS, "global_config") and len(path) == 1:
         raise ConfigError(f"the override {override!r} names {head}; name a key in it (e.g. {head}.{_EXAMPLE[head]})")
     if len(path) > 1 and len(split_values(text)) > 1:
         raise ConfigError(
             f"the override {override!r} gives several values to {'.'.join(path)}, a key inside a dict, which "
             f"is not swept: give one value, or a list as {'.'.join(path)}=[{text}]"
         )
-    if head == "scheduler_config":
+    if head in _SECTIONS:
         section = _section(config, head, override)
         return _set_nested(section, path[1:], _value(text, override), add, override, head)
+    space = _search_space(config)
+    if space is not None and head in space:  # a search's bound: lr.loguniform=[1e-4,1e-2], lr={int: [2, 8]}
+        if len(path) == 1:
+            space[head] = _value(text, override)
+            return f"test_config[0].{head} = {space[head]!r}"
+        return _set_nested(space, path, _value(text, override), add, override, "test_config[0]")
     if head == "global_config":
         path = path[1:]
     if len(path) > 1:
         section = _section(config, "global_config", override)
         return _set_nested(section, path, _value(text, override), add, override, "global_config")
     return _sweep_or_fix(config, path[0], [_value(piece, override) for piece in split_values(text)], add, override)
+
+
+_SECTIONS = ("scheduler_config", "search", "early_stop")  # dicts of settings: a key in them is set, not swept
+
+
+def _search_space(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The one block of a search's test_config, if the config searches."""
+    blocks = config.get("test_config")
+    if "search" not in config or not isinstance(blocks, list) or len(blocks) != 1 or not isinstance(blocks[0], dict):
+        return None
+    return blocks[0]
 
 
 def _section(config: dict[str, Any], name: str, override: str) -> dict[str, Any]:
@@ -133,8 +155,8 @@ def _set_nested(section: dict[str, Any], path: list[str], value: Any, add: bool,
             raise ConfigError(f"the override {override!r}: {where}.{'.'.join(path[: depth + 1])} is not a dict")
     last = path[-1]
     known = last in target
-    if where == "scheduler_config" and len(path) == 1:
-        known = True  # every scheduler key exists (defaults); validation names the unknown ones
+    if where in _SECTIONS and len(path) == 1:
+        known = True  # defaults fill these sections; their validation names an unknown key
     elif not known and not add:
         inside = ".".join([where, *path[:-1]])
         raise ConfigError(unknown_key_message(f"{inside} (override {override!r})", last, list(target)))

@@ -1,0 +1,179 @@
+"""Search spaces: the values a sampler may choose for a key (``search:`` in a config).
+
+In a config with ``search``, a ``test_config`` value is a distribution::
+
+    lr: {loguniform: [1.0e-5, 1.0e-1]}
+    dropout: {uniform: [0.0, 0.5]}
+    layers: {int: [2, 8]}                 # also {int: [16, 512], log: true} or {..., step: 16}
+    optimizer: {choice: [adam, sgd]}      # a plain list means the same
+
+Each is checked here, before anything runs; sampling is ``tuning/search.py``'s.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+KINDS = ("uniform", "loguniform", "int", "choice")
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: float
+    high: float
+
+    def sample(self, rng: random.Random) -> float:
+        return rng.uniform(self.low, self.high)
+
+    def representative(self) -> Any:
+        return self.low
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    low: float
+    high: float
+
+    def sample(self, rng: random.Random) -> float:
+        return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+
+    def representative(self) -> Any:
+        return self.low
+
+
+@dataclass(frozen=True)
+class Int:
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+
+    def sample(self, rng: random.Random) -> int:
+        if self.log:
+            value = math.exp(rng.uniform(math.log(self.low), math.log(self.high + 1)))
+            return min(self.high, int(value))
+        return self.low + self.step * rng.randrange((self.high - self.low) // self.step + 1)
+
+    def representative(self) -> Any:
+        return self.low
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple[Any, ...]
+
+    def sample(self, rng: random.Random) -> Any:
+        return self.values[rng.randrange(len(self.values))]
+
+    def representative(self) -> Any:
+        return self.values[0]
+
+
+Distribution = Uniform | LogUniform | Int | Choice
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_distribution(value: Any) -> bool:
+    """Whether a test_config value is written as a distribution (a dict naming one of KINDS)."""
+    return isinstance(value, Mapping) and any(kind in value for kind in KINDS)
+
+
+def parse_distribution(value: Any, where: str) -> Distribution:
+    """The distribution a test_config value asks for (a list is a choice); ConfigError naming ``where``."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ConfigError(f"{where} is an empty list: a choice needs at least one value")
+        return Choice(tuple(value))
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{where} must be a distribution, e.g. {{uniform: [0, 1]}}, {{loguniform: [1e-5, 1e-1]}}, "
+            f"{{int: [2, 8]}}, {{choice: [a, b]}}, or a list of values; got {value!r}"
+        )
+    kinds = [kind for kind in KINDS if kind in value]
+    if len(kinds) != 1:
+        raise ConfigError(f"{where} must name one of {', '.join(KINDS)}; got {value!r}")
+    kind = kinds[0]
+    allowed = {"int": {"int", "step", "log"}}.get(kind, {kind})
+    extra = sorted(str(key) for key in value if key not in allowed)
+    if extra:
+        raise ConfigError(f"{where}: {kind} takes {', '.join(sorted(allowed))}; unknown: {', '.join(extra)}")
+    bounds = value[kind]
+    if kind == "choice":
+        if not isinstance(bounds, (list, tuple)) or not bounds:
+            raise ConfigError(f"{where}: choice needs a non-empty list of values; got {bounds!r}")
+        return Choice(tuple(bounds))
+    if not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
+        raise ConfigError(f"{where}: {kind} needs [low, high]; got {bounds!r}")
+    low, high = bounds
+    if kind == "int":
+        if not (_whole(low) and _whole(high)) or low > high:
+            raise ConfigError(f"{where}: int needs whole numbers low <= high; got {bounds!r}")
+        step, log = value.get("step", 1), value.get("log", False)
+        if not _whole(step) or step < 1:
+            raise ConfigError(f"{where}: step must be a whole number of at least 1; got {step!r}")
+        if not isinstance(log, bool):
+            raise ConfigError(f"{where}: log must be true or false; got {log!r}")
+        if log and (low < 1 or step != 1):
+            raise ConfigError(f"{where}: a log int needs low >= 1 and no step; got {value!r}")
+        if (high - low) % step:
+            raise ConfigError(f"{where}: high - low ({high - low}) is not a multiple of step {step}")
+        return Int(low, high, step, log)
+    if not (_number(low) and _number(high)) or not low < high:
+        raise ConfigError(f"{where}: {kind} needs numbers low < high; got {bounds!r}")
+    if kind == "loguniform":
+        if low <= 0:
+            raise ConfigError(f"{where}: loguniform needs low > 0 (a log scale); got {bounds!r}")
+        return LogUniform(float(low), float(high))
+    return Uniform(float(low), float(high))
+
+
+def parse_space(block: Any, where: str = "test_config[0]") -> dict[str, Distribution]:
+    """A search's one test_config block: key -> distribution."""
+    if not isinstance(block, Mapping) or not block:
+        raise ConfigError(f"{where} must be a dict of key -> distribution (or list of values); got {block!r}")
+    space = {}
+    for key, value in block.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"{where}: keys must be non-empty strings; got {key!r}")
+        space[key] = parse_distribution(value, f"{where}[{key!r}]")
+    return space
+
+
+def inside(distribution: Distribution, value: Any) -> bool:
+    """Whether ``value`` is one ``distribution`` can give (a sampler's answer is checked)."""
+    if isinstance(distribution, Choice):
+        return any(value == choice and type(value) is type(choice) for choice in distribution.values)
+    if isinstance(distribution, Int):
+        return _whole(value) and distribution.low <= value <= distribution.high
+    return _number(value) and distribution.low <= value <= distribution.high
+
+
+def describe(space: Mapping[str, Distribution]) -> str:
+    """``lr loguniform [1e-05, 0.1], layers int [2, 8]`` for ``--dry-run``."""
+    parts = []
+    for key, d in space.items():
+        if isinstance(d, Choice):
+            parts.append(f"{key} one of {list(d.values)}")
+        elif isinstance(d, Int):
+            extra = " log" if d.log else (f" step {d.step}" if d.step != 1 else "")
+            parts.append(f"{key} int [{d.low}, {d.high}]{extra}")
+        else:
+            parts.append(f"{key} {'loguniform' if isinstance(d, LogUniform) else 'uniform'} [{d.low:g}, {d.high:g}]")
+    return ", ".join(parts)
+
+
+def values_text(values: Sequence[Any]) -> str:
+    return ", ".join(map(str, values))

@@ -1,0 +1,467 @@
+"""What runs next when a sweep searches instead of walking a grid: ``search:`` in a config.
+
+    search: {sampler: tpe, n_runs: 40, seed: 0, metric: loss, mode: min}
+    test_config:
+      - {lr: {loguniform: [1.0e-5, 1.0e-1]}, layers: {int: [2, 8]}, optimizer: [adam, sgd]}
+
+A :class:`Searcher` asks its sampler for a run's values when the engine has a
+slot for it, and tells it how the run ended when the run settles. It keeps
+every trial it asked in the result root's ``.gts/`` before the run starts, so a
+restarted scheduler (also after a kill -9) continues the same search: trials
+whose runs never finished run again with the same values, finished ones are
+told once, and the number of trials never exceeds ``n_runs``.
+
+* ``random``: our own sampler (no dependency); trial ``i`` of seed ``s`` draws its
+  values from ``random.Random(f"{s}/{i}")``, so a search is the same on every
+  machine and after every restart. Trials are kept in ``.gts/search.jsonl``.
+* ``tpe``, ``cmaes``, ``qmc``: Optuna's samplers through its ask/tell interface
+  (the ``search`` extra), TPE with ``constant_liar`` so that runs asked at the same
+  time do not collide. The study is kept in ``.gts/optuna.journal`` (Optuna's
+  journal file storage), which ``optuna-dashboard`` opens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, unknown_key_message
+from ..records.paths import RootPaths
+from ..sweep.naming import NameRegistry
+from ..sweep.space import Choice, Distribution, Int, LogUniform, Uniform, inside
+
+if TYPE_CHECKING:
+    from ..sweep.expand import Foreign, RunSpec, Sweep
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+SAMPLERS = ("random", "tpe", "cmaes", "qmc")
+_KEYS = ("sampler", "n_runs", "seed", "metric", "mode")
+MAX_RUNS = 1_000_000
+EXTRA_HINT = "pip install 'gts-sweep[search]'"
+
+
+@dataclass(frozen=True)
+class Search:
+    sampler: str
+    n_runs: int
+    seed: int
+    metric: str
+    mode: str  # "min" or "max"
+
+    def describe(self) -> str:
+        return (
+            f"{self.sampler} search of {self.n_runs} runs ({self.mode}imizing {self.metric}, seed {self.seed}); "
+            "values are chosen as runs finish"
+        )
+
+
+def parse_search(raw: Any) -> Search | None:
+    if raw is None:
+        return None
+    example = "e.g. {sampler: tpe, n_runs: 40, metric: loss, mode: min}"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"search must be a dict, {example}; got {raw!r}")
+    for key in raw:
+        if key not in _KEYS:
+            raise ConfigError(unknown_key_message("search", key, _KEYS))
+    sampler = raw.get("sampler", "random")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"search: sampler must be one of {', '.join(SAMPLERS)}; got {sampler!r}")
+    n_runs = raw.get("n_runs")
+    if not isinstance(n_runs, int) or isinstance(n_runs, bool) or not 1 <= n_runs <= MAX_RUNS:
+        raise ConfigError(f"search: n_runs must be a whole number from 1 to {MAX_RUNS:,} (the budget); got {n_runs!r}")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise ConfigError(f"search: seed must be a whole number from 0 to 2**32 - 1; got {seed!r}")
+    metric = raw.get("metric")
+    if not isinstance(metric, str) or not metric:
+        raise ConfigError(
+            f"search: metric must name the value to optimize: a key of what main() returns (or of "
+            f"result.json), or a reported metric; got {metric!r}"
+        )
+    mode = raw.get("mode")
+    if mode not in ("min", "max"):
+        raise ConfigError(f"search: mode must be min (lower is better) or max (higher is better); got {mode!r}")
+    if sampler != "random":
+        check_optuna()
+    return Search(sampler, n_runs, seed, metric, mode)
+
+
+def check_optuna() -> None:
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"the tpe, cmaes and qmc samplers are Optuna's, which is not installed: {EXTRA_HINT} "
+            "(or use sampler: random, which needs nothing)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Trial:
+    number: int
+    values: dict[str, Any]
+    name: str | None = None  # its run's folder name, once known
+
+
+def objective(result: Any, metrics: Mapping[str, Any], metric: str) -> float | None:
+    """The value a finished run is told as: ``metric`` in what ``main()`` returned (or its
+    result.json), else the last value of the reported metric of that name; None when neither is a
+    finite number."""
+    value = result.get(metric) if isinstance(result, Mapping) else None
+    if value is None:
+        reported = metrics.get(metric)
+        value = reported.get("last") if isinstance(reported, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+class Searcher:
+    """Asks a sampler for trials and tells it how they ended; keeps the trials under ``meta``."""
+
+    def __init__(self, search: Search, space: Mapping[str, Distribution], meta: str) -> None:
+        self.search, self.space, self.meta = search, dict(space), meta
+
+    def trials(self) -> list[Trial]:
+        """Every trial asked so far (in any start), by number; and which are done: see :meth:`done`."""
+        raise NotImplementedError
+
+    def done(self, number: int) -> bool:
+        """Whether the sampler was told how trial ``number`` ended."""
+        raise NotImplementedError
+
+    def ask(self) -> Trial:
+        raise NotImplementedError
+
+    def name(self, number: int, name: str) -> None:
+        """Record the folder name given to trial ``number``'s run (before it starts)."""
+        raise NotImplementedError
+
+    def tell(self, number: int, value: float | None, *, pruned: bool = False) -> None:
+        """How trial ``number`` ended: its value, or failed (None), or stopped early (``pruned``)."""
+        raise NotImplementedError
+
+    def check(self, trial: Trial) -> None:
+        for key, distribution in self.space.items():
+            if key not in trial.values or not inside(distribution, trial.values[key]):
+                raise ConfigError(
+                    f"the search's record of trial {trial.number} holds {key}={trial.values.get(key)!r}, which "
+                    "is not in the space of this config (the space changed?): use another result root"
+                )
+
+
+def open_searcher(search: Search, space: Mapping[str, Distribution], meta: str, *, read_only: bool = False) -> Searcher:
+    """The searcher of a result root; ``read_only``: to list its trials only (``--dry-run``,
+    ``ConfigManager``), writing nothing."""
+    if search.sampler == "random":
+        return RandomSearcher(search, space, meta)
+    return OptunaSearcher(search, space, meta, read_only=read_only)
+
+
+# --- random, our own -------------------------------------------------------------
+
+
+class RandomSearcher(Searcher):
+    def __init__(self, search: Search, space: Mapping[str, Distribution], meta: str) -> None:
+        super().__init__(search, space, meta)
+        self.path = os.path.join(meta, "search.jsonl")
+        self._trials: dict[int, Trial] = {}
+        self._done: set[int] = set()
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                for line in handle:
+                    self._load(line)
+        except FileNotFoundError:
+            pass
+
+    def _load(self, line: str) -> None:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a crash: that trial was never asked
+            return
+        if not isinstance(record, dict) or not isinstance(record.get("number"), int):
+            return
+        number = record["number"]
+        if "values" in record and isinstance(record["values"], dict):
+            self._trials[number] = Trial(number, record["values"], self._trials.get(number, Trial(0, {})).name)
+        if isinstance(record.get("name"), str) and number in self._trials:
+            self._trials[number] = Trial(number, self._trials[number].values, record["name"])
+        if record.get("told"):
+            self._done.add(number)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(self.path, flags, 0o644)
+        try:
+            os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+            os.fsync(fd)  # asked before its run starts: a restart must know of it
+        finally:
+            os.close(fd)
+
+    def trials(self) -> list[Trial]:
+        return [self._trials[number] for number in sorted(self._trials)]
+
+    def done(self, number: int) -> bool:
+        return number in self._done
+
+    def ask(self) -> Trial:
+        number = max(self._trials, default=-1) + 1
+        rng = random.Random(f"{self.search.seed}/{number}")
+        values = {key: distribution.sample(rng) for key, distribution in self.space.items()}
+        self._append({"number": number, "values": values})
+        self._trials[number] = Trial(number, values)
+        return self._trials[number]
+
+    def name(self, number: int, name: str) -> None:
+        self._append({"number": number, "name": name})
+        self._trials[number] = Trial(number, self._trials[number].values, name)
+
+    def tell(self, number: int, value: float | None, *, pruned: bool = False) -> None:
+        if number in self._done:
+            return
+        self._append({"number": number, "told": True, "value": value, "pruned": pruned})
+        self._done.add(number)
+
+
+# --- Optuna's samplers --------------------------------------------------------------
+
+
+def _optuna_distribution(distribution: Distribution) -> Any:
+    import optuna
+
+    d = optuna.distributions
+    if isinstance(distribution, Uniform):
+        return d.FloatDistribution(distribution.low, distribution.high)
+    if isinstance(distribution, LogUniform):
+        return d.FloatDistribution(distribution.low, distribution.high, log=True)
+    if isinstance(distribution, Int):
+        return d.IntDistribution(distribution.low, distribution.high, log=distribution.log, step=distribution.step)
+    assert isinstance(distribution, Choice)
+    return d.CategoricalDistribution(distribution.values)
+
+
+class _FlockLock:
+    """The journal's lock, as an ``flock``: Optuna's default (a symbolic link) outlives a scheduler
+    killed while it writes, and the next start then waits for it (30 s) before it breaks it; the
+    kernel drops an ``flock`` with its holder. (The root's own lock already keeps a second
+    scheduler out; this one orders the scheduler's writes with a reader's, e.g. optuna-dashboard.)"""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+class OptunaSearcher(Searcher):
+    NAME_ATTR = "gts_run"
+
+    def __init__(
+        self, search: Search, space: Mapping[str, Distribution], meta: str, *, read_only: bool = False
+    ) -> None:
+        super().__init__(search, space, meta)
+        check_optuna()
+        import optuna
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        for key, distribution in self.space.items():
+            if isinstance(distribution, Choice) and not all(
+                value is None or isinstance(value, (bool, int, float, str)) for value in distribution.values
+            ):
+                raise ConfigError(
+                    f"test_config[0][{key!r}]: Optuna's samplers choose among None, booleans, numbers and "
+                    "strings only; name the choices (e.g. 'small', 'large') and map them in the task"
+                )
+        self._distributions = {key: _optuna_distribution(d) for key, d in self.space.items()}
+        self.path = os.path.join(meta, "optuna.journal")
+        self._states = optuna.trial.TrialState
+        self._live: dict[int, Any] = {}  # trials asked in this start: their names are set through them
+        self._study: Any = None
+        if read_only and not os.path.exists(self.path):
+            return  # nothing asked yet
+        lock = _FlockLock(self.path + ".lock")  # Optuna only calls acquire() and release()
+        storage = JournalStorage(JournalFileBackend(self.path, lock_obj=lock))  # type: ignore[arg-type]
+        samplers = optuna.samplers
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # qmc: asked for
+
+        def make_sampler(seed: int) -> Any:
+            seed %= 2**32
+            return {
+                "tpe": lambda: samplers.TPESampler(seed=seed, constant_liar=True),
+                "cmaes": lambda: samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False),
+                "qmc": lambda: samplers.QMCSampler(seed=seed),
+            }[search.sampler]()
+
+        sampler = make_sampler(search.seed)
+        if read_only:
+            self._study = optuna.load_study(study_name="gts", storage=storage, sampler=sampler)
+            return
+        self._study = optuna.create_study(
+            storage=storage,
+            study_name="gts",
+            sampler=sampler,
+            direction="minimize" if search.mode == "min" else "maximize",
+            load_if_exists=True,
+        )
+        asked = len(self._study.get_trials(deepcopy=False))
+        if asked:  # a restart: the sampler's own random draws must not repeat those of the first start
+            self._study.sampler = make_sampler(search.seed + 1_000_003 * asked)
+
+    def trials(self) -> list[Trial]:
+        if self._study is None:
+            return []
+        return [
+            Trial(t.number, dict(t.params), t.user_attrs.get(self.NAME_ATTR))
+            for t in self._study.get_trials(deepcopy=False)
+        ]
+
+    def done(self, number: int) -> bool:
+        return self._study.get_trials(deepcopy=False)[number].state.is_finished()
+
+    def ask(self) -> Trial:
+        trial = self._study.ask(self._distributions)
+        self._live[trial.number] = trial
+        return Trial(trial.number, dict(trial.params))
+
+    def name(self, number: int, name: str) -> None:
+        self._live.pop(number).set_user_attr(self.NAME_ATTR, name)
+
+    def tell(self, number: int, value: float | None, *, pruned: bool = False) -> None:
+        if self.done(number):
+            return
+        if pruned:
+            self._study.tell(number, state=self._states.PRUNED)
+        elif value is None:
+            self._study.tell(number, state=self._states.FAIL)
+        else:
+            self._study.tell(number, value)
+
+
+# --- the engine's side: the runs of a search, and how they ended -----------------------
+
+
+def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
+    """The runs a search asked so far (after a restart: those not yet told first) and, once the
+    engine runs the sweep (``sweep.live``), new ones: at most ``sweep.parallel`` unsettled at a
+    time, and ``n_runs`` trials in all, over every start. A trial that asks for values an earlier
+    trial has (a small discrete space) runs nothing: it is told what its twin is told."""
+    from ..sweep.expand import NOT_READY
+
+    search = sweep.search
+    assert search is not None
+    meta = RootPaths(sweep.options.result_root_folder).meta
+    if not sweep.live and not os.path.isdir(meta):
+        return  # nothing asked yet, and only the engine asks
+    searcher = sweep.searcher = open_searcher(search, sweep.space, meta, read_only=not sweep.live)
+    registry = NameRegistry()
+    sweep.trial_of.clear()
+    sweep.twins.clear()
+    unfinished = []
+    sweep.asked = 0
+    for trial in searcher.trials():
+        if any(key not in trial.values for key in sweep.space):
+            # Asked by a scheduler killed before the sampler had given all its values: no run ever
+            # had them. Told failed (the sampler learns nothing from it) and not counted.
+            if sweep.live and not searcher.done(trial.number):
+                searcher.tell(trial.number, None)
+            continue
+        sweep.asked += 1
+        searcher.check(trial)
+        spec = sweep.trial_run(trial, registry, foreign)
+        if trial.name is None and sweep.live:
+            searcher.name(trial.number, spec.name)
+        if sweep.selected is not None:  # `gts retry`: those runs again, whatever they were told
+            if spec.name in sweep.selected and not spec.duplicate:
+                unfinished.append(spec)
+        elif not sweep.live:
+            if not spec.duplicate:
+                unfinished.append(spec)
+        elif not searcher.done(trial.number):
+            if spec.duplicate:
+                _twin(sweep, spec.name, trial.number)
+            else:
+                unfinished.append(spec)
+    for spec in unfinished:
+        sweep.in_flight += sweep.live
+        yield spec
+    if not sweep.live or sweep.selected is not None:
+        return
+    while sweep.asked < search.n_runs:
+        if sweep.in_flight >= sweep.parallel:
+            yield NOT_READY  # the next values are asked when a slot is free, knowing more
+            continue
+        trial = searcher.ask()
+        sweep.asked += 1
+        searcher.check(trial)
+        spec = sweep.trial_run(trial, registry, foreign)
+        searcher.name(trial.number, spec.name)
+        if spec.duplicate:
+            _twin(sweep, spec.name, trial.number)
+            continue
+        sweep.in_flight += 1
+        yield spec
+
+
+def _twin(sweep: Sweep, name: str, number: int) -> None:
+    """Trial ``number`` asked for the values of the run ``name``: told now if that run ended
+    before this start, else with it."""
+    record = sweep.lookup(name)
+    first = sweep.trial_of[name]
+    if record is not None and str(record.status) not in ("running", "interrupted") and sweep.searcher is not None:
+        if sweep.searcher.done(first):
+            _tell(sweep, number, str(record.status), record)
+            return
+    sweep.twins.setdefault(name, []).append(number)
+
+
+def settled(sweep: Sweep, spec: RunSpec, status: str, record: Any) -> None:
+    """Tell the sampler how ``spec`` ended (``status``: a RunStatus value; ``record``: its ledger
+    record), and the trials that asked for the same values. A run interrupted by a stop is told
+    nothing: it runs again at the next start."""
+    number = sweep.trial_of.get(spec.name)
+    if sweep.searcher is None or number is None or sweep.search is None:
+        return
+    sweep.in_flight -= 1
+    if status == "interrupted":
+        return
+    for trial in (number, *sweep.twins.pop(spec.name, ())):
+        _tell(sweep, trial, status, record)
+
+
+def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
+    assert sweep.searcher is not None and sweep.search is not None
+    value = None
+    if status == "succeeded":
+        from ..results import run_result  # what main() returned, else the run's own result.json
+
+        result = run_result(sweep.options.result_root_folder, record) if record is not None else None
+        value = objective(result, record.metrics_value if record is not None else {}, sweep.search.metric)
+        if value is None:
+            logger.warning(
+                "%s succeeded but gave no number for %r (neither in what it returned nor as a reported metric); "
+                "the search is told it failed",
+                record.name if record is not None else f"trial {number}",
+                sweep.search.metric,
+            )
+    sweep.searcher.tell(number, value, pruned=status == "pruned")

@@ -157,14 +157,12 @@ def test_the_early_stop_example_prunes_saves_and_runs_nothing_again(in_tmp):
     (in_tmp / "examples").mkdir()
     for path in ("configs/early_stop.yaml", "examples/curve_train.py"):
         (in_tmp / path).write_text(open(os.path.join(REPO, path), encoding="utf-8").read())
-    gts = [sys.executable, "-m", "gpu_task_scheduler"]
-    run = subprocess.run(
-        gts + ["run", "configs/early_stop.yaml", "--plain"],
-        cwd=str(in_tmp),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "configs/early_stop.yaml", "--plain"]
+
+    def start():
+        return subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=120)
+
+    run = start()
     assert run.returncode == 0, run.stderr
     assert "stopped early, 0 skipped" in run.stderr
     rows = ledger_rows(in_tmp / "results" / "early_stop")
@@ -172,11 +170,5 @@ def test_the_early_stop_example_prunes_saves_and_runs_nothing_again(in_tmp):
     assert pruned and len(pruned) < 15 and {row["status"] for row in rows.values()} == {"pruned", "succeeded"}
     for name in pruned:  # SIGTERM reached the script, which saved before it ended
         assert (in_tmp / "results" / "early_stop" / name / "checkpoint.json").exists()
-    again = subprocess.run(
-        gts + ["run", "configs/early_stop.yaml", "--plain"],
-        cwd=str(in_tmp),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = start()
     assert again.returncode == 0 and "0 succeeded, 0 failed, 15 skipped" in again.stderr

@@ -7,7 +7,7 @@ import sys
 
 import gts_test_tasks as tasks
 import pytest
-from helpers import ledger_rows, make_config
+from helpers import journal_lines, ledger_rows, make_config
 
 from gpu_task_scheduler import ConfigError, ConfigManager, GPUTaskScheduler, RunStatus
 from gpu_task_scheduler.cli.main import main as gts
@@ -93,16 +93,60 @@ def test_a_bad_search_is_refused(tmp_path, search, words):
     assert words in str(error.value)
 
 
-def test_a_search_samples_one_block_and_no_stages(tmp_path):
+def test_a_search_samples_one_block(tmp_path):
     config = search_config(tmp_path / "r")
     config["test_config"] = [SPACE, SPACE]
     with pytest.raises(ConfigError, match="a search samples one space"):
         GPUTaskScheduler(config, tasks.BraninTask)
-    config = search_config(tmp_path / "r")
-    config["stages"] = [{"name": "a", "test_config": [SPACE]}]
+
+
+def staged_search(root, n_runs=4, **eval_stage):
+    config = search_config(root, n_runs=n_runs)
     del config["test_config"]
-    with pytest.raises(ConfigError, match="search with stages is not supported yet"):
-        GPUTaskScheduler(config, tasks.BraninTask)
+    config["stages"] = [
+        {"name": "train", "test_config": [SPACE]},
+        {"name": "eval", "after": "train", "test_config": [{"split": ["val", "test"]}], **eval_stage},
+    ]
+    return config
+
+
+@pytest.mark.parametrize(
+    "eval_stage, words",
+    [
+        ({"after": []}, "each later stage follows the search's stage 'train' alone"),
+        ({"match": ["x1"]}, "each later stage follows the search's stage 'train' alone"),
+        ({"test_config": [{"x1": [1.0]}]}, "sweeps ['x1'], which the search samples"),
+    ],
+)
+def test_a_search_with_stages_is_checked(tmp_path, eval_stage, words):
+    with pytest.raises(ConfigError) as error:
+        GPUTaskScheduler(staged_search(tmp_path / "r", **eval_stage), tasks.BraninTask)
+    assert words in str(error.value)
+
+
+def test_the_later_stages_of_a_search_follow_each_sampled_run(in_tmp):
+    root = in_tmp / "r"
+    config = staged_search(root)
+    config["global_config"] = {"journal": str(in_tmp / "journal"), "fail_below": 1.0}  # trial 0 (x1 0.14) fails
+    summary = GPUTaskScheduler(config, tasks.BraninTask).start()
+    rows = ledger_rows(root)
+    train = {name: row for name, row in rows.items() if row["stage"] == "train"}
+    evals = {name: row for name, row in rows.items() if row["stage"] == "eval"}
+    assert len(train) == 4 and len(evals) == 8
+    lines = journal_lines(str(in_tmp / "journal"))
+    for name, row in evals.items():
+        values = json.loads(row["params"])
+        (parent,) = [t for t in train if json.loads(train[t]["params"]) == {"x1": values["x1"], "x2": values["x2"]}]
+        assert name == parent.replace("train.", "eval.", 1) + f"split-{values['split']},"
+        if train[parent]["status"] == "succeeded":
+            assert row["status"] == "succeeded"
+            assert lines.index(f"end {parent}") < lines.index(f"start {name}")
+        else:
+            assert row["status"] == "blocked" and parent in row["cause"]
+    assert sorted(r["status"] for r in train.values()) == ["failed", "succeeded", "succeeded", "succeeded"]
+    assert summary.exit_code == 1 and len(summary.blocked) == 2
+    again = GPUTaskScheduler(config, tasks.BraninTask).start()
+    assert not again.succeeded and len(ledger_rows(root)) == 12
 
 
 def test_without_optuna_a_sampler_of_optuna_names_the_extra(tmp_path, monkeypatch):

@@ -164,7 +164,7 @@ def _dry_run(sweep: Any) -> int:
 
         print(summary.replace("runs:", "runs asked so far:") if decided else "no run asked yet")
         print(f"{sweep.search.describe()}; space: {describe(sweep.space)}")
-        print(f"a start asks for up to {max(0, size - decided)} more run(s)")
+        print(f"a start asks for up to {max(0, sweep.search.n_runs - sweep.asked)} more run(s)")
         return EXIT_OK
     if decided < size:
         summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"

@@ -353,8 +353,11 @@ class Sweep:
         self.programs: dict[str | None, str] = {}
         self.selected: frozenset[str] | None = None  # `gts retry`: only the runs with these names
         self.size = sum(math.prod(len(values) for values in block.values()) for block in self.blocks)
-        if self.search is not None:
-            self.size = self.search.n_runs
+        if self.search is not None:  # each sampled run, and the runs of later stages that follow it
+            follow = sum(
+                math.prod(len(v) for v in block.values()) for stage in self.stages[1:] for block in stage.blocks
+            )
+            self.size = self.search.n_runs * (1 + follow)
         self.parallel = 1  # runs the engine starts at once (set by it): a search asks no more ahead
         self.searcher: Searcher | None = None
         self.live = False  # follow() was called: the engine runs this sweep (a search may ask)
@@ -372,20 +375,36 @@ class Sweep:
     def _take_space(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """A search's space, checked; the rest of the config sees one representative value a key."""
         assert self.search is not None
-        if raw.get("stages") is not None:
-            raise ConfigError(
-                "search with stages is not supported yet: search in a config of its own, then run the later "
-                "stages over its result root's runs"
-            )
-        blocks = raw.get("test_config")
+        found = raw.get("stages")
+        stages: Sequence[Any] = found if isinstance(found, (list, tuple)) else ()
+        staged = bool(stages) and isinstance(stages[0], Mapping)
+        where = "the first stage's test_config" if staged else "test_config"
+        blocks = stages[0].get("test_config") if staged else raw.get("test_config")
         if not isinstance(blocks, (list, tuple)) or len(blocks) != 1:
             raise ConfigError(
-                "a search samples one space: give test_config as one block of key -> distribution, e.g. "
+                f"a search samples one space: give {where} as one block of key -> distribution, e.g. "
                 "[{lr: {loguniform: [1.0e-5, 1.0e-1]}, layers: {int: [2, 8]}}]"
             )
-        self.space = parse_space(blocks[0])
+        self.space = parse_space(blocks[0], f"{where}[0]")
         self._space_raw = copy.deepcopy(blocks[0])
-        return {**raw, "test_config": [{key: [d.representative()] for key, d in self.space.items()}]}
+        shown = [{key: [d.representative()] for key, d in self.space.items()}]
+        if not staged:
+            return {**raw, "test_config": shown}
+        first = stages[0].get("name")
+        for stage in stages[1:]:
+            after = stage.get("after") if isinstance(stage, Mapping) else None
+            if after not in (first, [first]) or "match" in stage:
+                raise ConfigError(
+                    f"with a search, each later stage follows the search's stage {first!r} alone (after: "
+                    f"{first}, no match): its runs run for each sampled run; stage {stage.get('name')!r} does not"
+                )
+            for block in stage.get("test_config") or ():
+                if isinstance(block, Mapping) and set(block) & set(self.space):
+                    raise ConfigError(
+                        f"stage {stage.get('name')!r} sweeps {sorted(set(block) & set(self.space))}, which the "
+                        "search samples: a later stage takes those values from the run it follows"
+                    )
+        return {**raw, "stages": [{**stages[0], "test_config": shown}, *stages[1:]]}
 
     def _check_memory_values(self) -> None:
         """Per-run GPU memory needs (``gpu_memory_key``) are checked up front too."""
@@ -505,12 +524,15 @@ class Sweep:
             **(self.task_record or {}),  # none: `gts retry --task` names it
             **({"early_stop": self.early_stop_raw} if self.early_stop_raw is not None else {}),
         }
-        if self.search is not None:
-            config["test_config"] = [self._space_raw]
-            config["search"] = dataclasses.asdict(self.search)
         if self.staged:
             del config["test_config"]
             config["stages"] = [stage.raw for stage in self.stages]
+        if self.search is not None:  # its space as written, not the values shown to the rest
+            if self.staged:
+                config["stages"][0] = {**config["stages"][0], "test_config": [self._space_raw]}
+            else:
+                config["test_config"] = [self._space_raw]
+            config["search"] = dataclasses.asdict(self.search)
         try:
             text = json.dumps(config, allow_nan=False)
         except (TypeError, ValueError):
@@ -628,15 +650,12 @@ class Sweep:
         """The run of a search's trial: its exact values in its config; in its name, floats to 4
         significant digits (unique: a clash gets a suffix of the exact values' hash)."""
         o = self.options
+        stage = self.stages[0]
         values = {key: trial.values[key] for key in self.space}
-        merged = copy.deepcopy(self.global_config)
+        merged = copy.deepcopy(stage.global_config)
         merged.update(values)
-        shown = "".join(
-            f"{key}{o.test_config_string_indicator}{_display(value)}{o.test_config_string_separator}"
-            for key, value in values.items()
-            if key not in o.ignored_keys_for_folder_name
-        )
-        wanted = folder_name(_without(o.ignored_characters_for_folder_name, shown))
+        shown = self._shown(values)
+        wanted = folder_name(stage.run_name(_without(o.ignored_characters_for_folder_name, shown)))
         params = params_text(values)
         digest = config_hash(merged)
         if trial.name is not None:
@@ -661,9 +680,57 @@ class Sweep:
             config_hash=digest,
             duplicate=duplicate,
             params=params,
-            program=self.programs.get(None),
-            early_stop=self.stopping.get(None),
+            stage=stage.name,
+            program=self.programs.get(stage.name),
+            early_stop=self.stopping.get(stage.name),
         )
+
+    def _shown(self, values: Mapping[str, Any]) -> str:
+        o = self.options
+        return "".join(
+            f"{key}{o.test_config_string_indicator}{_display(value)}{o.test_config_string_separator}"
+            for key, value in values.items()
+            if key not in o.ignored_keys_for_folder_name
+        )
+
+    def followers(self, run: RunSpec, registry: NameRegistry, foreign: Foreign | None) -> Iterator[RunSpec]:
+        """With stages, the runs of the later stages for one run of the search's stage: each of their
+        blocks' combinations, with the sampled values, waiting for that run (``after``)."""
+        o = self.options
+        for stage in self.stages[1:]:
+            for block_index, block in enumerate(stage.blocks):
+                keys = list(block)
+                for combo in itertools.product(*block.values()):
+                    own = dict(zip(keys, combo, strict=True))
+                    values = {**run.test_config, **own}
+                    merged = copy.deepcopy(stage.global_config)
+                    merged.update(values)
+                    shown = self._shown(values)
+                    wanted = folder_name(stage.run_name(_without(o.ignored_characters_for_folder_name, shown)))
+                    params = params_text(values)
+                    digest = config_hash(merged)
+                    name, duplicate = registry.assign(
+                        wanted,
+                        digest,
+                        suffix=_params_digest(params),
+                        foreign=None if foreign is None else _for_params(foreign, params, run.index),
+                    )
+                    yield RunSpec(
+                        index=run.index,
+                        block=block_index,
+                        test_config=values,
+                        config=merged,
+                        test_config_string=shown,
+                        name=name,
+                        work_dir=os.path.join(o.result_root_folder, name),
+                        config_hash=digest,
+                        duplicate=duplicate,
+                        params=params,
+                        stage=stage.name,
+                        after=(run.name,),
+                        program=self.programs.get(stage.name),
+                        early_stop=self.stopping.get(stage.name),
+                    )
 
     def all_test_config_in_string(self) -> str:
         """The original's ``get_all_test_config_in_string()``: raw blocks, as written."""

@@ -377,7 +377,8 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
     registry = NameRegistry()
     sweep.trial_of.clear()
     sweep.twins.clear()
-    unfinished = []
+    unfinished: list[RunSpec] = []
+    followers: list[RunSpec] = []
     sweep.asked = 0
     for trial in searcher.trials():
         if any(key not in trial.values for key in sweep.space):
@@ -391,9 +392,11 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
         spec = sweep.trial_run(trial, registry, foreign)
         if trial.name is None and sweep.live:
             searcher.name(trial.number, spec.name)
+        later = [] if spec.duplicate else list(sweep.followers(spec, registry, foreign))
         if sweep.selected is not None:  # `gts retry`: those runs again, whatever they were told
             if spec.name in sweep.selected and not spec.duplicate:
                 unfinished.append(spec)
+            later = [run for run in later if run.name in sweep.selected]
         elif not sweep.live:
             if not spec.duplicate:
                 unfinished.append(spec)
@@ -402,9 +405,11 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
                 _twin(sweep, spec.name, trial.number)
             else:
                 unfinished.append(spec)
+        followers.extend(later)  # the runs of later stages: each start decides them (skip or run)
     for spec in unfinished:
         sweep.in_flight += sweep.live
         yield spec
+    yield from followers
     if not sweep.live or sweep.selected is not None:
         return
     while sweep.asked < search.n_runs:
@@ -421,6 +426,7 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
             continue
         sweep.in_flight += 1
         yield spec
+        yield from sweep.followers(spec, registry, foreign)
 
 
 def _twin(sweep: Sweep, name: str, number: int) -> None:

@@ -345,7 +345,15 @@ class OptunaSearcher(Searcher):
         return Trial(trial.number, dict(trial.params))
 
     def name(self, number: int, name: str) -> None:
-        self._live.pop(number).set_user_attr(self.NAME_ATTR, name)
+        trial = self._live.pop(number, None)
+        if trial is None:  # asked by an earlier start that was killed before it named it
+            import optuna
+
+            frozen = self._study.get_trials(deepcopy=False)[number]
+            # Optuna has no public handle on a trial asked by another process but this one, built
+            # from its storage id (and the name is also found again without it: see trial_run).
+            trial = optuna.trial.Trial(self._study, frozen._trial_id)
+        trial.set_user_attr(self.NAME_ATTR, name)
 
     def tell(self, number: int, value: float | None, *, pruned: bool = False) -> None:
         if self.done(number):

@@ -649,29 +649,56 @@ class Sweep:
     def trial_run(self, trial: Trial, registry: NameRegistry, foreign: Foreign | None) -> RunSpec:
         """The run of a search's trial: its exact values in its config; in its name, floats to 4
         significant digits (unique: a clash gets a suffix of the exact values' hash)."""
-        o = self.options
-        stage = self.stages[0]
         values = {key: trial.values[key] for key in self.space}
+        spec = self._sampled(self.stages[0], values, trial.number, 0, registry, foreign, name=trial.name)
+        self.trial_of.setdefault(spec.name, trial.number)
+        return spec
+
+    def followers(self, run: RunSpec, registry: NameRegistry, foreign: Foreign | None) -> Iterator[RunSpec]:
+        """With stages, the runs of the later stages for one run of the search's stage: each of their
+        blocks' combinations, with the sampled values, waiting for that run (``after``)."""
+        for stage in self.stages[1:]:
+            for block_index, block in enumerate(stage.blocks):
+                for combo in itertools.product(*block.values()):
+                    values = {**run.test_config, **dict(zip(block, combo, strict=True))}
+                    yield self._sampled(stage, values, run.index, block_index, registry, foreign, after=(run.name,))
+
+    def _sampled(
+        self,
+        stage: Stage,
+        values: dict[str, Any],
+        index: int,
+        block: int,
+        registry: NameRegistry,
+        foreign: Foreign | None,
+        *,
+        name: str | None = None,
+        after: tuple[str, ...] = (),
+    ) -> RunSpec:
+        """A run of a search (``name``: the one its trial was given before, if any)."""
+        o = self.options
         merged = copy.deepcopy(stage.global_config)
         merged.update(values)
-        shown = self._shown(values)
-        wanted = folder_name(stage.run_name(_without(o.ignored_characters_for_folder_name, shown)))
+        shown = "".join(
+            f"{key}{o.test_config_string_indicator}{_display(value)}{o.test_config_string_separator}"
+            for key, value in values.items()
+            if key not in o.ignored_keys_for_folder_name
+        )
         params = params_text(values)
         digest = config_hash(merged)
-        if trial.name is not None:
-            name = trial.name
+        if name is not None:
             _, duplicate = registry.assign(name, digest)
         else:
+            wanted = folder_name(stage.run_name(_without(o.ignored_characters_for_folder_name, shown)))
             name, duplicate = registry.assign(
                 wanted,
                 digest,
                 suffix=_params_digest(params),
-                foreign=None if foreign is None else _for_params(foreign, params, trial.number),
+                foreign=None if foreign is None else _for_params(foreign, params, index),
             )
-        self.trial_of.setdefault(name, trial.number)
         return RunSpec(
-            index=trial.number,
-            block=0,
+            index=index,
+            block=block,
             test_config=values,
             config=merged,
             test_config_string=shown,
@@ -681,56 +708,10 @@ class Sweep:
             duplicate=duplicate,
             params=params,
             stage=stage.name,
+            after=after,
             program=self.programs.get(stage.name),
             early_stop=self.stopping.get(stage.name),
         )
-
-    def _shown(self, values: Mapping[str, Any]) -> str:
-        o = self.options
-        return "".join(
-            f"{key}{o.test_config_string_indicator}{_display(value)}{o.test_config_string_separator}"
-            for key, value in values.items()
-            if key not in o.ignored_keys_for_folder_name
-        )
-
-    def followers(self, run: RunSpec, registry: NameRegistry, foreign: Foreign | None) -> Iterator[RunSpec]:
-        """With stages, the runs of the later stages for one run of the search's stage: each of their
-        blocks' combinations, with the sampled values, waiting for that run (``after``)."""
-        o = self.options
-        for stage in self.stages[1:]:
-            for block_index, block in enumerate(stage.blocks):
-                keys = list(block)
-                for combo in itertools.product(*block.values()):
-                    own = dict(zip(keys, combo, strict=True))
-                    values = {**run.test_config, **own}
-                    merged = copy.deepcopy(stage.global_config)
-                    merged.update(values)
-                    shown = self._shown(values)
-                    wanted = folder_name(stage.run_name(_without(o.ignored_characters_for_folder_name, shown)))
-                    params = params_text(values)
-                    digest = config_hash(merged)
-                    name, duplicate = registry.assign(
-                        wanted,
-                        digest,
-                        suffix=_params_digest(params),
-                        foreign=None if foreign is None else _for_params(foreign, params, run.index),
-                    )
-                    yield RunSpec(
-                        index=run.index,
-                        block=block_index,
-                        test_config=values,
-                        config=merged,
-                        test_config_string=shown,
-                        name=name,
-                        work_dir=os.path.join(o.result_root_folder, name),
-                        config_hash=digest,
-                        duplicate=duplicate,
-                        params=params,
-                        stage=stage.name,
-                        after=(run.name,),
-                        program=self.programs.get(stage.name),
-                        early_stop=self.stopping.get(stage.name),
-                    )
 
     def all_test_config_in_string(self) -> str:
         """The original's ``get_all_test_config_in_string()``: raw blocks, as written."""

@@ -172,3 +172,26 @@ def test_the_early_stop_example_prunes_saves_and_runs_nothing_again(in_tmp):
         assert (in_tmp / "results" / "early_stop" / name / "checkpoint.json").exists()
     again = start()
     assert again.returncode == 0 and "0 succeeded, 0 failed, 15 skipped" in again.stderr
+
+
+def test_the_search_example_runs_its_budget_and_its_best_is_found(in_tmp):
+    pytest.importorskip("optuna")
+    (in_tmp / "configs").mkdir()
+    (in_tmp / "examples").mkdir()
+    for path in ("configs/search.yaml", "examples/curve_train.py"):
+        (in_tmp / path).write_text(open(os.path.join(REPO, path), encoding="utf-8").read())
+    gts = [sys.executable, "-m", "gpu_task_scheduler"]
+    run = subprocess.run(
+        gts + ["run", "configs/search.yaml", "--plain"], cwd=str(in_tmp), capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert "20 succeeded, 0 failed, 0 skipped" in run.stderr
+    top = subprocess.run(
+        gts + ["results", "results/search", "--sort", "result.loss", "--top", "3", "--format", "json"],
+        cwd=str(in_tmp),
+        capture_output=True,
+        text=True,
+    )
+    rows = json.loads(top.stdout)
+    assert len(rows) == 3 and rows[0]["result.loss"] <= rows[1]["result.loss"] <= rows[2]["result.loss"]
+    assert 1e-3 <= rows[0]["lr"] <= 0.3 and 64 <= rows[0]["width"] <= 4096

@@ -9,12 +9,6 @@ line, with a numeric ``step`` that never goes back and numeric values.
 
 In a ``GPUTask``, ``self.report(step, **metrics)`` is the same call.
 
-Under ASHA, a report at one of its rungs waits (a moment, at most
-``RUNG_WAIT`` seconds) until the scheduler has judged it, so that a run
-the rule stops trains no further step: the scheduler reads the line, then
-writes ``pruned`` (the run stops) or the rung to ``GTS_JUDGED_FILE`` (it
-goes on).
-
 With ``early_stop`` in the config, the scheduler may stop a run early: it
 writes the reason to the file ``GTS_PRUNE_FILE`` names, and the run's next
 ``report()`` raises :class:`Pruned` there (a ``BaseException``, so an
@@ -22,6 +16,13 @@ writes the reason to the file ``GTS_PRUNE_FILE`` names, and the run's next
 name to save a checkpoint, then return or re-raise). A run that does not
 report again within the sweep's ``grace_period`` gets SIGTERM, then SIGKILL,
 as commands do at once.
+
+Under ASHA, a report at one of its rungs waits (a moment, at most
+``RUNG_WAIT`` seconds) until the scheduler has judged it, so that a run
+the rule stops trains no further step: the scheduler reads the line, then
+writes ``pruned`` (the run stops) or the rung to ``GTS_JUDGED_FILE`` (it
+goes on). The wait looks at those two files every 5 ms: they may be on a
+shared file system, where no change notification reaches this machine.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _wait_at_a_rung(step: float, metrics: dict[str, float]) -> None:
                 if float(handle.read(64)) >= rung:
                     return
         except (OSError, ValueError):
-            pass  # not judged yet (or a half-read number: read again)
+            pass  # not judged yet (the scheduler writes the file whole, by a rename)
         time.sleep(0.005)
 
 

@@ -170,12 +170,6 @@ def test_pruned_is_raised_by_report_and_not_swallowed_by_except_exception(tmp_pa
     assert metrics.read_text().count("\n") == 2  # the step that raised was recorded first
 
 
-def test_report_outside_a_sweep_neither_writes_nor_raises(monkeypatch):
-    monkeypatch.delenv("GTS_METRICS_FILE", raising=False)
-    monkeypatch.delenv("GTS_PRUNE_FILE", raising=False)
-    report(1, loss=0.5)
-
-
 # --- sweeps that prune ----------------------------------------------------------------
 
 CURVES = [{"start": [1.0], "floor": [0.1, 0.3, 0.5], "decay": [0.5, 0.8, 0.95]}]  # best: floor 0.1, decay 0.5

@@ -70,17 +70,16 @@ class Stopper:
     # --- what was recorded before this start ---------------------------------------
 
     def _restore(self, root: str) -> None:
-        stages = {}
-        for record in self._ledger.iter_records():
-            stages[record.name] = record.stage
-            rule = self._rules.get(record.stage)
+        stages = self._ledger.run_stages()
+        for name, stage in stages.items():
+            rule = self._rules.get(stage)
             if isinstance(rule, Median):
                 try:
-                    path = RunPaths.recorded(root, record.name).metrics
+                    path = RunPaths.recorded(root, name).metrics
                 except UnsafePathError:
                     continue
                 reader = read_all(path, keep_points=True)
-                curve = self._curves.setdefault(record.stage, {}).setdefault(record.name, Curve())
+                curve = self._curves.setdefault(stage, {}).setdefault(name, Curve())
                 for step, metrics in reader.points or ():
                     if rule.metric in metrics:
                         curve.add(step, metrics[rule.metric], rule)

@@ -615,6 +615,11 @@ class Ledger:
         rows = self._tuples(f"SELECT DISTINCT {self._column('stage')} FROM runs", ())
         return sorted(row[0] for row in rows if isinstance(row[0], str))
 
+    def run_stages(self) -> dict[str, str | None]:
+        """Each recorded run's stage (None without stages): two columns, not whole records."""
+        rows = self._tuples(f"SELECT name, {self._column('stage')} FROM runs", ())
+        return {name: stage if isinstance(stage, str) else None for name, stage in rows if isinstance(name, str)}
+
     def _column(self, name: str) -> str:
         """A column of a later schema, or NULL in a ledger read as an older version left it."""
         return name if name in self._columns() else "NULL"

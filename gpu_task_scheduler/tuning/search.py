@@ -29,7 +29,7 @@ import os
 import random
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
@@ -110,6 +110,7 @@ class Trial:
     number: int
     values: dict[str, Any]
     name: str | None = None  # its run's folder name, once known
+    done: bool = False  # the sampler was told how it ended (as :meth:`Searcher.trials` found it)
 
 
 def objective(result: Any, metrics: Mapping[str, Any], metric: str) -> float | None:
@@ -208,7 +209,7 @@ class RandomSearcher(Searcher):
             os.close(fd)
 
     def trials(self) -> list[Trial]:
-        return [self._trials[number] for number in sorted(self._trials)]
+        return [replace(self._trials[number], done=number in self._done) for number in sorted(self._trials)]
 
     def done(self, number: int) -> bool:
         return number in self._done
@@ -253,7 +254,7 @@ class _FlockLock:
     """The journal's lock, as an ``flock``: Optuna's default (a symbolic link) outlives a scheduler
     killed while it writes, and the next start then waits for it (30 s) before it breaks it; the
     kernel drops an ``flock`` with its holder. (The root's own lock already keeps a second
-    scheduler out; this one orders the scheduler's writes with a reader's, e.g. optuna-dashboard.)"""
+    scheduler out: this one only orders the writes of the one scheduler.)"""
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -332,7 +333,7 @@ class OptunaSearcher(Searcher):
         if self._study is None:
             return []
         return [
-            Trial(t.number, dict(t.params), t.user_attrs.get(self.NAME_ATTR))
+            Trial(t.number, dict(t.params), t.user_attrs.get(self.NAME_ATTR), t.state.is_finished())
             for t in self._study.get_trials(deepcopy=False)
         ]
 
@@ -392,7 +393,7 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
         if any(key not in trial.values for key in sweep.space):
             # Asked by a scheduler killed before the sampler had given all its values: no run ever
             # had them. Told failed (the sampler learns nothing from it) and not counted.
-            if sweep.live and not searcher.done(trial.number):
+            if sweep.live and not trial.done:
                 searcher.tell(trial.number, None)
             continue
         sweep.asked += 1
@@ -408,7 +409,7 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
         elif not sweep.live:
             if not spec.duplicate:
                 unfinished.append(spec)
-        elif not searcher.done(trial.number):
+        elif not trial.done:
             if spec.duplicate:
                 _twin(sweep, spec.name, trial.number)
             else:

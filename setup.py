@@ -42,7 +42,7 @@ setup(
         "ray": ["ray>=2.10"],
         # Adaptive search (search: {sampler: tpe | cmaes | qmc}): Optuna's samplers, imported
         # only by a sweep that asks for one; sampler: random needs nothing.
-        "search": ["optuna>=3.6", "cmaes>=0.10"],
+        "search": ["optuna>=3.6", "cmaes>=0.10", "scipy>=1.7"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",
@@ -54,6 +54,7 @@ setup(
             "ray>=2.10",
             "optuna>=3.6",
             "cmaes>=0.10",
+            "scipy>=1.7",
             "ruff>=0.6",
             "mypy>=1.10",
         ],

@@ -91,18 +91,23 @@ def parse_search(raw: Any) -> Search | None:
     if mode not in ("min", "max"):
         raise ConfigError(f"search: mode must be min (lower is better) or max (higher is better); got {mode!r}")
     if sampler != "random":
-        check_optuna()
+        check_optuna(sampler)
     return Search(sampler, n_runs, seed, metric, mode)
 
 
-def check_optuna() -> None:
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            f"the tpe, cmaes and qmc samplers are Optuna's, which is not installed: {EXTRA_HINT} "
-            "(or use sampler: random, which needs nothing)"
-        ) from None
+# What each of Optuna's samplers needs besides Optuna (all in the search extra).
+_NEEDS = {"tpe": (), "cmaes": ("cmaes",), "qmc": ("scipy",)}
+
+
+def check_optuna(sampler: str = "tpe") -> None:
+    for module in ("optuna", *_NEEDS.get(sampler, ())):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(
+                f"the {sampler} sampler needs {module}, which is not installed: {EXTRA_HINT} "
+                "(or use sampler: random, which needs nothing)"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -280,7 +285,7 @@ class OptunaSearcher(Searcher):
         self, search: Search, space: Mapping[str, Distribution], meta: str, *, read_only: bool = False
     ) -> None:
         super().__init__(search, space, meta)
-        check_optuna()
+        check_optuna(search.sampler)
         import optuna
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend

@@ -9,7 +9,7 @@ from typing import Any
 
 from .backends.choose import launcher_for
 from .backends.local.tasks import resolve_task
-from .engine.api import reraise_interruption, run_sweep
+from .engine.api import check_root, reraise_interruption, run_sweep
 from .engine.hooks import HookList, Hooks
 from .engine.summary import RunOutcome, SweepSummary
 from .gpu.devices import Slot
@@ -51,6 +51,7 @@ class GPUTaskScheduler:
         live_status: bool | None = None,
     ) -> None:
         self.sweep = Sweep(config)
+        check_root(self.sweep)
         self._make_task = resolve_task(self.sweep, gpu_task_class, command=command, shell=shell)
         self._nvml, hooks = nvml, list(hooks)
         if console is None:

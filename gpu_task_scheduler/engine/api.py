@@ -13,9 +13,10 @@ import signal
 from collections.abc import Iterator
 from types import ModuleType
 
+from ..errors import ConfigError
 from ..records.known import RootIndex
 from ..records.ledger import Ledger
-from ..records.paths import RootPaths
+from ..records.paths import RootPaths, result_root_problem
 from ..records.prior import read_prior
 from ..reports.notify import run_notify_command, send_email
 from ..sweep.expand import RunSpec, Sweep
@@ -30,8 +31,17 @@ from .summary import SweepSummary
 logger = logging.getLogger("gpu_task_scheduler")
 
 
+def check_root(sweep: Sweep) -> None:
+    """The sweep's result root can be one (a folder or nothing yet, a path SQLite can open), or a
+    ConfigError: asked before anything runs, by every way of starting or planning a sweep."""
+    problem = result_root_problem(sweep.options.result_root_folder)
+    if problem is not None:
+        raise ConfigError(f"scheduler_config['result_root_folder']: {problem}")
+
+
 def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
     """Each run with what a start would do with it now (the loop's own decision), read-only."""
+    check_root(sweep)
     options = sweep.options
     root = options.result_root_folder
     ledger = Ledger.read_only(RootPaths(root))
@@ -70,6 +80,7 @@ def run_sweep(
     before anything is written); the scheduler log is open while it runs; the
     summary is logged and the notifications sent at the end.
     """
+    check_root(sweep)
     hooks = hooks or Hooks()
     options = sweep.options
     scheduler = Scheduler(sweep, launcher, nvml=nvml, hooks=hooks, keep_succeeded=keep_succeeded)

@@ -38,9 +38,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-META = ".gts"
-# Linux and macOS limit one path component to 255 bytes.
-MAX_NAME_BYTES = 255
+# The layout's pure names live in layout.py (the config layer checks with them); here with the I/O.
+from ..layout import MAX_NAME_BYTES as MAX_NAME_BYTES
+from ..layout import META as META
+from ..layout import log_name_problem as log_name_problem
+
 # Results up to this many bytes of JSON go into the outcome file and the ledger;
 # larger ones into the run's own .gts/result.json, which the ledger refers to.
 MAX_INLINE_RESULT = 1 << 20
@@ -164,6 +166,15 @@ def ledger_path_problem(root: str) -> str | None:
     return None
 
 
+def result_root_problem(root: str) -> str | None:
+    """Why ``root`` cannot be a result root (something else than a folder is there, or SQLite
+    could not open a ledger under it), or None. Asked where a sweep opens its root, before
+    anything runs or is written."""
+    if os.path.exists(root) and not os.path.isdir(root):
+        return f"{root!r} exists and is not a folder"
+    return ledger_path_problem(root)
+
+
 def name_problem(name: object) -> str | None:
     """Why ``name`` cannot be a run folder under a result root, or None. A name the sweep
     makes is always one plain path component (sweep/naming.py); one read from a ledger, a
@@ -184,25 +195,6 @@ def name_problem(name: object) -> str | None:
         return f"the run name {name!r} holds NUL"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"the run name {name[:40]!r}... is over {MAX_NAME_BYTES} bytes"
-    return None
-
-
-def log_name_problem(value: object) -> str | None:
-    """What is wrong with ``log_file`` (a run's log, relative to its folder), or None."""
-    if value is None:
-        return None
-    if (
-        not isinstance(value, str)
-        or not value
-        or os.path.isabs(value)
-        or ".." in value.split("/")
-        or "\0" in value
-        or value.endswith("/")
-        or os.path.normpath(value) == "."
-    ):
-        return "a file name relative to the run folder (without '..') or null"
-    if os.path.normpath(value).split("/")[0] == META:
-        return f"a file name outside {META}/, which holds the scheduler's own records"
     return None
 
 

@@ -27,7 +27,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from ..records.paths import MAX_NAME_BYTES
+from ..layout import MAX_NAME_BYTES
 
 _HASH_CHARS = 8
 

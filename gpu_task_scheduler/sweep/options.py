@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
-from ..records.paths import ledger_path_problem, log_name_problem
+from ..layout import log_name_problem
 
 
 def _bool(value: Any) -> str | None:
@@ -293,12 +293,9 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         if problem is not None:
             raise ConfigError(f"scheduler_config[{key!r}] must be {problem}; got {value!r} ({type(value).__name__})")
         given[key] = os.fspath(value) if isinstance(value, os.PathLike) else copy.deepcopy(value)
-    root = given["result_root_folder"]
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise ConfigError(f"scheduler_config['result_root_folder'] is {root!r}, which exists and is not a folder")
-    problem = ledger_path_problem(root)
-    if problem is not None:
-        raise ConfigError(f"scheduler_config['result_root_folder']: {problem}")
+    # What the result root and the log name must be to hold records (a folder, a path SQLite can
+    # open, a log outside the records' folder) is checked where the root is opened
+    # (records/paths.py: check_root), not here: the config layer knows nothing of the storage.
     typed = {key: copy.deepcopy(value) for key, value in given.items() if key != "gpu"}
     for key in _SIZES:
         typed[key] = None if typed[key] is None else parse_memory(typed[key], key)

@@ -776,6 +776,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _take_late_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:
+    """``gts run s.yaml --dry-run lr=0.5``: argparse takes the positional overrides in one group,
+    before the first option; overrides after an option come back unrecognised. As in Hydra, they
+    are accepted anywhere after the subcommand, in the order given. Anything else is still an
+    error, worded as argparse words it."""
+    is_run = getattr(args, "command", None) == "run"
+    late = [item for item in extra if is_run and "=" in item and not item.startswith("-")]
+    if len(late) != len(extra):
+        parser.error(f"unrecognized arguments: {' '.join(item for item in extra if item not in late)}")
+    args.overrides.extend(late)
+
+
 def _ensure_standard_streams() -> None:
     """``gts run 2>&-``: a closed stdout or stderr becomes /dev/null, so that no
     write to it (a log line, the summary) can end the sweep in a traceback."""
@@ -796,7 +808,9 @@ def _ensure_standard_streams() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _ensure_standard_streams()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _take_late_overrides(parser, args, extra)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

@@ -48,6 +48,13 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """The end of a sentence about a misspelt ``word``: ``"; did you mean 'loss'?"`` for the
+    closest choice, else ``"."``."""
+    guess = closest(word, choices)
+    return "." if guess is None else f"; did you mean {guess!r}?"
+
+
 def unknown_key_message(where: str, key: object, valid: Iterable[str]) -> str:
     """``unknown key 'foo' in scheduler_config; did you mean 'bar'? Valid keys: ...``"""
     valid = sorted(valid)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ConfigError, GTSError, closest
+from .errors import ConfigError, GTSError, closest, did_you_mean
 from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.metrics import read_all
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
@@ -106,13 +106,43 @@ def _row(root: str, record: RunRecord) -> dict[str, Any]:
     row["duration"] = duration(record)
     result = run_result(root, record)
     if isinstance(result, dict):
-        row.update({f"result.{key}": value for key, value in result.items()})
+        row.update(flatten(result, "result."))
     elif result is not None:
         row["result"] = result
     for name, summary in record.metrics_value.items():  # what it reported last as it trained
         if isinstance(summary, dict):
             row[f"metrics.{name}"] = summary.get("last")
     return row
+
+
+MAX_NESTING = 20  # deeper dicts in a result stay one JSON cell
+
+
+def flatten(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested result as columns: ``{"nested": {"acc": 0.9}}`` gives ``nested.acc``. Where two
+    paths give one name (``{"a.b": 1, "a": {"b": 2}}``), the one with fewer levels wins, as the
+    ledger's ranking reads it.
+
+    >>> flatten({"loss": 1, "val": {"acc": 0.9, "f1": {"macro": 0.5}}, "empty": {}}, "result.")
+    {'result.loss': 1, 'result.val.acc': 0.9, 'result.val.f1.macro': 0.5, 'result.empty': {}}
+    """
+    flat: dict[str, Any] = {}
+    depth: dict[str, int] = {}
+
+    def walk(mapping: dict[str, Any], head: str, level: int) -> None:
+        for key, item in mapping.items():
+            name = f"{head}{key}"
+            if isinstance(item, dict) and item and level < MAX_NESTING:
+                walk(item, name + ".", level + 1)
+            elif depth.get(name, level + 1) > level:
+                flat[name], depth[name] = item, level
+
+    walk(value, prefix, 0)
+    return flat
+
+
+# Columns every row has that the ledger cannot rank: sorted from the rows themselves.
+ROW_COLUMNS = ("name", "stage", "status", "duration")
 
 
 def top_rows(
@@ -122,6 +152,9 @@ def top_rows(
     whose result the ledger holds, and only those ``count`` and the runs whose result is kept in
     their folders (read one by one, as ``rows`` reads them) become rows. A root of 300,000 runs:
     about a second, in bounded memory."""
+    if key in ROW_COLUMNS:
+        table = [row for row in rows(root, stage=stage) if not succeeded or row["status"] == "succeeded"]
+        return sort_rows(table, key, descending=descending)[:count]
     ledger = open_ledger(root)
     try:
         if stage is not None:
@@ -164,6 +197,62 @@ def sort_rows(table: Sequence[dict[str, Any]], key: str, *, descending: bool = F
     return sorted(with_value, key=lambda row: metric(row, key) or 0.0, reverse=descending) + without
 
 
+def key_problem(
+    root: str, key: str, table: Sequence[dict[str, Any]] | None = None, *, stage: str | None = None
+) -> str | None:
+    """None when some run has a number at ``key`` (``table``: rows already at hand that decide it
+    when one has); else why not, in words that help: the key matches no column (with the closest
+    one, and the columns there are), or its values are not numbers."""
+    if table is not None and any(metric(row, key) is not None for row in table):
+        return None
+    every = rows(root, stage=stage)
+    if any(metric(row, key) is not None for row in every):
+        return None
+    names = columns(every)
+    lookups = (key,) if key.startswith("result.") else (f"result.{key}", key)
+    if any(name in names for name in lookups):
+        return f"{key!r} is not a number in any run of {root}"
+    short = {name[len("result.") :]: name for name in names if name.startswith("result.")}
+    guess = closest(key, [*names, *short])
+    message = f"no run of {root} has {key!r}"
+    if guess is not None:
+        message += f"; did you mean {guess!r}?"
+    shown = [name for name in names if name not in ROW_COLUMNS]
+    if not any(name.startswith(("result", "metrics.")) for name in names):
+        message += " (no run has recorded a result yet)"
+    if shown:
+        message += f" Its columns: {', '.join(shown[:30])}{' ...' if len(shown) > 30 else ''}."
+    return message
+
+
+def declared_mode(root: str, key: str) -> str | None:
+    """``"min"`` or ``"max"``: the way the sweep's config says ``key`` is better, where its
+    ``early_stop`` or ``search`` (top level or a stage's) declares a ``mode`` for that metric;
+    None where none does, or two disagree."""
+    ledger = open_ledger(root)
+    try:
+        recorded = ledger.get_meta("sweep_config")
+    finally:
+        ledger.close()
+    try:
+        config = json.loads(recorded) if recorded else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    sections = [config, *(stage for stage in config.get("stages") or [] if isinstance(stage, dict))]
+    modes = set()
+    for section in sections:
+        for part in ("early_stop", "search"):
+            declared = section.get(part)
+            if not isinstance(declared, dict) or declared.get("mode") not in ("min", "max"):
+                continue
+            name = declared.get("metric")
+            if isinstance(name, str) and key in (name, f"result.{name}", f"metrics.{name}"):
+                modes.add(declared["mode"])
+    return modes.pop() if len(modes) == 1 else None
+
+
 def best(root: str, key: str, *, maximize: bool = False, stage: str | None = None) -> dict[str, Any] | None:
     """The succeeded run with the lowest ``key`` (the highest with ``maximize``), or None (ranked by
     SQLite: see :func:`top_rows`)."""
@@ -191,7 +280,11 @@ def aggregate(root: str, over: str, *, stage: str | None = None) -> list[dict[st
         groups.setdefault(group, []).append(record)
         params.setdefault(group, rest)
     if not found:
-        raise ConfigError(f"no run of {root!r} has the parameter {over!r} to average over")
+        known = sorted({key for record in records(root, stage) for key in record.params_value})
+        raise ConfigError(
+            f"no run of {root!r} has the parameter {over!r} to average over{did_you_mean(over, known)}"
+            + (f" Parameters: {', '.join(known)}." if known else "")
+        )
     table = []
     for group, members in groups.items():
         row: dict[str, Any] = dict(params[group])

@@ -181,7 +181,7 @@ def test_curves_are_a_row_per_run_and_step_and_the_plot_draws_them(in_tmp, capsy
     assert gts(["plot", str(root), "--curves", "loss", "--by", "lr", "-o", str(in_tmp / "curves.png")]) == 0
     assert (in_tmp / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     capsys.readouterr()
-    assert gts(["plot", str(root), "--curves", "los", "-o", str(in_tmp / "x.png")]) != 0
-    assert "no run reported 'los' as it trained; reported: acc, loss" in capsys.readouterr().err
+    assert gts(["plot", str(root), "--curves", "los", "-o", str(in_tmp / "x.png")]) == 2
+    assert "no run reported 'los' as it trained; did you mean 'loss'? Reported: acc, loss" in capsys.readouterr().err
     assert gts(["plot", str(root), "--curves", "loss", "--by", "l", "-o", str(in_tmp / "x.png")]) != 0
     assert "no parameter 'l'" in capsys.readouterr().err

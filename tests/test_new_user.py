@@ -36,7 +36,12 @@ def write_sweep(folder, results, *, name="sweep.yaml", **more):
 
 def _gts(*argv, cwd, **kwargs):
     return subprocess.run(
-        [sys.executable, "-m", "gpu_task_scheduler", *argv], cwd=cwd, capture_output=True, text=True, timeout=120, **kwargs
+        [sys.executable, "-m", "gpu_task_scheduler", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,
     )
 
 
@@ -68,3 +73,114 @@ def test_what_is_not_an_override_is_still_refused(in_tmp, capsys):
     with pytest.raises(SystemExit) as exit:
         gts(["status", "results", "i=5"])
     assert exit.value.code == 2 and "unrecognized arguments: i=5" in capsys.readouterr().err
+
+
+def test_commands_on_a_root_accept_the_config_file_instead(in_tmp, capsys):
+    sweep = write_sweep(in_tmp, [{"loss": 2.0}, {"loss": 1.0}])
+    assert gts(["run", sweep, "--plain"]) == 0
+    capsys.readouterr()
+    assert gts(["status", sweep]) == 0
+    assert "2 succeeded" in capsys.readouterr().out
+    assert gts(["results", sweep, "--best", "loss", "--min", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["name"] == "i-1,"
+    assert gts(["logs", sweep, "i-0,"]) == 0
+    assert gts(["retry", sweep, "i-0,", "--force", "--plain"]) == 0
+    assert "running 1 run(s) again: i-0," in capsys.readouterr().out
+    assert gts(["stop", sweep]) == 1  # read the root from the file, found nothing running there
+    assert "no scheduler" in capsys.readouterr().err
+    (in_tmp / "broken.yaml").write_text("scheduler_config: 3\n")
+    assert gts(["status", "broken.yaml"]) == 2
+    assert "without a scheduler_config" in capsys.readouterr().err
+
+
+def test_a_cli_sweep_logs_into_its_result_root(in_tmp, capsys):
+    one = write_sweep(in_tmp, [{}], name="one.yaml")
+    two = write_sweep(in_tmp, [{}, {}], name="two.yaml")
+    config = json.loads((in_tmp / "two.yaml").read_text())
+    config["scheduler_config"]["result_root_folder"] = "other"
+    (in_tmp / "two.yaml").write_text(json.dumps(config))
+    assert gts(["run", one, "--plain"]) == 0 and gts(["run", two, "--plain"]) == 0
+    assert not (in_tmp / "scheduler.log").exists()
+    assert "1 succeeded" in (in_tmp / "results" / "scheduler.log").read_text()
+    assert "2 succeeded" in (in_tmp / "other" / "scheduler.log").read_text()
+    config["scheduler_config"]["scheduler_log_file_path"] = "mine.log"  # a path the config names is kept
+    (in_tmp / "two.yaml").write_text(json.dumps(config))
+    assert gts(["run", two, "--plain", "--force-rerun"]) == 0
+    assert "2 succeeded" in (in_tmp / "mine.log").read_text()
+
+
+@pytest.fixture
+def nested_root(in_tmp, capsys):
+    results = [
+        {"loss": 3.0, "val": {"acc": 0.5, "f1": {"macro": 0.2}}, "note": "a"},
+        {"loss": 1.0, "val": {"acc": 0.9, "f1": {"macro": 0.1}}, "note": "b"},
+        {"loss": 2.0, "val": {"acc": 0.7, "f1": {"macro": 0.3}}, "note": "c"},
+    ]
+    sweep = write_sweep(in_tmp, results)
+    assert gts(["run", sweep, "--plain"]) == 0
+    capsys.readouterr()
+    return str(in_tmp / "results")
+
+
+def _names(capsys):
+    return [row["name"] for row in json.loads(capsys.readouterr().out)]
+
+
+def test_nested_results_are_columns_everywhere(nested_root, capsys):
+    from gpu_task_scheduler import results
+
+    table = results.rows(nested_root)
+    assert table[0]["result.val.acc"] == 0.5 and table[0]["result.val.f1.macro"] == 0.2
+    assert list(results.to_dataframe(nested_root)["result.val.f1.macro"]) == [0.2, 0.1, 0.3]
+    assert gts(["results", nested_root, "--sort", "val.acc", "--desc", "--format", "json"]) == 0
+    assert _names(capsys) == ["i-1,", "i-2,", "i-0,"]
+    # Ranked by SQLite (--top) as by the rows: the same order.
+    for key in ("val.acc", "result.val.f1.macro", "val.f1.macro"):
+        for top in ("1", "2", "3"):
+            assert gts(["results", nested_root, "--sort", key, "--top", top, "--format", "json"]) == 0
+            whole = [row["name"] for row in results.sort_rows(results.rows(nested_root), key)]
+            assert _names(capsys) == whole[: int(top)]
+    assert gts(["results", nested_root, "--best", "val.f1.macro", "--max", "--format", "json"]) == 0
+    assert _names(capsys) == ["i-2,"]
+    assert gts(["results", nested_root]) == 0
+    assert "result.val.f1.macro" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_an_unknown_key_is_an_error_with_the_closest_one(nested_root, capsys):
+    for argv, words in [
+        (["--sort", "los"], "no run of %s has 'los'; did you mean 'loss'?"),
+        (["--sort", "val.ac", "--top", "2"], "has 'val.ac'; did you mean 'val.acc'?"),
+        (["--best", "val.ac", "--max"], "has 'val.ac'; did you mean 'val.acc'?"),
+        (["--average-over", "ii"], "has the parameter 'ii' to average over; did you mean 'i'? Parameters: i."),
+        (["--sort", "note"], "'note' is not a number in any run"),
+    ]:
+        assert gts(["results", nested_root, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert (words % nested_root if "%s" in words else words) in err, (argv, err)
+    sweep_over_seeds = ["--average-over", "i", "--sort", "los"]
+    assert gts(["results", nested_root, *sweep_over_seeds]) == 2
+    assert "no averaged result is named 'los'; did you mean 'loss'?" in capsys.readouterr().err
+    png = os.path.join(nested_root, "..", "x.png")
+    assert gts(["plot", nested_root, "--metric", "los", "--by", "i", "-o", png]) == 2
+    assert "no succeeded run has the result 'los'; did you mean 'loss'?" in capsys.readouterr().err
+    assert gts(["plot", nested_root, "--metric", "loss", "--by", "j", "-o", png]) == 2
+    assert "no run has the parameter 'j'" in capsys.readouterr().err
+
+
+def test_best_says_which_way_it_goes(nested_root, in_tmp, capsys):
+    assert gts(["results", nested_root, "--best", "val.acc"]) == 2
+    assert "say which way 'val.acc' is better: --best val.acc --min (e.g. a loss) or --max" in capsys.readouterr().err
+    for flags, expected in [(["--max"], "i-1,"), (["--desc"], "i-1,"), (["--min"], "i-0,")]:
+        assert gts(["results", nested_root, "--best", "val.acc", *flags, "--format", "json"]) == 0
+        assert _names(capsys) == [expected]
+    assert gts(["results", nested_root, "--sort", "loss", "--max"]) == 2
+    # A sweep whose config declares the metric's mode: that is the way.
+    config = json.loads((in_tmp / "sweep.yaml").read_text())
+    config["early_stop"] = {"method": "median", "metric": "acc", "mode": "max"}
+    config["scheduler_config"]["result_root_folder"] = "declared"
+    (in_tmp / "declared.yaml").write_text(json.dumps(config))
+    (in_tmp / "table.json").write_text(json.dumps([{"acc": 0.5}, {"acc": 0.9}, {"acc": 0.7}]))
+    assert gts(["run", "declared.yaml", "--plain"]) == 0
+    capsys.readouterr()
+    assert gts(["results", "declared.yaml", "--best", "acc", "--format", "json"]) == 0
+    assert _names(capsys) == ["i-1,"]

@@ -51,7 +51,7 @@ def test_the_same_from_gts_results(root, capsys):
     assert main(["results", root, "--sort", "loss", "--desc", "--format", "json"]) == 0
     ranked = json.loads(capsys.readouterr().out)
     assert ranked[0]["name"] == "lr-0.2,seed-3," and ranked[-1]["name"] == "lr-0.3,seed-1,"  # no loss: last
-    assert main(["results", root, "--best", "loss", "--format", "json"]) == 0
+    assert main(["results", root, "--best", "loss", "--min", "--format", "json"]) == 0
     assert [row["name"] for row in json.loads(capsys.readouterr().out)] == ["lr-0.1,seed-1,"]
     assert main(["results", root, "--average-over", "seed", "--sort", "loss", "--desc"]) == 0
     text = capsys.readouterr().out.splitlines()

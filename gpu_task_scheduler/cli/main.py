@@ -73,6 +73,23 @@ def _config_among_gpus(args: argparse.Namespace) -> None:
         raise ConfigError("gts run needs a config file: gts run CONFIG [--gpus ...] (or --gpus ... -- CONFIG)")
 
 
+def _root_of(given: str) -> str:
+    """A result root named on the command line, or the config file of the sweep (``gts status
+    sweep.yaml``): its ``result_root_folder``, relative to here as ``gts run`` reads it."""
+    from ..sweep.files import SUFFIXES
+
+    if os.path.splitext(given)[1].lower() not in SUFFIXES or not os.path.isfile(given):
+        return given
+    config = load_config(given)
+    scheduler = config.get("scheduler_config")
+    if not isinstance(scheduler, dict):
+        raise ConfigError(f"{given} is a config file without a scheduler_config to find its result root in")
+    root = scheduler.get("result_root_folder", "results/")
+    if not isinstance(root, (str, os.PathLike)):
+        raise ConfigError(f"{given}: scheduler_config['result_root_folder'] must be a path; got {root!r}")
+    return os.fspath(root)
+
+
 # --- gts run ---------------------------------------------------------------------------
 
 
@@ -100,8 +117,20 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
         scheduler["on_config_change"] = "rerun" if args.accept_changes else "keep"
     if args.address is not None and args.backend is None:
         scheduler["backend"] = "ray"  # only Ray takes an address
+    if "scheduler_log_file_path" not in scheduler:
+        scheduler["scheduler_log_file_path"] = _log_in_root(scheduler.get("result_root_folder", "results/"))
     config["scheduler_config"] = scheduler
     return config
+
+
+def _log_in_root(root: Any) -> Any:
+    """Where a sweep run from the command line logs when its config names no place: in its result
+    root, so that two sweeps started from one folder keep their logs apart (the Python API keeps
+    the original's ``scheduler.log`` in the current folder). A root that is not a path is left to
+    the config's validation."""
+    if not isinstance(root, (str, os.PathLike)):
+        return None
+    return os.path.join(os.path.abspath(root), "scheduler.log")
 
 
 def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
@@ -360,7 +389,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise ConfigError(
             "the sweep's task class has no importable name (defined in __main__?): give --task MODULE:CLASS"
         )
-    config["scheduler_config"]["result_root_folder"] = os.path.abspath(args.root)
+    recorded_scheduler = config["scheduler_config"]
+    if recorded_scheduler.get("scheduler_log_file_path") == _log_in_root(
+        recorded_scheduler.get("result_root_folder", "results/")
+    ):  # the log gts run put in the root follows the root (moved since?)
+        recorded_scheduler["scheduler_log_file_path"] = _log_in_root(args.root)
+    recorded_scheduler["result_root_folder"] = os.path.abspath(args.root)
     if args.gpus:
         config["scheduler_config"]["gpu"] = _gpu_option(args.gpus)
     if args.force:
@@ -465,17 +499,40 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report["problem"] else EXIT_OK
 
 
+def _best_maximizes(args: argparse.Namespace) -> bool:
+    """Which way ``--best KEY`` goes: ``--min``/``--max`` (``--desc``: ``--max``), else the
+    ``mode`` the sweep's config declares for that metric; never a guess."""
+    from ..results import declared_mode
+
+    if args.max or args.min or args.desc:
+        if args.min and args.desc:
+            raise ConfigError("--min and --desc say opposite things; give one (--desc with --best means --max)")
+        return not args.min
+    mode = declared_mode(args.root, args.best)
+    if mode is None:
+        raise ConfigError(
+            f"say which way {args.best!r} is better: --best {args.best} --min (e.g. a loss) or --max (e.g. "
+            "an accuracy); the sweep's config declares no mode for it (early_stop or search)"
+        )
+    return mode == "max"
+
+
 def cmd_results(args: argparse.Namespace) -> int:
-    from ..results import aggregate, best, format_csv, format_table, rows, sort_rows, top_rows
+    from ..results import aggregate, best, format_csv, format_table, key_problem, metric, rows, sort_rows, top_rows
 
     if args.best and (args.sort or args.average_over):
         raise ConfigError("--best gives one run; it does not go with --sort or --average-over")
+    if (args.min or args.max) and not args.best:
+        raise ConfigError("--min and --max say which way --best goes; to order rows, use --sort KEY [--desc]")
     if args.top is not None and args.top < 1:
         raise ConfigError("--top must be 1 or more")
     if args.best:
-        found = best(args.root, args.best, maximize=args.desc, stage=args.stage)
+        found = best(args.root, args.best, maximize=_best_maximizes(args), stage=args.stage)
         table = [] if found is None else [found]
         if found is None:
+            problem = key_problem(args.root, args.best, stage=args.stage)
+            if problem is not None:
+                raise ConfigError(problem)
             print(f"no succeeded run has a number for {args.best!r}", file=sys.stderr)
             return EXIT_FAILED
     else:
@@ -486,9 +543,13 @@ def cmd_results(args: argparse.Namespace) -> int:
         else:
             table = rows(args.root, stage=args.stage)
         if args.sort:
-            table = sort_rows(
-                table, args.sort if not args.average_over else _mean_column(args.sort), descending=args.desc
-            )
+            key = args.sort if not args.average_over else _mean_column(args.sort)
+            table = sort_rows(table, key, descending=args.desc)
+            if table and metric(table[0], key) is None:  # sorted rows with a number come first
+                problem = _averaged_key_problem(table, args.sort) if args.average_over else None
+                problem = problem or key_problem(args.root, args.sort, stage=args.stage)
+                if problem is not None:
+                    raise ConfigError(problem)
         if args.top is not None:
             table = table[: args.top]
     if args.format == "json":
@@ -498,6 +559,23 @@ def cmd_results(args: argparse.Namespace) -> int:
     else:
         print(format_table(table, escape=sys.stdout.isatty()) if table else "no runs recorded")
     return EXIT_OK
+
+
+def _averaged_key_problem(table: list[dict[str, Any]], key: str) -> str | None:
+    """``--sort KEY --average-over P``: KEY must be a result averaged in the groups."""
+    from ..errors import closest
+    from ..results import columns
+
+    means = [name[: -len(".mean")] for name in columns(table) if name.endswith(".mean")]
+    if _mean_column(key)[: -len(".mean")] in means:
+        return None
+    short = [name[len("result.") :] for name in means if name.startswith("result.")]
+    guess = closest(key, [*means, *short])
+    return (
+        f"no averaged result is named {key!r}"
+        + (f"; did you mean {guess!r}?" if guess else "")
+        + (f" Averaged: {', '.join(short or means)}." if means else " (no group has a numeric result)")
+    )
 
 
 def _mean_column(key: str) -> str:
@@ -662,7 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_formatter,
         epilog="examples:\n  gts status results/\n  gts status results/ --json | jq .counts",
     )
-    s.add_argument("root", help="the result root (result_root_folder)")
+    s.add_argument("root", help="the result root (result_root_folder), or the sweep's config file")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument(
         "--watch",
@@ -679,7 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  gts retry results/ --failed\n  gts retry results/ --interrupted --gpus 0 1\n"
         "  gts retry results/ lr-0.1, 7",
     )
-    rt.add_argument("root", help="the result root")
+    rt.add_argument("root", help="the result root, or the sweep's config file")
     rt.add_argument("runs", nargs="*", metavar="RUN", help="runs by folder name, unique prefix or index")
     rt.add_argument(
         "--failed", action="store_true", help="every failed or timed-out run (and every run blocked by one: stages)"
@@ -704,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_formatter,
         epilog="examples:\n  gts stop results/\n  gts stop results/ --drain --wait\n  gts stop results/ --now",
     )
-    st.add_argument("root", help="the result root of the running sweep")
+    st.add_argument("root", help="the result root of the running sweep, or its config file")
     how = st.add_mutually_exclusive_group()
     how.add_argument("--drain", action="store_true", help="start no more runs; let the running ones finish")
     how.add_argument("--now", action="store_true", help="kill the running runs at once (no grace period)")
@@ -718,7 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  gts logs results/ lr-0.1,\n  gts logs results/ 7 -f\n  gts logs results/ lr-0.0 -n 50\n"
         "  gts logs results/ --failed",
     )
-    lg.add_argument("root", help="the result root")
+    lg.add_argument("root", help="the result root, or the sweep's config file")
     lg.add_argument("run", nargs="?", help="the run: its folder name, a unique prefix of it, or its index")
     lg.add_argument("-f", "--follow", action="store_true", help="then print what it adds until the run ends")
     lg.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines (--failed: 20)")
@@ -739,15 +817,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="one row per run: parameters, state, duration, result",
         formatter_class=_formatter,
         epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv\n"
-        "  gts results results/ --sort loss --top 5\n  gts results results/ --best accuracy --desc\n"
-        "  gts results results/ --average-over seed --sort loss\n  gts results results/ --stage eval --best loss",
+        "  gts results results/ --sort loss --top 5\n  gts results results/ --best accuracy --max\n"
+        "  gts results results/ --average-over seed --sort loss\n  gts results results/ --stage eval --best loss --min",
     )
-    r.add_argument("root", help="the result root")
+    r.add_argument("root", help="the result root, or the sweep's config file")
     r.add_argument("--format", choices=["table", "csv", "json"], default="table")
     r.add_argument("--sort", metavar="KEY", help="order by a result (loss finds result.loss) or a parameter")
     r.add_argument("--desc", action="store_true", help="largest first (with --best: the largest)")
     r.add_argument("--top", type=int, metavar="N", help="only the first N rows")
-    r.add_argument("--best", metavar="KEY", help="the one succeeded run with the lowest KEY (--desc: highest)")
+    r.add_argument(
+        "--best",
+        metavar="KEY",
+        help="the one succeeded run with the best KEY: --min or --max says which way (else the mode the "
+        "config's early_stop or search declares for it)",
+    )
+    way = r.add_mutually_exclusive_group()
+    way.add_argument("--min", action="store_true", help="with --best: the lowest KEY is best (a loss)")
+    way.add_argument("--max", action="store_true", help="with --best: the highest KEY is best (an accuracy)")
     r.add_argument(
         "--average-over",
         "--group-by-seed",
@@ -766,7 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  gts plot results/ --metric loss --by lr -o loss.png\n"
         "  gts plot results/ --curves loss --by lr -o curves.png",
     )
-    p.add_argument("root", help="the result root")
+    p.add_argument("root", help="the result root, or the sweep's config file")
     p.add_argument("--timeline", action="store_true", help="runs as bars per slot over time, failures marked")
     p.add_argument("--metric", help="a key of the runs' results")
     p.add_argument("--curves", metavar="NAME", help="a metric the runs reported as they trained, against the step")
@@ -815,6 +901,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if getattr(args, "root", None) is not None:
+            args.root = _root_of(args.root)
         return args.handler(args)
     except (ConfigError, TaskClassError) as error:
         print(f"gts {args.command}: error: {error}", file=sys.stderr)

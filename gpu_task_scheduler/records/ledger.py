@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -148,6 +149,33 @@ class KnownRun:
 
 
 _STATUSES = {status.value: status for status in RunStatus}
+
+
+def _json_paths(key: str, most: int = 4) -> list[str]:
+    """SQLite JSON paths at which a result may hold ``key``: the literal key, then each way of
+    reading its dots as nesting, fewer levels first (as ``results`` flattens a nested result).
+    Over ``most`` dots, only the literal key and the fully nested one.
+
+    >>> _json_paths("nested.acc")
+    ['$."nested.acc"', '$."nested"."acc"']
+    """
+    parts = key.split(".")
+    if len(parts) == 1:
+        return ["$." + json.dumps(key)]
+    cuts = len(parts) - 1
+    splits = [(0,) * cuts, (1,) * cuts] if cuts > most else list(itertools.product((0, 1), repeat=cuts))
+    paths = []
+    for split in sorted(splits, key=sum):
+        pieces, current = [], parts[0]
+        for cut, part in zip(split, parts[1:], strict=True):
+            if cut:
+                pieces.append(current)
+                current = part
+            else:
+                current += "." + part
+        pieces.append(current)
+        paths.append("$." + ".".join(json.dumps(piece) for piece in pieces))
+    return paths
 
 
 def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
@@ -582,23 +610,39 @@ class Ledger:
         self, key: str, limit: int, *, descending: bool = False, stage: str | None = None, succeeded: bool = False
     ) -> list[str]:
         """The names of the ``limit`` runs whose recorded result has the smallest (``descending``:
-        largest) number at ``key`` (a result key, else a swept parameter of that name, as
-        ``results.metric`` reads a row), runs without one last, ties in the sweep's order; ranked by
-        SQLite. Only runs whose result is in the ledger: the rest (results kept in their folders)
-        are the caller's to rank."""
+        largest) number at ``key``, runs without one last, ties in the sweep's order; ranked by
+        SQLite. ``key`` is read as ``results.metric`` reads a row: a result key (``nested.acc``
+        reaches into a nested result, the literal key first), else a swept parameter, else
+        ``metrics.NAME``, the last value a run reported. Only runs whose result is in the ledger:
+        the rest (results kept in their folders) are the caller's to rank."""
         result_key = key[len("result.") :] if key.startswith("result.") else key
-        path = "$." + json.dumps(result_key)  # a quoted JSON path: any key, dots and all
-        number = "json_type({0}, :path) IN ('integer', 'real')"
-        value = (
-            "CASE WHEN json_type(result) IN ('integer', 'real') THEN json_extract(result, '$') END"
-            if key == "result"  # a run whose main() returned a number
-            else f"CASE WHEN json_type(result, :path) IS NOT NULL THEN "
-            f"(CASE WHEN {number.format('result')} THEN json_extract(result, :path) END) "
-            + ("" if key.startswith("result.") else "WHEN " + number.format("params").replace(":path", ":ppath"))
-            + ("" if key.startswith("result.") else " THEN json_extract(params, :ppath) ")
-            + "END"
-        )
+        values: dict[str, Any] = {"stage": stage, "limit": int(limit), "ppath": "$." + json.dumps(key)}
+        numeric = "json_type({0}, {1}) IN ('integer', 'real')"
+        if key == "result":  # a run whose main() returned a number
+            value = "CASE WHEN json_type(result) IN ('integer', 'real') THEN json_extract(result, '$') END"
+        else:
+            paths = []
+            for i, path in enumerate(_json_paths(result_key)):
+                values[f"path{i}"] = path
+                paths.append(f":path{i}")
+            # The first path that holds a value decides, number or not (as the row's column does).
+            found = " OR ".join(f"json_type(result, {path}) IS NOT NULL" for path in paths)
+            number = ", ".join(
+                f"CASE WHEN {numeric.format('result', path)} THEN json_extract(result, {path}) END" for path in paths
+            )
+            value = f"CASE WHEN {found} THEN COALESCE({number}, NULL) "
+            if not key.startswith("result."):
+                value += f"WHEN {numeric.format('params', ':ppath')} THEN json_extract(params, :ppath) "
+                if key.startswith("metrics.") and "metrics" in self._columns():
+                    values["mpath"] = "$." + json.dumps(key[len("metrics.") :]) + ".last"
+                    value += f"WHEN {numeric.format('metrics', ':mpath')} THEN json_extract(metrics, :mpath) "
+            value += "END"
         where = "result IS NOT NULL AND json_valid(result) AND (params IS NULL OR json_valid(params))"
+        if key.startswith("metrics.") and "metrics" in self._columns():  # ranked by what runs reported
+            where = (
+                "(metrics IS NULL OR json_valid(metrics)) AND (params IS NULL OR json_valid(params)) "
+                "AND (result IS NULL OR json_valid(result))"
+            )
         if stage is not None:
             where += " AND stage = :stage"
         if succeeded:
@@ -607,7 +651,6 @@ class Ledger:
             f"SELECT name, {value} AS v FROM runs WHERE {where} "
             f"ORDER BY v IS NULL, v {'DESC' if descending else 'ASC'}, run_index, name LIMIT :limit"
         )
-        values = {"path": path, "ppath": "$." + json.dumps(key), "stage": stage, "limit": int(limit)}
         return [row[0] for row in self._tuples(sql, values)]
 
     def stages(self) -> list[str]:

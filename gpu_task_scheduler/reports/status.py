@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import GTSError
+from ..errors import ConfigError, GTSError, did_you_mean
 from ..gpu.devices import format_memory
 from ..records.ledger import RunStatus
 from ..records.metrics import describe, latest
@@ -295,10 +295,15 @@ def plot_curves(root: str, metric: str, by: str | None, output: str) -> str:
         from ..results import records
 
         reported = sorted({name for record in records(root) for name in record.metrics_value})
-        raise GTSError(f"no run reported {metric!r} as it trained; reported: {', '.join(reported) or 'nothing'}")
+        raise ConfigError(
+            f"no run reported {metric!r} as it trained{did_you_mean(metric, reported)} Reported: "
+            f"{', '.join(reported) or 'nothing'}"
+        )
     if by is not None and not any(by in row for row in points):
         known = sorted({k for row in points for k in row} - {"name", "stage", "status", "step", metric})
-        raise GTSError(f"the runs have no parameter {by!r}; they have: {', '.join(known) or 'none'}")
+        raise ConfigError(
+            f"the runs have no parameter {by!r}{did_you_mean(by, known)} They have: {', '.join(known) or 'none'}"
+        )
     pyplot = _pyplot()
     runs: dict[str, list[dict[str, Any]]] = {}
     for row in points:
@@ -348,6 +353,18 @@ def plot_metric(root: str, metric: str, by: str, output: str) -> str:
     points = [row for row in table if row.get(key) is not None and row.get(by) is not None]
     if not points:
         known = sorted({k for row in table for k in row if k.startswith("result.")})
+        parameters = sorted({k for row in table for k in row if k not in ("name", "status", "duration")} - set(known))
+        if table and not any(by in row for row in table):
+            raise ConfigError(
+                f"no run has the parameter {by!r}{did_you_mean(by, parameters)} Parameters: "
+                f"{', '.join(parameters) or 'none'}"
+            )
+        if table and not any(key in row for row in table):
+            short = [name[len("result.") :] for name in known]
+            raise ConfigError(
+                f"no succeeded run has the result {metric!r}{did_you_mean(metric, [*short, *known])} Results: "
+                f"{', '.join(short) or 'none'}"
+            )
         raise GTSError(f"no succeeded run has both {by!r} and {key!r}; results have: {', '.join(known) or 'none'}")
     pyplot = _pyplot()
     ignored = {"name", "status", "duration", by}

@@ -26,6 +26,14 @@ class TaskClassError(GTSError, TypeError):
     """The task class given to the scheduler is not usable."""
 
 
+class NoGpuError(GTSError):
+    """``"gpu": "all"`` on a machine where no GPU is available; ``reason`` says why."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class SchedulerBusyError(GTSError, RuntimeError):
     """Another scheduler holds the lock on the same result root."""
 
@@ -56,12 +64,13 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 
 def unknown_key_message(where: str, key: object, valid: Iterable[str]) -> str:
-    """``unknown key 'foo' in scheduler_config; did you mean 'bar'? Valid keys: ...``"""
+    """``unknown key 'foo' in scheduler_config; did you mean 'bar'? Valid keys: ...``
+
+    >>> unknown_key_message("the config", "zzz", ["task", "command"])
+    "unknown key 'zzz' in the config. Valid keys: command, task."
+    """
     valid = sorted(valid)
     message = f"unknown key {key!r} in {where}"
-    guess = closest(key, valid) if isinstance(key, str) else None
-    if guess is not None:
-        message += f"; did you mean {guess!r}?"
     if not valid:
         return message + f"; {where} has no keys."
-    return message + f" Valid keys: {', '.join(valid)}."
+    return message + (did_you_mean(key, valid) if isinstance(key, str) else ".") + f" Valid keys: {', '.join(valid)}."

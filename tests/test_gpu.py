@@ -397,7 +397,8 @@ def test_a_listed_gpu_that_does_not_exist_is_named_with_those_that_do(gpus, in_t
             make_config(in_tmp / "r", [{"i": [0]}], slots=("0", "7")), tasks.RecordTask, nvml=fake_nvml
         ).start()
     message = str(raised.value)
-    assert message.startswith("GPU 7 (") and "does not exist" in message and " 0 (" not in message
+    assert message.startswith("GPU 7 does not exist on this machine; the GPUs NVML sees: 0: GPU-A")
+    assert "Invalid Argument" not in message
     assert "0: GPU-A, " in message and "1: GPU-B, " in message
     assert not (in_tmp / "r").exists()
 

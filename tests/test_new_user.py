@@ -184,3 +184,53 @@ def test_best_says_which_way_it_goes(nested_root, in_tmp, capsys):
     capsys.readouterr()
     assert gts(["results", "declared.yaml", "--best", "acc", "--format", "json"]) == 0
     assert _names(capsys) == ["i-1,"]
+
+
+# --- messages in the user's words -------------------------------------------------------
+
+
+def test_messages_speak_the_command_line(in_tmp, capsys):
+    (in_tmp / "notask.yaml").write_text("scheduler_config: {gpu: [cpu]}\ntest_config: [{a: [1]}]\n")
+    assert gts(["run", "notask.yaml", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "give --task MODULE:CLASS" in err and "gpu_task_class" not in err
+    (in_tmp / "extra.yaml").write_text(
+        "scheduler_config: {gpu: [cpu]}\ncommand: 'echo {a}'\ntest_config: [{a: [1]}]\nzzz: 1\n"
+    )
+    assert gts(["run", "extra.yaml", "--dry-run"]) == 2
+    assert "unknown key 'zzz' in the config. Valid keys: command, " in capsys.readouterr().err
+    for command, words in [
+        ("awk '{print $1}' {a}", "placeholder {print $1}, which is not a config key"),
+        ("echo {a} '{'", "is malformed"),
+    ]:
+        config = {"scheduler_config": {"gpu": ["cpu"]}, "command": command, "test_config": [{"a": [1]}]}
+        (in_tmp / "braces.yaml").write_text(json.dumps(config))
+        assert gts(["run", "braces.yaml", "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "a literal brace is written doubled: {{ for {, }} for }" in err, err
+
+
+def test_gpus_all_without_a_gpu_suggests_cpu_slots_and_a_dry_run_fails_the_same_way(in_tmp, capsys):
+    # The tests' NVML (conftest) sees no GPU unless a test writes a table: a machine without GPUs.
+    sweep = write_sweep(in_tmp, [{}])
+    for argv in (["run", sweep, "--gpus", "all", "--plain"], ["run", sweep, "--gpus", "all", "--dry-run"]):
+        assert gts(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert "--gpus all, but no GPU is available (" in err and "use --gpus cpu" in err, err
+    result = _gts(
+        "queue",
+        "--gpus",
+        "all",
+        cwd=in_tmp,
+        input="echo hi\n",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, REPO])},
+    )
+    assert result.returncode == 1 and "use --gpus cpu" in result.stderr, result.stderr
+    config = json.loads((in_tmp / "sweep.yaml").read_text())
+    config["scheduler_config"]["gpu"] = "all"
+    (in_tmp / "sweep.yaml").write_text(json.dumps(config))
+    assert gts(["run", sweep, "--plain"]) == 1
+    real = capsys.readouterr().err
+    assert gts(["run", sweep, "--dry-run"]) == 1
+    assert capsys.readouterr().err == real and 'gpu is "all" but no GPU is available' in real
+    assert not (in_tmp / "results").exists()

@@ -8,15 +8,16 @@ Thin: parses arguments, calls the library, maps errors to exit codes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from .. import __version__
 from ..engine.logs import plain_console_logging
-from ..errors import ConfigError, GTSError, SchedulerBusyError, TaskClassError
+from ..errors import ConfigError, GTSError, NoGpuError, SchedulerBusyError, TaskClassError
 from ..sweep.files import load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -88,6 +89,20 @@ def _root_of(given: str) -> str:
     if not isinstance(root, (str, os.PathLike)):
         raise ConfigError(f"{given}: scheduler_config['result_root_folder'] must be a path; got {root!r}")
     return os.fspath(root)
+
+
+@contextlib.contextmanager
+def _gpus_all_said_here(gpus: list[str] | None) -> Iterator[None]:
+    """``--gpus all`` on a machine without GPUs: the way out in the command line's words."""
+    try:
+        yield
+    except NoGpuError as error:
+        if gpus != ["all"]:
+            raise
+        raise GTSError(
+            f"--gpus all, but no GPU is available ({error.reason}): use --gpus cpu for CPU slots "
+            "(--gpus cpu cpu: two runs at a time), or name GPU ids (--gpus 0 1)"
+        ) from None
 
 
 # --- gts run ---------------------------------------------------------------------------
@@ -202,17 +217,28 @@ def _dry_run(sweep: Any) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..backends.local.tasks import import_task, resolve_task
+    from ..backends.local.tasks import NoTaskError, import_task, resolve_task
     from ..sweep.expand import Sweep
 
     _config_among_gpus(args)
     sweep = Sweep(_run_config(args))
-    make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
-    if args.dry_run:
-        for note in args.override_notes:
-            print(f"override: {note}")
-        return _dry_run(sweep)
-    return _run_sweep(sweep, make_task, plain=args.plain)
+    try:
+        make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
+    except NoTaskError:
+        raise TaskClassError(
+            "no task to run: give --task MODULE:CLASS (a GPUTask subclass), or write task: 'package.module:Class' "
+            "or command: [...] in the config"
+        ) from None
+    with _gpus_all_said_here(args.gpus):
+        if args.dry_run:
+            if sweep.options.backend == "local":  # the slots a start would find, checked as it checks them
+                from ..gpu.capacity import check_slots
+
+                check_slots(sweep.options)
+            for note in args.override_notes:
+                print(f"override: {note}")
+            return _dry_run(sweep)
+        return _run_sweep(sweep, make_task, plain=args.plain)
 
 
 # --- gts queue ---------------------------------------------------------------------------
@@ -237,7 +263,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     }
     sweep = StreamSweep(config, sys.stdin)
     launcher = LocalLauncher(ShellLineTask, grace_period=sweep.options.grace_period)
-    summary = run_sweep(sweep, launcher, keep_succeeded=False)
+    with _gpus_all_said_here(args.gpus):
+        summary = run_sweep(sweep, launcher, keep_succeeded=False)
     return EXIT_INTERRUPTED if summary.interrupted_by else summary.exit_code
 
 

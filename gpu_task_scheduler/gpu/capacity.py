@@ -112,6 +112,49 @@ class Leftover:
         return f"pid {self.pid} holds {format_memory(self.used)} on gpu {self.gpu_id}"
 
 
+def read_gpus(monitor: GpuMonitor, ids: Sequence[str]) -> dict[str, GpuState]:
+    """Each listed GPU's state; a GPU NVML does not know is an error that lists those it does."""
+    states, unknown = {}, []
+    for gpu_id in ids:
+        try:
+            states[gpu_id] = monitor.state(gpu_id)
+        except Exception as error:  # the bindings' NVMLError subclasses
+            # NVML's words for an id it does not have ("Invalid Argument", "Not Found") say
+            # less than the list of ids below; any other error is named.
+            absent = type(error).__name__ in ("NVMLError_InvalidArgument", "NVMLError_NotFound")
+            unknown.append(gpu_id if absent else f"{gpu_id} ({error})")
+    if not unknown:
+        return states
+    try:
+        present = "; ".join(f"{s.index}: {s.name}, {format_memory(s.total_memory)}" for s in monitor.all())
+    except Exception as error:
+        present = f"unknown ({error})"
+    hint = (
+        "; CUDA_VISIBLE_DEVICES is set, so ids count within it"
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
+        else ""
+    )
+    raise GTSError(
+        f"GPU {', '.join(unknown)} does not exist on this machine; the GPUs NVML sees: {present or 'none'}{hint}"
+    )
+
+
+def check_slots(options: SchedulerOptions, *, nvml: ModuleType | None = None) -> list[Slot]:
+    """The slots a local start would find, checked as it checks them (``"gpu": "all"`` without a
+    GPU, a listed GPU that does not exist), for a dry run: holds nothing, writes nothing."""
+    monitor, why = (None, "")
+    if options.slots is None or any(not slot.is_cpu for slot in options.slots):
+        monitor, why = open_monitor(nvml)
+    try:
+        slots = discover_slots(options.slots, cpu_fallback=options.cpu_fallback, monitor=monitor, why_no_monitor=why)
+        if monitor is not None:
+            read_gpus(monitor, gpu_ids(slots))
+        return slots
+    finally:
+        if monitor is not None:
+            monitor.close()
+
+
 class Capacity:
     def __init__(
         self,
@@ -182,28 +225,8 @@ class Capacity:
             self._monitor = None
 
     def _read_gpus(self) -> dict[str, GpuState]:
-        """Each listed GPU's state; a GPU NVML does not know is an error that lists those it does."""
         assert self._monitor is not None
-        states, unknown = {}, []
-        for gpu_id in self._gpu_ids:
-            try:
-                states[gpu_id] = self._monitor.state(gpu_id)
-            except Exception as error:  # the bindings' NVMLError subclasses
-                unknown.append(f"{gpu_id} ({error})")
-        if not unknown:
-            return states
-        try:
-            present = "; ".join(f"{s.index}: {s.name}, {format_memory(s.total_memory)}" for s in self._monitor.all())
-        except Exception as error:
-            present = f"unknown ({error})"
-        hint = (
-            "; CUDA_VISIBLE_DEVICES is set, so ids count within it"
-            if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
-            else ""
-        )
-        raise GTSError(
-            f"GPU {', '.join(unknown)} does not exist on this machine; the GPUs NVML sees: {present or 'none'}{hint}"
-        )
+        return read_gpus(self._monitor, self._gpu_ids)
 
     def log_gpus(self) -> None:
         for gpu_id, state in self._states.items():

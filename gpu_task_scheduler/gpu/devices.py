@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from ..errors import ConfigError, GTSError
+from ..errors import ConfigError, GTSError, NoGpuError
 from .nvml import GpuMonitor, NvmlUnavailable, visible_ids
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -158,9 +158,10 @@ def resolve_slots(
                     'gpu is "all" but no GPU is available (%s); running on %d CPU slot(s)', reason, cpu_fallback
                 )
                 return [Slot(name=f"cpu{i}", gpu_ids=()) for i in range(cpu_fallback)]
-            raise GTSError(
+            raise NoGpuError(
                 f'gpu is "all" but no GPU is available ({reason}). List GPUs explicitly, use "gpu": ["cpu"], '
-                'or set "cpu_fallback" to a number of CPU slots to use when no GPU is found.'
+                'or set "cpu_fallback" to a number of CPU slots to use when no GPU is found.',
+                reason,
             )
         return [Slot(name=f"gpu{gpu_id}", gpu_ids=(gpu_id,)) for gpu_id in ids]
     if visible is None:

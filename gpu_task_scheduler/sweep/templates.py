@@ -23,13 +23,16 @@ MAX_FIELD_WIDTH = 10_000  # characters one placeholder may ask for (width or pre
 _SPEC = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d*)[,_]?(?:\.(?P<precision>\d*))?")
 
 
+BRACES = " (a literal brace is written doubled: {{ for {, }} for })"
+
+
 def parse(text: str, what: str = "command template") -> list[tuple[str, str | None, str | None, str | None]]:
     """``(literal, field, spec, conversion)`` pieces as :meth:`string.Formatter.parse` gives them;
     ConfigError if the text is malformed."""
     try:
         return list(string.Formatter().parse(text))
     except ValueError as error:
-        raise ConfigError(f"{what} {text!r} is malformed: {error}") from None
+        raise ConfigError(f"{what} {text!r} is malformed: {error}{BRACES}") from None
 
 
 def placeholders(text: str, what: str = "command template") -> list[tuple[str, str, str | None]]:
@@ -62,6 +65,7 @@ def check_fields(text: str, known: Iterable[str], *, what: str = "command", kind
         if base_key(field) not in known:
             raise ConfigError(
                 f"{what} uses the placeholder {{{field}}}, which is not a {kind}; known: {', '.join(sorted(known))}"
+                + (BRACES if not base_key(field).isidentifier() else "")
             )
         if "{" not in spec:  # nested specs are checked when filled in
             try:

@@ -123,9 +123,13 @@ def _resolve_default(
     if sweep.task_ref is not None:
         sweep.task_record = {"task": sweep.task_ref}
         return import_task(sweep.task_ref)
-    raise TaskClassError(
+    raise NoTaskError(
         "no task to run: pass gpu_task_class, or set task ('package.module:Class') or command in the config"
     )
+
+
+class NoTaskError(TaskClassError):
+    """The sweep names no task: each interface says so in its own words (``gts run``: --task)."""
 
 
 def _class_record(task_class: type) -> dict[str, Any] | None:

@@ -51,6 +51,10 @@ def test_gts_stop_drain_lets_the_running_runs_finish_and_starts_no_more(in_tmp, 
     rows = ledger_rows(root)
     assert {n: rows[n]["status"] for n in rows} == {"a-1,": "succeeded", "a-2,": "succeeded"}
     assert "starting no more runs; 2 running run(s) may finish" in output
+    # The summary names the runs never started, and is no error: nothing failed.
+    assert "Sweep summary: 2 succeeded, 0 failed, 0 skipped, 2 not started" in output
+    assert "not started (the sweep was stopped before their turn): a-3,, a-4," in output
+    assert "ERROR" not in output
     assert not marked_pids(no_leaked_processes)
 
 
@@ -64,6 +68,7 @@ def test_gts_stop_now_kills_runs_that_ignore_sigterm_at_once(in_tmp, no_leaked_p
     assert main(["stop", str(root), "--now"]) == 0
     output = finish(scheduler, timeout=20)  # not the 600 s grace period
     assert "gts stop --now: killing 2 run(s) now" in output
+    assert "Sweep summary: 0 succeeded, 0 failed, 2 interrupted, 0 skipped" in output, output
     rows = ledger_rows(root)
     assert [(rows[n]["status"], rows[n]["signal"]) for n in ("a-1,", "a-2,")] == [("interrupted", "SIGKILL")] * 2
     assert not marked_pids(no_leaked_processes)

@@ -89,7 +89,10 @@ def run_sweep(
         with scheduler_logging(options.scheduler_log_file_path, console):
             summary = scheduler.run()
             hooks.close()  # the status line's last state, then the summary below it
-            (logger.info if summary.ok else logger.error)("%s", summary.report())
+            # ERROR only when a run failed (or was blocked by one); a stopped sweep is a warning.
+            failed = len(summary.failed) > len(summary.interrupted) or summary.blocked
+            stopped = summary.interrupted_by is not None or summary.interrupted or summary.not_started
+            (logger.error if failed else logger.warning if stopped else logger.info)("%s", summary.report())
             if options.notify_command is not None:
                 run_notify_command(options.notify_command, summary)
             if options.notify_email is not None:

@@ -35,11 +35,11 @@ from ..records.control import CONTROL_SIGNAL, take_stop_request, taking_requests
 from ..records.known import RootIndex
 from ..records.ledger import Ledger, SweepLock
 from ..records.paths import RootPaths, RunPaths, atomic_write
-from ..records.prior import read_prior, settle_running
+from ..records.prior import Prior, read_prior, settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
 from .changes import settle_changes
-from .decide import before_run, classify
+from .decide import Decision, before_run, classify
 from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
 from .outcomes import Records, read_exit
@@ -143,6 +143,8 @@ class Scheduler:
                             self._loop()
                         if not self._stop_level and not self._draining:
                             self._records.sweep_completed(self.sweep)
+                        else:
+                            self._count_never_started()
                     finally:
                         self._records.flush()
                         self._kill_everything()
@@ -262,16 +264,30 @@ class Scheduler:
         if self.sweep.search is not None:  # the sampler learns how it ended
             self.sweep.settled(spec, status.value, self._records.ledger.get(spec.name))
 
-    def _skipped(self, spec: RunSpec) -> bool:
+    def _decide(self, spec: RunSpec) -> tuple[Prior, Decision]:
         prior = read_prior(spec, self._known)
         o = self.options
-        decision = before_run(
+        return prior, before_run(
             prior,
             force_rerun=o.force_rerun,
             skip_existing_folders=o.skip_existing_folders,
             keep_changed=o.on_config_change == "keep",
             rerun_pruned=self.sweep.rerun_pruned,
         )
+
+    def _count_never_started(self, most: int = 100_000) -> None:
+        """A sweep stopped or drained: the runs it would still have run, for its summary (the first
+        ``most`` of the queue looked at, read-only)."""
+        summary = self._summary
+        for looked, spec in enumerate(self._queue.left(expand=self.sweep.search is None)):
+            if looked == most:
+                summary.not_started_more = True
+                break
+            if spec.name not in summary.outcomes and self._decide(spec)[1].action == "run":
+                summary.not_started.append(spec.name)
+
+    def _skipped(self, spec: RunSpec) -> bool:
+        prior, decision = self._decide(spec)
         if decision.warning:
             logger.warning("%s %s", spec.work_dir, decision.warning)
         if decision.action == "run":

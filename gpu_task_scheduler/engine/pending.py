@@ -102,6 +102,24 @@ class RunQueue:
             item.waiting_on = None
         return list(items.values())
 
+    def left(self, *, expand: bool = True) -> Iterator[RunSpec]:
+        """The runs still in the queue, never started, for the summary of a sweep that stopped
+        (drain, stop): consumes the queue. ``expand=False``: only those taken from the sweep
+        already (a search's next runs would be asked of its sampler)."""
+        items = [self.held] if self.held is not None else []
+        items += [*self._retry, *self._ready, *self._deferred]
+        items += list({id(i): i for waiting in self._parked.values() for i in waiting if i.waiting_on}.values())
+        self.held = None
+        self._retry.clear(), self._ready.clear(), self._deferred.clear(), self._parked.clear()
+        self._parked_count = 0
+        yield from (item.spec for item in items)
+        while expand and not self._exhausted:
+            spec = next(self._runs, None)
+            if spec is None:
+                self._exhausted = True
+            elif spec is not NOT_READY:
+                yield spec
+
     @property
     def taking_besides_parked(self) -> bool:
         return not self._exhausted or bool(self._retry or self._ready or self._deferred)

@@ -54,6 +54,10 @@ class SweepSummary:
     skipped: list[str] = field(default_factory=list)
     interrupted_by: str | None = None  # "SIGINT", "SIGTERM" when the sweep was stopped
     duration: float = 0.0
+    # A sweep stopped or drained: the runs it would still have run (the first 100,000 looked at;
+    # not_started_more: there were more to look at).
+    not_started: list[str] = field(default_factory=list)
+    not_started_more: bool = False
     # False (gts queue, an endless stream): succeeded runs are counted, not kept, so memory stays flat.
     keep_succeeded: bool = True
     _succeeded_not_kept: int = 0
@@ -82,8 +86,13 @@ class SweepSummary:
 
     @property
     def failed(self) -> list[RunOutcome]:
-        """Runs that failed, timed out or were interrupted."""
+        """Runs that failed, timed out or were interrupted (the report counts the interrupted apart)."""
         return self._with(RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.INTERRUPTED)
+
+    @property
+    def interrupted(self) -> list[RunOutcome]:
+        """Runs stopped by a stop of the sweep (Ctrl-C, ``gts stop``): not their own failure."""
+        return self._with(RunStatus.INTERRUPTED)
 
     @property
     def blocked(self) -> list[RunOutcome]:
@@ -131,7 +140,9 @@ class SweepSummary:
             "interrupted_by": self.interrupted_by,
             "counts": {
                 "succeeded": self.succeeded_count,
-                "failed": len(self.failed),
+                "failed": len(self.failed) - len(self.interrupted),
+                "interrupted": len(self.interrupted),
+                "not_started": len(self.not_started),
                 "blocked": len(self.blocked),
                 "pruned": len(self.pruned),
                 "skipped": len(self.skipped),
@@ -145,15 +156,24 @@ class SweepSummary:
             raise RunsFailedError(self.report(), self)
 
     def report(self) -> str:
-        blocked = f"{len(self.blocked)} blocked, " if self.blocked else ""
-        pruned = f"{len(self.pruned)} stopped early, " if self.pruned else ""
-        head = (
-            f"{self.succeeded_count} succeeded, {len(self.failed)} failed, {blocked}{pruned}"
-            f"{len(self.skipped)} skipped in {self.duration:.1f}s"
-        )
+        interrupted = len(self.interrupted)
+        counts = [f"{self.succeeded_count} succeeded", f"{len(self.failed) - interrupted} failed"]
+        if interrupted:
+            counts.append(f"{interrupted} interrupted")
+        if self.blocked:
+            counts.append(f"{len(self.blocked)} blocked")
+        if self.pruned:
+            counts.append(f"{len(self.pruned)} stopped early")
+        counts.append(f"{len(self.skipped)} skipped")
+        if self.not_started:
+            counts.append(f"{len(self.not_started)}{'+' if self.not_started_more else ''} not started")
+        head = f"{', '.join(counts)} in {self.duration:.1f}s"
         if self.interrupted_by:
             head += f" (interrupted by {self.interrupted_by})"
         lines = [f"Sweep summary: {head}"]
+        if self.not_started:
+            shown = ", ".join(self.not_started[:10]) + (" ..." if len(self.not_started) > 10 else "")
+            lines.append(f"  not started (the sweep was stopped before their turn): {shown}")
         for outcome in self.failed:
             lines.append(f"  {outcome.status}: {outcome.work_dir} ({outcome.describe()})")
             if outcome.log_path:

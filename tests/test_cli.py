@@ -240,7 +240,15 @@ def test_notify_command_gets_the_summary_on_stdin(in_tmp):
     }
     GPUTaskScheduler(config).start()
     report = json.loads((in_tmp / "notified.json").read_text())
-    assert report["counts"] == {"succeeded": 1, "failed": 1, "blocked": 0, "pruned": 0, "skipped": 0}
+    assert report["counts"] == {
+        "succeeded": 1,
+        "failed": 1,
+        "interrupted": 0,
+        "blocked": 0,
+        "pruned": 0,
+        "skipped": 0,
+        "not_started": 0,
+    }
     assert report["exit_code"] == 1
     assert {run["name"]: run["status"] for run in report["runs"]} == {"code-0,": "succeeded", "code-2,": "failed"}
 
@@ -406,8 +414,8 @@ def test_plots(command_sweep, in_tmp, capsys):
     for name in ("timeline.png", "loss.png"):
         data = (in_tmp / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
-    assert gts(["plot", root, "--metric", "accuracy", "--by", "lr", "-o", str(in_tmp / "x.png")]) == 1
-    assert "results have: result.loss" in capsys.readouterr().err
+    assert gts(["plot", root, "--metric", "accuracy", "--by", "lr", "-o", str(in_tmp / "x.png")]) == 2
+    assert "no succeeded run has the result 'accuracy'. Results: loss" in capsys.readouterr().err
     assert gts(["plot", root, "-o", str(in_tmp / "x.png")]) == 2
 
 

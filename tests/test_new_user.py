@@ -234,3 +234,62 @@ def test_gpus_all_without_a_gpu_suggests_cpu_slots_and_a_dry_run_fails_the_same_
     assert gts(["run", sweep, "--dry-run"]) == 1
     assert capsys.readouterr().err == real and 'gpu is "all" but no GPU is available' in real
     assert not (in_tmp / "results").exists()
+
+
+# --- gts status and gts results -------------------------------------------------------------
+
+
+def test_status_fits_the_terminal_lists_pending_runs_and_says_who_holds_the_root(in_tmp, capsys, monkeypatch):
+    sweep = write_sweep(in_tmp, [{}, {}, {}])
+    fail = in_tmp / ("x" * 200)  # a run fails with a long cause: "RuntimeError: asked to fail by <this path>"
+    fail.write_text("")
+    task = ["--task", "gts_test_tasks:RecordTask", "scheduler_config.result_root_folder=r"]
+    assert gts(["run", sweep, "--plain", *task, "i=0,1", "+fail_if=" + str(fail)]) == 1
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "80")
+    assert gts(["status", "r"]) == 0  # to a pipe or a file: every column, whatever COLUMNS says
+    assert "r/i-1,/worker.log" in capsys.readouterr().out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal from here on
+    for columns in ("80", "100", "200"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert gts(["status", "r"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        table = [line for line in lines if not line.startswith(str(in_tmp))]  # the head line holds the path
+        assert table and max(map(len, table)) <= int(columns), (columns, lines)
+        assert any(line.startswith("i-1,") and "failed" in line for line in table), lines
+    monkeypatch.setenv("COLUMNS", "0")  # a terminal that reports width 0: as wide as it needs
+    assert gts(["status", "r"]) == 0 and "…" in capsys.readouterr().out  # the cause is still cut
+    assert gts(["status", "r", "--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert "…" not in verbose and f"asked to fail by {fail}" in verbose
+    assert gts(["status", "r", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["scheduler"]["holder"] is None and report["scheduler"]["running"] is False
+    # Pending runs: a sweep drained after its first run leaves the rest recorded as nothing.
+    assert gts(["run", sweep, "--plain", "scheduler_config.result_root_folder=p", "i=0"]) == 0
+    config = json.loads((in_tmp / "sweep.yaml").read_text())
+    config["scheduler_config"]["result_root_folder"] = "p"
+    (in_tmp / "p.yaml").write_text(json.dumps(config))
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    with Ledger(RootPaths(str(in_tmp / "p"))) as ledger:  # as a start that was stopped before i-1 leaves it
+        ledger.set_meta("sweep_runs", "2")
+        recorded = json.loads(ledger.get_meta("sweep_config"))
+        recorded["test_config"] = [{"i": [0, 1]}]
+        ledger.set_meta("sweep_config", json.dumps(recorded))
+    capsys.readouterr()
+    assert gts(["status", "p.yaml"]) == 0
+    assert "i-1," not in capsys.readouterr().out
+    assert gts(["status", "p.yaml", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "1 pending, 1 succeeded" in out and any(line.split()[:2] == ["i-1,", "pending"] for line in out.splitlines())
+
+
+def test_results_shows_durations_as_status_does(nested_root, capsys):
+    assert gts(["results", nested_root]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    column = header.split().index("duration")
+    assert all(line.split()[column].endswith("s") for line in lines), lines
+    assert gts(["results", nested_root, "--format", "json"]) == 0
+    assert all(isinstance(row["duration"], float) for row in json.loads(capsys.readouterr().out))

@@ -351,15 +351,53 @@ def _watch_end(report: dict[str, Any]) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..reports.status import format_status, status, write_status_json
+    from ..reports.status import format_status, status, terminal_width, write_status_json
 
     if args.watch:
         return _watch(args.root)
     if args.json:
         write_status_json(args.root, sys.stdout.write)
         return EXIT_OK
-    print(format_status(status(args.root, runs="table"), escape=sys.stdout.isatty()))
+    report = status(args.root, runs="all" if args.all else "table")
+    if args.all:
+        _add_pending(report)
+    width = terminal_width(sys.stdout)
+    print(format_status(report, escape=sys.stdout.isatty(), width=width, verbose=args.verbose))
     return EXIT_OK
+
+
+def _add_pending(report: dict[str, Any]) -> None:
+    """``gts status --all``: the runs of the recorded sweep not recorded yet, as ``pending`` rows
+    (the engine's own plan, read-only; a search's next runs are not known until it asks)."""
+    from ..engine.api import plan
+    from ..results import open_ledger
+    from ..sweep.expand import Sweep
+
+    ledger = open_ledger(report["root"])
+    try:
+        recorded = ledger.get_meta("sweep_config")
+    finally:
+        ledger.close()
+    if not report["counts"].get("pending") or not recorded:
+        return
+    try:
+        config = json.loads(recorded)
+        config["scheduler_config"]["result_root_folder"] = report["root"]
+        config["scheduler_config"]["scheduler_log_file_path"] = None
+        sweep = Sweep(config)
+    except (ValueError, KeyError, TypeError, RecursionError, GTSError) as error:
+        print(
+            f"gts status: the pending runs cannot be listed: the recorded config is unusable ({error})", file=sys.stderr
+        )
+        return
+    if sweep.search is not None:
+        print("gts status: a search's pending runs are not known until it asks for them", file=sys.stderr)
+        return
+    known = {run["name"] for run in report["runs"]}
+    for spec, _ in plan(sweep):
+        if spec.name not in known:
+            known.add(spec.name)
+            report["runs"].append({"name": spec.name, "status": "pending", "duration": None})
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
@@ -584,7 +622,10 @@ def cmd_results(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         sys.stdout.write(format_csv(table))
     else:
-        print(format_table(table, escape=sys.stdout.isatty()) if table else "no runs recorded")
+        from ..reports.status import duration_text
+
+        shown = [{**row, "duration": duration_text(row["duration"])} if "duration" in row else row for row in table]
+        print(format_table(shown, escape=sys.stdout.isatty()) if table else "no runs recorded")
     return EXIT_OK
 
 
@@ -769,6 +810,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("root", help="the result root (result_root_folder), or the sweep's config file")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--all", action="store_true", help="list every run, the pending ones too (not only those recorded)")
+    s.add_argument("-v", "--verbose", action="store_true", help="causes in full, the table as wide as it needs")
     s.add_argument(
         "--watch",
         action="store_true",

@@ -113,7 +113,11 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
             logger.warning(
                 "the ledger of %s records the sweep's size as %r, not a number; pending unknown", root, total_text[:40]
             )
-    scheduler = {"running": running, "holder": holder, "waiting": waiting if running else None}
+    scheduler = {
+        "running": running,
+        "holder": None if running is False else holder,  # nothing holds the root: no holder
+        "waiting": waiting if running else None,
+    }
     report: dict[str, Any] = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts}
     if stages:
         report["stages"] = stages
@@ -127,7 +131,65 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     return report, recorded, entries
 
 
-def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
+CAUSE_SHOWN = 60  # characters of a cause in the table (--verbose, --json: all of it)
+# Columns given up, in this order, when the table is wider than the terminal.
+DROPPED_FIRST = ("log", "started", "gpu peak", "attempts", "exit")
+
+
+def terminal_width(stream: Any) -> int | None:
+    """The width to fit a table to on a terminal: ``COLUMNS`` when set, else the terminal's. None
+    for a pipe or a file (a script reads every column whole) and for a terminal that reports
+    width 0 (some CI consoles)."""
+    import shutil
+
+    if not stream.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    width = shutil.get_terminal_size(fallback=(0, 0)).columns
+    return width if width > 0 else None
+
+
+def _shorten(text: Any, most: int) -> Any:
+    if not isinstance(text, str) or len(text) <= most:
+        return text
+    return text[: max(1, most - 1)] + "…"
+
+
+def _fit(table: list[dict[str, Any]], names: list[str], width: int | None, *, escape: bool) -> str:
+    """The table within ``width`` characters: the cause column narrowed first (to 20), then the
+    columns of DROPPED_FIRST given up, then every line cut."""
+    from ..results import format_table
+
+    text = format_table(table, names, escape=escape)
+    if width is None:
+        return text
+    names = list(names)
+
+    def widest(text: str) -> int:
+        return max(len(line) for line in text.splitlines())
+
+    for drop in (None, *DROPPED_FIRST):
+        if drop in names:
+            names.remove(drop)
+        if widest(text := format_table(table, names, escape=escape)) <= width:
+            return text
+        if "cause" in names:
+            over = widest(text) - width
+            causes = [len(str(row.get("cause") or "")) for row in table]
+            room = max(20, max(causes, default=0) - over)
+            short = [{**row, "cause": _shorten(row.get("cause"), room)} for row in table]
+            if widest(text := format_table(short, names, escape=escape)) <= width:
+                return text
+    return "\n".join(line[: width - 1] + "…" if len(line) > width else line for line in text.splitlines())
+
+
+def format_status(
+    report: dict[str, Any], *, escape: bool = False, width: int | None = None, verbose: bool = False
+) -> str:
+    """``gts status``: counts, stages, one row per listed run. ``width``: fit the table to it (see
+    :func:`_fit`); a cause is cut at CAUSE_SHOWN characters unless ``verbose``."""
     counts = report["counts"]
     head = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
     running = report["scheduler"]["running"]
@@ -144,13 +206,11 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
             f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "
             "runs them; the next start runs them again"
         )
-    table = [
-        {**run, "duration": None if run["duration"] is None else f"{run['duration']:.1f}s"} for run in report["runs"]
-    ]
+    table = [{**run, "duration": duration_text(run["duration"])} for run in report["runs"]]
     if table:
-        from ..results import format_table
-
         for row in table:
+            if not verbose:
+                row["cause"] = _shorten(row.get("cause"), CAUSE_SHOWN)
             peak = row.get("gpu_memory_peak")
             row["gpu peak"] = None if peak is None else format_memory(peak)
             row["metrics"] = describe(row["metrics"]) if isinstance(row.get("metrics"), dict) else None
@@ -159,7 +219,7 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
             names.insert(names.index("attempts") + 1, "metrics")
         if any(run.get("node") for run in report["runs"]):  # the Ray backend: which machine
             names.insert(names.index("slot") + 1, "node")
-        lines.append(format_table(table, names, escape=escape))
+        lines.append(_fit(table, names, None if verbose else width, escape=escape))
     listed = report.get("listed", {})
     if listed.get("of", 0) > listed.get("runs", 0):
         lines.append(
@@ -167,6 +227,11 @@ def format_status(report: dict[str, Any], *, escape: bool = False) -> str:
             f"{TABLE_OTHERS}; gts status ROOT --json lists every run, gts results ROOT every result)"
         )
     return "\n".join(lines)
+
+
+def duration_text(seconds: float | None) -> str | None:
+    """A run's duration as ``gts status`` and ``gts results`` show it."""
+    return None if seconds is None else f"{seconds:.1f}s"
 
 
 def eta(report: dict[str, Any]) -> float | None:

@@ -293,3 +293,47 @@ def test_results_shows_durations_as_status_does(nested_root, capsys):
     assert all(line.split()[column].endswith("s") for line in lines), lines
     assert gts(["results", nested_root, "--format", "json"]) == 0
     assert all(isinstance(row["duration"], float) for row in json.loads(capsys.readouterr().out))
+
+
+# --- a sweep script fed on stdin -------------------------------------------------------------
+
+STDIN_SCRIPT = """
+from gpu_task_scheduler import GPUTask, GPUTaskScheduler
+
+class Square(GPUTask):
+    def main(self):
+        return {"y": self._config["x"] ** 2}
+
+config = {
+    "scheduler_config": {"gpu": ["cpu", "cpu"], "result_root_folder": "stdin-results"},
+    "test_config": [{"x": [1, 2, 3]}],
+}
+summary = GPUTaskScheduler(config, Square).start()
+print("succeeded", sorted(run.result["y"] for run in summary.succeeded))
+"""
+
+
+def test_a_sweep_script_fed_on_stdin_runs_its_task(in_tmp, no_leaked_processes):
+    pytest.importorskip("cloudpickle")  # the test extra has it: the class travels by value
+    result = _gts_python("-", cwd=in_tmp, input=STDIN_SCRIPT)
+    assert result.returncode == 0 and "succeeded [1, 4, 9]" in result.stdout, result.stderr
+
+
+def test_without_cloudpickle_a_task_from_stdin_is_refused_before_anything_runs(in_tmp, monkeypatch):
+    import types
+
+    from gpu_task_scheduler import GPUTask, GPUTaskScheduler, TaskClassError
+
+    main = types.ModuleType("__main__")  # what `python - < sweep.py` runs in: no file to import again
+    main.__file__ = "<stdin>"
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # not installed
+    Square = type("Square", (GPUTask,), {"__module__": "__main__", "main": lambda self: 1})
+    config = {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": "r"}, "test_config": [{"x": [1]}]}
+    with pytest.raises(TaskClassError, match="defined in a script without a file .* 'gts-sweep\\[interactive\\]'"):
+        GPUTaskScheduler(config, Square)
+    assert not (in_tmp / "r").exists()
+
+
+def _gts_python(*argv, cwd, **kwargs):
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=120, **kwargs)

@@ -144,17 +144,39 @@ def _checked_env(env: Any, task_class: type) -> dict[str, str]:
     return checked
 
 
-def _pickle_task(task: GPUTask) -> bytes:
-    module = type(task).__module__
+def by_value(task_class: type) -> bool:
+    """Whether the run's process cannot import ``task_class`` by name: it was defined in a
+    ``__main__`` with no file to import again (the REPL, a notebook, ``python - < sweep.py``,
+    ``python -c``), so it must travel by value (cloudpickle)."""
+    if task_class.__module__ != "__main__":
+        return False
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return not path or not os.path.isfile(path)
+
+
+def by_value_problem(task_class: type) -> str | None:
+    """Why runs of ``task_class`` could not start here (asked before the sweep starts), or None."""
+    if not by_value(task_class):
+        return None
     try:
-        if module == "__main__" and not getattr(sys.modules["__main__"], "__file__", None):
-            try:  # defined interactively: only pickling by value can carry the class across
-                import cloudpickle
-            except ImportError:
-                raise LaunchError(
-                    f"{type(task).__name__} is defined interactively; define it in a module or script file "
-                    "(or pip install 'gts-sweep[interactive]', which brings cloudpickle)"
-                ) from None
+        import cloudpickle  # noqa: F401
+    except ImportError:
+        return (
+            f"{task_class.__name__} is defined in a script without a file (read from stdin, python -c, the "
+            "REPL), so its runs' processes cannot import it: put it in a module or a script file, or pip "
+            "install 'gts-sweep[interactive]' (cloudpickle carries it across by value)"
+        )
+    return None
+
+
+def _pickle_task(task: GPUTask) -> bytes:
+    try:
+        if by_value(type(task)):  # only pickling by value can carry the class across
+            problem = by_value_problem(type(task))
+            if problem is not None:
+                raise LaunchError(problem)
+            import cloudpickle
+
             return cloudpickle.dumps(task)
         return pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
     except LaunchError:
@@ -262,9 +284,8 @@ def prepare(
         return Launch(argv=command_argv(direct[0]), env=env, cwd=os.getcwd(), direct=True)
     payload = _pickle_task(task)
     main_file = None
-    if type(task).__module__ == "__main__":
-        main_file = getattr(sys.modules["__main__"], "__file__", None)
-        main_file = os.path.abspath(main_file) if main_file else None
+    if type(task).__module__ == "__main__" and not by_value(type(task)):  # the script, loaded again there
+        main_file = os.path.abspath(sys.modules["__main__"].__file__)
     start = RunStart(
         token=token,
         config_hash=spec.config_hash,

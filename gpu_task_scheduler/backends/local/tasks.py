@@ -23,7 +23,7 @@ from ...errors import ConfigError, TaskClassError
 from ...gpu_task import GPUTask
 from ...sweep.commands import check_template, render, render_shell
 from ...sweep.expand import RunSpec, Sweep
-from .prepare import TaskFactory, class_factory
+from .prepare import TaskFactory, by_value_problem, class_factory
 
 
 def check_task_class(task_class: object) -> type[GPUTask]:
@@ -112,6 +112,9 @@ def _resolve_default(
 ) -> TaskFactory:
     if task_class is not None:
         checked = check_task_class(task_class)
+        problem = by_value_problem(checked) if sweep.options.backend == "local" else None  # Ray pickles by value
+        if problem is not None:
+            raise TaskClassError(problem)
         sweep.task_record = _class_record(task_class) or sweep.task_record
         return checked
     if command is not None or sweep.command is not None:

@@ -25,6 +25,45 @@ def test_the_quick_start_demo_runs_and_resumes(in_tmp):
     second = subprocess.run(command, cwd=str(in_tmp), capture_output=True, text=True, timeout=120)
     assert "Sweep summary: 0 succeeded, 1 failed, 6 skipped" in second.stderr
     assert (in_tmp / "results" / "demo" / "lr-1.2,momentum-0.0," / ".gts" / "logs" / "attempt-1-worker.log").exists()
+    assert second.returncode == 0 and "lr-1.2,momentum-0.0, failed on purpose (lr 1.2 diverges)" in second.stdout
+    # Any other failure is one: the demo exits as gts run would.
+    (in_tmp / "steps.yaml").write_text(
+        open(os.path.join(REPO, "configs", "demo.yaml")).read().replace("steps: 300", "steps: -1")
+    )
+    third = subprocess.run([*command, "steps.yaml"], cwd=str(in_tmp), capture_output=True, text=True, timeout=120)
+    assert third.returncode == 1 and "failed on purpose" not in third.stdout, third.stdout
+
+
+def _gts_run_lines(text):
+    """The ``gts run`` commands the README shows (in code blocks, with or without a prompt)."""
+    lines = []
+    for block in text.split("```")[1::2]:
+        for line in block.splitlines():
+            line = line.removeprefix("$ ").split("  #", 1)[0].strip()
+            if line.startswith("gts run "):
+                lines.append(line)
+    return lines
+
+
+def test_every_shipped_config_and_readme_run_command_is_valid_as_written(in_tmp, capsys):
+    """A dry run of each (read-only: it checks the config, the task, the slots and what would
+    run), from a copy of the repository's layout, as a new user would type them."""
+    import shlex
+    import shutil
+
+    for folder in ("configs", "examples"):
+        shutil.copytree(os.path.join(REPO, folder), in_tmp / folder)
+    (in_tmp / "sweep.yaml").write_text(_readme_block("<!-- shell-sweep: sweep.yaml -->"))
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    commands = [f"gts run configs/{name}" for name in sorted(os.listdir(in_tmp / "configs"))]
+    commands += _gts_run_lines(readme)
+    assert len(commands) >= 9 and "gts run configs/demo.yaml" in commands
+    for command in commands:
+        argv = shlex.split(command)[1:]  # a Ray cluster's (--address): its dry run reaches no cluster
+        assert gts_main([*argv, "--dry-run"] if "--dry-run" not in argv else argv) == 0, (command, capsys.readouterr())
+        out = capsys.readouterr().out
+        assert " runs: " in out or "no run asked yet" in out, (command, out)  # a search: none asked yet
+    assert not (in_tmp / "results").exists() and not (in_tmp / "runs").exists()  # a dry run writes nothing
 
 
 def test_lazy_import_defers_the_import(in_tmp, monkeypatch):

@@ -364,7 +364,7 @@ def test_queue_runs_stdin_commands_on_the_slots(in_tmp):
     assert result.returncode == 1, result.stderr
     assert "2 succeeded, 1 failed" in result.stderr
     jobs = sorted(os.listdir(in_tmp / "logs"))
-    assert [j.split("-")[1] for j in jobs if j.startswith("job-")] == ["000000", "000001", "000002"]
+    assert len([j for j in jobs if j.startswith("job-")]) == 3  # named by their commands (see test_new_user)
     outputs = {(in_tmp / "logs" / j / "worker.log").read_text().split(" ")[0] for j in jobs if j.startswith("job")}
     assert outputs == {"one", "two\n", "three"}
     ok = _gts("queue", "--gpus", "0", input="true\ntrue\n", cwd=str(in_tmp))

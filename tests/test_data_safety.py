@@ -418,7 +418,7 @@ def test_a_gpu_another_process_fills_gets_no_run(in_tmp, fake_gpus, capsys):
     fake_gpus({"processes": [{"pid": 1, "used": int(79.9e9)}]}, {})  # gpu 0: 0.1 GB free, under the margin
     assert gts(["run", _gpu_sweep(in_tmp, "[0, 1, 2]"), "--plain"]) == 0
     assert {row["result.gpu"] for row in rows(str(in_tmp / "results"))} == {"1"}
-    log = (in_tmp / "scheduler.log").read_text()
+    log = (in_tmp / "results" / "scheduler.log").read_text()
     assert "gpu0 no memory available" in log and re.search(r"-\d[\d.]* GiB", log) is None, log
 
 

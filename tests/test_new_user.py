@@ -337,3 +337,26 @@ def test_without_cloudpickle_a_task_from_stdin_is_refused_before_anything_runs(i
 
 def _gts_python(*argv, cwd, **kwargs):
     return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+# --- gts grid | gts queue --resume -----------------------------------------------------------
+
+
+def test_grid_piped_into_queue_resume_runs_nothing_the_second_time(in_tmp):
+    grid = ["grid", "echo {lr} {seed} >> ran", "-p", "lr", "0.1", "0.01", "-p", "seed", "1", "2", "3"]
+    first, again = _gts(*grid, cwd=in_tmp).stdout, _gts(*grid, cwd=in_tmp).stdout
+    assert first == again and len(first.splitlines()) == 6  # shuffled, in an order fixed by the input
+    assert first != _gts(*grid, "--seed", "5", cwd=in_tmp).stdout  # a seed picks another
+    for _ in range(2):
+        queue = _gts("queue", "--gpus", "cpu", "cpu", "--resume", cwd=in_tmp, input=first)
+        assert queue.returncode == 0, queue.stderr
+    assert sorted((in_tmp / "ran").read_text().splitlines()) == sorted(line[5:-7] for line in first.splitlines())
+    assert "0 succeeded, 0 failed, 6 skipped" in queue.stderr
+    # A job is its command: lines in another order, one new and one repeated, run only what is new.
+    lines = first.splitlines()
+    changed = "\n".join(["echo new >> ran", *reversed(lines), lines[0]]) + "\n"
+    queue = _gts("queue", "--gpus", "cpu", "--resume", cwd=in_tmp, input=changed)
+    assert queue.returncode == 0 and "2 succeeded, 0 failed, 6 skipped" in queue.stderr, queue.stderr
+    assert (in_tmp / "ran").read_text().splitlines()[6:] == ["new", lines[0][5:-7]]
+    jobs = sorted(name for name in os.listdir(in_tmp / "gts-queue") if name.startswith("job-"))
+    assert len(jobs) == 8 and sum(name.count("-") == 2 for name in jobs) == 1  # the repeat: job-<hash>-2

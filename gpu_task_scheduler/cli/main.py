@@ -763,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--resume",
         action="store_true",
-        help="skip lines that succeeded before in this log dir (same line number, same command)",
+        help="skip commands that succeeded before in this log dir (a job is its command, wherever its line is)",
     )
     q.add_argument(
         "--grace-period",
@@ -795,8 +795,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sampling-mode",
         choices=["grid", "shuffled_grid"],
         default="shuffled_grid",
-        help="shuffled_grid (the default, as in simple_hypersearch): every point once, in a random "
-        "order (--seed to repeat it); grid: in order, the last parameter fastest",
+        help="shuffled_grid (the default, as in simple_hypersearch): every point once, in a shuffled "
+        "order fixed by the input (--seed for another); grid: in order, the last parameter fastest",
     )
     g.add_argument("--n-samples", type=int, help="print only this many commands")
     g.add_argument("--seed", type=int, help="seed of the shuffled order")

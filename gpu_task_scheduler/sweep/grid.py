@@ -7,10 +7,15 @@ indices in a seeded pseudo-random order given by a Feistel permutation over
 the next power of two, walking past indices outside the grid; it is a true
 permutation (every command once) and also needs no list. Its order differs
 from simple_hypersearch's for the same seed (that tool shuffles a full list).
+Without a seed the order is still fixed: seeded from the input (the pattern and
+the values), so the same ``gts grid`` prints the same commands in the same order
+and ``gts grid … | gts queue --resume`` run again finds every job where it was.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Iterator, Sequence
 
@@ -60,6 +65,12 @@ class _Permutation:
         return value
 
 
+def input_seed(pattern: str, parameters: Parameters) -> int:
+    """The shuffled order's seed when none is given: from the input, so that it repeats."""
+    text = json.dumps([pattern, [[name, list(values)] for name, values in parameters]])
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big")
+
+
 def check_pattern(pattern: str, names: Sequence[str]) -> None:
     check_fields(pattern, [*names, "job_index"], what="the pattern", kind="parameter")
 
@@ -78,7 +89,11 @@ def commands(
         raise ConfigError(f"sampling mode must be grid or shuffled_grid; got {mode!r}")
     size = grid_size(parameters)
     count = size if n_samples is None else min(max(n_samples, 0), size)
-    order = _Permutation(size, seed) if mode == "shuffled_grid" else None
+    order = (
+        _Permutation(size, input_seed(pattern, parameters) if seed is None else seed)
+        if mode == "shuffled_grid"
+        else None
+    )
     options = [list(values) for _, values in reversed(parameters)]
     keys = [*reversed(names), "job_index"]
     fields: dict[str, str] = {}

@@ -11,6 +11,7 @@ sleeps until the reader wakes it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import threading
@@ -57,9 +58,14 @@ class StreamSweep(Sweep):
             self._wake()
 
     def runs(self, foreign: Foreign | None = None) -> Iterator[RunSpec]:
-        """The lines as runs; their names are unique by index, so ``foreign`` is not needed."""
+        """The lines as runs, each named by its command (``job-<hash>``; the k-th repeat of a
+        command in the stream ``job-<hash>-k``), not by its line number: ``--resume`` finds a job
+        that succeeded wherever its line is now. Names are unique by construction, so ``foreign``
+        is not needed. A command seen once costs one small int in memory (to know a repeat)."""
         root = self.options.result_root_folder
         index = 0
+        seen: set[int] = set()
+        repeats: dict[int, int] = {}
         while True:
             try:
                 command = self._lines.get_nowait()
@@ -68,7 +74,15 @@ class StreamSweep(Sweep):
                 continue
             if command is _EOF:
                 return
-            name = f"job-{index:06d}-{short_hash(command)}"
+            # 64 bits: distinct commands of a stream of millions never share a name (32 bits would).
+            digest = hashlib.sha256(command.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            key = int(digest, 16)
+            if key in seen:
+                repeats[key] = repeats.get(key, 1) + 1
+                name = f"job-{digest}-{repeats[key]}"
+            else:
+                seen.add(key)
+                name = f"job-{digest}"
             yield RunSpec(
                 index=index,
                 block=0,

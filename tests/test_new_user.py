@@ -360,3 +360,59 @@ def test_grid_piped_into_queue_resume_runs_nothing_the_second_time(in_tmp):
     assert (in_tmp / "ran").read_text().splitlines()[6:] == ["new", lines[0][5:-7]]
     jobs = sorted(name for name in os.listdir(in_tmp / "gts-queue") if name.startswith("job-"))
     assert len(jobs) == 8 and sum(name.count("-") == 2 for name in jobs) == 1  # the repeat: job-<hash>-2
+
+
+# --- gts retry from anywhere -----------------------------------------------------------------
+
+TASK_MODULE = """
+import os
+from gpu_task_scheduler import GPUTask
+
+class Flaky(GPUTask):
+    def main(self):
+        if os.path.exists(self._config["fail_if"]):
+            raise RuntimeError("asked to fail")
+        return {"x": self._config["x"]}
+"""
+
+
+def test_retry_finds_the_task_file_the_ledger_recorded_wherever_it_is_started(in_tmp, monkeypatch, capsys):
+    project, elsewhere = in_tmp / "project", in_tmp / "elsewhere"
+    (project / "mypkg").mkdir(parents=True)
+    elsewhere.mkdir()
+    (project / "mypkg" / "__init__.py").write_text("")
+    (project / "mypkg" / "tasks.py").write_text(TASK_MODULE)
+    fail = in_tmp / "fail"
+    fail.write_text("")
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(in_tmp / "root")},
+        "task": "mypkg.tasks:Flaky",
+        "global_config": {"fail_if": str(fail)},
+        "test_config": [{"x": [1, 2]}],
+    }
+    (project / "sweep.json").write_text(json.dumps(config))
+    run = _gts("run", "sweep.json", "--plain", cwd=project)
+    assert run.returncode == 1 and "0 succeeded, 2 failed" in run.stderr, run.stderr
+    fail.unlink()
+    retry = _gts("retry", str(in_tmp / "root"), "--failed", "--plain", cwd=elsewhere)
+    assert retry.returncode == 0 and "2 succeeded, 0 failed" in retry.stderr, retry.stderr
+    # Gone: the message says where it looked.
+    (project / "mypkg" / "tasks.py").rename(project / "mypkg" / "moved.py")
+    result = _gts("retry", str(in_tmp / "root"), "x-1,", "--force", "--plain", cwd=elsewhere)
+    assert result.returncode == 2, result.stderr
+    assert f"looked for mypkg.tasks in {project / 'mypkg' / 'tasks.py'}: no such file or directory" in result.stderr
+
+
+def test_retry_imports_no_recorded_file_that_others_may_write(in_tmp, capsys):
+    from gpu_task_scheduler.cli.main import _find_recorded_tasks
+
+    shared = in_tmp / "shared"
+    shared.mkdir()
+    (shared / "theirs_gts_test.py").write_text("raise SystemExit('imported')\n")
+    shared.chmod(0o777)  # anyone may write here: not trusted
+    looked = _find_recorded_tasks(json.dumps({"theirs_gts_test": str(shared / "theirs_gts_test.py")}))
+    assert looked == [f"{shared / 'theirs_gts_test.py'} is not yours (or others may write there): not imported"]
+    assert str(shared) not in sys.path
+    assert _find_recorded_tasks(json.dumps({"a.b": "/x/y.py"})) == [
+        "the ledger records a.b in '/x/y.py', which is not that module's file"
+    ]

@@ -413,6 +413,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     try:
         records = ledger.records()
         recorded = ledger.get_meta("sweep_config")
+        task_files = ledger.get_meta("task_files")
     finally:
         ledger.close()
     if not recorded:
@@ -469,13 +470,15 @@ def cmd_retry(args: argparse.Namespace) -> int:
     # Runs stopped early run again to their end: the early_stop rule leaves them alone this time.
     sweep.rerun_pruned = True
     sweep.unjudged = frozenset(name for name, record in chosen.items() if record.status is RunStatus.PRUNED)
+    looked = [] if args.task else _find_recorded_tasks(task_files)
     try:
         make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
     except (ConfigError, TaskClassError) as error:
         if args.task or "task" not in config:
             raise
+        where = f" ({'; '.join(looked)})" if looked else " (the ledger records no file for it)"
         raise type(error)(  # the recorded task cannot be imported from here
-            f"{error}; run gts retry where the sweep was started, set PYTHONPATH, or name the task with --task"
+            f"{error}{where}; run gts retry where the sweep was started, set PYTHONPATH, or name the task with --task"
         ) from None
     in_sweep = {spec.name for spec in sweep.runs()} & set(chosen)
     missing = sorted(set(chosen) - in_sweep)
@@ -499,6 +502,50 @@ def cmd_retry(args: argparse.Namespace) -> int:
     print(f"running {len(in_sweep)} run(s) again: {shown}")
     code = _run_sweep(sweep, make_task, plain=args.plain)
     return code if code != EXIT_OK or not missing else EXIT_FAILED
+
+
+def _find_recorded_tasks(recorded: str | None) -> list[str]:
+    """Make the task modules the ledger recorded (``{"module": "/abs/file.py"}``) importable when
+    they are not from here: their import root goes on ``sys.path``, but only for a file the user
+    (or root) owns, in folders no other user may write, so that a result root shared with others
+    cannot make ``gts retry`` import code of their choosing. What it looked at, for the error."""
+    import importlib.util
+    import stat
+
+    try:
+        files = json.loads(recorded) if recorded else {}
+    except ValueError:
+        return ["the ledger's record of the task files is not JSON"]
+    looked = []
+    for module, path in files.items() if isinstance(files, dict) else ():
+        if not isinstance(module, str) or not isinstance(path, str) or not module.replace(".", "").isidentifier():
+            continue
+        try:
+            if importlib.util.find_spec(module) is not None:
+                continue  # importable from here
+        except (ImportError, ValueError):
+            pass
+        parts = module.split(".")
+        top = os.path.dirname(path) if os.path.basename(path) == "__init__.py" else os.path.splitext(path)[0]
+        root = top
+        for _ in parts:
+            root = os.path.dirname(root)
+        expected = os.path.join(root, *parts)
+        if not os.path.isabs(path) or top != expected:
+            looked.append(f"the ledger records {module} in {path!r}, which is not that module's file")
+            continue
+        try:
+            infos = [os.stat(path), os.stat(root)]
+        except OSError as error:
+            looked.append(f"looked for {module} in {path}: {error.strerror.lower()}")
+            continue
+        mine = all(info.st_uid in (os.getuid(), 0) and not info.st_mode & stat.S_IWOTH for info in infos)
+        if not mine:
+            looked.append(f"{path} is not yours (or others may write there): not imported")
+            continue
+        sys.path.insert(0, root)
+        looked.append(f"found {module} in {path}")
+    return looked
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

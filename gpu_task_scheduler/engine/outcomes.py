@@ -86,6 +86,7 @@ class Records:
             self.ledger.set_meta("sweep_runs", str(sweep.size))
         if sweep.selected is None:  # `gts retry` runs the recorded sweep: the record stays as it is
             self.ledger.set_meta("sweep_config", sweep.record() or "")
+            self.ledger.set_meta("task_files", json.dumps(sweep.task_files()))
 
     def sweep_completed(self, sweep: Sweep) -> None:
         """Every run of the sweep was decided: a start with the same identity has no changed run

@@ -512,6 +512,19 @@ class Sweep:
         except (TypeError, ValueError):
             self.programs.pop(stage, None)
 
+    def task_files(self) -> dict[str, str]:
+        """The file of each task class's module (``{"mypkg.tasks": "/abs/mypkg/tasks.py"}``), kept in
+        the ledger so that ``gts retry`` started elsewhere can find it. Modules imported by now."""
+        files = {}
+        records = [self.task_record or {}, *(json.loads(text) for text in self.programs.values())]
+        for record in records:
+            task = record.get("task") if isinstance(record, dict) else None
+            module = sys.modules.get(task.partition(":")[0]) if isinstance(task, str) else None
+            path = getattr(module, "__file__", None)
+            if module is not None and isinstance(path, str) and os.path.isabs(path):
+                files[module.__name__] = path
+        return files
+
     def record(self) -> str | None:
         """The sweep as JSON, kept in the ledger so that ``gts retry`` can run its runs again
         without the config file. None when it is not plain JSON (a value that is an object, a

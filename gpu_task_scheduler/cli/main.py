@@ -537,7 +537,7 @@ def _find_recorded_tasks(recorded: str | None) -> list[str]:
         try:
             infos = [os.stat(path), os.stat(root)]
         except OSError as error:
-            looked.append(f"looked for {module} in {path}: {error.strerror.lower()}")
+            looked.append(f"looked for {module} in {path}: {(error.strerror or str(error)).lower()}")
             continue
         mine = all(info.st_uid in (os.getuid(), 0) and not info.st_mode & stat.S_IWOTH for info in infos)
         if not mine:

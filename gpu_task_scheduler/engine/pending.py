@@ -110,7 +110,8 @@ class RunQueue:
         items += [*self._retry, *self._ready, *self._deferred]
         items += list({id(i): i for waiting in self._parked.values() for i in waiting if i.waiting_on}.values())
         self.held = None
-        self._retry.clear(), self._ready.clear(), self._deferred.clear(), self._parked.clear()
+        for taken in (self._retry, self._ready, self._deferred, self._parked):
+            taken.clear()
         self._parked_count = 0
         yield from (item.spec for item in items)
         while expand and not self._exhausted:

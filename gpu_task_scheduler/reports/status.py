@@ -418,11 +418,10 @@ def plot_metric(root: str, metric: str, by: str, output: str) -> str:
     points = [row for row in table if row.get(key) is not None and row.get(by) is not None]
     if not points:
         known = sorted({k for row in table for k in row if k.startswith("result.")})
-        parameters = sorted({k for row in table for k in row if k not in ("name", "status", "duration")} - set(known))
+        swept = sorted({k for row in table for k in row if k not in ("name", "status", "duration")} - set(known))
         if table and not any(by in row for row in table):
             raise ConfigError(
-                f"no run has the parameter {by!r}{did_you_mean(by, parameters)} Parameters: "
-                f"{', '.join(parameters) or 'none'}"
+                f"no run has the parameter {by!r}{did_you_mean(by, swept)} Parameters: {', '.join(swept) or 'none'}"
             )
         if table and not any(key in row for row in table):
             short = [name[len("result.") :] for name in known]

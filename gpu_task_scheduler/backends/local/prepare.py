@@ -285,7 +285,7 @@ def prepare(
     payload = _pickle_task(task)
     main_file = None
     if type(task).__module__ == "__main__" and not by_value(type(task)):  # the script, loaded again there
-        main_file = os.path.abspath(sys.modules["__main__"].__file__)
+        main_file = os.path.abspath(str(sys.modules["__main__"].__file__))
     start = RunStart(
         token=token,
         config_hash=spec.config_hash,

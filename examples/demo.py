@@ -7,9 +7,11 @@ python examples/demo.py my_config.yaml
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository's root, so that the task is examples.demo_task:QuadraticTask here as in
+# configs/demo.yaml: the two runs of one sweep agree on what their runs run.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from demo_task import QuadraticTask  # noqa: E402
+from examples.demo_task import QuadraticTask  # noqa: E402
 
 from gpu_task_scheduler import GPUTaskScheduler  # noqa: E402
 

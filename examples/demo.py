@@ -12,7 +12,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.demo_task import QuadraticTask  # noqa: E402
-
 from gpu_task_scheduler import GPUTaskScheduler  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -197,14 +197,10 @@ def sort_rows(table: Sequence[dict[str, Any]], key: str, *, descending: bool = F
     return sorted(with_value, key=lambda row: metric(row, key) or 0.0, reverse=descending) + without
 
 
-def key_problem(
-    root: str, key: str, table: Sequence[dict[str, Any]] | None = None, *, stage: str | None = None
-) -> str | None:
-    """None when some run has a number at ``key`` (``table``: rows already at hand that decide it
-    when one has); else why not, in words that help: the key matches no column (with the closest
-    one, and the columns there are), or its values are not numbers."""
-    if table is not None and any(metric(row, key) is not None for row in table):
-        return None
+def key_problem(root: str, key: str, *, stage: str | None = None) -> str | None:
+    """None when some run has a number at ``key``; else why not, in words that help: the key
+    matches no column (with the closest one, and the columns there are), or its values are not
+    numbers. Reads every row: asked once the cheap way (a ranking) found no number."""
     every = rows(root, stage=stage)
     if any(metric(row, key) is not None for row in every):
         return None
@@ -212,14 +208,12 @@ def key_problem(
     lookups = (key,) if key.startswith("result.") else (f"result.{key}", key)
     if any(name in names for name in lookups):
         return f"{key!r} is not a number in any run of {root}"
-    short = {name[len("result.") :]: name for name in names if name.startswith("result.")}
-    guess = closest(key, [*names, *short])
     message = f"no run of {root} has {key!r}"
-    if guess is not None:
-        message += f"; did you mean {guess!r}?"
-    shown = [name for name in names if name not in ROW_COLUMNS]
     if not any(name.startswith(("result", "metrics.")) for name in names):
         message += " (no run has recorded a result yet)"
+    short = [name[len("result.") :] for name in names if name.startswith("result.")]
+    message += did_you_mean(key, [*names, *short])
+    shown = [name for name in names if name not in ROW_COLUMNS]
     if shown:
         message += f" Its columns: {', '.join(shown[:30])}{' ...' if len(shown) > 30 else ''}."
     return message

@@ -35,7 +35,7 @@ import socket
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,7 +378,7 @@ class Ledger:
             if not self._batches:
                 self.commit()
 
-    def _query(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+    def _query(self, sql: str, params: tuple | dict[str, Any] = ()) -> list[sqlite3.Row]:
         try:
             return self._db.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as error:
@@ -615,28 +615,8 @@ class Ledger:
         reaches into a nested result, the literal key first), else a swept parameter, else
         ``metrics.NAME``, the last value a run reported. Only runs whose result is in the ledger:
         the rest (results kept in their folders) are the caller's to rank."""
-        result_key = key[len("result.") :] if key.startswith("result.") else key
-        values: dict[str, Any] = {"stage": stage, "limit": int(limit), "ppath": "$." + json.dumps(key)}
-        numeric = "json_type({0}, {1}) IN ('integer', 'real')"
-        if key == "result":  # a run whose main() returned a number
-            value = "CASE WHEN json_type(result) IN ('integer', 'real') THEN json_extract(result, '$') END"
-        else:
-            paths = []
-            for i, path in enumerate(_json_paths(result_key)):
-                values[f"path{i}"] = path
-                paths.append(f":path{i}")
-            # The first path that holds a value decides, number or not (as the row's column does).
-            found = " OR ".join(f"json_type(result, {path}) IS NOT NULL" for path in paths)
-            number = ", ".join(
-                f"CASE WHEN {numeric.format('result', path)} THEN json_extract(result, {path}) END" for path in paths
-            )
-            value = f"CASE WHEN {found} THEN COALESCE({number}, NULL) "
-            if not key.startswith("result."):
-                value += f"WHEN {numeric.format('params', ':ppath')} THEN json_extract(params, :ppath) "
-                if key.startswith("metrics.") and "metrics" in self._columns():
-                    values["mpath"] = "$." + json.dumps(key[len("metrics.") :]) + ".last"
-                    value += f"WHEN {numeric.format('metrics', ':mpath')} THEN json_extract(metrics, :mpath) "
-            value += "END"
+        value, values = self._value_sql(key)
+        values.update(stage=stage, limit=int(limit))
         where = "result IS NOT NULL AND json_valid(result) AND (params IS NULL OR json_valid(params))"
         if key.startswith("metrics.") and "metrics" in self._columns():  # ranked by what runs reported
             where = (
@@ -652,6 +632,86 @@ class Ledger:
             f"ORDER BY v IS NULL, v {'DESC' if descending else 'ASC'}, run_index, name LIMIT :limit"
         )
         return [row[0] for row in self._tuples(sql, values)]
+
+    def _value_sql(self, key: str) -> tuple[str, dict[str, Any]]:
+        """An SQL expression for the number a run has at ``key`` (see :meth:`ranked`), with its
+        bound values; NULL where it has none (or JSON that is not valid there)."""
+        result_key = key[len("result.") :] if key.startswith("result.") else key
+        values: dict[str, Any] = {"ppath": "$." + json.dumps(key)}
+        numeric = "json_type({0}, {1}) IN ('integer', 'real')"
+        if key == "result":  # a run whose main() returned a number
+            return "CASE WHEN json_type(result) IN ('integer', 'real') THEN json_extract(result, '$') END", values
+        paths = []
+        for i, path in enumerate(_json_paths(result_key)):
+            values[f"path{i}"] = path
+            paths.append(f":path{i}")
+        # The first path that holds a value decides, number or not (as the row's column does).
+        found = " OR ".join(f"json_type(result, {path}) IS NOT NULL" for path in paths)
+        number = ", ".join(
+            f"CASE WHEN {numeric.format('result', path)} THEN json_extract(result, {path}) END" for path in paths
+        )
+        value = f"CASE WHEN {found} THEN COALESCE({number}, NULL) "
+        if not key.startswith("result."):
+            value += f"WHEN {numeric.format('params', ':ppath')} THEN json_extract(params, :ppath) "
+            if key.startswith("metrics.") and "metrics" in self._columns():
+                values["mpath"] = "$." + json.dumps(key[len("metrics.") :]) + ".last"
+                value += f"WHEN {numeric.format('metrics', ':mpath')} THEN json_extract(metrics, :mpath) "
+        return value + "END", values
+
+    # Orders of a page of runs that are columns of the table (any other key: a number, as ranked).
+    _PAGE_ORDERS = {
+        "index": "run_index",
+        "name": "name",
+        "status": "status",
+        "stage": "stage",
+        "started": "started_at",
+        "duration": "(ended_at - started_at)",
+        "attempts": "attempts",
+        "slot": "slot",
+        "node": "node",
+    }
+
+    def page(
+        self,
+        *,
+        key: str | None = None,
+        descending: bool = False,
+        statuses: Sequence[str] = (),
+        text: str = "",
+        offset: int = 0,
+        limit: int = 50,
+    ) -> tuple[int, list[RunRecord]]:
+        """One page of the runs, sorted and filtered by SQLite (a root of 100,000 runs answers at
+        once): ``key`` a column of :attr:`_PAGE_ORDERS` or a number as :meth:`ranked` reads it (runs
+        without one last; None: the sweep's order), ``statuses`` the runs in these states,
+        ``text`` the runs whose name holds it. How many runs match, and the page's records."""
+        conditions: list[str] = []
+        values: dict[str, Any] = {}
+        if statuses:
+            marks = ", ".join(f":status{i}" for i in range(len(statuses)))
+            conditions.append(f"status IN ({marks})")
+            values.update({f"status{i}": status for i, status in enumerate(statuses)})
+        if text:
+            conditions.append("instr(name, :text) > 0")
+            values["text"] = text
+        order = "run_index, name"
+        if key is not None:
+            if key in self._PAGE_ORDERS:
+                column = self._PAGE_ORDERS[key]
+                if column in ("stage", "node") and column not in self._columns():
+                    column = "NULL"
+            else:  # a number in JSON: runs whose JSON is damaged (by hand) are left out, as ranked() does
+                column, more = self._value_sql(key)
+                values.update(more)
+                conditions.append("(result IS NULL OR json_valid(result)) AND (params IS NULL OR json_valid(params))")
+                if key.startswith("metrics.") and "metrics" in self._columns():
+                    conditions.append("(metrics IS NULL OR json_valid(metrics))")
+            order = f"{column} IS NULL, {column} {'DESC' if descending else 'ASC'}, run_index, name"
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+        (total,) = self._tuples(f"SELECT COUNT(*) FROM runs {where}", values)[0]
+        values.update(limit=max(0, int(limit)), offset=max(0, int(offset)))
+        rows = self._query(f"SELECT * FROM runs {where} ORDER BY {order} LIMIT :limit OFFSET :offset", values)
+        return total, [self._record(row) for row in rows]
 
     def stages(self) -> list[str]:
         """The stages the runs belong to, sorted (none in a sweep without stages)."""

@@ -22,7 +22,7 @@ setup(
     author="The gpu_task_scheduler authors",
     keywords=["hyperparameter", "sweep", "gpu", "scheduler", "nvml", "experiments"],
     packages=find_packages(include=["gpu_task_scheduler", "gpu_task_scheduler.*"]),
-    package_data={"gpu_task_scheduler": ["py.typed"]},
+    package_data={"gpu_task_scheduler": ["py.typed"], "gpu_task_scheduler.web": ["static/*"]},
     python_requires=">=3.10",
     install_requires=[
         "PyYAML>=5.1",
@@ -43,6 +43,9 @@ setup(
         # Adaptive search (search: {sampler: tpe | cmaes | qmc}): Optuna's samplers, imported
         # only by a sweep that asks for one; sampler: random needs nothing.
         "search": ["optuna>=3.6", "cmaes>=0.10", "scipy>=1.7"],
+        # The charts of `gts serve` (the view itself needs nothing): Plotly's JavaScript, served from
+        # the package, so the page works with no internet.
+        "web": ["plotly>=5.0"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",
@@ -55,6 +58,9 @@ setup(
             "optuna>=3.6",
             "cmaes>=0.10",
             "scipy>=1.7",
+            "plotly>=5.0",
+            # The web view's tests drive a real browser (Chromium, from the system's packages).
+            "playwright>=1.40",
             "ruff>=0.6",
             "mypy>=1.10",
         ],

@@ -12,6 +12,8 @@ import os
 META = ".gts"  # the folder, in the root and in each run folder, that holds the scheduler's records
 # Linux and macOS limit one path component to 255 bytes.
 MAX_NAME_BYTES = 255
+# What a run that returns nothing (a command) may leave in its folder as its result.
+RESULT_FILE = "result.json"
 
 
 def log_name_problem(value: object) -> str | None:

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError, GTSError, closest, did_you_mean
+from .layout import RESULT_FILE
 from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.metrics import read_all
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 
-RESULT_FILE = "result.json"
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
 
 
@@ -94,10 +94,11 @@ def duration(record: RunRecord) -> float | None:
 def rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
     """One dict per run: ``name``, its ``stage`` (a sweep with stages), the swept parameters,
     ``status``, ``duration``, then the result. ``stage``: only that stage's runs."""
-    return [_row(root, record) for record in records(root, stage)]
+    return [row_of(root, record) for record in records(root, stage)]
 
 
-def _row(root: str, record: RunRecord) -> dict[str, Any]:
+def row_of(root: str, record: RunRecord) -> dict[str, Any]:
+    """One recorded run as :func:`rows` gives it."""
     row: dict[str, Any] = {"name": record.name}
     if record.stage is not None:
         row["stage"] = record.stage
@@ -171,7 +172,7 @@ def top_rows(
     finally:
         ledger.close()
     # In the sweep's order, as rows() gives them, so that sort_rows breaks ties as it would there.
-    return sort_rows([_row(root, record) for record in candidates], key, descending=descending)[:count]
+    return sort_rows([row_of(root, record) for record in candidates], key, descending=descending)[:count]
 
 
 def _number(value: Any) -> float | None:

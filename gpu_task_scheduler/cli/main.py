@@ -716,6 +716,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..web.server import serve
+
+    roots = [_root_of(root) for root in args.roots]
+    try:
+        serve(roots, host=args.host, port=args.port, token=args.token)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
 # --- the parser ---------------------------------------------------------------------------
 
 
@@ -976,6 +987,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", help="the parameter on the x axis (with --curves: the one that colours the lines)")
     p.add_argument("-o", "--output", required=True, help="the image file to write (.png, .svg, .pdf)")
     p.set_defaults(handler=cmd_plot)
+
+    sv = sub.add_parser(
+        "serve",
+        help="a live web view of result roots: progress, sortable runs, logs, curves, parallel coordinates",
+        formatter_class=_formatter,
+        description="Serve a read-only web view of one or more result roots (or sweeps' config files), "
+        "updated every second while their sweeps run. Charts need 'pip install gts-sweep[web]'.",
+        epilog="examples:\n  gts serve results/\n  gts serve results/a results/b --port 8300\n"
+        "  gts serve results/ --host 0.0.0.0    # other machines: prints a URL with a token",
+    )
+    sv.add_argument("roots", nargs="+", metavar="ROOT", help="result roots, or the sweeps' config files")
+    sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine)")
+    sv.add_argument("--port", type=int, default=8265, help="the port (default 8265; 0: any free one)")
+    sv.add_argument("--token", help="the token other machines must give (default: one is made for a non-local --host)")
+    sv.set_defaults(handler=cmd_serve)
     return parser
 
 

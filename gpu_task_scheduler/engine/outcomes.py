@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from ..errors import GTSError
 from ..gpu.devices import Slot
 from ..jsonable import to_jsonable
+from ..layout import RESULT_FILE
 from ..records.ledger import Ledger
 from ..records.metrics import read_all
-from ..records.paths import RunPaths, atomic_write_json
+from ..records.paths import MAX_INLINE_RESULT, RunPaths, atomic_write_json, read_json
 from ..records.prior import Prior, adopt
 from ..records.protocol import Outcome
 from ..records.status import RunStatus
@@ -247,6 +248,9 @@ class Records:
             metrics = reader.summary_json()
             if reader.problem is not None:
                 logger.warning("%s reported metrics the scheduler skips: %s", spec.name, reader.problem)
+        result = None if end.result is None else json.dumps(end.result)
+        if result is None and end.status in (RunStatus.SUCCEEDED, RunStatus.PRUNED) and not result_file:
+            result = own_result(paths)
         self.ledger.finish(
             spec.name,
             end.status,
@@ -254,7 +258,7 @@ class Records:
             signal=end.signal,
             cause=end.cause,
             log_tail=exit.tail,
-            result=None if end.result is None else json.dumps(end.result),
+            result=result,
             gpu_memory_peak=peak,
             pid=pid,
             result_file=result_file,
@@ -286,3 +290,19 @@ class Records:
         else:
             logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, record.describe())
         return record
+
+
+def own_result(paths: RunPaths) -> str | None:
+    """A run that returned nothing (a command) and left a ``result.json`` in its folder: that
+    result as the ledger keeps it, so that SQLite can rank runs by it (``gts results --top``, the
+    web view) as it ranks returned results. None when there is none, it is over
+    MAX_INLINE_RESULT bytes (it stays the file's, read as before), or not JSON."""
+    if paths.unsafe() is not None:
+        return None
+    value = read_json(os.path.join(paths.work_dir, RESULT_FILE), limit=MAX_INLINE_RESULT)
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:  # NaN or infinity: not JSON that SQLite reads; the file keeps it
+        return None

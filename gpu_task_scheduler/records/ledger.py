@@ -700,15 +700,19 @@ class Ledger:
                 column = self._PAGE_ORDERS[key]
                 if column in ("stage", "node") and column not in self._columns():
                     column = "NULL"
-            else:  # a number in JSON: runs whose JSON is damaged (by hand) are left out, as ranked() does
+            else:
                 column, more = self._value_sql(key)
                 values.update(more)
-                conditions.append("(result IS NULL OR json_valid(result)) AND (params IS NULL OR json_valid(params))")
-                if key.startswith("metrics.") and "metrics" in self._columns():
-                    conditions.append("(metrics IS NULL OR json_valid(metrics))")
             order = f"{column} IS NULL, {column} {'DESC' if descending else 'ASC'}, run_index, name"
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         (total,) = self._tuples(f"SELECT COUNT(*) FROM runs {where}", values)[0]
+        if key is not None and key not in self._PAGE_ORDERS:
+            # A number in JSON: runs whose JSON was damaged by hand are left out of the pages, as
+            # ranked() leaves them out (SQLite's JSON functions refuse it); the total counts them.
+            valid = ["(result IS NULL OR json_valid(result))", "(params IS NULL OR json_valid(params))"]
+            if key.startswith("metrics.") and "metrics" in self._columns():
+                valid.append("(metrics IS NULL OR json_valid(metrics))")
+            where = f"WHERE {' AND '.join([*conditions, *valid])}"
         values.update(limit=max(0, int(limit)), offset=max(0, int(offset)))
         rows = self._query(f"SELECT * FROM runs {where} ORDER BY {order} LIMIT :limit OFFSET :offset", values)
         return total, [self._record(row) for row in rows]

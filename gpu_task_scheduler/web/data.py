@@ -1,0 +1,188 @@
+"""What ``gts serve`` shows, read from a result root the way ``gts status`` reads it: read-only,
+consistent while a sweep writes the ledger, and bounded in time and memory for a root of any size
+(counts and pages come from SQLite; only the runs shown become Python objects).
+
+Every function takes the root and plain values from the request, never a path: a run is found
+by its name in the ledger (:meth:`RunPaths.recorded` refuses a name that is not one folder under
+the root), and a log or metrics file is read through the records' own safe readers (no link, no
+FIFO, a bounded tail).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from ..records.ledger import RunRecord, RunStatus, scheduler_state
+from ..records.metrics import read_all
+from ..records.paths import RunPaths, UnsafePathError, read_json
+from ..reports.status import STALE, eta, status
+from ..results import open_ledger, row_of
+
+PAGE_MOST = 500  # runs one page may ask for
+LOG_BYTES = 64 << 10  # the tail of a log the page shows (it follows it while the run runs)
+CURVES_MOST = 50  # runs whose curves one request may ask for
+PARCOORDS_MOST = 5000  # finished runs in the parallel-coordinates plot (the best, by the metric)
+
+
+class NotFound(Exception):
+    """What the request names does not exist (an unknown run, a run without that file): 404."""
+
+
+def overview(root: str) -> dict[str, Any]:
+    """Counts by state, the scheduler, the stages, the ETA and the running runs (with their
+    latest metrics), as ``gts status --watch`` sees them."""
+    report = status(root, runs="watch")
+    running = [run for run in report["runs"] if run["status"] in ("running", STALE)]
+    failures = [run for run in report["runs"] if run["status"] in ("failed", "timed_out")]
+    return {
+        "root": report["root"],
+        "scheduler": report["scheduler"],
+        "counts": report["counts"],
+        "stages": report.get("stages", {}),
+        "eta": eta(report),
+        "mean_success_seconds": report["mean_success_seconds"],
+        "running": running,
+        "failures": failures,
+    }
+
+
+def _entry(root: str, record: RunRecord, stale: bool) -> dict[str, Any]:
+    """One run as the table shows it: ``results.rows()``'s row (parameters, status, duration,
+    the result's columns, the last reported metrics) and where and how often it ran."""
+    row = row_of(root, record)
+    if stale and record.status is RunStatus.RUNNING:
+        row["status"] = STALE
+    row.update(
+        index=record.run_index,
+        attempts=record.attempts,
+        slot=record.slot,
+        node=record.node,
+        started=record.started_at,
+        cause=record.cause,
+        gpu_peak=record.gpu_memory_peak,
+    )
+    return row
+
+
+def runs_page(
+    root: str,
+    *,
+    sort: str | None = None,
+    descending: bool = False,
+    statuses: list[str] | None = None,
+    text: str = "",
+    offset: int = 0,
+    limit: int = 50,
+) -> dict[str, Any]:
+    """A page of the runs, sorted by a column or any number a run has (``loss``, ``lr``,
+    ``metrics.acc``) and filtered by state and by a part of the name: ``{"total", "offset",
+    "runs"}``. Sorted, filtered and paged by SQLite."""
+    if limit < 0 or limit > PAGE_MOST or offset < 0:
+        raise ConfigError(f"a page holds 0 to {PAGE_MOST} runs from an offset of 0 or more")
+    states = list(statuses or [])
+    known = {state.value for state in RunStatus} | {STALE}
+    unknown = [state for state in states if state not in known]
+    if unknown:
+        raise ConfigError(f"unknown state {unknown[0]!r}; states: {', '.join(sorted(known))}")
+    stale = scheduler_state(root)[0] is False  # runs recorded as running are stale then
+    if STALE in states:  # stale runs are recorded as running
+        states = [state for state in states if state != STALE] + (["running"] if stale else [])
+    ledger = open_ledger(root)
+    try:
+        total, records = ledger.page(
+            key=sort, descending=descending, statuses=states, text=text, offset=offset, limit=limit
+        )
+    finally:
+        ledger.close()
+    return {"total": total, "offset": offset, "runs": [_entry(root, record, stale) for record in records]}
+
+
+def _record(root: str, name: str) -> tuple[RunRecord, str | None]:
+    ledger = open_ledger(root)
+    try:
+        record = ledger.get(name)
+        log_file = ledger.get_meta("log_file") or None
+    finally:
+        ledger.close()
+    if record is None:
+        raise NotFound(f"no run named {name!r} is recorded in {root}")
+    return record, log_file
+
+
+def _paths(root: str, name: str, log_file: str | None = None) -> RunPaths:
+    try:
+        return RunPaths.recorded(root, name, log_file)
+    except UnsafePathError as error:
+        raise NotFound(str(error)) from None
+
+
+def run_detail(root: str, name: str) -> dict[str, Any]:
+    """One run: its row, its resolved config (its folder's ``.gts/config.json``) and its result."""
+    record, _ = _record(root, name)
+    paths = _paths(root, name)
+    return {
+        "run": _entry(root, record, stale=False),
+        "config": read_json(paths.config) if paths.unsafe(records_only=True) is None else None,
+        "metrics": record.metrics_value,
+    }
+
+
+def run_log(root: str, name: str, *, most: int = LOG_BYTES) -> dict[str, Any]:
+    """The last ``most`` bytes of a recorded run's log (its current attempt), as text."""
+    record, log_file = _record(root, name)
+    paths = _paths(root, name, log_file)
+    if paths.log is None or paths.unsafe() is not None:
+        raise NotFound(f"{name} has no log to show")
+    text = paths.tail(lines=1 << 30, max_bytes=most)
+    return {"name": name, "status": record.status.value, "log": text}
+
+
+def curves(root: str, metric: str, names: list[str]) -> dict[str, Any]:
+    """What each named run reported of ``metric``, step by step (its last attempt), with its
+    parameters and state: ``{"runs": [{"name", "status", "params", "steps", "values"}]}``."""
+    if len(names) > CURVES_MOST:
+        raise ConfigError(f"at most {CURVES_MOST} runs' curves at once")
+    found = []
+    for name in names:
+        record, _ = _record(root, name)
+        paths = _paths(root, name)
+        if paths.unsafe(records_only=True) is not None:
+            continue
+        points = read_all(paths.metrics, keep_points=True).points or []
+        steps = [step for step, values in points if isinstance(values.get(metric), (int, float))]
+        values = [values[metric] for step, values in points if isinstance(values.get(metric), (int, float))]
+        found.append(
+            {
+                "name": name,
+                "status": record.status.value,
+                "params": record.params_value,
+                "steps": steps,
+                "values": values,
+            }
+        )
+    return {"metric": metric, "runs": found}
+
+
+def parcoords(root: str, metric: str, *, descending: bool = False) -> dict[str, Any]:
+    """The finished runs' parameters and ``metric`` (a result or reported metric, as ``gts
+    results`` reads it), the best PARCOORDS_MOST of them: ``{"params", "runs": [{"name",
+    "params", "value"}], "total"}``."""
+    from ..results import metric as number
+
+    ledger = open_ledger(root)
+    try:
+        total, records = ledger.page(key=metric, descending=descending, statuses=["succeeded"], limit=PARCOORDS_MOST)
+    finally:
+        ledger.close()
+    runs = []
+    params: dict[str, None] = {}
+    for record in records:
+        row = row_of(root, record)
+        value = number(row, metric)
+        if value is None:
+            continue
+        values = record.params_value
+        params.update(dict.fromkeys(values))
+        runs.append({"name": record.name, "params": values, "value": value})
+    return {"metric": metric, "params": list(params), "runs": runs, "total": total}

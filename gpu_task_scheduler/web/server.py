@@ -1,0 +1,296 @@
+"""``gts serve``: a read-only web view of one or more result roots, from the root alone.
+
+The server is the standard library's (``http.server``, a thread per request): the view is
+read-only and local, so nothing more is needed, and ``gts serve`` works wherever ``gts`` is
+installed. Its charts use Plotly's JavaScript from the ``plotly`` package (``pip install
+'gts-sweep[web]'``), served from here: no CDN, so the page works on a cluster node with no
+outside access; without it the page shows everything but the charts, and says how to get them.
+
+What it guards against:
+
+* **Other sites.** It binds 127.0.0.1 by default. Any other address needs a token (generated
+  and printed in the URL, as Jupyter does, or ``--token``): a request without it gets 403. The
+  token in the URL is kept in a cookie (HttpOnly, SameSite=Strict) so that links need not carry
+  it. The ``Host`` header must name this server (no DNS rebinding: a page of another site that
+  resolves its name to 127.0.0.1 gets 403).
+* **Paths.** No path from a request reaches the file system: static files are a fixed table,
+  and a run's log, config or metrics are found by the run's name in the ledger (records/paths.py
+  refuses a name that is not one folder under the root; links and FIFOs are not read). Logs are
+  served as a bounded tail.
+* **Values.** Every value, run name and log line is data (JSON) that the page writes as text
+  (``textContent``), never as HTML; a Content-Security-Policy allows scripts from this server
+  only, so an injected ``<script>`` or ``onerror=`` could not run even if it reached the page.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import importlib.resources
+import ipaddress
+import json
+import logging
+import math
+import os
+import secrets
+import sys
+import threading
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import ConfigError, GTSError
+from ..results import open_ledger
+from . import data
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+DEFAULT_PORT = 8265
+COOKIE = "gts_token"
+_STATIC = {  # URL -> (file in this package's static/, content type)
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+}
+_SECURITY_HEADERS = {
+    # Scripts from here only (Plotly's too); Plotly writes its own <style>, hence 'unsafe-inline' for styles.
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "connect-src 'self'; font-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def plotly_js() -> bytes | None:
+    """Plotly's bundled JavaScript from the installed ``plotly`` package, or None without it."""
+    try:
+        import plotly
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class View:
+    """What one ``gts serve`` shows: its roots, its token, and the answers to the page's requests."""
+
+    def __init__(self, roots: Sequence[str], *, token: str | None) -> None:
+        for root in roots:
+            open_ledger(root).close()  # a ConfigError now for a folder that is no result root
+        self.roots = [os.path.abspath(root) for root in roots]
+        self.token = token
+        self._plotly: bytes | None = None
+        self._plotly_read = False
+        self._lock = threading.Lock()
+
+    def plotly(self) -> bytes | None:
+        with self._lock:
+            if not self._plotly_read:
+                self._plotly, self._plotly_read = plotly_js(), True
+            return self._plotly
+
+    def api(self, path: str, query: dict[str, list[str]]) -> Any:
+        """The answer to ``GET /api/...`` (raises NotFound, or ConfigError for a bad value)."""
+
+        def one(name: str, default: str | None = None) -> str:
+            values = query.get(name)
+            if not values:
+                if default is None:
+                    raise ConfigError(f"missing parameter {name!r}")
+                return default
+            return values[-1]
+
+        def number(name: str, default: int) -> int:
+            text = one(name, str(default))
+            if not text.isdigit() or len(text) > 9:
+                raise ConfigError(f"{name} must be a whole number; got {text!r}")
+            return int(text)
+
+        if path == "/api/roots":
+            return {"roots": self.roots, "charts": self.plotly() is not None}
+        index = number("root", 0)
+        if index >= len(self.roots):
+            raise data.NotFound(f"no root number {index}")
+        root = self.roots[index]
+        if path == "/api/overview":
+            return data.overview(root)
+        if path == "/api/runs":
+            statuses = [state for state in one("status", "").split(",") if state]
+            return data.runs_page(
+                root,
+                sort=one("sort", "") or None,
+                descending=one("desc", "0") == "1",
+                statuses=statuses,
+                text=one("q", ""),
+                offset=number("offset", 0),
+                limit=number("limit", 50),
+            )
+        if path == "/api/run":
+            return data.run_detail(root, one("name"))
+        if path == "/api/log":
+            return data.run_log(root, one("name"))
+        if path == "/api/curves":
+            names = [name for name in one("names", "").split("\n") if name]
+            return data.curves(root, one("metric"), names)
+        if path == "/api/parcoords":
+            return data.parcoords(root, one("metric"), descending=one("desc", "0") == "1")
+        raise data.NotFound(f"no such page: {path}")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "gts"
+    sys_version = ""
+    view: View  # set on the class made for each server
+    allowed_hosts: frozenset[str]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+        logger.debug("gts serve: %s %s", self.address_string(), format % args)
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's name)
+        self.do_GET(body=False)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._send(405, b"read-only\n", "text/plain; charset=utf-8", {"Allow": "GET, HEAD"})
+
+    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+
+    def do_GET(self, body: bool = True) -> None:  # noqa: N802
+        self._body = body
+        parsed = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+        host = (self.headers.get("Host") or "").lower()
+        if host not in self.allowed_hosts:
+            self._send(403, b"this server answers to its own address only\n", "text/plain; charset=utf-8")
+            return
+        cookie: dict[str, str] = {}
+        if self.view.token is not None:
+            given = query["token"][-1] if query.get("token") else self._cookie(COOKIE)
+            if given is None or not hmac.compare_digest(given.encode(), self.view.token.encode()):
+                self._send(403, b"a token is needed: open the URL gts serve printed\n", "text/plain; charset=utf-8")
+                return
+            if query.get("token"):
+                cookie["Set-Cookie"] = f"{COOKIE}={self.view.token}; HttpOnly; SameSite=Strict; Path=/"
+        path = parsed.path
+        try:
+            if path in _STATIC:
+                name, kind = _STATIC[path]
+                content = importlib.resources.files(__package__).joinpath("static").joinpath(name).read_bytes()
+                self._send(200, content, kind, cookie)
+            elif path == "/static/plotly.min.js":
+                script = self.view.plotly()
+                if script is None:
+                    self._send(404, b"pip install 'gts-sweep[web]' for charts\n", "text/plain; charset=utf-8")
+                else:
+                    self._send(200, script, "text/javascript; charset=utf-8", {"Cache-Control": "max-age=86400"})
+            elif path == "/favicon.ico":
+                self._send(204, b"", "image/x-icon")
+            elif path.startswith("/api/"):
+                self._json(200, self.view.api(path, query))
+            else:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+        except data.NotFound as error:
+            self._json(404, {"error": str(error)})
+        except ConfigError as error:
+            self._json(400, {"error": str(error)})
+        except GTSError as error:  # the ledger cannot be read now (a sweep starting, a damaged file)
+            self._json(503, {"error": str(error)})
+
+    def _cookie(self, name: str) -> str | None:
+        for part in (self.headers.get("Cookie") or "").split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == name:
+                return value
+        return None
+
+    def _json(self, code: int, value: Any) -> None:
+        text = json.dumps(_finite(value), default=str, allow_nan=False, separators=(",", ":"))
+        self._send(code, text.encode(), "application/json")
+
+    def _send(self, code: int, content: bytes, kind: str, more: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        headers = {**_SECURITY_HEADERS, "Content-Type": kind, "Content-Length": str(len(content)), **(more or {})}
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self._body:
+            self.wfile.write(content)
+
+    _body = True
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: they become null (a run's result may hold them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def make_server(
+    roots: Sequence[str], *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None
+) -> tuple[Server, str]:
+    """The server (not started) and the URL to open. A token is made for an address other than a
+    loopback one, unless one is given."""
+    if not is_loopback(host) and token is None:
+        token = secrets.token_urlsafe(24)
+    view = View(roots, token=token)
+    handler: type[Handler] = type("BoundHandler", (Handler,), {"view": view})
+    try:
+        server = Server((host, port), handler)
+    except OSError as error:
+        raise GTSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+    bound = server.server_address[1]
+    names = {host.lower(), "localhost", "127.0.0.1", "::1"} if is_loopback(host) else {host.lower()}
+    if host in ("0.0.0.0", "::"):  # any address of this machine: the names it may be reached by
+        import socket
+
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower(), "localhost", "127.0.0.1"}
+        try:
+            names |= {str(address[4][0]) for address in socket.getaddrinfo(socket.gethostname(), None)}
+        except OSError:
+            pass
+    handler.allowed_hosts = frozenset(f"[{name}]:{bound}" if ":" in name else f"{name}:{bound}" for name in names)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://{shown}:{bound}/" + (f"?token={token}" if token else "")
+    return server, url
+
+
+def serve(
+    roots: Sequence[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    say: Callable[[str], Any] = print,
+) -> None:
+    """Serve until interrupted (Ctrl-C)."""
+    server, url = make_server(roots, host=host, port=port, token=token)
+    say(f"gts serve: {url}  (Ctrl-C to stop)")
+    sys.stdout.flush()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()

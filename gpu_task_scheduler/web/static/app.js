@@ -1,0 +1,262 @@
+// The page of `gts serve`: it polls the server once a second and redraws what changed, keeping the
+// user's root, sort, filter, page, ticked runs and open run. Every value from the server is
+// written as text (textContent), never as HTML.
+"use strict";
+
+const state = {
+  root: 0, sort: null, desc: false, status: "", q: "", offset: 0, limit: 50,
+  ticked: new Set(), open: null, tick: 0, charts: false, paramNames: [], metricNames: [],
+};
+const $ = (id) => document.getElementById(id);
+
+function text(tag, value, cls) {
+  const element = document.createElement(tag);
+  element.textContent = value === null || value === undefined ? "" : String(value);
+  if (cls) element.className = cls;
+  return element;
+}
+
+async function get(path, params) {
+  const query = new URLSearchParams({ root: String(state.root), ...(params || {}) });
+  const response = await fetch(`${path}?${query}`, { credentials: "same-origin" });
+  const body = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+function clock(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  const s = Math.round(seconds);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  return h ? `${h}:${String(m).padStart(2, "0")}:${String(r).padStart(2, "0")}` : `${m}:${String(r).padStart(2, "0")}`;
+}
+
+function cell(value) {
+  if (value === null || value === undefined) return "";
+  if (typeof value === "number") return Number.isInteger(value) ? String(value) : value.toPrecision(6).replace(/\.?0+(e|$)/, "$1");
+  if (typeof value === "object") return JSON.stringify(value);
+  return String(value);
+}
+
+// --- the overview -------------------------------------------------------------------------------
+
+function drawOverview(o) {
+  const scheduler = $("scheduler");
+  scheduler.textContent = o.scheduler.running ? "a scheduler is running" : o.scheduler.running === false ? "no scheduler is running" : "scheduler: unknown here";
+  scheduler.className = o.scheduler.running ? "alive" : "gone";
+  const counts = Object.entries(o.counts).filter(([, n]) => n > 0).map(([name, n]) => `${n} ${name}`);
+  $("counts").textContent = counts.join(", ") || "no runs recorded";
+  const total = Object.values(o.counts).reduce((a, b) => a + b, 0);
+  const done = total - (o.counts.pending || 0) - (o.counts.running || 0) - (o.counts.stale || 0);
+  $("progress").style.width = total ? `${(100 * done) / total}%` : "0";
+  $("eta").textContent = o.eta !== null && o.scheduler.running ? `ETA ${clock(o.eta)}` : "";
+  const stages = $("stages");
+  stages.replaceChildren(...Object.entries(o.stages).map(([stage, c]) =>
+    text("div", `stage ${stage}: ` + Object.entries(c).map(([k, n]) => `${n} ${k}`).join(", "))));
+}
+
+// --- the runs ------------------------------------------------------------------------------------
+
+const FIRST = ["name", "stage", "status", "attempts", "duration", "slot", "node"];
+const LAST = ["cause"];
+const HIDDEN = new Set(["index", "started", "gpu_peak"]);
+
+function columnsOf(runs) {
+  const seen = new Set();
+  for (const run of runs) for (const key of Object.keys(run)) seen.add(key);
+  const middle = [...seen].filter((k) => !FIRST.includes(k) && !LAST.includes(k) && !HIDDEN.has(k));
+  return [...FIRST.filter((k) => seen.has(k)), ...middle, ...LAST.filter((k) => seen.has(k))];
+}
+
+function drawRuns(page) {
+  const runs = page.runs;
+  const columns = columnsOf(runs);
+  state.paramNames = columns.filter((c) => !FIRST.includes(c) && !LAST.includes(c) && !c.startsWith("result") && !c.startsWith("metrics."));
+  state.metricNames = columns.filter((c) => c.startsWith("result.") || c.startsWith("metrics.")).map((c) => c.replace(/^(result|metrics)\./, ""));
+  fillList("param-names", state.paramNames);
+  fillList("metric-names", [...new Set(state.metricNames)]);
+  const head = document.createElement("tr");
+  head.appendChild(text("th", ""));
+  for (const column of columns) {
+    const th = text("th", column);
+    th.dataset.key = column;
+    if (state.sort === column) th.className = state.desc ? "sorted desc" : "sorted";
+    th.addEventListener("click", () => {
+      if (state.sort === column) state.desc = !state.desc; else { state.sort = column; state.desc = false; }
+      state.offset = 0;
+      refresh();
+    });
+    head.appendChild(th);
+  }
+  $("runs").tHead.replaceChildren(head);
+  const rows = runs.map((run) => {
+    const tr = document.createElement("tr");
+    tr.className = run.status;
+    tr.dataset.name = run.name;
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.checked = state.ticked.has(run.name);
+    box.setAttribute("aria-label", `draw ${run.name}`);
+    box.addEventListener("change", () => {
+      if (box.checked) state.ticked.add(run.name); else state.ticked.delete(run.name);
+      drawCharts(true);
+    });
+    const first = document.createElement("td");
+    first.appendChild(box);
+    tr.appendChild(first);
+    for (const column of columns) {
+      let value = run[column];
+      if (column === "duration") value = value === null || value === undefined ? "" : `${value.toFixed(1)}s`;
+      const td = text("td", column === "duration" ? value : cell(value), column);
+      if (column === "name") {
+        td.replaceChildren(text("a", run.name));
+        td.firstChild.addEventListener("click", () => openRun(run.name));
+      }
+      tr.appendChild(td);
+    }
+    return tr;
+  });
+  $("runs").tBodies[0].replaceChildren(...rows);
+  const end = Math.min(page.offset + runs.length, page.total);
+  $("page-info").textContent = page.total ? `${page.offset + 1}–${end} of ${page.total}` : "no run matches";
+  $("prev").disabled = page.offset === 0;
+  $("next").disabled = end >= page.total;
+}
+
+function fillList(id, names) {
+  $(id).replaceChildren(...names.map((name) => { const o = document.createElement("option"); o.value = name; return o; }));
+}
+
+// --- one run -----------------------------------------------------------------------------------
+
+async function openRun(name) {
+  state.open = name;
+  $("run").hidden = false;
+  $("run-name").textContent = name;
+  $("run-config").textContent = "";
+  $("run-log").textContent = "";
+  try {
+    const detail = await get("/api/run", { name });
+    $("run-config").textContent = JSON.stringify({ config: detail.config, result: resultOf(detail.run), metrics: detail.metrics }, null, 1);
+  } catch (error) {
+    $("run-config").textContent = String(error.message);
+  }
+  await drawLog();
+}
+
+function resultOf(run) {
+  const result = {};
+  for (const [key, value] of Object.entries(run)) if (key === "result" || key.startsWith("result.")) result[key] = value;
+  return result;
+}
+
+async function drawLog() {
+  if (!state.open) return;
+  const pre = $("run-log");
+  const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  try {
+    const log = await get("/api/log", { name: state.open });
+    pre.textContent = log.log;
+    $("log-state").textContent = log.status === "running" ? "(following)" : `(${log.status})`;
+  } catch (error) {
+    pre.textContent = String(error.message);
+  }
+  if (atEnd) pre.scrollTop = pre.scrollHeight;
+}
+
+// --- charts --------------------------------------------------------------------------------------
+
+async function drawCharts(now) {
+  if (!state.charts) return;
+  const metric = $("curve-metric").value.trim() || "loss";
+  const by = $("curve-by").value.trim();
+  const names = [...state.ticked];
+  if (names.length && (now || state.tick % 5 === 0)) {
+    try {
+      const data = await get("/api/curves", { metric, names: names.join("\n") });
+      drawCurves(data, by);
+    } catch (error) { showError(error); }
+  } else if (!names.length) {
+    window.Plotly.purge($("curves"));
+  }
+  const pcMetric = $("pc-metric").value.trim();
+  if (pcMetric && (now || state.tick % 5 === 0)) {
+    try {
+      drawParcoords(await get("/api/parcoords", { metric: pcMetric, desc: $("pc-max").checked ? "1" : "0" }));
+    } catch (error) { showError(error); }
+  }
+}
+
+function drawCurves(data, by) {
+  const numbers = data.runs.map((r) => r.params[by]).filter((v) => typeof v === "number");
+  const low = Math.min(...numbers), high = Math.max(...numbers);
+  const traces = data.runs.map((run) => {
+    const value = run.params[by];
+    const position = typeof value === "number" && high > low ? (value - low) / (high - low) : 0.5;
+    const color = by && value !== undefined ? `hsl(${Math.round(240 - 240 * position)}, 70%, 45%)` : undefined;
+    const cut = run.status !== "succeeded" && run.status !== "running";
+    return {
+      x: run.steps, y: run.values, type: "scatter", mode: cut ? "lines+markers" : "lines",
+      name: by ? `${run.name} (${by}=${cell(value)})` : run.name,
+      line: { color }, marker: { symbol: "x", size: run.steps.map((_, i) => (cut && i === run.steps.length - 1 ? 10 : 0)) },
+    };
+  });
+  window.Plotly.react($("curves"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: data.metric } }, height: 360 }, { displaylogo: false });
+}
+
+function drawParcoords(data) {
+  if (!data.runs.length) { window.Plotly.purge($("parcoords")); return; }
+  const dimensions = data.params.map((param) => {
+    const values = data.runs.map((run) => run.params[param]);
+    if (values.every((v) => typeof v === "number")) return { label: param, values };
+    const levels = [...new Set(values.map((v) => cell(v)))].sort();
+    return { label: param, values: values.map((v) => levels.indexOf(cell(v))), tickvals: levels.map((_, i) => i), ticktext: levels };
+  });
+  const scores = data.runs.map((run) => run.value);
+  dimensions.push({ label: data.metric, values: scores });
+  const trace = { type: "parcoords", line: { color: scores, colorscale: "Viridis", reversescale: !$("pc-max").checked, showscale: true }, dimensions };
+  window.Plotly.react($("parcoords"), [trace], { margin: { t: 40, l: 60, r: 60 }, height: 380 }, { displaylogo: false });
+}
+
+// --- the loop --------------------------------------------------------------------------------
+
+function showError(error) { $("error").textContent = error ? String(error.message || error) : ""; }
+
+let busy = false;
+async function refresh() {
+  if (busy) return;
+  busy = true;
+  try {
+    drawOverview(await get("/api/overview"));
+    const params = { offset: String(state.offset), limit: String(state.limit), q: state.q, status: state.status };
+    if (state.sort) { params.sort = state.sort; params.desc = state.desc ? "1" : "0"; }
+    drawRuns(await get("/api/runs", params));
+    await drawLog();
+    await drawCharts(false);
+    $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    showError(null);
+  } catch (error) {
+    showError(error);
+  } finally {
+    busy = false;
+    state.tick += 1;
+  }
+}
+
+async function start() {
+  const roots = await (await fetch("/api/roots", { credentials: "same-origin" })).json();
+  state.charts = Boolean(roots.charts && window.Plotly);
+  $("no-charts").hidden = state.charts;
+  $("root").replaceChildren(...roots.roots.map((root, i) => { const o = text("option", root); o.value = String(i); return o; }));
+  $("root").addEventListener("change", () => { state.root = Number($("root").value); state.offset = 0; state.ticked.clear(); state.open = null; $("run").hidden = true; refresh(); });
+  $("filter").addEventListener("input", () => { state.q = $("filter").value; state.offset = 0; refresh(); });
+  $("status").addEventListener("change", () => { state.status = $("status").value; state.offset = 0; refresh(); });
+  $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); refresh(); });
+  $("next").addEventListener("click", () => { state.offset += state.limit; refresh(); });
+  $("close-run").addEventListener("click", () => { state.open = null; $("run").hidden = true; });
+  for (const id of ["curve-metric", "curve-by", "pc-metric", "pc-max"]) $(id).addEventListener("change", () => drawCharts(true));
+  await refresh();
+  setInterval(refresh, 1000);
+}
+
+document.addEventListener("DOMContentLoaded", start);

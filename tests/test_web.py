@@ -1,0 +1,241 @@
+"""``gts serve``: the web view's answers, its guards, and the page in a real browser (Chromium,
+driven by Playwright; those tests skip, saying why, where no browser can be had)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+from conftest import wait_until
+
+from gpu_task_scheduler.cli.main import main as gts
+from gpu_task_scheduler.web.server import make_server
+
+PAYLOAD = "<img src=x onerror=alert(1)>"
+WRITER = """import json, os, sys, time
+flag, value, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+print("training with v", value, flush=True)
+for step in range(1, 4):
+    with open(os.environ["GTS_METRICS_FILE"], "a") as metrics:
+        metrics.write(json.dumps({"step": step, "loss": value / step}) + "\\n")
+while flag != "-" and not os.path.exists(flag):
+    time.sleep(0.05)
+json.dump({"loss": value, "val": {"acc": 1 - value}}, open(out + "/result.json", "w"))
+"""
+
+
+def make_root(folder, *, values=(0.3, 0.1, 0.2), tags=("a", PAYLOAD), flag="-", slots=2, wait=True):
+    """A command sweep over ``v`` x ``tag``; each run reports a loss curve, then (once ``flag``
+    exists) writes its result. Returns the root and, when not ``wait``, the running sweep."""
+    (folder / "writer.py").write_text(WRITER)
+    config = {
+        "scheduler_config": {"gpu": ["cpu"] * slots, "result_root_folder": "results"},
+        "command": [sys.executable, str(folder / "writer.py"), flag, "{v}", "{work_dir}"],
+        "test_config": [{"v": list(values), "tag": list(tags)}],
+    }
+    (folder / "sweep.json").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain"]
+    if wait:
+        assert subprocess.run(argv, cwd=folder, capture_output=True, timeout=120).returncode == 0
+        return str(folder / "results"), None
+    return str(folder / "results"), subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def served(request):
+    """Start a server on a free port for the given roots; returns its URL (stopped at the end)."""
+    servers = []
+
+    def start(roots, **options):
+        server, url = make_server(roots, port=0, **options)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return url, server.server_address[1]
+
+    yield start
+    for server, thread in servers:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def fetch(url, *, headers=None, method="GET"):
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+def api(base, path, **params):
+    status, _, body = fetch(base.split("?")[0].rstrip("/") + path + "?" + urllib.parse.urlencode(params))
+    return status, json.loads(body)
+
+
+# --- the answers ---------------------------------------------------------------------------------
+
+
+def test_the_view_pages_sorts_and_filters_the_runs_in_sqlite(in_tmp, served):
+    root, _ = make_root(in_tmp)
+    url, _ = served([root])
+    status, overview = api(url, "/api/overview", root=0)
+    assert status == 200 and overview["counts"]["succeeded"] == 6 and overview["scheduler"]["running"] is False
+    status, page = api(url, "/api/runs", root=0, sort="loss", limit=4)
+    assert status == 200 and page["total"] == 6 and [run["v"] for run in page["runs"]] == [0.1, 0.1, 0.2, 0.2]
+    status, page = api(url, "/api/runs", root=0, sort="val.acc", desc=1, offset=4, limit=4)
+    assert [run["v"] for run in page["runs"]] == [0.3, 0.3]  # the last page of 6 by accuracy, highest first
+    assert page["runs"][0]["result.val.acc"] == pytest.approx(0.7)
+    status, page = api(url, "/api/runs", root=0, q="tag-a,", status="succeeded")
+    assert page["total"] == 3 and all(run["tag"] == "a" for run in page["runs"])
+    status, page = api(url, "/api/runs", root=0, status="failed")
+    assert page["total"] == 0
+    name = page_name = api(url, "/api/runs", root=0, sort="loss", limit=1)[1]["runs"][0]["name"]
+    status, curves = api(url, "/api/curves", root=0, metric="loss", names=name)
+    assert curves["runs"][0]["steps"] == [1, 2, 3] and curves["runs"][0]["values"][0] == pytest.approx(0.1)
+    status, detail = api(url, "/api/run", root=0, name=page_name)
+    assert detail["config"]["v"] == 0.1 and detail["metrics"]["loss"]["last"] == pytest.approx(0.1 / 3)
+    status, pc = api(url, "/api/parcoords", root=0, metric="loss")
+    assert sorted(pc["params"]) == ["tag", "v"] and [run["value"] for run in pc["runs"]] == sorted(
+        run["value"] for run in pc["runs"]
+    )
+    for params, code, words in [
+        ({"root": 0, "limit": 100000}, 400, "a page holds 0 to 500 runs"),
+        ({"root": 0, "status": "nonsense"}, 400, "unknown state 'nonsense'"),
+        ({"root": 7}, 404, "no root number 7"),
+        ({"root": "x"}, 400, "root must be a whole number"),
+    ]:
+        status, answer = api(url, "/api/runs", **params)
+        assert status == code and words in answer["error"], (params, answer)
+
+
+def test_no_path_from_a_request_reaches_the_file_system(in_tmp, served):
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    url, port = served([root])
+    (in_tmp / "secret.txt").write_text("TOP-SECRET-CONTENT")
+    for name in ("../secret.txt", "/etc/passwd", "..", "v-0.1,/../../secret.txt", str(in_tmp / "secret.txt")):
+        for path in ("/api/log", "/api/run", "/api/curves"):
+            status, answer = api(url, path, root=0, name=name, names=name, metric="loss")
+            assert status == 404 and "TOP-SECRET" not in json.dumps(answer), (path, name, answer)
+    for path in ("/static/../setup.py", "/static/%2e%2e/%2e%2e/secret.txt", "/../secret.txt", "/etc/passwd"):
+        status, _, body = fetch(f"http://127.0.0.1:{port}{path}")
+        assert status == 404 and b"TOP-SECRET" not in body, path
+    status, _, _ = fetch(url, method="POST")
+    assert status == 405
+    status, headers, _ = fetch(url)
+    assert status == 200 and "script-src 'self'" in headers["Content-Security-Policy"]
+
+
+def test_another_site_and_other_machines_without_the_token_are_refused(in_tmp, served):
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    url, port = served([root])
+    status, _, _ = fetch(url, headers={"Host": f"attacker.example:{port}"})  # DNS rebinding
+    assert status == 403
+    assert fetch(url, headers={"Host": f"localhost:{port}"})[0] == 200
+    url, port = served([root], host="0.0.0.0")
+    assert "?token=" in url
+    token = url.split("token=")[1]
+    assert fetch(f"http://127.0.0.1:{port}/api/roots")[0] == 403
+    assert fetch(f"http://127.0.0.1:{port}/api/roots?token=wrong")[0] == 403
+    status, headers, _ = fetch(f"http://127.0.0.1:{port}/?token={token}")
+    assert status == 200 and "HttpOnly" in headers["Set-Cookie"]
+    cookie = headers["Set-Cookie"].split(";")[0]
+    assert fetch(f"http://127.0.0.1:{port}/api/roots", headers={"Cookie": cookie})[0] == 200
+
+
+def test_gts_serve_refuses_a_folder_that_is_no_result_root(in_tmp, capsys):
+    assert gts(["serve", str(in_tmp), "--port", "0"]) == 2
+    assert "is not a result root" in capsys.readouterr().err
+
+
+# --- the page, in a real browser ---------------------------------------------------------------
+
+
+@pytest.fixture
+def browser():
+    """Chromium driven by Playwright (the system's chromium: Playwright's own download is not
+    needed); the test skips, saying why, where none can be had."""
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (test extra)")
+    executable = os.environ.get("GTS_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        pytest.skip("no Chromium here (apt-get install chromium, or GTS_CHROMIUM=/path/to/chrome)")
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        # Playwright evaluates its waits' predicates as strings, which the page's CSP (no eval)
+        # forbids: the tests' context lets them through. The page itself never needs eval, and
+        # what it shows as text is checked without the CSP's help.
+        context = browser.new_context(bypass_csp=True)
+        try:
+            yield context
+        finally:
+            context.close()
+            browser.close()
+
+
+def test_the_page_follows_a_live_sweep_and_shows_values_as_text(in_tmp, served, browser, no_leaked_processes):
+    flag = in_tmp / "go"
+    root, sweep = make_root(in_tmp, values=(0.3, 0.1), tags=("a", PAYLOAD), flag=str(flag), slots=4, wait=False)
+    try:
+        wait_until(lambda: (in_tmp / "results" / ".gts" / "ledger.sqlite3").exists(), message="the sweep to start")
+        url, _ = served([root])
+        page = browser.new_page()
+        dialogs = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(url)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr.running').length === 4", timeout=20_000)
+        assert "a scheduler is running" in page.inner_text("#scheduler")
+        # The injected value is text in its cell, and nothing ran.
+        cells = page.locator("#runs tbody td.tag").all_inner_texts()
+        assert PAYLOAD in cells and page.locator("#runs tbody img").count() == 0
+        # Sort by v (a header click), keep it; filter; then the runs finish while the page is open.
+        page.click("#runs th[data-key=v]")
+        page.wait_for_function("document.querySelector('#runs th.sorted')?.dataset.key === 'v'")
+        page.fill("#filter", "tag-a,")
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 2")
+        flag.write_text("")
+        started = time.monotonic()
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr.succeeded').length === 2", timeout=10_000)
+        assert time.monotonic() - started < 3 + 2  # within 3 s of the runs' ends (+ their own exit)
+        assert (
+            page.locator("#runs th.sorted").get_attribute("data-key") == "v" and page.input_value("#filter") == "tag-a,"
+        )
+        assert page.locator("#runs tbody td.v").all_inner_texts() == ["0.1", "0.3"]  # still sorted by v
+        # A run's log opens from its name.
+        page.locator("#runs tbody td.name a").first.click()
+        page.wait_for_function("document.getElementById('run-log').textContent.includes('training with v 0.1')")
+        assert page.inner_text("#run-name") == page.locator("#runs tbody td.name").first.inner_text()
+        assert dialogs == []
+        assert sweep.wait(timeout=60) == 0
+    finally:
+        if sweep.poll() is None:
+            flag.write_text("")
+            sweep.wait(timeout=60)
+
+
+def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, served, browser):
+    root, _ = make_root(in_tmp, values=(0.1, 0.2, 0.3, 0.4, 0.5), tags=("a", "b"))
+    url, _ = served([root])
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 10")
+    assert page.locator("#no-charts").is_hidden()  # Plotly is served from the package (test extra)
+    page.fill("#curve-by", "v")
+    for box in page.locator("#runs tbody input[type=checkbox]").all():
+        box.check()
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 10", timeout=10_000)
+    page.fill("#pc-metric", "loss")
+    page.dispatch_event("#pc-metric", "change")
+    page.wait_for_function(
+        "document.getElementById('parcoords').data?.[0]?.dimensions?.[0]?.values?.length === 10", timeout=10_000
+    )
+    assert errors == []

@@ -239,3 +239,41 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
         "document.getElementById('parcoords').data?.[0]?.dimensions?.[0]?.values?.length === 10", timeout=10_000
     )
     assert errors == []
+
+
+def test_gts_run_serve_serves_the_sweep_while_it_runs(in_tmp, no_leaked_processes):
+    """``gts run --serve 0``: the URL is printed before the runs start, and answers while they run."""
+    flag = in_tmp / "go"
+    (in_tmp / "writer.py").write_text(WRITER)
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "results"},
+        "command": [sys.executable, str(in_tmp / "writer.py"), str(flag), "{v}", "{work_dir}"],
+        "test_config": [{"v": [0.5]}],
+    }
+    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain", "--serve", "0"]
+    sweep = subprocess.Popen(argv, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = sweep.stderr.readline()
+        assert line.startswith("gts run: watching at http://127.0.0.1:"), line
+        url = line.split("watching at ", 1)[1].strip()
+        wait_until(lambda: api(url, "/api/overview", root=0)[1].get("counts", {}).get("running") == 1)
+        assert api(url, "/api/runs", root=0)[1]["runs"][0]["status"] == "running"
+    finally:
+        flag.write_text("")
+        assert sweep.wait(timeout=60) == 0
+        sweep.stderr.close()
+        sweep.stdout.close()
+
+
+def test_an_override_after_serve_stays_an_override(in_tmp):
+    from gpu_task_scheduler.cli.main import _serve_port, build_parser
+
+    for argv, port, overrides in [
+        (["run", "s.yaml", "--serve"], 8265, []),
+        (["run", "s.yaml", "--serve", "9000"], 9000, []),
+        (["run", "s.yaml", "--serve", "lr=0.5"], 8265, ["lr=0.5"]),
+        (["run", "s.yaml"], None, []),
+    ]:
+        args = build_parser().parse_args(argv)
+        assert (_serve_port(args), args.overrides) == (port, overrides), argv

@@ -221,6 +221,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..sweep.expand import Sweep
 
     _config_among_gpus(args)
+    args.serve = _serve_port(args)
     sweep = Sweep(_run_config(args))
     try:
         make_task = resolve_task(sweep, import_task(args.task) if args.task else None)
@@ -238,6 +239,33 @@ def cmd_run(args: argparse.Namespace) -> int:
             for note in args.override_notes:
                 print(f"override: {note}")
             return _dry_run(sweep)
+        if args.serve is not None:
+            return _run_served(sweep, make_task, args)
+        return _run_sweep(sweep, make_task, plain=args.plain)
+
+
+def _serve_port(args: argparse.Namespace) -> int | None:
+    """``--serve``'s port (8265 when none is given; 0: any free one), None without ``--serve``.
+    ``--serve lr=0.1``: argparse took the override for the port; it goes back among the overrides."""
+    from ..web.server import DEFAULT_PORT
+
+    given = args.serve
+    if given is None:
+        return None
+    if "=" in given:
+        args.overrides.append(given)
+        return DEFAULT_PORT
+    if given and not given.isdigit():
+        raise ConfigError(f"--serve takes a port number; got {given!r}")
+    return int(given) if given else DEFAULT_PORT
+
+
+def _run_served(sweep: Any, make_task: Any, args: argparse.Namespace) -> int:
+    """``gts run --serve [PORT]``: the sweep, with ``gts serve`` of its root while it runs."""
+    from ..web.server import Serving
+
+    with Serving([sweep.options.result_root_folder], port=args.serve) as serving:
+        print(f"gts run: watching at {serving.url}", file=sys.stderr, flush=True)
         return _run_sweep(sweep, make_task, plain=args.plain)
 
 
@@ -787,6 +815,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Without it, --backend ray starts a Ray instance on this machine for the sweep",
     )
     run.add_argument("--plain", action="store_true", help="plain log lines even on a terminal")
+    run.add_argument(
+        "--serve",
+        nargs="?",
+        const="",
+        metavar="PORT",
+        help="serve the web view of the sweep while it runs (gts serve; default port 8265)",
+    )
     changed = run.add_mutually_exclusive_group()
     changed.add_argument(
         "--accept-changes",

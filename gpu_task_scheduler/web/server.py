@@ -90,9 +90,11 @@ def is_loopback(host: str) -> bool:
 class View:
     """What one ``gts serve`` shows: its roots, its token, and the answers to the page's requests."""
 
-    def __init__(self, roots: Sequence[str], *, token: str | None) -> None:
-        for root in roots:
-            open_ledger(root).close()  # a ConfigError now for a folder that is no result root
+    def __init__(self, roots: Sequence[str], *, token: str | None, check: bool = True) -> None:
+        """``check``: each root must be one now (a ConfigError otherwise); without, a root whose
+        sweep has not started yet answers 503 until it has (``gts run --serve``)."""
+        for root in roots if check else ():
+            open_ledger(root).close()
         self.roots = [os.path.abspath(root) for root in roots]
         self.token = token
         self._plotly: bytes | None = None
@@ -250,13 +252,18 @@ class Server(http.server.ThreadingHTTPServer):
 
 
 def make_server(
-    roots: Sequence[str], *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None
+    roots: Sequence[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    check: bool = True,
 ) -> tuple[Server, str]:
     """The server (not started) and the URL to open. A token is made for an address other than a
-    loopback one, unless one is given."""
+    loopback one, unless one is given. ``check``: see :class:`View`."""
     if not is_loopback(host) and token is None:
         token = secrets.token_urlsafe(24)
-    view = View(roots, token=token)
+    view = View(roots, token=token, check=check)
     handler: type[Handler] = type("BoundHandler", (Handler,), {"view": view})
     try:
         server = Server((host, port), handler)
@@ -294,3 +301,22 @@ def serve(
         server.serve_forever(poll_interval=0.5)
     finally:
         server.server_close()
+
+
+class Serving:
+    """A server in a thread of its own for as long as a ``with`` block (``gts run --serve``)."""
+
+    def __init__(self, roots: Sequence[str], *, port: int) -> None:
+        self.server, self.url = make_server(roots, port=port, check=False)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="gts-serve", daemon=True
+        )
+
+    def __enter__(self) -> Serving:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join()

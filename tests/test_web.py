@@ -277,3 +277,22 @@ def test_an_override_after_serve_stays_an_override(in_tmp):
     ]:
         args = build_parser().parse_args(argv)
         assert (_serve_port(args), args.overrides) == (port, overrides), argv
+
+
+def test_the_slots_timeline_and_the_machines_gpus(in_tmp, served, browser, monkeypatch):
+    import fake_nvml
+
+    table = in_tmp / "nvml.json"
+    monkeypatch.setenv(fake_nvml.ENV, str(table))
+    fake_nvml.write_state(str(table), [{"name": "Fake H100 80GB", "total": 80 * 10**9}])
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a", "b"))
+    url, _ = served([root])
+    status, timeline = api(url, "/api/timeline", root=0)
+    assert status == 200 and len(timeline["runs"]) == 4 and {run["slot"] for run in timeline["runs"]} == {"cpu0", "cpu1"}
+    assert all(0 <= run["start"] <= run["end"] for run in timeline["runs"])
+    status, report = api(url, "/api/gpus")
+    assert status == 200 and [gpu["name"] for gpu in report["gpus"]] == ["Fake H100 80GB"]
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#timeline .bars .point').length === 4", timeout=10_000)
+    page.wait_for_function("document.querySelector('#gpus tbody')?.textContent.includes('Fake H100 80GB')", timeout=10_000)

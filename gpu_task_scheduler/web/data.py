@@ -23,6 +23,7 @@ PAGE_MOST = 500  # runs one page may ask for
 LOG_BYTES = 64 << 10  # the tail of a log the page shows (it follows it while the run runs)
 CURVES_MOST = 50  # runs whose curves one request may ask for
 PARCOORDS_MOST = 5000  # finished runs in the parallel-coordinates plot (the best, by the metric)
+TIMELINE_MOST = 2000  # runs on the slots' timeline (the latest started)
 
 
 class NotFound(Exception):
@@ -186,3 +187,47 @@ def parcoords(root: str, metric: str, *, descending: bool = False) -> dict[str, 
         params.update(dict.fromkeys(values))
         runs.append({"name": record.name, "params": values, "value": value})
     return {"metric": metric, "params": list(params), "runs": runs, "total": total}
+
+
+def timeline(root: str, *, most: int = TIMELINE_MOST) -> dict[str, Any]:
+    """Which run ran on which slot (and machine) when: the ``most`` latest started runs, each with
+    its start and end (now, for a running one), in seconds since the first of them started; gaps
+    in a slot's row are idle time. ``{"runs": [{"name", "slot", "node", "status", "start",
+    "end"}], "total"}``."""
+    import time
+
+    stale = scheduler_state(root)[0] is False
+    ledger = open_ledger(root)
+    try:
+        total, records = ledger.page(key="started", descending=True, limit=most)
+    finally:
+        ledger.close()
+    started = [record for record in records if isinstance(record.started_at, (int, float))]
+    if not started:
+        return {"runs": [], "total": 0}
+    origin = min(record.started_at or 0.0 for record in started)
+    now = time.time()
+    runs = []
+    for record in reversed(started):
+        end = record.ended_at if isinstance(record.ended_at, (int, float)) else None
+        if end is None:
+            end = now if record.status is RunStatus.RUNNING and not stale else record.started_at
+        runs.append(
+            {
+                "name": record.name,
+                "slot": record.slot or "?",
+                "node": record.node,
+                "status": STALE if stale and record.status is RunStatus.RUNNING else record.status.value,
+                "start": (record.started_at or origin) - origin,
+                "end": (end or origin) - origin,
+            }
+        )
+    return {"runs": runs, "total": total}
+
+
+def gpus() -> dict[str, Any]:
+    """This machine's GPUs as ``gts gpus --json`` sees them (memory, utilisation, processes,
+    sweeps' reservations); ``"problem"`` says why there are none."""
+    from ..reports.gpus import machine_gpus
+
+    return machine_gpus()

@@ -126,6 +126,8 @@ class View:
 
         if path == "/api/roots":
             return {"roots": self.roots, "charts": self.plotly() is not None}
+        if path == "/api/gpus":
+            return data.gpus()
         index = number("root", 0)
         if index >= len(self.roots):
             raise data.NotFound(f"no root number {index}")
@@ -150,6 +152,8 @@ class View:
         if path == "/api/curves":
             names = [name for name in one("names", "").split("\n") if name]
             return data.curves(root, one("metric"), names)
+        if path == "/api/timeline":
+            return data.timeline(root)
         if path == "/api/parcoords":
             return data.parcoords(root, one("metric"), descending=one("desc", "0") == "1")
         raise data.NotFound(f"no such page: {path}")

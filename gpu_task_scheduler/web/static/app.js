@@ -218,6 +218,50 @@ function drawParcoords(data) {
   window.Plotly.react($("parcoords"), [trace], { margin: { t: 40, l: 60, r: 60 }, height: 380 }, { displaylogo: false });
 }
 
+// --- slots and GPUs ---------------------------------------------------------------------------
+
+const COLOURS = { succeeded: "#2a9d4b", failed: "#c0392b", timed_out: "#e67e22", interrupted: "#888", pruned: "#7d3c98", running: "#1f6fb2", stale: "#bbb", blocked: "#555" };
+
+function drawTimeline(data) {
+  if (!state.charts) return;
+  if (!data.runs.length) { window.Plotly.purge($("timeline")); return; }
+  const lane = (run) => (run.node ? `${run.node} ${run.slot}` : run.slot);
+  const byStatus = {};
+  for (const run of data.runs) (byStatus[run.status] = byStatus[run.status] || []).push(run);
+  const traces = Object.entries(byStatus).map(([status, runs]) => ({
+    type: "bar", orientation: "h", name: status, marker: { color: COLOURS[status] || "#999" },
+    y: runs.map(lane), base: runs.map((r) => r.start), x: runs.map((r) => Math.max(r.end - r.start, 0.001)),
+    text: runs.map((r) => r.name), hovertemplate: "%{text}<br>%{base:.1f}s + %{x:.1f}s<extra>" + status + "</extra>",
+  }));
+  const lanes = new Set(data.runs.map(lane)).size;
+  window.Plotly.react($("timeline"), traces, {
+    barmode: "overlay", height: 80 + 28 * lanes, margin: { t: 10, l: 110 }, xaxis: { title: { text: "seconds since the first of these runs started" } },
+    yaxis: { type: "category", automargin: true }, showlegend: true,
+  }, { displaylogo: false });
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+function drawGpus(report) {
+  $("gpus-note").textContent = report.problem ? `GPUs of this machine: ${report.problem}` : "";
+  const head = document.createElement("tr");
+  for (const name of ["GPU", "name", "used", "free", "total", "utilisation", "reserved by sweeps", "processes"]) head.appendChild(text("th", name));
+  $("gpus").tHead.replaceChildren(...(report.gpus.length ? [head] : []));
+  $("gpus").tBodies[0].replaceChildren(...report.gpus.map((gpu) => {
+    const tr = document.createElement("tr");
+    const processes = (gpu.processes || []).map((p) => `${p.pid} ${p.user || ""} ${bytes(p.used_memory)}${p.sweep ? ` (${p.sweep.run} of ${p.sweep.root})` : ""}`).join("; ");
+    for (const value of [gpu.index, gpu.name, bytes(gpu.memory_used), bytes(gpu.memory_free), bytes(gpu.memory_total),
+      gpu.utilization === null || gpu.utilization === undefined ? "" : `${gpu.utilization}%`, bytes(gpu.reserved_not_allocated), processes]) tr.appendChild(text("td", value));
+    return tr;
+  }));
+}
+
 // --- the loop --------------------------------------------------------------------------------
 
 function showError(error) { $("error").textContent = error ? String(error.message || error) : ""; }
@@ -233,6 +277,8 @@ async function refresh() {
     drawRuns(await get("/api/runs", params));
     await drawLog();
     await drawCharts(false);
+    if (state.tick % 2 === 0) drawTimeline(await get("/api/timeline"));
+    if (state.tick % 5 === 0) drawGpus(await get("/api/gpus"));
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     showError(null);
   } catch (error) {

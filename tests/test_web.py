@@ -94,6 +94,8 @@ def test_the_view_pages_sorts_and_filters_the_runs_in_sqlite(in_tmp, served):
     status, page = api(url, "/api/runs", root=0, sort="val.acc", desc=1, offset=4, limit=4)
     assert [run["v"] for run in page["runs"]] == [0.3, 0.3]  # the last page of 6 by accuracy, highest first
     assert page["runs"][0]["result.val.acc"] == pytest.approx(0.7)
+    status, page = api(url, "/api/runs", root=0, sort="tag", desc=1, limit=3)  # text: in its order
+    assert [run["tag"] for run in page["runs"]] == ["a"] * 3
     status, page = api(url, "/api/runs", root=0, q="tag-a,", status="succeeded")
     assert page["total"] == 3 and all(run["tag"] == "a" for run in page["runs"])
     status, page = api(url, "/api/runs", root=0, status="failed")
@@ -288,11 +290,40 @@ def test_the_slots_timeline_and_the_machines_gpus(in_tmp, served, browser, monke
     root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a", "b"))
     url, _ = served([root])
     status, timeline = api(url, "/api/timeline", root=0)
-    assert status == 200 and len(timeline["runs"]) == 4 and {run["slot"] for run in timeline["runs"]} == {"cpu0", "cpu1"}
+    assert (
+        status == 200 and len(timeline["runs"]) == 4 and {run["slot"] for run in timeline["runs"]} == {"cpu0", "cpu1"}
+    )
     assert all(0 <= run["start"] <= run["end"] for run in timeline["runs"])
     status, report = api(url, "/api/gpus")
     assert status == 200 and [gpu["name"] for gpu in report["gpus"]] == ["Fake H100 80GB"]
     page = browser.new_page()
     page.goto(url)
     page.wait_for_function("document.querySelectorAll('#timeline .bars .point').length === 4", timeout=10_000)
-    page.wait_for_function("document.querySelector('#gpus tbody')?.textContent.includes('Fake H100 80GB')", timeout=10_000)
+    page.wait_for_function(
+        "document.querySelector('#gpus tbody')?.textContent.includes('Fake H100 80GB')", timeout=10_000
+    )
+
+
+def test_a_report_opens_from_a_file_with_no_server_and_no_network(in_tmp, browser, capsys):
+    closing = "</script><script>alert(2)</script>"
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=(PAYLOAD, closing))
+    output = in_tmp / "sweep.html"
+    assert gts(["report", root, "-o", str(output)]) == 0 and capsys.readouterr().out.strip() == str(output)
+    assert oct(output.stat().st_mode & 0o777) != oct(0o600)  # to share: readable as the umask allows
+    page = browser.new_page()
+    dialogs, requests, errors = [], [], []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(output.as_uri())
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 4")
+    assert sorted(page.locator("#runs tbody td.tag").all_inner_texts()) == sorted([PAYLOAD, closing] * 2)
+    assert "4 succeeded" in page.inner_text("#counts")
+    page.click("#runs th[data-key='result.loss']")  # sorted in the page
+    page.wait_for_function("document.querySelector('#runs th.sorted')?.dataset.key === 'result.loss'")
+    assert page.locator("#runs tbody td.v").all_inner_texts() == ["0.1", "0.1", "0.2", "0.2"]
+    page.fill("#curve-by", "v")
+    for box in page.locator("#runs tbody input[type=checkbox]").all():
+        box.check()
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=10_000)
+    assert dialogs == [] and errors == [] and [url for url in requests if not url.startswith("file:")] == []

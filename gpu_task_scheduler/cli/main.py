@@ -755,6 +755,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..web.report import write_report
+
+    print(write_report(args.root, args.output))
+    return EXIT_OK
+
+
 # --- the parser ---------------------------------------------------------------------------
 
 
@@ -1037,6 +1044,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8265, help="the port (default 8265; 0: any free one)")
     sv.add_argument("--token", help="the token other machines must give (default: one is made for a non-local --host)")
     sv.set_defaults(handler=cmd_serve)
+
+    rp = sub.add_parser(
+        "report",
+        help="the web view of a result root as one self-contained HTML file (no server, no network)",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts report results/ -o sweep.html",
+    )
+    rp.add_argument("root", help="the result root, or the sweep's config file")
+    rp.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    rp.set_defaults(handler=cmd_report)
     return parser
 
 

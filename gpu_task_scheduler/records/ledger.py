@@ -703,7 +703,12 @@ class Ledger:
             else:
                 column, more = self._value_sql(key)
                 values.update(more)
-            order = f"{column} IS NULL, {column} {'DESC' if descending else 'ASC'}, run_index, name"
+            way = "DESC" if descending else "ASC"
+            order = f"{column} IS NULL, {column} {way}"
+            if key not in self._PAGE_ORDERS:  # no number there: text values (a parameter like 'adam') in order
+                text_value = "CASE WHEN json_type(params, :ppath) = 'text' THEN json_extract(params, :ppath) END"
+                order += f", {text_value} IS NULL, {text_value} {way}"
+            order += ", run_index, name"
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         (total,) = self._tuples(f"SELECT COUNT(*) FROM runs {where}", values)[0]
         if key is not None and key not in self._PAGE_ORDERS:

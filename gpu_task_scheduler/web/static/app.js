@@ -16,7 +16,80 @@ function text(tag, value, cls) {
   return element;
 }
 
+// A report (gts report): the answers are in the page; nothing is fetched.
+const REPORT = (() => {
+  const element = document.getElementById("gts-report");
+  return element ? JSON.parse(element.textContent) : null;
+})();
+
+function valueAt(row, key) {
+  for (const name of key.startsWith("result") || key.startsWith("metrics.") ? [key] : [`result.${key}`, key, `metrics.${key}`]) {
+    if (name in row) return row[name];
+  }
+  return undefined;
+}
+
+function compare(a, b) {
+  const missing = (v) => v === null || v === undefined;
+  if (missing(a) || missing(b)) return missing(a) - missing(b);
+  if (typeof a === "number" && typeof b === "number") return a - b;
+  return String(a) < String(b) ? -1 : String(a) > String(b) ? 1 : 0;
+}
+
+function answer(path, params) {
+  const p = params || {};
+  if (path === "/api/overview") return REPORT.overview;
+  if (path === "/api/timeline") return REPORT.timeline;
+  if (path === "/api/gpus") return { gpus: [], problem: null };
+  if (path === "/api/log") throw new Error("logs are not part of a report: gts serve shows them");
+  if (path === "/api/run") {
+    const run = REPORT.runs.find((r) => r.name === p.name);
+    return { run, config: null, metrics: {} };
+  }
+  if (path === "/api/runs") {
+    let runs = REPORT.runs.filter((r) => (!p.status || r.status === p.status) && (!p.q || r.name.includes(p.q)));
+    if (p.sort) {
+      const sign = p.desc === "1" ? -1 : 1;
+      runs = runs.map((r, i) => [r, i]).sort(([a, i], [b, j]) => {
+        const va = valueAt(a, p.sort), vb = valueAt(b, p.sort);
+        const gone = (v) => v === null || v === undefined;
+        if (gone(va) || gone(vb)) return gone(va) - gone(vb) || i - j;
+        return sign * compare(va, vb) || i - j;
+      }).map(([r]) => r);
+    }
+    const offset = Number(p.offset || 0), limit = Number(p.limit || 50);
+    return { total: runs.length, offset, runs: runs.slice(offset, offset + limit) };
+  }
+  if (path === "/api/curves") {
+    const runs = p.names.split("\n").map((name) => {
+      const run = REPORT.runs.find((r) => r.name === name) || { name, status: "", };
+      const curve = REPORT.curves[name] || { steps: [], values: [] };
+      const steps = [], values = [];
+      curve.steps.forEach((step, i) => { const v = curve.values[i][p.metric]; if (typeof v === "number") { steps.push(step); values.push(v); } });
+      return { name, status: run.status, params: paramsOf(run), steps, values };
+    });
+    return { metric: p.metric, runs };
+  }
+  if (path === "/api/parcoords") {
+    const finished = REPORT.runs.filter((r) => r.status === "succeeded" && typeof valueAt(r, p.metric) === "number");
+    finished.sort((a, b) => (p.desc === "1" ? -1 : 1) * (valueAt(a, p.metric) - valueAt(b, p.metric)));
+    const names = new Set();
+    const runs = finished.map((r) => { const params = paramsOf(r); Object.keys(params).forEach((k) => names.add(k)); return { name: r.name, params, value: valueAt(r, p.metric) }; });
+    return { metric: p.metric, params: [...names], runs, total: runs.length };
+  }
+  throw new Error(`not in a report: ${path}`);
+}
+
+function paramsOf(run) {
+  const params = {};
+  for (const [key, value] of Object.entries(run)) {
+    if (!FIRST.includes(key) && !LAST.includes(key) && !HIDDEN.has(key) && !key.startsWith("result") && !key.startsWith("metrics.")) params[key] = value;
+  }
+  return params;
+}
+
 async function get(path, params) {
+  if (REPORT) return answer(path, params);
   const query = new URLSearchParams({ root: String(state.root), ...(params || {}) });
   const response = await fetch(`${path}?${query}`, { credentials: "same-origin" });
   const body = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
@@ -279,7 +352,7 @@ async function refresh() {
     await drawCharts(false);
     if (state.tick % 2 === 0) drawTimeline(await get("/api/timeline"));
     if (state.tick % 5 === 0) drawGpus(await get("/api/gpus"));
-    $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    if (!REPORT) $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     showError(null);
   } catch (error) {
     showError(error);
@@ -290,7 +363,7 @@ async function refresh() {
 }
 
 async function start() {
-  const roots = await (await fetch("/api/roots", { credentials: "same-origin" })).json();
+  const roots = REPORT ? { roots: [REPORT.root], charts: true } : await (await fetch("/api/roots", { credentials: "same-origin" })).json();
   state.charts = Boolean(roots.charts && window.Plotly);
   $("no-charts").hidden = state.charts;
   $("root").replaceChildren(...roots.roots.map((root, i) => { const o = text("option", root); o.value = String(i); return o; }));
@@ -301,6 +374,13 @@ async function start() {
   $("next").addEventListener("click", () => { state.offset += state.limit; refresh(); });
   $("close-run").addEventListener("click", () => { state.open = null; $("run").hidden = true; });
   for (const id of ["curve-metric", "curve-by", "pc-metric", "pc-max"]) $(id).addEventListener("change", () => drawCharts(true));
+  if (REPORT) {  // drawn once, from the data in the page
+    $("gpus").hidden = true;
+    await refresh();
+    const cut = REPORT.total > REPORT.runs.length ? ` (the first ${REPORT.runs.length} of ${REPORT.total} runs)` : "";
+    $("updated").textContent = `report of ${REPORT.made}${cut}`;
+    return;
+  }
   await refresh();
   setInterval(refresh, 1000);
 }

@@ -226,6 +226,7 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
     root, _ = make_root(in_tmp, values=(0.1, 0.2, 0.3, 0.4, 0.5), tags=("a", "b"))
     url, _ = served([root])
     page = browser.new_page()
+    page.set_viewport_size({"width": 1200, "height": 900})
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(url)
@@ -241,6 +242,14 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
         "document.getElementById('parcoords').data?.[0]?.dimensions?.[0]?.values?.length === 10", timeout=10_000
     )
     assert errors == []
+    # The README's picture of the page is this one: GTS_UPDATE_DOCS=1 writes it into docs/.
+    shot = page.screenshot(full_page=True)
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("GTS_UPDATE_DOCS"):
+        with open(
+            os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "web_view.png"), "wb"
+        ) as f:
+            f.write(shot)
 
 
 def test_gts_run_serve_serves_the_sweep_while_it_runs(in_tmp, no_leaked_processes):
@@ -327,3 +336,32 @@ def test_a_report_opens_from_a_file_with_no_server_and_no_network(in_tmp, browse
         box.check()
     page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=10_000)
     assert dialogs == [] and errors == [] and [url for url in requests if not url.startswith("file:")] == []
+
+
+def test_the_sweeps_mail_can_attach_its_report(in_tmp, smtp_server):
+    import email
+    import email.policy
+
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu"],
+            "scheduler_log_file_path": None,
+            "notify_email": {
+                "host": "127.0.0.1",
+                "port": smtp_server.server_address[1],
+                "sender": "gts@example.org",
+                "recipients": ["alice@example.org"],
+                "attach_report": True,
+            },
+        },
+        "test_config": [{"code": [0, 3]}],
+        "command": ["sh", "-c", "exit {code}"],
+    }
+    GPUTaskScheduler(config).start()
+    (raw,) = smtp_server.messages
+    parts = list(email.message_from_string(raw, policy=email.policy.default).iter_attachments())
+    assert [part.get_filename() for part in parts] == ["sweep.html"]
+    html = parts[0].get_payload(decode=True).decode()
+    assert '<script type="application/json" id="gts-report">' in html and "code-3," in html

@@ -13,13 +13,14 @@ import signal
 from collections.abc import Iterator
 from types import ModuleType
 
-from ..errors import ConfigError
+from ..errors import ConfigError, GTSError
 from ..records.known import RootIndex
 from ..records.ledger import Ledger
 from ..records.paths import RootPaths, result_root_problem
 from ..records.prior import read_prior
 from ..reports.notify import run_notify_command, send_email
 from ..sweep.expand import RunSpec, Sweep
+from ..sweep.options import SchedulerOptions
 from .changes import settle_changes
 from .decide import Decision, before_run
 from .hooks import Hooks
@@ -96,10 +97,23 @@ def run_sweep(
             if options.notify_command is not None:
                 run_notify_command(options.notify_command, summary)
             if options.notify_email is not None:
-                send_email(options.notify_email, summary)
+                send_email(options.notify_email, summary, attachments=_report_attachment(options))
     finally:
         hooks.close()
     return summary
+
+
+def _report_attachment(options: SchedulerOptions) -> list[tuple[str, str, bytes]]:
+    """The sweep's report (``gts report``) for its mail, when ``notify_email`` asks for it."""
+    if not (options.notify_email or {}).get("attach_report"):
+        return []
+    from ..web.report import report_html  # the web view's page: only when asked
+
+    try:
+        return [("sweep.html", "text/html", report_html(options.result_root_folder).encode("utf-8"))]
+    except (GTSError, OSError) as error:
+        logger.error("notify_email: the sweep's report could not be made, the mail goes without it: %s", error)
+        return []
 
 
 def reraise_interruption(summary: SweepSummary) -> None:

@@ -56,7 +56,15 @@ def run_notify_command(command: str | Sequence[str], summary: SweepSummary) -> N
         )
 
 
-def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: str = "") -> None:
+def send_email(
+    settings: Mapping[str, Any],
+    summary: SweepSummary,
+    *,
+    hostname: str = "",
+    attachments: Sequence[tuple[str, str, bytes]] = (),
+) -> None:
+    """Mail the summary; ``attachments``: ``(file name, MIME type, content)`` each (the sweep's
+    report, with ``attach_report: true``)."""
     message = EmailMessage()
     counts = summary.to_dict()["counts"]
     state = "interrupted" if summary.interrupted_by else ("done" if summary.ok else "failures")
@@ -67,6 +75,9 @@ def send_email(settings: Mapping[str, Any], summary: SweepSummary, *, hostname: 
     message["From"] = settings["sender"]
     message["To"] = ", ".join(settings["recipients"])
     message.set_content(summary.report())
+    for filename, kind, content in attachments:
+        main, _, sub = kind.partition("/")
+        message.add_attachment(content, maintype=main, subtype=sub, filename=filename)
     host, implicit_tls, starttls = settings["host"], bool(settings.get("ssl")), bool(settings.get("starttls"))
     port = settings.get("port", 465 if implicit_tls else 25)
     user_env, password_env = settings.get("username_env"), settings.get("password_env")

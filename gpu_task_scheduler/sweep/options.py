@@ -122,6 +122,7 @@ def _command_option(value: Any) -> str | None:
 
 
 _EMAIL_KEYS = {
+    "attach_report",
     "host",
     "port",
     "sender",
@@ -152,7 +153,9 @@ def _email_option(value: Any) -> str | None:
         return problem
     if not isinstance(value.get("port", 25), int) or isinstance(value.get("port", 25), bool):
         return problem
-    if not all(isinstance(value.get(key, False), bool) for key in ("starttls", "ssl", "allow_insecure_auth")):
+    if not all(
+        isinstance(value.get(key, False), bool) for key in ("starttls", "ssl", "allow_insecure_auth", "attach_report")
+    ):
         return problem
     if value.get("starttls") and value.get("ssl"):
         return problem + " (starttls and ssl together: choose one)"

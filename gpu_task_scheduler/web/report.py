@@ -70,6 +70,19 @@ def report_data(root: str) -> dict[str, Any]:
 
 def write_report(root: str, output: str) -> str:
     """Write the report of ``root`` to ``output`` (a GTSError when it cannot be written)."""
+    html = report_html(root)
+    try:
+        atomic_write(os.path.abspath(output), html.encode("utf-8"), durable=False)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(output, 0o666 & ~umask)  # a file to share, as any file written here would be
+    except OSError as error:
+        raise GTSError(f"cannot write the report {output}: {error.strerror or error}") from error
+    return output
+
+
+def report_html(root: str) -> str:
+    """The report of ``root`` as the text of one HTML file."""
     payload = json.dumps(_finite(report_data(root)), default=str, allow_nan=False, separators=(",", ":"))
     payload = payload.replace("<", "\\u003c")
     html = _static("index.html")
@@ -84,12 +97,4 @@ def write_report(root: str, output: str) -> str:
     html = html.replace('<link rel="stylesheet" href="/static/app.css">', head)
     html = html.replace('<script src="/static/plotly.min.js" defer></script>', "")
     html = html.replace('<script src="/static/app.js" defer></script>', "")
-    html = html.replace("</body>", scripts + "\n</body>")
-    try:
-        atomic_write(os.path.abspath(output), html.encode("utf-8"), durable=False)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(output, 0o666 & ~umask)  # a file to share, as any file written here would be
-    except OSError as error:
-        raise GTSError(f"cannot write the report {output}: {error.strerror or error}") from error
-    return output
+    return html.replace("</body>", scripts + "\n</body>")

@@ -135,8 +135,8 @@ const LAST = ["cause"];
 const HIDDEN = new Set(["index", "started", "gpu_peak"]);
 
 function columnsOf(runs) {
-  const seen = new Set();
-  for (const run of runs) for (const key of Object.keys(run)) seen.add(key);
+  const seen = new Set(["name", "status"]);  // a column no run on the page has a value in is left out
+  for (const run of runs) for (const [key, value] of Object.entries(run)) if (value !== null && value !== undefined) seen.add(key);
   const middle = [...seen].filter((k) => !FIRST.includes(k) && !LAST.includes(k) && !HIDDEN.has(k));
   return [...FIRST.filter((k) => seen.has(k)), ...middle, ...LAST.filter((k) => seen.has(k))];
 }

@@ -224,6 +224,16 @@ def declared_mode(root: str, key: str) -> str | None:
     """``"min"`` or ``"max"``: the way the sweep's config says ``key`` is better, where its
     ``early_stop`` or ``search`` (top level or a stage's) declares a ``mode`` for that metric;
     None where none does, or two disagree."""
+    modes = declared_modes(root)
+    for name, mode in modes.items():
+        if key in (name, f"result.{name}", f"metrics.{name}"):
+            return mode
+    return None
+
+
+def declared_modes(root: str) -> dict[str, str]:
+    """Each metric the recorded config's ``early_stop`` or ``search`` declares a ``mode`` for
+    (top level and stages): ``{"loss": "min"}``; a metric two declare differently is left out."""
     ledger = open_ledger(root)
     try:
         recorded = ledger.get_meta("sweep_config")
@@ -232,20 +242,19 @@ def declared_mode(root: str, key: str) -> str | None:
     try:
         config = json.loads(recorded) if recorded else None
     except (ValueError, RecursionError):
-        return None
+        return {}
     if not isinstance(config, dict):
-        return None
+        return {}
     sections = [config, *(stage for stage in config.get("stages") or [] if isinstance(stage, dict))]
-    modes = set()
+    found: dict[str, set[str]] = {}
     for section in sections:
         for part in ("early_stop", "search"):
             declared = section.get(part)
-            if not isinstance(declared, dict) or declared.get("mode") not in ("min", "max"):
-                continue
-            name = declared.get("metric")
-            if isinstance(name, str) and key in (name, f"result.{name}", f"metrics.{name}"):
-                modes.add(declared["mode"])
-    return modes.pop() if len(modes) == 1 else None
+            if isinstance(declared, dict) and declared.get("mode") in ("min", "max"):
+                name = declared.get("metric")
+                if isinstance(name, str):
+                    found.setdefault(name, set()).add(declared["mode"])
+    return {name: modes.pop() for name, modes in found.items() if len(modes) == 1}
 
 
 def best(root: str, key: str, *, maximize: bool = False, stage: str | None = None) -> dict[str, Any] | None:

@@ -365,3 +365,18 @@ def test_the_sweeps_mail_can_attach_its_report(in_tmp, smtp_server):
     assert [part.get_filename() for part in parts] == ["sweep.html"]
     html = parts[0].get_payload(decode=True).decode()
     assert '<script type="application/json" id="gts-report">' in html and "code-3," in html
+
+
+def test_a_metric_with_a_declared_mode_shows_its_best_value(in_tmp, served):
+    (in_tmp / "writer.py").write_text(WRITER)
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "results"},
+        "command": [sys.executable, str(in_tmp / "writer.py"), "-", "{v}", "{work_dir}"],
+        "test_config": [{"v": [0.3, 0.6]}],
+        "early_stop": {"method": "median", "metric": "loss", "mode": "min", "min_runs": 99},
+    }
+    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    assert gts(["run", "sweep.json", "--plain"]) == 0
+    url, _ = served([str(in_tmp / "results")])
+    runs = api(url, "/api/runs", root=0, sort="metrics.loss.min", desc=1)[1]["runs"]
+    assert [round(run["metrics.loss.min"], 6) for run in runs] == [0.2, 0.1]  # v / 3, the lowest reported

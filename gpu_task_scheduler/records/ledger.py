@@ -654,7 +654,10 @@ class Ledger:
         if not key.startswith("result."):
             value += f"WHEN {numeric.format('params', ':ppath')} THEN json_extract(params, :ppath) "
             if key.startswith("metrics.") and "metrics" in self._columns():
-                values["mpath"] = "$." + json.dumps(key[len("metrics.") :]) + ".last"
+                name, _, which = key[len("metrics.") :].rpartition(".")
+                if which not in ("last", "min", "max") or not name:  # metrics.loss: its last value
+                    name, which = key[len("metrics.") :], "last"
+                values["mpath"] = "$." + json.dumps(name) + "." + which
                 value += f"WHEN {numeric.format('metrics', ':mpath')} THEN json_extract(metrics, :mpath) "
         return value + "END", values
 

@@ -17,7 +17,7 @@ from ..records.ledger import RunRecord, RunStatus, scheduler_state
 from ..records.metrics import read_all
 from ..records.paths import RunPaths, UnsafePathError, read_json
 from ..reports.status import STALE, eta, status
-from ..results import open_ledger, row_of
+from ..results import declared_modes, open_ledger, row_of
 
 PAGE_MOST = 500  # runs one page may ask for
 LOG_BYTES = 64 << 10  # the tail of a log the page shows (it follows it while the run runs)
@@ -48,10 +48,16 @@ def overview(root: str) -> dict[str, Any]:
     }
 
 
-def _entry(root: str, record: RunRecord, stale: bool) -> dict[str, Any]:
+def _entry(root: str, record: RunRecord, stale: bool, modes: dict[str, str] | None = None) -> dict[str, Any]:
     """One run as the table shows it: ``results.rows()``'s row (parameters, status, duration,
-    the result's columns, the last reported metrics) and where and how often it ran."""
+    the result's columns, the last reported metrics), the best value of each reported metric
+    whose ``mode`` the config declares (``metrics.loss.min`` for a loss to minimise), and where
+    and how often it ran."""
     row = row_of(root, record)
+    for name, summary in record.metrics_value.items():
+        mode = (modes or {}).get(name)
+        if mode is not None and isinstance(summary, dict):
+            row[f"metrics.{name}.{mode}"] = summary.get(mode)
     if stale and record.status is RunStatus.RUNNING:
         row["status"] = STALE
     row.update(
@@ -96,7 +102,8 @@ def runs_page(
         )
     finally:
         ledger.close()
-    return {"total": total, "offset": offset, "runs": [_entry(root, record, stale) for record in records]}
+    modes = declared_modes(root)
+    return {"total": total, "offset": offset, "runs": [_entry(root, record, stale, modes) for record in records]}
 
 
 def _record(root: str, name: str) -> tuple[RunRecord, str | None]:

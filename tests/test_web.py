@@ -100,6 +100,8 @@ def test_the_view_pages_sorts_and_filters_the_runs_in_sqlite(in_tmp, served):
     assert page["total"] == 3 and all(run["tag"] == "a" for run in page["runs"])
     status, page = api(url, "/api/runs", root=0, status="failed")
     assert page["total"] == 0
+    status, page = api(url, "/api/runs", root=0, q='"a"')  # in the parameters' JSON, in no name
+    assert page["total"] == 3 and all(run["tag"] == "a" for run in page["runs"])
     name = page_name = api(url, "/api/runs", root=0, sort="loss", limit=1)[1]["runs"][0]["name"]
     status, curves = api(url, "/api/curves", root=0, metric="loss", names=name)
     assert curves["runs"][0]["steps"] == [1, 2, 3] and curves["runs"][0]["values"][0] == pytest.approx(0.1)

@@ -687,15 +687,19 @@ class Ledger:
         """One page of the runs, sorted and filtered by SQLite (a root of 100,000 runs answers at
         once): ``key`` a column of :attr:`_PAGE_ORDERS` or a number as :meth:`ranked` reads it (runs
         without one last; None: the sweep's order), ``statuses`` the runs in these states,
-        ``text`` the runs whose name holds it. How many runs match, and the page's records."""
+        ``text`` the runs whose name, parameters (as JSON), cause, slot or machine hold it. How
+        many runs match, and the page's records."""
         conditions: list[str] = []
         values: dict[str, Any] = {}
         if statuses:
             marks = ", ".join(f":status{i}" for i in range(len(statuses)))
             conditions.append(f"status IN ({marks})")
             values.update({f"status{i}": status for i, status in enumerate(statuses)})
-        if text:
-            conditions.append("instr(name, :text) > 0")
+        if text:  # in the name, a parameter's value, the cause, the slot or the machine
+            found = " OR ".join(f"instr(COALESCE({c}, ''), :text) > 0" for c in ("name", "params", "cause", "slot"))
+            if "node" in self._columns():
+                found += " OR instr(COALESCE(node, ''), :text) > 0"
+            conditions.append(f"({found})")
             values["text"] = text
         order = "run_index, name"
         if key is not None:

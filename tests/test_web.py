@@ -381,3 +381,31 @@ def test_a_metric_with_a_declared_mode_shows_its_best_value(in_tmp, served):
     url, _ = served([str(in_tmp / "results")])
     runs = api(url, "/api/runs", root=0, sort="metrics.loss.min", desc=1)[1]["runs"]
     assert [round(run["metrics.loss.min"], 6) for run in runs] == [0.2, 0.1]  # v / 3, the lowest reported
+
+
+def test_no_request_value_makes_the_server_fail(in_tmp, served):
+    """Whatever the page's parameters hold (SQL, JSON paths, huge or odd numbers, control
+    characters), the answer is 200, 400 or 404: never an error of the server's own."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a",))
+    url, _ = served([root])
+    text = st.text(min_size=0, max_size=60)
+    paths = st.sampled_from(["/api/runs", "/api/run", "/api/log", "/api/curves", "/api/parcoords", "/api/timeline"])
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(
+        paths,
+        st.dictionaries(
+            st.sampled_from(["sort", "desc", "status", "q", "offset", "limit", "name", "names", "metric", "root"]),
+            text,
+            max_size=5,
+        ),
+    )
+    def check(path, params):
+        status, _, body = fetch(url.rstrip("/") + path + "?" + urllib.parse.urlencode(params))
+        assert status in (200, 400, 404), (path, params, body[:300])
+        assert isinstance(json.loads(body), dict)
+
+    check()

@@ -61,6 +61,16 @@ def config(root, runs):
     }
 
 
+def built_root(workdir, runs):
+    """The root of ``runs`` recorded runs under ``workdir`` (built once: kept there for reuse)."""
+    root = os.path.join(workdir, f"root-{runs}")
+    if not os.path.exists(os.path.join(root, ".gts", "ledger.sqlite3")):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", BUILD, REPO, json.dumps(config(root, runs))], check=True)
+        print(f"built a root of {runs:,} runs in {time.perf_counter() - started:.0f}s")
+    return root
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300_000)
@@ -70,11 +80,7 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gts-read-") as scratch:
         workdir = os.path.abspath(args.workdir or scratch)
-        root = os.path.join(workdir, f"root-{args.runs}")
-        if not os.path.exists(os.path.join(root, ".gts", "ledger.sqlite3")):
-            started = time.perf_counter()
-            subprocess.run([sys.executable, "-c", BUILD, REPO, json.dumps(config(root, args.runs))], check=True)
-            print(f"built a root of {args.runs:,} runs in {time.perf_counter() - started:.0f}s")
+        root = built_root(workdir, args.runs)
         dry = os.path.join(workdir, "grid.json")
         with open(dry, "w") as handle:
             json.dump(config(os.path.join(workdir, "grid-root"), args.grid), handle)

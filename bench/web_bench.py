@@ -11,17 +11,15 @@ targets, for 100,000 runs: the first page under 2 s, sorting by a metric under 1
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
 
-from read_bench import BUILD, REPO, config
+from read_bench import REPO, built_root
 
 sys.path.insert(0, REPO)
 
@@ -47,11 +45,7 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gts-web-") as scratch:
         workdir = os.path.abspath(args.workdir or scratch)
-        root = os.path.join(workdir, f"root-{args.runs}")
-        if not os.path.exists(os.path.join(root, ".gts", "ledger.sqlite3")):
-            started = time.perf_counter()
-            subprocess.run([sys.executable, "-c", BUILD, REPO, json.dumps(config(root, args.runs))], check=True)
-            print(f"built a root of {args.runs:,} runs in {time.perf_counter() - started:.0f}s")
+        root = built_root(workdir, args.runs)
         server, _ = make_server([root], port=0)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()

@@ -422,8 +422,8 @@ def _add_pending(report: dict[str, Any]) -> None:
         print("gts status: a search's pending runs are not known until it asks for them", file=sys.stderr)
         return
     known = {run["name"] for run in report["runs"]}
-    for spec, _ in plan(sweep):
-        if spec.name not in known:
+    for spec, decision in plan(sweep):
+        if spec.name not in known and decision.action == "run":  # not one a start would skip
             known.add(spec.name)
             report["runs"].append({"name": spec.name, "status": "pending", "duration": None})
 

@@ -45,7 +45,9 @@ def make_root(folder, *, values=(0.3, 0.1, 0.2), tags=("a", PAYLOAD), flag="-", 
     if wait:
         assert subprocess.run(argv, cwd=folder, capture_output=True, timeout=120).returncode == 0
         return str(folder / "results"), None
-    return str(folder / "results"), subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return str(folder / "results"), subprocess.Popen(
+        argv, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 @pytest.fixture
@@ -102,10 +104,10 @@ def test_the_view_pages_sorts_and_filters_the_runs_in_sqlite(in_tmp, served):
     assert page["total"] == 0
     status, page = api(url, "/api/runs", root=0, q='"a"')  # in the parameters' JSON, in no name
     assert page["total"] == 3 and all(run["tag"] == "a" for run in page["runs"])
-    name = page_name = api(url, "/api/runs", root=0, sort="loss", limit=1)[1]["runs"][0]["name"]
+    name = api(url, "/api/runs", root=0, sort="loss", limit=1)[1]["runs"][0]["name"]
     status, curves = api(url, "/api/curves", root=0, metric="loss", names=name)
     assert curves["runs"][0]["steps"] == [1, 2, 3] and curves["runs"][0]["values"][0] == pytest.approx(0.1)
-    status, detail = api(url, "/api/run", root=0, name=page_name)
+    status, detail = api(url, "/api/run", root=0, name=name)
     assert detail["config"]["v"] == 0.1 and detail["metrics"]["loss"]["last"] == pytest.approx(0.1 / 3)
     status, pc = api(url, "/api/parcoords", root=0, metric="loss")
     assert sorted(pc["params"]) == ["tag", "v"] and [run["value"] for run in pc["runs"]] == sorted(

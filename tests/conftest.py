@@ -151,3 +151,40 @@ def ray_instance():
             os.environ[MARK] = mark
     yield ray
     ray.shutdown()
+
+
+# Slurm: the tests that use it run in one pytest worker (xdist_group "slurm"), which starts one
+# Slurm cluster of its own (slurm_cluster.py: one node, 4 GPUs as GRES) for all of them.
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The tests' own one-node Slurm cluster, found by clients through SLURM_CONF; every job of it
+    is cancelled and its daemons stopped (by their pids) at the end."""
+    from slurm_cluster import SlurmCluster, why_not
+
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    mark = os.environ.pop(MARK, None)  # the daemons outlive the test that happened to start them
+    cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm")))
+    try:
+        cluster.start()
+    finally:
+        if mark is not None:
+            os.environ[MARK] = mark
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = cluster.conf
+    yield cluster
+    cluster.stop()
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    """The cluster, with no job of an earlier test left in it (none may be: each test checks)."""
+    yield slurm_cluster
+    left = slurm_cluster.jobs()
+    slurm_cluster.cancel_all()
+    assert not left, f"jobs left in Slurm's queue: {left}"

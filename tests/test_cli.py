@@ -248,6 +248,7 @@ def test_notify_command_gets_the_summary_on_stdin(in_tmp):
         "pruned": 0,
         "skipped": 0,
         "not_started": 0,
+        "detached": 0,
     }
     assert report["exit_code"] == 1
     assert {run["name"]: run["status"] for run in report["runs"]} == {"code-0,": "succeeded", "code-2,": "failed"}

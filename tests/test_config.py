@@ -97,6 +97,7 @@ def test_scheduler_defaults_match_the_original(in_tmp):
         "ray_local_gpus": None,
         "node_failure_retries": 3,
         "lease_interval": 1.0,
+        "slurm": None,
         "notify_command": None,
         "notify_email": None,
     }
@@ -408,12 +409,13 @@ BAD_VALUES = {
     "cpu_fallback": [(-1, "0"), (1.0, "integer")],
     "max_host_cpu_percent": [(-1, "percentage"), (101, "percentage")],
     "min_host_free_memory": [("plenty", "memory size")],
-    "backend": [("slurm", "one of 'local', 'ray'"), (None, "one of")],
+    "backend": [("kubernetes", "one of 'local', 'ray', 'slurm'"), (None, "one of")],
     "ray_address": [(6379, "a string or null")],
     "ray_cpus_per_run": [(-1, "a number >= 0"), ("1", "a number >= 0"), (float("inf"), ">= 0")],
     "ray_local_gpus": [(-1, "integer >= 0"), (1.5, "integer")],
     "node_failure_retries": [(-1, "integer >= 0"), (True, "integer")],
     "lease_interval": [(0, "seconds > 0"), ("1", "seconds"), (float("inf"), "seconds")],
+    "slurm": [("gpu", "a dict of Slurm options"), ([1], "a dict of Slurm options")],
     "notify_command": [(5, "a command"), ("  ", "a command"), ([1, 2], "a command")],
     "notify_email": [
         ({"host": "h"}, "a dict with host, sender, recipients"),

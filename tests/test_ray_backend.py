@@ -18,7 +18,7 @@ from helpers import ledger_rows, make_config
 from test_process_control import finish, launch, started
 
 from gpu_task_scheduler import GPUTaskScheduler
-from gpu_task_scheduler.backends.ray import remote
+from gpu_task_scheduler.backends import supervisor
 from gpu_task_scheduler.cli.main import _run_config, build_parser, main
 from gpu_task_scheduler.errors import ConfigError
 from gpu_task_scheduler.sweep.expand import Sweep
@@ -80,15 +80,15 @@ def test_the_gpus_placeholder_is_refused_with_ray(tmp_path):
 
 def test_a_machine_that_does_not_see_the_run_folder_says_so(tmp_path):
     run = {"config_file": str(tmp_path / "r" / "x" / ".gts" / "config.json"), "work_dir": "/shared/r/x", "cwd": "/"}
-    problem = remote._cannot_run(run, "10.0.0.7/0123abcd")
+    problem = supervisor.cannot_run(run, "10.0.0.7/0123abcd")
     assert problem.startswith("10.0.0.7/0123abcd does not see the run folder /shared/r/x")
     (tmp_path / "r" / "x" / ".gts").mkdir(parents=True)
     (tmp_path / "r" / "x" / ".gts" / "config.json").write_text("{}")
-    assert remote._cannot_run({**run, "cwd": str(tmp_path / "gone")}, "n") == (
+    assert supervisor.cannot_run({**run, "cwd": str(tmp_path / "gone")}, "n") == (
         f"n has no directory {tmp_path / 'gone'}, where the sweep was started (runs start there): start the "
         "sweep from a directory every machine sees, at the same path"
     )
-    assert remote._cannot_run({**run, "cwd": str(tmp_path)}, "n") is None
+    assert supervisor.cannot_run({**run, "cwd": str(tmp_path)}, "n") is None
 
 
 def test_gts_run_address_means_the_ray_backend(in_tmp, capsys):

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 
 from ..engine.launcher import Launcher
+from ..errors import GTSError
 from ..gpu_task import GPUTask
 from ..sweep.options import SchedulerOptions
 from .local.launcher import LocalLauncher
@@ -13,9 +14,19 @@ from .local.prepare import TaskFactory
 
 
 @contextlib.contextmanager
-def launcher_for(options: SchedulerOptions, task: type[GPUTask] | TaskFactory) -> Iterator[Launcher]:
-    """The local launcher, or the Ray one (connected while the ``with`` block runs)."""
-    if options.backend == "ray":
+def launcher_for(
+    options: SchedulerOptions, task: type[GPUTask] | TaskFactory, *, detach: bool = False
+) -> Iterator[Launcher]:
+    """The local launcher, the Ray one (connected while the ``with`` block runs), or the Slurm one.
+    ``detach``: the runs handed to Slurm stay there when the sweep returns (Slurm only)."""
+    if detach and options.backend != "slurm":
+        raise GTSError("--detach needs backend slurm: only Slurm's runs outlive the scheduler that started them")
+    if options.backend == "slurm":
+        from .slurm.launcher import SlurmLauncher
+
+        with SlurmLauncher(task, options, detach=detach) as slurm:
+            yield slurm
+    elif options.backend == "ray":
         from .ray.launcher import RayLauncher
 
         with RayLauncher(task, options) as launcher:

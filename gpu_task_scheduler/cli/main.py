@@ -128,6 +128,11 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag)
         if value is not None and value is not False:
             scheduler[key] = value
+    if args.partition is not None:
+        slurm = scheduler.get("slurm")
+        scheduler["slurm"] = {**(slurm if isinstance(slurm, dict) else {}), "partition": args.partition}
+        if args.backend is None:
+            scheduler["backend"] = "slurm"  # only Slurm takes a partition
     if args.accept_changes or args.keep:
         scheduler["on_config_change"] = "rerun" if args.accept_changes else "keep"
     if args.address is not None and args.backend is None:
@@ -148,7 +153,7 @@ def _log_in_root(root: Any) -> Any:
     return os.path.join(os.path.abspath(root), "scheduler.log")
 
 
-def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
+def _run_sweep(sweep: Any, make_task: Any, *, plain: bool, detach: bool = False) -> int:
     """Run it with the status line on a terminal (plain log lines otherwise); its exit code."""
     from ..backends.choose import launcher_for
     from ..engine.api import run_sweep
@@ -159,8 +164,9 @@ def _run_sweep(sweep: Any, make_task: Any, *, plain: bool) -> int:
     if status is None:
         plain_console_logging()
     console = None if status is None else status.log_handler()
-    with launcher_for(sweep.options, make_task) as launcher:
-        summary = run_sweep(sweep, launcher, hooks=HookList([] if status is None else [status]), console=console)
+    with launcher_for(sweep.options, make_task, detach=detach) as launcher:
+        hooks = HookList([] if status is None else [status])
+        summary = run_sweep(sweep, launcher, hooks=hooks, console=console, detach=detach)
     return summary.exit_code
 
 
@@ -240,8 +246,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"override: {note}")
             return _dry_run(sweep)
         if args.serve is not None:
+            if args.detach:
+                raise ConfigError("--serve and --detach: a detached sweep has no scheduler to serve it (use gts serve)")
             return _run_served(sweep, make_task, args)
-        return _run_sweep(sweep, make_task, plain=args.plain)
+        return _run_sweep(sweep, make_task, plain=args.plain, detach=args.detach)
 
 
 def _serve_port(args: argparse.Namespace) -> int | None:
@@ -812,8 +820,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--backend",
-        choices=["local", "ray"],
-        help="where runs run: this machine's GPUs (local, the default) or a Ray cluster's (ray)",
+        choices=["local", "ray", "slurm"],
+        help="where runs run: this machine's GPUs (local, the default), a Ray cluster's (ray) or a Slurm "
+        "cluster's (slurm: job arrays, submitted from this login node)",
+    )
+    run.add_argument(
+        "--partition",
+        metavar="NAME",
+        help="the Slurm partition the runs go to (slurm: {partition}); implies --backend slurm",
+    )
+    run.add_argument(
+        "--detach",
+        action="store_true",
+        help="backend slurm: submit the runs that are ready and exit; gts status shows them, and gts run "
+        "again follows them (and submits what was not ready)",
     )
     run.add_argument(
         "--address",

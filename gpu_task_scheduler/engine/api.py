@@ -74,17 +74,19 @@ def run_sweep(
     nvml: ModuleType | None = None,
     console: logging.Handler | None = None,
     keep_succeeded: bool = True,
+    detach: bool = False,
 ) -> SweepSummary:
     """Run the sweep to its end (or a stop signal) and return its summary.
 
     The machine is checked first (no GPU for ``"gpu": "all"`` is a GTSError
     before anything is written); the scheduler log is open while it runs; the
-    summary is logged and the notifications sent at the end.
+    summary is logged and the notifications sent at the end. ``detach``: see
+    :class:`~.loop.Scheduler` (Slurm's runs stay queued and running when it returns).
     """
     check_root(sweep)
     hooks = hooks or Hooks()
     options = sweep.options
-    scheduler = Scheduler(sweep, launcher, nvml=nvml, hooks=hooks, keep_succeeded=keep_succeeded)
+    scheduler = Scheduler(sweep, launcher, nvml=nvml, hooks=hooks, keep_succeeded=keep_succeeded, detach=detach)
     try:
         scheduler.setup()
         with scheduler_logging(options.scheduler_log_file_path, console):

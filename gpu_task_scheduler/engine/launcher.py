@@ -21,6 +21,7 @@ from typing import Protocol
 
 from ..gpu.devices import Slot
 from ..records.paths import RunPaths
+from ..records.status import RunStatus
 from ..sweep.expand import RunSpec
 from ..sweep.options import SchedulerOptions
 
@@ -55,6 +56,8 @@ class Ended:
     strays: tuple[int, ...] = ()  # processes it left outside its process group, stopped
     unstoppable: tuple[int, ...] = ()  # ... and those that could not be stopped
     lost: str | None = None  # the launcher lost the attempt (its machine went away): how, in words
+    # The cluster stopped it (its time limit: TIMED_OUT; cancelled there: INTERRUPTED), and why in words.
+    stopped: tuple[RunStatus, str] | None = None
 
 
 class Handle(Protocol):
@@ -94,7 +97,20 @@ class Launcher(Protocol):
 
 
 class ClusterLauncher(Launcher, Protocol):
-    """A launcher whose slots are not this machine's GPUs but what a cluster offers (Ray)."""
+    """A launcher whose slots are not this machine's GPUs but what a cluster offers (Ray, Slurm).
+
+    Its attempts start when the cluster places them: ``Handle.pid`` is negative until then, and the
+    engine starts a run's clock (its ``timeout``, its duration) at ``on_placed``."""
 
     def slots(self, options: SchedulerOptions) -> list[Slot]:
         """The slots of the sweep (raises GTSError when there are none)."""
+
+    def flush(self) -> None:
+        """The engine has started what it can for now. A launcher that hands attempts to its cluster
+        in batches (Slurm's job arrays) hands over those started since the last flush."""
+
+    def live_attempt(self, name: str) -> str | None:
+        """The token of an attempt of run ``name`` that an earlier scheduler of this root handed to the
+        cluster and that is still queued or running there (``gts run --detach``), or None. The engine
+        starts the run with that token, and ``start`` then follows the live attempt instead of
+        starting another."""

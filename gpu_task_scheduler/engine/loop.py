@@ -81,7 +81,10 @@ class Scheduler:
         inbox: Inbox | None = None,
         host: HostProbe | None = None,
         keep_succeeded: bool = True,
+        detach: bool = False,
     ) -> None:
+        """``detach``: hand what can start now to the cluster and return, leaving it running there
+        (a ClusterLauncher whose runs outlive their scheduler: Slurm); a later start adopts it."""
         self.sweep, self.options, self._launcher = sweep, sweep.options, launcher
         self._hooks, self._nvml, self._clock, self._host = hooks or Hooks(), nvml, clock, host
         self.inbox = inbox or Inbox()
@@ -95,6 +98,10 @@ class Scheduler:
         self._next_poll: float | None = None
         self._stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
         self._next_look: float | None = None
+        self._flush: Callable[[], None] | None = getattr(launcher, "flush", None)
+        self._live_attempt: Callable[[str], str | None] | None = getattr(launcher, "live_attempt", None)
+        self._detach = detach
+        self._queue_places = bool(getattr(launcher, "slots_are_queue_places", False))
 
     def setup(self) -> Capacity:
         """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
@@ -134,14 +141,16 @@ class Scheduler:
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
                         self._known = RootIndex(ledger, root.root, take_over=take_over)
-                        self.sweep.parallel = len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
+                        # What runs at once: a search asks no more runs ahead (a cluster may queue more).
+                        at_once = getattr(self._launcher, "runs_at_once", None)
+                        self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
                         self.sweep.lookup = ledger.get
                         self._queue = RunQueue(self.sweep.runs(self._known.foreign))
                         self._waits = Waits(self.sweep, ledger)
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
                             self._loop()
-                        if not self._stop_level and not self._draining:
+                        if not self._stop_level and not self._draining and not self._detach:
                             self._records.sweep_completed(self.sweep)
                         else:
                             self._count_never_started()
@@ -163,6 +172,11 @@ class Scheduler:
             if self._stop_level == 0 and not self._draining:
                 with ledger.batch():  # skips and adoptions share a transaction; each start commits
                     self._fill()
+                if self._flush is not None:  # a cluster's batch of what just started (Slurm's job arrays)
+                    self._flush()
+                if self._detach:
+                    self._leave_to_the_cluster()
+                    return
             if not self._active and (self._stop_level or self._draining or self._queue.empty):
                 return
             try:
@@ -237,7 +251,8 @@ class Scheduler:
         if not queue.taking:
             records.report_skips()
             for slot in capacity.newly_idle():
-                logger.info("%s finished", slot.name)
+                if not self._queue_places:  # a cluster's places in its queue (Slurm's) are not worth a line each
+                    logger.info("%s finished", slot.name)
 
     def _ready(self, item: Pending) -> bool:
         """Whether the held run of a later stage may start now; if not, it is parked or blocked."""
@@ -307,7 +322,10 @@ class Scheduler:
         spec, slot = item.spec, self.setup().slots[slot_index]
         item.tries += 1
         paths = RunPaths(spec.work_dir, self.options.log_file)
-        token = uuid.uuid4().hex
+        live = None if self._live_attempt is None else self._live_attempt(spec.name)
+        token = live or uuid.uuid4().hex  # a live attempt of an earlier start is followed, not run twice
+        if live is not None:
+            logger.info("%s: following its attempt that is still queued or running on the cluster", spec.name)
         number = self._records.starting(spec, slot, token)
         key = next(self._keys)
         try:
@@ -323,10 +341,11 @@ class Scheduler:
             self._settle(spec, RunStatus.FAILED, cause)
             return
         now, timeout = self._clock(), self.options.timeout
-        if handle.pid > 0:  # a run on another machine has none here until it is placed (_on_placed)
+        placed = handle.pid > 0  # a run on another machine has no pid here; its clock starts once placed
+        if placed:
             self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
         self.setup().take(slot_index, handle.pid, need, spec.name)
-        deadline = None if timeout is None else now + timeout
+        deadline = None if timeout is None or not placed else now + timeout
         self._active[key] = _Active(item, slot_index, slot, handle, paths, token, now, deadline)
         if self._stopper is not None:
             self._stopper.watch(spec, paths)
@@ -336,6 +355,10 @@ class Scheduler:
         """A run on another machine started there (a ClusterLauncher's report)."""
         active = self._active.get(key)
         if active is not None:
+            # Its clock starts now: time spent queued on the cluster is neither its timeout's nor its duration.
+            active.started = self._clock()
+            if self.options.timeout is not None and active.stopped is None:
+                active.deadline = active.started + self.options.timeout
             self._records.ledger.set_node(active.spec.name, node, pid)
             logger.info("%s runs on %s (pid %d there)", active.spec.name, node, pid)
 
@@ -483,6 +506,17 @@ class Scheduler:
                 active.stopped = active.stopped or (RunStatus.INTERRUPTED, f"interrupted by {name}")
                 active.kill_at = active.term_at = None
                 active.handle.kill()
+
+    def _leave_to_the_cluster(self) -> None:
+        """``detach``: the runs handed to the cluster run on there; the ledger keeps them as running,
+        and the next start of this root follows them (ClusterLauncher.live_attempt)."""
+        logger.warning(
+            "detached: %d run(s) queued or running on the cluster; `gts status` shows them, and `gts run` "
+            "on this root again follows them (and starts what was not ready yet)",
+            len(self._active),
+        )
+        self._summary.detached = len(self._active)
+        self._active.clear()
 
     def _kill_everything(self) -> None:
         """Last resort when the loop ends abnormally: no run may outlive us."""

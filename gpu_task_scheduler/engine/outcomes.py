@@ -53,7 +53,7 @@ def read_exit(
         returncode=ended.returncode,
         reports_outcome=reports_outcome,
         outcome=outcome,
-        stopped=stopped,
+        stopped=stopped or ended.stopped,
         unsafe=unsafe,
         folder_exists=paths.exists(),
         log_tail=tail,

@@ -58,6 +58,7 @@ class SweepSummary:
     # not_started_more: there were more to look at).
     not_started: list[str] = field(default_factory=list)
     not_started_more: bool = False
+    detached: int = 0  # runs left queued or running on the cluster (`gts run --detach`)
     # False (gts queue, an endless stream): succeeded runs are counted, not kept, so memory stays flat.
     keep_succeeded: bool = True
     _succeeded_not_kept: int = 0
@@ -146,6 +147,7 @@ class SweepSummary:
                 "pruned": len(self.pruned),
                 "skipped": len(self.skipped),
                 "not_started": len(self.not_started),
+                "detached": self.detached,
             },
             "runs": [outcome(o) for o in self.outcomes.values()],
             "skipped": list(self.skipped),
@@ -165,6 +167,8 @@ class SweepSummary:
         if self.pruned:
             counts.append(f"{len(self.pruned)} stopped early")
         counts.append(f"{len(self.skipped)} skipped")
+        if self.detached:
+            counts.append(f"{self.detached} left running on the cluster (detached)")
         if self.not_started:
             counts.append(f"{len(self.not_started)}{'+' if self.not_started_more else ''} not started")
         head = f"{', '.join(counts)} in {self.duration:.1f}s"
@@ -173,7 +177,8 @@ class SweepSummary:
         lines = [f"Sweep summary: {head}"]
         if self.not_started:
             shown = ", ".join(self.not_started[:10]) + (" ..." if len(self.not_started) > 10 else "")
-            lines.append(f"  not started (the sweep was stopped before their turn): {shown}")
+            why = "they were not ready when it detached" if self.detached else "the sweep was stopped before their turn"
+            lines.append(f"  not started ({why}): {shown}")
         for outcome in self.failed:
             lines.append(f"  {outcome.status}: {outcome.work_dir} ({outcome.describe()})")
             if outcome.log_path:

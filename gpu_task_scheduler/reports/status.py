@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError, GTSError, did_you_mean
 from ..gpu.devices import format_memory
+from ..layout import META
 from ..records.ledger import RunStatus
 from ..records.metrics import describe, latest
 from ..records.paths import RunPaths, log_name_problem, name_problem
@@ -95,11 +96,12 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     waiting = ledger.get_meta("waiting") or None
     ledger.warn_problems(json_fields=False)  # status shows no result or parameters
     running, holder = scheduler_state(root)
+    on_slurm = _detached_on_slurm(root) if running is False else 0
     counts = {status.value: 0 for status in RunStatus}
     counts[STALE] = 0
     stages: dict[str, dict[str, int]] = {}
     for stage, state, count in tally:
-        if state == RunStatus.RUNNING.value and running is False:
+        if state == RunStatus.RUNNING.value and running is False and not on_slurm:
             state = STALE
         counts[state] = counts.get(state, 0) + count
         if stage is not None:  # a sweep with stages: the counts of each too, in the sweep's order
@@ -118,6 +120,8 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
         "holder": None if running is False else holder,  # nothing holds the root: no holder
         "waiting": waiting if running else None,
     }
+    if on_slurm:  # gts run --detach: no scheduler, and its runs queued or running on Slurm
+        scheduler["on_slurm"] = on_slurm
     report: dict[str, Any] = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts}
     if stages:
         report["stages"] = stages
@@ -126,9 +130,23 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
         log_file = None  # changed by hand into a path out of the run folders: no log path is shown
     base = root if root == "/" else root.rstrip("/")
     entries = functools.partial(
-        ledger.status_entries, root=base, log_file=log_file, stale=running is False, now=time.time()
+        ledger.status_entries, root=base, log_file=log_file, stale=running is False and not on_slurm, now=time.time()
     )
     return report, recorded, entries
+
+
+def _detached_on_slurm(root: str) -> int:
+    """How many runs of this root a detached sweep left queued or running on Slurm (its tasks,
+    asked of squeue): they are running, not stale."""
+    if not os.path.isdir(os.path.join(root, META, "slurm")):
+        return 0
+    from ..backends.slurm.launcher import live_tasks
+
+    try:
+        return len(live_tasks(root))
+    except GTSError as error:
+        logger.warning("cannot ask Slurm about the runs of %s: %s", root, error)
+        return 0
 
 
 CAUSE_SHOWN = 60  # characters of a cause in the table (--verbose, --json: all of it)
@@ -195,7 +213,13 @@ def format_status(
     running = report["scheduler"]["running"]
     where = {
         True: f"a scheduler is running ({report['scheduler']['holder']})",
-        False: "no scheduler is running",
+        False: "no scheduler is running"
+        + (
+            f"; {report['scheduler']['on_slurm']} run(s) queued or running on Slurm (detached: gts run on this "
+            "root again follows them)"
+            if report["scheduler"].get("on_slurm")
+            else ""
+        ),
         None: f"whether a scheduler runs cannot be told from here ({report['scheduler']['holder']})",
     }[running]
     lines = [f"{report['root']}: {head or 'no runs recorded'}; {where}"]

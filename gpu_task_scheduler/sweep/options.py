@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
 from ..layout import log_name_problem
+from .slurm import SlurmOptions, parse_slurm_options
 
 
 def _bool(value: Any) -> str | None:
@@ -201,13 +202,14 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "cpu_fallback": (lambda: 0, _int_at_least(0)),
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
-    # Where runs run (see backends/ray/): this machine, or a Ray cluster.
-    "backend": (lambda: "local", _one_of("local", "ray")),
+    # Where runs run (see backends/ray/, backends/slurm/): this machine, a Ray cluster, a Slurm cluster.
+    "backend": (lambda: "local", _one_of("local", "ray", "slurm")),
     "ray_address": (lambda: None, _optional(_text)),
     "ray_cpus_per_run": (lambda: 0, _non_negative),
     "ray_local_gpus": (lambda: None, _optional(_int_at_least(0))),
     "node_failure_retries": (lambda: 3, _int_at_least(0)),
     "lease_interval": (lambda: 1.0, _seconds(allow_zero=False)),
+    "slurm": (lambda: None, _optional(lambda value: None if isinstance(value, Mapping) else "a dict of Slurm options")),
     # Notifications when the sweep ends (see reports/notify.py).
     "notify_command": (lambda: None, _optional(_command_option)),
     "notify_email": (lambda: None, _optional(_email_option)),
@@ -252,12 +254,13 @@ class SchedulerOptions:
     cpu_fallback: int
     max_host_cpu_percent: float | None
     min_host_free_memory: int | None
-    backend: str  # "local" (this machine's GPUs) or "ray"
+    backend: str  # "local" (this machine's GPUs), "ray" or "slurm"
     ray_address: str | None  # an existing cluster ("auto", "HOST:PORT"); None: a Ray instance of our own
     ray_cpus_per_run: float  # CPUs each run's Ray task asks for
     ray_local_gpus: int | None  # GPUs a Ray instance of our own declares (None: as Ray detects them)
     node_failure_retries: int  # a run whose machine went away runs again elsewhere, this many times
     lease_interval: float  # how often a run on another machine renews its lease (records/lease.py)
+    slurm: SlurmOptions  # backend slurm's (sweep/slurm.py)
     notify_command: str | list[str] | None
     notify_email: Mapping[str, Any] | None
     given: Mapping[str, Any] = field(repr=False, compare=False)  # as written, defaults added
@@ -304,4 +307,5 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         typed[key] = None if typed[key] is None else parse_memory(typed[key], key)
     for key in _SECONDS:
         typed[key] = None if typed[key] is None else float(typed[key])
+    typed["slurm"] = parse_slurm_options(typed["slurm"])
     return SchedulerOptions(slots=None if parsed is None else tuple(parsed), given=given, **typed)

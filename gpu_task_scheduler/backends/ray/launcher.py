@@ -44,7 +44,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import sys
 import threading
 import time
 import uuid
@@ -60,6 +59,7 @@ from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write
 from ...sweep.options import SchedulerOptions
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
+from ..supervisor import remote_run
 from . import remote
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -213,21 +213,7 @@ class RayLauncher:
         except (LaunchError, OSError) as error:
             log_launch_failure(paths, error)
             raise
-        run = {
-            "argv": launch.argv,
-            # What the run needs beyond the environment of the machine that runs it.
-            "env": {key: value for key, value in launch.env.items() if os.environ.get(key) != value},
-            "cwd": launch.cwd,
-            "log": None if paths.log is None else os.path.abspath(paths.log),
-            "token": attempt.token,
-            "reports_outcome": not launch.direct,
-            "grace_period": self._o.grace_period,
-            "python": sys.executable,
-            "work_dir": os.path.abspath(attempt.spec.work_dir),
-            "config_file": os.path.abspath(paths.config),
-            "lease": os.path.abspath(paths.lease),
-            "lease_every": self._o.lease_interval,
-        }
+        run = {**remote_run(attempt, launch, self._o.grace_period), "lease_every": self._o.lease_interval}
         task = self._supervise.options(
             num_gpus=self._gpus.get(attempt.slot.name, 0.0),
             num_cpus=self._o.ray_cpus_per_run,

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from ...records.lease import LeaseHolder, LeaseTerms
+from ..supervisor import Word, cannot_run, keep_lease, log_line, start_run
 
 # What a stop request may say; "end": the run is over, the supervisor stops waiting.
 STOP, KILL, END = "stop", "kill", "end"
@@ -89,33 +88,14 @@ def node_name() -> str:
     return f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:8]}"
 
 
-def _cannot_run(run: dict[str, Any], node: str) -> str | None:
-    """Why this machine cannot run the attempt (it does not see the run folder, or the directory
-    the sweep was started from), or None."""
-    if not os.path.isfile(run["config_file"]):
-        return (
-            f"{node} does not see the run folder {run['work_dir']} that the scheduler prepared: the result "
-            "root must be on a filesystem every machine of the cluster sees, at the same path"
-        )
-    if not os.path.isdir(run["cwd"]):
-        return (
-            f"{node} has no directory {run['cwd']}, where the sweep was started (runs start there): start "
-            "the sweep from a directory every machine sees, at the same path"
-        )
-    return None
-
-
 def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
     """Yields ``{"node", "pid"}`` once the run's process started (or ``{"lost": why}`` when this
     machine cannot run it), then ``{"returncode", "strays", "unstoppable", "fenced"}`` when it has
     ended (``fenced``: why this supervisor stopped the run itself, or None)."""
     import ray
 
-    from ..local.launcher import LocalHandle
-    from ..local.process import Child
-
     node = node_name()
-    problem = _cannot_run(run, node)
+    problem = cannot_run(run, node)
     if problem is not None:
         yield {"lost": problem}
         return
@@ -136,30 +116,23 @@ def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
         lease.release()
         yield {"lost": "the scheduler gave the attempt up before it started"}
         return
-    env = dict(os.environ)
-    env.update(run["env"])
     gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in gpus)
-    argv = list(run["argv"])
-    if argv and argv[0] == run["python"]:  # the driver's interpreter: this machine's may live elsewhere
-        argv[0] = sys.executable
-    handle = LocalHandle(reports_outcome=run["reports_outcome"], grace_period=run["grace_period"])
-    ended = threading.Event()
     try:
-        handle.child = Child(
-            argv, env=env, cwd=run["cwd"], log_path=run["log"], on_exit=handle.exited_to(ended.set), token=run["token"]
-        )
+        handle, ended = start_run(run, ",".join(str(gpu) for gpu in gpus))
     except OSError as error:  # as locally: the run fails, and its log says why
-        _log(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
+        log_line(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
         lease.release()
         yield {"node": node, "pid": 0}
         yield {"returncode": 127, "strays": (), "unstoppable": (), "fenced": None}
         return
-    handle.pid = handle.child.pid
     fenced: list[str] = []
     threading.Thread(target=_obey, args=(control, run["token"], handle, ended, run["log"]), daemon=True).start()
+    given_up = "the scheduler gave this attempt up (it lost sight of this machine)"
     threading.Thread(
-        target=_keep_lease, args=(control, lease, terms, handle, ended, run["log"], fenced), daemon=True
+        target=keep_lease,
+        args=(_word(control, run["token"]), lease, terms, handle, ended, run["log"], fenced),
+        kwargs={"given_up": given_up},
+        daemon=True,
     ).start()
     yield {"node": node, "pid": handle.pid}
     ended.wait()
@@ -174,55 +147,11 @@ def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
     }
 
 
-def _keep_lease(
-    control: Any,
-    lease: LeaseHolder,
-    terms: LeaseTerms,
-    handle: Any,
-    ended: threading.Event,
-    log: str | None,
-    fenced: list[str],
-) -> None:
-    """Renew the lease after each word from the driver; stop the run (grace, then kill) once there
-    has been none for ``terms.fence_after``, or the driver gave the attempt up."""
+def _word(control: Any, token: str) -> Word:
+    """The driver's word on the attempt: its Control actor's answer."""
     import ray
 
-    renewed = time.monotonic()
-    while not ended.wait(terms.renew_every):
-        deadline = renewed + terms.fence_after  # a slow answer (a loaded machine) still counts until then
-        try:
-            wanted = ray.get(control.renew.remote(lease.token), timeout=max(0.05, deadline - time.monotonic()))
-            if wanted:
-                lease.renew()
-                renewed = time.monotonic()
-                continue
-            reason = "the scheduler gave this attempt up (it lost sight of this machine)"
-        except Exception as error:  # no answer (a partition), the driver gone, or the file system failing
-            if time.monotonic() < deadline:
-                continue
-            reason = (
-                f"no word from the scheduler, or no renewal of the run's lease, for {terms.fence_after:g}s "
-                f"({type(error).__name__})"
-            )
-        fenced.append(reason)
-        _log(
-            log,
-            f"gpu_task_scheduler: {reason}: stopping the run (SIGTERM, then SIGKILL after "
-            f"{terms.grace_period:g}s), so that it never runs beside its retry\n",
-        )
-        handle.stop()
-        if not ended.wait(terms.grace_period):
-            handle.kill()
-        return
-
-
-def _log(path: str | None, text: str) -> None:
-    if path:
-        try:
-            with open(path, "a", encoding="utf-8") as handle:
-                handle.write(text)
-        except OSError:
-            pass
+    return lambda timeout: bool(ray.get(control.renew.remote(token), timeout=timeout))
 
 
 def _obey(control: Any, token: str, handle: Any, ended: threading.Event, log: str | None) -> None:
@@ -235,7 +164,7 @@ def _obey(control: Any, token: str, handle: Any, ended: threading.Event, log: st
             request = ray.get(control.wait.remote(token, seen))
         except Exception as error:  # the driver, or its actor, is gone: so goes the run
             if not ended.is_set():
-                _log(log, f"gpu_task_scheduler: the scheduler is gone ({type(error).__name__}); stopping the run\n")
+                log_line(log, f"gpu_task_scheduler: the scheduler is gone ({type(error).__name__}); stopping the run\n")
                 handle.kill()
             return
         seen += 1

@@ -1,0 +1,1 @@
+"""The Slurm backend: a sweep\x27s runs as job arrays on a Slurm cluster (see launcher.py)."""

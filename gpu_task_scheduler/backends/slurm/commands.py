@@ -1,0 +1,202 @@
+"""Slurm's commands, as the driver calls them: ``sbatch``, ``squeue``, ``scancel``, ``scontrol``.
+
+Slurm's own command-line tools, not a client library: they are on every
+login node, speak to any Slurm version the site runs, and need nothing
+installed. (submitit, which Hydra's launcher uses, submits one pickled
+function per job and polls ``sacct``; this backend needs job arrays over
+ready-made run folders, and ``sacct`` only works where the site keeps an
+accounting database, so it reads ``squeue`` and its runs' own files.) Every
+call is an argument list, never a shell line, with a time limit; what Slurm
+says on failure is part of the error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ...errors import GTSError
+
+CALL_TIMEOUT = 60.0  # seconds one call of a Slurm command may take (slurmctld can be slow, never forever)
+# A task whose state is one of these may still start or is running: it is not over.
+LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING"})
+COMMANDS = ("sbatch", "squeue", "scancel", "scontrol")
+
+
+@dataclass(frozen=True)
+class TaskState:
+    state: str  # squeue's %T: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, NODE_FAIL, ...
+    node: str
+    reason: str
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+
+def missing_commands() -> list[str]:
+    return [name for name in COMMANDS if shutil.which(name) is None]
+
+
+def call(argv: Sequence[str], *, what: str) -> str:
+    """Run a Slurm command; its standard output, or GTSError with what it said."""
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=CALL_TIMEOUT, check=False, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError as error:
+        raise GTSError(f"{what}: {argv[0]} not found (backend slurm needs Slurm's commands on PATH)") from error
+    except subprocess.TimeoutExpired as error:
+        raise GTSError(f"{what}: {argv[0]} did not answer within {CALL_TIMEOUT:g}s") from error
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
+        raise GTSError(f"{what}: {said}")
+    return done.stdout
+
+
+def submit(args: Sequence[str], script: str) -> str:
+    """Submit a batch script; the job's id."""
+    out = call(["sbatch", "--parsable", *args, script], what="sbatch refused the sweep's runs")
+    job = out.strip().splitlines()[-1].split(";")[0] if out.strip() else ""
+    if not job.isdigit():
+        raise GTSError(f"sbatch answered {out.strip()!r}, not a job id")
+    return job
+
+
+def test_submission(args: Sequence[str]) -> None:
+    """Whether Slurm would take a job with these arguments (``sbatch --test-only``: nothing is queued)."""
+    call(["sbatch", "--test-only", *args, "--wrap=true"], what="Slurm would not take the sweep's runs")
+
+
+def states(jobs: Iterable[str]) -> dict[str, TaskState]:
+    """The state of every task of these jobs that slurmctld still knows, by ``JOB_INDEX``."""
+    jobs = sorted(set(jobs), key=int)
+    if not jobs:
+        return {}
+    try:
+        out = call(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(jobs), "-o", "%i|%T|%N|%r"], what="squeue")
+    except GTSError as error:
+        if "Invalid job id" in str(error):  # none of them is known any more
+            return {}
+        raise
+    return parse_states(out)
+
+
+def states_by_name(names: Iterable[str]) -> dict[str, dict[str, TaskState]]:
+    """The tasks of the jobs with these names (each sweep's array has a name of its own), by name."""
+    names = sorted(set(names))
+    if not names:
+        return {}
+    out = call(["squeue", "-h", "-r", "-t", "all", f"--name={','.join(names)}", "-o", "%i|%T|%N|%r|%j"], what="squeue")
+    found: dict[str, dict[str, TaskState]] = {}
+    for line in out.splitlines():
+        head, _, name = line.strip().rpartition("|")
+        for task, state in parse_states(head).items():
+            found.setdefault(name, {})[task] = state
+    return found
+
+
+def parse_states(out: str) -> dict[str, TaskState]:
+    found = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and "_" in parts[0]:
+            found[parts[0]] = TaskState(parts[1], parts[2], parts[3])
+    return found
+
+
+def task_list(job: str, indexes: Iterable[int]) -> str:
+    """``JOB_[0-3,7]``: tasks of one array as scancel and scontrol take them."""
+    ranges: list[list[int]] = []
+    for index in sorted(set(indexes)):
+        if ranges and ranges[-1][1] == index - 1:
+            ranges[-1][1] = index
+        else:
+            ranges.append([index, index])
+    return f"{job}_[{','.join(str(a) if a == b else f'{a}-{b}' for a, b in ranges)}]"
+
+
+def cancel(tasks: Sequence[str], signal_name: str | None = None, *, supervisor_only: bool = False) -> None:
+    """Cancel tasks (``JOB_[...]``); with a signal, only send it: to every process of the job, the
+    batch script's too (``--full``), or to the batch script alone (the supervisor: ``--batch``)."""
+    if not tasks:
+        return
+    scope = "--batch" if supervisor_only else "--full"
+    argv = ["scancel", *([f"--signal={signal_name}", scope] if signal_name else []), *tasks]
+    call(argv, what="scancel")
+
+
+def set_throttle(job: str, throttle: int) -> None:
+    """Set an array's %N. scontrol reports each task it could not update: once some tasks of the
+    array have ended (or one was requeued, and split off), it fails for them while the array's
+    throttle is set; only other complaints are errors."""
+    try:
+        call(["scontrol", "update", f"JobId={job}", f"ArrayTaskThrottle={throttle}"], what="scontrol update")
+    except GTSError as error:
+        said = str(error).removeprefix("scontrol update: ").splitlines()
+        if not all("No error" in line or "already finished" in line for line in said):
+            raise
+
+
+def hold(job: str, held: bool) -> None:
+    call(["scontrol", "hold" if held else "release", job], what=f"scontrol {'hold' if held else 'release'}")
+
+
+def max_array_size() -> int:
+    """Slurm's MaxArraySize: an array's task indexes are below it."""
+    out = call(["scontrol", "show", "config"], what="scontrol show config")
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
+    return int(match.group(1)) if match else 1001
+
+
+def partition_nodes(partition: str | None) -> list[str]:
+    """The host names of the partition's nodes (the default partition's without one)."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
+    if shutil.which("sinfo") is None:
+        return []
+    return sorted(set(call(argv, what="sinfo").split()))
+
+
+# File systems whose files only this machine sees: a result root there cannot serve other nodes.
+LOCAL_FILE_SYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay", "f2fs", "vfat", "exfat", "zfs", "devtmpfs"}
+)
+
+
+def file_system_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the file system ``path`` is on (from the mount table), or None when unknown."""
+    path = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        mount = fields[4].encode().decode("unicode_escape")
+        inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, right.split()[0]
+    return kind
+
+
+def shared_root_problem(root: str, fs_type: str | None, nodes: Sequence[str], host: str) -> str | None:
+    """Why the result root cannot serve the partition's nodes (it is on a file system only this
+    machine sees, and other machines run the jobs), or None."""
+    others = [node for node in nodes if node.split(".")[0] != host.split(".")[0]]
+    if fs_type in LOCAL_FILE_SYSTEMS and others:
+        shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+        return (
+            f"the result root {root} is on a {fs_type} file system, which only this machine sees, and the "
+            f"runs would run on other nodes ({shown}): put it on a file system every node sees at the same "
+            "path (your home or project space: NFS, Lustre, GPFS, BeeGFS)"
+        )
+    return None

@@ -1,0 +1,714 @@
+"""The driver's side of the Slurm backend: the sweep's runs as job arrays, followed to their ends.
+
+* **Submitting.** The engine starts every run that is ready (up to
+  ``max_queued``; its slots here are places in Slurm's queue, not GPUs), and
+  then calls :meth:`SlurmLauncher.flush`: the attempts started since the last
+  flush become one job array (several where Slurm's MaxArraySize asks), each
+  task one attempt, run by ``task.py`` on the node Slurm chose, with the GPUs
+  Slurm gave it. Retries and runs of later stages become arrays of their own
+  as they become ready. How many run at once is ``max_parallel``, shared out
+  across the arrays (``throttle.py``).
+* **Following.** One thread of the driver reads the events the tasks write
+  under the root (a listing of one folder, several times a second: the file
+  system, not slurmctld) and looks at ``squeue`` every ``poll_interval``
+  seconds (one call for the whole sweep) for what no file tells: a task that
+  Slurm requeued, cancelled, or lost with its node. A run's clock starts when
+  its task starts it.
+* **Losing a task.** A task that ended (or was requeued) without its run's end
+  is given up: its ``abandoned`` file is written (a requeued task that starts
+  again then leaves its run alone), its job task cancelled, and its lease
+  waited for (``records/lease.py``); only then does the engine read the
+  outcome file (a run that finished meanwhile is recorded as succeeded) and run
+  it again, up to ``node_failure_retries`` times. A SIGTERM the scheduler did
+  not send (a preemption, a requeue) counts as such a loss; one near the job's
+  time limit is a timeout.
+* **Stopping.** ``stop`` sends SIGTERM to the task (``scancel --signal=TERM
+  --full``), whose supervisor stops its run with the grace period; ``kill``
+  asks the supervisor to kill its run at once (SIGUSR2); a task that has not
+  started is cancelled. Calls
+  are batched per array, at most a few a second. When the sweep ends nothing
+  of it is left in Slurm's queue, unless it was detached.
+* **Adopting.** Each array's attempts are written down under the root
+  (``.gts/slurm/<batch>/batch.json`` and its job id); a later start (after
+  ``--detach``, or a driver that died) follows the tasks that are still queued
+  or running instead of submitting their runs again
+  (:meth:`SlurmLauncher.live_attempt`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shlex
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...engine.launcher import Attempt, Ended, LaunchError
+from ...errors import GTSError
+from ...gpu.devices import Slot
+from ...gpu_task import GPUTask
+from ...records.lease import LeaseTerms, wait_over
+from ...records.paths import META, atomic_write, read_json
+from ...records.status import RunStatus
+from ...sweep.options import SchedulerOptions
+from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
+from ..supervisor import log_line, remote_run
+from . import commands, throttle
+from . import task as task_module
+from .commands import TaskState
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+EVENT_EVERY = 0.2  # seconds between two listings of the events folder
+END_LAG = 2  # squeue looks after a task's end before its missing end file means it is lost (a late NFS view)
+SIGNAL_LEAD_MIN = 60.0  # Slurm sends --signal with a resolution of a minute
+REAP_WAIT = 120.0  # seconds a killed attempt's end is waited for when the sweep is given up
+CLOSE_WAIT = 60.0  # seconds the sweep's end waits for Slurm to be done with its tasks
+
+
+@dataclass
+class _Task:
+    """One attempt handed to Slurm: its array task, and what is known of it."""
+
+    handle: SlurmHandle
+    run: dict[str, Any]  # what task.py needs (batch.json's entry)
+    batch: str = ""
+    job: str | None = None
+    index: int = -1
+    placed: int = -1  # the incarnation (restart count) whose start was seen; -1: not started
+    gone_looks: int = 0  # squeue looks since its task was seen over without an end file
+    ran: bool = False  # squeue saw it started (a later PENDING is a requeue)
+    asked: str | None = None  # "TERM" or "KILL" once the engine asked
+    sent: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}_{self.index}"
+
+
+class SlurmLauncher:
+    """Runs each attempt as a task of a Slurm job array; a context manager (nothing to release
+    but the thread that follows the tasks)."""
+
+    def __init__(self, task: type[GPUTask] | TaskFactory, options: SchedulerOptions, *, detach: bool = False) -> None:
+        self._make_task = class_factory(task) if isinstance(task, type) else task
+        self._o, self._s = options, options.slurm
+        self._detach = detach
+        self._root = os.path.abspath(options.result_root_folder)
+        self._folder = os.path.join(self._root, META, "slurm")
+        self._events = os.path.join(self._folder, "events")
+        self._lock = threading.RLock()
+        self._tasks: dict[str, _Task] = {}  # token -> task, while the engine follows it
+        self._new: list[_Task] = []  # started since the last flush
+        self._arrays: dict[str, list[_Task]] = {}  # job -> its tasks by index (submission order)
+        self._throttles: dict[str, tuple[int, bool]] = {}  # job -> (its %N, held)
+        self._adoptable: dict[str, tuple[str, dict[str, Any]]] = {}  # run name -> (token, its batch entry)
+        self._states: dict[str, TaskState] = {}
+        self._ids = iter(range(1, 1 << 62))
+        self._wake = threading.Event()
+        self._closing = False
+        self._follower: threading.Thread | None = None
+        self._next_look = 0.0
+        self._array_size = 1001
+        self._said: str | None = None
+        self.submissions = 0  # sbatch calls that queued runs (the tests count them)
+        self.runs_at_once = self._s.max_parallel or self._s.max_queued  # what a search asks ahead
+        self.slots_are_queue_places = True  # the engine logs no "slotN finished" for each
+
+    def __enter__(self) -> SlurmLauncher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end_following()
+
+    # --- the sweep ------------------------------------------------------------------
+
+    def slots(self, options: SchedulerOptions) -> list[Slot]:
+        missing = commands.missing_commands()
+        if missing:
+            raise GTSError(f"backend: slurm needs Slurm's commands on PATH; not found: {', '.join(missing)}")
+        self._gpus_per_run()  # slots of different sizes: an error now, before anything is written
+        return [Slot(f"slurm{index}", ()) for index in range(self._s.max_queued)]
+
+    def open(self, lock_fd: int) -> None:
+        """Check what Slurm and the file system must offer (before anything is submitted), then
+        find the tasks an earlier start left queued or running."""
+        problem = commands.shared_root_problem(
+            self._root,
+            commands.file_system_of(self._root),
+            commands.partition_nodes(self._s.partition),
+            socket.gethostname(),
+        )
+        if problem is not None:
+            raise GTSError(problem)
+        commands.test_submission(self._resources())
+        self._array_size = commands.max_array_size()
+        os.makedirs(self._events, exist_ok=True)
+        self._find_live_tasks()
+        self._follower = threading.Thread(target=self._follow, name="gts-slurm", daemon=True)
+        self._follower.start()
+        logger.info(
+            "Slurm: partition %s; %s at once; %s per run",
+            self._s.partition or "(the default)",
+            self._s.max_parallel or "as many as Slurm allows",
+            ", ".join(self._per_run()) or "Slurm's defaults",
+        )
+
+    def close(self) -> None:
+        """The sweep is over: nothing of it stays queued (unless it was detached)."""
+        if self._detach:
+            self._end_following()
+            return
+        with self._lock:
+            left = [task for task in self._tasks.values() if task.job is not None]
+            jobs = set(self._arrays)
+        if left:
+            try:
+                commands.cancel(_by_array(left))
+            except GTSError as error:
+                logger.warning("could not cancel the sweep's last Slurm tasks: %s", error)
+        self._end_following()
+        # A task that reported its end is still COMPLETING for a moment: the sweep returns once
+        # Slurm is done with every task of it.
+        deadline = time.monotonic() + CLOSE_WAIT
+        try:
+            while (live := [name for name, state in commands.states(jobs).items() if state.live]) and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
+        except GTSError as error:
+            live = [str(error)]
+        if live:
+            logger.warning("Slurm still lists tasks of the sweep %gs after its end: %s", CLOSE_WAIT, live[:10])
+
+    def _end_following(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._follower is not None and self._follower is not threading.current_thread():
+            self._follower.join(timeout=30)
+
+    def live_attempt(self, name: str) -> str | None:
+        with self._lock:
+            found = self._adoptable.get(name)
+            return None if found is None else found[0]
+
+    # --- starting ---------------------------------------------------------------------
+
+    def start(
+        self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
+    ) -> SlurmHandle:
+        paths = attempt.paths
+        with self._lock:
+            adopted = self._adoptable.pop(attempt.spec.name, None)
+        if adopted is not None and adopted[0] == attempt.token:
+            run = adopted[1]
+            handle = self._handle(attempt, run, on_exit, on_placed)
+            task = _Task(handle, run, batch=run["batch"], job=run["job"], index=run["index"])
+            with self._lock:
+                self._tasks[attempt.token] = task
+                self._arrays.setdefault(run["job"], []).append(task)
+            self._wake.set()
+            return handle
+        try:
+            launch = prepare_attempt(attempt, self._make_task)
+        except (LaunchError, OSError) as error:
+            log_launch_failure(paths, error)
+            raise
+        run = {**remote_run(attempt, launch, self._o.grace_period), "name": attempt.spec.name}
+        handle = self._handle(attempt, run, on_exit, on_placed)
+        with self._lock:
+            task = _Task(handle, run)
+            self._tasks[attempt.token] = task
+            self._new.append(task)
+        return handle
+
+    def _handle(
+        self, attempt: Attempt, run: dict[str, Any], on_exit: Callable[[], None], on_placed: Any
+    ) -> SlurmHandle:
+        return SlurmHandle(
+            self,
+            attempt.token,
+            pid=-next(self._ids),
+            reports_outcome=run["reports_outcome"],
+            on_exit=on_exit,
+            on_placed=on_placed,
+        )
+
+    def flush(self) -> None:
+        """Submit the attempts started since the last flush: one array per MaxArraySize of them."""
+        with self._lock:
+            new, self._new = self._new, []
+        for first in range(0, len(new), self._array_size):
+            chunk = new[first : first + self._array_size]
+            try:
+                self._submit(chunk)
+            except (GTSError, OSError) as error:
+                for task in chunk:  # these attempts fail; the engine retries them as max_retries says
+                    log_line(task.run["log"], f"gpu_task_scheduler: could not submit the run to Slurm: {error}\n")
+                    self._finish(task, Ended(returncode=1))
+                logger.error("could not submit %d run(s) to Slurm: %s", len(chunk), error)
+
+    def _submit(self, chunk: list[_Task]) -> None:
+        batch = uuid.uuid4().hex[:12]
+        folder = os.path.join(self._folder, batch)
+        os.makedirs(folder)
+        runs = []
+        for index, task in enumerate(chunk):
+            task.batch, task.index = batch, index
+            runs.append(task.run)
+        record = {
+            "job_name": f"{self._s.job_name}.{batch}",  # found by it after a crash before the job id was written
+            "runs": runs,
+            "events": self._events,
+            "lease_every": self._o.lease_interval,
+            "time": self._s.time,
+            "time_seconds": self._time_seconds(),
+            "signal_lead": self._signal_lead(),
+        }
+        batch_file = os.path.join(folder, "batch.json")
+        atomic_write(batch_file, json.dumps(record).encode())
+        script = os.path.join(folder, "job.sh")
+        lines = ["#!/bin/bash", "# gpu_task_scheduler: each task of this job array runs one attempt of a run."]
+        lines += list(self._s.setup)
+        entry = "-m gpu_task_scheduler.backends.slurm.task"
+        lines.append(f"exec {shlex.quote(sys.executable)} {entry} {shlex.quote(batch_file)}")
+        atomic_write(script, ("\n".join(lines) + "\n").encode())
+        with self._lock:
+            share, held = self._share_for_new(len(chunk))
+        array = f"0-{len(chunk) - 1}" + (f"%{share}" if share else "")
+        args = [
+            f"--job-name={record['job_name']}",
+            f"--array={array}",
+            f"--output={folder}/%a.out",
+            "--open-mode=append",
+            f"--chdir={folder}",
+            *(["--hold"] if held else []),
+            *self._resources(),
+        ]
+        job = commands.submit(args, script)
+        self.submissions += 1
+        with self._lock:
+            for task in chunk:
+                task.job = job
+                task.run.update(job=job, index=task.index, batch=batch)
+            self._arrays[job] = chunk
+            if self._s.max_parallel:
+                self._throttles[job] = (max(share, 1), held)
+        logger.info(
+            "submitted %d run(s) to Slurm as job array %s%s",
+            len(chunk),
+            job,
+            " (held until runs of earlier arrays end)" if held else (f" (%{share} at a time)" if share else ""),
+        )
+        self._wake.set()
+
+    def _share_for_new(self, size: int) -> tuple[int, bool]:
+        """The throttle of a new array of ``size`` tasks, and whether it starts held."""
+        budget = self._s.max_parallel
+        if not budget:
+            return 0, False
+        share = min(size, throttle.free(self._array_states(), budget))
+        return (share, False) if share else (1, True)
+
+    def _resources(self) -> list[str]:
+        """The sbatch arguments every task of the sweep gets."""
+        s = self._s
+        args = [f"--partition={s.partition}"] if s.partition else []
+        for flag, value in (("account", s.account), ("qos", s.qos), ("constraint", s.constraint), ("mem", s.mem)):
+            if value:
+                args.append(f"--{flag}={value}")
+        args += self._per_run_args()
+        if self._time_seconds():
+            args.append(f"--signal=B:TERM@{int(self._signal_lead())}")
+        return args + list(s.extra)
+
+    def _per_run_args(self) -> list[str]:
+        args = []
+        gpus = self._gpus_per_run()
+        if gpus:
+            args.append(f"--gres=gpu:{gpus}")
+        if self._s.cpus_per_run:
+            args.append(f"--cpus-per-task={self._s.cpus_per_run}")
+        time_text = self._time_text()
+        if time_text:
+            args.append(f"--time={time_text}")
+        return args
+
+    def _per_run(self) -> list[str]:
+        return [arg.lstrip("-") for arg in self._per_run_args()]
+
+    def _gpus_per_run(self) -> int:
+        if self._s.gpus_per_run is not None:
+            return self._s.gpus_per_run
+        slots = self._o.slots
+        if slots is None:
+            return 1
+        sizes = {len(slot.gpu_ids) for slot in slots}
+        if len(sizes) > 1:
+            raise GTSError(
+                "backend slurm: the sweep's slots have different numbers of GPUs; say how many each run "
+                "gets with slurm: {gpus_per_run: N}"
+            )
+        return sizes.pop()
+
+    def _time_seconds(self) -> float | None:
+        """Slurm's time limit per run: ``time``, or the sweep's timeout with room for its grace period."""
+        if self._s.time_seconds is not None:
+            return self._s.time_seconds
+        if self._o.timeout is not None:
+            return 60.0 * math.ceil((self._o.timeout + self._o.grace_period + 120.0) / 60.0)
+        return None
+
+    def _time_text(self) -> str | None:
+        if self._s.time is not None:
+            return self._s.time
+        seconds = self._time_seconds()
+        return None if seconds is None else str(int(seconds // 60))
+
+    def _signal_lead(self) -> float:
+        """How long before the time limit the supervisor hears of it: the grace period and a margin."""
+        return max(SIGNAL_LEAD_MIN, math.ceil(self._o.grace_period + 30.0))
+
+    # --- stopping -----------------------------------------------------------------------
+
+    def request(self, token: str, signal_name: str) -> None:
+        """The engine asks to stop (TERM) or kill (KILL) an attempt: sent by the following thread."""
+        with self._lock:
+            task = self._tasks.get(token)
+            if task is not None and task.asked != "KILL":
+                task.asked = signal_name
+        self._wake.set()
+
+    def _send_requests(self) -> None:
+        with self._lock:
+            asked = [task for task in self._tasks.values() if task.asked and task.asked not in task.sent]
+            unsubmitted = [task for task in asked if task.job is None]
+        for task in unsubmitted:  # never handed to Slurm: it never starts
+            with self._lock:
+                self._new = [other for other in self._new if other is not task]
+            self._finish(task, Ended(returncode=-15 if task.asked == "TERM" else -9))
+        asked = [task for task in asked if task.job is not None]
+        queued = [task for task in asked if task.placed < 0]
+        running = [task for task in asked if task.placed >= 0]
+        try:
+            commands.cancel(_by_array(queued))  # not started: taken out of the queue (killed, if it just started)
+            # A stop: SIGTERM to all of it (the supervisor stops its run with the grace period). A kill:
+            # SIGUSR2 to the supervisor alone, which kills its run and still reports and releases the
+            # lease (SIGKILL to the supervisor too would leave the lease to expire before a retry).
+            commands.cancel(_by_array([task for task in running if task.asked == "TERM"]), "TERM")
+            killed = _by_array([task for task in running if task.asked == "KILL"])
+            commands.cancel(killed, task_module.KILL_SIGNAL, supervisor_only=True)
+        except GTSError as error:
+            logger.warning("could not stop Slurm tasks: %s (tried again)", error)
+            return
+        for task in asked:
+            assert task.asked is not None
+            task.sent.add(task.asked)
+
+    # --- following ----------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        while not self._closing:
+            try:
+                self._send_requests()
+                self._read_events()
+                if time.monotonic() >= self._next_look:
+                    self._next_look = time.monotonic() + self._s.poll_interval
+                    self._look()
+            except Exception:  # never let the following thread die: the engine waits on it
+                logger.exception("following the sweep's Slurm tasks failed; trying again")
+            self._wake.wait(EVENT_EVERY)
+            self._wake.clear()
+
+    def _read_events(self) -> None:
+        try:
+            names = os.listdir(self._events)
+        except OSError:
+            return
+        with self._lock:
+            tasks = dict(self._tasks)
+        for name in names:
+            token, _, rest = name.partition(".")
+            task = tasks.get(token)
+            if task is None or rest == "abandoned":
+                continue
+            incarnation, _, kind = rest.partition(".")
+            if not incarnation.isdigit() or kind not in ("start", "end"):
+                continue
+            self._on_event(task, int(incarnation), kind, read_json(os.path.join(self._events, name)))
+
+    def _on_event(self, task: _Task, incarnation: int, kind: str, record: Any) -> None:
+        if not isinstance(record, dict) or task.handle.has_exited() or task.handle.fencing:
+            return
+        if kind == "start":
+            if incarnation > task.placed >= 0:  # requeued: its earlier start is over
+                self._lose(task, f"Slurm requeued its job {task.name} (a preemption, or its node failed)")
+            elif task.placed < 0:
+                task.placed = incarnation
+                node = f"{record.get('node', '?')} job {record.get('job', task.name)}"
+                task.handle.node = node
+                if task.handle.on_placed is not None:
+                    task.handle.on_placed(node, int(record.get("pid") or 0))
+            return
+        if incarnation < max(task.placed, 0):
+            return  # an earlier start's end: its loss was seen already
+        if "lost" in record:
+            self._lose(task, str(record["lost"]), wait=task.placed >= 0 or bool(record.get("signalled")))
+            return
+        if record.get("signalled") and not task.asked and not record.get("limit"):
+            self._lose(task, f"Slurm stopped its job {task.name} (a preemption, a requeue, or a cancel outside gts)")
+            return
+        fenced = record.get("fenced")
+        limit = record.get("limit")
+        self._finish(
+            task,
+            Ended(
+                returncode=int(record.get("returncode", -9)),
+                strays=tuple(record.get("strays") or ()),
+                unstoppable=tuple(record.get("unstoppable") or ()),
+                lost=None if not fenced else f"its job {task.name} was cut off from the scheduler: {fenced}",
+                stopped=(RunStatus.TIMED_OUT, str(limit)) if limit and not task.asked else None,
+            ),
+        )
+
+    def _look(self) -> None:
+        """squeue, once for the whole sweep: what no file tells; then the arrays' throttles."""
+        with self._lock:
+            jobs = {task.job for task in self._tasks.values() if task.job is not None}
+        if not jobs:
+            return
+        try:
+            states = commands.states(jobs)
+        except GTSError as error:
+            if self._said != str(error):
+                logger.warning("cannot read the sweep's Slurm tasks (%s); trying again", error)
+                self._said = str(error)
+            return
+        self._said = None
+        self._read_events()  # ends written before the squeue answer count first
+        with self._lock:
+            self._states = states
+            tasks = [task for task in self._tasks.values() if task.job is not None]
+        waiting: dict[str, int] = {}
+        for task in tasks:
+            if task.handle.has_exited() or task.handle.fencing:
+                continue
+            state = states.get(task.name)
+            if state is not None and state.live:
+                task.gone_looks = 0
+                queued = state.state in ("PENDING", "REQUEUED")
+                # Requeued: queued again once started (BeginTime: Slurm's delay before a requeued job).
+                if queued and (task.placed >= 0 or task.ran or state.reason == "BeginTime"):
+                    self._lose(task, f"Slurm requeued its job {task.name} (a preemption, or its node failed)")
+                elif queued:
+                    waiting[state.reason] = waiting.get(state.reason, 0) + 1
+                else:
+                    task.ran = True
+                continue
+            task.gone_looks += 1
+            if task.gone_looks < END_LAG:
+                continue
+            self._ended_without_end_file(task, state)
+        self._say_waiting(waiting)
+        if self._s.max_parallel:
+            self._apply_throttles()
+
+    def _ended_without_end_file(self, task: _Task, state: TaskState | None) -> None:
+        words = "is no longer known to Slurm" if state is None else f"ended {state.state}"
+        if task.asked:
+            self._lose(task, f"its job {task.name} {words}", lost=False)
+        elif task.placed >= 0 or state is None or state.state not in ("COMPLETED", "FAILED", "OUT_OF_MEMORY"):
+            self._lose(task, f"its job {task.name} {words} before its run reported an end")
+        else:  # the batch script failed before the run started: the setup lines, say
+            output = os.path.join(self._folder, task.batch, f"{task.index}.out")
+            log_line(
+                task.run["log"],
+                f"gpu_task_scheduler: Slurm job {task.name} {words} before the run started; its output "
+                f"({output}):\n{_tail(output)}\n",
+            )
+            self._finish(task, Ended(returncode=1))
+
+    def _say_waiting(self, waiting: dict[str, int]) -> None:
+        words = ", ".join(f"{count} pending ({reason})" for reason, count in sorted(waiting.items()))
+        if words and words != getattr(self, "_waiting_words", None):
+            logger.info("Slurm: %s", words)
+        self._waiting_words = words
+
+    def _array_states(self) -> list[throttle.Array]:
+        arrays = []
+        for job, tasks in self._arrays.items():
+            if job not in self._throttles:
+                continue
+            running = pending = 0
+            for task in tasks:
+                state = self._states.get(task.name)
+                if task.handle.has_exited() or task.handle.fencing:
+                    continue
+                if state is None or state.state == "PENDING":
+                    pending += 1 if task.placed < 0 else 0
+                elif state.live:
+                    running += 1
+            share, held = self._throttles[job]
+            arrays.append(throttle.Array(job, running, pending, share, held))
+        return arrays
+
+    def _apply_throttles(self) -> None:
+        assert self._s.max_parallel
+        with self._lock:
+            changes = throttle.changes(self._array_states(), self._s.max_parallel)
+        for change in changes:
+            try:
+                share, held = self._throttles[change.job]
+                if change.throttle is not None:
+                    commands.set_throttle(change.job, change.throttle)
+                    share = change.throttle
+                if change.held is not None:
+                    commands.hold(change.job, change.held)
+                    held = change.held
+                self._throttles[change.job] = (share, held)
+            except GTSError as error:
+                logger.warning("could not share max_parallel across the sweep's arrays: %s", error)
+                return
+
+    # --- ends ---------------------------------------------------------------------------
+
+    def _lose(self, task: _Task, why: str, *, wait: bool = True, lost: bool = True) -> None:
+        """Give the attempt up: it never starts (again), its lease is waited for, then it ends."""
+        task.handle.fencing = True
+        terms = LeaseTerms(self._o.lease_interval, self._o.grace_period)
+
+        def fence() -> None:
+            how = "it had not started"
+            try:
+                atomic_write(os.path.join(self._events, f"{task.handle.token}.abandoned"), b"", durable=True)
+                if task.job is not None and (self._states.get(task.name) is None or self._states[task.name].live):
+                    commands.cancel([task.name])
+            except (GTSError, OSError) as error:
+                logger.warning("%s: could not cancel Slurm task %s: %s", task.run["name"], task.name, error)
+            if wait:
+                how = wait_over(task.run["lease"], task.handle.token, terms)
+            if lost:
+                self._finish(task, Ended(returncode=-9, lost=f"{why}; given up, {how}"))
+            else:
+                self._finish(task, Ended(returncode=-15 if task.asked == "TERM" else -9))
+
+        threading.Thread(target=fence, name=f"gts-slurm-fence-{task.handle.token[:8]}", daemon=True).start()
+
+    def _finish(self, task: _Task, ended: Ended) -> None:
+        handle = task.handle
+        with self._lock:
+            if handle.has_exited():
+                return
+            self._tasks.pop(handle.token, None)
+            handle.ended = ended
+            handle.over.set()
+        files = [f"{handle.token}.{n}.{kind}" for n in range(task.placed + 1) for kind in ("start", "end")]
+        for name in [f"{handle.token}.abandoned", f"{handle.token}.0.end", *files]:
+            try:
+                os.unlink(os.path.join(self._events, name))
+            except OSError:
+                pass
+        handle.on_exit()
+
+    # --- adopting ---------------------------------------------------------------------
+
+    def _find_live_tasks(self) -> None:
+        """Attempts an earlier start handed to Slurm that are still queued or running there."""
+        for run, _ in live_tasks(self._root):
+            self._adoptable[run["name"]] = (run["token"], run)
+        if self._adoptable:
+            found = len(self._adoptable)
+            logger.info("Slurm: %d run(s) of an earlier start are still queued or running: followed", found)
+
+
+def live_tasks(root: str) -> list[tuple[dict[str, Any], TaskState]]:
+    """The attempts handed to Slurm from this root (``.gts/slurm/``) that are still queued or running
+    there, with their states (none when Slurm cannot be asked)."""
+    folder = os.path.join(root, META, "slurm")
+    batches: dict[str, tuple[str, list[Any]]] = {}  # job name -> (batch, its runs)
+    try:
+        listed = os.listdir(folder)
+    except OSError:
+        return []
+    for batch in listed:
+        record = read_json(os.path.join(folder, batch, "batch.json"))
+        if isinstance(record, dict) and isinstance(record.get("job_name"), str):
+            batches[record["job_name"]] = (batch, record.get("runs") or [])
+    if not batches or commands.missing_commands():
+        return []
+    found = []
+    # By the arrays' names, not their ids: a scheduler killed right after sbatch answered never wrote the id.
+    for name, tasks in commands.states_by_name(batches).items():
+        batch, runs = batches[name]
+        for task, state in tasks.items():
+            job, _, index = task.partition("_")
+            run = runs[int(index)] if index.isdigit() and int(index) < len(runs) else None
+            if state.live and isinstance(run, dict) and isinstance(run.get("name"), str):
+                found.append(({**run, "job": job, "index": int(index), "batch": batch}, state))
+    return found
+
+
+class SlurmHandle:
+    """One attempt as a task of a Slurm job array."""
+
+    def __init__(
+        self,
+        launcher: SlurmLauncher,
+        token: str,
+        *,
+        pid: int,
+        reports_outcome: bool,
+        on_exit: Callable[[], None],
+        on_placed: Callable[[str, int], None] | None,
+    ) -> None:
+        self.pid = pid  # none here: its process runs on a node
+        self.token = token
+        self.reports_outcome = reports_outcome
+        self.on_exit, self.on_placed = on_exit, on_placed
+        self.node: str | None = None
+        self.ended: Ended | None = None
+        self.fencing = False  # given up: its end comes once its lease is over
+        self.over = threading.Event()  # set with ``ended``
+        self._launcher = launcher
+
+    def stop(self) -> None:
+        self._launcher.request(self.token, "TERM")
+
+    def kill(self) -> None:
+        self._launcher.request(self.token, "KILL")
+
+    def has_exited(self) -> bool:
+        return self.ended is not None
+
+    def reap(self) -> Ended:
+        """Its end; called before the exit report only when the engine gives up on the sweep (it
+        killed the attempt): waits for the kill to be heard of, within bounds."""
+        if not self.over.wait(timeout=REAP_WAIT):
+            return Ended(returncode=-9, lost=f"no end heard from Slurm within {REAP_WAIT:g}s of killing it")
+        assert self.ended is not None
+        return self.ended
+
+
+def _by_array(tasks: list[_Task]) -> list[str]:
+    """The tasks as ``JOB_[i,j-k]``, one per array."""
+    indexes: dict[str, list[int]] = {}
+    for task in tasks:
+        if task.job is not None:
+            indexes.setdefault(task.job, []).append(task.index)
+    return [commands.task_list(job, found) for job, found in indexes.items()]
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:]).rstrip()
+    except OSError:
+        return "(none)"

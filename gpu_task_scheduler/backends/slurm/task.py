@@ -1,0 +1,172 @@
+"""What one task of a sweep's Slurm job array runs: the supervisor of one attempt.
+
+``python -m gpu_task_scheduler.backends.slurm.task BATCH`` (the last line of
+the array's batch script, after the ``setup`` lines) reads the batch file the
+scheduler wrote under the result root, takes the attempt of its
+``SLURM_ARRAY_TASK_ID``, and runs it as the local backend does (its folder,
+its log, the runner or the command wrapper, the outcome file with the
+attempt's token) with the ``CUDA_VISIBLE_DEVICES`` Slurm gave the job.
+
+It talks to the scheduler through files on the shared file system, in the
+root's ``.gts/slurm/events/``: ``TOKEN.N.start`` once the run started (node,
+pid, job) and ``TOKEN.N.end`` once it has ended (N: the job's restart count,
+so that a requeued job's new start is told apart); the scheduler gives an
+attempt up by writing ``TOKEN.abandoned``.
+
+The attempt's lease (``records/lease.py``) is renewed as long as the attempt
+is not given up and the file system takes the renewal; otherwise the run is
+stopped (SIGTERM, the grace period, SIGKILL), so that a job Slurm lost sight
+of never runs beside its retry. A requeued job's new start first waits until
+the old one's lease is over. SIGTERM (``gts stop``, Slurm's ``--signal``
+before the time limit, a preemption) stops the run with the grace period, so
+that a task can save a checkpoint; the end file says whether it came near the
+time limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from ...records.lease import LeaseHolder, LeaseTerms, lease_state, wait_over
+from ...records.paths import atomic_write
+from ..supervisor import cannot_run, keep_lease, log_line, start_run
+
+# SIGTERM this close to the end of the job's time (beyond the lead the scheduler asked Slurm for)
+# was Slurm's warning of its time limit: Slurm may send it up to a minute early.
+LIMIT_SLACK = 90.0
+# The scheduler's kill: the supervisor kills its run at once (and still reports its end).
+KILL_SIGNAL, KILL_SIGNAL_NUMBER = "USR2", signal.SIGUSR2
+KILLED = threading.Event()
+
+
+class Events:
+    """This attempt's files in the events folder."""
+
+    def __init__(self, folder: str, token: str, incarnation: int) -> None:
+        self.folder, self.token, self.incarnation = folder, token, incarnation
+
+    def path(self, kind: str) -> str:
+        return os.path.join(self.folder, f"{self.token}.{self.incarnation}.{kind}")
+
+    def abandoned(self) -> bool:
+        return os.path.exists(os.path.join(self.folder, f"{self.token}.abandoned"))
+
+    def write(self, kind: str, record: dict[str, Any]) -> None:
+        atomic_write(self.path(kind), json.dumps({**record, "incarnation": self.incarnation}).encode(), durable=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    signalled = threading.Event()  # first: a SIGTERM from now on stops the run (or keeps it from starting)
+    signal.signal(signal.SIGTERM, lambda signum, frame: signalled.set())
+
+    def kill(signum: int, frame: Any) -> None:
+        KILLED.set()
+        signalled.set()
+
+    signal.signal(KILL_SIGNAL_NUMBER, kill)
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        with open(args[0], encoding="utf-8") as handle:
+            batch = json.load(handle)
+    except (OSError, ValueError, IndexError) as error:
+        print(
+            f"gpu_task_scheduler: this node ({socket.gethostname()}) cannot read the sweep's batch file "
+            f"({error}): the result root must be on a file system every node sees, at the same path",
+            file=sys.stderr,
+        )
+        return 2
+    index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    run = batch["runs"][index]
+    events = Events(batch["events"], run["token"], int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    return supervise(run, batch, events, signalled)
+
+
+def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signalled: threading.Event) -> int:
+    node = socket.gethostname().split(".")[0]
+    job = f"{os.environ.get('SLURM_ARRAY_JOB_ID', '?')}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
+    problem = cannot_run(run, node)
+    if problem is not None:
+        events.write("end", {"lost": problem})
+        return 2
+    terms = LeaseTerms(batch["lease_every"], run["grace_period"])
+    lease = LeaseHolder(run["lease"], run["token"])
+    held = lease_state(run["lease"], run["token"])
+    if held is not None and held[0] != "released":  # a requeued job: its earlier start must be over first
+        wait_over(run["lease"], run["token"], terms)
+    try:
+        lease.renew()
+    except OSError as error:
+        events.write("end", {"lost": f"{node} cannot write the run's lease {run['lease']}: {error}"})
+        return 2
+    # The lease is taken: only now may the attempt start, if the scheduler still wants it (records/lease.py).
+    if events.abandoned() or signalled.is_set():
+        lease.release()
+        events.write("end", {"lost": "the scheduler gave the attempt up before it started", "signalled": True})
+        return 0
+    started = time.monotonic()
+    try:
+        handle, ended = start_run(run, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    except OSError as error:  # as locally: the run fails, and its log says why
+        log_line(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
+        lease.release()
+        events.write("end", {"returncode": 127, "strays": [], "unstoppable": [], "node": node})
+        return 1
+    events.write("start", {"node": node, "pid": handle.pid, "job": job})
+    fenced: list[str] = []
+    given_up = "the scheduler gave this attempt up (Slurm requeued its job, or lost its node)"
+    threading.Thread(
+        target=keep_lease,
+        args=(lambda timeout: not events.abandoned(), lease, terms, handle, ended, run["log"], fenced),
+        kwargs={"given_up": given_up},
+        daemon=True,
+    ).start()
+    stopping = threading.Thread(target=_stop_on_signal, args=(signalled, handle, ended, terms), daemon=True)
+    stopping.start()
+    while not ended.wait(0.5):  # in steps: SIGTERM's handler runs in this thread
+        pass
+    result = handle.reap()
+    lease.release()  # its processes are gone: a retry need not wait
+    limit = None
+    if signalled.is_set() and batch.get("time_seconds"):
+        near = batch["time_seconds"] - batch["signal_lead"] - LIMIT_SLACK
+        if time.monotonic() - started >= near:
+            limit = f"stopped at Slurm's time limit (time: {batch['time']})"
+    events.write(
+        "end",
+        {
+            "returncode": result.returncode,
+            "strays": list(result.strays),
+            "unstoppable": list(result.unstoppable),
+            "fenced": fenced[0] if fenced else None,
+            "signalled": signalled.is_set(),
+            "limit": limit,
+        },
+    )
+    code = result.returncode
+    return code if 0 <= code < 256 else 128 + (-code if code < 0 else 1)
+
+
+def _stop_on_signal(signalled: threading.Event, handle: Any, ended: threading.Event, terms: LeaseTerms) -> None:
+    """SIGTERM to this supervisor: stop the run, SIGKILL it when the grace period ends."""
+    signalled.wait()
+    if ended.is_set():
+        return
+    if not KILLED.is_set():
+        handle.stop()
+        stopped = time.monotonic()
+        while not ended.wait(max(0.01, min(0.2, terms.grace_period))) and not KILLED.is_set():
+            if time.monotonic() - stopped >= terms.grace_period:
+                break
+    if not ended.is_set():
+        handle.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""``scheduler_config["slurm"]``: the options of the Slurm backend (``backend: slurm``), checked.
+
+Every option that becomes an ``sbatch`` argument is checked here to be what
+Slurm takes, so that a typo is a ConfigError before anything is submitted, not
+a sweep of rejected jobs; ``extra`` passes raw ``sbatch`` arguments through
+(as arguments, never through a shell).
+"""
+
+from __future__ import annotations
+
+import numbers
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, unknown_key_message
+
+# What sbatch --time takes: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_MEMORY = re.compile(r"^\d+[KMGT]?$")
+_NAME = re.compile(r"^[A-Za-z0-9_.,:+@-]+$")  # partition, account, qos: no spaces, no shell characters
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    max_parallel: int | None = None  # runs at once across the sweep (the arrays' throttles); None: as Slurm allows
+    time: str | None = None  # per run, as sbatch --time takes it
+    time_seconds: float | None = None
+    gpus_per_run: int | None = None  # None: the slot size of the sweep's "gpu" entry (1 for "all")
+    cpus_per_run: int | None = None
+    mem: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    setup: tuple[str, ...] = ()  # shell lines before the run (module load ...)
+    extra: tuple[str, ...] = ()  # raw sbatch arguments
+    max_queued: int = 1000  # attempts handed to Slurm at once (queued or running)
+    poll_interval: float = 5.0  # seconds between two looks at squeue (slurmctld is shared: at most twice a second)
+    job_name: str = "gts"
+
+
+def parse_time(value: Any) -> float:
+    """Seconds of an sbatch ``--time`` value (an int is minutes); raises ValueError."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) > 0:
+        return 60.0 * int(value)
+    match = _TIME.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError("a Slurm time: minutes, 'MM:SS', 'HH:MM:SS' or 'D-HH:MM:SS'")
+    days, first, second, third = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = int(days) * 86400 + int(first) * 3600 + int(second or 0) * 60 + int(third or 0)
+    elif third is not None:  # HH:MM:SS
+        seconds = int(first) * 3600 + int(second) * 60 + int(third)
+    elif second is not None:  # MM:SS
+        seconds = int(first) * 60 + int(second)
+    else:  # minutes
+        seconds = int(first) * 60
+    if seconds <= 0:
+        raise ValueError("a Slurm time longer than 0")
+    return float(seconds)
+
+
+def parse_slurm_options(raw: Any) -> SlurmOptions:
+    """The checked options; raises ConfigError naming the key."""
+    if raw is None:
+        return SlurmOptions()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"scheduler_config['slurm'] must be a dict of Slurm options; got {raw!r}")
+    fields = {name for name in SlurmOptions.__dataclass_fields__ if name != "time_seconds"}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ConfigError(unknown_key_message("scheduler_config['slurm']", key, sorted(fields)))
+        problem = _problem(key, value)
+        if problem is not None:
+            raise ConfigError(f"scheduler_config['slurm'][{key!r}] must be {problem}; got {value!r}")
+        if value is None:
+            continue
+        if key in ("setup", "extra"):
+            value = (value,) if isinstance(value, str) else tuple(value)
+        elif key == "poll_interval":
+            value = float(value)
+        elif key == "time":
+            values["time_seconds"] = parse_time(value)
+            value = str(value)
+        values[key] = value
+    return SlurmOptions(**values)
+
+
+def _problem(key: str, value: Any) -> str | None:
+    if value is None:
+        return None if key not in ("max_queued", "poll_interval", "job_name") else "given (not null)"
+    if key in ("partition", "account", "qos"):
+        return None if isinstance(value, str) and _NAME.match(value) else "a Slurm name (letters, digits, _.,:+@-)"
+    if key == "constraint":
+        ok = isinstance(value, str) and value.strip() and "\n" not in value and "\0" not in value
+        return None if ok else "a Slurm constraint (e.g. 'a100|h100')"
+    if key == "job_name":
+        return None if isinstance(value, str) and _NAME.match(value) else "a job name (letters, digits, _.,:+@-)"
+    if key in ("max_parallel", "cpus_per_run", "max_queued"):
+        return None if _int(value) and value >= 1 else "an integer >= 1"
+    if key == "gpus_per_run":
+        return None if _int(value) and value >= 0 else "an integer >= 0"
+    if key == "time":
+        try:
+            parse_time(value)
+        except ValueError as error:
+            return str(error)
+        return None
+    if key == "mem":
+        return None if isinstance(value, str) and _MEMORY.match(value) else "a Slurm memory size ('16G', '4000M')"
+    if key in ("setup", "extra"):
+        lines = [value] if isinstance(value, str) else value
+        ok = isinstance(lines, (list, tuple)) and all(isinstance(line, str) and "\0" not in line for line in lines)
+        return None if ok else "a string or a list of strings"
+    if key == "poll_interval":
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.5 <= float(value) <= 3600
+        return None if ok else "seconds between 0.5 and 3600"
+    return None
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

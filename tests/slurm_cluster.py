@@ -1,0 +1,209 @@
+"""A one-node Slurm cluster of the tests' own: munged, slurmctld and slurmd on this machine, with
+four GPUs declared as GRES on dummy character devices (Slurm then sets CUDA_VISIBLE_DEVICES per
+job). Needs Debian's slurm-wlm and root (slurmd runs jobs as their users); the Slurm tests skip
+with the reason where it cannot start.
+
+Everything lives in a folder of its own (config, state, spool, pid files) on free ports, so it
+does not touch a cluster this machine may belong to; clients find it through SLURM_CONF. It is
+stopped by the pids it started (every job of it cancelled first), never by name.
+
+As a script, for a look by hand: ``python tests/slurm_cluster.py DIR`` starts one and prints
+the SLURM_CONF to export; Ctrl-C stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
+GPUS = 4
+
+
+def why_not() -> str | None:
+    """Why no cluster can be started here, or None."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return "the Slurm tests start slurmd, which needs root"
+    missing = [name for name in DAEMONS if shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin") is None]
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _pid(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _munged_running() -> bool:
+    found = subprocess.run(["pgrep", "-x", "munged"], capture_output=True, check=False)
+    return found.returncode == 0
+
+
+def _sbin(name: str) -> str:
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin") or name
+
+
+class SlurmCluster:
+    def __init__(self, folder: str) -> None:
+        self.folder = os.path.abspath(folder)
+        self.conf = os.path.join(self.folder, "slurm.conf")
+        self.host = socket.gethostname().split(".")[0]
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
+        self._munged: int | None = None
+
+    def _write_config(self) -> None:
+        for sub in ("state", "spool", "log", "gpus"):
+            os.makedirs(os.path.join(self.folder, sub), exist_ok=True)
+        for index in range(GPUS):  # what slurmd checks exists; Slurm numbers them for CUDA_VISIBLE_DEVICES
+            device = os.path.join(self.folder, "gpus", f"gpu{index}")
+            if not os.path.exists(device):
+                os.mknod(device, 0o600 | 0o020000, os.makedev(195, index))
+        d = self.folder
+        lines = [
+            f"ClusterName=gts{os.getpid()}",
+            f"SlurmctldHost={self.host}",
+            f"SlurmctldPort={_free_port()}",
+            f"SlurmdPort={_free_port()}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"StateSaveLocation={d}/state",
+            f"SlurmdSpoolDir={d}/spool",
+            f"SlurmctldPidFile={d}/slurmctld.pid",
+            f"SlurmdPidFile={d}/slurmd.pid",
+            f"SlurmctldLogFile={d}/log/slurmctld.log",
+            f"SlurmdLogFile={d}/log/slurmd.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "GresTypes=gpu",
+            "SlurmdParameters=config_overrides",  # 8 CPUs declared over this machine's real ones
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000",
+            "MinJobAge=300",
+            "KillWait=5",
+            "ReturnToService=2",
+            "MpiDefault=none",
+            f"NodeName={self.host} CPUs=8 RealMemory=8000 Gres=gpu:{GPUS} State=UNKNOWN",
+            f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
+        ]
+        with open(self.conf, "w", encoding="ascii") as handle:
+            handle.write("\n".join(lines) + "\n")
+        with open(os.path.join(self.folder, "gres.conf"), "w", encoding="ascii") as handle:
+            handle.write(f"AutoDetect=off\nNodeName={self.host} Name=gpu File={d}/gpus/gpu[0-{GPUS - 1}]\n")
+
+    def _start_munged(self) -> None:
+        if _munged_running():
+            return  # this machine's: used as it is, never stopped by us
+        for folder in ("/etc/munge", "/var/lib/munge", "/var/log/munge", "/run/munge"):
+            os.makedirs(folder, exist_ok=True)
+            shutil.chown(folder, "munge", "munge")
+        if not os.path.exists("/etc/munge/munge.key"):
+            subprocess.run([_sbin("mungekey"), "--create"], check=True, capture_output=True)
+            shutil.chown("/etc/munge/munge.key", "munge", "munge")
+        subprocess.run(["su", "-s", "/bin/sh", "munge", "-c", f"{_sbin('munged')} --force"], check=True)
+        self._munged = _pid("/run/munge/munged.pid")
+
+    def start(self, timeout: float = 60.0) -> None:
+        self._write_config()
+        self._start_munged()
+        subprocess.run([_sbin("slurmctld"), "-f", self.conf], check=True, env=self.env)
+        subprocess.run([_sbin("slurmd"), "-f", self.conf], check=True, env=self.env)
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
+            if state in ("idle", "mixed", "allocated"):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the test Slurm cluster did not come up (node state {state!r})\n{self.logs()}")
+            time.sleep(0.2)
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([_sbin(argv[0]), *argv[1:]], capture_output=True, text=True, env=self.env, check=check)
+
+    def jobs(self) -> list[str]:
+        """The ids of the jobs the cluster still runs or queues."""
+        listed = self.run("squeue", "-h", "-r", "-o", "%i", check=False).stdout.split()
+        return [job for job in listed if job]
+
+    def cancel_all(self, timeout: float = 60.0) -> None:
+        jobs = self.jobs()
+        if jobs:
+            self.run("scancel", "--full", "--signal=KILL", *jobs, check=False)
+            self.run("scancel", *jobs, check=False)
+        deadline = time.monotonic() + timeout
+        while self.jobs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def logs(self) -> str:
+        texts = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            try:
+                with open(os.path.join(self.folder, "log", name), encoding="utf-8", errors="replace") as handle:
+                    texts.append(f"--- {name}\n" + "".join(handle.readlines()[-30:]))
+            except OSError:
+                pass
+        return "\n".join(texts)
+
+    def stop(self) -> None:
+        try:
+            self.cancel_all()
+        finally:
+            for name in ("slurmd.pid", "slurmctld.pid"):
+                _stop(_pid(os.path.join(self.folder, name)))
+            if self._munged is not None:
+                _stop(self._munged)
+
+
+def _stop(pid: int | None, timeout: float = 20.0) -> None:
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    reason = why_not()
+    if reason:
+        sys.exit(reason)
+    cluster = SlurmCluster(sys.argv[1])
+    cluster.start()
+    print(f"export SLURM_CONF={cluster.conf}", flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()

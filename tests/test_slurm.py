@@ -1,0 +1,311 @@
+"""The Slurm backend against a real Slurm (conftest.slurm_cluster: one node, 4 GPUs as GRES), and
+its pure parts (throttles across arrays, Slurm's time format, the shared-file-system check).
+
+Each run of the sweeps here appends ``start I GPUS TIME`` and ``end I TIME`` to a journal: the
+side effects that must happen exactly once, and when, on which GPUs."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import wait_until
+from helpers import journal_lines, ledger_rows
+from test_process_control import finish
+
+from gpu_task_scheduler.backends.slurm import commands, throttle
+from gpu_task_scheduler.errors import ConfigError
+from gpu_task_scheduler.sweep.options import parse_scheduler_config
+from gpu_task_scheduler.sweep.slurm import parse_time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+slurm_only = pytest.mark.xdist_group("slurm")
+
+
+def journal_command(journal, seconds):
+    line = f"echo start {{i}} $CUDA_VISIBLE_DEVICES $(date +%s.%N) >> {journal}; sleep {seconds}; "
+    return ["sh", "-c", line + f"echo end {{i}} $(date +%s.%N) >> {journal}"]
+
+
+def write_sweep(folder, runs, seconds, **slurm):
+    config = {
+        "scheduler_config": {
+            "gpu": "all",
+            "result_root_folder": str(folder / "results"),
+            "backend": "slurm",
+            "grace_period": 2,
+            "lease_interval": 0.5,
+            "slurm": {"poll_interval": 0.5, **slurm},
+        },
+        "command": journal_command(folder / "journal", seconds),
+        "test_config": [{"i": list(range(runs))}],
+    }
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def gts(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def starts_and_ends(journal):
+    """Per run: its (start, end) times and its GPUs, for the runs that ended; and how many times
+    each run's side effects happened."""
+    starts, spans, ends = {}, [], {}
+    for line in journal_lines(journal):
+        word, run, *rest = line.split()
+        if word == "start":
+            starts[run] = (float(rest[-1]), rest[0] if len(rest) == 2 else "")
+        else:
+            ends[run] = ends.get(run, 0) + 1
+            spans.append((starts[run][0], float(rest[-1]), starts[run][1]))
+    return spans, ends
+
+
+def most_at_once(spans):
+    events = sorted([(start, 1) for start, _, _ in spans] + [(end, -1) for _, end, _ in spans])
+    most = now = 0
+    for _, change in events:
+        now += change
+        most = max(most, now)
+    return most
+
+
+def running_tasks(cluster):
+    out = cluster.run("squeue", "-h", "-r", "-t", "running", "-o", "%i").stdout
+    return out.split()
+
+
+@slurm_only
+def test_twelve_runs_four_at_once_each_once_through_a_requeue(slurm, in_tmp, no_leaked_processes):
+    """12 runs of 2 s, one GPU each, max_parallel 4: 4 at once on distinct GPUs; a task requeued
+    mid-sweep (scontrol requeue) is given up and its run runs again; every run's side effect
+    happens once, the sweep exits 0, nothing is left in the queue, and fewer submissions than runs."""
+    path = write_sweep(in_tmp, 12, 2, max_parallel=4)
+    process = gts("run", path, "--plain")
+    journal = in_tmp / "journal"
+    wait_until(lambda: len(journal_lines(journal)) >= 2, timeout=60, message="runs to start")
+    (task, *_) = wait_until(lambda: running_tasks(slurm), timeout=30, message="a running task")
+    slurm.run("scontrol", "requeue", task)
+    output = finish(process, timeout=150)
+    assert process.returncode == 0, output
+    spans, ends = starts_and_ends(journal)
+    assert sorted(ends) == sorted(str(i) for i in range(12)) and set(ends.values()) == {1}, output
+    assert most_at_once(spans) == 4, spans
+    for start, end, gpus in spans:  # runs side by side were on distinct GPUs
+        beside = [g for s, e, g in spans if s < end and e > start]
+        assert len(beside) == len(set(beside)) and gpus in {"0", "1", "2", "3"}, spans
+    rows = ledger_rows(in_tmp / "results")
+    assert {row["status"] for row in rows.values()} == {"succeeded"}
+    requeued = [row for row in rows.values() if row["attempts"] == 2]
+    assert len(requeued) == 1 and "Slurm stopped its job" in output, output
+    assert all(" job " in row["node"] for row in rows.values())  # node and job id, for gts status
+    submissions = output.count("to Slurm as job array")
+    assert 1 < submissions < 12, output  # the sweep, then the requeued run's retry
+    assert not slurm.jobs()
+
+
+@slurm_only
+def test_a_stopped_sweep_leaves_nothing_in_the_queue(slurm, in_tmp, no_leaked_processes):
+    """Ctrl-C: the running tasks get SIGTERM (their runs the grace period), the queued ones are
+    cancelled; the runs are recorded interrupted and no job is left."""
+    path = write_sweep(in_tmp, 6, 60, max_parallel=2)
+    process = gts("run", path, "--plain")
+    wait_until(lambda: len(journal_lines(in_tmp / "journal")) >= 2, timeout=60, message="two runs to start")
+    process.send_signal(signal.SIGINT)
+    output = finish(process, timeout=60)
+    assert process.returncode == 130, output
+    rows = ledger_rows(in_tmp / "results")
+    statuses = sorted(row["status"] for row in rows.values())
+    assert statuses == ["interrupted"] * 6, output
+    assert not slurm.jobs()
+    lines = journal_lines(in_tmp / "journal")  # the two that ran got SIGTERM; the queued ones never started
+    assert [line.split()[0] for line in lines] == ["start", "start"], lines
+
+
+@slurm_only
+def test_detach_then_status_then_a_second_run_follows_the_jobs(slurm, in_tmp, no_leaked_processes):
+    """--detach submits and exits; gts status shows the runs on their jobs; gts run again follows
+    the live jobs (no run twice) and ends when they do."""
+    path = write_sweep(in_tmp, 4, 4, max_parallel=4)
+    process = gts("run", path, "--plain", "--detach")
+    output = finish(process, timeout=60)
+    assert process.returncode == 0, output
+    assert "4 left running on the cluster (detached)" in output, output
+    assert len(slurm.jobs()) == 4
+    wait_until(lambda: len(journal_lines(in_tmp / "journal")) >= 4, timeout=60, message="the runs to start")
+    status = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "status", str(in_tmp / "results"), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    runs = json.loads(status.stdout)["runs"]
+    assert {run["status"] for run in runs} == {"running"}, status.stdout
+    again = gts("run", path, "--plain")
+    output = finish(again, timeout=120)
+    assert again.returncode == 0, output
+    _, ends = starts_and_ends(in_tmp / "journal")
+    assert ends == {str(i): 1 for i in range(4)}, output
+    assert [line.split()[0] for line in journal_lines(in_tmp / "journal")].count("start") == 4
+    assert "following its attempt that is still queued or running" in output, output
+    assert {row["status"] for row in ledger_rows(in_tmp / "results").values()} == {"succeeded"}
+    assert not slurm.jobs()
+
+
+@slurm_only
+def test_the_readme_slurm_config_runs(slurm, in_tmp, no_leaked_processes):
+    """configs/slurm.yaml, as the README shows it, with the partition of the tests' cluster."""
+    config = yaml.safe_load(open(os.path.join(REPO, "configs", "slurm.yaml")))
+    config["scheduler_config"]["result_root_folder"] = str(in_tmp / "results")
+    config["scheduler_config"]["slurm"]["poll_interval"] = 0.5
+    path = in_tmp / "slurm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", str(path), "--partition", "debug", "--plain", "steps=50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    rows = ledger_rows(in_tmp / "results")
+    assert rows and {row["status"] for row in rows.values()} == {"succeeded"}, output
+
+
+@slurm_only
+def test_a_partition_slurm_does_not_have_is_refused_before_anything_runs(slurm, in_tmp):
+    path = write_sweep(in_tmp, 2, 0.1, partition="nosuch")
+    process = gts("run", path, "--plain")
+    output = finish(process, timeout=60)
+    assert process.returncode != 0 and "invalid partition" in output.lower(), output
+    assert not slurm.jobs() and not (in_tmp / "journal").exists()
+
+
+def test_a_root_only_this_machine_sees_is_refused_when_other_nodes_run_the_jobs():
+    assert commands.shared_root_problem("/r", "nfs", ["n1", "n2"], "login") is None
+    assert commands.shared_root_problem("/r", "ext4", ["login"], "login.cluster") is None  # a one-node cluster
+    problem = commands.shared_root_problem("/r", "ext4", ["n1", "login"], "login")
+    assert "ext4 file system, which only this machine sees" in problem and "n1" in problem
+
+
+def test_the_file_system_of_a_path_is_read_from_the_mount_table(tmp_path):
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "22 1 0:21 / / rw - ext4 /dev/sda1 rw\n"
+        "40 22 0:40 / /home rw,relatime - nfs4 server:/home rw\n"
+        "41 22 0:41 / /home/my\\040data rw - lustre x rw\n"
+    )
+    assert commands.file_system_of("/home/me/results", str(table)) == "nfs4"
+    assert commands.file_system_of("/home/my data/r", str(table)) == "lustre"
+    assert commands.file_system_of("/tmp", str(table)) == "ext4"
+
+
+def test_max_parallel_is_shared_across_arrays_oldest_first_never_lowered():
+    main = throttle.Array("1", running=3, pending=5, throttle=4, held=False)
+    retry = throttle.Array("2", running=0, pending=2, throttle=1, held=True)
+    assert throttle.free([main, retry], 4) == 0 and throttle.changes([main, retry], 4) == []  # the retry waits held
+    drained = throttle.Array("1", running=3, pending=0, throttle=4, held=False)  # nothing left to start: uses 3
+    assert throttle.changes([drained, retry], 4) == [throttle.Change("2", throttle=None, held=False)]
+    done = throttle.Array("1", running=1, pending=0, throttle=4, held=False)
+    assert throttle.changes([done, retry], 4) == [throttle.Change("2", throttle=2, held=False)]
+    # A throttle is raised when budget frees up, the oldest array first; never lowered.
+    older = throttle.Array("3", running=2, pending=4, throttle=2, held=False)
+    newer = throttle.Array("4", running=1, pending=4, throttle=1, held=False)
+    assert throttle.changes([older, newer], 5) == [throttle.Change("3", throttle=4)]
+    assert all(change.throttle is None or change.throttle >= 1 for change in throttle.changes([older, newer], 9))
+
+
+def test_throttles_never_add_up_to_more_than_max_parallel():
+    import itertools
+
+    for states in itertools.product(range(3), range(4), [1, 2, 3], [False, True], repeat=2):
+        arrays = [throttle.Array(str(n), *states[4 * n : 4 * n + 4]) for n in range(2)]
+        budget = 3
+        if sum(array.share for array in arrays) > budget:
+            continue  # not a state the driver leads to
+        for change in throttle.changes(arrays, budget):  # lowered only as it is released (held: none of it ran)
+            old = arrays[int(change.job)]
+            assert change.throttle is None or change.throttle >= old.throttle or old.held
+        after = {array.job: array for array in arrays}
+        for change in throttle.changes(arrays, budget):  # applied in order, the sum stays within
+            old = after[change.job]
+            after[change.job] = throttle.Array(
+                old.job,
+                old.running,
+                old.pending,
+                change.throttle if change.throttle is not None else old.throttle,
+                change.held if change.held is not None else old.held,
+            )
+            assert sum(array.share for array in after.values()) <= budget, (arrays, change)
+
+
+def test_slurm_times_and_options_are_checked():
+    assert parse_time("1:00:00") == 3600 and parse_time(30) == 1800 and parse_time("2-0") == 172800
+    assert parse_time("10:30") == 630
+    for bad in ("1h", "", "0", -1, True):
+        with pytest.raises(ValueError):
+            parse_time(bad)
+    with pytest.raises(ConfigError, match="did you mean 'partition'"):
+        parse_scheduler_config({"gpu": "all", "slurm": {"partiton": "gpu"}})
+    with pytest.raises(ConfigError, match=r"\['slurm'\]\['partition'\] must be a Slurm name"):
+        parse_scheduler_config({"gpu": "all", "slurm": {"partition": "gpu; rm -rf /"}})
+    options = parse_scheduler_config({"gpu": "all", "backend": "slurm", "slurm": {"setup": "module load cuda"}})
+    assert options.slurm.setup == ("module load cuda",) and options.slurm.max_queued == 1000
+
+
+def test_squeue_lines_and_task_lists():
+    states = commands.parse_states("5_0|RUNNING|n1|None\n5_1|PENDING||JobArrayTaskLimit\nnoise\n")
+    assert states["5_0"].live and states["5_1"].reason == "JobArrayTaskLimit" and len(states) == 2
+    assert not commands.TaskState("NODE_FAIL", "n1", "").live
+    assert commands.task_list("5", [0, 1, 2, 5, 7, 8]) == "5_[0-2,5,7-8]"
+
+
+@slurm_only
+def test_a_driver_killed_at_random_moments_loses_and_repeats_no_run(slurm, in_tmp, no_leaked_processes):
+    """The kill battery on Slurm: `gts run` is SIGKILLed at random moments (before, during and after
+    its submissions); its tasks run on, and each next `gts run` follows the live ones instead of
+    submitting them again. Every run starts once and ends once; the last start exits 0."""
+    rng = random.Random(int(os.environ.get("GTS_KILL_SEED", "20261125")))
+    path = write_sweep(in_tmp, 12, 0.5, max_parallel=4)
+    journal = in_tmp / "journal"
+    kills = 0
+    for _ in range(8):
+        process = gts("run", path, "--plain")
+        try:
+            process.wait(timeout=rng.uniform(0.2, 2.5))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            kills += 1
+        finish(process)
+    last = gts("run", path, "--plain")
+    output = finish(last, timeout=180)
+    assert last.returncode == 0, output
+    assert kills >= 4, f"only {kills} of 8 starts were killed"
+    words = [line.split()[:2] for line in journal_lines(journal)]
+    for i in range(12):
+        assert words.count(["start", str(i)]) == 1 and words.count(["end", str(i)]) == 1, words
+    assert {row["status"] for row in ledger_rows(in_tmp / "results").values()} == {"succeeded"}
+    assert not slurm.jobs()
+
+
+@slurm_only
+def test_a_root_other_nodes_cannot_see_is_refused_before_anything_is_submitted(slurm, in_tmp, monkeypatch, capsys):
+    """The shared-file-system check at the start, with a partition whose nodes include another machine."""
+    from gpu_task_scheduler.backends.slurm import launcher
+
+    monkeypatch.setattr(launcher.commands, "partition_nodes", lambda partition: ["node7", "vm"])
+    monkeypatch.setattr(launcher.commands, "file_system_of", lambda path: "ext4")
+    path = write_sweep(in_tmp, 2, 0.1)
+    from gpu_task_scheduler.cli.main import main
+
+    assert main(["run", str(path), "--plain"]) == 1
+    assert "ext4 file system, which only this machine sees" in capsys.readouterr().err
+    assert not slurm.jobs() and not (in_tmp / "journal").exists()

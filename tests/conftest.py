@@ -186,5 +186,8 @@ def slurm(slurm_cluster):
     """The cluster, with no job of an earlier test left in it (none may be: each test checks)."""
     yield slurm_cluster
     left = slurm_cluster.jobs()
-    slurm_cluster.cancel_all()
-    assert not left, f"jobs left in Slurm's queue: {left}"
+    if left:  # what they wait for, and the node's state: the reason is in Slurm, not in the test
+        queue = slurm_cluster.run("squeue", "-h", "-r", "-o", "%i %T %r", check=False).stdout
+        node = slurm_cluster.run("sinfo", "-h", "-o", "%T %E", check=False).stdout
+        slurm_cluster.cancel_all()
+        pytest.fail(f"jobs left in Slurm's queue:\n{queue}node: {node}{slurm_cluster.logs()}")

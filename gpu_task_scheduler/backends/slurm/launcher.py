@@ -110,7 +110,8 @@ class SlurmLauncher:
         self._new: list[_Task] = []  # started since the last flush
         self._arrays: dict[str, list[_Task]] = {}  # job -> its tasks by index (submission order)
         self._throttles: dict[str, tuple[int, bool]] = {}  # job -> (its %N, held)
-        self._adoptable: dict[str, tuple[str, dict[str, Any]]] = {}  # run name -> (token, its batch entry)
+        # run name -> (token, its batch entry, its task's state) of an earlier start's live attempts
+        self._adoptable: dict[str, tuple[str, dict[str, Any], TaskState]] = {}
         self._states: dict[str, TaskState] = {}
         self._ids = iter(range(1, 1 << 62))
         self._wake = threading.Event()
@@ -170,9 +171,11 @@ class SlurmLauncher:
         with self._lock:
             left = [task for task in self._tasks.values() if task.job is not None]
             jobs = set(self._arrays)
-        if left:
+            # An earlier start's tasks of runs this start did not run (they had ended meanwhile).
+            stale = [f"{run['job']}_{run['index']}" for _, run, _ in self._adoptable.values()]
+        if left or stale:
             try:
-                commands.cancel(_by_array(left))
+                commands.cancel(_by_array(left) + stale)
             except GTSError as error:
                 logger.warning("could not cancel the sweep's last Slurm tasks: %s", error)
         self._end_following()
@@ -209,12 +212,17 @@ class SlurmLauncher:
         with self._lock:
             adopted = self._adoptable.pop(attempt.spec.name, None)
         if adopted is not None and adopted[0] == attempt.token:
-            run = adopted[1]
+            run, state = adopted[1], adopted[2]
             handle = self._handle(attempt, run, on_exit, on_placed)
             task = _Task(handle, run, batch=run["batch"], job=run["job"], index=run["index"])
             with self._lock:
                 self._tasks[attempt.token] = task
                 self._arrays.setdefault(run["job"], []).append(task)
+                if self._s.max_parallel and run["job"] not in self._throttles:
+                    # Its throttle is not known here: it counts as using all of max_parallel while it has
+                    # tasks to start; a held one (an earlier start's retry) is released as budget frees up.
+                    held = state.state == "PENDING" and state.reason == "JobHeldUser"
+                    self._throttles[run["job"]] = (self._s.max_parallel, held)
             self._wake.set()
             return handle
         try:
@@ -622,8 +630,8 @@ class SlurmLauncher:
 
     def _find_live_tasks(self) -> None:
         """Attempts an earlier start handed to Slurm that are still queued or running there."""
-        for run, _ in live_tasks(self._root):
-            self._adoptable[run["name"]] = (run["token"], run)
+        for run, state in live_tasks(self._root):
+            self._adoptable[run["name"]] = (run["token"], run, state)
         if self._adoptable:
             found = len(self._adoptable)
             logger.info("Slurm: %d run(s) of an earlier start are still queued or running: followed", found)

@@ -132,7 +132,10 @@ def smtp_server():
     thread.join()
 
 
-# Ray: the tests that use it run in one pytest worker (xdist_group "ray", with --dist loadgroup),
+# Ray and Slurm: the tests that use either run in one pytest worker (xdist_group "clusters", with
+# --dist loadgroup), never side by side: with Ray's tests running in another process, the test
+# Slurm lost the slurmstepd of 2 of 19 batch steps (killed from outside, without a word in slurmd's
+# log; this machine's pid_max is 32768, and the likeliest killer is a pid Ray had recorded, reused).
 # which starts one Ray instance of 4 declared GPUs for all of them, on this machine only.
 RAY_GPUS = 4
 
@@ -153,8 +156,8 @@ def ray_instance():
     ray.shutdown()
 
 
-# Slurm: the tests that use it run in one pytest worker (xdist_group "slurm"), which starts one
-# Slurm cluster of its own (slurm_cluster.py: one node, 4 GPUs as GRES) for all of them.
+# Slurm: that worker starts one Slurm cluster of its own (slurm_cluster.py: one node, 4 GPUs as GRES)
+# for all of them.
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """The tests' own one-node Slurm cluster, found by clients through SLURM_CONF; every job of it
@@ -189,5 +192,9 @@ def slurm(slurm_cluster):
     if left:  # what they wait for, and the node's state: the reason is in Slurm, not in the test
         queue = slurm_cluster.run("squeue", "-h", "-r", "-o", "%i %T %r", check=False).stdout
         node = slurm_cluster.run("sinfo", "-h", "-o", "%T %E", check=False).stdout
+        import subprocess
+
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,etime,args"], capture_output=True, text=True).stdout
+        jobs = "\n".join(line[:200] for line in ps.splitlines() if "slurm" in line or "gpu_task" in line)
         slurm_cluster.cancel_all()
-        pytest.fail(f"jobs left in Slurm's queue:\n{queue}node: {node}{slurm_cluster.logs()}")
+        pytest.fail(f"jobs left in Slurm's queue:\n{queue}node: {node}{slurm_cluster.logs()}\n{jobs}")

@@ -87,8 +87,8 @@ def run_sweep(backend, config, hooks=None):
 BACKENDS = [
     "local",
     "fake",
-    pytest.param("ray", marks=[pytest.mark.xdist_group("ray")]),
-    pytest.param("slurm", marks=[pytest.mark.xdist_group("slurm")]),
+    pytest.param("ray", marks=[pytest.mark.xdist_group("clusters")]),
+    pytest.param("slurm", marks=[pytest.mark.xdist_group("clusters")]),
 ]
 
 
@@ -233,7 +233,7 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
 
 # --- machines that go away (backends whose runs run on machines the scheduler does not own) -----------
 
-CLUSTER_BACKENDS = [pytest.param("ray", marks=[pytest.mark.xdist_group("ray")])]
+CLUSTER_BACKENDS = [pytest.param("ray", marks=[pytest.mark.xdist_group("clusters")])]
 
 
 @pytest.mark.parametrize("backend", CLUSTER_BACKENDS)

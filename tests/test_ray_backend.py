@@ -24,7 +24,7 @@ from gpu_task_scheduler.errors import ConfigError
 from gpu_task_scheduler.sweep.expand import Sweep
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = pytest.mark.xdist_group("clusters")
 NODE = re.compile(r"^\d+\.\d+\.\d+\.\d+/[0-9a-f]{8}$")
 
 

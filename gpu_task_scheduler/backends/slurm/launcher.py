@@ -72,6 +72,7 @@ END_LAG = 2  # squeue looks after a task's end before its missing end file means
 SIGNAL_LEAD_MIN = 60.0  # Slurm sends --signal with a resolution of a minute
 REAP_WAIT = 120.0  # seconds a killed attempt's end is waited for when the sweep is given up
 CLOSE_WAIT = 60.0  # seconds the sweep's end waits for Slurm to be done with its tasks
+SETTLE = 5.0  # ... of which a task that ended may stay listed before it is cancelled
 
 
 @dataclass
@@ -179,13 +180,20 @@ class SlurmLauncher:
             except GTSError as error:
                 logger.warning("could not cancel the sweep's last Slurm tasks: %s", error)
         self._end_following()
-        # A task that reported its end is still COMPLETING for a moment: the sweep returns once
-        # Slurm is done with every task of it.
+        # A task that reported its end is still COMPLETING for a moment: the sweep returns once Slurm
+        # is done with every task of it. One still listed a while later is cancelled: its run has
+        # ended (in the test suite, Slurm 22.05 now and then kept such a task RUNNING for good, its
+        # step gone without a word to slurmctld).
+        cancelled = False
         deadline = time.monotonic() + CLOSE_WAIT
         try:
-            while (live := [name for name, state in commands.states(jobs).items() if state.live]) and (
-                time.monotonic() < deadline
-            ):
+            while live := [name for name, state in commands.states(jobs).items() if state.live]:
+                if time.monotonic() >= deadline:
+                    break
+                if not cancelled and time.monotonic() >= deadline - CLOSE_WAIT + SETTLE:
+                    logger.info("Slurm still lists %d ended task(s) of the sweep; cancelling them", len(live))
+                    commands.cancel(live)
+                    cancelled = True
                 time.sleep(0.2)
         except GTSError as error:
             live = [str(error)]

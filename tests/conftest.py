@@ -136,7 +136,7 @@ def smtp_server():
 # --dist loadgroup), never side by side: with Ray's tests running in another process, the test
 # Slurm lost the slurmstepd of 2 of 19 batch steps (killed from outside, without a word in slurmd's
 # log; this machine's pid_max is 32768, and the likeliest killer is a pid Ray had recorded, reused).
-# which starts one Ray instance of 4 declared GPUs for all of them, on this machine only.
+# Ray: that worker starts one Ray instance of 4 declared GPUs for all of them, on this machine only.
 RAY_GPUS = 4
 
 

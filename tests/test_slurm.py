@@ -385,3 +385,34 @@ def test_a_node_that_cannot_read_the_batch_file_says_why(tmp_path):
     task = _task(tmp_path / "elsewhere" / "batch.json")
     output = finish(task)
     assert task.returncode == 2 and "must be on a file system every node sees" in output, output
+
+
+@slurm_only
+def test_a_run_the_early_stop_rule_stops_on_slurm_is_pruned(slurm, in_tmp, no_leaked_processes):
+    """ASHA on Slurm, in an order Slurm cannot change (max_parallel 1): the good run reports its rungs
+    first; the bad one is stopped at its first rung through its folder, as locally, and recorded pruned."""
+    import gts_test_tasks as tasks
+
+    from gpu_task_scheduler import GPUTaskScheduler
+    from gpu_task_scheduler.records.status import RunStatus
+
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu"],
+            "result_root_folder": str(in_tmp / "r"),
+            "backend": "slurm",
+            "grace_period": 30,
+            "slurm": {"max_parallel": 1, "poll_interval": 0.5},
+        },
+        "test_config": [
+            {"loss": [0.1], "report": [3], "pause": [0.01]},
+            {"loss": [0.9], "report": [200], "pause": [0.1]},
+        ],
+        "early_stop": {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 200},
+    }
+    summary = GPUTaskScheduler(config, tasks.ContractTask).start()
+    assert summary.exit_code == 0, summary.report()
+    pruned = summary.outcomes["loss-0.9,pause-0.1,report-200,"]
+    assert pruned.status is RunStatus.PRUNED and pruned.cause.startswith("pruned at step 1: loss 0.9"), pruned
+    assert pruned.duration < 15  # stopped at its first rung, not after its 200 reports (20 s)
+    assert not slurm.jobs()

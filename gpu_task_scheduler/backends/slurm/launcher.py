@@ -412,8 +412,8 @@ class SlurmLauncher:
                 self._new = [other for other in self._new if other is not task]
             self._finish(task, Ended(returncode=-15 if task.asked == "TERM" else -9))
         asked = [task for task in asked if task.job is not None]
-        queued = [task for task in asked if task.placed < 0]
-        running = [task for task in asked if task.placed >= 0]
+        queued = [task for task in asked if task.placed < 0 and not task.ran]
+        running = [task for task in asked if task.placed >= 0 or task.ran]
         try:
             commands.cancel(_by_array(queued))  # not started: taken out of the queue (killed, if it just started)
             # A stop: SIGTERM to all of it (the supervisor stops its run with the grace period). A kill:
@@ -540,7 +540,10 @@ class SlurmLauncher:
     def _ended_without_end_file(self, task: _Task, state: TaskState | None) -> None:
         words = "is no longer known to Slurm" if state is None else f"ended {state.state}"
         if task.asked:
-            self._lose(task, f"its job {task.name} {words}", lost=False)
+            # Stopped as asked. Slurm saying the job ended means its processes are gone (it says so
+            # once it has killed them): no lease to wait for, unless Slurm lost its node or forgot it.
+            confirmed = state is not None and state.state not in ("NODE_FAIL", "BOOT_FAIL")
+            self._lose(task, f"its job {task.name} {words}", lost=False, wait=not confirmed)
         elif task.placed >= 0 or state is None or state.state not in ("COMPLETED", "FAILED", "OUT_OF_MEMORY"):
             self._lose(task, f"its job {task.name} {words} before its run reported an end")
         else:  # the batch script failed before the run started: the setup lines, say

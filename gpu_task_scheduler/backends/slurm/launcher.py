@@ -87,6 +87,7 @@ class _Task:
     placed: int = -1  # the incarnation (restart count) whose start was seen; -1: not started
     gone_looks: int = 0  # squeue looks since its task was seen over without an end file
     ran: bool = False  # squeue saw it started (a later PENDING is a requeue)
+    held_end: dict[str, Any] | None = None  # a failed run's end, until squeue says whether Slurm killed it
     asked: str | None = None  # "TERM" or "KILL" once the engine asked
     sent: set[str] = field(default_factory=set)
 
@@ -482,6 +483,15 @@ class SlurmLauncher:
         if record.get("signalled") and not task.asked and not record.get("limit"):
             self._lose(task, f"Slurm stopped its job {task.name} (a preemption, a requeue, or a cancel outside gts)")
             return
+        if record.get("returncode") != 0 and not task.asked and not record.get("limit") and task.held_end is None:
+            # A run that failed may have been killed by Slurm (a requeue signals every process of the
+            # job, the run's SIGTERM can come before its supervisor's): squeue says, at once.
+            task.held_end = record
+            self._next_look = 0.0
+            return
+        self._end(task, record)
+
+    def _end(self, task: _Task, record: dict[str, Any]) -> None:
         fenced = record.get("fenced")
         limit = record.get("limit")
         self._finish(
@@ -518,6 +528,9 @@ class SlurmLauncher:
             if task.handle.has_exited() or task.handle.fencing:
                 continue
             state = states.get(task.name)
+            if task.held_end is not None:  # a failed run: was it Slurm's doing?
+                self._failed_or_lost(task, state)
+                continue
             if state is not None and state.live:
                 task.gone_looks = 0
                 queued = state.state in ("PENDING", "REQUEUED")
@@ -536,6 +549,20 @@ class SlurmLauncher:
         self._say_waiting(waiting)
         if self._s.max_parallel:
             self._apply_throttles()
+
+    def _failed_or_lost(self, task: _Task, state: TaskState | None) -> None:
+        """A run ended with a failure that its supervisor did not see a signal for: Slurm's state of
+        its task says whether Slurm requeued, preempted or cancelled it (lost: it runs again) or
+        the run failed by itself."""
+        assert task.held_end is not None
+        killed = ("PENDING", "REQUEUED", "PREEMPTED", "NODE_FAIL", "CANCELLED", "BOOT_FAIL")
+        if state is not None and state.state in killed:
+            why = "requeued" if state.state in ("PENDING", "REQUEUED") else state.state.lower().replace("_", " ")
+            self._lose(task, f"Slurm {why} its job {task.name} while its run ran")
+        elif state is not None and state.live and task.gone_looks < END_LAG:
+            task.gone_looks += 1  # still finishing: look again
+        else:
+            self._end(task, task.held_end)
 
     def _ended_without_end_file(self, task: _Task, state: TaskState | None) -> None:
         words = "is no longer known to Slurm" if state is None else f"ended {state.state}"

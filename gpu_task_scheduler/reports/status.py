@@ -96,7 +96,7 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     waiting = ledger.get_meta("waiting") or None
     ledger.warn_problems(json_fields=False)  # status shows no result or parameters
     running, holder = scheduler_state(root)
-    on_slurm = _detached_on_slurm(root) if running is False else 0
+    on_slurm = detached_on_slurm(root) if running is False else 0
     counts = {status.value: 0 for status in RunStatus}
     counts[STALE] = 0
     stages: dict[str, dict[str, int]] = {}
@@ -135,11 +135,35 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     return report, recorded, entries
 
 
-def _detached_on_slurm(root: str) -> int:
+def running_is_stale(root: str) -> bool:
+    """Whether the runs this root records as running are stale: no scheduler holds the root, and
+    no detached sweep's tasks run them on Slurm. The web view asks the same as ``gts status``."""
+    from ..records.ledger import scheduler_state
+
+    return scheduler_state(root)[0] is False and not detached_on_slurm(root)
+
+
+SLURM_ASKED_EVERY = 5.0  # seconds one root's answer from squeue is reused (a web view asks every second)
+_slurm_answers: dict[str, tuple[float, int]] = {}
+
+
+def detached_on_slurm(root: str) -> int:
     """How many runs of this root a detached sweep left queued or running on Slurm (its tasks,
     asked of squeue): they are running, not stale."""
     if not os.path.isdir(os.path.join(root, META, "slurm")):
         return 0
+    asked = _slurm_answers.get(root)
+    if asked is not None and time.monotonic() - asked[0] < SLURM_ASKED_EVERY:
+        return asked[1]
+    from ..backends.slurm.launcher import live_tasks
+
+    try:
+        live = len(live_tasks(root))
+    except GTSError as error:
+        logger.warning("cannot ask Slurm about the runs of %s: %s", root, error)
+        live = 0
+    _slurm_answers[root] = (time.monotonic(), live)
+    return live
     from ..backends.slurm.launcher import live_tasks
 
     try:

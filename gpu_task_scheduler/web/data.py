@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from ..records.ledger import RunRecord, RunStatus, scheduler_state
+from ..records.ledger import RunRecord, RunStatus
 from ..records.metrics import read_all
 from ..records.paths import RunPaths, UnsafePathError, read_json
-from ..reports.status import STALE, eta, status
+from ..reports.status import STALE, eta, running_is_stale, status
 from ..results import declared_modes, open_ledger, row_of
 
 PAGE_MOST = 500  # runs one page may ask for
@@ -92,7 +92,7 @@ def runs_page(
     unknown = [state for state in states if state not in known]
     if unknown:
         raise ConfigError(f"unknown state {unknown[0]!r}; states: {', '.join(sorted(known))}")
-    stale = scheduler_state(root)[0] is False  # runs recorded as running are stale then
+    stale = running_is_stale(root)
     if STALE in states:  # stale runs are recorded as running
         states = [state for state in states if state != STALE] + (["running"] if stale else [])
     ledger = open_ledger(root)
@@ -203,7 +203,7 @@ def timeline(root: str, *, most: int = TIMELINE_MOST) -> dict[str, Any]:
     "end"}], "total"}``."""
     import time
 
-    stale = scheduler_state(root)[0] is False
+    stale = running_is_stale(root)
     ledger = open_ledger(root)
     try:
         total, records = ledger.page(key="started", descending=True, limit=most)

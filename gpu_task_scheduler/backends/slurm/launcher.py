@@ -121,7 +121,8 @@ class SlurmLauncher:
         self._follower: threading.Thread | None = None
         self._next_look = 0.0
         self._array_size = 1001
-        self._said: str | None = None
+        self._said: str | None = None  # the last error squeue gave (said once)
+        self._waiting_words = ""  # why tasks wait in Slurm's queue, as last logged
         self.submissions = 0  # sbatch calls that queued runs (the tests count them)
         self.runs_at_once = self._s.max_parallel or self._s.max_queued  # what a search asks ahead
         self.slots_are_queue_places = True  # the engine logs no "slotN finished" for each
@@ -584,7 +585,7 @@ class SlurmLauncher:
 
     def _say_waiting(self, waiting: dict[str, int]) -> None:
         words = ", ".join(f"{count} pending ({reason})" for reason, count in sorted(waiting.items()))
-        if words and words != getattr(self, "_waiting_words", None):
+        if words and words != self._waiting_words:
             logger.info("Slurm: %s", words)
         self._waiting_words = words
 
@@ -656,8 +657,8 @@ class SlurmLauncher:
             self._tasks.pop(handle.token, None)
             handle.ended = ended
             handle.over.set()
-        files = [f"{handle.token}.{n}.{kind}" for n in range(task.placed + 1) for kind in ("start", "end")]
-        for name in [f"{handle.token}.abandoned", f"{handle.token}.0.end", *files]:
+        files = [f"{handle.token}.{n}.{kind}" for n in range(max(task.placed, 0) + 1) for kind in ("start", "end")]
+        for name in [f"{handle.token}.abandoned", *files]:
             try:
                 os.unlink(os.path.join(self._events, name))
             except OSError:

@@ -2,6 +2,7 @@
 
     python bench/suite.py                 # every workload, medians of 3 (a few minutes)
     python bench/suite.py --repeat 1 --only W1 W2
+    python bench/suite.py --before v0.2.0 # gts at that git revision too, side by side ("@v0.2.0")
 
 Every job is ``bench/probe.sh``: it appends its id, start, end and CUDA_VISIBLE_DEVICES
 to a log, so each tool is measured the same way, from what its jobs saw:
@@ -17,6 +18,11 @@ GNU parallel (its slot number picks the GPU id; installed with apt where we may)
 (``ray.remote(num_gpus=1)``, workers reused; skipped where it does not install), and a
 minimal waitpid loop, the floor. Ratios are ours / peer (above 1: we are faster for jobs/s,
 we are slower for makespan and gaps).
+
+gts runs from this checkout (``--before REV``: also from REV, exported with ``git archive``), its
+modules compiled to bytecode first, as an installed package has them: an interpreter that may
+not write ``__pycache__`` (``PYTHONDONTWRITEBYTECODE``) would otherwise compile every module at
+each start, which no installed gts does.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import time
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CHECKOUT = os.path.dirname(HERE)
 PROBE = os.path.join(HERE, "probe.sh")
 PEERS = os.path.join(HERE, ".peers")
 GPUS4 = ["0", "1", "2", "3"]
@@ -91,6 +98,22 @@ def pip_peer(package: str, module: str) -> str | None:
         if subprocess.run(probe, env=env, capture_output=True).returncode != 0:
             return None
     return target
+
+
+def gts_tree(revision: str | None, into: str) -> str:
+    """The folder holding the gpu_task_scheduler package of ``revision`` (None: this checkout),
+    its modules compiled."""
+    tree = CHECKOUT
+    if revision is not None:
+        tree = os.path.join(into, revision.replace("/", "_"))
+        os.makedirs(tree)
+        archive = subprocess.run(
+            ["git", "-C", CHECKOUT, "archive", revision, "gpu_task_scheduler"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    package = os.path.join(tree, "gpu_task_scheduler")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", package], stdout=subprocess.DEVNULL, check=True)
+    return tree
 
 
 def gnu_parallel() -> str | None:
@@ -151,6 +174,10 @@ def tool_argv(tool: str, work: Workload, folder: str, lines: list[str], peers: d
     """The command line that runs the workload with ``tool``, and its environment."""
     env = dict(os.environ)
     gts = [sys.executable, "-m", "gpu_task_scheduler"]
+    if tool.startswith("gts"):  # "gts queue" runs this checkout, "gts queue @REV" the tree of REV
+        tool, _, revision = tool.partition(" @")
+        tree = peers["trees"][revision or None]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     if tool == "gts queue":
         return gts + ["queue", "--gpus", *work.slots, "--log-dir", os.path.join(folder, "q")], env
     if tool.startswith("gts run") and work.name == "W5":
@@ -168,7 +195,7 @@ def tool_argv(tool: str, work: Workload, folder: str, lines: list[str], peers: d
         path = os.path.join(folder, "sweep.json")
         with open(path, "w") as handle:
             json.dump(config, handle)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], HERE])
         return gts + ["run", path, "--plain"], env
     if tool == "gts run":
         config = {
@@ -207,7 +234,7 @@ def run_once(tool: str, work: Workload, peers: dict) -> dict | None:
         log = os.path.join(folder, "jobs.log")
         lines = command_lines(log, work.seconds)
         argv, env = tool_argv(tool, work, folder, lines, peers)
-        feed = "" if tool == "gts run" else "\n".join(lines) + "\n"
+        feed = "" if tool.startswith("gts run") else "\n".join(lines) + "\n"
         launched = time.time()
         with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: nothing blocks on a full pipe
             process = subprocess.Popen(
@@ -288,6 +315,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and workload (the median is shown)")
     parser.add_argument("--only", nargs="+", metavar="W", help="workloads to run (W1 ... W4)")
     parser.add_argument("--tools", nargs="+", metavar="TOOL", help="tools to run (default: all that install)")
+    parser.add_argument("--before", metavar="REV", help="also measure gts as it was at this git revision")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each table as it is measured, also into a file
     peers = {
@@ -295,6 +323,10 @@ def main() -> None:
         "GNU parallel": gnu_parallel(),
         "Ray": pip_peer("ray", "ray"),
     }
+    trees_dir = tempfile.mkdtemp(prefix="gts-bench-trees-")
+    peers["trees"] = {None: gts_tree(None, trees_dir)}
+    if args.before:
+        peers["trees"][args.before] = gts_tree(args.before, trees_dir)
     for name, found in peers.items():
         if found is None:
             print(f"({name} is not available: left out)", file=sys.stderr)
@@ -305,6 +337,8 @@ def main() -> None:
         if args.only and work.name not in args.only:
             continue
         tools = [t for t in work.tools if peers.get(t, True) and (not args.tools or t in args.tools)]
+        if args.before:  # each gts tool as it was, beside it
+            tools = [v for t in tools for v in ([t, f"{t} @{args.before}"] if t.startswith("gts") else [t])]
         if "waitpid floor" not in tools:
             tools.append("waitpid floor")
         rows = {}
@@ -315,12 +349,12 @@ def main() -> None:
         floor_cpu = rows["waitpid floor"]["cpu"] if "waitpid floor" in rows else 0.0
         jobs = len(work.seconds)
         print(f"{work.name}: {work.what}")
-        print(f"  {'tool':<22}" + "".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in COLUMNS))
+        print(f"  {'tool':<30}" + "".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in COLUMNS))
         for tool, row in rows.items():
             row["cpu/job"] = (row["cpu"] - floor_cpu) / jobs * 1000 if tool != "Ray" else float("nan")
             cells = "".join(fmt.format(row[name]) for name, fmt in COLUMNS)
             note = "  " + "; ".join(row["problems"]) if row["problems"] else ""
-            print(f"  {tool:<22}{cells}{note}")
+            print(f"  {tool:<30}{cells}{note}")
         if work.name == "W5":
             relaunch = relaunch_seconds() * 1000
             print(f"  a bare relaunch (the interpreter and the task's imports) takes {relaunch:.0f} ms")
@@ -328,10 +362,18 @@ def main() -> None:
                 median = rows[tool]["gap median"]
                 print(f"  {tool}: median gap {median:.1f} ms = {median / relaunch:.2f} x a bare relaunch")
         ours = [t for t in rows if t.startswith("gts")]
+        for mine in (t for t in ours if args.before and " @" not in t):
+            ratios = [
+                f"{name} {rows[f'{mine} @{args.before}'][name] / rows[mine][name]:.2f}x"
+                for name in ("makespan", "first", "gap", "cpu")
+                if f"{mine} @{args.before}" in rows and rows[mine][name] > 0
+            ]
+            print(f"  {mine}: before / now: " + ", ".join(ratios))
         for mine in ours:
             ratios = [f"{peer} {rows[mine]['jobs/s'] / rows[peer]['jobs/s']:.2f}" for peer in rows if peer not in ours]
             print(f"  {mine} jobs/s / peer's: " + ", ".join(ratios))
         print()
+    shutil.rmtree(trees_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

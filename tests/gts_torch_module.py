@@ -4,9 +4,11 @@ pre-warming test (``test_real_gpu.py``) times runs started warm against fresh on
 import os
 import time
 
-import torch
+IMPORT_BEGAN = time.time()  # before torch: a pre-warmed runner imports it while the run before works
 
-from gpu_task_scheduler import GPUTask
+import torch  # noqa: E402
+
+from gpu_task_scheduler import GPUTask  # noqa: E402
 
 IMPORTED_AT = time.time()
 
@@ -21,4 +23,11 @@ class ShortTorchTask(GPUTask):
         total = int(block[:1024].sum().item())
         del block
         torch.cuda.empty_cache()
-        return {"pid": os.getpid(), "imported_at": IMPORTED_AT, "started": started, "ended": time.time(), "sum": total}
+        return {
+            "pid": os.getpid(),
+            "import_began": IMPORT_BEGAN,
+            "imported_at": IMPORTED_AT,
+            "started": started,
+            "ended": time.time(),
+            "sum": total,
+        }

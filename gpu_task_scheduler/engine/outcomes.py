@@ -40,13 +40,14 @@ class Exit:
     facts: ExitFacts
     outcome: Outcome | None
     tail: str
+    folder_problem: str | None  # paths.unsafe(), read with facts.unsafe (its records-only part)
 
 
 def read_exit(
     paths: RunPaths, token: str, ended: Ended, *, reports_outcome: bool, stopped: tuple[RunStatus, str] | None
 ) -> Exit:
     """Read the run's outcome file and log tail, unless the run planted a link where our records go."""
-    unsafe = paths.unsafe(records_only=True)
+    unsafe, folder_problem = paths.problems()
     outcome = Outcome.read(paths.outcome, token=token) if unsafe is None else None
     tail = paths.tail()
     facts = ExitFacts(
@@ -60,7 +61,7 @@ def read_exit(
         unstoppable=ended.unstoppable,
         lost=ended.lost,
     )
-    return Exit(facts, outcome, tail)
+    return Exit(facts, outcome, tail, folder_problem)
 
 
 class Records:
@@ -243,14 +244,14 @@ class Records:
         )
         result_file = exit.outcome.large_result_file if returned and exit.outcome else None
         metrics = None
-        if paths.unsafe(records_only=True) is None:  # what it reported as it trained, within bounds
+        if exit.facts.unsafe is None:  # what it reported as it trained, within bounds
             reader = read_all(paths.metrics)
             metrics = reader.summary_json()
             if reader.problem is not None:
                 logger.warning("%s reported metrics the scheduler skips: %s", spec.name, reader.problem)
         result = None if end.result is None else json.dumps(end.result)
         if result is None and end.status in (RunStatus.SUCCEEDED, RunStatus.PRUNED) and not result_file:
-            result = own_result(paths)
+            result = own_result(paths, safe=exit.folder_problem is None)
         self.ledger.finish(
             spec.name,
             end.status,
@@ -292,12 +293,12 @@ class Records:
         return record
 
 
-def own_result(paths: RunPaths) -> str | None:
+def own_result(paths: RunPaths, *, safe: bool) -> str | None:
     """A run that returned nothing (a command) and left a ``result.json`` in its folder: that
     result as the ledger keeps it, so that SQLite can rank runs by it (``gts results --top``, the
     web view) as it ranks returned results. None when there is none, it is over
     MAX_INLINE_RESULT bytes (it stays the file's, read as before), or not JSON."""
-    if paths.unsafe() is not None:
+    if not safe:  # the run folder holds a link or a non-regular file (RunPaths.unsafe)
         return None
     value = read_json(os.path.join(paths.work_dir, RESULT_FILE), limit=MAX_INLINE_RESULT)
     if value is None:

@@ -303,12 +303,21 @@ class RunPaths:
         a symbolic link, or a non-regular file, where our folders and files
         go. None when it is safe (missing paths are safe: we create them).
         ``records_only``: only what reading the run's outcome goes through."""
+        records_problem, problem = self.problems(records_only=records_only)
+        return records_problem if records_only else problem
+
+    def problems(self, *, records_only: bool = False) -> tuple[str | None, str | None]:
+        """``unsafe(records_only=True)`` and ``unsafe()`` in one pass (a run's end needs both)."""
+        checks = [(self.work_dir, True), (self.meta, True), (self.outcome, False)]  # the records' first
+        for path, want_dir in checks:
+            problem = _kind_problem(path, want_dir)
+            if problem is not None:
+                return problem, problem
         if records_only:
-            folders, files = [self.work_dir, self.meta], [self.outcome]
-        else:
-            folders = [self.work_dir, self.meta, self.old_logs]
-            files = [self.config, self.task, self.spec, self.outcome, self.metrics, self.pruned, self.judged]
-        if self.log and not records_only:
+            return None, None
+        folders = [self.old_logs]
+        files = [self.config, self.task, self.spec, self.metrics, self.pruned, self.judged]
+        if self.log:
             relative = os.path.relpath(self.log, self.work_dir)
             parts = relative.split(os.sep)
             folders += [os.path.join(self.work_dir, *parts[:i]) for i in range(1, len(parts))]
@@ -316,8 +325,8 @@ class RunPaths:
         for path, want_dir in [(f, True) for f in folders] + [(f, False) for f in files]:
             problem = _kind_problem(path, want_dir)
             if problem is not None:
-                return problem
-        return None
+                return None, problem
+        return None, None
 
     def exists(self) -> bool:
         """The run folder is there, as a real folder (a symbolic link does not count)."""

@@ -23,7 +23,7 @@ from ...engine.launcher import Attempt, LaunchError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
-from ...records.paths import RunPaths, atomic_write, atomic_write_json, open_regular
+from ...records.paths import RunPaths, atomic_write, open_regular
 from ...records.protocol import RunStart
 from ...reporting import JUDGED_ENV, METRICS_ENV, PRUNE_ENV, RUNGS_ENV
 from ...sweep.expand import RunSpec
@@ -234,16 +234,29 @@ def _rotate_log(paths: RunPaths, attempt: int) -> None:
             os.replace(current, old)
 
 
-def prepare(
-    *,
-    spec: RunSpec,
-    slot: Slot,
-    make_task: TaskFactory,
-    paths: RunPaths,
-    token: str,
-    attempt: int,
-    python: str = sys.executable,
-) -> Launch:
+def _prepare_folder(spec: RunSpec, paths: RunPaths, attempt: int) -> None:
+    """The run folder, ready for this attempt: its records folder, nothing of an earlier attempt's
+    end, its config. A folder this call creates holds nothing yet, so nothing in it is checked,
+    removed or set aside (two mkdirs and one file: the common case, a run's first attempt); one
+    that was there is checked for links first and cleared of what an earlier attempt left."""
+    config = json.dumps(to_jsonable(spec.config), indent=1, sort_keys=True).encode("utf-8")
+    try:
+        try:
+            os.mkdir(paths.work_dir)
+        except (FileExistsError, FileNotFoundError):  # there already, or its parent is missing
+            fresh = False
+        else:
+            fresh = True
+            os.mkdir(paths.meta)
+            if paths.log and os.path.dirname(paths.log) != paths.work_dir:  # a log_file in a subfolder
+                os.makedirs(os.path.dirname(paths.log), exist_ok=True)
+            fd = os.open(paths.config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as handle:  # informational: no rename needed in a folder no one knew
+                handle.write(config)
+    except OSError as error:
+        raise LaunchError(f"could not prepare the run folder: {error}") from error
+    if fresh:
+        return
     problem = paths.unsafe()
     if problem is not None:
         raise LaunchError(f"the run folder is not safe to use: {problem}")
@@ -257,9 +270,25 @@ def prepare(
         _rotate_log(paths, attempt)
         if paths.log and os.path.dirname(paths.log) != paths.work_dir:  # a log_file in a subfolder
             os.makedirs(os.path.dirname(paths.log), exist_ok=True)
-        atomic_write_json(paths.config, to_jsonable(spec.config), durable=False)  # informational
+        atomic_write(paths.config, config, durable=False)  # informational
     except OSError as error:
         raise LaunchError(f"could not prepare the run folder: {error}") from error
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def prepare(
+    *,
+    spec: RunSpec,
+    slot: Slot,
+    make_task: TaskFactory,
+    paths: RunPaths,
+    token: str,
+    attempt: int,
+    python: str = sys.executable,
+) -> Launch:
+    _prepare_folder(spec, paths, attempt)
     task_name = getattr(make_task, "__name__", "the task")
     try:
         task = make_task(spec)

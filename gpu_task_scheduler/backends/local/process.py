@@ -90,6 +90,11 @@ def _pgid(pid: int) -> int | None:
 class Child:
     """A running child process, leader of its own process group."""
 
+    # The sessions of this process's children that are not reaped yet (each child leads one, with
+    # its pid as the session's id, which stays ours until the child is reaped): a scan for one
+    # run's processes skips what is plainly another's (proctree.run_processes).
+    _sessions: set[int] = set()
+
     def __init__(
         self,
         argv: Sequence[str],
@@ -151,6 +156,7 @@ class Child:
         finally:
             os.close(read_end)
             log.close()
+        Child._sessions.add(self.pid)
         self._since = start_time(self.pid)
         self._spawned = time.monotonic()
         self._returncode: int | None = None
@@ -197,6 +203,7 @@ class Child:
             since=self._since,
             exclude=(self.pid,),
             above=self.pid - 1 if recent else 0,
+            other_sessions=Child._sessions - {self.pid},
         )
 
     def _outside_group(self) -> list[int]:
@@ -244,6 +251,7 @@ class Child:
         The run's first process is reaped last: until then its pid, which is
         also the id of the run's session, cannot be taken by another process."""
         self.kill()
+        Child._sessions.discard(self.pid)  # from here on, its pid may be another process's
         returncode = self._wait()
         if self._watcher is not None:
             self._watcher.join()

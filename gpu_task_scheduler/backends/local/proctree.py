@@ -26,17 +26,28 @@ import os
 import select
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 TOKEN_ENV = "GTS_RUN_TOKEN"
 _PROC = "/proc"
 
 
+def _read(path: str) -> bytes:
+    """A small /proc file's content (unbuffered: one open, reads, one close); OSError if it is gone."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _stat(pid: int) -> tuple[int, int, int, str] | None:
     """``(ppid, session, start time in ticks, state)`` of a process, or None if it is gone."""
     try:
-        with open(f"{_PROC}/{pid}/stat", "rb") as handle:
-            data = handle.read()
+        data = _read(f"{_PROC}/{pid}/stat")
     except OSError:
         return None
     fields = data.rsplit(b")", 1)[-1].split()
@@ -53,8 +64,7 @@ def start_time(pid: int) -> int | None:
 
 def _environ(pid: int) -> list[bytes]:
     try:
-        with open(f"{_PROC}/{pid}/environ", "rb") as handle:
-            return handle.read().split(b"\0")
+        return _read(f"{_PROC}/{pid}/environ").split(b"\0")
     except OSError:
         return []
 
@@ -82,12 +92,22 @@ def last_pid() -> int | None:
 
 
 def run_processes(
-    *, token: str, session: int, since: int | None, exclude: Iterable[int] = (), above: int = 0
+    *,
+    token: str,
+    session: int,
+    since: int | None,
+    exclude: Iterable[int] = (),
+    above: int = 0,
+    other_sessions: Container[int] = (),
 ) -> list[int]:
     """Live processes of one run: in its session, carrying its token, or descended from either.
 
     ``since``: the start time (ticks) of the run's first process; older processes are skipped.
     ``above``: only pids above this one can be the run's (see the module's notes).
+    ``other_sessions``: the sessions of other live runs. A process in one of them is that run's
+    (no process can join a session it did not start, and a run's first process leads its own), so
+    its environment is not read: with many short runs at once, most processes started since this
+    run's first are theirs.
     """
     skip = set(exclude) | {os.getpid()}
     needle = f"{TOKEN_ENV}={token}".encode()
@@ -103,7 +123,7 @@ def run_processes(
         if since is not None and started < since:
             continue
         parents[pid] = ppid
-        if sid == session or needle in _environ(pid):
+        if sid == session or (sid not in other_sessions and needle in _environ(pid)):
             found.add(pid)
     changed = True
     while changed:  # children of what we found (a daemon that cleared its environment)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-import lazy_object_proxy
-
 __all__ = ["lazy_import"]
 
 
@@ -28,4 +26,6 @@ def lazy_import(name: str) -> ModuleType:
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"lazy_import() needs a module name such as 'torch', got {name!r}")
+    import lazy_object_proxy  # here, not at the top: it imports inspect (10 ms), which few starts need
+
     return lazy_object_proxy.Proxy(lambda: importlib.import_module(name))

@@ -26,6 +26,8 @@ from typing import Any
 
 from ..engine.launcher import Attempt
 from ..records.lease import LeaseHolder, LeaseTerms
+from .local.keeper import Keeper
+from .local.keeper import available as keeper_available
 from .local.launcher import LocalHandle
 from .local.prepare import Launch
 from .local.process import Child
@@ -81,9 +83,23 @@ def start_run(run: Mapping[str, Any], gpus: str) -> tuple[LocalHandle, threading
         argv[0] = sys.executable
     handle = LocalHandle(reports_outcome=run["reports_outcome"], grace_period=run["grace_period"])
     ended = threading.Event()
-    handle.child = Child(
-        argv, env=env, cwd=run["cwd"], log_path=run["log"], on_exit=handle.exited_to(ended.set), token=run["token"]
-    )
+    # A command's wrapper is kept by a keeper of its own here (the driver's is on another machine).
+    keeper = Keeper() if not run["reports_outcome"] and keeper_available() else None
+    try:
+        handle.child = Child(
+            argv,
+            env=env,
+            cwd=run["cwd"],
+            log_path=run["log"],
+            on_exit=handle.exited_to(ended.set),
+            token=run["token"],
+            keeper=keeper,
+        )
+    except BaseException:
+        if keeper is not None:
+            keeper.close()
+        raise
+    handle.keeper = keeper
     handle.pid = handle.child.pid
     return handle, ended
 

@@ -18,7 +18,6 @@ from ..records.known import RootIndex
 from ..records.ledger import Ledger
 from ..records.paths import RootPaths, result_root_problem
 from ..records.prior import read_prior
-from ..reports.notify import run_notify_command, send_email
 from ..sweep.expand import RunSpec, Sweep
 from ..sweep.options import SchedulerOptions
 from .changes import settle_changes
@@ -96,6 +95,9 @@ def run_sweep(
             failed = len(summary.failed) > len(summary.interrupted) or summary.blocked
             stopped = summary.interrupted_by is not None or summary.interrupted or summary.not_started
             (logger.error if failed else logger.warning if stopped else logger.info)("%s", summary.report())
+            if options.notify_command is not None or options.notify_email is not None:
+                # here, not at the top: smtplib and ssl take 30 ms to import, before the first run
+                from ..reports.notify import run_notify_command, send_email
             if options.notify_command is not None:
                 run_notify_command(options.notify_command, summary)
             if options.notify_email is not None:

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Empty
@@ -323,7 +322,7 @@ class Scheduler:
         item.tries += 1
         paths = RunPaths(spec.work_dir, self.options.log_file)
         live = None if self._live_attempt is None else self._live_attempt(spec.name)
-        token = live or uuid.uuid4().hex  # a live attempt of an earlier start is followed, not run twice
+        token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice
         if live is not None:
             logger.info("%s: following its attempt that is still queued or running on the cluster", spec.name)
         number = self._records.starting(spec, slot, token)

@@ -15,7 +15,9 @@ from collections.abc import Callable
 
 from ...engine.launcher import Attempt, Ended, LaunchError
 from ...gpu_task import GPUTask
-from .prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
+from .keeper import Keeper
+from .keeper import available as keeper_available
+from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from .process import Child
 from .proctree import wait_gone
 from .warm import WarmRunner
@@ -32,6 +34,7 @@ class LocalLauncher:
         self._grace_period = grace_period
         self._prewarm = prewarm
         self._warm: dict[str, WarmRunner] = {}  # slot name -> the runner waiting for its next run
+        self._keeper: Keeper | None = None  # the command runs' lifeline, from the first one on
 
     def open(self, lock_fd: int) -> None:
         self._lock_fd = lock_fd
@@ -40,6 +43,9 @@ class LocalLauncher:
         """Discard the runners still waiting: the sweep is over."""
         while self._warm:
             self._warm.popitem()[1].discard()
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
 
     def start(
         self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
@@ -72,6 +78,7 @@ class LocalLauncher:
                     on_exit=handle.exited_to(on_exit),
                     token=attempt.token,
                     inherit_fds=inherit,
+                    keeper=self._keeper_for(launch),
                 )
         except (LaunchError, OSError) as error:
             log_launch_failure(paths, error)
@@ -84,10 +91,19 @@ class LocalLauncher:
                 pass  # no warm runner: the slot's next run starts a fresh process, as without prewarm
         return handle
 
+    def _keeper_for(self, launch: Launch) -> Keeper | None:
+        """The sweep's keeper, for a command run (none for a Python run: its runner keeps its lifeline)."""
+        if not launch.direct or not keeper_available():
+            return None
+        if self._keeper is None:
+            self._keeper = Keeper()
+        return self._keeper
+
 
 class LocalHandle:
     child: Child
     pid: int
+    keeper: Keeper | None = None  # a keeper of this run's own (a remote supervisor's), ended after the reap
 
     def __init__(self, *, reports_outcome: bool, grace_period: float) -> None:
         self.reports_outcome = reports_outcome
@@ -127,4 +143,7 @@ class LocalHandle:
 
     def reap(self) -> Ended:
         returncode = self.child.reap()
+        if self.keeper is not None:
+            self.keeper.close()
+            self.keeper = None
         return Ended(returncode=returncode, strays=tuple(self.child.strays), unstoppable=tuple(self.child.unstoppable))

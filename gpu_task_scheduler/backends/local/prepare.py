@@ -28,6 +28,8 @@ from ...records.protocol import RunStart
 from ...reporting import JUDGED_ENV, METRICS_ENV, PRUNE_ENV, RUNGS_ENV
 from ...sweep.expand import RunSpec
 from ...tuning.stopping import Asha
+from .keeper import WRAPPER_NAME
+from .keeper import available as keeper_available
 
 # The child starts our runner even when this package is not installed but only
 # importable from the launcher's sys.path; appending keeps the child's own
@@ -76,46 +78,64 @@ class Launch:
     preload: Preload | None = None
 
 
-# A command run without a Python runner (``gts queue``'s lines, ``command:`` sweeps): the
-# command ("$@") runs in the background while a watcher blocks on the lifeline; if the scheduler
-# dies, the watcher reads EOF and kills the whole process group, as the Python runner would
-# (it ignores stop signals, so it watches through a grace period); a command that has already
-# exited (Linux: its /proc entry says so) is not cut off before its success is recorded. A stop signal to the group
-# reaches the command; the wrapper traps it and keeps waiting, so the command gets the whole
-# grace period to act on it. When the command exits 0 without having been asked to stop, the
+# A command run without a Python runner (``gts queue``'s lines, ``command:`` sweeps) runs in one
+# POSIX sh, the wrapper: it starts the command in the background and waits for it. A stop signal to
+# the group reaches the command; the wrapper traps it and keeps waiting, so the command gets the
+# whole grace period to act on it. When the command exits 0 without having been asked to stop, the
 # wrapper records the success in the run's outcome file (one write of a few bytes, with the
-# attempt's token; never through a link the run may have planted), so a scheduler killed a
-# moment later still never runs it again.
-# POSIX sh only; the values are in the environment and the arguments, never in the script.
-_COMMAND_WRAPPER = (
+# attempt's token; never through a link the run may have planted), so a scheduler killed a moment
+# later still never runs it again. The values are in the environment and the arguments, never in
+# the script.
+#
+# If the scheduler dies, the sweep's keeper (keeper.py) kills the run, unless its command has
+# already ended: the wrapper tells it where it is by closing two descriptors, GTS_FORKED_FD once
+# the command is started and GTS_LIFELINE_FD once it has ended. A shell line (``sh -c LINE``) is
+# evaluated in the wrapper's background subshell, not in a second shell: one exec per run fewer.
+_WAIT_AND_RECORD = (
+    'trap "stopping=1; stopped=1" TERM INT HUP; '
+    'while :; do wait "$child"; status=$?; '
+    'if [ -n "$stopping" ] && kill -0 "$child" 2>/dev/null; then stopping=; continue; fi; break; done; '
+    "{ignore_lifeline}"
+    "f=$GTS_OUTCOME_FILE; d=${{f%/*}}; "
+    'if [ "$status" -eq 0 ] && [ -z "$stopped" ]; then '
+    'if [ -L "$f" ] || [ -L "$d" ] || [ -L "${{d%/*}}" ]; then '
+    'echo "gpu_task_scheduler: the run folder holds a symbolic link where its outcome goes" >&2; exit 4; fi; '
+    'printf \'{{"status": "succeeded", "token": "%s", "config_hash": "%s", "pid": %d}}\\n\' '
+    '"$GTS_RUN_TOKEN" "$GTS_CONFIG_HASH" "$$" > "$f" || exit 4; fi; '
+    'exit "$status"'
+)
+_LINE_START = '{ __gts_line=$1; shift; eval "$__gts_line"; } &'  # the line sees no arguments, as in sh -c
+_ARGV_START = '"$@" &'
+_KEPT_WAIT_AND_RECORD = (
+    ' child=$!; eval "exec $GTS_FORKED_FD<&-"; '  # started: from here on the keeper looks at the command
+    + _WAIT_AND_RECORD.format(ignore_lifeline='eval "exec $GTS_LIFELINE_FD<&-"; ')  # ended: the keeper spares it
+)
+_KEPT_LINE_WRAPPER = _LINE_START + _KEPT_WAIT_AND_RECORD
+_KEPT_ARGV_WRAPPER = _ARGV_START + _KEPT_WAIT_AND_RECORD
+# Where there is no keeper (no /proc), each wrapper has a watcher that blocks on the lifeline: when
+# the scheduler is gone, it freezes the command (SIGSTOP) and kills the whole group, unless the
+# command had already exited (a zombie, or reaped), whose success is then recorded as it would
+# have been.
+_WATCHED_WRAPPER = (
     '"$@" & child=$!; '
-    # The watcher: when the scheduler is gone, the run goes too, unless its command has already
-    # ended. It freezes the command first (SIGSTOP) and then looks: a command that is frozen
-    # had not exited, and the whole group is killed; one that is a zombie or reaped had exited,
-    # and its success is recorded below, as it would have been. (Looking without freezing it
-    # first, a command on another core could finish its work between the look and the kill.)
     '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; '
     'if [ -r "/proc/$$/stat" ]; then kill -STOP "$child" 2>/dev/null; '
     'while read -r s 2>/dev/null <"/proc/$child/stat"; do '
     'case "${s##*) }" in Z*) exit 0;; [Tt]*) break;; esac; done; '
     '[ -r "/proc/$child/stat" ] || exit 0; fi; '
-    "kill -KILL 0; } & watcher=$!; "
-    'trap "stopping=1; stopped=1" TERM INT HUP; '
-    'while :; do wait "$child"; status=$?; '
-    'if [ -n "$stopping" ] && kill -0 "$child" 2>/dev/null; then stopping=; continue; fi; break; done; '
-    'kill -KILL "$watcher" 2>/dev/null; '
-    "f=$GTS_OUTCOME_FILE; d=${f%/*}; "
-    'if [ "$status" -eq 0 ] && [ -z "$stopped" ]; then '
-    'if [ -L "$f" ] || [ -L "$d" ] || [ -L "${d%/*}" ]; then '
-    'echo "gpu_task_scheduler: the run folder holds a symbolic link where its outcome goes" >&2; exit 4; fi; '
-    'printf \'{"status": "succeeded", "token": "%s", "config_hash": "%s", "pid": %d}\\n\' '
-    '"$GTS_RUN_TOKEN" "$GTS_CONFIG_HASH" "$$" > "$f" || exit 4; fi; '
-    'exit "$status"'
+    "kill -KILL 0; } & watcher=$!; " + _WAIT_AND_RECORD.format(ignore_lifeline='kill -KILL "$watcher" 2>/dev/null; ')
 )
 
 
-def command_argv(argv: Sequence[str]) -> list[str]:
-    return ["/bin/sh", "-c", _COMMAND_WRAPPER, "gts-command", *argv]
+def command_argv(argv: Sequence[str], *, kept: bool | None = None) -> list[str]:
+    """The wrapper's argv for the command ``argv``; ``kept``: for a keeper (default: where there is one)."""
+    if kept is None:
+        kept = keeper_available()
+    if not kept:
+        return ["/bin/sh", "-c", _WATCHED_WRAPPER, WRAPPER_NAME, *argv]
+    if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":  # a shell line
+        return ["/bin/sh", "-c", _KEPT_LINE_WRAPPER, WRAPPER_NAME, argv[2]]
+    return ["/bin/sh", "-c", _KEPT_ARGV_WRAPPER, WRAPPER_NAME, *argv]
 
 
 def class_factory(task_class: type[GPUTask]) -> TaskFactory:

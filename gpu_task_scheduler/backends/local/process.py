@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...records.paths import open_regular
+from .keeper import FORKED_ENV, KEEPER_ENV, Keeper
 from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
 from .reaper import REAPER
 
@@ -107,16 +108,25 @@ class Child:
         inherit_fds: Sequence[int] = (),
         output: int | None = None,
         control: int | None = None,
+        keeper: Keeper | None = None,
     ) -> None:
         """``output``: a descriptor for stdout and stderr instead of ``log_path``'s file (ours to
-        close); ``control``: a socket the child finds in ``$GTS_CONTROL_FD`` (a pre-warmed runner's)."""
+        close); ``control``: a socket the child finds in ``$GTS_CONTROL_FD`` (a pre-warmed runner's);
+        ``keeper``: the keeper of a command run's wrapper (keeper.py), which gets the lifeline twice
+        (``$GTS_LIFELINE_FD`` and ``$GTS_FORKED_FD``) and the keeper's mark."""
         read_end, self._lifeline = os.pipe()
         env = dict(env)
         # In the child the lifeline (and control socket) get low descriptors: the shell that runs
         # a command reads the lifeline with a redirection, and dash takes only one digit there (the
         # scheduler's own are often above 9). Where posix_spawn cannot be used, they keep theirs.
         low = sorted(set(range(3, 10)) - set(inherit_fds))
-        placed = [(read_end, low[0])] + ([] if control is None else [(control, low[1])])
+        second = control
+        if keeper is not None:
+            keeper.ensure()
+            second = os.dup(read_end)
+            env[KEEPER_ENV] = keeper.marker
+            env[FORKED_ENV] = str(low[1])
+        placed = [(read_end, low[0])] + ([] if second is None else [(second, low[1])])
         env[LIFELINE_ENV] = str(low[0])
         if control is not None:
             env[CONTROL_ENV] = str(low[1])
@@ -138,6 +148,8 @@ class Child:
             env[LIFELINE_ENV] = str(read_end)
             if control is not None:
                 env[CONTROL_ENV] = str(control)
+            if keeper is not None:
+                env[FORKED_ENV] = str(second)
             self._popen = subprocess.Popen(
                 list(argv),
                 env=env,
@@ -146,7 +158,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                pass_fds=(read_end, *inherit_fds, *([] if control is None else [control])),
+                pass_fds=(read_end, *inherit_fds, *([] if second is None else [second])),
                 close_fds=True,
             )
             self.pid = self._popen.pid
@@ -155,6 +167,8 @@ class Child:
             raise
         finally:
             os.close(read_end)
+            if keeper is not None and second is not None:
+                os.close(second)
             log.close()
         Child._sessions.add(self.pid)
         self._since = start_time(self.pid)

@@ -1,0 +1,117 @@
+"""The keeper: one process per sweep that ends its command runs when the scheduler is gone, and
+spares a run whose command had already ended, so that its success is recorded (keeper.py)."""
+
+import json
+import os
+import signal
+
+import pytest
+from conftest import wait_until
+from test_escapes import alive
+
+from gpu_task_scheduler.backends.local.keeper import Keeper, available
+from gpu_task_scheduler.backends.local.prepare import command_argv
+from gpu_task_scheduler.backends.local.process import Child
+
+pytestmark = pytest.mark.skipif(not available(), reason="the keeper needs Linux /proc")
+
+
+def children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        return [int(child) for child in handle.read().split()]
+
+
+def state(pid):
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def start(tmp_path, keeper, argv, token="t0ken"):
+    """A command run's wrapper, as the local launcher starts it (its log and outcome in tmp_path)."""
+    env = dict(os.environ, GTS_OUTCOME_FILE=str(tmp_path / "outcome.json"), GTS_CONFIG_HASH="h")
+    return Child(
+        command_argv(argv),
+        env=env,
+        cwd=os.getcwd(),
+        log_path=str(tmp_path / "log"),
+        on_exit=lambda: None,
+        token=token,
+        keeper=keeper,
+    )
+
+
+def test_a_running_command_and_what_it_started_die_when_the_keeper_hears_eof(tmp_path, no_leaked_processes):
+    keeper = Keeper()
+    # The line starts a daemon that leaves the session (setsid) but keeps the run's token.
+    line = f"setsid sleep 60 & echo $! > {tmp_path}/daemon; sleep 60"
+    child = start(tmp_path, keeper, ["/bin/sh", "-c", line])
+    wait_until(lambda: (tmp_path / "daemon").exists() and (tmp_path / "daemon").read_text().strip())
+    daemon = int((tmp_path / "daemon").read_text())
+    keeper.close()  # as a scheduler killed with SIGKILL: the pipe's other end closes
+    wait_until(lambda: child.has_exited(), message="the wrapper to be killed")
+    assert child.reap() == -signal.SIGKILL
+    wait_until(lambda: not alive(daemon), message="the run's daemon to be killed")
+    assert not (tmp_path / "outcome.json").exists()
+
+
+def test_a_command_that_has_ended_is_spared_so_its_success_is_recorded(tmp_path, no_leaked_processes):
+    keeper = Keeper()
+    child = start(tmp_path, keeper, ["/bin/sh", "-c", "read -r _ < " + str(tmp_path / "go")])
+    os.mkfifo(tmp_path / "go")
+    wait_until(lambda: children(child.pid), message="the command to start")
+    (command,) = children(child.pid)
+    os.kill(child.pid, signal.SIGSTOP)  # the wrapper cannot reap its command, nor record it, yet
+    with open(tmp_path / "go", "w") as fifo:
+        fifo.write("\n")
+    wait_until(lambda: state(command) == "Z", message="the command to end")
+    keeper.close()  # the scheduler is gone just as the command ended
+    wait_until(lambda: child.has_exited(), message="the wrapper to go on and end")
+    assert child.reap() == 0
+    outcome = json.loads((tmp_path / "outcome.json").read_text())
+    assert (outcome["status"], outcome["token"]) == ("succeeded", "t0ken")
+
+
+def wrapper_at(tmp_path, keeper, script):
+    """A process the keeper takes for a wrapper (``$0`` gts-command, its session's leader, the
+    keeper's mark and descriptors) that runs ``script`` in the shell itself: it blocks in ``read``
+    on the fifo ``go``, with no child, at the point of a wrapper's life that ``script`` sets up."""
+    os.mkfifo(tmp_path / "go")
+    argv = ["/bin/sh", "-c", f"{script}; read -r _ < {tmp_path}/go", "gts-command"]
+    return Child(argv, env=dict(os.environ), cwd=os.getcwd(), log_path=None, on_exit=lambda: None, keeper=keeper)
+
+
+def test_a_wrapper_that_has_not_started_its_command_yet_is_killed(tmp_path, no_leaked_processes):
+    keeper = Keeper()
+    child = wrapper_at(tmp_path, keeper, "true")  # both descriptors open: nothing started yet
+    wait_until(lambda: state(child.pid) == "S", message="the wrapper to block")
+    keeper.close()
+    wait_until(lambda: child.has_exited(), message="the wrapper to be killed")
+    assert child.reap() == -signal.SIGKILL
+
+
+def test_a_wrapper_that_has_reaped_its_command_is_left_to_record_it(tmp_path, no_leaked_processes):
+    keeper = Keeper()
+    # Started and reaped (no child), not yet past its wait: the command has ended.
+    child = wrapper_at(tmp_path, keeper, 'eval "exec $GTS_FORKED_FD<&-"')
+    wait_until(lambda: state(child.pid) == "S", message="the wrapper to block")
+    keeper.close()  # waits for the keeper to exit: it has decided
+    assert not child.has_exited()  # spared, and let go on (SIGCONT): blocked where it was
+    wait_until(lambda: state(child.pid) == "S", message="the wrapper to go on")
+    with open(tmp_path / "go", "w") as fifo:
+        fifo.write("\n")
+    wait_until(lambda: child.has_exited(), message="the wrapper to end")
+    assert child.reap() == 0
+
+
+def test_a_keeper_that_was_killed_is_started_again_for_the_next_run(tmp_path, no_leaked_processes):
+    keeper = Keeper()
+    first = start(tmp_path, keeper, ["/bin/sh", "-c", "sleep 60"], token="first")
+    killed = keeper._pid
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: state(killed) == "Z", message="the keeper to die")
+    second = start(tmp_path, keeper, ["/bin/sh", "-c", "sleep 60"], token="second")
+    assert keeper._pid not in (None, killed)
+    keeper.close()  # the new keeper has the same mark: it ends the first run too
+    for child in (first, second):
+        wait_until(lambda child=child: child.has_exited(), message="the runs to be killed")
+        assert child.reap() == -signal.SIGKILL

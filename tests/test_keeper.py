@@ -115,3 +115,26 @@ def test_a_keeper_that_was_killed_is_started_again_for_the_next_run(tmp_path, no
     for child in (first, second):
         wait_until(lambda child=child: child.has_exited(), message="the runs to be killed")
         assert child.reap() == -signal.SIGKILL
+
+
+def test_a_wrapper_runs_its_command_in_the_runs_directory_wherever_the_scheduler_is(tmp_path, no_leaked_processes):
+    # A supervisor on a cluster node starts runs in the driver's directory, not its own: the
+    # wrapper changes there itself, so it is still started with its descriptors at low numbers.
+    keeper = Keeper()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, GTS_OUTCOME_FILE=str(tmp_path / "outcome.json"), GTS_CONFIG_HASH="h")
+    child = Child(
+        command_argv(["/bin/sh", "-c", 'pwd > here; echo "$GTS_LIFELINE_FD $GTS_FORKED_FD" > fds']),
+        env=env,
+        cwd=str(elsewhere),
+        log_path=str(tmp_path / "log"),
+        on_exit=lambda: None,
+        keeper=keeper,
+    )
+    wait_until(child.has_exited, message="the run to end")
+    assert child.reap() == 0, (tmp_path / "log").read_text()
+    keeper.close()
+    assert (elsewhere / "here").read_text().strip() == str(elsewhere)
+    assert all(len(fd) == 1 for fd in (elsewhere / "fds").read_text().split())
+    assert json.loads((tmp_path / "outcome.json").read_text())["status"] == "succeeded"

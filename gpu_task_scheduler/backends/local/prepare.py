@@ -110,8 +110,12 @@ _KEPT_WAIT_AND_RECORD = (
     ' child=$!; eval "exec $GTS_FORKED_FD<&-"; '  # started: from here on the keeper looks at the command
     + _WAIT_AND_RECORD.format(ignore_lifeline='eval "exec $GTS_LIFELINE_FD<&-"; ')  # ended: the keeper spares it
 )
-_KEPT_LINE_WRAPPER = _LINE_START + _KEPT_WAIT_AND_RECORD
-_KEPT_ARGV_WRAPPER = _ARGV_START + _KEPT_WAIT_AND_RECORD
+# It changes into the run's directory itself: it can then be started with posix_spawn from anywhere
+# (which cannot change the directory), so its two descriptors always get the low numbers that dash
+# can name in a redirection (one digit; Popen would keep the scheduler's own, often above 9).
+_CD = 'cd "$GTS_CWD" || exit 126; '
+_KEPT_LINE_WRAPPER = _CD + _LINE_START + _KEPT_WAIT_AND_RECORD
+_KEPT_ARGV_WRAPPER = _CD + _ARGV_START + _KEPT_WAIT_AND_RECORD
 # Where there is no keeper (no /proc), each wrapper has a watcher that blocks on the lifeline: when
 # the scheduler is gone, it freezes the command (SIGSTOP) and kills the whole group, unless the
 # command had already exited (a zombie, or reaped), whose success is then recorded as it would

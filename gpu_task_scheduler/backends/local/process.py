@@ -38,6 +38,7 @@ from .reaper import REAPER
 _RECENT = 30.0  # seconds after its start in which a run's pids are all above its first
 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
+CWD_ENV = "GTS_CWD"  # where a command run's wrapper changes to (it is started where we are)
 CONTROL_ENV = "GTS_CONTROL_FD"  # a pre-warmed runner's control socket (runner.run_warm)
 
 
@@ -121,11 +122,12 @@ class Child:
         # scheduler's own are often above 9). Where posix_spawn cannot be used, they keep theirs.
         low = sorted(set(range(3, 10)) - set(inherit_fds))
         second = control
-        if keeper is not None:
+        if keeper is not None:  # a command run's wrapper (prepare.py): started here, it changes directory
             keeper.ensure()
             second = os.dup(read_end)
             env[KEEPER_ENV] = keeper.marker
             env[FORKED_ENV] = str(low[1])
+            env[CWD_ENV], cwd = cwd, os.getcwd()
         placed = [(read_end, low[0])] + ([] if second is None else [(second, low[1])])
         env[LIFELINE_ENV] = str(low[0])
         if control is not None:
@@ -217,6 +219,7 @@ class Child:
             since=self._since,
             exclude=(self.pid,),
             above=self.pid - 1 if recent else 0,
+            upto=latest,
             other_sessions=Child._sessions - {self.pid},
         )
 

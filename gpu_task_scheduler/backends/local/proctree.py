@@ -75,11 +75,32 @@ def environ_has(pid: int, name: str) -> bool:
     return any(item.startswith(prefix) for item in _environ(pid))
 
 
-def _pids(above: int = 0) -> list[int]:
+# Up to this many pids handed out since a run's first process, each is looked up by its number
+# (a missing one costs one failed open) instead of listing all of /proc.
+_RANGE_LOOKUP = 256
+
+
+def _pids(above: int = 0, upto: int | None = None) -> Iterable[int]:
+    """The pids above ``above``: those up to ``upto`` (the last one handed out), when that is known
+    and few, else every process in /proc. A number may also be a thread's id (see ``_leader``)."""
+    if upto is not None and above > 0 and 0 <= upto - above <= _RANGE_LOOKUP:
+        return range(above + 1, upto + 1)
     try:
         return [pid for pid in (int(entry) for entry in os.listdir(_PROC) if entry.isdigit()) if pid > above]
     except OSError:
         return []
+
+
+def _leader(pid: int) -> bool:
+    """Whether ``pid`` is a process, not a thread of one (``/proc/TID`` answers too, unlisted)."""
+    try:
+        status = _read(f"{_PROC}/{pid}/status")
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith(b"Tgid:"):
+            return int(line.split()[1]) == pid
+    return False
 
 
 def last_pid() -> int | None:
@@ -98,12 +119,14 @@ def run_processes(
     since: int | None,
     exclude: Iterable[int] = (),
     above: int = 0,
+    upto: int | None = None,
     other_sessions: Container[int] = (),
 ) -> list[int]:
     """Live processes of one run: in its session, carrying its token, or descended from either.
 
     ``since``: the start time (ticks) of the run's first process; older processes are skipped.
-    ``above``: only pids above this one can be the run's (see the module's notes).
+    ``above``: only pids above this one can be the run's (see the module's notes); ``upto``: the
+    last pid handed out (``last_pid()``, read as the scan begins).
     ``other_sessions``: the sessions of other live runs. A process in one of them is that run's
     (no process can join a session it did not start, and a run's first process leads its own), so
     its environment is not read: with many short runs at once, most processes started since this
@@ -113,7 +136,8 @@ def run_processes(
     needle = f"{TOKEN_ENV}={token}".encode()
     parents: dict[int, int] = {}
     found: set[int] = set()
-    for pid in _pids(above):
+    ranged = isinstance(candidates := _pids(above, upto), range)
+    for pid in candidates:
         if pid in skip:
             continue
         info = _stat(pid)
@@ -132,6 +156,8 @@ def run_processes(
             if pid not in found and ppid in found:
                 found.add(pid)
                 changed = True
+    if ranged:  # what was looked up by number may be a thread of a process found as well
+        found = {pid for pid in found if _leader(pid)}
     return sorted(found)
 
 

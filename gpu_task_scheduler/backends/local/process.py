@@ -36,6 +36,7 @@ from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, 
 from .reaper import REAPER
 
 _RECENT = 30.0  # seconds after its start in which a run's pids are all above its first
+_KNOWN_LIMIT = 1 << 16  # pids of other runs remembered by the stray scans (see Child._known)
 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 CWD_ENV = "GTS_CWD"  # where a command run's wrapper changes to (it is started where we are)
@@ -96,6 +97,14 @@ class Child:
     # its pid as the session's id, which stays ours until the child is reaped): a scan for one
     # run's processes skips what is plainly another's (proctree.run_processes).
     _sessions: set[int] = set()
+    # pid -> the session of another run it was found in, by the scans of runs that started since
+    # the pids last wrapped around (no pid was handed out twice meanwhile, so it is still that
+    # run's process, or gone): proctree.run_processes does not look at it again. Forgotten when
+    # the last pid handed out went down, or when no scan looked for _RECENT seconds (in which,
+    # as for a recent run's own scan, the pids cannot have gone all the way round unseen).
+    _known: dict[int, int] = {}
+    _latest = 0
+    _looked_at = 0.0
 
     def __init__(
         self,
@@ -213,6 +222,12 @@ class Child:
         # around since; a run that has lived a while gets a full scan, however its pids went.
         latest = last_pid()
         recent = time.monotonic() - self._spawned < _RECENT and latest is not None and latest >= self.pid
+        now = time.monotonic()
+        if latest is None or latest < Child._latest or now - Child._looked_at > _RECENT:
+            Child._known = {}  # the pids may have wrapped around: nothing is known
+        elif len(Child._known) > _KNOWN_LIMIT:
+            Child._known = {}
+        Child._latest, Child._looked_at = latest or 0, now
         return run_processes(
             token=self.token,
             session=self.pid,
@@ -221,6 +236,7 @@ class Child:
             above=self.pid - 1 if recent else 0,
             upto=latest,
             other_sessions=Child._sessions - {self.pid},
+            known=Child._known if recent else None,
         )
 
     def _outside_group(self) -> list[int]:

@@ -121,6 +121,7 @@ def run_processes(
     above: int = 0,
     upto: int | None = None,
     other_sessions: Container[int] = (),
+    known: dict[int, int] | None = None,
 ) -> list[int]:
     """Live processes of one run: in its session, carrying its token, or descended from either.
 
@@ -130,15 +131,18 @@ def run_processes(
     ``other_sessions``: the sessions of other live runs. A process in one of them is that run's
     (no process can join a session it did not start, and a run's first process leads its own), so
     its environment is not read: with many short runs at once, most processes started since this
-    run's first are theirs.
+    run's first are theirs. ``known``: pid -> the other run's session it was found in, filled in
+    here and kept by the caller for as long as no pid was handed out twice (until the pids wrap
+    around): such a pid is not looked at again.
     """
     skip = set(exclude) | {os.getpid()}
     needle = f"{TOKEN_ENV}={token}".encode()
     parents: dict[int, int] = {}
     found: set[int] = set()
     ranged = isinstance(candidates := _pids(above, upto), range)
+    known = {} if known is None else known
     for pid in candidates:
-        if pid in skip:
+        if pid in skip or known.get(pid, session) != session:
             continue
         info = _stat(pid)
         if info is None or info[3] in ("Z", "X"):
@@ -146,6 +150,8 @@ def run_processes(
         ppid, sid, started, _ = info
         if since is not None and started < since:
             continue
+        if sid != session and sid in other_sessions:
+            known[pid] = sid
         parents[pid] = ppid
         if sid == session or (sid not in other_sessions and needle in _environ(pid)):
             found.add(pid)

@@ -255,11 +255,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _serve_port(args: argparse.Namespace) -> int | None:
     """``--serve``'s port (8265 when none is given; 0: any free one), None without ``--serve``.
     ``--serve lr=0.1``: argparse took the override for the port; it goes back among the overrides."""
-    from ..web.server import DEFAULT_PORT
-
     given = args.serve
     if given is None:
         return None
+    from ..web.server import DEFAULT_PORT  # here: http.server takes 50 ms to import, before the first run
+
     if "=" in given:
         args.overrides.append(given)
         return DEFAULT_PORT

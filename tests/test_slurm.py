@@ -275,13 +275,14 @@ def test_a_driver_killed_at_random_moments_loses_and_repeats_no_run(slurm, in_tm
     its submissions); its tasks run on, and each next `gts run` follows the live ones instead of
     submitting them again. Every run starts once and ends once; the last start exits 0."""
     rng = random.Random(int(os.environ.get("GTS_KILL_SEED", "20261125")))
-    path = write_sweep(in_tmp, 12, 0.5, max_parallel=4)
+    # Runs long enough that the sweep is not over before most of the starts were killed.
+    path = write_sweep(in_tmp, 12, 1.5, max_parallel=4)
     journal = in_tmp / "journal"
     kills = 0
     for _ in range(8):
         process = gts("run", path, "--plain")
         try:
-            process.wait(timeout=rng.uniform(0.2, 2.5))
+            process.wait(timeout=rng.uniform(0.2, 1.5))
         except subprocess.TimeoutExpired:
             process.kill()
             kills += 1
@@ -417,3 +418,22 @@ def test_a_run_the_early_stop_rule_stops_on_slurm_is_pruned(slurm, in_tmp, no_le
     assert pruned.status is RunStatus.PRUNED and pruned.cause.startswith("pruned at step 1: loss 0.9"), pruned
     assert pruned.duration < 15  # stopped at its first rung, not after its 200 reports (20 s)
     assert not slurm.jobs()
+
+
+def test_a_submission_a_killed_start_left_running_is_found_by_its_arrays_name(tmp_path, no_leaked_processes):
+    """sbatch outlives a scheduler killed while it submitted; the next start waits for it before it
+    looks for that array in the queue, or it would submit the same runs a second time beside it."""
+    sbatch = tmp_path / "sbatch"
+    sbatch.symlink_to(sys.executable)  # a process whose argv[0] is sbatch, as the real one's
+    reader, writer = os.pipe()
+    process = subprocess.Popen(
+        [str(sbatch), "-c", "import sys; sys.stdin.read()", "--job-name=gts.0a1b2c", "job.sh"], stdin=reader
+    )
+    os.close(reader)
+    try:
+        assert commands.submissions_in_flight(["gts.0a1b2c", "gts.other"]) == [process.pid]
+        assert commands.submissions_in_flight(["gts.other"]) == []
+    finally:
+        os.close(writer)  # it ends
+        process.wait()
+    assert commands.submissions_in_flight(["gts.0a1b2c"]) == []

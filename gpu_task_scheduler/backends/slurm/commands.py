@@ -58,6 +58,25 @@ def call(argv: Sequence[str], *, what: str) -> str:
     return done.stdout
 
 
+def submissions_in_flight(job_names: Iterable[str]) -> list[int]:
+    """The ``sbatch`` processes on this machine still submitting an array with one of these names:
+    a scheduler killed while sbatch ran leaves it running, and its array may appear in Slurm's
+    queue only after the next start has looked for it there."""
+    wanted = {f"--job-name={name}".encode() for name in job_names}
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"sbatch" and wanted.intersection(argv):
+            found.append(int(entry))
+    return found
+
+
 def submit(args: Sequence[str], script: str) -> str:
     """Submit a batch script; the job's id."""
     out = call(["sbatch", "--parsable", *args, script], what="sbatch refused the sweep's runs")

@@ -60,6 +60,7 @@ from ...records.paths import META, atomic_write, read_json
 from ...records.status import RunStatus
 from ...sweep.options import SchedulerOptions
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
+from ..local.proctree import wait_gone
 from ..supervisor import log_line, remote_run
 from . import commands, throttle
 from . import task as task_module
@@ -669,16 +670,17 @@ class SlurmLauncher:
 
     def _find_live_tasks(self) -> None:
         """Attempts an earlier start handed to Slurm that are still queued or running there."""
-        for run, state in live_tasks(self._root):
+        for run, state in live_tasks(self._root, settled=True):
             self._adoptable[run["name"]] = (run["token"], run, state)
         if self._adoptable:
             found = len(self._adoptable)
             logger.info("Slurm: %d run(s) of an earlier start are still queued or running: followed", found)
 
 
-def live_tasks(root: str) -> list[tuple[dict[str, Any], TaskState]]:
+def live_tasks(root: str, *, settled: bool = False) -> list[tuple[dict[str, Any], TaskState]]:
     """The attempts handed to Slurm from this root (``.gts/slurm/``) that are still queued or running
-    there, with their states (none when Slurm cannot be asked)."""
+    there, with their states (none when Slurm cannot be asked). ``settled``: once the submissions
+    still in flight on this machine have been answered (a start that follows what is live)."""
     folder = os.path.join(root, META, "slurm")
     batches: dict[str, tuple[str, list[Any]]] = {}  # job name -> (batch, its runs)
     try:
@@ -691,6 +693,12 @@ def live_tasks(root: str) -> list[tuple[dict[str, Any], TaskState]]:
             batches[record["job_name"]] = (batch, record.get("runs") or [])
     if not batches or commands.missing_commands():
         return []
+    # An array an earlier start was still submitting when it was killed is waited for, so that it
+    # is followed, not submitted a second time beside it (sbatch outlives the scheduler that ran it).
+    in_flight = commands.submissions_in_flight(batches) if settled else []
+    if in_flight:
+        logger.info("Slurm: waiting for %d submission(s) of an earlier start to be answered", len(in_flight))
+        wait_gone(in_flight, timeout=commands.CALL_TIMEOUT + 5)
     found = []
     # By the arrays' names, not their ids: a scheduler killed right after sbatch answered never wrote the id.
     for name, tasks in commands.states_by_name(batches).items():

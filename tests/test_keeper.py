@@ -138,3 +138,22 @@ def test_a_wrapper_runs_its_command_in_the_runs_directory_wherever_the_scheduler
     assert (elsewhere / "here").read_text().strip() == str(elsewhere)
     assert all(len(fd) == 1 for fd in (elsewhere / "fds").read_text().split())
     assert json.loads((tmp_path / "outcome.json").read_text())["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("line", ["true", "sleep 60"])
+def test_without_a_keeper_each_wrapper_watches_the_lifeline_itself(tmp_path, no_leaked_processes, line):
+    """Where there is no /proc for a keeper, the wrapper forks a watcher, as before the keeper: a
+    run whose command ended records its success, one still running dies with its scheduler."""
+    env = dict(os.environ, GTS_OUTCOME_FILE=str(tmp_path / "outcome.json"), GTS_CONFIG_HASH="h")
+    argv = command_argv(["/bin/sh", "-c", line], kept=False)
+    child = Child(argv, env=env, cwd=os.getcwd(), log_path=str(tmp_path / "log"), on_exit=lambda: None, token="w")
+    if line == "true":
+        wait_until(child.has_exited, message="the run to end")
+        assert child.reap() == 0
+        assert json.loads((tmp_path / "outcome.json").read_text())["token"] == "w"
+        return
+    wait_until(lambda: len(children(child.pid)) == 2, message="the command and the watcher to start")
+    os.close(child._lifeline)  # as the scheduler's death closes it
+    child._lifeline = -1
+    wait_until(child.has_exited, message="the watcher to kill the run")
+    assert child.reap() == -signal.SIGKILL and not (tmp_path / "outcome.json").exists()

@@ -95,7 +95,7 @@ _WAIT_AND_RECORD = (
     'trap "stopping=1; stopped=1" TERM INT HUP; '
     'while :; do wait "$child"; status=$?; '
     'if [ -n "$stopping" ] && kill -0 "$child" 2>/dev/null; then stopping=; continue; fi; break; done; '
-    "{ignore_lifeline}"
+    "{after_wait}"
     "f=$GTS_OUTCOME_FILE; d=${{f%/*}}; "
     'if [ "$status" -eq 0 ] && [ -z "$stopped" ]; then '
     'if [ -L "$f" ] || [ -L "$d" ] || [ -L "${{d%/*}}" ]; then '
@@ -108,12 +108,12 @@ _LINE_START = '{ __gts_line=$1; shift; eval "$__gts_line"; } &'  # the line sees
 _ARGV_START = '"$@" &'
 _KEPT_WAIT_AND_RECORD = (
     ' child=$!; eval "exec $GTS_FORKED_FD<&-"; '  # started: from here on the keeper looks at the command
-    + _WAIT_AND_RECORD.format(ignore_lifeline='eval "exec $GTS_LIFELINE_FD<&-"; ')  # ended: the keeper spares it
+    + _WAIT_AND_RECORD.format(after_wait='eval "exec $GTS_LIFELINE_FD<&-"; ')  # ended: the keeper spares it
 )
 # It changes into the run's directory itself: it can then be started with posix_spawn from anywhere
 # (which cannot change the directory), so its two descriptors always get the low numbers that dash
 # can name in a redirection (one digit; Popen would keep the scheduler's own, often above 9).
-_CD = 'cd "$GTS_CWD" || exit 126; '
+_CD = 'cd "${GTS_CWD:-.}" || exit 126; '
 _KEPT_LINE_WRAPPER = _CD + _LINE_START + _KEPT_WAIT_AND_RECORD
 _KEPT_ARGV_WRAPPER = _CD + _ARGV_START + _KEPT_WAIT_AND_RECORD
 # Where there is no keeper (no /proc), each wrapper has a watcher that blocks on the lifeline: when
@@ -127,7 +127,7 @@ _WATCHED_WRAPPER = (
     'while read -r s 2>/dev/null <"/proc/$child/stat"; do '
     'case "${s##*) }" in Z*) exit 0;; [Tt]*) break;; esac; done; '
     '[ -r "/proc/$child/stat" ] || exit 0; fi; '
-    "kill -KILL 0; } & watcher=$!; " + _WAIT_AND_RECORD.format(ignore_lifeline='kill -KILL "$watcher" 2>/dev/null; ')
+    "kill -KILL 0; } & watcher=$!; " + _WAIT_AND_RECORD.format(after_wait='kill -KILL "$watcher" 2>/dev/null; ')
 )
 
 

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -93,7 +94,21 @@ def test_twelve_runs_four_at_once_each_once_through_a_requeue(slurm, in_tmp, no_
     process = gts("run", path, "--plain")
     journal = in_tmp / "journal"
     wait_until(lambda: len(journal_lines(journal)) >= 2, timeout=60, message="runs to start")
-    (task, *_) = wait_until(lambda: running_tasks(slurm), timeout=30, message="a running task")
+
+    def mid_run():
+        """A running task of the first array (task k runs i-k) whose 2 s run has over a second left:
+        one that squeue still lists as running after its run ended would have nothing to requeue."""
+        begun = {}
+        for line in journal_lines(journal):
+            word, run, *rest = line.split()
+            if word == "start":
+                begun[run] = float(rest[-1])
+            else:
+                begun.pop(run, None)
+        now = time.time()
+        return [task for task in running_tasks(slurm) if now - begun.get(task.partition("_")[2], -1e9) < 1.0]
+
+    (task, *_) = wait_until(mid_run, timeout=30, interval=0.05, message="a task in the middle of its run")
     slurm.run("scontrol", "requeue", task)
     output = finish(process, timeout=150)
     assert process.returncode == 0, output

@@ -56,8 +56,8 @@ def test_a_running_command_and_what_it_started_die_when_the_keeper_hears_eof(tmp
 
 def test_a_command_that_has_ended_is_spared_so_its_success_is_recorded(tmp_path, no_leaked_processes):
     keeper = Keeper()
-    child = start(tmp_path, keeper, ["/bin/sh", "-c", "read -r _ < " + str(tmp_path / "go")])
     os.mkfifo(tmp_path / "go")
+    child = start(tmp_path, keeper, ["/bin/sh", "-c", "read -r _ < " + str(tmp_path / "go")])
     wait_until(lambda: children(child.pid), message="the command to start")
     (command,) = children(child.pid)
     os.kill(child.pid, signal.SIGSTOP)  # the wrapper cannot reap its command, nor record it, yet

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -446,6 +447,9 @@ def test_a_submission_a_killed_start_left_running_is_found_by_its_arrays_name(tm
     )
     os.close(reader)
     try:
+        # Popen returns once the exec has closed the child's close-on-exec pipe, a moment before
+        # the kernel sets up its new argv: /proc/PID/cmdline reads empty in between.
+        wait_until(lambda: Path(f"/proc/{process.pid}/cmdline").read_bytes(), message="sbatch's argv")
         assert commands.submissions_in_flight(["gts.0a1b2c", "gts.other"]) == [process.pid]
         assert commands.submissions_in_flight(["gts.other"]) == []
     finally:

@@ -89,6 +89,49 @@ def test_the_pytorch_example_imports_without_importing_torch():
     assert result.stdout.strip() == "ok", result.stderr
 
 
+# What a command sweep without search, early_stop or prewarm never needs before its first run starts
+# (each a few ms of every start; see README "Dispatch").
+NOT_AT_START = (
+    "gpu_task_scheduler.tuning.search",
+    "gpu_task_scheduler.tuning.stopping",
+    "gpu_task_scheduler.engine.stopper",
+    "gpu_task_scheduler.cli.progress",
+    "gpu_task_scheduler.backends.local.warm",
+    "pickle",
+    "statistics",
+)
+
+
+def test_a_command_sweeps_start_imports_only_what_its_first_run_needs(in_tmp):
+    """The modules loaded when gts run spawns its first process (the sweep's keeper, just before
+    the first run): none of those only a search, early stopping, the status line or prewarm use."""
+    config = {
+        "scheduler_config": {"gpu": ["0"], "result_root_folder": "results", "scheduler_log_file_path": None},
+        "test_config": [{"i": [0, 1]}],
+        "command": ["true"],
+    }
+    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    code = (
+        "import sys, runpy\n"
+        "seen = []\n"
+        "def hook(event, args):\n"
+        "    if event in ('os.posix_spawn', 'subprocess.Popen') and not seen:\n"
+        "        seen.append(sorted(sys.modules))\n"
+        "sys.addaudithook(hook)\n"
+        "sys.argv = ['gts', 'run', 'sweep.json', '--plain']\n"
+        "try:\n"
+        "    runpy.run_module('gpu_task_scheduler', run_name='__main__', alter_sys=True)\n"
+        "finally:\n"
+        "    open('modules.json', 'w').write(__import__('json').dumps(seen[0]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads((in_tmp / "modules.json").read_text()))
+    assert "gpu_task_scheduler.engine.loop" in loaded  # the hook saw the start, not something before it
+    assert sorted(loaded.intersection(NOT_AT_START)) == []
+    assert {row["status"] for row in ledger_rows(in_tmp / "results").values()} == {"succeeded"}
+
+
 def test_gts_version_and_usage(capsys):
     with pytest.raises(SystemExit) as raised:
         gts_main(["--version"])

@@ -3,6 +3,8 @@
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -68,6 +70,31 @@ def test_missing_nvml_library_is_a_clear_message(gpus):
     gpus({"name": "x", "total": GB}, library_missing=True)
     with pytest.raises(NvmlUnavailable, match="NVML Shared Library Not Found"):
         GpuMonitor(fake_nvml)
+
+
+def _real_bindings_message():
+    """What the real bindings (nvidia-ml-py) say at nvmlInit() on this machine, in a fresh process."""
+    code = (
+        "import pynvml\n"
+        "try:\n    pynvml.nvmlInit()\nexcept pynvml.NVMLError as error:\n    print(error)\n"
+        "else:\n    print('started')\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "GTS_NVML_MODULE"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_without_nvidias_library_the_monitor_says_what_the_bindings_say_without_importing_them(monkeypatch):
+    """The driver's library is looked for before the bindings' 9 ms import; the message is theirs."""
+    pytest.importorskip("pynvml")
+    said = _real_bindings_message().strip()
+    if said == "started":
+        pytest.skip("this machine has NVIDIA's driver: the bindings start")
+    monkeypatch.delenv("GTS_NVML_MODULE")
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    with pytest.raises(NvmlUnavailable) as raised:
+        GpuMonitor()
+    assert str(raised.value) == f"NVML could not start: {said}"
+    assert "pynvml" not in sys.modules
 
 
 def test_all_means_every_visible_gpu(gpus, in_tmp, monkeypatch):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Empty
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GTSError
 from ..gpu.capacity import Capacity
@@ -43,8 +43,10 @@ from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
 from .outcomes import Records, read_exit
 from .pending import Pending, RunQueue, Waits, failure_words
-from .stopper import Stopper, cause_of
 from .summary import SweepSummary
+
+if TYPE_CHECKING:  # imported where a sweep has early_stop rules (they and their math cost a start 4 ms)
+    from .stopper import Stopper
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -135,6 +137,8 @@ class Scheduler:
                             capacity.learned_before(ledger.recorded_peaks())
                         settle_running(ledger)
                         if self.sweep.stopping:
+                            from .stopper import Stopper
+
                             self._stopper = Stopper(self.sweep, ledger, root.root)
                         # Runs that succeeded with another config: checked before the sweep is recorded.
                         take_over = settle_changes(self.sweep, ledger, root.root)
@@ -407,6 +411,8 @@ class Scheduler:
             if active.stopped is None:
                 verdict = self._stopper.look(active.spec.name)
                 if verdict is not None:
+                    from .stopper import cause_of
+
                     self._prune(active, cause_of(verdict))
                 elif (rung := self._stopper.take_judged(active.spec.name)) is not None:
                     self._tell(active, active.paths.judged, repr(rung))

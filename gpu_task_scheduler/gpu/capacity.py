@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import statistics
 import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -253,6 +252,8 @@ class Capacity:
         if declared is not None:
             return declared
         if self._o.learn_gpu_memory and self._learned:
+            import statistics  # here: its import (fractions, decimal) would cost every start 3 ms
+
             pick = max if self._o.learn_gpu_memory == "max" else statistics.mean
             learned = int(pick(self._learned))
             if self._states:  # an estimate (maybe from other GPUs, in an earlier start) never makes a run impossible

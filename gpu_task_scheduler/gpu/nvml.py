@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -59,6 +60,25 @@ def bindings() -> ModuleType:
         raise NvmlUnavailable(f"the NVML bindings ({name}) cannot be imported: {error}") from None
 
 
+def _library_missing() -> bool:
+    """Whether the real bindings would only fail to find the NVIDIA driver's library.
+
+    They look for it at ``nvmlInit()`` (on Linux, ``libnvidia-ml.so.1``), after an import that
+    costs 9 ms; a machine without NVIDIA's driver is told the same (their very words) at once.
+    """
+    if (os.environ.get(BINDINGS_ENV) or "pynvml") != "pynvml" or "pynvml" in sys.modules:
+        return False
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")  # the bindings' own load; loaded once, it stays for them
+    except OSError:
+        return True
+    return False
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -68,6 +88,8 @@ class GpuMonitor:
 
     def __init__(self, module: ModuleType | None = None) -> None:
         if module is None:
+            if _library_missing():
+                raise NvmlUnavailable("NVML could not start: NVML Shared Library Not Found")
             module = bindings()
         self._no_processes: set[str] = set()
         nvml: Any = module  # the bindings ship no type information

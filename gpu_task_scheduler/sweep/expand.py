@@ -20,18 +20,20 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
-from ..tuning.search import Search, Searcher, Trial, parse_search
-from ..tuning.stopping import Rule, parse_early_stop
 from .files import ConfigSource, load_config
 from .naming import NameRegistry, folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
 from .space import Distribution, is_distribution, parse_space
 from .stages import Dependencies, Stage, parse_stages
+
+if TYPE_CHECKING:  # imported where a config has a search or early_stop (7 ms a start without one)
+    from ..tuning.search import Search, Searcher, Trial
+    from ..tuning.stopping import Rule
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -287,7 +289,11 @@ class Sweep:
                 "could not find scheduler_config in config; add e.g. {'scheduler_config': {'gpu': ['0']}}"
             )
         self.options: SchedulerOptions = parse_scheduler_config(raw["scheduler_config"])
-        self.search: Search | None = parse_search(raw.get("search"))
+        self.search: Search | None = None
+        if raw.get("search") is not None:
+            from ..tuning.search import parse_search
+
+            self.search = parse_search(raw["search"])
         self.space: dict[str, Distribution] = {}
         self._space_raw: Any = None
         if self.search is not None:
@@ -336,9 +342,13 @@ class Sweep:
         # The early_stop rule of each stage that has one (None: the one stage of a config without stages).
         self.stopping: dict[str | None, Rule] = {}
         for stage in self.stages:
+            raw_rule = stage.early_stop if self.staged else self.early_stop_raw
+            if raw_rule is None:
+                continue
+            from ..tuning.stopping import parse_early_stop
+
             rule = parse_early_stop(
-                stage.early_stop if self.staged else self.early_stop_raw,
-                "early_stop" if stage.name is None else f"stage {stage.name!r}: early_stop",
+                raw_rule, "early_stop" if stage.name is None else f"stage {stage.name!r}: early_stop"
             )
             if rule is not None:
                 self.stopping[stage.name] = rule

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ...engine.launcher import Attempt, Ended, LaunchError
 from ...gpu_task import GPUTask
@@ -20,7 +21,9 @@ from .keeper import available as keeper_available
 from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from .process import Child
 from .proctree import wait_gone
-from .warm import WarmRunner
+
+if TYPE_CHECKING:  # imported where prewarm starts one: a sweep without prewarm never needs it (socket, 2 ms)
+    from .warm import WarmRunner
 
 _DRAIN_SLACK = 60.0  # seconds beyond the grace period a stopped run's processes are waited for
 
@@ -85,6 +88,8 @@ class LocalLauncher:
             raise
         handle.pid = handle.child.pid
         if self._prewarm and launch.preload is not None:
+            from .warm import WarmRunner
+
             try:
                 self._warm[attempt.slot.name] = WarmRunner(attempt.slot, launch, launch.preload, inherit)
             except OSError:

@@ -388,7 +388,7 @@ def test_a_metric_with_a_declared_mode_shows_its_best_value(in_tmp, served):
 def test_no_request_value_makes_the_server_fail(in_tmp, served):
     """Whatever the page's parameters hold (SQL, JSON paths, huge or odd numbers, control
     characters), the answer is 200, 400 or 404: never an error of the server's own."""
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, example, given, settings
     from hypothesis import strategies as st
 
     root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a",))
@@ -405,6 +405,7 @@ def test_no_request_value_makes_the_server_fail(in_tmp, served):
             max_size=5,
         ),
     )
+    @example("/api/runs", {"offset": "\u00b2", "limit": "\u0663", "root": "\uff11"})  # digits to str, not to int()
     def check(path, params):
         status, _, body = fetch(url.rstrip("/") + path + "?" + urllib.parse.urlencode(params))
         assert status in (200, 400, 404), (path, params, body[:300])

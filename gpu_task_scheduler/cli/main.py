@@ -266,7 +266,7 @@ def _serve_port(args: argparse.Namespace) -> int | None:
     if "=" in given:
         args.overrides.append(given)
         return DEFAULT_PORT
-    if given and not given.isdigit():
+    if given and not (given.isascii() and given.isdigit()):
         raise ConfigError(f"--serve takes a port number; got {given!r}")
     return int(given) if given else DEFAULT_PORT
 

@@ -25,7 +25,7 @@ def find_run(records: list[RunRecord], wanted: str) -> RunRecord:
     exact = [r for r in records if r.name == wanted]
     if exact:
         return exact[0]
-    if wanted.isdigit():
+    if wanted.isascii() and wanted.isdigit():
         by_index = [r for r in records if r.run_index == int(wanted)]
         if by_index:
             return by_index[0]

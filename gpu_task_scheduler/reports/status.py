@@ -187,7 +187,7 @@ def terminal_width(stream: Any) -> int | None:
     if not stream.isatty():
         return None
     columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
+    if columns.isascii() and columns.isdigit() and int(columns) > 0:
         return int(columns)
     width = shutil.get_terminal_size(fallback=(0, 0)).columns
     return width if width > 0 else None

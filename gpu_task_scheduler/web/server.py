@@ -120,7 +120,7 @@ class View:
 
         def number(name: str, default: int) -> int:
             text = one(name, str(default))
-            if not text.isdigit() or len(text) > 9:
+            if not (text.isascii() and text.isdigit()) or len(text) > 9:  # '²'.isdigit(), yet int('²') fails
                 raise ConfigError(f"{name} must be a whole number; got {text!r}")
             return int(text)
 

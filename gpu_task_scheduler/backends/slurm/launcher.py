@@ -460,7 +460,7 @@ class SlurmLauncher:
             if task is None or rest == "abandoned":
                 continue
             incarnation, _, kind = rest.partition(".")
-            if not incarnation.isdigit() or kind not in ("start", "end"):
+            if not (incarnation.isascii() and incarnation.isdigit()) or kind not in ("start", "end"):
                 continue
             self._on_event(task, int(incarnation), kind, read_json(os.path.join(self._events, name)))
 
@@ -705,7 +705,7 @@ def live_tasks(root: str, *, settled: bool = False) -> list[tuple[dict[str, Any]
         batch, runs = batches[name]
         for task, state in tasks.items():
             job, _, index = task.partition("_")
-            run = runs[int(index)] if index.isdigit() and int(index) < len(runs) else None
+            run = runs[int(index)] if index.isascii() and index.isdigit() and int(index) < len(runs) else None
             if state.live and isinstance(run, dict) and isinstance(run.get("name"), str):
                 found.append(({**run, "job": job, "index": int(index), "batch": batch}, state))
     return found

@@ -147,6 +147,48 @@ def test_a_stopped_sweep_leaves_nothing_in_the_queue(slurm, in_tmp, no_leaked_pr
     assert [line.split()[0] for line in lines] == ["start", "start"], lines
 
 
+def test_a_stop_cancels_outright_only_tasks_squeue_still_lists_as_queued(tmp_path, monkeypatch):
+    """A stop asked before the driver saw a task start (its start file comes once its run runs;
+    squeue is read every poll_interval): start files and squeue are read again first. A task
+    squeue lists as running is stopped as running ones are (SIGTERM, the run's grace period);
+    only one still pending is cancelled outright (a plain scancel of a running task ends it on
+    Slurm's terms, and its run could be recorded succeeded though it was stopped)."""
+    import gts_test_tasks as tasks
+    from helpers import make_config
+
+    from gpu_task_scheduler.backends.slurm.launcher import SlurmLauncher
+    from gpu_task_scheduler.engine.launcher import Attempt
+    from gpu_task_scheduler.gpu.devices import Slot
+    from gpu_task_scheduler.records.paths import RunPaths
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    sweep = Sweep(make_config(tmp_path / "r", [{"seconds": [1, 2, 3]}], backend="slurm"))
+    launcher = SlurmLauncher(tasks.ContractTask, sweep.options)
+    os.makedirs(tmp_path / "r" / ".gts" / "slurm" / "events")
+    calls = []
+    monkeypatch.setattr(commands, "submit", lambda args, script: "7")
+    monkeypatch.setattr(commands, "cancel", lambda names, signal_name=None, **kw: calls.append((names, signal_name)))
+    squeue = {
+        "7_0": commands.TaskState("RUNNING", "node1", "None"),  # started since the last look
+        "7_1": commands.TaskState("PENDING", "", "Priority"),
+        "7_2": commands.TaskState("RUNNING", "node1", "None"),  # its start file is there already
+    }
+    monkeypatch.setattr(commands, "states", lambda jobs: calls.append(("squeue", sorted(jobs))) or squeue)
+    handles = []
+    for index, spec in enumerate(sweep):
+        attempt = Attempt(spec, Slot("cpu0", ()), RunPaths(spec.work_dir, None), f"token{index}", 1)
+        handles.append(launcher.start(attempt, lambda: None, lambda node, pid: None))
+    launcher.flush()
+    start = {"node": "node1", "pid": 42, "job": "7_2", "incarnation": 0}
+    (tmp_path / "r" / ".gts" / "slurm" / "events" / "token2.0.start").write_text(json.dumps(start))
+    for handle in handles:
+        handle.stop()
+    launcher._send_requests()  # what the following thread does next
+    sent = [call for call in calls if call[0]]  # the real cancel() sends nothing for no tasks
+    assert sent == [("squeue", ["7"]), (["7_[1]"], None), (["7_[0,2]"], "TERM")], calls
+    assert handles[2].node == "node1 job 7_2"  # its start was read before anything was sent
+
+
 @slurm_only
 def test_detach_then_status_then_a_second_run_follows_the_jobs(slurm, in_tmp, no_leaked_processes):
     """--detach submits and exits; gts status shows the runs on their jobs; gts run again follows

@@ -415,10 +415,16 @@ class SlurmLauncher:
                 self._new = [other for other in self._new if other is not task]
             self._finish(task, Ended(returncode=-15 if task.asked == "TERM" else -9))
         asked = [task for task in asked if task.job is not None]
+        try:
+            self._look_again_before_cancelling(asked)
+        except GTSError as error:
+            logger.warning("could not stop Slurm tasks: %s (tried again)", error)
+            return
+        asked = [task for task in asked if not task.handle.has_exited()]  # its end was just read
         queued = [task for task in asked if task.placed < 0 and not task.ran]
         running = [task for task in asked if task.placed >= 0 or task.ran]
         try:
-            commands.cancel(_by_array(queued))  # not started: taken out of the queue (killed, if it just started)
+            commands.cancel(_by_array(queued))  # not started: taken out of the queue
             # A stop: SIGTERM to all of it (the supervisor stops its run with the grace period). A kill:
             # SIGUSR2 to the supervisor alone, which kills its run and still reports and releases the
             # lease (SIGKILL to the supervisor too would leave the lease to expire before a retry).
@@ -431,6 +437,26 @@ class SlurmLauncher:
         for task in asked:
             assert task.asked is not None
             task.sent.add(task.asked)
+
+    def _look_again_before_cancelling(self, asked: list[_Task]) -> None:
+        """A task not seen started may have started since the last look: its start file is
+        written once its run runs, and squeue was asked up to ``poll_interval`` ago. A plain
+        ``scancel`` of a task whose run runs ends it on Slurm's terms (SIGTERM to each of its
+        processes, Slurm's KillWait, not the grace period); a run whose command outlived a
+        signal its children got could end 0 and be recorded succeeded (seen twice in CI). So
+        the start files and squeue are read again now: only tasks squeue still lists as queued
+        are cancelled outright; the rest are stopped as running ones are."""
+        if all(task.placed >= 0 or task.ran for task in asked):
+            return
+        self._read_events()
+        unseen = [task for task in asked if task.placed < 0 and not task.ran and not task.handle.has_exited()]
+        if not unseen:
+            return
+        states = commands.states({task.job for task in unseen if task.job is not None})
+        for task in unseen:
+            state = states.get(task.name)
+            if state is not None and state.live and state.state not in ("PENDING", "REQUEUED"):
+                task.ran = True  # RUNNING, or on its way (CONFIGURING) or out (COMPLETING)
 
     # --- following ----------------------------------------------------------------------
 

@@ -117,6 +117,18 @@ def test_records_are_read_only_from_small_regular_files(tmp_path, kind):
     assert read_json(str(target), limit=64) is None
 
 
+def test_a_record_longer_than_one_read_is_read_whole_up_to_its_limit(tmp_path):
+    from gpu_task_scheduler.records.paths import read_json
+
+    target = tmp_path / "result.json"
+    value = {"a": "x" * 200_000}  # three reads and a bit
+    target.write_text(json.dumps(value))
+    size = target.stat().st_size
+    assert read_json(str(target)) == value
+    assert read_json(str(target), limit=size) == value
+    assert read_json(str(target), limit=size - 1) is None
+
+
 def test_a_queue_keeps_no_outcome_of_runs_that_succeeded():
     from gpu_task_scheduler import RunOutcome, RunStatus, SweepSummary
 

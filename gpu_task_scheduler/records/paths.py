@@ -112,18 +112,35 @@ def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
 MAX_RECORD_BYTES = 64 << 20
 
 
+_CHUNK = 1 << 16  # bytes per read: a buffer this size comes from the heap, not a fresh mapping
+
+
 def read_json(path: str, *, limit: int = MAX_RECORD_BYTES) -> Any | None:
     """The JSON in ``path``, or None if it is missing, unreadable, too large,
     a symbolic link or not a regular file."""
     try:
         fd = open_regular(path)
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read(limit + 1)
-        if len(data) > limit:
+        try:
+            # Plain reads of the descriptor: a file object would cost three more system calls,
+            # and read(limit + 1) a buffer of the limit's size (64 MiB) for a record of 100 bytes.
+            chunks, size = [], 0
+            while size <= limit and (chunk := os.read(fd, min(_CHUNK, limit + 1 - size))):
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+        if size > limit:
             return None
-        return json.loads(data.decode("utf-8"))
+        return json.loads(b"".join(chunks).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less, on a full disk or a signal)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _kind_problem(path: str, want_dir: bool) -> str | None:
@@ -361,11 +378,11 @@ class RunPaths:
         if self.log is None:
             return ""
         try:
-            with os.fdopen(open_regular(self.log), "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - max_bytes))
-                data = handle.read()
+            fd = open_regular(self.log)
+            try:
+                data = os.pread(fd, max_bytes, max(0, os.fstat(fd).st_size - max_bytes))
+            finally:
+                os.close(fd)
         except OSError:
             return ""
         text = data.decode("utf-8", "replace")

@@ -147,14 +147,14 @@ class Child:
         self.unstoppable: list[int] = []  # ... and those that could not be stopped
         # The run folder was checked; O_NOFOLLOW and a regular-file check close the gap to now.
         if output is not None:
-            log = os.fdopen(os.dup(output), "ab")
+            log = os.dup(output)
         elif log_path:
-            log = os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+            log = open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         else:
-            log = open(os.devnull, "wb")
+            log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         self._popen: subprocess.Popen | None = None
         try:
-            self.pid = _spawn(list(argv), env, cwd, log.fileno(), placed, inherit_fds)
+            self.pid = _spawn(list(argv), env, cwd, log, placed, inherit_fds)
         except NotImplementedError:
             env[LIFELINE_ENV] = str(read_end)
             if control is not None:
@@ -180,7 +180,7 @@ class Child:
             os.close(read_end)
             if keeper is not None and second is not None:
                 os.close(second)
-            log.close()
+            os.close(log)
         Child._sessions.add(self.pid)
         self._since = start_time(self.pid)
         self._spawned = time.monotonic()

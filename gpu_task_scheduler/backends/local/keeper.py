@@ -31,6 +31,7 @@ wrapper then starts its own watcher (``prepare.py``).
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -170,8 +171,10 @@ signal_all(spared, signal.SIGCONT)
 """
 
 
+@functools.cache
 def available() -> bool:
-    """Whether this system has what the keeper reads (Linux ``/proc``)."""
+    """Whether this system has what the keeper reads (Linux ``/proc``): looked at once, not at
+    each run's start (twice, each a ``stat``)."""
     return os.path.isdir("/proc/self/fd") and hasattr(os, "posix_spawn")
 
 

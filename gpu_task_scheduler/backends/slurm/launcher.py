@@ -25,7 +25,8 @@
 * **Stopping.** ``stop`` sends SIGTERM to the task (``scancel --signal=TERM
   --full``), whose supervisor stops its run with the grace period; ``kill``
   asks the supervisor to kill its run at once (SIGUSR2); a task that has not
-  started is cancelled. Calls
+  started (no start file, and ``squeue``, asked again then, still lists it as
+  queued) is cancelled. Calls
   are batched per array, at most a few a second. When the sweep ends nothing
   of it is left in Slurm's queue, unless it was detached.
 * **Adopting.** Each array's attempts are written down under the root

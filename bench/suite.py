@@ -13,6 +13,9 @@ to a log, so each tool is measured the same way, from what its jobs saw:
   process tree, as wait4 reports it, minus the floor's on the same jobs);
 * correctness: every job ran once, and no slot ran two jobs at once.
 
+The tools take turns: round by round, each runs once (in a rotated order), so that a machine
+that is slower for a while weighs on all of them alike.
+
 Peers (installed by the suite into ``bench/.peers`` when missing): simple-gpu-scheduler,
 GNU parallel (its slot number picks the GPU id; installed with apt where we may), Ray
 (``ray.remote(num_gpus=1)``, workers reused; skipped where it does not install), and a
@@ -341,11 +344,16 @@ def main() -> None:
             tools = [v for t in tools for v in ([t, f"{t} @{args.before}"] if t.startswith("gts") else [t])]
         if "waitpid floor" not in tools:
             tools.append("waitpid floor")
-        rows = {}
-        for tool in tools:
-            results = [r for r in (run_once(tool, work, peers) for _ in range(args.repeat)) if r is not None]
-            if results:
-                rows[tool] = median_of(results)
+        # Round by round, each tool once per round and in a rotated order: a machine that gets
+        # slower or faster for a while (a neighbour on the same host) then weighs on every tool
+        # alike, not on whichever tool ran all its repeats meanwhile.
+        measured: dict[str, list[dict]] = {tool: [] for tool in tools}
+        for round_ in range(args.repeat):
+            for tool in tools[round_ % len(tools) :] + tools[: round_ % len(tools)]:
+                result = run_once(tool, work, peers)
+                if result is not None:
+                    measured[tool].append(result)
+        rows = {tool: median_of(results) for tool, results in measured.items() if results}
         floor_cpu = rows["waitpid floor"]["cpu"] if "waitpid floor" in rows else 0.0
         jobs = len(work.seconds)
         print(f"{work.name}: {work.what}")

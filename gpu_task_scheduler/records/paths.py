@@ -260,9 +260,9 @@ class RootPaths:
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Where a run's files go. A run's start and end ask for them about 40 times: the records
-    folder is joined once per object, the files in it are appended to it (``os.path.join`` each
-    time was 40 calls a run)."""
+    """Where a run's files go. A run's start and end ask for them about 40 times, so the records
+    folder is joined once per object and the files' names are appended to it, instead of an
+    ``os.path.join`` at each ask."""
 
     work_dir: str
     log_name: str | None  # None: the run's output is discarded, as in the original

@@ -418,13 +418,9 @@ class SlurmLauncher:
         asked = [task for task in asked if task.job is not None]
         try:
             self._look_again_before_cancelling(asked)
-        except GTSError as error:
-            logger.warning("could not stop Slurm tasks: %s (tried again)", error)
-            return
-        asked = [task for task in asked if not task.handle.has_exited()]  # its end was just read
-        queued = [task for task in asked if task.placed < 0 and not task.ran]
-        running = [task for task in asked if task.placed >= 0 or task.ran]
-        try:
+            asked = [task for task in asked if not task.handle.has_exited()]  # its end was just read
+            queued = [task for task in asked if task.placed < 0 and not task.ran]
+            running = [task for task in asked if task.placed >= 0 or task.ran]
             commands.cancel(_by_array(queued))  # not started: taken out of the queue
             # A stop: SIGTERM to all of it (the supervisor stops its run with the grace period). A kill:
             # SIGUSR2 to the supervisor alone, which kills its run and still reports and releases the

@@ -7,7 +7,6 @@ config), so ``except ValueError`` in existing user code keeps working.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -52,6 +51,8 @@ class RunsFailedError(GTSError, RuntimeError):
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The valid choice closest to a misspelt ``word``, or None."""
+    import difflib  # here: only a bad config needs it
+
     matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return matches[0] if matches else None
 

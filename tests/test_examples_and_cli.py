@@ -99,6 +99,10 @@ NOT_AT_START = (
     "gpu_task_scheduler.backends.local.warm",
     "pickle",
     "statistics",
+    "yaml",  # a .json config
+    "lazy_object_proxy",
+    "socket",
+    "difflib",  # only a misspelt key's suggestion
 )
 
 

@@ -40,7 +40,6 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import stat
 import time
 from collections.abc import Iterable, Iterator
@@ -151,7 +150,7 @@ class SharedReservations:
         self._root = os.path.abspath(root)
         self._pid = os.getpid()
         self._uid = os.getuid()
-        self._host = socket.gethostname()
+        self._host = os.uname().nodename  # socket.gethostname()'s, without importing socket
         own = _start_ticks(self._pid)
         self._start = own[0] if own else 0
         self._name = f"{self._uid}-{self._pid}-{self._start}.json"
@@ -327,7 +326,7 @@ def _parse(record: object, owner: int) -> tuple[int, int, Publisher] | None:
     """A published record, checked field by field; None for another host's; ValueError if damaged."""
     if not isinstance(record, dict) or record.get("version") != _VERSION:
         raise ValueError("unknown format")
-    if record["host"] != socket.gethostname():
+    if record["host"] != os.uname().nodename:
         return None
     pid, start, uid = record["pid"], record["start"], record["uid"]
     for value in (pid, start, uid):

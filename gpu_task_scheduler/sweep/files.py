@@ -23,9 +23,6 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 from ..errors import ConfigError
-from ..lazy import lazy_import
-
-yaml = lazy_import("yaml")
 
 ConfigSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 SUFFIXES = (".yaml", ".yml", ".json", ".py")
@@ -47,8 +44,9 @@ def _yaml_loader() -> type:
     """``yaml.SafeLoader`` with the YAML 1.2 float forms (built once, on first use)."""
     global _LOADER
     if _LOADER is None:
+        import yaml  # here: most starts (gts queue, a .json or dict config) read no YAML
 
-        class Loader(yaml.SafeLoader):  # type: ignore[name-defined]  # (yaml is a lazy proxy here)
+        class Loader(yaml.SafeLoader):
             pass
 
         Loader.yaml_implicit_resolvers = {
@@ -62,6 +60,8 @@ def _yaml_loader() -> type:
 
 def load_yaml(text: Any) -> Any:
     """YAML text (or a stream) as Python values, with the float forms above."""
+    import yaml
+
     return yaml.load(text, Loader=_yaml_loader())
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import inspect
 import os
 import signal
 import subprocess
@@ -27,7 +26,7 @@ from .prepare import TaskFactory, by_value_problem, class_factory
 
 
 def check_task_class(task_class: object) -> type[GPUTask]:
-    if not (inspect.isclass(task_class) and issubclass(task_class, GPUTask)):
+    if not (isinstance(task_class, type) and issubclass(task_class, GPUTask)):
         raise TaskClassError(
             f"gpu_task_class must be a subclass of gpu_task_scheduler.gpu_task.GPUTask; got {task_class!r}"
         )

@@ -28,12 +28,12 @@ from ..jsonable import to_jsonable
 from .files import ConfigSource, load_config
 from .naming import NameRegistry, folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
-from .space import Distribution, is_distribution, parse_space
 from .stages import Dependencies, Stage, parse_stages
 
 if TYPE_CHECKING:  # imported where a config has a search or early_stop (7 ms a start without one)
     from ..tuning.search import Search, Searcher, Trial
     from ..tuning.stopping import Rule
+    from .space import Distribution  # and its space's distributions (1.5 ms)
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -117,12 +117,14 @@ def _values(value: Any, where: str) -> Sequence[Any]:
     hint = f"; write a list of values, e.g. [{value!r}]"
     if isinstance(value, (str, bytes)):
         raise ConfigError(f"{where} is the string {value!r}, not a list of values{hint}")
-    if is_distribution(value):
-        raise ConfigError(
-            f"{where} is a distribution ({value!r}), which only a search samples: add a search section, e.g. "
-            "search: {sampler: random, n_runs: 20, metric: loss, mode: min}, or give a list of values"
-        )
     if isinstance(value, Mapping):
+        from .space import is_distribution  # here: only a search's config needs the distributions
+
+        if is_distribution(value):
+            raise ConfigError(
+                f"{where} is a distribution ({value!r}), which only a search samples: add a search section, "
+                "e.g. search: {sampler: random, n_runs: 20, metric: loss, mode: min}, or give a list of values"
+            )
         raise ConfigError(f"{where} is a dict, not a list of values")
     if isinstance(value, (set, frozenset)):
         raise ConfigError(f"{where} is a set, whose order changes between runs; use a list")
@@ -395,6 +397,8 @@ class Sweep:
                 f"a search samples one space: give {where} as one block of key -> distribution, e.g. "
                 "[{lr: {loguniform: [1.0e-5, 1.0e-1]}, layers: {int: [2, 8]}}]"
             )
+        from .space import parse_space
+
         self.space = parse_space(blocks[0], f"{where}[0]")
         self._space_raw = copy.deepcopy(blocks[0])
         shown = [{key: [d.representative()] for key, d in self.space.items()}]

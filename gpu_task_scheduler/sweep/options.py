@@ -15,12 +15,14 @@ import numbers
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
 from ..layout import log_name_problem
-from .slurm import SlurmOptions, parse_slurm_options
+
+if TYPE_CHECKING:
+    from .slurm import SlurmOptions
 
 
 def _bool(value: Any) -> str | None:
@@ -260,7 +262,7 @@ class SchedulerOptions:
     ray_local_gpus: int | None  # GPUs a Ray instance of our own declares (None: as Ray detects them)
     node_failure_retries: int  # a run whose machine went away runs again elsewhere, this many times
     lease_interval: float  # how often a run on another machine renews its lease (records/lease.py)
-    slurm: SlurmOptions  # backend slurm's (sweep/slurm.py)
+    slurm: SlurmOptions | None  # backend slurm's (sweep/slurm.py); None with another backend and no slurm section
     notify_command: str | list[str] | None
     notify_email: Mapping[str, Any] | None
     given: Mapping[str, Any] = field(repr=False, compare=False)  # as written, defaults added
@@ -307,5 +309,8 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         typed[key] = None if typed[key] is None else parse_memory(typed[key], key)
     for key in _SECONDS:
         typed[key] = None if typed[key] is None else float(typed[key])
-    typed["slurm"] = parse_slurm_options(typed["slurm"])
+    if typed["slurm"] is not None or typed["backend"] == "slurm":  # else not imported: 1.5 ms of a start
+        from .slurm import parse_slurm_options
+
+        typed["slurm"] = parse_slurm_options(typed["slurm"])
     return SchedulerOptions(slots=None if parsed is None else tuple(parsed), given=given, **typed)

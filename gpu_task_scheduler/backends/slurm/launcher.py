@@ -60,6 +60,7 @@ from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write, read_json
 from ...records.status import RunStatus
 from ...sweep.options import SchedulerOptions
+from ...sweep.slurm import SlurmOptions
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from ..local.proctree import wait_gone
 from ..supervisor import log_line, remote_run
@@ -104,7 +105,7 @@ class SlurmLauncher:
 
     def __init__(self, task: type[GPUTask] | TaskFactory, options: SchedulerOptions, *, detach: bool = False) -> None:
         self._make_task = class_factory(task) if isinstance(task, type) else task
-        self._o, self._s = options, options.slurm
+        self._o, self._s = options, options.slurm or SlurmOptions()  # (None unless backend slurm)
         self._detach = detach
         self._root = os.path.abspath(options.result_root_folder)
         self._folder = os.path.join(self._root, META, "slurm")

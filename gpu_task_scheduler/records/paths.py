@@ -35,7 +35,6 @@ import functools
 import json
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +48,18 @@ from ..layout import log_name_problem as log_name_problem
 MAX_INLINE_RESULT = 1 << 20
 
 
+def _new_temporary(folder: str) -> tuple[int, str]:
+    """A new file ``.tmp-XXXX`` in ``folder``, as ``tempfile.mkstemp`` makes it (created, never
+    opened through a link, mode 0600) without importing tempfile (1.5 ms of each start)."""
+    for _ in range(100):
+        path = os.path.join(folder, f".tmp-{os.urandom(8).hex()}")
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", folder)
+
+
 def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half.
 
@@ -56,7 +67,7 @@ def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
     informational files skip that cost.
     """
     folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    fd, tmp = _new_temporary(folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...records.paths import open_regular
 from .keeper import FORKED_ENV, KEEPER_ENV, Keeper
 from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
 from .reaper import REAPER
+
+if TYPE_CHECKING:  # imported where posix_spawn is missing (2 ms of a start with it)
+    import subprocess
 
 _RECENT = 30.0  # seconds after its start in which a run's pids are all above its first
 _KNOWN_LIMIT = 1 << 16  # pids of other runs remembered by the stray scans (see Child._known)
@@ -156,6 +158,8 @@ class Child:
         try:
             self.pid = _spawn(list(argv), env, cwd, log, placed, inherit_fds)
         except NotImplementedError:
+            import subprocess
+
             env[LIFELINE_ENV] = str(read_end)
             if control is not None:
                 env[CONTROL_ENV] = str(control)

@@ -13,7 +13,6 @@ import copy
 import importlib
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -161,6 +160,8 @@ def run_with_grace(command: str | list[str], *, shell: bool, env: dict[str, str]
     the whole grace period; the scheduler's SIGKILL ends both of us after it.
     Returns ``(returncode, stop signal or None)``.
     """
+    import subprocess  # here, in the run's process: the scheduler's start does not need it
+
     received: list[int] = []
     children: list[subprocess.Popen] = []
 

@@ -426,6 +426,23 @@ def test_every_subcommand_has_help_with_an_example(command):
     assert result.returncode == 0 and "examples:" in result.stdout and f"gts {command}" in result.stdout
 
 
+def test_a_command_parses_and_helps_alike_whether_its_parser_is_built_alone_or_with_all(capsys):
+    """main() builds only the subcommand it runs; what that parser says and takes is the same."""
+    from gpu_task_scheduler.cli.main import _SUBCOMMANDS, build_parser
+
+    assert list(_SUBCOMMANDS)[:3] == ["run", "queue", "grid"]  # gts --help lists them in this order
+    for name in _SUBCOMMANDS:
+        helps = []
+        for parser in (build_parser(), build_parser(name)):
+            with pytest.raises(SystemExit):
+                parser.parse_args([name, "--help"])
+            helps.append(capsys.readouterr().out)
+        assert helps[0] == helps[1] and f"usage: gts {name}" in helps[0]
+    alone = build_parser("queue").parse_args(["queue", "--gpus", "0", "1", "--timeout", "5"])
+    every = build_parser().parse_args(["queue", "--gpus", "0", "1", "--timeout", "5"])
+    assert vars(alone) == vars(every) and alone.timeout == 5.0
+
+
 def test_status_and_results_as_subprocesses(command_sweep, in_tmp):
     assert gts(["run", command_sweep, "--plain"]) == 0
     status = _gts("status", "results", "--json", cwd=str(in_tmp))

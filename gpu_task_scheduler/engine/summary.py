@@ -7,10 +7,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import RunsFailedError
+from ..frozen import frozen
 from ..records.status import RunStatus
 
 
-@dataclass(frozen=True)
+@frozen
 class RunOutcome:
     """How one run of this sweep ended (its last attempt)."""
 

@@ -13,20 +13,22 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import ModuleType
 from typing import Any
+
+from ..frozen import frozen
 
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuProcess:
     pid: int
     used_memory: int | None  # bytes; None where NVML cannot tell (e.g. Windows WDDM)
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuState:
     """One GPU (or MIG instance) as NVML sees it at one moment."""
 

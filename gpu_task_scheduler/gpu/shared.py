@@ -43,8 +43,9 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
+from ..frozen import frozen
 from .host import process_stat
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -58,7 +59,7 @@ STARTING = 0  # the pgid of a reservation whose run is being started (it counts 
 _OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-@dataclass(frozen=True)
+@frozen
 class Held:
     """One run's reservation on one GPU, as published."""
 
@@ -68,7 +69,7 @@ class Held:
     run: str  # the run's folder name, for `gts gpus`
 
 
-@dataclass(frozen=True)
+@frozen
 class Publisher:
     """One live scheduler's published reservations (another's, or ours)."""
 

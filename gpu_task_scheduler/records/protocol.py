@@ -15,15 +15,16 @@ fields' types.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from typing import Any
 
+from ..frozen import frozen
 from .paths import atomic_write_json, read_json
 
 RESULT_FILE = "result.json"  # the only name a large result is written to, next to the outcome
 
 
-@dataclass(frozen=True)
+@frozen
 class RunStart:
     token: str
     config_hash: str
@@ -46,7 +47,7 @@ class RunStart:
         return cls(**data)
 
 
-@dataclass(frozen=True)
+@frozen
 class Outcome:
     status: str  # "succeeded" or "failed"
     token: str | None = None

@@ -15,15 +15,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from ..frozen import frozen
 
 KINDS = ("uniform", "loguniform", "int", "choice")
 
 
-@dataclass(frozen=True)
+@frozen
 class Uniform:
     low: float
     high: float
@@ -35,7 +35,7 @@ class Uniform:
         return self.low
 
 
-@dataclass(frozen=True)
+@frozen
 class LogUniform:
     low: float
     high: float
@@ -47,7 +47,7 @@ class LogUniform:
         return self.low
 
 
-@dataclass(frozen=True)
+@frozen
 class Int:
     low: int
     high: int
@@ -64,7 +64,7 @@ class Int:
         return self.low
 
 
-@dataclass(frozen=True)
+@frozen
 class Choice:
     values: tuple[Any, ...]
 

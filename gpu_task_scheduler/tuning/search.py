@@ -29,10 +29,11 @@ import os
 import random
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
+from ..frozen import frozen
 from ..records.paths import RootPaths
 from ..sweep.naming import NameRegistry
 from ..sweep.space import Choice, Distribution, Int, LogUniform, Uniform, inside
@@ -48,7 +49,7 @@ MAX_RUNS = 1_000_000
 EXTRA_HINT = "pip install 'gts-sweep[search]'"
 
 
-@dataclass(frozen=True)
+@frozen
 class Search:
     sampler: str
     n_runs: int
@@ -110,7 +111,7 @@ def check_optuna(sampler: str = "tpe") -> None:
             ) from None
 
 
-@dataclass(frozen=True)
+@frozen
 class Trial:
     number: int
     values: dict[str, Any]

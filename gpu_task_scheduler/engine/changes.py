@@ -26,10 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..frozen import frozen
 from ..jsonable import to_jsonable
 from ..records.known import RootIndex
 from ..records.ledger import Ledger
@@ -41,7 +41,7 @@ from .decide import program_changed
 SHOWN = 20  # changes listed in the error; the rest are counted
 
 
-@frozen
+@dataclass(frozen=True)
 class Change:
     name: str
     index: int

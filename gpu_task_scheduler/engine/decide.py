@@ -14,9 +14,9 @@ Nothing here reads a file, the clock or NVML; the inputs are plain values
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from typing import Any
 
-from ..frozen import frozen
 from ..gpu.oom import detect_oom
 from ..gpu.placement import WHOLE_GPU, Need
 from ..records.prior import Prior
@@ -29,7 +29,7 @@ OOM_GROWTH = 1.5  # after an out-of-memory failure, a run's estimate grows by th
 # --- before a run ---------------------------------------------------------------
 
 
-@frozen
+@dataclass(frozen=True)
 class Decision:
     action: str  # "run", "skip", "adopt" (skip, recording the folder's success in the ledger)
     # or "keep" (skip, recording its result as this config's: on_config_change keep)
@@ -112,7 +112,7 @@ def program_changed(recorded: str | None, current: str | None) -> bool:
 # --- how an attempt ended -------------------------------------------------------
 
 
-@frozen
+@dataclass(frozen=True)
 class ExitFacts:
     returncode: int  # negative: killed by that signal
     reports_outcome: bool  # False for a plain command
@@ -125,7 +125,7 @@ class ExitFacts:
     lost: str | None = None  # the launcher lost it with its machine (Ended.lost)
 
 
-@frozen
+@dataclass(frozen=True)
 class Classified:
     status: RunStatus
     cause: str | None
@@ -201,7 +201,7 @@ def classify(facts: ExitFacts) -> Classified:
 # --- what happens next ----------------------------------------------------------
 
 
-@frozen
+@dataclass(frozen=True)
 class Next:
     # "done", "retry" (queued again now), "lost" (queued again now: its machine went away) or
     # "defer" (after every other run, with `need`)

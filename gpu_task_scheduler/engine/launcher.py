@@ -16,9 +16,9 @@ event); every other method is called from the engine's thread.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
-from ..frozen import frozen
 from ..gpu.devices import Slot
 from ..records.paths import RunPaths
 from ..records.status import RunStatus
@@ -37,7 +37,7 @@ class LaunchError(Exception):
         self.details = details
 
 
-@frozen
+@dataclass(frozen=True)
 class Attempt:
     """One attempt of a run on a slot."""
 
@@ -48,7 +48,7 @@ class Attempt:
     number: int  # 1 for the first attempt recorded in the ledger
 
 
-@frozen
+@dataclass(frozen=True)
 class Ended:
     """What the launcher knows about an attempt's end, beyond its outcome file."""
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 
 from ..errors import GTSError
-from ..frozen import frozen
 from ..gpu.devices import Slot
 from ..jsonable import to_jsonable
 from ..layout import RESULT_FILE
@@ -33,7 +33,7 @@ from .summary import RunOutcome, SweepSummary
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@frozen
+@dataclass(frozen=True)
 class Exit:
     """What was read after a run's process ended: the facts to classify, and the files behind them."""
 

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import RunsFailedError
-from ..frozen import frozen
 from ..records.status import RunStatus
 
 
-@frozen
+@dataclass(frozen=True)
 class RunOutcome:
     """How one run of this sweep ended (its last attempt)."""
 

@@ -15,11 +15,11 @@ import os
 import random
 import time
 from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import GTSError
-from ..frozen import frozen
 from .devices import Slot, discover_slots, format_memory, gpu_ids, open_monitor
 from .host import HostProbe, process_stat
 from .nvml import GpuMonitor, GpuState
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depe
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@frozen
+@dataclass(frozen=True)
 class Placement:
     view: SlotView | None = None  # where it starts
     impossible: str | None = None  # it can never start here: why
@@ -98,7 +98,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-@frozen
+@dataclass(frozen=True)
 class Leftover:
     """A process of a run that ended, still holding memory on a GPU."""
 

@@ -18,10 +18,10 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 
 from ..errors import ConfigError, GTSError, NoGpuError
-from ..frozen import frozen
 from .nvml import GpuMonitor, NvmlUnavailable, visible_ids
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -35,7 +35,7 @@ _ALLOWED = (
 )
 
 
-@frozen
+@dataclass(frozen=True)
 class Slot:
     """One place where one run executes at a time."""
 

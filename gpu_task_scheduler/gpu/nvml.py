@@ -13,22 +13,20 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import field
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
-
-from ..frozen import frozen
 
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@frozen
+@dataclass(frozen=True)
 class GpuProcess:
     pid: int
     used_memory: int | None  # bytes; None where NVML cannot tell (e.g. Windows WDDM)
 
 
-@frozen
+@dataclass(frozen=True)
 class GpuState:
     """One GPU (or MIG instance) as NVML sees it at one moment."""
 

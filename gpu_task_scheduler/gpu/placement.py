@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from ..frozen import frozen
 from .devices import Slot, format_memory
 from .nvml import GpuState
 
@@ -33,7 +33,7 @@ WHOLE_GPU = WholeGpu()
 Need = int | WholeGpu | None  # bytes per GPU; WHOLE_GPU; None: no memory accounting (one run per slot)
 
 
-@frozen
+@dataclass(frozen=True)
 class Reservation:
     """One active run of ours, as the memory accounting sees it."""
 
@@ -42,7 +42,7 @@ class Reservation:
     reserved: int | WholeGpu  # bytes per GPU (0: no accounting)
 
 
-@frozen
+@dataclass(frozen=True)
 class GpuBook:
     """A GPU's memory from our point of view."""
 
@@ -53,7 +53,7 @@ class GpuBook:
     others_pending: int = 0  # reserved by other schedulers' runs, not allocated yet
 
 
-@frozen
+@dataclass(frozen=True)
 class SlotView:
     index: int
     slot: Slot

@@ -43,9 +43,8 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
-from ..frozen import frozen
 from .host import process_stat
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -59,7 +58,7 @@ STARTING = 0  # the pgid of a reservation whose run is being started (it counts 
 _OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-@frozen
+@dataclass(frozen=True)
 class Held:
     """One run's reservation on one GPU, as published."""
 
@@ -69,7 +68,7 @@ class Held:
     run: str  # the run's folder name, for `gts gpus`
 
 
-@frozen
+@dataclass(frozen=True)
 class Publisher:
     """One live scheduler's published reservations (another's, or ours)."""
 

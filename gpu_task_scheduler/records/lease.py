@@ -42,14 +42,14 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from ..frozen import frozen
 from .paths import atomic_write, read_json
 
 HELD, RELEASED = "held", "released"
 
 
-@frozen
+@dataclass(frozen=True)
 class LeaseTerms:
     """How an attempt's lease is kept (seconds)."""
 

@@ -39,7 +39,6 @@ from typing import Any
 
 from .. import __version__
 from ..errors import LedgerError, SchedulerBusyError
-from ..frozen import frozen
 from .paths import MAX_INLINE_RESULT, RootPaths, ledger_path_problem, open_regular, root_records_problem
 from .status import RunStatus
 
@@ -91,7 +90,7 @@ INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
 
 
-@frozen
+@dataclass(frozen=True)
 class RunRecord:
     name: str
     run_index: int | None

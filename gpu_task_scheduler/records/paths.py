@@ -35,10 +35,10 @@ import functools
 import json
 import os
 import stat
+from dataclasses import dataclass
 from typing import Any
 
 # The layout's pure names live in layout.py (the config layer checks with them); here with the I/O.
-from ..frozen import frozen
 from ..layout import MAX_NAME_BYTES as MAX_NAME_BYTES
 from ..layout import META as META
 from ..layout import log_name_problem as log_name_problem
@@ -244,7 +244,7 @@ def root_records_problem(paths: RootPaths) -> str | None:
     return None
 
 
-@frozen
+@dataclass(frozen=True)
 class RootPaths:
     root: str
 
@@ -269,7 +269,7 @@ class RootPaths:
         return os.path.join(self.meta, "control")
 
 
-@frozen
+@dataclass(frozen=True)
 class RunPaths:
     """Where a run's files go. A run's start and end ask for them about 40 times, so the records
     folder is joined once per object and the files' names are appended to it, instead of an

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..frozen import frozen
 from .known import RootIndex
 from .ledger import KnownRun, Ledger
 from .metrics import read_all
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..sweep.expand import RunSpec  # records sit below the sweep: only its type is needed
 
 
-@frozen
+@dataclass(frozen=True)
 class Prior:
     """What the result root says about a run before it starts."""
 

@@ -15,16 +15,15 @@ fields' types.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ..frozen import frozen
 from .paths import atomic_write_json, read_json
 
 RESULT_FILE = "result.json"  # the only name a large result is written to, next to the outcome
 
 
-@frozen
+@dataclass(frozen=True)
 class RunStart:
     token: str
     config_hash: str
@@ -47,7 +46,7 @@ class RunStart:
         return cls(**data)
 
 
-@frozen
+@dataclass(frozen=True)
 class Outcome:
     status: str  # "succeeded" or "failed"
     token: str | None = None

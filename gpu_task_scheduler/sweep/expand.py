@@ -19,10 +19,10 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
-from ..frozen import frozen
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
 from .files import ConfigSource, load_config
@@ -179,7 +179,7 @@ def config_hash(config: Mapping[str, Any]) -> str:
 # --- runs -----------------------------------------------------------------------
 
 
-@frozen
+@dataclass(frozen=True)
 class RunSpec:
     """One run of the sweep."""
 

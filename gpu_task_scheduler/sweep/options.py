@@ -14,11 +14,10 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
-from ..frozen import frozen
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
 from ..layout import log_name_problem
 
@@ -219,7 +218,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
 }
 
 
-@frozen
+@dataclass(frozen=True)
 class SchedulerOptions:
     """``scheduler_config`` after validation, every default filled in; sizes in bytes."""
 

@@ -38,10 +38,10 @@ commands apart would need the shell's whole grammar (aliases, functions,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
 from ..errors import ConfigError
-from ..frozen import frozen
 from .templates import parse
 
 ENV_PREFIX = "GTS_ARG_"
@@ -54,7 +54,7 @@ _EVALUATED = {
 }
 
 
-@frozen
+@dataclass(frozen=True)
 class ShellTemplate:
     script: str
     # environment variable -> (field name, format spec, conversion)

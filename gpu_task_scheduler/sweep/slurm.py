@@ -11,10 +11,10 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
-from ..frozen import frozen
 
 # What sbatch --time takes: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -22,7 +22,7 @@ _MEMORY = re.compile(r"^\d+[KMGT]?$")
 _NAME = re.compile(r"^[A-Za-z0-9_.,:+@-]+$")  # partition, account, qos: no spaces, no shell characters
 
 
-@frozen
+@dataclass(frozen=True)
 class SlurmOptions:
     partition: str | None = None
     max_parallel: int | None = None  # runs at once across the sweep (the arrays' throttles); None: as Slurm allows

@@ -15,15 +15,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..frozen import frozen
 
 KINDS = ("uniform", "loguniform", "int", "choice")
 
 
-@frozen
+@dataclass(frozen=True)
 class Uniform:
     low: float
     high: float
@@ -35,7 +35,7 @@ class Uniform:
         return self.low
 
 
-@frozen
+@dataclass(frozen=True)
 class LogUniform:
     low: float
     high: float
@@ -47,7 +47,7 @@ class LogUniform:
         return self.low
 
 
-@frozen
+@dataclass(frozen=True)
 class Int:
     low: int
     high: int
@@ -64,7 +64,7 @@ class Int:
         return self.low
 
 
-@frozen
+@dataclass(frozen=True)
 class Choice:
     values: tuple[Any, ...]
 

@@ -29,11 +29,10 @@ import os
 import random
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
-from ..frozen import frozen
 from ..records.paths import RootPaths
 from ..sweep.naming import NameRegistry
 from ..sweep.space import Choice, Distribution, Int, LogUniform, Uniform, inside
@@ -49,7 +48,7 @@ MAX_RUNS = 1_000_000
 EXTRA_HINT = "pip install 'gts-sweep[search]'"
 
 
-@frozen
+@dataclass(frozen=True)
 class Search:
     sampler: str
     n_runs: int
@@ -111,7 +110,7 @@ def check_optuna(sampler: str = "tpe") -> None:
             ) from None
 
 
-@frozen
+@dataclass(frozen=True)
 class Trial:
     number: int
     values: dict[str, Any]

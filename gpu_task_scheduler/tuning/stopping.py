@@ -30,10 +30,10 @@ import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
-from ..frozen import frozen
 
 METHODS = ("asha", "median")
 _KEYS = {
@@ -42,7 +42,7 @@ _KEYS = {
 }
 
 
-@frozen
+@dataclass(frozen=True)
 class Verdict:
     """A rule's word on a run at ``step``: go on, or stop (``stop``), and why (``cause``)."""
 
@@ -72,7 +72,7 @@ def _g(value: float) -> str:
     return f"{value:.4g}"
 
 
-@frozen
+@dataclass(frozen=True)
 class Rule:
     metric: str
     mode: str  # "min" or "max"
@@ -89,7 +89,7 @@ class Rule:
         raise NotImplementedError
 
 
-@frozen
+@dataclass(frozen=True)
 class Asha(Rule):
     reduction_factor: float = 3.0
 
@@ -162,7 +162,7 @@ class Curve:
         return self.sums[count - 1] / count if count else None
 
 
-@frozen
+@dataclass(frozen=True)
 class Median(Rule):
     min_runs: int = 3
 

@@ -14,10 +14,10 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ...engine.launcher import Attempt, LaunchError
-from ...frozen import frozen
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
@@ -60,7 +60,7 @@ def log_launch_failure(paths: RunPaths, error: BaseException) -> None:
         pass  # the cause is recorded in the ledger either way
 
 
-@frozen
+@dataclass(frozen=True)
 class Preload:
     """What a pre-warmed runner imports before its run is known (see ``warm.py``)."""
 
@@ -69,7 +69,7 @@ class Preload:
     sys_path: tuple[str, ...]
 
 
-@frozen
+@dataclass(frozen=True)
 class Launch:
     argv: list[str]
     env: dict[str, str]

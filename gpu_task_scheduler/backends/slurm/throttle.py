@@ -19,10 +19,10 @@ up to more than ``max_parallel``, however late the driver sees states.
 
 from __future__ import annotations
 
-from ...frozen import frozen
+from dataclasses import dataclass
 
 
-@frozen
+@dataclass(frozen=True)
 class Array:
     job: str
     running: int  # tasks running now (as last seen)
@@ -38,7 +38,7 @@ class Array:
         return max(self.running, self.throttle)
 
 
-@frozen
+@dataclass(frozen=True)
 class Change:
     job: str
     throttle: int | None = None  # set its %N to this

@@ -88,16 +88,17 @@ def running_tasks(cluster):
 
 @slurm_only
 def test_twelve_runs_four_at_once_each_once_through_a_requeue(slurm, in_tmp, no_leaked_processes):
-    """12 runs of 2 s, one GPU each, max_parallel 4: 4 at once on distinct GPUs; a task requeued
+    """12 runs of 3 s, one GPU each, max_parallel 4: 4 at once on distinct GPUs; a task requeued
     mid-sweep (scontrol requeue) is given up and its run runs again; every run's side effect
     happens once, the sweep exits 0, nothing is left in the queue, and fewer submissions than runs."""
-    path = write_sweep(in_tmp, 12, 2, max_parallel=4)
+    path = write_sweep(in_tmp, 12, 3, max_parallel=4)
     process = gts("run", path, "--plain")
     journal = in_tmp / "journal"
     wait_until(lambda: len(journal_lines(journal)) >= 2, timeout=60, message="runs to start")
 
     def mid_run():
-        """A running task of the first array (task k runs i-k) whose 2 s run has over a second left:
+        """A running task of the first array (task k runs i-k) whose 3 s run has over two seconds left
+        (with one second, a full test suite on 2 cores once saw the run end before the requeue):
         one that squeue still lists as running after its run ended would have nothing to requeue."""
         begun = {}
         for line in journal_lines(journal):

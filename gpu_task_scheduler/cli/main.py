@@ -778,8 +778,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The gts parser. With ``command``, one of its subcommands, only that one gets its arguments:
-    main() builds only the one it runs (all of them cost 8 ms of every start, mostly argparse's
-    gettext look-ups); ``gts --help`` and a mistyped command build all."""
+    main() builds only the one it runs (all of them cost 8 ms of every start: argparse looks up
+    gettext translations and the terminal's size for each argument); ``gts --help`` and a
+    mistyped command build all."""
     parser = _Parser(
         prog="gts",
         formatter_class=_formatter,

@@ -233,27 +233,28 @@ def tool_argv(tool: str, work: Workload, folder: str, lines: list[str], peers: d
 
 
 def run_once(tool: str, work: Workload, peers: dict) -> dict | None:
-    with tempfile.TemporaryDirectory() as folder:
-        log = os.path.join(folder, "jobs.log")
-        lines = command_lines(log, work.seconds)
-        argv, env = tool_argv(tool, work, folder, lines, peers)
-        feed = "" if tool.startswith("gts run") else "\n".join(lines) + "\n"
-        launched = time.time()
-        with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: nothing blocks on a full pipe
-            process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, cwd=folder, env=env
-            )
-            process.stdin.write(feed.encode())  # small enough for the pipe and the tools' readers
-            process.stdin.close()
-            _, status, usage = os.wait4(process.pid, 0)
-            process.returncode = os.waitstatus_to_exitcode(status)
-            stderr.seek(0)
-            errors = stderr.read().decode(errors="replace")
-        if process.returncode != 0:
-            print(f"{tool} on {work.name} failed ({process.returncode}): {errors[-500:]}", file=sys.stderr)
-            return None
-        with open(log) as handle:
-            jobs = [line.split() for line in handle]
+    # Each measurement's folder is kept until the suite ends (main), not deleted after it.
+    folder = tempfile.mkdtemp(dir=peers["scratch"])
+    log = os.path.join(folder, "jobs.log")
+    lines = command_lines(log, work.seconds)
+    argv, env = tool_argv(tool, work, folder, lines, peers)
+    feed = "" if tool.startswith("gts run") else "\n".join(lines) + "\n"
+    launched = time.time()
+    with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: nothing blocks on a full pipe
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, cwd=folder, env=env
+        )
+        process.stdin.write(feed.encode())  # small enough for the pipe and the tools' readers
+        process.stdin.close()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stderr.seek(0)
+        errors = stderr.read().decode(errors="replace")
+    if process.returncode != 0:
+        print(f"{tool} on {work.name} failed ({process.returncode}): {errors[-500:]}", file=sys.stderr)
+        return None
+    with open(log) as handle:
+        jobs = [line.split() for line in handle]
     return summarize(work, jobs, launched, usage.ru_utime + usage.ru_stime)
 
 
@@ -313,6 +314,52 @@ def median_of(results: list[dict]) -> dict:
     return merged
 
 
+def measure(work: Workload, args: argparse.Namespace, peers: dict) -> None:
+    """Run ``work`` with each tool, round by round, and print its table."""
+    tools = [t for t in work.tools if peers.get(t, True) and (not args.tools or t in args.tools)]
+    if args.before:  # each gts tool as it was, beside it
+        tools = [v for t in tools for v in ([t, f"{t} @{args.before}"] if t.startswith("gts") else [t])]
+    if "waitpid floor" not in tools:
+        tools.append("waitpid floor")
+    # Round by round, each tool once per round and in a rotated order: a machine that gets
+    # slower or faster for a while (a neighbour on the same host) then weighs on every tool
+    # alike, not on whichever tool ran all its repeats meanwhile.
+    measured: dict[str, list[dict]] = {tool: [] for tool in tools}
+    for round_ in range(args.repeat):
+        for tool in tools[round_ % len(tools) :] + tools[: round_ % len(tools)]:
+            result = run_once(tool, work, peers)
+            if result is not None:
+                measured[tool].append(result)
+    rows = {tool: median_of(results) for tool, results in measured.items() if results}
+    floor_cpu = rows["waitpid floor"]["cpu"] if "waitpid floor" in rows else 0.0
+    jobs = len(work.seconds)
+    print(f"{work.name}: {work.what}")
+    print(f"  {'tool':<30}" + "".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in COLUMNS))
+    for tool, row in rows.items():
+        row["cpu/job"] = (row["cpu"] - floor_cpu) / jobs * 1000 if tool != "Ray" else float("nan")
+        cells = "".join(fmt.format(row[name]) for name, fmt in COLUMNS)
+        note = "  " + "; ".join(row["problems"]) if row["problems"] else ""
+        print(f"  {tool:<30}{cells}{note}")
+    if work.name == "W5":
+        relaunch = relaunch_seconds() * 1000
+        print(f"  a bare relaunch (the interpreter and the task's imports) takes {relaunch:.0f} ms")
+        for tool in (t for t in rows if t.startswith("gts")):
+            median = rows[tool]["gap median"]
+            print(f"  {tool}: median gap {median:.1f} ms = {median / relaunch:.2f} x a bare relaunch")
+    ours = [t for t in rows if t.startswith("gts")]
+    for mine in (t for t in ours if args.before and " @" not in t):
+        ratios = [
+            f"{name} {rows[f'{mine} @{args.before}'][name] / rows[mine][name]:.2f}x"
+            for name in ("makespan", "first", "gap", "cpu")
+            if f"{mine} @{args.before}" in rows and rows[mine][name] > 0
+        ]
+        print(f"  {mine}: before / now: " + ", ".join(ratios))
+    for mine in ours:
+        ratios = [f"{peer} {rows[mine]['jobs/s'] / rows[peer]['jobs/s']:.2f}" for peer in rows if peer not in ours]
+        print(f"  {mine} jobs/s / peer's: " + ", ".join(ratios))
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and workload (the median is shown)")
@@ -327,61 +374,27 @@ def main() -> None:
         "Ray": pip_peer("ray", "ray"),
     }
     trees_dir = tempfile.mkdtemp(prefix="gts-bench-trees-")
-    peers["trees"] = {None: gts_tree(None, trees_dir)}
-    if args.before:
-        peers["trees"][args.before] = gts_tree(args.before, trees_dir)
-    for name, found in peers.items():
-        if found is None:
-            print(f"({name} is not available: left out)", file=sys.stderr)
-    print(f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, medians of {args.repeat}")
-    print("gap: a slot's idle time between two jobs (ms); first: seconds to the first job's start;")
-    print("cpu/job: ms of CPU per job beyond the waitpid floor's (tool and shells included)\n")
-    for work in workloads():
-        if args.only and work.name not in args.only:
-            continue
-        tools = [t for t in work.tools if peers.get(t, True) and (not args.tools or t in args.tools)]
-        if args.before:  # each gts tool as it was, beside it
-            tools = [v for t in tools for v in ([t, f"{t} @{args.before}"] if t.startswith("gts") else [t])]
-        if "waitpid floor" not in tools:
-            tools.append("waitpid floor")
-        # Round by round, each tool once per round and in a rotated order: a machine that gets
-        # slower or faster for a while (a neighbour on the same host) then weighs on every tool
-        # alike, not on whichever tool ran all its repeats meanwhile.
-        measured: dict[str, list[dict]] = {tool: [] for tool in tools}
-        for round_ in range(args.repeat):
-            for tool in tools[round_ % len(tools) :] + tools[: round_ % len(tools)]:
-                result = run_once(tool, work, peers)
-                if result is not None:
-                    measured[tool].append(result)
-        rows = {tool: median_of(results) for tool, results in measured.items() if results}
-        floor_cpu = rows["waitpid floor"]["cpu"] if "waitpid floor" in rows else 0.0
-        jobs = len(work.seconds)
-        print(f"{work.name}: {work.what}")
-        print(f"  {'tool':<30}" + "".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in COLUMNS))
-        for tool, row in rows.items():
-            row["cpu/job"] = (row["cpu"] - floor_cpu) / jobs * 1000 if tool != "Ray" else float("nan")
-            cells = "".join(fmt.format(row[name]) for name, fmt in COLUMNS)
-            note = "  " + "; ".join(row["problems"]) if row["problems"] else ""
-            print(f"  {tool:<30}{cells}{note}")
-        if work.name == "W5":
-            relaunch = relaunch_seconds() * 1000
-            print(f"  a bare relaunch (the interpreter and the task's imports) takes {relaunch:.0f} ms")
-            for tool in (t for t in rows if t.startswith("gts")):
-                median = rows[tool]["gap median"]
-                print(f"  {tool}: median gap {median:.1f} ms = {median / relaunch:.2f} x a bare relaunch")
-        ours = [t for t in rows if t.startswith("gts")]
-        for mine in (t for t in ours if args.before and " @" not in t):
-            ratios = [
-                f"{name} {rows[f'{mine} @{args.before}'][name] / rows[mine][name]:.2f}x"
-                for name in ("makespan", "first", "gap", "cpu")
-                if f"{mine} @{args.before}" in rows and rows[mine][name] > 0
-            ]
-            print(f"  {mine}: before / now: " + ", ".join(ratios))
-        for mine in ours:
-            ratios = [f"{peer} {rows[mine]['jobs/s'] / rows[peer]['jobs/s']:.2f}" for peer in rows if peer not in ours]
-            print(f"  {mine} jobs/s / peer's: " + ", ".join(ratios))
-        print()
-    shutil.rmtree(trees_dir, ignore_errors=True)
+    # Every measurement's files stay until the end: deleting a gts round's few thousand files makes
+    # each file the next rounds create cost more on some file systems (this VM's ext4 scans past
+    # every inode freed in the last 30 s at each allocation: recently_deleted() in the kernel's
+    # profile), which would charge the harness's clean-up to whichever tool writes files next.
+    peers["scratch"] = tempfile.mkdtemp(prefix="gts-bench-runs-")
+    try:
+        peers["trees"] = {None: gts_tree(None, trees_dir)}
+        if args.before:
+            peers["trees"][args.before] = gts_tree(args.before, trees_dir)
+        for name, found in peers.items():
+            if found is None:
+                print(f"({name} is not available: left out)", file=sys.stderr)
+        print(f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, medians of {args.repeat}")
+        print("gap: a slot's idle time between two jobs (ms); first: seconds to the first job's start;")
+        print("cpu/job: ms of CPU per job beyond the waitpid floor's (tool and shells included)\n")
+        for work in workloads():
+            if not args.only or work.name in args.only:
+                measure(work, args, peers)
+    finally:
+        shutil.rmtree(trees_dir, ignore_errors=True)
+        shutil.rmtree(peers["scratch"], ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
 import queue
+import select
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,16 +87,91 @@ class Inbox:
 
     ``get`` blocks until one arrives or ``timeout`` seconds pass (queue.Empty).
     Posting is safe from any thread and from a signal handler. Tests replace it
-    with one that advances a fake clock instead of waiting."""
+    with one that advances a fake clock instead of waiting.
+
+    A launcher may also give the inbox descriptors to wait on (:meth:`watch`: the
+    local launcher's set of its runs' pidfds). ``get`` then sleeps in ``poll``
+    on them and on a wake-up pipe, and calls a descriptor's ``on_ready()`` on
+    the loop's thread when it is readable, which posts the events; a post from
+    another thread (or a signal handler) while the loop sleeps writes to the
+    pipe. Without such descriptors ``get`` is a plain queue's."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._sources: dict[int, Callable[[], None]] = {}
+        self._poller: select.poll | None = None  # once something is watched
+        self._wake: tuple[int, int] | None = None  # the pipe that ends a sleep in poll
+        self._sleeping = False  # get() is in poll, or about to be: a post must write to the pipe
 
     def put(self, kind: str, value: Any = None) -> None:
-        self._queue.put((kind, value))
+        self._queue.put((kind, value))  # SimpleQueue.put is safe in a signal handler
+        if self._sleeping and self._wake is not None:
+            try:
+                os.write(self._wake[1], b"\0")
+            except OSError:  # full of wake-ups already (or closed at the end): the loop wakes anyway
+                pass
+
+    def watch(self, fd: int, on_ready: Callable[[], None]) -> bool:
+        """Wait on ``fd`` too, calling ``on_ready()`` on the loop's thread when it is readable (which
+        posts what happened); True (an inbox that cannot returns False, and the caller waits itself)."""
+        if self._poller is None:
+            self._wake = os.pipe()
+            for end in self._wake:
+                os.set_blocking(end, False)
+            self._poller = select.poll()
+            self._poller.register(self._wake[0], select.POLLIN)
+        self._poller.register(fd, select.POLLIN)
+        self._sources[fd] = on_ready
+        return True
+
+    def unwatch(self, fd: int) -> None:
+        if self._sources.pop(fd, None) is not None and self._poller is not None:
+            self._poller.unregister(fd)
+
+    def close(self) -> None:
+        """Release the wake-up pipe (the loop is over)."""
+        if self._wake is not None:
+            for end in self._wake:
+                os.close(end)
+            self._wake, self._poller = None, None
+            self._sources.clear()
 
     def get(self, timeout: float | None) -> tuple[str, Any]:
-        return self._queue.get(timeout=timeout)
+        if not self._sources:
+            return self._queue.get(timeout=timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._sleeping = True
+            try:
+                try:  # posted after the look above, before _sleeping was set: no wake-up was written
+                    return self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+                assert self._poller is not None
+                ready = self._poller.poll(None if wait is None else math.ceil(wait * 1000))
+            finally:
+                self._sleeping = False
+            for fd, _ in ready:
+                if self._wake is not None and fd == self._wake[0]:
+                    try:
+                        while os.read(fd, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                else:
+                    on_ready = self._sources.get(fd)
+                    if on_ready is not None:
+                        on_ready()
+            if not ready and deadline is not None and time.monotonic() >= deadline:
+                try:
+                    return self._queue.get_nowait()
+                except queue.Empty:
+                    raise queue.Empty from None
 
 
 class StopSignals:
@@ -104,7 +183,7 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
-        self._inbox.put("signal", signum)  # SimpleQueue.put is safe in a signal handler
+        self._inbox.put("signal", signum)  # Inbox.put is safe in a signal handler
 
     @property
     def installed(self) -> bool:

@@ -133,6 +133,9 @@ class Scheduler:
                 with Ledger(root) as ledger:
                     self._records = Records(ledger, self._summary, self._hooks)
                     try:
+                        attach = getattr(self._launcher, "attach", None)
+                        if attach is not None:  # the loop waits on what the launcher watches (its runs' pidfds)
+                            attach(self.inbox)
                         if self.options.learn_gpu_memory:  # what this root's runs were seen to use before
                             capacity.learned_before(ledger.recorded_peaks())
                         settle_running(ledger)
@@ -161,6 +164,9 @@ class Scheduler:
                         self._records.flush()
                         self._kill_everything()
                         self._launcher.close()
+                        close_inbox = getattr(self.inbox, "close", None)
+                        if close_inbox is not None:
+                            close_inbox()
         finally:
             capacity.close()
         self._summary.duration = self._clock() - started

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...engine.launcher import Attempt, Ended, LaunchError
 from ...gpu_task import GPUTask
@@ -21,6 +21,7 @@ from .keeper import available as keeper_available
 from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from .process import Child
 from .proctree import wait_gone
+from .reaper import REAPER, Reaper
 
 if TYPE_CHECKING:  # imported where prewarm starts one: a sweep without prewarm never needs it (socket, 2 ms)
     from .warm import WarmRunner
@@ -38,9 +39,23 @@ class LocalLauncher:
         self._prewarm = prewarm
         self._warm: dict[str, WarmRunner] = {}  # slot name -> the runner waiting for its next run
         self._keeper: Keeper | None = None  # the command runs' lifeline, from the first one on
+        self._reaper = REAPER  # who hears the runs' ends: the loop itself once attach() was called
+        self._inbox: Any = None
 
     def open(self, lock_fd: int) -> None:
         self._lock_fd = lock_fd
+
+    def attach(self, inbox: Any) -> None:
+        """The loop's inbox: where it can wait on descriptors (Inbox.watch), the loop waits on the runs'
+        pidfds itself and hears of their ends on its own thread (reaper.py); else a thread does."""
+        watch = getattr(inbox, "watch", None)
+        if watch is None:
+            return
+        reaper = Reaper(driven=True)
+        if watch(reaper.fileno(), reaper.dispatch):
+            self._reaper, self._inbox = reaper, inbox
+        else:
+            reaper.close()
 
     def close(self) -> None:
         """Discard the runners still waiting: the sweep is over."""
@@ -49,6 +64,10 @@ class LocalLauncher:
         if self._keeper is not None:
             self._keeper.close()
             self._keeper = None
+        if self._inbox is not None:  # every run has been reaped: nothing is left to hear of
+            self._inbox.unwatch(self._reaper.fileno())
+            self._reaper.close()
+            self._reaper, self._inbox = REAPER, None
 
     def start(
         self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
@@ -82,6 +101,7 @@ class LocalLauncher:
                     token=attempt.token,
                     inherit_fds=inherit,
                     keeper=self._keeper_for(launch),
+                    reaper=self._reaper,
                 )
         except (LaunchError, OSError) as error:
             log_launch_failure(paths, error)
@@ -91,7 +111,7 @@ class LocalLauncher:
             from .warm import WarmRunner
 
             try:
-                self._warm[attempt.slot.name] = WarmRunner(attempt.slot, launch, launch.preload, inherit)
+                self._warm[attempt.slot.name] = WarmRunner(attempt.slot, launch, launch.preload, inherit, self._reaper)
             except OSError:
                 pass  # no warm runner: the slot's next run starts a fresh process, as without prewarm
         return handle
@@ -120,7 +140,8 @@ class LocalHandle:
         return lambda: self.exited(on_exit)
 
     def exited(self, on_exit: Callable[[], None]) -> None:
-        """The first process ended (the reaper's thread: must not block). A run that was asked to
+        """The first process ended (the reaper's callback, on the loop's thread or the reaper's own:
+        must not block). A run that was asked to
         stop and whose other processes still run (a shell that ran the command, workers saving
         state) keeps its grace period: its exit is reported when they are gone, or when kill()
         has ended them; a thread of its own waits for that."""

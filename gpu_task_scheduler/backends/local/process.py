@@ -13,9 +13,9 @@ run's session and the run token in their environment (``proctree.py``) and
 stopped with the group; those that could not be stopped are reported.
 
 A child is started with ``posix_spawn`` (``Popen`` where that cannot be done).
-Completion is an event: one reaper thread watches every child's pidfd
-(``reaper.py``; a ``waitid`` thread per child where there are no pidfds) and
-posts to the scheduler's queue the moment the child exits. Neither reaps: the
+Completion is an event: every child's pidfd is in one epoll set, which the
+scheduler's loop waits on (``reaper.py``; a ``waitid`` thread per child where
+there are no pidfds), so the loop hears of an exit the moment it happens. Neither reaps: the
 child stays a zombie until the scheduler reaps it, so the group id cannot be
 reused by another process while we still signal it.
 """
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ...records.paths import open_regular
 from .keeper import FORKED_ENV, KEEPER_ENV, Keeper
 from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
-from .reaper import REAPER
+from .reaper import REAPER, Reaper
 
 if TYPE_CHECKING:  # imported where posix_spawn is missing (2 ms of a start with it)
     import subprocess
@@ -121,11 +121,13 @@ class Child:
         output: int | None = None,
         control: int | None = None,
         keeper: Keeper | None = None,
+        reaper: Reaper = REAPER,
     ) -> None:
         """``output``: a descriptor for stdout and stderr instead of ``log_path``'s file (ours to
         close); ``control``: a socket the child finds in ``$GTS_CONTROL_FD`` (a pre-warmed runner's);
         ``keeper``: the keeper of a command run's wrapper (keeper.py), which gets the lifeline twice
-        (``$GTS_LIFELINE_FD`` and ``$GTS_FORKED_FD``) and the keeper's mark."""
+        (``$GTS_LIFELINE_FD`` and ``$GTS_FORKED_FD``) and the keeper's mark; ``reaper``: who hears
+        its end (the process's own reaper thread by default; the local launcher's loop-driven one)."""
         read_end, self._lifeline = os.pipe()
         env = dict(env)
         # In the child the lifeline (and control socket) get low descriptors: the shell that runs
@@ -190,7 +192,7 @@ class Child:
         self._spawned = time.monotonic()
         self._returncode: int | None = None
         self._watcher: threading.Thread | None = None
-        if self._popen is not None or not REAPER.watch(self.pid, on_exit):
+        if self._popen is not None or not reaper.watch(self.pid, on_exit):
             self._watcher = threading.Thread(target=self._watch, args=(on_exit,), name=f"gts-watch-{self.pid}")
             self._watcher.daemon = True
             self._watcher.start()

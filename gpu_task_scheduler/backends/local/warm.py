@@ -35,10 +35,13 @@ from ...gpu.devices import Slot
 from ...records.paths import RunPaths, open_regular
 from .prepare import Launch, Preload, runner_argv
 from .process import Child
+from .reaper import REAPER, Reaper
 
 
 class WarmRunner:
-    def __init__(self, slot: Slot, launch: Launch, preload: Preload, inherit_fds: Sequence[int]) -> None:
+    def __init__(
+        self, slot: Slot, launch: Launch, preload: Preload, inherit_fds: Sequence[int], reaper: Reaper = REAPER
+    ) -> None:
         self.slot, self.env, self.preload = slot.name, launch.env, preload
         self._lock = threading.Lock()
         self._dead = False
@@ -55,6 +58,7 @@ class WarmRunner:
                     inherit_fds=inherit_fds,
                     output=output.fileno(),
                     control=theirs.fileno(),
+                    reaper=reaper,
                 )
         except BaseException:
             ours.close()
@@ -64,7 +68,8 @@ class WarmRunner:
         self._control = ours
 
     def _exited(self) -> None:
-        """The reaper's thread: to the run's handle once it has one; else it is no longer usable."""
+        """Its process ended (the reaper's callback): to the run's handle once it has one; else it is
+        no longer usable."""
         with self._lock:
             self._dead = True
             on_exit = self._on_exit

@@ -1,5 +1,6 @@
-"""How events reach the loop: the inbox waiting on descriptors, the loop-driven reaper."""
+"""How events reach the loop: the inbox waiting on descriptors, the loop-driven reaper, the queue's reader."""
 
+import io
 import os
 import queue
 import sys
@@ -10,6 +11,8 @@ import pytest
 
 from gpu_task_scheduler.backends.local.reaper import Reaper
 from gpu_task_scheduler.engine.hooks import Inbox
+from gpu_task_scheduler.sweep.expand import NOT_READY
+from gpu_task_scheduler.sweep.stream import StreamSweep
 
 needs_pidfd = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds here")
 
@@ -101,3 +104,24 @@ def test_closing_a_driven_reaper_releases_the_pidfds_of_children_not_heard_of():
     os.waitpid(pid, 0)  # reaped by someone else (the loop's last-resort kill): never dispatched
     reaper.close()
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+@pytest.mark.parametrize("buffer", [1, 2, 3, 64])
+def test_the_queues_reader_hands_over_every_line_in_order_whatever_its_buffer(tmp_path, buffer):
+    lines = [f"echo {i}" for i in range(200)]
+    text = "\n".join(lines[:100] + ["", "# a comment"] + lines[100:]) + "\n"
+    sweep = StreamSweep(
+        {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path)}}, io.StringIO(text), buffer=buffer
+    )
+    woken, wakes, waits = threading.Event(), [], 0
+    sweep.follow(lambda: (wakes.append(1), woken.set()))
+    commands = []
+    for spec in sweep.runs():  # as the engine takes them: on NOT_READY it sleeps until woken
+        if spec is NOT_READY:
+            waits += 1
+            assert woken.wait(30), "the reader never woke the engine that found no line"
+            woken.clear()
+            continue
+        commands.append(spec.config["command"])
+    assert commands == lines
+    assert len(wakes) <= waits + 1  # only an engine that found no line is woken (and once at the end)

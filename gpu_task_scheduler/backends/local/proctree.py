@@ -106,8 +106,7 @@ def _leader(pid: int) -> bool:
 def last_pid() -> int | None:
     """The pid Linux handed out last (None where that cannot be read)."""
     try:
-        with open(f"{_PROC}/loadavg", "rb") as handle:
-            return int(handle.read().split()[4])
+        return int(_read(f"{_PROC}/loadavg").split()[4])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -142,8 +141,8 @@ def run_processes(
     ranged = isinstance(candidates := _pids(above, upto), range)
     known = {} if known is None else known
     for pid in candidates:
-        if pid in skip or known.get(pid, session) != session:
-            continue
+        if pid in skip or pid in other_sessions or known.get(pid, session) != session:
+            continue  # another live run's first process (it leads that run's session), or known to be in one
         info = _stat(pid)
         if info is None or info[3] in ("Z", "X"):
             continue

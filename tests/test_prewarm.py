@@ -1,6 +1,7 @@
 """Pre-warmed runners (backends/local/warm.py): a slot's next process imports the task while the
 slot's run works; the next run starts in it, with the slot's GPUs, and its log holds everything."""
 
+import gts_warm_dying_tasks
 import gts_warm_tasks as tasks
 import pytest
 from helpers import make_config
@@ -35,3 +36,10 @@ def test_the_next_run_starts_in_a_process_that_imported_the_task_while_the_last_
 def test_runs_start_fresh_without_prewarm_or_when_their_environment_differs(in_tmp, task, prewarm):
     outcomes, _ = sweep(in_tmp / "r", task, prewarm=prewarm)
     assert all(o.result["waited"] < SECONDS / 2 for o in outcomes), [o.result for o in outcomes]
+
+
+def test_a_runner_that_died_while_warming_up_is_not_used(in_tmp):
+    """Its death may not have been heard yet when its slot frees: it is looked at before the hand-over."""
+    outcomes, _ = sweep(in_tmp / "r", gts_warm_dying_tasks.DiesWarm)
+    assert [o.attempts for o in outcomes] == [1, 1, 1]
+    assert all(o.result["waited"] < SECONDS / 2 for o in outcomes), [o.result for o in outcomes]  # each fresh

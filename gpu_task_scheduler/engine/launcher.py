@@ -79,6 +79,10 @@ class Handle(Protocol):
 
 
 class Launcher(Protocol):
+    """Where runs run. Besides these methods a launcher may have ``attach(inbox)``, called before the
+    first start: the local launcher gives the inbox its runs' pidfds to wait on (``Inbox.watch``), so
+    the loop itself hears of their ends."""
+
     def open(self, lock_fd: int) -> None:
         """The result root is locked by ``lock_fd``; a launcher whose runs can outlive a crash of the
         scheduler lets them hold it (so no second scheduler takes the root while one lives)."""

@@ -95,7 +95,7 @@ class Reaper:
                 logger.exception("reporting the end of a run failed")
 
     def _run(self) -> None:
-        while True:
+        while self._epoll is not None:  # the process's reaper is never closed; a closed one's thread ends
             self.dispatch(-1)
 
     def close(self) -> None:

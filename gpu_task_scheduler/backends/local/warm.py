@@ -88,7 +88,8 @@ class WarmRunner:
             log = os.open(os.devnull, os.O_WRONLY)
         try:
             with self._lock:
-                if self._dead:
+                # Its end may not have been heard yet (the loop hears ends when it next waits).
+                if self._dead or self.child.has_exited():
                     return False
                 self._on_exit = on_exit
             try:

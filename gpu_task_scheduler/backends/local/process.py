@@ -188,7 +188,10 @@ class Child:
                 os.close(second)
             os.close(log)
         Child._sessions.add(self.pid)
-        self._since = start_time(self.pid)
+        # When it started (ticks), read at the first scan for its processes, not here: a scan comes
+        # before it is reaped, while /proc still has it, and reading /proc/PID/stat of a child that
+        # is just starting up cost the loop more than the rest of the start.
+        self._since: int | None = None
         self._spawned = time.monotonic()
         self._returncode: int | None = None
         self._watcher: threading.Thread | None = None
@@ -237,13 +240,18 @@ class Child:
         return run_processes(
             token=self.token,
             session=self.pid,
-            since=self._since,
+            since=self._started_at(),
             exclude=(self.pid,),
             above=self.pid - 1 if recent else 0,
             upto=latest,
             other_sessions=Child._sessions - {self.pid},
             known=Child._known if recent else None,
         )
+
+    def _started_at(self) -> int | None:
+        if self._since is None:
+            self._since = start_time(self.pid)  # not reaped yet: its stat is there, ended or not
+        return self._since
 
     def _outside_group(self) -> list[int]:
         return [pid for pid in self._processes() if _pgid(pid) != self.pid]

@@ -178,7 +178,7 @@ class Scheduler:
     def _loop(self) -> None:
         ledger = self._records.ledger
         while True:
-            if self._stop_level == 0 and not self._draining:
+            if self._starting:
                 with ledger.batch():  # skips and adoptions share a transaction; each start commits
                     self._fill()
                 if self._flush is not None:  # a cluster's batch of what just started (Slurm's job arrays)
@@ -198,6 +198,8 @@ class Scheduler:
                     kind, value = event
                     if kind == "exit":
                         self._on_exit(value)
+                        if self._starting:  # its slot's next run now, not after the other ends waiting here
+                            self._fill()
                     elif kind == "placed":
                         self._on_placed(*value)
                     elif kind == "signal":
@@ -208,6 +210,11 @@ class Scheduler:
                         event = None
                 self._look_at_metrics()
                 self._enforce_deadlines()
+
+    @property
+    def _starting(self) -> bool:
+        """Whether new runs may start (no stop, no drain)."""
+        return self._stop_level == 0 and not self._draining
 
     def _seconds_to_next_deadline(self) -> float | None:
         deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at, a.term_at) if d is not None]

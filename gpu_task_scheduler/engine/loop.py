@@ -198,7 +198,9 @@ class Scheduler:
                     kind, value = event
                     if kind == "exit":
                         self._on_exit(value)
-                        if self._starting:  # its slot's next run now, not after the other ends waiting here
+                        # Its slot's next run now, not after the other ends waiting here. Not on a cluster
+                        # that takes its starts in batches (Slurm's arrays): those are flushed as one, below.
+                        if self._starting and self._flush is None:
                             self._fill()
                     elif kind == "placed":
                         self._on_placed(*value)

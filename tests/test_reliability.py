@@ -93,6 +93,46 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
     print(f"survived {kills} SIGKILLs; {starts} starts for {RUNS} runs")
 
 
+def test_an_attempt_that_succeeded_after_its_start_was_settled_is_not_run_again(in_tmp):
+    """A cluster's attempt outlives the start that followed it: the next start may settle it as
+    interrupted while it runs, then be killed before following it. The attempt then ends with
+    success (its folder's outcome file, with its token): no later start may run it a second time.
+    An interrupted run whose folder holds another attempt's outcome runs again."""
+    root, journal = in_tmp / "r", in_tmp / "journal"
+    config = make_config(root, [{"i": [0, 1]}], scheduler_log_file_path=None)
+    config["command"] = ["sh", "-c", 'echo "$0" >> "$1"', "{i}", str(journal)]
+    assert GPUTaskScheduler(config).start().ok
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:  # what the killed start had recorded
+        db.execute("UPDATE runs SET status = 'interrupted', cause = 'the scheduler stopped while the run was active'")
+        db.execute("UPDATE runs SET token = 'another attempt' WHERE name = 'i-1,'")
+    summary = GPUTaskScheduler(config).start()
+    assert summary.skipped == ["i-0,"] and [outcome.name for outcome in summary.succeeded] == ["i-1,"]
+    assert journal_lines(journal) == ["0", "1", "1"]
+    rows = ledger_rows(root)
+    assert {name: (row["status"], row["attempts"], row["cause"]) for name, row in rows.items()} == {
+        "i-0,": ("succeeded", 1, None),
+        "i-1,": ("succeeded", 2, None),
+    }
+
+
+def test_a_run_whose_attempt_a_cluster_still_runs_is_left_to_be_followed(in_tmp):
+    """settle_running leaves alone a run whose recorded attempt the launcher says is still live
+    (its start follows it); the others it settles."""
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.prior import settle_running
+
+    with Ledger(RootPaths(str(in_tmp / "r"))) as ledger:
+        for name in ("live", "gone", "retried"):
+            ledger.mark_running(name=name, run_index=0, config_hash="h", slot="s", token=f"t-{name}", work_dir="w")
+        live = {"live": "t-live", "retried": "a later attempt's token"}
+        settle_running(ledger, live.get)
+        assert {r.name: r.status.value for r in ledger.records()} == {
+            "live": "running",
+            "gone": "interrupted",
+            "retried": "interrupted",
+        }
+
+
 def _stopped_by_the_rule(root):
     """The runs with a recorded stop verdict (the ledger read directly; none before it exists)."""
     path = root / ".gts" / "ledger.sqlite3"

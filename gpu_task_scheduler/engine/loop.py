@@ -138,7 +138,7 @@ class Scheduler:
                             attach(self.inbox)
                         if self.options.learn_gpu_memory:  # what this root's runs were seen to use before
                             capacity.learned_before(ledger.recorded_peaks())
-                        settle_running(ledger)
+                        settle_running(ledger, self._live_attempt)  # an attempt a cluster still runs is followed
                         if self.sweep.stopping:
                             from .stopper import Stopper
 

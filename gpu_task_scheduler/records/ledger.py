@@ -993,8 +993,13 @@ class Ledger:
             raise _ledger_error(paths.ledger, error) from error
         return ledger
 
-    def running(self) -> list[RunRecord]:
-        return [self._record(row) for row in self._query("SELECT * FROM runs WHERE status = 'running'")]
+    def unsettled(self) -> list[RunRecord]:
+        """The runs an earlier start left ``running``, and those it recorded ``interrupted`` with an
+        attempt's token (that attempt may have gone on to its end after it: records/prior.py)."""
+        rows = self._query(
+            "SELECT * FROM runs WHERE status = 'running' OR (status = 'interrupted' AND token IS NOT NULL)"
+        )
+        return [self._record(row) for row in rows]
 
 
 class SweepLock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,13 +72,26 @@ def adopt(ledger: Ledger, spec: RunSpec, outcome: Outcome, params: str) -> None:
     )
 
 
-def settle_running(ledger: Ledger) -> None:
+def settle_running(ledger: Ledger, live: Callable[[str], str | None] | None = None) -> None:
     """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), pruned (the
-    early_stop rule had stopped them), or interrupted."""
-    for record in ledger.running():
+    early_stop rule had stopped them), or interrupted.
+
+    ``live``: the token of a run's attempt that is still queued or running on a cluster (the
+    launcher's ``live_attempt``). Such a run is left as it is: this start follows that attempt.
+
+    A run recorded ``interrupted`` is looked at again when its attempt's own record in its folder
+    (the outcome file, with that attempt's token) says it succeeded: an attempt on a cluster outlives
+    the scheduler that started it, and an earlier start may have settled it while it still ran
+    (then been killed before following it). Its success is its end; run again, it would run twice."""
+    for record in ledger.unsettled():
+        if live is not None and record.token is not None and live(record.name) == record.token:
+            continue
+        running = record.status is RunStatus.RUNNING
         paths = RunPaths(record.work_dir or "", None)
         safe = record.work_dir and paths.unsafe(records_only=True) is None
         outcome = Outcome.read(paths.outcome, token=record.token) if safe and record.token else None
+        if not running and (outcome is None or not outcome.succeeded):
+            continue  # interrupted, and nothing since says otherwise
         metrics = read_all(paths.metrics).summary_json() if safe else None  # what it reported before it ended
         pruned = ledger.stop_verdict(record.name)
         if outcome is not None and outcome.succeeded:

@@ -190,6 +190,48 @@ def test_a_stop_cancels_outright_only_tasks_squeue_still_lists_as_queued(tmp_pat
     assert handles[2].node == "node1 job 7_2"  # its start was read before anything was sent
 
 
+def test_a_task_slurm_still_lists_after_its_run_ended_is_cancelled(tmp_path, monkeypatch):
+    """A task whose slurmstepd died after its run wrote its end stays RUNNING in Slurm's list for
+    good, and would hold its place under the array's throttle: the sweep's queued tasks would never
+    start. Once its end was heard, a task still listed SETTLE seconds later is cancelled, once."""
+    import gts_test_tasks as tasks
+    from helpers import make_config
+
+    from gpu_task_scheduler.backends.slurm import launcher as slurm_launcher
+    from gpu_task_scheduler.engine.launcher import Attempt
+    from gpu_task_scheduler.gpu.devices import Slot
+    from gpu_task_scheduler.records.paths import RunPaths
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    sweep = Sweep(make_config(tmp_path / "r", [{"seconds": [1, 2]}], backend="slurm"))
+    launcher = slurm_launcher.SlurmLauncher(tasks.ContractTask, sweep.options)
+    events = tmp_path / "r" / ".gts" / "slurm" / "events"
+    os.makedirs(events)
+    cancelled = []
+    monkeypatch.setattr(commands, "submit", lambda args, script: "7")
+    monkeypatch.setattr(commands, "cancel", lambda names, signal_name=None, **kw: cancelled.append(names))
+    squeue = {name: commands.TaskState("RUNNING", "node1", "None") for name in ("7_0", "7_1")}
+    monkeypatch.setattr(commands, "states", lambda jobs: squeue)
+    ended = []
+    for index, spec in enumerate(sweep):
+        attempt = Attempt(spec, Slot("cpu0", ()), RunPaths(spec.work_dir, None), f"token{index}", 1)
+        launcher.start(attempt, lambda index=index: ended.append(index), lambda node, pid: None)
+    launcher.flush()
+    for index in (0, 1):
+        start = {"node": "node1", "pid": 42, "job": f"7_{index}", "incarnation": 0}
+        (events / f"token{index}.0.start").write_text(json.dumps(start))
+    (events / "token0.0.end").write_text(json.dumps({"returncode": 0, "strays": [], "unstoppable": []}))
+    launcher._look()  # its end is read; Slurm lists it a moment longer, as it does
+    assert ended == [0] and cancelled == []
+    launcher._ended["7_0"] -= slurm_launcher.SETTLE  # SETTLE seconds later, still listed
+    launcher._look()
+    assert cancelled == [["7_0"]]
+    launcher._look()  # cancelled once; the task still running is left alone
+    del squeue["7_0"]
+    launcher._look()
+    assert cancelled == [["7_0"]] and ended == [0]
+
+
 @slurm_only
 def test_detach_then_status_then_a_second_run_follows_the_jobs(slurm, in_tmp, no_leaked_processes):
     """--detach submits and exits; gts status shows the runs on their jobs; gts run again follows

@@ -115,6 +115,7 @@ class SlurmLauncher:
         self._new: list[_Task] = []  # started since the last flush
         self._arrays: dict[str, list[_Task]] = {}  # job -> its tasks by index (submission order)
         self._throttles: dict[str, tuple[int, bool]] = {}  # job -> (its %N, held)
+        self._ended: dict[str, float] = {}  # task -> when its attempt's end was heard, while Slurm may list it
         # run name -> (token, its batch entry, its task's state) of an earlier start's live attempts
         self._adoptable: dict[str, tuple[str, dict[str, Any], TaskState]] = {}
         self._states: dict[str, TaskState] = {}
@@ -535,6 +536,7 @@ class SlurmLauncher:
         """squeue, once for the whole sweep: what no file tells; then the arrays' throttles."""
         with self._lock:
             jobs = {task.job for task in self._tasks.values() if task.job is not None}
+            jobs.update(name.partition("_")[0] for name in self._ended)
         if not jobs:
             return
         try:
@@ -545,6 +547,7 @@ class SlurmLauncher:
                 self._said = str(error)
             return
         self._said = None
+        self._cancel_lingering(states)
         self._read_events()  # ends written before the squeue answer count first
         with self._lock:
             self._states = states
@@ -575,6 +578,28 @@ class SlurmLauncher:
         self._say_waiting(waiting)
         if self._s.max_parallel:
             self._apply_throttles()
+
+    def _cancel_lingering(self, states: dict[str, TaskState]) -> None:
+        """A task whose attempt's end was heard leaves Slurm's list within moments; one still listed
+        SETTLE seconds later is cancelled. Its run is over, and the task would hold its place under
+        the array's throttle (and its allocation) for good: the sweep's queued tasks would never
+        start. (In the test suite, Slurm 22.05's proctrack/linuxproc plugin now and then crashed a
+        task's slurmstepd after its run had ended, leaving the task RUNNING with nothing behind it.)"""
+        now, lingering = time.monotonic(), []
+        with self._lock:
+            for name, heard in list(self._ended.items()):
+                state = states.get(name)
+                if state is None or not state.live:
+                    del self._ended[name]
+                elif now - heard >= SETTLE:
+                    lingering.append(name)
+                    del self._ended[name]
+        if lingering:
+            logger.info("Slurm still lists %d task(s) whose run ended; cancelling them: %s", len(lingering), lingering)
+            try:
+                commands.cancel(lingering)
+            except GTSError as error:
+                logger.warning("could not cancel Slurm tasks whose run ended: %s", error)
 
     def _failed_or_lost(self, task: _Task, state: TaskState | None) -> None:
         """A run ended with a failure that its supervisor did not see a signal for: Slurm's state of
@@ -680,6 +705,8 @@ class SlurmLauncher:
             if handle.has_exited():
                 return
             self._tasks.pop(handle.token, None)
+            if task.job is not None:
+                self._ended[task.name] = time.monotonic()
             handle.ended = ended
             handle.over.set()
         files = [f"{handle.token}.{n}.{kind}" for n in range(max(task.placed, 0) + 1) for kind in ("start", "end")]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from .placement import (
 from .shared import STARTING, Held, Publisher, SharedReservations, process_user
 
 if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depend on sweep/
+    from random import Random
+
     from ..sweep.options import SchedulerOptions
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -210,7 +211,7 @@ class Capacity:
         self._idle: dict[tuple[str, int], float] = {}  # (gpu id, pid) of others' processes -> idle since
         self._learned: list[int] = []
         self._last_slot = -1
-        self._rng = random.Random(0)
+        self._rng: Random | None = None  # made when the random placement first draws
         self._idle_reported: set[int] = set()
         if options.max_host_cpu_percent is not None:
             self._host.cpu_percent()  # start the first measuring interval
@@ -363,6 +364,14 @@ class Capacity:
                     held.append(Held(state.uuid, reserved, pgid, self._names.get(pgid, "")))
         self._shared.publish(held)
 
+    def _seeded(self) -> Random:
+        """The random placement's draws, the same in every start (seed 0)."""
+        if self._rng is None:
+            import random  # here: only the random placement draws (the import costs a start 0.7 ms)
+
+            self._rng = random.Random(0)
+        return self._rng
+
     def place(self, name: str, need: Need) -> Placement:
         self._starting = None
         if self._shared is None or need is None:
@@ -381,7 +390,8 @@ class Capacity:
         if impossible is not None:
             return Placement(impossible=impossible)
         host = self._host_blocked()
-        view = None if host else choose(views, need, self._o.placement, last=self._last_slot, rng=self._rng)
+        rng = self._seeded() if self._o.placement == "random" else None
+        view = None if host else choose(views, need, self._o.placement, last=self._last_slot, rng=rng)
         if view is not None:
             self._last_slot = view.index
             return Placement(view=view)

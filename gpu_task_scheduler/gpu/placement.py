@@ -13,12 +13,15 @@ double-book the same free memory, without any fixed "put interval".
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .devices import Slot, format_memory
 from .nvml import GpuState
+
+if TYPE_CHECKING:
+    from random import Random
 
 
 class WholeGpu:
@@ -144,7 +147,7 @@ def fits(view: SlotView, need: Need) -> bool:
 
 
 def choose(
-    views: Sequence[SlotView], need: Need, policy: str, *, last: int = -1, rng: random.Random | None = None
+    views: Sequence[SlotView], need: Need, policy: str, *, last: int = -1, rng: Random | None = None
 ) -> SlotView | None:
     """The slot for a run needing ``need`` bytes per GPU (None: unknown, no accounting).
 
@@ -160,7 +163,11 @@ def choose(
         later = [view for view in candidates if view.index > last]
         return (later or candidates)[0]
     if policy == "random":
-        return (rng or random).choice(candidates)
+        if rng is None:
+            import random  # here: only this policy draws (the import would cost every start 0.7 ms)
+
+            rng = random.Random()
+        return rng.choice(candidates)
     if policy == "most_free":
         return sorted(candidates, key=lambda view: -(view.available if view.available is not None else -1))[0]
     return candidates[0]

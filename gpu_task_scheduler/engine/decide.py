@@ -14,8 +14,7 @@ Nothing here reads a file, the clock or NVML; the inputs are plain values
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..gpu.oom import detect_oom
 from ..gpu.placement import WHOLE_GPU, Need
@@ -29,8 +28,7 @@ OOM_GROWTH = 1.5  # after an out-of-memory failure, a run's estimate grows by th
 # --- before a run ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     action: str  # "run", "skip", "adopt" (skip, recording the folder's success in the ledger)
     # or "keep" (skip, recording its result as this config's: on_config_change keep)
     reason: str  # for the log
@@ -112,8 +110,7 @@ def program_changed(recorded: str | None, current: str | None) -> bool:
 # --- how an attempt ended -------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ExitFacts:
+class ExitFacts(NamedTuple):
     returncode: int  # negative: killed by that signal
     reports_outcome: bool  # False for a plain command
     outcome: Outcome | None  # this attempt's outcome file (token checked), if any
@@ -125,8 +122,7 @@ class ExitFacts:
     lost: str | None = None  # the launcher lost it with its machine (Ended.lost)
 
 
-@dataclass(frozen=True)
-class Classified:
+class Classified(NamedTuple):
     status: RunStatus
     cause: str | None
     exit_code: int | None
@@ -201,8 +197,7 @@ def classify(facts: ExitFacts) -> Classified:
 # --- what happens next ----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Next:
+class Next(NamedTuple):
     # "done", "retry" (queued again now), "lost" (queued again now: its machine went away) or
     # "defer" (after every other run, with `need`)
     action: str

@@ -16,8 +16,7 @@ event); every other method is called from the engine's thread.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..gpu.devices import Slot
 from ..records.paths import RunPaths
@@ -37,8 +36,7 @@ class LaunchError(Exception):
         self.details = details
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One attempt of a run on a slot."""
 
     spec: RunSpec
@@ -48,8 +46,7 @@ class Attempt:
     number: int  # 1 for the first attempt recorded in the ledger
 
 
-@dataclass(frozen=True)
-class Ended:
+class Ended(NamedTuple):
     """What the launcher knows about an attempt's end, beyond its outcome file."""
 
     returncode: int  # as Popen gives it: negative for a signal

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import GTSError
 from ..gpu.devices import Slot
@@ -33,8 +33,7 @@ from .summary import RunOutcome, SweepSummary
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@dataclass(frozen=True)
-class Exit:
+class Exit(NamedTuple):
     """What was read after a run's process ended: the facts to classify, and the files behind them."""
 
     facts: ExitFacts

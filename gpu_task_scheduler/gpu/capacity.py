@@ -14,9 +14,8 @@ import logging
 import os
 import time
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import GTSError
 from .devices import Slot, discover_slots, format_memory, gpu_ids, open_monitor
@@ -44,8 +43,7 @@ if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depe
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     view: SlotView | None = None  # where it starts
     impossible: str | None = None  # it can never start here: why
     waiting: str | None = None  # it waits: why (None when the slots are simply full of our runs)
@@ -99,8 +97,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-@dataclass(frozen=True)
-class Leftover:
+class Leftover(NamedTuple):
     """A process of a run that ended, still holding memory on a GPU."""
 
     pid: int

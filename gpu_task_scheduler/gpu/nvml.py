@@ -15,13 +15,12 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(NamedTuple):
     pid: int
     used_memory: int | None  # bytes; None where NVML cannot tell (e.g. Windows WDDM)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .devices import Slot, format_memory
 from .nvml import GpuState
@@ -36,8 +36,7 @@ WHOLE_GPU = WholeGpu()
 Need = int | WholeGpu | None  # bytes per GPU; WHOLE_GPU; None: no memory accounting (one run per slot)
 
 
-@dataclass(frozen=True)
-class Reservation:
+class Reservation(NamedTuple):
     """One active run of ours, as the memory accounting sees it."""
 
     gpu_ids: tuple[str, ...]
@@ -45,8 +44,7 @@ class Reservation:
     reserved: int | WholeGpu  # bytes per GPU (0: no accounting)
 
 
-@dataclass(frozen=True)
-class GpuBook:
+class GpuBook(NamedTuple):
     """A GPU's memory from our point of view."""
 
     state: GpuState

@@ -43,7 +43,8 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from .host import process_stat
 
@@ -58,8 +59,7 @@ STARTING = 0  # the pgid of a reservation whose run is being started (it counts 
 _OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-@dataclass(frozen=True)
-class Held:
+class Held(NamedTuple):
     """One run's reservation on one GPU, as published."""
 
     gpu_uuid: str
@@ -240,7 +240,7 @@ class SharedReservations:
             "uid": self._uid,
             "user": _user(self._uid),
             "root": self._root,
-            "reservations": [asdict(h) for h in held],
+            "reservations": [h._asdict() for h in held],
         }
         data = json.dumps(record).encode()
         tmp = f".{self._name}.{os.urandom(4).hex()}.tmp"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .known import RootIndex
 from .ledger import KnownRun, Ledger
@@ -18,8 +17,7 @@ if TYPE_CHECKING:
     from ..sweep.expand import RunSpec  # records sit below the sweep: only its type is needed
 
 
-@dataclass(frozen=True)
-class Prior:
+class Prior(NamedTuple):
     """What the result root says about a run before it starts."""
 
     duplicate: bool  # the same config appears earlier in the sweep

@@ -8,14 +8,12 @@ cannot be pickled, the folder cannot be written) fails this run only.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from ...engine.launcher import Attempt, LaunchError
 from ...gpu.devices import Slot
@@ -60,8 +58,7 @@ def log_launch_failure(paths: RunPaths, error: BaseException) -> None:
         pass  # the cause is recorded in the ledger either way
 
 
-@dataclass(frozen=True)
-class Preload:
+class Preload(NamedTuple):
     """What a pre-warmed runner imports before its run is known (see ``warm.py``)."""
 
     module: str | None  # the task class's module, or None for a class in the user's __main__ script
@@ -69,8 +66,7 @@ class Preload:
     sys_path: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     argv: list[str]
     env: dict[str, str]
     cwd: str
@@ -406,4 +402,4 @@ def prepare_attempt(attempt: Attempt, make_task: TaskFactory) -> Launch:
 
 def runner_argv(preload: Preload, python: str = sys.executable) -> list[str]:
     """A runner that imports what ``preload`` names, then waits for its run (``warm.py``)."""
-    return [python, "-c", _RUNNER_BOOT, "--warm", json.dumps(dataclasses.asdict(preload))]
+    return [python, "-c", _RUNNER_BOOT, "--warm", json.dumps(preload._asdict())]

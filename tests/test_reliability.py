@@ -131,6 +131,10 @@ def test_a_run_whose_attempt_a_cluster_still_runs_is_left_to_be_followed(in_tmp)
             "gone": "interrupted",
             "retried": "interrupted",
         }
+        # The start that follows the live attempt records it again, under its token: one attempt.
+        again = {"run_index": 0, "config_hash": "h", "slot": "s", "work_dir": "w"}
+        assert ledger.mark_running(name="live", token="t-live", **again) == 1
+        assert ledger.mark_running(name="gone", token="a new attempt", **again) == 2
 
 
 def _stopped_by_the_rule(root):

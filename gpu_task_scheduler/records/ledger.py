@@ -797,7 +797,9 @@ class Ledger:
         stage: str | None = None,
         program: str | None = None,
     ) -> int:
-        """Record a new attempt before its child starts; return the attempt number.
+        """Record a new attempt before its child starts; return the attempt number. An attempt
+        recorded again under its own token (a start following what a cluster still runs) is the
+        same attempt: it is not counted twice.
 
         The early_stop rule's verdicts on the run are kept when it resumes after an interruption
         (its sweep was stopped or killed: the rule goes on where it was) and dropped when it starts
@@ -814,7 +816,8 @@ class Ledger:
                ON CONFLICT(name) DO UPDATE SET
                  params = excluded.params, stage = excluded.stage, program = excluded.program,
                  run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
-                 attempts = attempts + 1, slot = excluded.slot, token = excluded.token, pid = NULL,
+                 attempts = attempts + (token IS NOT excluded.token), slot = excluded.slot,
+                 token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
                  gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL, metrics = NULL""",

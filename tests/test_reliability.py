@@ -137,6 +137,17 @@ def test_a_run_whose_attempt_a_cluster_still_runs_is_left_to_be_followed(in_tmp)
         assert ledger.mark_running(name="gone", token="a new attempt", **again) == 2
 
 
+def test_a_new_ledger_is_created_without_syncs_and_then_commits_as_any_other(in_tmp):
+    """Creating a ledger syncs nothing (it holds nothing a power loss could take); from then on, and
+    when it is opened again, it commits with synchronous=NORMAL like every ledger (1 in SQLite's terms)."""
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    for _ in ("created", "opened again"):
+        with Ledger(RootPaths(str(in_tmp / "r"))) as ledger:
+            assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 1
+            assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
 def _stopped_by_the_rule(root):
     """The runs with a recorded stop verdict (the ledger read directly; none before it exists)."""
     path = root / ".gts" / "ledger.sqlite3"

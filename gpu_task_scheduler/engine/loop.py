@@ -199,7 +199,7 @@ class Scheduler:
                     if kind == "exit":
                         self._on_exit(value)
                         # Its slot's next run now, not after the other ends waiting here. Not on a cluster
-                        # that takes its starts in batches (Slurm's arrays): those are flushed as one, below.
+                        # that takes its starts in batches (Slurm's arrays): the next turn fills and flushes.
                         if self._starting and self._flush is None:
                             self._fill()
                     elif kind == "placed":

@@ -109,6 +109,9 @@ NOT_AT_START = (
     "tempfile",
     "pathlib",
     "urllib.parse",
+    "hashlib",  # OpenSSL: the digests come from CPython's own modules (digest.py)
+    "shutil",  # argparse's default help width
+    "random",  # only the random placement draws
 )
 
 

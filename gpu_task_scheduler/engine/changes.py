@@ -23,12 +23,12 @@ whose results it cannot move between folders: it refuses them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..digest import blake2b_8 as _digest
 from ..errors import ConfigError
 from ..jsonable import to_jsonable
 from ..records.known import RootIndex
@@ -47,10 +47,6 @@ class Change:
     index: int
     kind: str  # "config", "values" or "renamed"
     differences: str  # "epochs: 1 -> 2; seed: 1 -> 2"
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
 def _canonical(value: Any) -> str:

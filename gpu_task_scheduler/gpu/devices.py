@@ -198,7 +198,7 @@ _UNITS = {
     "gib": 1 << 30,
     "tib": 1 << 40,
 }
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_SIZE = r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$"  # compiled at its first use (re's cache)
 
 
 def parse_memory(value: object, where: str) -> int:
@@ -212,7 +212,7 @@ def parse_memory(value: object, where: str) -> int:
     if isinstance(value, (int, float)):
         number, unit = float(value), ""
     else:
-        match = _SIZE.match(value)
+        match = re.match(_SIZE, value)
         if not match or match.group(2).lower() not in _UNITS:
             raise ConfigError(f'{where} is {value!r}, not a memory size; use e.g. "10GB", "9.5GiB" or "512MiB"')
         number, unit = float(match.group(1)), match.group(2).lower()

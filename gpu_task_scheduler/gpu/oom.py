@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import re
 
-# The messages PyTorch, TensorFlow, JAX/XLA and raw CUDA print on GPU OOM.
+# The messages PyTorch, TensorFlow, JAX/XLA and raw CUDA print on GPU OOM. Compiled at the first
+# failed run (by re's own cache), not at every start.
 _PATTERNS = [
-    ("PyTorch", re.compile(r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory)")),
-    ("TensorFlow", re.compile(r"(ResourceExhaustedError|OOM when allocating tensor)")),
-    ("JAX", re.compile(r"RESOURCE_EXHAUSTED: Out of memory")),
+    ("PyTorch", r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory)"),
+    ("TensorFlow", r"(ResourceExhaustedError|OOM when allocating tensor)"),
+    ("JAX", r"RESOURCE_EXHAUSTED: Out of memory"),
     (
         "CUDA",
-        re.compile(
-            r"(cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED"
-            r"|CUDNN_STATUS_ALLOC_FAILED|out of memory on device)"
-        ),
+        r"(cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED"
+        r"|CUDNN_STATUS_ALLOC_FAILED|out of memory on device)",
     ),
 ]
 
@@ -28,6 +27,6 @@ def detect_oom(log_tail: str) -> str | None:
     True
     """
     for framework, pattern in _PATTERNS:
-        if pattern.search(log_tail):
+        if re.search(pattern, log_tail):
             return framework
     return None

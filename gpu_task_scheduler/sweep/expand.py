@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..digest import sha256_hex
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
@@ -173,7 +173,7 @@ def params_text(test_config: Mapping[str, Any]) -> str:
 
 def config_hash(config: Mapping[str, Any]) -> str:
     text = json.dumps(to_jsonable(config), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return sha256_hex(text)
 
 
 # --- runs -----------------------------------------------------------------------
@@ -212,7 +212,7 @@ def _for_params(foreign: Foreign, params: str, index: int) -> Callable[[str], bo
 
 def _params_digest(params: str) -> Callable[[], str]:
     """The suffix that tells a run's folder from another config's: a hash of its values (computed only when needed)."""
-    return lambda: hashlib.sha256(params.encode("utf-8", "surrogatepass")).hexdigest()
+    return lambda: sha256_hex(params)
 
 
 _IMMUTABLE = (type(None), bool, int, float, str)
@@ -513,7 +513,7 @@ class Sweep:
             text = repr((self.global_config, swept, naming, sorted(self.programs.items(), key=str)))
         except Exception:  # a value whose repr raises
             return None
-        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return sha256_hex(text)
 
     def set_program(self, stage: str | None, record: Mapping[str, Any] | None) -> None:
         """What the runs of ``stage`` run: ``{"task": "mod:Class"}`` or ``{"command": ..., "shell": ...}``
@@ -622,7 +622,7 @@ class Sweep:
                     merged = copy_global(stage.global_config)
                     merged.update(test_config)
                     text = "{" + ",".join([p if i < 0 else combo[i][3] for p, i in r.hash_template]) + "}"
-                    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+                    digest = sha256_hex(text)
                     params = "{" + ", ".join([combo[i][2] for i in r.order]) + "}"
                     # The original's unfiltered string, raw (only folder names need escaping).
                     shown = prefix(_without(ignored_characters, "".join([combo[i][1] for i in r.order])))

@@ -28,15 +28,13 @@ ConfigSource = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 SUFFIXES = (".yaml", ".yml", ".json", ".py")
 
 
-# YAML 1.1's float pattern, widened to YAML 1.2's: the dot is optional before an exponent.
-_FLOAT = re.compile(
-    r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+# YAML 1.1's float pattern, widened to YAML 1.2's: the dot is optional before an exponent
+# (compiled with the loader: a start without YAML does not pay for it).
+_FLOAT = r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
     |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-    re.X,
-)
+    |\.(?:nan|NaN|NAN))$"""
 _LOADER: type | None = None
 
 
@@ -53,7 +51,7 @@ def _yaml_loader() -> type:
             key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
             for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
         }
-        Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+        Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT, re.X), list("-+0123456789."))
         _LOADER = Loader
     return _LOADER
 

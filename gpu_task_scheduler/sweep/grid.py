@@ -14,11 +14,11 @@ and ``gts grid … | gts queue --resume`` run again finds every job where it was
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Iterator, Sequence
 
+from ..digest import sha256_int
 from ..errors import ConfigError
 from .templates import check_fields, fill
 
@@ -68,7 +68,7 @@ class _Permutation:
 def input_seed(pattern: str, parameters: Parameters) -> int:
     """The shuffled order's seed when none is given: from the input, so that it repeats."""
     text = json.dumps([pattern, [[name, list(values)] for name, values in parameters]])
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big")
+    return sha256_int(text)
 
 
 def check_pattern(pattern: str, names: Sequence[str]) -> None:

@@ -23,10 +23,10 @@ empty name, as for any other shared name).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 
+from ..digest import blake2b_8, sha256_hex
 from ..layout import MAX_NAME_BYTES
 
 _HASH_CHARS = 8
@@ -78,7 +78,7 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return sha256_hex(text)[:_HASH_CHARS]
 
 
 # The folder of a run whose name would be empty (see the module's notes). No name that
@@ -143,7 +143,7 @@ class NameRegistry:
 
     @staticmethod
     def _key(name: str) -> int:
-        return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+        return int.from_bytes(blake2b_8(name), "big")
 
     def assign(
         self,

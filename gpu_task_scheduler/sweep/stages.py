@@ -46,7 +46,7 @@ from ..jsonable import to_jsonable
 
 STAGE_KEYS = ("name", "after", "match", "global_config", "test_config", "task", "command", "shell", "early_stop")
 STAGE_SEPARATOR = "."  # between a stage's name and its run's name in the run's folder name
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+_NAME = r"[A-Za-z0-9_-]{1,64}\Z"  # compiled where a config has stages (re's cache)
 
 
 @dataclass
@@ -113,7 +113,7 @@ def parse_stages(
             if key not in STAGE_KEYS:
                 raise ConfigError(unknown_key_message(where, key, STAGE_KEYS))
         name = item.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not re.match(_NAME, name):
             raise ConfigError(
                 f"{where} needs a name of letters, digits, '_' and '-' (at most 64): it starts the folder "
                 f"name of each of its runs; got {name!r}"

@@ -17,13 +17,13 @@ than reading the line).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from ..digest import sha256_hex
 from .expand import NOT_READY, Foreign, RunSpec, Sweep, params_text
 from .naming import short_hash
 
@@ -101,7 +101,7 @@ class StreamSweep(Sweep):
             if command is _EOF:
                 return
             # 64 bits: distinct commands of a stream of millions never share a name (32 bits would).
-            digest = hashlib.sha256(command.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            digest = sha256_hex(command)[:16]
             key = int(digest, 16)
             if key in seen:
                 repeats[key] = repeats.get(key, 1) + 1

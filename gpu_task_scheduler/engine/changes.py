@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..digest import blake2b_8 as _digest
 from ..errors import ConfigError
@@ -41,10 +40,9 @@ from .decide import program_changed
 SHOWN = 20  # changes listed in the error; the rest are counted
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     name: str
-    index: int
+    position: int  # the run's index in the sweep: changes are listed in the sweep's order
     kind: str  # "config", "values" or "renamed"
     differences: str  # "epochs: 1 -> 2; seed: 1 -> 2"
 
@@ -133,7 +131,7 @@ def find_changes(sweep: Sweep, ledger: Ledger, root: str) -> list[Change]:
             if found is not None:
                 name, at = found
                 changes.append(Change(name, at, "renamed", f"its result is in {old_name!r}; {naming}"))
-    return sorted(changes, key=lambda change: change.index)
+    return sorted(changes, key=lambda change: change.position)
 
 
 _NAMING = (

@@ -20,7 +20,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from queue import Empty
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -51,19 +50,39 @@ if TYPE_CHECKING:  # imported where a sweep has early_stop rules (they and their
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@dataclass
 class _Active:
-    item: Pending
-    slot_index: int
-    slot: Slot
-    handle: Handle
-    paths: RunPaths
-    token: str
-    started: float
-    deadline: float | None
-    stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED or PRUNED, cause) once we stop it
-    kill_at: float | None = None
-    term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
+    """A run that is running (a plain class, as Pending)."""
+
+    __slots__ = (
+        "item",
+        "slot_index",
+        "slot",
+        "handle",
+        "paths",
+        "token",
+        "started",
+        "deadline",
+        "stopped",
+        "kill_at",
+        "term_at",
+    )
+
+    def __init__(
+        self,
+        item: Pending,
+        slot_index: int,
+        slot: Slot,
+        handle: Handle,
+        paths: RunPaths,
+        token: str,
+        started: float,
+        deadline: float | None,
+    ) -> None:
+        self.item, self.slot_index, self.slot, self.handle = item, slot_index, slot, handle
+        self.paths, self.token, self.started, self.deadline = paths, token, started, deadline
+        self.stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED or PRUNED, cause) once we stop it
+        self.kill_at: float | None = None
+        self.term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
 
     @property
     def spec(self) -> RunSpec:

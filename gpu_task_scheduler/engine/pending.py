@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from ..gpu.devices import format_memory
 from ..gpu.placement import Need, WholeGpu
@@ -27,15 +26,20 @@ from .decide import Classified, Next, after_exit
 logger = logging.getLogger("gpu_task_scheduler")
 
 
-@dataclass
 class Pending:
-    spec: RunSpec
-    tries: int = 0  # attempts of this run in this start()
-    oom_retries: int = 0
-    lost_retries: int = 0  # attempts run again because their machine went away
-    need: Need = None  # the memory estimate raised after an out-of-memory failure
-    decided: bool = False  # before_run() said it runs (asked once, also when it waits for dependencies)
-    waiting_on: set[str] | None = None  # while parked: the runs it still waits for
+    """A run of the queue and what this start() has learnt of it (a plain class: one is made per
+    run, and a dataclass's generated methods cost every start their compilation)."""
+
+    __slots__ = ("spec", "tries", "oom_retries", "lost_retries", "need", "decided", "waiting_on")
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.tries = 0  # attempts of this run in this start()
+        self.oom_retries = 0
+        self.lost_retries = 0  # attempts run again because their machine went away
+        self.need: Need = None  # the memory estimate raised after an out-of-memory failure
+        self.decided = False  # before_run() said it runs (asked once, also when it waits for dependencies)
+        self.waiting_on: set[str] | None = None  # while parked: the runs it still waits for
 
 
 class RunQueue:

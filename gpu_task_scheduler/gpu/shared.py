@@ -43,7 +43,6 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from .host import process_stat
@@ -68,8 +67,7 @@ class Held(NamedTuple):
     run: str  # the run's folder name, for `gts gpus`
 
 
-@dataclass(frozen=True)
-class Publisher:
+class Publisher(NamedTuple):
     """One live scheduler's published reservations (another's, or ours)."""
 
     pid: int
@@ -306,7 +304,7 @@ class SharedReservations:
             return None  # another host's
         pid, start, publisher = record
         live = tuple(h for h in publisher.reservations if h.pgid == STARTING or _group_exists(h.pgid))
-        publisher = replace(publisher, reservations=live)
+        publisher = publisher._replace(reservations=live)
         if _start_ticks(pid) != (start, info.st_uid):  # its scheduler is gone (or the pid is another's now)
             if info.st_uid == self._uid and self._publishing:
                 try:

@@ -45,7 +45,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import __version__
 from ..errors import LedgerError, SchedulerBusyError
@@ -145,8 +145,7 @@ class RunRecord:
         return None if self.result is None else json.loads(self.result)
 
 
-@dataclass(frozen=True, slots=True)
-class KnownRun:
+class KnownRun(NamedTuple):
     """The part of a run's row that decides whether it runs: a few strings, so many fit in memory."""
 
     status: RunStatus

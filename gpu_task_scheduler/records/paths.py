@@ -36,7 +36,7 @@ import json
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # The layout's pure names live in layout.py (the config layer checks with them); here with the I/O.
 from ..layout import MAX_NAME_BYTES as MAX_NAME_BYTES
@@ -244,8 +244,7 @@ def root_records_problem(paths: RootPaths) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class RootPaths:
+class RootPaths(NamedTuple):
     root: str
 
     @property

@@ -76,7 +76,9 @@ def measure(tool: str, runs: int, env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="launches per case (the median is shown)")
-    parser.add_argument("--before", metavar="REV", help="also measure gts as it was at this git revision")
+    parser.add_argument(
+        "--before", metavar="REV", help="also measure gts as it was at this git revision (or in this folder)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gts-first-run-trees-") as trees_dir:
         trees = {"": gts_tree(None, trees_dir)}

@@ -104,10 +104,13 @@ def pip_peer(package: str, module: str) -> str | None:
 
 
 def gts_tree(revision: str | None, into: str) -> str:
-    """The folder holding the gpu_task_scheduler package of ``revision`` (None: this checkout),
-    its modules compiled."""
+    """The folder holding the gpu_task_scheduler package of ``revision`` (None: this checkout; a
+    folder that holds such a package: that one, e.g. where no git history travels), its modules
+    compiled."""
     tree = CHECKOUT
-    if revision is not None:
+    if revision is not None and os.path.isdir(os.path.join(revision, "gpu_task_scheduler")):
+        tree = revision
+    elif revision is not None:
         tree = os.path.join(into, revision.replace("/", "_"))
         os.makedirs(tree)
         archive = subprocess.run(
@@ -365,7 +368,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and workload (the median is shown)")
     parser.add_argument("--only", nargs="+", metavar="W", help="workloads to run (W1 ... W4)")
     parser.add_argument("--tools", nargs="+", metavar="TOOL", help="tools to run (default: all that install)")
-    parser.add_argument("--before", metavar="REV", help="also measure gts as it was at this git revision")
+    parser.add_argument(
+        "--before", metavar="REV", help="also measure gts as it was at this git revision (or in this folder)"
+    )
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each table as it is measured, also into a file
     peers = {

@@ -17,10 +17,12 @@ from helpers import ledger_rows, make_config
 from test_process_control import finish, launch
 
 from gpu_task_scheduler import ConfigManager, GPUTaskScheduler, GTSError
+from gpu_task_scheduler.gpu.capacity import Capacity, Placement
 from gpu_task_scheduler.gpu.devices import Slot
 from gpu_task_scheduler.gpu.host import HostProbe
 from gpu_task_scheduler.gpu.nvml import GpuMonitor, GpuProcess, GpuState, NvmlUnavailable
 from gpu_task_scheduler.gpu.placement import WHOLE_GPU, Reservation, SlotView, book, choose
+from gpu_task_scheduler.sweep.options import parse_scheduler_config
 
 GB = 10**9
 
@@ -377,6 +379,31 @@ def test_placement_policies():
     assert choose(views(None, None), 10 * GB, "first_fit").index == 0  # no NVML: capacity only
     assert choose(views(80 * GB, running=1), WHOLE_GPU, "first_fit") is None
     assert choose(views(80 * GB, running=4, capacity=4), None, "first_fit") is None
+
+
+@pytest.mark.parametrize("policy", ["first_fit", "round_robin"])
+def test_placement_without_nvml_follows_the_counts_of_our_runs(policy):
+    """Without NVML a slot's view is kept per count of our runs: each placement sees the counts
+    as they are now, and one with every slot full says nothing (the normal case)."""
+    options = parse_scheduler_config({"gpu": ["0", "1", "2"], "placement": policy})
+    slots = [Slot(f"gpu{i}", (str(i),)) for i in range(3)]
+    capacity = Capacity(options, slots=slots)
+    try:
+        chosen = []
+        for pgid in (100, 101, 102):
+            placement = capacity.place(f"run{pgid}", None)
+            chosen.append(placement.view.index)
+            assert placement.view.running == 0
+            capacity.take(placement.view.index, pgid, None)
+        assert chosen == [0, 1, 2]
+        assert capacity.place("run103", None) == Placement()  # full: no view, no waiting words
+        assert [view.running for view in capacity.views()] == [1, 1, 1]
+        capacity.release(1, 101)
+        placement = capacity.place("run103", None)
+        assert placement.view.index == 1 and placement.view.running == 0
+        assert [view.running for view in capacity.views()] == [1, 0, 1]
+    finally:
+        capacity.close()
 
 
 def test_host_probe_reads_proc():

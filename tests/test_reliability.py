@@ -148,6 +148,35 @@ def test_a_new_ledger_is_created_without_syncs_and_then_commits_as_any_other(in_
             assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_only_a_new_ledger_is_created_with_synchronous_off(in_tmp, monkeypatch):
+    """The statements a ledger's opening sends SQLite: synchronous=OFF before a new ledger's schema
+    and NORMAL once it is written; an existing ledger is opened with NORMAL from the start."""
+    import sqlite3 as sqlite
+
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    sent: list[str] = []
+    connect = sqlite.connect
+
+    def traced(*args, **kwargs):
+        db = connect(*args, **kwargs)
+        db.set_trace_callback(lambda statement: sent.append(" ".join(statement.split())))
+        return db
+
+    monkeypatch.setattr(sqlite, "connect", traced)
+    pragmas = []
+    for _ in ("created", "opened again"):
+        sent.clear()
+        with Ledger(RootPaths(str(in_tmp / "r"))):
+            pass
+        schema = next(i for i, s in enumerate(sent) if s.startswith("CREATE TABLE IF NOT EXISTS"))
+        pragmas.append([(i < schema, s) for i, s in enumerate(sent) if s.startswith("PRAGMA synchronous=")])
+    assert pragmas == [
+        [(True, "PRAGMA synchronous=OFF"), (False, "PRAGMA synchronous=NORMAL")],
+        [(True, "PRAGMA synchronous=NORMAL")],
+    ]
+
+
 def _stopped_by_the_rule(root):
     """The runs with a recorded stop verdict (the ledger read directly; none before it exists)."""
     path = root / ".gts" / "ledger.sqlite3"

@@ -333,7 +333,7 @@ class Capacity:
 
     def _counted_view(self, index: int) -> SlotView:
         """A slot's view without NVML: its count of our runs is all there is to it (the views are
-        frozen, so one per slot and count serves every placement: 16 slots took 120 us to build
+        frozen, so one per slot and count serves every placement: 16 slots took 47 us to build
         at each placement)."""
         running = self._running[index]
         view = self._counted_views.get((index, running))

@@ -112,6 +112,8 @@ NOT_AT_START = (
     "hashlib",  # OpenSSL: the digests come from CPython's own modules (digest.py)
     "shutil",  # argparse's default help width
     "random",  # only the random placement draws
+    "dataclasses",  # records derive from recordclass.Record
+    "inspect",
 )
 
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import RunsFailedError
+from ..recordclass import Record, field
 from ..records.status import RunStatus
 
 
-@dataclass(frozen=True)
-class RunOutcome:
+class RunOutcome(Record):
     """How one run of this sweep ended (its last attempt)."""
 
     name: str
@@ -39,8 +38,7 @@ class RunOutcome:
         return str(self.status)
 
 
-@dataclass
-class SweepSummary:
+class SweepSummary(Record, frozen=False):
     """Succeeded, failed, blocked, pruned and skipped runs of one ``start()``.
 
     ``summary.ok`` is False when any run failed or was blocked (stages) or the
@@ -67,7 +65,7 @@ class SweepSummary:
         """Keep the run's outcome (a retry replaces the earlier attempt); the log's
         tail only for runs that did not succeed, where it explains something."""
         if outcome.status is RunStatus.SUCCEEDED:
-            outcome = replace(outcome, log_tail="")
+            outcome = outcome._replace(log_tail="")
             if not self.keep_succeeded:
                 self.outcomes.pop(outcome.name, None)
                 self._succeeded_not_kept += 1

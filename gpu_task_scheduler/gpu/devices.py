@@ -18,10 +18,10 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 
 from ..errors import ConfigError, GTSError, NoGpuError
+from ..recordclass import Record
 from .nvml import GpuMonitor, NvmlUnavailable, visible_ids
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -35,8 +35,7 @@ _ALLOWED = (
 )
 
 
-@dataclass(frozen=True)
-class Slot:
+class Slot(Record):
     """One place where one run executes at a time."""
 
     name: str  # "gpu0", "gpu1,2", "cpu0": the name the scheduler log uses

@@ -13,9 +13,10 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, NamedTuple
+
+from ..recordclass import Record, field
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -25,8 +26,7 @@ class GpuProcess(NamedTuple):
     used_memory: int | None  # bytes; None where NVML cannot tell (e.g. Windows WDDM)
 
 
-@dataclass(frozen=True)
-class GpuState:
+class GpuState(Record):
     """One GPU (or MIG instance) as NVML sees it at one moment."""
 
     index: int | None  # NVML index (PCI bus order); None for a MIG instance

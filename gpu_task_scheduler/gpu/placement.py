@@ -14,9 +14,9 @@ double-book the same free memory, without any fixed "put interval".
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..recordclass import Record
 from .devices import Slot, format_memory
 from .nvml import GpuState
 
@@ -54,8 +54,7 @@ class GpuBook(NamedTuple):
     others_pending: int = 0  # reserved by other schedulers' runs, not allocated yet
 
 
-@dataclass(frozen=True)
-class SlotView:
+class SlotView(Record):
     index: int
     slot: Slot
     running: int

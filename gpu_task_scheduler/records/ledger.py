@@ -44,11 +44,11 @@ import signal
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import __version__
 from ..errors import LedgerError, SchedulerBusyError
+from ..recordclass import Record
 from .paths import MAX_INLINE_RESULT, RootPaths, ledger_path_problem, open_regular, root_records_problem
 from .status import RunStatus
 
@@ -100,8 +100,7 @@ INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
 """
 
 
-@dataclass(frozen=True)
-class RunRecord:
+class RunRecord(Record):
     name: str
     run_index: int | None
     config_hash: str | None
@@ -198,7 +197,7 @@ def _ledger_error(path: str, error: sqlite3.DatabaseError) -> LedgerError:
     )
 
 
-_FIELDS = set(RunRecord.__dataclass_fields__)
+_FIELDS = set(RunRecord._fields)
 _INTEGERS = {"run_index", "attempts", "pid", "exit_code", "gpu_memory_peak"}
 _NUMBER = "(typeof({0}) IN ('integer', 'real') AND abs({0}) < 1e12)"  # a time as this version writes it
 STALE_CAUSE = (

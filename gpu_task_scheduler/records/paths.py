@@ -35,13 +35,13 @@ import functools
 import json
 import os
 import stat
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 # The layout's pure names live in layout.py (the config layer checks with them); here with the I/O.
 from ..layout import MAX_NAME_BYTES as MAX_NAME_BYTES
 from ..layout import META as META
 from ..layout import log_name_problem as log_name_problem
+from ..recordclass import Record
 
 # Results up to this many bytes of JSON go into the outcome file and the ledger;
 # larger ones into the run's own .gts/result.json, which the ledger refers to.
@@ -268,8 +268,7 @@ class RootPaths(NamedTuple):
         return os.path.join(self.meta, "control")
 
 
-@dataclass(frozen=True)
-class RunPaths:
+class RunPaths(Record):
     """Where a run's files go. A run's start and end ask for them about 40 times, so the records
     folder is joined once per object and the files' names are appended to it, instead of an
     ``os.path.join`` at each ask."""

@@ -15,16 +15,15 @@ fields' types.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ..recordclass import Record
 from .paths import atomic_write_json, read_json
 
 RESULT_FILE = "result.json"  # the only name a large result is written to, next to the outcome
 
 
-@dataclass(frozen=True)
-class RunStart:
+class RunStart(Record):
     token: str
     config_hash: str
     task_file: str
@@ -34,20 +33,19 @@ class RunStart:
     run_env: dict[str, str]  # the run's identity (GTS_RUN_NAME, ...), set before its task is loaded
 
     def write(self, path: str) -> None:
-        atomic_write_json(path, asdict(self))
+        atomic_write_json(path, self._asdict())
 
     @classmethod
     def read(cls, path: str) -> RunStart:
         """Raises ValueError for a file that is not a start record (only the scheduler writes it)."""
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-        if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)}:
+        if not isinstance(data, dict) or set(data) != set(cls._fields):
             raise ValueError(f"{path} is not a run's start record")
         return cls(**data)
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(Record):
     status: str  # "succeeded" or "failed"
     token: str | None = None
     config_hash: str | None = None
@@ -80,7 +78,7 @@ class Outcome:
         return self.error
 
     def write(self, path: str) -> None:
-        atomic_write_json(path, {key: value for key, value in asdict(self).items() if value is not None})
+        atomic_write_json(path, {key: value for key, value in self._asdict().items() if value is not None})
 
     @classmethod
     def read(cls, path: str, *, token: str | None = None) -> Outcome | None:
@@ -88,7 +86,7 @@ class Outcome:
         data = read_json(path)
         if not isinstance(data, dict) or data.get("status") not in ("succeeded", "failed"):
             return None
-        known = {f.name for f in fields(cls)}
+        known = set(cls._fields)
         outcome = cls(**{key: value for key, value in data.items() if key in known})
         for name, kinds in _TYPES.items():
             value = getattr(outcome, name)

@@ -10,7 +10,6 @@ never sits in memory.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import json
 import logging
@@ -18,13 +17,13 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..digest import sha256_hex
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
+from ..recordclass import Record
 from .files import ConfigSource, load_config
 from .naming import NameRegistry, folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
@@ -179,8 +178,7 @@ def config_hash(config: Mapping[str, Any]) -> str:
 # --- runs -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunSpec:
+class RunSpec(Record):
     """One run of the sweep."""
 
     index: int  # position in the sweep, 0-based, in the original's order
@@ -559,6 +557,8 @@ class Sweep:
                 config["stages"][0] = {**config["stages"][0], "test_config": [self._space_raw]}
             else:
                 config["test_config"] = [self._space_raw]
+            import dataclasses  # a search's space and sampler are dataclasses
+
             config["search"] = dataclasses.asdict(self.search)
         try:
             text = json.dumps(config, allow_nan=False)

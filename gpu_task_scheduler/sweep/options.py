@@ -14,12 +14,12 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
 from ..layout import log_name_problem
+from ..recordclass import Record, field
 
 if TYPE_CHECKING:
     from .slurm import SlurmOptions
@@ -218,8 +218,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
 }
 
 
-@dataclass(frozen=True)
-class SchedulerOptions:
+class SchedulerOptions(Record):
     """``scheduler_config`` after validation, every default filled in; sizes in bytes."""
 
     slots: tuple[Slot, ...] | None  # None for "gpu": "all", resolved against the machine when the sweep starts

@@ -38,19 +38,18 @@ import copy
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
 from ..jsonable import to_jsonable
+from ..recordclass import Record, field
 
 STAGE_KEYS = ("name", "after", "match", "global_config", "test_config", "task", "command", "shell", "early_stop")
 STAGE_SEPARATOR = "."  # between a stage's name and its run's name in the run's folder name
 _NAME = r"[A-Za-z0-9_-]{1,64}\Z"  # compiled where a config has stages (re's cache)
 
 
-@dataclass
-class Stage:
+class Stage(Record, frozen=False):
     name: str | None  # None: the one implicit stage of a config without stages
     global_config: dict[str, Any]  # the top-level global_config updated with the stage's own
     blocks: list[dict[str, Sequence[Any]]]

@@ -1,0 +1,215 @@
+"""``Record``: the dataclass of gts's records, without importing ``dataclasses`` at a start.
+
+A start (``gts run``, ``gts queue``, a ``GPUTaskScheduler``) defined a dozen
+``@dataclass`` records before its first run: the options, a run's spec, its
+paths and ledger row, the runner's protocol, the slots and their views, the
+outcome and the summary. That cost 17 ms of an 80 ms start on a 2-core VM
+(Python 3.11): 5.5 ms to import ``dataclasses`` (it imports ``inspect``, and
+with it ``ast``, ``dis`` and ``tokenize``) and 0.4-2.3 ms a class for
+``dataclass`` to generate six methods, each compiled from source.
+
+A subclass of :class:`Record` is declared as a dataclass is (annotated fields,
+defaults, :func:`field` for ``default_factory``, ``repr=False`` or
+``compare=False``), frozen unless declared ``class X(Record, frozen=False)``,
+and behaves as ``@dataclass(frozen=...)`` would have made it:
+
+* ``__init__`` takes the fields in order, with their defaults; it is the one
+  method compiled for each class (it fills ``__dict__`` directly, as fast as a
+  dataclass's; the earlier ``@frozen`` attempt set fields through a Python
+  ``__setattr__`` and was reverted for costing every run 55 us);
+* ``__repr__``, ``__eq__`` (same class, fields compared in order) and, for a
+  frozen class, ``__hash__`` (of the compared fields) and the refusal to
+  assign or delete (``dataclasses.FrozenInstanceError``) are shared by all
+  classes; a mutable class is unhashable, as a dataclass with ``eq`` is;
+* ``dataclasses.fields``, ``asdict``, ``replace`` and ``is_dataclass`` work on
+  the class and its instances: ``__dataclass_fields__`` is built at its first
+  read, by ``dataclasses`` itself, from the same declarations (code that
+  never asks never imports ``dataclasses``); pickling and copying fill
+  ``__dict__`` as for any class;
+* ``_fields``, ``_asdict()`` (shallow) and ``_replace(**changes)`` are the
+  same as a ``NamedTuple``'s, for gts's own code.
+
+Type checkers see a dataclass (``dataclass_transform``), frozen by default.
+Inheriting from a record class is not supported (none of gts's does); it is
+refused rather than half-done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self, dataclass_transform
+else:
+
+    def dataclass_transform(**_: Any) -> Any:  # for type checkers only
+        return lambda decorated: decorated
+
+
+__all__ = ["Record", "field"]
+
+_MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "MISSING"})()
+
+
+class _Field:
+    __slots__ = ("default", "default_factory", "repr", "compare")
+
+    def __init__(self, default: Any, default_factory: Any, repr: bool, compare: bool) -> None:
+        if default is not _MISSING and default_factory is not _MISSING:
+            raise ValueError("cannot specify both default and default_factory")
+        self.default, self.default_factory, self.repr, self.compare = default, default_factory, repr, compare
+
+
+def field(
+    *,
+    default: Any = _MISSING,
+    default_factory: Callable[[], Any] = _MISSING,
+    repr: bool = True,
+    compare: bool = True,
+) -> Any:
+    """A field's options, as ``dataclasses.field``'s of the same names."""
+    return _Field(default, default_factory, repr, compare)
+
+
+def _is_class_var(annotation: Any) -> bool:
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return text.startswith(("ClassVar", "typing.ClassVar"))
+
+
+def _frozen_error(message: str) -> AttributeError:
+    from dataclasses import FrozenInstanceError  # an error path: the import is paid only here
+
+    return FrozenInstanceError(message)
+
+
+def _refuse_assignment(self: Any, name: str, value: Any) -> None:
+    raise _frozen_error(f"cannot assign to field {name!r}")
+
+
+def _refuse_deletion(self: Any, name: str) -> None:
+    raise _frozen_error(f"cannot delete field {name!r}")
+
+
+def _hash(self: Any) -> int:
+    return hash(self._compared(self))
+
+
+class _DataclassFields:
+    """``__dataclass_fields__`` at its first read: ``dataclasses`` builds the fields of a twin class."""
+
+    def __get__(self, instance: Any, owner: Any) -> Any:
+        import dataclasses
+
+        specs = []
+        for name, options in owner._field_options.items():
+            kwargs: dict[str, Any] = {"repr": options.repr, "compare": options.compare}
+            if options.default is not _MISSING:
+                kwargs["default"] = options.default
+            if options.default_factory is not _MISSING:
+                kwargs["default_factory"] = options.default_factory
+            specs.append((name, owner.__annotations__[name], dataclasses.field(**kwargs)))
+        twin = dataclasses.make_dataclass(owner.__name__, specs, frozen=owner._frozen)
+        fields = twin.__dataclass_fields__  # type: ignore[attr-defined]
+        type.__setattr__(owner, "__dataclass_fields__", fields)
+        type.__setattr__(owner, "__dataclass_params__", twin.__dataclass_params__)  # type: ignore[attr-defined]
+        return fields
+
+
+def _compile_init(cls: type, options: dict[str, _Field]) -> Callable[..., None]:
+    """``__init__`` for ``cls``'s fields: the one method compiled per class."""
+    scope: dict[str, Any] = {"_MISSING": _MISSING}
+    parameters, body = [], []
+    for name, option in options.items():
+        if option.default is not _MISSING:
+            scope[f"_default_{name}"] = option.default
+            parameters.append(f"{name}=_default_{name}")
+        elif option.default_factory is not _MISSING:
+            scope[f"_factory_{name}"] = option.default_factory
+            parameters.append(f"{name}=_MISSING")
+            body.append(f"    if {name} is _MISSING: {name} = _factory_{name}()")
+        elif parameters and parameters[-1].partition("=")[2]:
+            raise TypeError(f"{cls.__qualname__}: non-default field {name!r} follows a field with a default")
+        else:
+            parameters.append(name)
+    assignments = [f"    fields[{name!r}] = {name}" for name in options]
+    source = "\n".join(
+        [f"def __init__(self, {', '.join(parameters)}):", *body, "    fields = self.__dict__", *assignments]
+        if options
+        else ["def __init__(self):", "    pass"]
+    )
+    exec(compile(source, f"<record {cls.__module__}.{cls.__qualname__}>", "exec"), scope)
+    function = scope["__init__"]
+    function.__qualname__ = f"{cls.__qualname__}.__init__"
+    return function
+
+
+def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
+    if len(names) == 1:  # attrgetter of one name gives the value, not a 1-tuple
+        single = attrgetter(names[0])
+        return lambda instance: (single(instance),)
+    return attrgetter(*names) if names else lambda instance: ()
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+class Record:
+    """Base of gts's record classes (see the module's notes)."""
+
+    __slots__ = ()
+    __dataclass_fields__: ClassVar[Any] = _DataclassFields()
+    _fields: ClassVar[tuple[str, ...]]
+    _field_options: ClassVar[dict[str, _Field]]
+    _frozen: ClassVar[bool]
+    _compared: ClassVar[Any]  # the compared fields' values of an instance, as a tuple
+    _represented: ClassVar[tuple[str, ...]]
+
+    def __init_subclass__(cls, *, frozen: bool = True, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__bases__ != (Record,):
+            raise TypeError(f"{cls.__qualname__}: a record class must derive from Record alone")
+        options: dict[str, _Field] = {}
+        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+            if _is_class_var(annotation):
+                continue
+            declared = cls.__dict__.get(name, _MISSING)
+            option = declared if isinstance(declared, _Field) else _Field(declared, _MISSING, True, True)
+            options[name] = option
+            if isinstance(declared, _Field):  # the class keeps the default, as a dataclass's does
+                if option.default is _MISSING:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, option.default)
+        cls._field_options = options
+        cls._fields = tuple(options)
+        cls._frozen = frozen
+        cls._compared = staticmethod(_getter([name for name, o in options.items() if o.compare]))
+        cls._represented = tuple(name for name, o in options.items() if o.repr)
+        type.__setattr__(cls, "__match_args__", cls._fields)  # as a dataclass has it, for `match`
+        cls.__init__ = _compile_init(cls, options)  # type: ignore[method-assign]
+        if frozen:
+            cls.__setattr__ = _refuse_assignment  # type: ignore[method-assign]
+            cls.__delattr__ = _refuse_deletion  # type: ignore[method-assign]
+            cls.__hash__ = _hash  # type: ignore[method-assign]
+        else:
+            cls.__hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._represented)
+        return f"{type(self).__qualname__}({shown})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._compared(self) == self._compared(other)
+        return NotImplemented
+
+    def _asdict(self) -> dict[str, Any]:
+        """The fields and their values (the values themselves, not copies: see ``dataclasses.asdict``)."""
+        return {name: getattr(self, name) for name in self._fields}
+
+    def _replace(self, **changes: Any) -> Self:
+        """A copy with ``changes``, as ``dataclasses.replace`` makes it."""
+        for name in self._fields:
+            if name not in changes:
+                changes[name] = getattr(self, name)
+        return type(self)(**changes)

@@ -114,6 +114,7 @@ NOT_AT_START = (
     "random",  # only the random placement draws
     "dataclasses",  # records derive from recordclass.Record
     "inspect",
+    "ctypes",  # a look for NVIDIA's library needs only _ctypes' dlopen
 )
 
 

@@ -69,10 +69,12 @@ def _library_missing() -> bool:
         return False
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
-
+    try:  # ctypes' own loader, without the ctypes package's 1.2 ms of classes (as ctypes.CDLL loads it)
+        from _ctypes import dlopen
+    except ImportError:
+        from ctypes import CDLL as dlopen  # type: ignore[assignment]
     try:
-        ctypes.CDLL("libnvidia-ml.so.1")  # the bindings' own load; loaded once, it stays for them
+        dlopen("libnvidia-ml.so.1")  # the bindings' own load; loaded once, it stays for them
     except OSError:
         return True
     return False

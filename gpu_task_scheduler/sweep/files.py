@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
 from collections.abc import Mapping
 from typing import Any, Union
 
@@ -80,6 +79,8 @@ def load_config(source: ConfigSource) -> Mapping[str, Any]:
     try:
         if suffix == ".py":
             try:
+                import runpy  # only for a .py config (`gts`, unlike `python -m`, has not loaded it)
+
                 namespace = runpy.run_path(path, run_name="__gts_config__")
             except SystemExit as error:
                 raise ConfigError(

@@ -30,8 +30,10 @@ and behaves as ``@dataclass(frozen=...)`` would have made it:
   same as a ``NamedTuple``'s, for gts's own code.
 
 Type checkers see a dataclass (``dataclass_transform``), frozen by default.
-Inheriting from a record class is not supported (none of gts's does); it is
-refused rather than half-done.
+A record class may derive from one other (``class Asha(Rule)``): the base's
+fields come first, a field declared again keeps its place and takes its new
+default, and both are frozen or neither, as ``dataclass`` requires. Mixing in
+other bases is refused rather than half-done.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class _DataclassFields:
                 kwargs["default"] = options.default
             if options.default_factory is not _MISSING:
                 kwargs["default_factory"] = options.default_factory
-            specs.append((name, owner.__annotations__[name], dataclasses.field(**kwargs)))
+            specs.append((name, owner._field_types[name], dataclasses.field(**kwargs)))
         twin = dataclasses.make_dataclass(owner.__name__, specs, frozen=owner._frozen)
         fields = twin.__dataclass_fields__  # type: ignore[attr-defined]
         type.__setattr__(owner, "__dataclass_fields__", fields)
@@ -118,27 +120,27 @@ class _DataclassFields:
 
 
 def _compile_init(cls: type, options: dict[str, _Field]) -> Callable[..., None]:
-    """``__init__`` for ``cls``'s fields: the one method compiled per class."""
-    scope: dict[str, Any] = {"_MISSING": _MISSING}
-    parameters, body = [], []
+    """``__init__`` for ``cls``'s fields: the one method compiled per class. Its own names (the
+    instance, its dict, the defaults) start with ``__record_``, which no field's name may."""
+    scope: dict[str, Any] = {"__record_missing__": _MISSING}
+    parameters, body = ["__record_self__"], []
     for name, option in options.items():
+        if name.startswith("__record_"):
+            raise TypeError(f"{cls.__qualname__}: a field's name may not start with '__record_' ({name!r})")
         if option.default is not _MISSING:
-            scope[f"_default_{name}"] = option.default
-            parameters.append(f"{name}=_default_{name}")
+            scope[f"__record_default_{name}"] = option.default
+            parameters.append(f"{name}=__record_default_{name}")
         elif option.default_factory is not _MISSING:
-            scope[f"_factory_{name}"] = option.default_factory
-            parameters.append(f"{name}=_MISSING")
-            body.append(f"    if {name} is _MISSING: {name} = _factory_{name}()")
-        elif parameters and parameters[-1].partition("=")[2]:
+            scope[f"__record_factory_{name}"] = option.default_factory
+            parameters.append(f"{name}=__record_missing__")
+            body.append(f"    if {name} is __record_missing__: {name} = __record_factory_{name}()")
+        elif "=" in parameters[-1]:
             raise TypeError(f"{cls.__qualname__}: non-default field {name!r} follows a field with a default")
         else:
             parameters.append(name)
-    assignments = [f"    fields[{name!r}] = {name}" for name in options]
-    source = "\n".join(
-        [f"def __init__(self, {', '.join(parameters)}):", *body, "    fields = self.__dict__", *assignments]
-        if options
-        else ["def __init__(self):", "    pass"]
-    )
+    body.append("    __record_dict__ = __record_self__.__dict__")
+    body += [f"    __record_dict__[{name!r}] = {name}" for name in options]
+    source = "\n".join([f"def __init__({', '.join(parameters)}):", *body])
     exec(compile(source, f"<record {cls.__module__}.{cls.__qualname__}>", "exec"), scope)
     function = scope["__init__"]
     function.__qualname__ = f"{cls.__qualname__}.__init__"
@@ -152,40 +154,55 @@ def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
     return attrgetter(*names) if names else lambda instance: ()
 
 
+_LAZY_FIELDS = _DataclassFields()
+
+
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 class Record:
     """Base of gts's record classes (see the module's notes)."""
 
     __slots__ = ()
-    __dataclass_fields__: ClassVar[Any] = _DataclassFields()
+    __dataclass_fields__: ClassVar[Any] = _LAZY_FIELDS
     _fields: ClassVar[tuple[str, ...]]
     _field_options: ClassVar[dict[str, _Field]]
+    _field_types: ClassVar[dict[str, Any]]  # as annotated (strings, where annotations are deferred)
     _frozen: ClassVar[bool]
     _compared: ClassVar[Any]  # the compared fields' values of an instance, as a tuple
     _represented: ClassVar[tuple[str, ...]]
 
     def __init_subclass__(cls, *, frozen: bool = True, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.__bases__ != (Record,):
-            raise TypeError(f"{cls.__qualname__}: a record class must derive from Record alone")
+        (base,) = cls.__bases__ if len(cls.__bases__) == 1 else (None,)
+        if base is None or not issubclass(base, Record):
+            raise TypeError(f"{cls.__qualname__}: a record class derives from Record or one record class alone")
         options: dict[str, _Field] = {}
-        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+        types: dict[str, Any] = {}
+        if base is not Record:
+            if base._frozen != frozen:
+                raise TypeError(f"{cls.__qualname__}: a record class is frozen if and only if its base is")
+            options, types = dict(base._field_options), dict(base._field_types)
+        # The class's own annotations (strings: every module of ours defers them); Python 3.14 may
+        # keep them behind __annotate__, which the attribute evaluates.
+        for name, annotation in (cls.__dict__.get("__annotations__") or cls.__annotations__).items():
             if _is_class_var(annotation):
                 continue
             declared = cls.__dict__.get(name, _MISSING)
             option = declared if isinstance(declared, _Field) else _Field(declared, _MISSING, True, True)
             options[name] = option
+            types[name] = annotation
             if isinstance(declared, _Field):  # the class keeps the default, as a dataclass's does
                 if option.default is _MISSING:
                     delattr(cls, name)
                 else:
                     setattr(cls, name, option.default)
         cls._field_options = options
+        cls._field_types = types
         cls._fields = tuple(options)
         cls._frozen = frozen
         cls._compared = staticmethod(_getter([name for name, o in options.items() if o.compare]))
         cls._represented = tuple(name for name, o in options.items() if o.repr)
         type.__setattr__(cls, "__match_args__", cls._fields)  # as a dataclass has it, for `match`
+        type.__setattr__(cls, "__dataclass_fields__", _LAZY_FIELDS)  # not its base's, once built
         cls.__init__ = _compile_init(cls, options)  # type: ignore[method-assign]
         if frozen:
             cls.__setattr__ = _refuse_assignment  # type: ignore[method-assign]

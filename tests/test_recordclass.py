@@ -59,6 +59,14 @@ def test_init_takes_the_fields_in_order_with_their_defaults():
         with pytest.raises(TypeError):
             bad()
     assert Point.y == 0 and Point.note == ""  # the class keeps the defaults, as a dataclass's does
+
+    class Named(Record):  # fields named as the generated __init__'s own names could have been
+        self: int
+        fields: dict = field(default_factory=dict)
+        MISSING: int = 0
+
+    named = Named(1, {"a": 1}, 2)
+    assert (named.self, named.fields, named.MISSING) == (1, {"a": 1}, 2) and Named(3).fields == {}
     with pytest.raises(TypeError, match="non-default field 'b' follows"):
 
         class Unordered(Record):
@@ -129,10 +137,31 @@ def test_copies_pickles_matching_and_cached_properties_work():
     assert tally == Tally(["a"], 2)
 
 
-def test_a_record_class_derives_from_record_alone():
-    with pytest.raises(TypeError, match="derive from Record alone"):
+def test_a_record_class_derives_from_one_other_as_a_dataclass_does():
+    class Located(Point):
+        place: str = "here"
+        y: int = 9  # declared again: keeps its place, takes the new default
 
-        class Derived(Point):
+    @dataclasses.dataclass(frozen=True)
+    class ReferenceLocated(Reference):
+        place: str = "here"
+        y: int = 9
+
+    located = Located(1, place="there")
+    assert Located._fields == tuple(f.name for f in dataclasses.fields(ReferenceLocated))
+    assert repr(located) == repr(ReferenceLocated(1, place="there")).replace("ReferenceLocated", "Located")
+    assert located.y == 9 and located != Point(1, 9) and isinstance(located, Point) and located.norm == 10
+    assert [f.name for f in dataclasses.fields(located)] == ["x", "y", "note", "tags", "secret", "place"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        located.place = "elsewhere"
+    with pytest.raises(TypeError, match="frozen if and only if its base is"):
+
+        class Thawed(Point, frozen=False):
+            z: int = 0
+
+    with pytest.raises(TypeError, match="one record class alone"):
+
+        class Mixed(Point, Reference):
             z: int = 0
 
 
@@ -145,5 +174,6 @@ def test_gts_s_public_records_keep_their_dataclass_fields():
     summary.record(outcome)
     summary.record(dataclasses.replace(outcome, name="b", status=RunStatus.SUCCEEDED))
     assert summary.outcomes["b"].log_tail == "" and summary.outcomes["a"].log_tail == "boom"
+    assert [f.name for f in dataclasses.fields(summary)][-1] == "_succeeded_not_kept"
     given = dataclasses.fields(SchedulerOptions)[-1]
     assert given.name == "given" and not given.repr and not given.compare

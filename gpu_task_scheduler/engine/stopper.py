@@ -22,8 +22,8 @@ where change notification does not reach the machine that watches.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from ..recordclass import Record
 from ..records.ledger import Ledger, pruned_cause
 from ..records.metrics import MetricsReader, read_all
 from ..records.paths import RunPaths, UnsafePathError
@@ -36,8 +36,7 @@ LOOK_INTERVAL = 0.1
 LOOK_PER_RUN = 0.005
 
 
-@dataclass
-class _Watched:
+class _Watched(Record, frozen=False):
     spec: RunSpec
     rule: Rule
     reader: MetricsReader

@@ -42,15 +42,14 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from ..recordclass import Record
 from .paths import atomic_write, read_json
 
 HELD, RELEASED = "held", "released"
 
 
-@dataclass(frozen=True)
-class LeaseTerms:
+class LeaseTerms(Record):
     """How an attempt's lease is kept (seconds)."""
 
     renew_every: float  # the supervisor renews this often, after hearing from the scheduler

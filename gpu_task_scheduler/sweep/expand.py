@@ -557,9 +557,7 @@ class Sweep:
                 config["stages"][0] = {**config["stages"][0], "test_config": [self._space_raw]}
             else:
                 config["test_config"] = [self._space_raw]
-            import dataclasses  # a search's space and sampler are dataclasses
-
-            config["search"] = dataclasses.asdict(self.search)
+            config["search"] = self.search._asdict()  # its fields are strings and numbers
         try:
             text = json.dumps(config, allow_nan=False)
         except (TypeError, ValueError):

@@ -38,10 +38,9 @@ commands apart would need the shell's whole grammar (aliases, functions,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
-
 from ..errors import ConfigError
+from ..recordclass import Record
+from ..recordclass import field as record_field
 from .templates import parse
 
 ENV_PREFIX = "GTS_ARG_"
@@ -54,11 +53,10 @@ _EVALUATED = {
 }
 
 
-@dataclass(frozen=True)
-class ShellTemplate:
+class ShellTemplate(Record):
     script: str
     # environment variable -> (field name, format spec, conversion)
-    fields: dict[str, tuple[str, str, str | None]] = dataclass_field(default_factory=dict)
+    fields: dict[str, tuple[str, str, str | None]] = record_field(default_factory=dict)
 
 
 def compile_shell_template(template: str) -> ShellTemplate:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
+from ..recordclass import Record
 
 # What sbatch --time takes: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -22,8 +22,7 @@ _MEMORY = re.compile(r"^\d+[KMGT]?$")
 _NAME = re.compile(r"^[A-Za-z0-9_.,:+@-]+$")  # partition, account, qos: no spaces, no shell characters
 
 
-@dataclass(frozen=True)
-class SlurmOptions:
+class SlurmOptions(Record):
     partition: str | None = None
     max_parallel: int | None = None  # runs at once across the sweep (the arrays' throttles); None: as Slurm allows
     time: str | None = None  # per run, as sbatch --time takes it
@@ -68,7 +67,7 @@ def parse_slurm_options(raw: Any) -> SlurmOptions:
         return SlurmOptions()
     if not isinstance(raw, Mapping):
         raise ConfigError(f"scheduler_config['slurm'] must be a dict of Slurm options; got {raw!r}")
-    fields = {name for name in SlurmOptions.__dataclass_fields__ if name != "time_seconds"}
+    fields = {name for name in SlurmOptions._fields if name != "time_seconds"}
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in fields:

@@ -15,16 +15,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from ..recordclass import Record
 
 KINDS = ("uniform", "loguniform", "int", "choice")
 
 
-@dataclass(frozen=True)
-class Uniform:
+class Uniform(Record):
     low: float
     high: float
 
@@ -35,8 +34,7 @@ class Uniform:
         return self.low
 
 
-@dataclass(frozen=True)
-class LogUniform:
+class LogUniform(Record):
     low: float
     high: float
 
@@ -47,8 +45,7 @@ class LogUniform:
         return self.low
 
 
-@dataclass(frozen=True)
-class Int:
+class Int(Record):
     low: int
     high: int
     step: int = 1
@@ -64,8 +61,7 @@ class Int:
         return self.low
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(Record):
     values: tuple[Any, ...]
 
     def sample(self, rng: random.Random) -> Any:

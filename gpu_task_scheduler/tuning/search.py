@@ -29,10 +29,10 @@ import os
 import random
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, unknown_key_message
+from ..recordclass import Record
 from ..records.paths import RootPaths
 from ..sweep.naming import NameRegistry
 from ..sweep.space import Choice, Distribution, Int, LogUniform, Uniform, inside
@@ -48,8 +48,7 @@ MAX_RUNS = 1_000_000
 EXTRA_HINT = "pip install 'gts-sweep[search]'"
 
 
-@dataclass(frozen=True)
-class Search:
+class Search(Record):
     sampler: str
     n_runs: int
     seed: int
@@ -110,8 +109,7 @@ def check_optuna(sampler: str = "tpe") -> None:
             ) from None
 
 
-@dataclass(frozen=True)
-class Trial:
+class Trial(Record):
     number: int
     values: dict[str, Any]
     name: str | None = None  # its run's folder name, once known
@@ -214,7 +212,7 @@ class RandomSearcher(Searcher):
             os.close(fd)
 
     def trials(self) -> list[Trial]:
-        return [replace(self._trials[number], done=number in self._done) for number in sorted(self._trials)]
+        return [self._trials[number]._replace(done=number in self._done) for number in sorted(self._trials)]
 
     def done(self, number: int) -> bool:
         return number in self._done

@@ -30,10 +30,10 @@ import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
+from ..recordclass import Record
 
 METHODS = ("asha", "median")
 _KEYS = {
@@ -42,8 +42,7 @@ _KEYS = {
 }
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(Record):
     """A rule's word on a run at ``step``: go on, or stop (``stop``), and why (``cause``)."""
 
     stop: bool
@@ -72,8 +71,7 @@ def _g(value: float) -> str:
     return f"{value:.4g}"
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(Record):
     metric: str
     mode: str  # "min" or "max"
     min_step: float
@@ -89,7 +87,6 @@ class Rule:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
 class Asha(Rule):
     reduction_factor: float = 3.0
 
@@ -162,7 +159,6 @@ class Curve:
         return self.sums[count - 1] / count if count else None
 
 
-@dataclass(frozen=True)
 class Median(Rule):
     min_runs: int = 3
 

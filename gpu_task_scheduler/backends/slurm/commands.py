@@ -17,9 +17,9 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from ...errors import GTSError
+from ...recordclass import Record
 
 CALL_TIMEOUT = 60.0  # seconds one call of a Slurm command may take (slurmctld can be slow, never forever)
 # A task whose state is one of these may still start or is running: it is not over.
@@ -27,8 +27,7 @@ LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"
 COMMANDS = ("sbatch", "squeue", "scancel", "scontrol")
 
 
-@dataclass(frozen=True)
-class TaskState:
+class TaskState(Record):
     state: str  # squeue's %T: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, NODE_FAIL, ...
     node: str
     reason: str

@@ -49,13 +49,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...engine.launcher import Attempt, Ended, LaunchError
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
+from ...recordclass import Record, field
 from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write, read_json
 from ...records.status import RunStatus
@@ -78,8 +78,7 @@ CLOSE_WAIT = 60.0  # seconds the sweep's end waits for Slurm to be done with its
 SETTLE = 5.0  # ... of which a task that ended may stay listed before it is cancelled
 
 
-@dataclass
-class _Task:
+class _Task(Record, frozen=False):
     """One attempt handed to Slurm: its array task, and what is known of it."""
 
     handle: SlurmHandle

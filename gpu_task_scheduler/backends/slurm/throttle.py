@@ -19,11 +19,10 @@ up to more than ``max_parallel``, however late the driver sees states.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ...recordclass import Record
 
 
-@dataclass(frozen=True)
-class Array:
+class Array(Record):
     job: str
     running: int  # tasks running now (as last seen)
     pending: int  # tasks still to start
@@ -38,8 +37,7 @@ class Array:
         return max(self.running, self.throttle)
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(Record):
     job: str
     throttle: int | None = None  # set its %N to this
     held: bool | None = None  # release (False) its pending tasks

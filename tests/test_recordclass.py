@@ -159,6 +159,17 @@ def test_a_record_class_derives_from_one_other_as_a_dataclass_does():
         class Thawed(Point, frozen=False):
             z: int = 0
 
+    with pytest.raises(TypeError, match="__init__, __hash__ is made for it"):
+
+        class Handmade(Record):
+            z: int = 0
+
+            def __init__(self) -> None:
+                pass
+
+            def __hash__(self) -> int:
+                return 0
+
     with pytest.raises(TypeError, match="one record class alone"):
 
         class Mixed(Point, Reference):

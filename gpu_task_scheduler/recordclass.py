@@ -194,6 +194,11 @@ class Record:
                 continue
             declared = cls.__dict__.get(name, _MISSING)
             option = declared if isinstance(declared, _Field) else _Field(declared, _MISSING, True, True)
+            if option.default is not _MISSING and type(option.default).__hash__ is None:  # as dataclass
+                raise ValueError(
+                    f"{cls.__qualname__}: mutable default {type(option.default).__name__} for field {name!r} "
+                    "would be shared by every instance: use field(default_factory=...)"
+                )
             options[name] = option
             types[name] = annotation
             if isinstance(declared, _Field):  # the class keeps the default, as a dataclass's does

@@ -60,6 +60,11 @@ def test_init_takes_the_fields_in_order_with_their_defaults():
             bad()
     assert Point.y == 0 and Point.note == ""  # the class keeps the defaults, as a dataclass's does
 
+    with pytest.raises(ValueError, match="mutable default list for field 'b' would be shared"):
+
+        class Shared(Record, frozen=False):
+            b: list = []  # noqa: RUF012
+
     class Named(Record):  # fields named as the generated __init__'s own names could have been
         self: int
         fields: dict = field(default_factory=dict)

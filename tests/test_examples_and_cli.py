@@ -148,6 +148,41 @@ def test_a_command_sweeps_start_imports_only_what_its_first_run_needs(in_tmp):
     assert {row["status"] for row in ledger_rows(in_tmp / "results").values()} == {"succeeded"}
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"early_stop": {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 9}},
+        {"search": {"sampler": "random", "n_runs": 3, "metric": "loss", "mode": "min"}},
+    ],
+    ids=["early_stop", "search"],
+)
+def test_a_sweep_with_early_stopping_or_a_search_never_imports_dataclasses(in_tmp, extra):
+    """Every record of the package is a recordclass.Record: not even these features' own records
+    (rules, verdicts, trials, a search's space) import dataclasses, from the start to the summary."""
+    test_config = {"lr": {"uniform": [0.0, 1.0]}} if "search" in extra else {"i": [0, 1]}
+    config = {
+        "scheduler_config": {"gpu": ["0"], "result_root_folder": "results", "scheduler_log_file_path": None},
+        "test_config": [test_config],
+        "command": ["true"],
+        **extra,
+    }
+    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['gts', 'run', 'sweep.json', '--plain']\n"
+        "try:\n"
+        "    runpy.run_module('gpu_task_scheduler', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as end:\n"
+        "    assert end.code in (0, None), end.code\n"
+        "print(sorted({'dataclasses', 'inspect'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    rows = ledger_rows(in_tmp / "results")
+    assert len(rows) == (3 if "search" in extra else 2) and {row["status"] for row in rows.values()} == {"succeeded"}
+
+
 def test_gts_version_and_usage(capsys):
     with pytest.raises(SystemExit) as raised:
         gts_main(["--version"])

@@ -118,29 +118,42 @@ NOT_AT_START = (
 )
 
 
+def _command_sweep(test_config, **extra):
+    """A one-slot command sweep of ``true`` runs, results in ./results, no scheduler log."""
+    return {
+        "scheduler_config": {"gpu": ["0"], "result_root_folder": "results", "scheduler_log_file_path": None},
+        "test_config": [test_config],
+        "command": ["true"],
+        **extra,
+    }
+
+
+def _gts_run_in_a_fresh_interpreter(folder, config, *, setup="", at_end):
+    """``gts run sweep.json --plain`` in a new interpreter in ``folder``: ``setup`` runs first,
+    ``at_end`` (one line) once the run ends, however it ends."""
+    (folder / "sweep.json").write_text(json.dumps(config))
+    code = (
+        f"import sys, runpy\n{setup}"
+        "sys.argv = ['gts', 'run', 'sweep.json', '--plain']\n"
+        "try:\n"
+        "    runpy.run_module('gpu_task_scheduler', run_name='__main__', alter_sys=True)\n"
+        f"finally:\n    {at_end}\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
 def test_a_command_sweeps_start_imports_only_what_its_first_run_needs(in_tmp):
     """The modules loaded when gts run spawns its first process (the sweep's keeper, just before
     the first run): none of those only a search, early stopping, the status line or prewarm use."""
-    config = {
-        "scheduler_config": {"gpu": ["0"], "result_root_folder": "results", "scheduler_log_file_path": None},
-        "test_config": [{"i": [0, 1]}],
-        "command": ["true"],
-    }
-    (in_tmp / "sweep.json").write_text(json.dumps(config))
-    code = (
-        "import sys, runpy\n"
+    setup = (
         "before, seen = set(sys.modules), []  # what site's .pth hooks loaded is not gts's\n"
         "def hook(event, args):\n"
         "    if event in ('os.posix_spawn', 'subprocess.Popen') and not seen:\n"
         "        seen.append(sorted(set(sys.modules) - before))\n"
         "sys.addaudithook(hook)\n"
-        "sys.argv = ['gts', 'run', 'sweep.json', '--plain']\n"
-        "try:\n"
-        "    runpy.run_module('gpu_task_scheduler', run_name='__main__', alter_sys=True)\n"
-        "finally:\n"
-        "    open('modules.json', 'w').write(__import__('json').dumps(seen[0]))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    at_end = "open('modules.json', 'w').write(__import__('json').dumps(seen[0]))"
+    result = _gts_run_in_a_fresh_interpreter(in_tmp, _command_sweep({"i": [0, 1]}), setup=setup, at_end=at_end)
     assert result.returncode == 0, result.stderr
     loaded = set(json.loads((in_tmp / "modules.json").read_text()))
     assert "gpu_task_scheduler.engine.loop" in loaded  # the hook saw the start, not something before it
@@ -160,23 +173,8 @@ def test_a_sweep_with_early_stopping_or_a_search_never_imports_dataclasses(in_tm
     """Every record of the package is a recordclass.Record: not even these features' own records
     (rules, verdicts, trials, a search's space) import dataclasses, from the start to the summary."""
     test_config = {"lr": {"uniform": [0.0, 1.0]}} if "search" in extra else {"i": [0, 1]}
-    config = {
-        "scheduler_config": {"gpu": ["0"], "result_root_folder": "results", "scheduler_log_file_path": None},
-        "test_config": [test_config],
-        "command": ["true"],
-        **extra,
-    }
-    (in_tmp / "sweep.json").write_text(json.dumps(config))
-    code = (
-        "import sys, runpy\n"
-        "sys.argv = ['gts', 'run', 'sweep.json', '--plain']\n"
-        "try:\n"
-        "    runpy.run_module('gpu_task_scheduler', run_name='__main__', alter_sys=True)\n"
-        "except SystemExit as end:\n"
-        "    assert end.code in (0, None), end.code\n"
-        "print(sorted({'dataclasses', 'inspect'} & set(sys.modules)))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    at_end = "print(sorted({'dataclasses', 'inspect'} & set(sys.modules)))"
+    result = _gts_run_in_a_fresh_interpreter(in_tmp, _command_sweep(test_config, **extra), at_end=at_end)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     rows = ledger_rows(in_tmp / "results")

@@ -8,9 +8,11 @@ Every job is ``bench/probe.sh``: it appends its id, start, end and CUDA_VISIBLE_
 to a log, so each tool is measured the same way, from what its jobs saw:
 
 * jobs/s (jobs / makespan), makespan (launch of the tool to the last job's end),
-  time to the first job's start, idle gap per slot between one job's end and the
-  next one's start (mean and p95), and CPU per job beyond the floor's (the tool's
-  process tree, as wait4 reports it, minus the floor's on the same jobs);
+  running (jobs / the time from the first job's start to the last one's end: the
+  dispatch rate with the start-up left out), time to the first job's start, idle
+  gap per slot between one job's end and the next one's start (mean and p95), and
+  CPU per job beyond the floor's (the tool's process tree, as wait4 reports it,
+  minus the floor's on the same jobs);
 * correctness: every job ran once, and no slot ran two jobs at once.
 
 The tools take turns: round by round, each runs once (in a rotated order), so that a machine
@@ -281,11 +283,13 @@ def summarize(work: Workload, jobs: list[list[str]], launched: float, cpu: float
     if set(by_slot) - set(work.slots):
         problems.append(f"jobs saw CUDA_VISIBLE_DEVICES {sorted(set(by_slot) - set(work.slots))}")
     makespan = max(float(j[2]) for j in jobs) - launched
+    first = min(float(j[1]) for j in jobs) - launched
     gaps.sort()
     return {
         "jobs/s": len(jobs) / makespan,
+        "running": len(jobs) / (makespan - first),  # jobs/s with the start-up left out
         "makespan": makespan,
-        "first": min(float(j[1]) for j in jobs) - launched,
+        "first": first,
         "gap": statistics.mean(gaps) * 1000 if gaps else 0.0,
         "gap p95": gaps[int(0.95 * (len(gaps) - 1))] * 1000 if gaps else 0.0,
         "gap median": statistics.median(gaps) * 1000 if gaps else 0.0,
@@ -307,7 +311,8 @@ def relaunch_seconds() -> float:
 
 # --- the table -----------------------------------------------------------------------------
 
-COLUMNS = [("jobs/s", "{:>8.1f}"), ("makespan", "{:>9.2f}"), ("first", "{:>7.3f}"), ("gap", "{:>8.1f}")]
+COLUMNS = [("jobs/s", "{:>8.1f}"), ("running", "{:>8.1f}"), ("makespan", "{:>9.2f}"), ("first", "{:>7.3f}")]
+COLUMNS += [("gap", "{:>8.1f}")]
 COLUMNS += [("gap p95", "{:>8.1f}"), ("cpu/job", "{:>8.1f}")]
 
 
@@ -358,8 +363,9 @@ def measure(work: Workload, args: argparse.Namespace, peers: dict) -> None:
         ]
         print(f"  {mine}: before / now: " + ", ".join(ratios))
     for mine in ours:
-        ratios = [f"{peer} {rows[mine]['jobs/s'] / rows[peer]['jobs/s']:.2f}" for peer in rows if peer not in ours]
-        print(f"  {mine} jobs/s / peer's: " + ", ".join(ratios))
+        for column, what in (("jobs/s", "jobs/s"), ("running", "jobs/s from the first job's start")):
+            ratios = [f"{peer} {rows[mine][column] / rows[peer][column]:.2f}" for peer in rows if peer not in ours]
+            print(f"  {mine} {what} / peer's: " + ", ".join(ratios))
     print()
 
 
@@ -392,6 +398,7 @@ def main() -> None:
             if found is None:
                 print(f"({name} is not available: left out)", file=sys.stderr)
         print(f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, medians of {args.repeat}")
+        print("running: jobs/s from the first job's start to the last one's end (the start-up left out);")
         print("gap: a slot's idle time between two jobs (ms); first: seconds to the first job's start;")
         print("cpu/job: ms of CPU per job beyond the waitpid floor's (tool and shells included)\n")
         for work in workloads():

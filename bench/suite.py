@@ -377,6 +377,12 @@ def main() -> None:
     parser.add_argument(
         "--before", metavar="REV", help="also measure gts as it was at this git revision (or in this folder)"
     )
+    parser.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="where the measurements' folders go (default: the system's temporary folder); e.g. a tmpfs "
+        "such as /dev/shm, to see what the tools cost with the disk's file system left out",
+    )
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each table as it is measured, also into a file
     peers = {
@@ -386,10 +392,17 @@ def main() -> None:
     }
     trees_dir = tempfile.mkdtemp(prefix="gts-bench-trees-")
     # Every measurement's files stay until the end: deleting a gts round's few thousand files makes
-    # each file the next rounds create cost more on some file systems (this VM's ext4 scans past
-    # every inode freed in the last 30 s at each allocation: recently_deleted() in the kernel's
-    # profile), which would charge the harness's clean-up to whichever tool writes files next.
-    peers["scratch"] = tempfile.mkdtemp(prefix="gts-bench-runs-")
+    # each file the next rounds create cost more on some file systems, which would charge the
+    # harness's clean-up to whichever tool writes files next. An ext4 without a journal (this VM's
+    # root) skips, at each new inode, every free inode of its group freed in the last 60 s, or
+    # 360 s while that inode's table block is not yet written back (recently_deleted() in the
+    # kernel's profile). Minutes after a suite's clean-up, a new folder or file in /tmp cost
+    # 105-137 us of CPU there, 47-53 us elsewhere on the same disk, 6-7 us on a tmpfs; a tool that
+    # makes files per job (gts: a run's folder, its .gts folder, log, config and outcome) is slower
+    # for it, the peers that make none are not. So figures measured within minutes of a large
+    # deletion (a test suite, an earlier invocation) compare only with each other; --scratch on a
+    # tmpfs leaves the disk out.
+    peers["scratch"] = tempfile.mkdtemp(prefix="gts-bench-runs-", dir=args.scratch)
     try:
         peers["trees"] = {None: gts_tree(None, trees_dir)}
         if args.before:

@@ -32,7 +32,8 @@ slurm_only = pytest.mark.xdist_group("clusters")
 def journal_command(journal, seconds):
     # `&&`: a run whose sleep a signal cut short writes no end and fails. Slurm's requeue signals a
     # job's processes one by one (proctrack/linuxproc); with `;`, a shell not yet signalled when its
-    # sleep died went on to write the end and exit 0, a success of a run cut short (test_twelve_...).
+    # sleep died went on to write the end and exit 0: a success of a run cut short, which made the
+    # requeue test below fail now and then under a full suite.
     line = f"echo start {{i}} $CUDA_VISIBLE_DEVICES $(date +%s.%N) >> {journal}; sleep {seconds} && "
     return ["sh", "-c", line + f"echo end {{i}} $(date +%s.%N) >> {journal}"]
 

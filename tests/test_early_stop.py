@@ -119,6 +119,11 @@ def test_quantile_interpolates_between_ranks():
         ({**ASHA, "max_step": 1}, "max_step must be a number above min_step"),
         ({**ASHA, "max_step": float("inf")}, "max_step must be a number above min_step"),
         ({**ASHA, "reduction_factor": 1}, "reduction_factor must be a number above 1"),
+        # Rungs that barely grow looped forever (and overflowed GTS_RUNGS) after validation passed.
+        ({**ASHA, "reduction_factor": 1.0000000000000002}, "gives more than 40 rungs"),
+        ({**ASHA, "min_step": 5e-324}, "gives more than 40 rungs"),
+        ({**ASHA, "min_step": 5e-324, "reduction_factor": 1.2}, "does not grow the rungs"),
+        ({**ASHA, "min_step": 1, "max_step": 1e30, "reduction_factor": 2}, "raise reduction_factor"),
         ({"method": "median", "metric": "loss", "mode": "min", "min_runs": 0}, "min_runs must be a whole number"),
         ({"method": "median", "metric": "loss", "mode": "min", "reduction_factor": 2}, "unknown key"),
     ],

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from functools import lru_cache
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -87,18 +88,46 @@ class Rule(Record):
         raise NotImplementedError
 
 
+# At most this many rungs: 3**40 steps is past any training run, and every run carries its rungs in
+# its environment (GTS_RUNGS), which the system caps (about 6,900 rungs overflowed it).
+MAX_RUNGS = 40
+
+
+@lru_cache(maxsize=64)
+def asha_rungs(min_step: float, max_step: float, factor: float) -> tuple[float, ...]:
+    """ASHA's rung steps, ``min_step * factor**k`` below ``max_step``; ValueError, saying why, when
+    they do not grow (a factor a hair above 1, a step so small that multiplying it changes nothing)
+    or would be more than MAX_RUNGS. Computed once for a rule: a report asks for them.
+
+    >>> asha_rungs(1, 27, 3)
+    (1.0, 3.0, 9.0)
+    >>> asha_rungs(1, 27, 1.0000000000000002)
+    Traceback (most recent call last):
+    ValueError: gives more than 40 rungs between min_step 1 and max_step 27 (at most 40)
+    """
+    rungs, step = [], float(min_step)
+    while step < max_step:
+        if len(rungs) == MAX_RUNGS:
+            raise ValueError(
+                f"gives more than {MAX_RUNGS} rungs between min_step {min_step:g} and max_step {max_step:g} "
+                f"(at most {MAX_RUNGS})"
+            )
+        rungs.append(step)
+        grown = step * factor
+        if not grown > step:  # 5e-324 * 1.5 is 5e-324 again
+            raise ValueError(f"does not grow the rungs: {step:g} x {factor!r} is {grown:g}")
+        step = grown
+    return tuple(rungs)
+
+
 class Asha(Rule):
     reduction_factor: float = 3.0
 
     @property
     def rungs(self) -> list[float]:
         """The rung steps, lowest first (``max_step`` is no rung: a run there is never stopped)."""
-        rungs, step = [], float(self.min_step)
         assert self.max_step is not None
-        while step < self.max_step:
-            rungs.append(step)
-            step *= self.reduction_factor
-        return rungs
+        return list(asha_rungs(self.min_step, self.max_step, self.reduction_factor))
 
     def rung_for(self, step: float, recorded: Mapping[float, Any]) -> float | None:
         """The rung a report at ``step`` records a value at: the highest one at or below ``step``,
@@ -226,6 +255,13 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Non
         factor = raw.get("reduction_factor", 3)
         if not _number(factor) or factor <= 1 or factor > 1000:
             raise ConfigError(f"{where}: reduction_factor must be a number above 1 (e.g. 3); got {factor!r}")
+        try:
+            asha_rungs(min_step, max_step, factor)
+        except ValueError as error:
+            raise ConfigError(
+                f"{where}: min_step {min_step!r} with reduction_factor {factor!r} {error}: raise reduction_factor "
+                "(e.g. 3) or min_step"
+            ) from None
         return Asha(**common, reduction_factor=factor)
     min_runs = raw.get("min_runs", 3)
     if not isinstance(min_runs, int) or isinstance(min_runs, bool) or not 1 <= min_runs <= 1_000_000:

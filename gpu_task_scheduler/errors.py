@@ -41,6 +41,11 @@ class LedgerError(GTSError, RuntimeError):
     """The ledger under the result root cannot be read or written."""
 
 
+class DamagedRecordError(LedgerError):
+    """A record under the result root (the ledger, a search's trials) is damaged or was changed by
+    hand into something the scheduler would never write: refused, never acted on."""
+
+
 class RunsFailedError(GTSError, RuntimeError):
     """Raised by :meth:`SweepSummary.raise_for_failures` when runs failed."""
 

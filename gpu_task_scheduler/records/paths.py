@@ -34,6 +34,7 @@ import errno
 import functools
 import json
 import os
+import re
 import stat
 from typing import Any, NamedTuple
 
@@ -207,24 +208,34 @@ def result_root_problem(root: str) -> str | None:
 def name_problem(name: object) -> str | None:
     """Why ``name`` cannot be a run folder under a result root, or None. A name the sweep
     makes is always one plain path component (sweep/naming.py); one read from a ledger, a
-    command line or a file is checked with this before it is joined to the root.
+    search's records, a command line or a file is checked with this before it is joined to the
+    root: it passes exactly when the sweep could have made it.
 
     >>> name_problem("lr-0.1,") is None
     True
     >>> name_problem("../../outside")
     "the run name '../../outside' holds a path separator"
+    >>> name_problem(".gts")
+    "the run name '.gts' is the folder of the result root's own records"
     """
     if not isinstance(name, str) or not name:
         return f"the run name {name!r} is not a non-empty string"
     if name in (".", ".."):
         return f"the run name {name!r} would be the result root or its parent"
+    if name == META:
+        return f"the run name {name!r} is the folder of the result root's own records"
     if "/" in name:
         return f"the run name {name!r} holds a path separator"
     if "\0" in name:
         return f"the run name {name!r} holds NUL"
+    if _CONTROL.search(name):
+        return f"the run name {name!r} holds a control character"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"the run name {name[:40]!r}... is over {MAX_NAME_BYTES} bytes"
     return None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what sweep/naming.py escapes in every name it makes
 
 
 def root_records_problem(paths: RootPaths) -> str | None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..errors import DamagedRecordError
 from .known import RootIndex
 from .ledger import KnownRun, Ledger
 from .metrics import read_all
-from .paths import RunPaths
+from .paths import RunPaths, name_problem
 from .protocol import Outcome
 from .status import RunStatus
 
@@ -70,6 +72,19 @@ def adopt(ledger: Ledger, spec: RunSpec, outcome: Outcome, params: str) -> None:
     )
 
 
+def _check_recorded(name: str, work_dir: str | None) -> None:
+    """A run the ledger records as active is looked at in its folder: a name no sweep makes, or a
+    folder that is not the name's, is refused (DamagedRecordError) before anything is read there."""
+    problem = name_problem(name)
+    if problem is None and work_dir and os.path.basename(os.path.normpath(work_dir)) != name:
+        problem = f"its folder is recorded as {work_dir!r}"
+    if problem is not None:
+        raise DamagedRecordError(
+            f"the ledger records an active run {name!r}, which no sweep makes ({problem}): restore the ledger from "
+            "a backup, or use another result root; nothing was run"
+        )
+
+
 def settle_running(ledger: Ledger, live: Callable[[str], str | None] | None = None) -> None:
     """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), pruned (the
     early_stop rule had stopped them), or interrupted.
@@ -82,6 +97,7 @@ def settle_running(ledger: Ledger, live: Callable[[str], str | None] | None = No
     the scheduler that started it, and an earlier start may have settled it while it still ran
     (then been killed before following it). Its success is its end; run again, it would run twice."""
     for record in ledger.unsettled():
+        _check_recorded(record.name, record.work_dir)
         if live is not None and record.token is not None and live(record.name) == record.token:
             continue
         running = record.status is RunStatus.RUNNING

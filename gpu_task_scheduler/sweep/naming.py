@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 
 from ..digest import blake2b_8, sha256_hex
-from ..layout import MAX_NAME_BYTES
+from ..layout import MAX_NAME_BYTES, META
 
 _HASH_CHARS = 8
 
@@ -102,16 +102,19 @@ def safe_folder_name(name: str) -> str:
 
     Names that are already safe come back unchanged (the common case, and the
     one the original produced). Path separators and control characters become
-    ``%XX``; ``.`` and ``..`` are escaped; names over 255 bytes are cut and end
-    with a hash of the full name so that they stay distinct.
+    ``%XX``; ``.``, ``..`` and ``.gts`` (the root's own records) are escaped;
+    names over 255 bytes are cut and end with a hash of the full name so that
+    they stay distinct.
 
     >>> safe_folder_name("lr-0.001,")
     'lr-0.001,'
     >>> safe_folder_name("path-../../etc,")
     'path-..%2F..%2Fetc,'
+    >>> safe_folder_name(".gts")
+    '%2Egts'
     """
     escaped = _UNSAFE.sub(_escape, name)
-    if escaped in (".", ".."):
+    if escaped in (".", "..", META):  # the root, its parent, the root's own records
         escaped = escaped.replace(".", "%2E")
     encoded = escaped.encode("utf-8", "surrogatepass")
     if len(encoded) > MAX_NAME_BYTES:

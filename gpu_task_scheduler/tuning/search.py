@@ -29,11 +29,12 @@ import os
 import random
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..errors import ConfigError, unknown_key_message
+from ..errors import ConfigError, DamagedRecordError, unknown_key_message
 from ..recordclass import Record
-from ..records.paths import RootPaths
+from ..records.jsonlines import read_records
+from ..records.paths import RootPaths, name_problem, open_regular, write_all
 from ..sweep.naming import NameRegistry
 from ..sweep.space import Choice, Distribution, Int, LogUniform, Uniform, inside
 
@@ -163,11 +164,24 @@ class Searcher:
                 )
 
 
+def _recorded_name(name: object, number: int, where: str) -> str:
+    """The run name a search's records give trial ``number``, checked as a new name is: a name
+    there is as hostile as anything else under the root (``../outside`` would run outside it)."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise DamagedRecordError(
+            f"{where} names the run of trial {number} {name!r}, which no sweep makes ({problem}): restore the "
+            "file from a backup, or use another result root; nothing was run"
+        )
+    assert isinstance(name, str)
+    return name
+
+
 def open_searcher(search: Search, space: Mapping[str, Distribution], meta: str, *, read_only: bool = False) -> Searcher:
     """The searcher of a result root; ``read_only``: to list its trials only (``--dry-run``,
     ``ConfigManager``), writing nothing."""
     if search.sampler == "random":
-        return RandomSearcher(search, space, meta)
+        return RandomSearcher(search, space, meta, read_only=read_only)
     return OptunaSearcher(search, space, meta, read_only=read_only)
 
 
@@ -175,38 +189,42 @@ def open_searcher(search: Search, space: Mapping[str, Distribution], meta: str, 
 
 
 class RandomSearcher(Searcher):
-    def __init__(self, search: Search, space: Mapping[str, Distribution], meta: str) -> None:
+    def __init__(
+        self, search: Search, space: Mapping[str, Distribution], meta: str, *, read_only: bool = False
+    ) -> None:
         super().__init__(search, space, meta)
         self.path = os.path.join(meta, "search.jsonl")
         self._trials: dict[int, Trial] = {}
         self._done: set[int] = set()
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                for line in handle:
-                    self._load(line)
-        except FileNotFoundError:
-            pass
+        for record in read_records(self.path, repair=not read_only, what="the search's trials"):
+            self._load(record)
 
-    def _load(self, line: str) -> None:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut short by a crash: that trial was never asked
-            return
-        if not isinstance(record, dict) or not isinstance(record.get("number"), int):
-            return
-        number = record["number"]
-        if "values" in record and isinstance(record["values"], dict):
+    def _load(self, record: dict[str, Any]) -> None:
+        number = record.get("number")
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            self._damaged(record, "no trial number")
+        if "values" in record:
+            if not isinstance(record["values"], dict):
+                self._damaged(record, "values that are not a mapping")
             self._trials[number] = Trial(number, record["values"], self._trials.get(number, Trial(0, {})).name)
-        if isinstance(record.get("name"), str) and number in self._trials:
-            self._trials[number] = Trial(number, self._trials[number].values, record["name"])
+        if "name" in record:
+            if number not in self._trials:
+                self._damaged(record, "a name for a trial never asked")
+            name = _recorded_name(record["name"], number, self.path)
+            self._trials[number] = Trial(number, self._trials[number].values, name)
         if record.get("told"):
             self._done.add(number)
 
+    def _damaged(self, record: dict[str, Any], what: str) -> NoReturn:
+        raise DamagedRecordError(
+            f"{self.path} holds a record with {what} ({json.dumps(record)[:80]}), which the scheduler never "
+            "writes: restore the file from a backup, or use another result root; nothing was run"
+        )
+
     def _append(self, record: dict[str, Any]) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(self.path, flags, 0o644)
+        fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
-            os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+            write_all(fd, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
             os.fsync(fd)  # asked before its run starts: a restart must know of it
         finally:
             os.close(fd)
@@ -266,7 +284,7 @@ class _FlockLock:
     def acquire(self) -> bool:
         import fcntl
 
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        self._fd = open_regular(self._path, os.O_RDWR | os.O_CREAT)  # never through a link, never a FIFO
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         return True
 
@@ -302,9 +320,15 @@ class OptunaSearcher(Searcher):
         self._states = optuna.trial.TrialState
         self._live: dict[int, Any] = {}  # trials asked in this start: their names are set through them
         self._study: Any = None
-        if read_only and not os.path.exists(self.path):
+        if read_only and not os.path.lexists(self.path):
             return  # nothing asked yet
+        # Optuna opens the journal by its path, following a link and blocking on a FIFO: it is
+        # checked first (and a line a crash cut short dropped before anything is appended to it).
+        read_records(self.path, repair=not read_only, what="the search's study (Optuna's journal)")
         lock = _FlockLock(self.path + ".lock")  # Optuna only calls acquire() and release()
+        if not read_only:
+            lock.acquire()  # refuses a link or a FIFO there now, not at the first trial
+            lock.release()
         storage = JournalStorage(JournalFileBackend(self.path, lock_obj=lock))  # type: ignore[arg-type]
         samplers = optuna.samplers
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # qmc: asked for
@@ -336,9 +360,13 @@ class OptunaSearcher(Searcher):
         if self._study is None:
             return []
         return [
-            Trial(t.number, dict(t.params), t.user_attrs.get(self.NAME_ATTR), t.state.is_finished())
+            Trial(t.number, dict(t.params), self._name(t), t.state.is_finished())
             for t in self._study.get_trials(deepcopy=False)
         ]
+
+    def _name(self, trial: Any) -> str | None:
+        name = trial.user_attrs.get(self.NAME_ATTR)
+        return None if name is None else _recorded_name(name, trial.number, self.path)
 
     def done(self, number: int) -> bool:
         return self._study.get_trials(deepcopy=False)[number].state.is_finished()

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import math
 from array import array
-from functools import lru_cache
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
@@ -105,7 +105,8 @@ def asha_rungs(min_step: float, max_step: float, factor: float) -> tuple[float, 
     Traceback (most recent call last):
     ValueError: gives more than 40 rungs between min_step 1 and max_step 27 (at most 40)
     """
-    rungs, step = [], float(min_step)
+    rungs: list[float] = []
+    step = float(min_step)
     while step < max_step:
         if len(rungs) == MAX_RUNGS:
             raise ValueError(

@@ -78,8 +78,15 @@ def fetch(url, *, headers=None, method="GET"):
         return error.code, error.headers, error.read()
 
 
+def at(base, path, **params):
+    """``path`` on the server whose URL (as printed, with its token) is ``base``, with the token."""
+    token = urllib.parse.parse_qs(urllib.parse.urlsplit(base).query).get("token")
+    query = {**params, **({"token": token[0]} if token else {})}
+    return base.split("?")[0].rstrip("/") + path + ("?" + urllib.parse.urlencode(query) if query else "")
+
+
 def api(base, path, **params):
-    status, _, body = fetch(base.split("?")[0].rstrip("/") + path + "?" + urllib.parse.urlencode(params))
+    status, _, body = fetch(at(base, path, **params))
     return status, json.loads(body)
 
 
@@ -132,7 +139,7 @@ def test_no_path_from_a_request_reaches_the_file_system(in_tmp, served):
             status, answer = api(url, path, root=0, name=name, names=name, metric="loss")
             assert status == 404 and "TOP-SECRET" not in json.dumps(answer), (path, name, answer)
     for path in ("/static/../setup.py", "/static/%2e%2e/%2e%2e/secret.txt", "/../secret.txt", "/etc/passwd"):
-        status, _, body = fetch(f"http://127.0.0.1:{port}{path}")
+        status, _, body = fetch(at(url, path))
         assert status == 404 and b"TOP-SECRET" not in body, path
     status, _, _ = fetch(url, method="POST")
     assert status == 405
@@ -146,6 +153,10 @@ def test_another_site_and_other_machines_without_the_token_are_refused(in_tmp, s
     status, _, _ = fetch(url, headers={"Host": f"attacker.example:{port}"})  # DNS rebinding
     assert status == 403
     assert fetch(url, headers={"Host": f"localhost:{port}"})[0] == 200
+    # On a shared machine every user reaches 127.0.0.1: the loopback view asks for the token too.
+    assert "?token=" in url and fetch(at(url, "/api/roots").split("?")[0])[0] == 403
+    url, port = served([root], no_token=True)
+    assert "token" not in url and fetch(at(url, "/api/roots"))[0] == 200
     url, port = served([root], host="0.0.0.0")
     assert "?token=" in url
     token = url.split("token=")[1]
@@ -155,6 +166,22 @@ def test_another_site_and_other_machines_without_the_token_are_refused(in_tmp, s
     assert status == 200 and "HttpOnly" in headers["Set-Cookie"]
     cookie = headers["Set-Cookie"].split(";")[0]
     assert fetch(f"http://127.0.0.1:{port}/api/roots", headers={"Cookie": cookie})[0] == 200
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--token", ""], "got an empty token (an unset variable?)"),
+        (["--token", "short"], "at least 16 characters"),
+        (["--token", " " + "x" * 20], "without spaces around it"),
+        (["--token", "x" * 20, "--no-token"], "give one of them"),
+        (["--host", "0.0.0.0", "--no-token"], "--no-token serves this machine only"),
+    ],
+)
+def test_gts_serve_refuses_a_token_anyone_could_guess(in_tmp, capsys, args, words):
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    assert gts(["serve", root, "--port", "0", *args]) == 2
+    assert words in capsys.readouterr().err
 
 
 def test_gts_serve_refuses_a_folder_that_is_no_result_root(in_tmp, capsys):
@@ -407,7 +434,7 @@ def test_no_request_value_makes_the_server_fail(in_tmp, served):
     )
     @example("/api/runs", {"offset": "\u00b2", "limit": "\u0663", "root": "\uff11"})  # digits to str, not to int()
     def check(path, params):
-        status, _, body = fetch(url.rstrip("/") + path + "?" + urllib.parse.urlencode(params))
+        status, _, body = fetch(at(url, path, **params))
         assert status in (200, 400, 404), (path, params, body[:300])
         assert isinstance(json.loads(body), dict)
 

@@ -776,7 +776,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     roots = [_root_of(root) for root in args.roots]
     try:
-        serve(roots, host=args.host, port=args.port, token=args.token)
+        serve(roots, host=args.host, port=args.port, token=args.token, no_token=args.no_token)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
@@ -1111,7 +1111,14 @@ def _serve_command(sub: Any) -> None:
     sv.add_argument("roots", nargs="+", metavar="ROOT", help="result roots, or the sweeps' config files")
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine)")
     sv.add_argument("--port", type=int, default=8265, help="the port (default 8265; 0: any free one)")
-    sv.add_argument("--token", help="the token other machines must give (default: one is made for a non-local --host)")
+    sv.add_argument(
+        "--token", help="the token a browser must give, 16 characters or more (default: one is made and printed)"
+    )
+    sv.add_argument(
+        "--no-token",
+        action="store_true",
+        help="ask for no token (a loopback --host only: then every user of this machine can read the view)",
+    )
     sv.set_defaults(handler=cmd_serve)
 
 

@@ -8,8 +8,11 @@ outside access; without it the page shows everything but the charts, and says ho
 
 What it guards against:
 
-* **Other sites.** It binds 127.0.0.1 by default. Any other address needs a token (generated
-  and printed in the URL, as Jupyter does, or ``--token``): a request without it gets 403. The
+* **Other users and other sites.** It binds 127.0.0.1 by default, and asks for a token there
+  too (generated and printed in the URL, as Jupyter does, or ``--token``): on a shared GPU
+  server every local user can reach 127.0.0.1, and a view shows every run's config, results and
+  log. A request without it gets 403. ``--no-token`` turns that off, on a loopback address only.
+  A token shorter than 16 characters (an empty one from an unset variable) is refused. The
   token in the URL is kept in a cookie (HttpOnly, SameSite=Strict) so that links need not carry
   it. The ``Host`` header must name this server (no DNS rebinding: a page of another site that
   resolves its name to 127.0.0.1 gets 403).
@@ -261,12 +264,12 @@ def make_server(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     token: str | None = None,
+    no_token: bool = False,
     check: bool = True,
 ) -> tuple[Server, str]:
-    """The server (not started) and the URL to open. A token is made for an address other than a
-    loopback one, unless one is given. ``check``: see :class:`View`."""
-    if not is_loopback(host) and token is None:
-        token = secrets.token_urlsafe(24)
+    """The server (not started) and the URL to open. A token is made unless one is given, or
+    ``no_token`` (a loopback address only). ``check``: see :class:`View`."""
+    token = _checked_token(token, no_token, host)
     view = View(roots, token=token, check=check)
     handler: type[Handler] = type("BoundHandler", (Handler,), {"view": view})
     try:
@@ -289,16 +292,41 @@ def make_server(
     return server, url
 
 
+MIN_TOKEN_CHARS = 16
+
+
+def _checked_token(token: str | None, no_token: bool, host: str) -> str | None:
+    if no_token:
+        if token is not None:
+            raise ConfigError("--token and --no-token: give one of them")
+        if not is_loopback(host):
+            raise ConfigError(
+                f"--no-token serves this machine only (a loopback --host such as 127.0.0.1); --host {host} "
+                "would let anyone who reaches it read every run"
+            )
+        return None
+    if token is None:
+        return secrets.token_urlsafe(24)
+    if len(token) < MIN_TOKEN_CHARS or token.strip() != token:
+        shown = "an empty token (an unset variable?)" if not token else f"a token of {len(token)} characters"
+        raise ConfigError(
+            f"--token must be at least {MIN_TOKEN_CHARS} characters, without spaces around it; got {shown}. "
+            "Leave it out and one is made"
+        )
+    return token
+
+
 def serve(
     roots: Sequence[str],
     *,
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     token: str | None = None,
+    no_token: bool = False,
     say: Callable[[str], Any] = print,
 ) -> None:
     """Serve until interrupted (Ctrl-C)."""
-    server, url = make_server(roots, host=host, port=port, token=token)
+    server, url = make_server(roots, host=host, port=port, token=token, no_token=no_token)
     say(f"gts serve: {url}  (Ctrl-C to stop)")
     sys.stdout.flush()
     try:

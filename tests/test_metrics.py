@@ -1,5 +1,6 @@
 """Runs that report as they train: the metrics file, its tolerant reader, and what status and results show."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ from helpers import ledger_rows, make_config
 
 from gpu_task_scheduler import GPUTaskScheduler, report
 from gpu_task_scheduler.cli.main import main as gts
-from gpu_task_scheduler.records.metrics import MAX_LINE, MetricsReader, latest, read_all
+from gpu_task_scheduler.records.metrics import MAX_LINE, MetricsReader, latest, read_all, sample_curve
 from gpu_task_scheduler.reports.status import format_status, status
 from gpu_task_scheduler.results import rows
 
@@ -185,3 +186,42 @@ def test_curves_are_a_row_per_run_and_step_and_the_plot_draws_them(in_tmp, capsy
     assert "no run reported 'los' as it trained; did you mean 'loss'? Reported: acc, loss" in capsys.readouterr().err
     assert gts(["plot", str(root), "--curves", "loss", "--by", "l", "-o", str(in_tmp / "x.png")]) != 0
     assert "no parameter 'l'" in capsys.readouterr().err
+
+
+# --- curves for a chart: bounded whatever the run wrote ----------------------------------------
+
+
+def _metrics_file(path, steps, *, junk_every=0, long_every=0):
+    with open(path, "wb") as handle:
+        for step in steps:
+            if junk_every and step % junk_every == 0 and step >= 2:  # and a step that goes back
+                handle.write(b"not json\n" + json.dumps({"step": step - 2, "loss": 9.0}).encode() + b"\n")
+            extra = {"pad": "x" * 20_000} if long_every and step % long_every == 0 else {}
+            handle.write(json.dumps({"step": step, "loss": 1.0 / (step + 1), **extra}).encode() + b"\n")
+    return str(path)
+
+
+def test_a_small_curve_is_read_whole(tmp_path):
+    path = _metrics_file(tmp_path / "m.jsonl", range(10), junk_every=4)
+    points = sample_curve(path)
+    assert [step for step, _ in points] == list(range(10))  # junk and steps going back skipped
+    assert points[-1][1]["loss"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("whole", [1 << 20, 4096])  # read whole then thinned; sampled at places
+@pytest.mark.parametrize("long_every", [0, 7])  # lines longer than a sampling window
+def test_a_long_curve_is_thinned_evenly_and_keeps_its_last_point(tmp_path, whole, long_every):
+    path = _metrics_file(tmp_path / "m.jsonl", range(20_000), junk_every=13, long_every=long_every * 50)
+    points = sample_curve(path, most=200, whole=whole)
+    steps = [step for step, _ in points]
+    assert 100 <= len(points) <= 200 and steps == sorted(steps)
+    assert steps[0] < 200 and steps[-1] == 19_999  # from its start to its very end
+    assert max(b - a for a, b in itertools.pairwise(steps)) < 20_000 / 50  # no stretch left out
+    assert all(values["loss"] == pytest.approx(1.0 / (step + 1)) for step, values in points)
+
+
+def test_a_curve_of_a_link_or_a_fifo_is_empty_at_once(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(_metrics_file(tmp_path / "m.jsonl", range(3)))
+    assert sample_curve(str(tmp_path / "fifo")) == [] and sample_curve(str(tmp_path / "link")) == []
+    assert sample_curve(str(tmp_path / "missing")) == []

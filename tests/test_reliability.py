@@ -123,7 +123,8 @@ def test_a_run_whose_attempt_a_cluster_still_runs_is_left_to_be_followed(in_tmp)
 
     with Ledger(RootPaths(str(in_tmp / "r"))) as ledger:
         for name in ("live", "gone", "retried"):
-            ledger.mark_running(name=name, run_index=0, config_hash="h", slot="s", token=f"t-{name}", work_dir="w")
+            work_dir = str(in_tmp / "r" / name)  # a run's folder is always its name's in the root
+            ledger.mark_running(name=name, run_index=0, config_hash="h", slot="s", token=f"t-{name}", work_dir=work_dir)
         live = {"live": "t-live", "retried": "a later attempt's token"}
         settle_running(ledger, live.get)
         assert {r.name: r.status.value for r in ledger.records()} == {
@@ -132,9 +133,11 @@ def test_a_run_whose_attempt_a_cluster_still_runs_is_left_to_be_followed(in_tmp)
             "retried": "interrupted",
         }
         # The start that follows the live attempt records it again, under its token: one attempt.
-        again = {"run_index": 0, "config_hash": "h", "slot": "s", "work_dir": "w"}
-        assert ledger.mark_running(name="live", token="t-live", **again) == 1
-        assert ledger.mark_running(name="gone", token="a new attempt", **again) == 2
+        again = {"run_index": 0, "config_hash": "h", "slot": "s"}
+        assert ledger.mark_running(name="live", token="t-live", work_dir=str(in_tmp / "r" / "live"), **again) == 1
+        assert (
+            ledger.mark_running(name="gone", token="a new attempt", work_dir=str(in_tmp / "r" / "gone"), **again) == 2
+        )
 
 
 def test_a_new_ledger_is_created_without_syncs_and_then_commits_as_any_other(in_tmp):

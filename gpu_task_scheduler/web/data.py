@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..records.ledger import RunRecord, RunStatus
-from ..records.metrics import read_all
+from ..records.metrics import sample_curve
 from ..records.paths import RunPaths, UnsafePathError, read_json
 from ..reports.status import STALE, eta, running_is_stale, status
 from ..results import declared_modes, open_ledger, row_of
@@ -157,9 +157,9 @@ def curves(root: str, metric: str, names: list[str]) -> dict[str, Any]:
         paths = _paths(root, name)
         if paths.unsafe(records_only=True) is not None:
             continue
-        points = read_all(paths.metrics, keep_points=True).points or []
-        steps = [step for step, values in points if isinstance(values.get(metric), (int, float))]
-        values = [values[metric] for step, values in points if isinstance(values.get(metric), (int, float))]
+        points = [(step, values[metric]) for step, values in sample_curve(paths.metrics) if metric in values]
+        steps = [step for step, _ in points]
+        values = [value for _, value in points]
         found.append(
             {
                 "name": name,

@@ -19,13 +19,14 @@ import time
 from typing import Any
 
 from ..errors import GTSError
-from ..records.metrics import read_all
+from ..records.metrics import CURVE_POINTS, sample_curve
 from ..records.paths import RunPaths, UnsafePathError, atomic_write
 from . import data
 from .server import _finite, plotly_js
 
 REPORT_RUNS = 10_000  # runs in the table (the sweep's first; the counts cover every run)
 REPORT_CURVES = 500  # runs whose reported metrics are kept (for their curves)
+REPORT_POINTS = 200_000  # points of all those curves together: each run's curve is thinned to its share
 
 
 def _static(name: str) -> str:
@@ -47,6 +48,7 @@ def report_data(root: str) -> dict[str, Any]:
             break
         runs.extend(chunk[: REPORT_RUNS - len(runs)])
     curves: dict[str, Any] = {}
+    most = max(50, min(CURVE_POINTS, REPORT_POINTS // max(1, min(len(runs), REPORT_CURVES))))
     for run in runs[:REPORT_CURVES]:
         try:
             paths = RunPaths.recorded(root, run["name"])
@@ -54,7 +56,7 @@ def report_data(root: str) -> dict[str, Any]:
             continue
         if paths.unsafe(records_only=True) is not None:
             continue
-        points = read_all(paths.metrics, keep_points=True).points or []
+        points = sample_curve(paths.metrics, most=most)
         if points:
             curves[run["name"]] = {"steps": [step for step, _ in points], "values": [values for _, values in points]}
     return {

@@ -307,6 +307,104 @@ def test_gts_run_serve_serves_the_sweep_while_it_runs(in_tmp, no_leaked_processe
         sweep.stdout.close()
 
 
+def test_gts_run_serve_serves_from_a_process_that_ends_with_a_killed_scheduler(in_tmp, no_leaked_processes):
+    """The view of ``gts run --serve`` is another process (its requests cost the scheduler nothing),
+    and a kill -9 of the scheduler ends it too: its standard input is the scheduler's pipe."""
+    from conftest import marked_pids
+
+    flag = in_tmp / "go"
+    (in_tmp / "writer.py").write_text(WRITER)
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "results"},
+        "command": [sys.executable, str(in_tmp / "writer.py"), str(flag), "{v}", "{work_dir}"],
+        "test_config": [{"v": [0.5]}],
+    }
+    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain", "--serve", "0"]
+    sweep = subprocess.Popen(argv, cwd=in_tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = sweep.stderr.readline().split("watching at ", 1)[1].strip()
+        wait_until(lambda: api(url, "/api/overview", root=0)[1].get("counts", {}).get("running") == 1)
+
+        def server_pids():
+            found = []
+            for pid in marked_pids(no_leaked_processes):
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    if b"gpu_task_scheduler.web.server" in handle.read():
+                        found.append(pid)
+            return found
+
+        assert len(server_pids()) == 1 and server_pids()[0] != sweep.pid
+        sweep.kill()
+        sweep.wait(timeout=10)
+        wait_until(lambda: not server_pids(), timeout=10, message="the view to end with its scheduler")
+    finally:
+        flag.write_text("")
+        sweep.kill()
+        sweep.wait(timeout=10)
+        sweep.stderr.close()
+
+
+def test_a_client_that_goes_away_or_stays_idle_costs_no_traceback_and_no_thread(in_tmp, served, capfd, monkeypatch):
+    import socket
+
+    from gpu_task_scheduler.web import server as web
+
+    monkeypatch.setattr(web.Handler, "timeout", 0.5)
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 4)
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    url, port = served([root])
+    token = url.split("token=")[1]
+    for _ in range(5):  # asks for Plotly (4 MB), then resets the connection before reading it
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(f"GET /static/plotly.min.js?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        client.close()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]  # send nothing
+    for client in idle:
+        client.settimeout(10)
+    # Four are held (then closed after the timeout), the four beyond the cap are closed at once.
+    assert all(client.recv(1) == b"" for client in idle)
+    for client in idle:
+        client.close()
+    wait_until(lambda: fetch(at(url, "/api/roots"))[0] == 200)  # and it still answers
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_api_answers_are_computed_by_a_few_workers_and_shared(in_tmp, served, monkeypatch):
+    """16 pages asking at once for the same slow answer cost one computation of it; different
+    answers are computed by at most API_WORKERS requests at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpu_task_scheduler.web import data as web_data
+    from gpu_task_scheduler.web import server as web
+
+    monkeypatch.setattr(web, "API_WORKERS", 2)
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a",))
+    url, _ = served([root])
+    calls, running, most = [], [0], [0]
+    lock = threading.Lock()
+    real = web_data.parcoords
+
+    def slow_parcoords(*args, **kwargs):
+        with lock:
+            calls.append(args)
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)  # a slow aggregate, not a wait for anything
+        with lock:
+            running[0] -= 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(web_data, "parcoords", slow_parcoords)
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: api(url, "/api/parcoords", root=0, metric="loss"), range(16)))
+    assert all(status == 200 for status, _ in answers) and len(calls) == 1
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: api(url, "/api/parcoords", root=0, metric=f"m{i}"), range(8)))
+    assert all(status == 200 for status, _ in answers) and len(calls) == 9 and most[0] == 2
+
+
 def test_an_override_after_serve_stays_an_override(in_tmp):
     from gpu_task_scheduler.cli.main import _serve_port, build_parser
 
@@ -439,3 +537,26 @@ def test_no_request_value_makes_the_server_fail(in_tmp, served):
         assert isinstance(json.loads(body), dict)
 
     check()
+
+
+def test_a_run_that_reported_millions_of_steps_costs_a_view_and_a_report_a_bounded_share(in_tmp, served):
+    """A curve of 2 M steps (60 MB) is sampled, not loaded: a request for it answers with at most
+    CURVE_POINTS points, from the first step to the last, and a report stays small."""
+    from gpu_task_scheduler.records.metrics import CURVE_POINTS
+
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a",))
+    name = sorted(n for n in os.listdir(root) if n.startswith("tag-"))[0]
+    steps = 2_000_000
+    with open(os.path.join(root, name, ".gts", "metrics.jsonl"), "w") as handle:
+        for start in range(0, steps, 100_000):
+            handle.write("".join(f'{{"step": {s}, "loss": {1 / (s + 1)!r}}}\n' for s in range(start, start + 100_000)))
+    url, _ = served([root])
+    started = time.monotonic()
+    status, answer = api(url, "/api/curves", root=0, metric="loss", names=name)
+    assert status == 200 and time.monotonic() - started < 10  # whole, it took about a minute and 1 GB
+    curve = answer["runs"][0]
+    assert 0.9 * CURVE_POINTS <= len(curve["steps"]) <= CURVE_POINTS
+    assert curve["steps"][0] < steps / 500 and curve["steps"][-1] == steps - 1
+    output = in_tmp / "report.html"
+    assert gts(["report", root, "-o", str(output)]) == 0
+    assert output.stat().st_size < 8 << 20

@@ -38,6 +38,7 @@ import os
 import secrets
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -90,6 +91,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+API_WORKERS = 4  # API answers computed at once
+API_WAIT = 20.0  # seconds a request waits for a worker before it gets 503
+CACHE_SECONDS = 1.0  # an answer is kept at least this long (the page asks every second)
+CACHE_ENTRIES = 256  # answers kept
+
+
+class Busy(Exception):
+    """Every worker has been busy for API_WAIT seconds."""
+
+
+class _Answer:
+    __slots__ = ("lock", "value", "expires")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.value: Any = None
+        self.expires = 0.0
+
+
 class View:
     """What one ``gts serve`` shows: its roots, its token, and the answers to the page's requests."""
 
@@ -103,12 +123,40 @@ class View:
         self._plotly: bytes | None = None
         self._plotly_read = False
         self._lock = threading.Lock()
+        self._answers: dict[Any, _Answer] = {}
+        self._workers = threading.BoundedSemaphore(API_WORKERS)
 
     def plotly(self) -> bytes | None:
         with self._lock:
             if not self._plotly_read:
                 self._plotly, self._plotly_read = plotly_js(), True
             return self._plotly
+
+    def answer(self, path: str, query: dict[str, list[str]]) -> Any:
+        """:meth:`api`'s answer, computed by at most API_WORKERS requests at once (the rest wait, up
+        to API_WAIT seconds, then get 503) and kept for a while: the page asks for the overview every
+        second, and on a root of 200,000 runs it takes seconds. An answer is kept for twice what it
+        took, at least CACHE_SECONDS; requests for one answer wait for one computation of it."""
+        key = (path, tuple(sorted((name, tuple(values)) for name, values in query.items() if name != "token")))
+        with self._lock:
+            entry = self._answers.get(key)
+            if entry is None:
+                entry = self._answers[key] = _Answer()
+                while len(self._answers) > CACHE_ENTRIES:
+                    del self._answers[next(iter(self._answers))]
+        with entry.lock:
+            if entry.expires > time.monotonic():
+                return entry.value
+            if not self._workers.acquire(timeout=API_WAIT):
+                raise Busy("the view is busy: try again in a moment")
+            try:
+                started = time.monotonic()
+                value = self.api(path, query)
+            finally:
+                self._workers.release()
+            took = time.monotonic() - started
+            entry.value, entry.expires = value, time.monotonic() + max(CACHE_SECONDS, 2 * took)
+            return value
 
     def api(self, path: str, query: dict[str, list[str]]) -> Any:
         """The answer to ``GET /api/...`` (raises NotFound, or ConfigError for a bad value)."""
@@ -165,6 +213,7 @@ class View:
 class Handler(http.server.BaseHTTPRequestHandler):
     server_version = "gts"
     sys_version = ""
+    timeout = 30  # seconds a connection may stay idle (or a request take to arrive): then it is closed
     view: View  # set on the class made for each server
     allowed_hosts: frozenset[str]
 
@@ -210,14 +259,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif path == "/favicon.ico":
                 self._send(204, b"", "image/x-icon")
             elif path.startswith("/api/"):
-                self._json(200, self.view.api(path, query))
+                self._json(200, self.view.answer(path, query))
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
         except data.NotFound as error:
             self._json(404, {"error": str(error)})
         except ConfigError as error:
             self._json(400, {"error": str(error)})
-        except GTSError as error:  # the ledger cannot be read now (a sweep starting, a damaged file)
+        except (GTSError, Busy) as error:  # the ledger cannot be read now (a sweep starting, a damaged file)
             self._json(503, {"error": str(error)})
 
     def _cookie(self, name: str) -> str | None:
@@ -254,8 +303,39 @@ def _finite(value: Any) -> Any:
     return value
 
 
+MAX_CONNECTIONS = 64  # open at once; more are closed as they come (each holds a thread)
+
+
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._open.acquire(blocking=False):
+            self.shutdown_request(request)  # too many open at once: this one is closed
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._open.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._open.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):  # the client went away, or went quiet
+            logger.debug("gts serve: %s: %s", client_address, error)
+            return
+        logger.error("gts serve: a request from %s failed", client_address, exc_info=True)
 
 
 def make_server(
@@ -336,19 +416,63 @@ def serve(
 
 
 class Serving:
-    """A server in a thread of its own for as long as a ``with`` block (``gts run --serve``)."""
+    """``gts serve`` of a sweep's root in a process of its own for as long as a ``with`` block
+    (``gts run --serve``). Its requests cost the scheduler nothing: in a thread of the scheduler's
+    process they shared its interpreter (six pages polling made a 150-run sweep 2.9x slower), and
+    a slow request held up the loop. It ends with the block, or with the scheduler however that
+    ends: its standard input is a pipe from the scheduler, and it stops at the pipe's end."""
 
     def __init__(self, roots: Sequence[str], *, port: int) -> None:
-        self.server, self.url = make_server(roots, port=port, check=False)
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="gts-serve", daemon=True
+        import subprocess
+
+        argv = [sys.executable, "-m", __name__, str(port), *[os.path.abspath(root) for root in roots]]
+        # A session of its own: Ctrl-C reaches the scheduler, which then closes the pipe.
+        self._process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, close_fds=True
         )
+        assert self._process.stdout is not None
+        self.url = self._process.stdout.readline().decode("utf-8", "replace").strip()
+        if not self.url:  # it said why on its standard error, which is ours
+            self._process.wait()
+            raise GTSError(f"--serve: the web view could not start (exit code {self._process.returncode})")
 
     def __enter__(self) -> Serving:
-        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join()
+        import subprocess
+
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.close()
+        self._process.stdout.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+def _serve_for_scheduler(argv: list[str]) -> int:
+    """The process of :class:`Serving`: ``python -m gpu_task_scheduler.web.server PORT ROOT...``.
+    Prints its URL, then serves until its standard input ends."""
+    try:
+        server, url = make_server(argv[1:], port=int(argv[0]), check=False)
+    except GTSError as error:
+        print(f"gts run --serve: {error}", file=sys.stderr, flush=True)
+        return 1
+
+    def watch() -> None:
+        sys.stdin.buffer.read()  # returns at the pipe's end: the scheduler ended
+        server.shutdown()
+
+    threading.Thread(target=watch, name="gts-serve-parent", daemon=True).start()
+    print(url, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_serve_for_scheduler(sys.argv[1:]))

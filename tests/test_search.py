@@ -57,12 +57,31 @@ def test_each_space_kind(value, expected):
         ({"uniform": [0, 1], "step": 2}, "uniform takes uniform; unknown: step"),
         ({"uniform": [0, 1], "choice": [1]}, "must name one of"),
         ("0..1", "must be a distribution"),
+        # Values a sampler could record and a restart then refused as "the space changed?".
+        ({"choice": [float("nan"), 1.0]}, "a choice must not hold nan"),
+        ([1, [float("inf")]], "a choice must not hold inf"),
+        ({"choice": [{"a": float("-inf")}]}, "a choice must not hold -inf"),
+        ({"uniform": [-1e308, 1e308]}, "width high - low overflows a float"),
+        ({"int": [0, 2**60]}, "int bounds must be within +-2**53"),
     ],
 )
 def test_each_bad_space_is_refused_naming_the_key(value, words):
     with pytest.raises(ConfigError) as error:
         parse_distribution(value, "test_config[0]['lr']")
     assert words in str(error.value) and "test_config[0]['lr']" in str(error.value)
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_the_widest_spaces_allowed_give_values_a_restart_accepts(in_tmp, sampler):
+    if sampler == "tpe":
+        pytest.importorskip("optuna")
+    space = {"x1": {"uniform": [-8e307, 8e307]}, "x2": {"loguniform": [1e-300, 1.7e308]}, "k": {"int": [0, 2**53]}}
+    space["c"] = [0.5, "a", None, [1, 2]] if sampler == "random" else [0.5, "a", None]
+    root = in_tmp / "r"
+    first = GPUTaskScheduler(search_config(root, sampler=sampler, n_runs=3, space=space), tasks.BraninTask).start()
+    assert len(first.outcomes) == 3  # a huge x1 fails the task's arithmetic: what matters is the restart
+    again = GPUTaskScheduler(search_config(root, sampler=sampler, n_runs=4, space=space), tasks.BraninTask).start()
+    assert len(again.outcomes) >= 1 and len(ledger_rows(root)) == 4
 
 
 def test_a_distribution_without_a_search_is_refused_with_what_to_add(tmp_path):

@@ -92,7 +92,7 @@ def parse_distribution(value: Any, where: str) -> Distribution:
     if isinstance(value, (list, tuple)):
         if not value:
             raise ConfigError(f"{where} is an empty list: a choice needs at least one value")
-        return Choice(tuple(value))
+        return _choice(value, where)
     if not isinstance(value, Mapping):
         raise ConfigError(
             f"{where} must be a distribution, e.g. {{uniform: [0, 1]}}, {{loguniform: [1e-5, 1e-1]}}, "
@@ -110,13 +110,16 @@ def parse_distribution(value: Any, where: str) -> Distribution:
     if kind == "choice":
         if not isinstance(bounds, (list, tuple)) or not bounds:
             raise ConfigError(f"{where}: choice needs a non-empty list of values; got {bounds!r}")
-        return Choice(tuple(bounds))
+        return _choice(bounds, where)
     if not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
         raise ConfigError(f"{where}: {kind} needs [low, high]; got {bounds!r}")
     low, high = bounds
     if kind == "int":
         if not (_whole(low) and _whole(high)) or low > high:
             raise ConfigError(f"{where}: int needs whole numbers low <= high; got {bounds!r}")
+        if max(abs(low), abs(high)) > MAX_INT:
+            # Optuna keeps a value as a float: beyond 2**53 it would come back as another number.
+            raise ConfigError(f"{where}: int bounds must be within +-2**53; got {bounds!r}")
         step, log = value.get("step", 1), value.get("log", False)
         if not _whole(step) or step < 1:
             raise ConfigError(f"{where}: step must be a whole number of at least 1; got {step!r}")
@@ -129,11 +132,31 @@ def parse_distribution(value: Any, where: str) -> Distribution:
         return Int(low, high, step, log)
     if not (_number(low) and _number(high)) or not low < high:
         raise ConfigError(f"{where}: {kind} needs numbers low < high; got {bounds!r}")
+    if not math.isfinite(float(high) - float(low)):  # a draw would be infinite
+        raise ConfigError(f"{where}: {kind}'s width high - low overflows a float; got {bounds!r}")
     if kind == "loguniform":
         if low <= 0:
             raise ConfigError(f"{where}: loguniform needs low > 0 (a log scale); got {bounds!r}")
         return LogUniform(float(low), float(high))
     return Uniform(float(low), float(high))
+
+
+MAX_INT = 2**53
+
+
+def _choice(values: Sequence[Any], where: str) -> Choice:
+    """A choice among ``values``; a NaN or an infinity among them (or inside one) is refused: a
+    NaN equals nothing, not even itself, so the choice a run recorded could never be found again."""
+    pending = list(values)
+    while pending:
+        value = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: a choice must not hold {value!r} (not a finite number); got {list(values)!r}")
+        if isinstance(value, Mapping):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return Choice(tuple(values))
 
 
 def parse_space(block: Any, where: str = "test_config[0]") -> dict[str, Distribution]:

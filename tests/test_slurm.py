@@ -295,6 +295,31 @@ def test_a_partition_slurm_does_not_have_is_refused_before_anything_runs(slurm, 
     assert not slurm.jobs() and not (in_tmp / "journal").exists()
 
 
+@pytest.mark.parametrize(
+    "slurm_options, words",
+    [
+        ({"job_name": "gts,other"}, "['job_name'] must be a job name"),  # squeue --name= splits at commas
+        ({"extra": ["--job-name=renamed"]}, "other than --job-name (the backend sets it itself)"),
+        ({"extra": ["-J", "renamed"]}, "other than --job-name"),
+        ({"extra": "--job=renamed"}, "other than --job-name"),  # sbatch takes a unique prefix
+        ({"extra": ["--array=0-9"]}, "other than --array"),
+        ({"extra": ["--output=/tmp/x"]}, "other than --output"),
+        ({"extra": ["--chdir=/"]}, "other than --chdir"),
+        ({"extra": ["-p", "gpu"]}, "use scheduler_config['slurm']['partition']"),
+        ({"extra": ["--time=10"]}, "use scheduler_config['slurm']['time']"),
+    ],
+)
+@slurm_only
+def test_a_renamed_array_is_refused_before_anything_is_submitted(slurm, in_tmp, slurm_options, words):
+    """An array the next start could not find by its name (a comma in it, or a name of extra's)
+    would have its runs submitted twice: such options are refused, on the real Slurm too."""
+    path = write_sweep(in_tmp, 2, 0.1, **slurm_options)
+    process = gts("run", path, "--plain")
+    output = finish(process, timeout=60)
+    assert process.returncode == 2 and words in output, output
+    assert not slurm.jobs() and not (in_tmp / "journal").exists()
+
+
 def test_a_root_only_this_machine_sees_is_refused_when_other_nodes_run_the_jobs():
     assert commands.shared_root_problem("/r", "nfs", ["n1", "n2"], "login") is None
     assert commands.shared_root_problem("/r", "ext4", ["login"], "login.cluster") is None  # a one-node cluster
@@ -365,6 +390,9 @@ def test_slurm_times_and_options_are_checked():
         parse_scheduler_config({"gpu": "all", "slurm": {"partition": "gpu; rm -rf /"}})
     options = parse_scheduler_config({"gpu": "all", "backend": "slurm", "slurm": {"setup": "module load cuda"}})
     assert options.slurm.setup == ("module load cuda",) and options.slurm.max_queued == 1000
+    extra = ["--exclusive=user", "--mem-per-cpu=100M", "--time-min=5", "-x", "node13"]  # flags the backend leaves alone
+    options = parse_scheduler_config({"gpu": "all", "slurm": {"job_name": "gts-mine", "extra": extra}})
+    assert options.slurm.extra == tuple(extra) and options.slurm.job_name == "gts-mine"
 
 
 def test_squeue_lines_and_task_lists():

@@ -20,6 +20,7 @@ from ..recordclass import Record
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEMORY = re.compile(r"^\d+[KMGT]?$")
 _NAME = re.compile(r"^[A-Za-z0-9_.,:+@-]+$")  # partition, account, qos: no spaces, no shell characters
+_JOB_NAME = re.compile(r"^[A-Za-z0-9_.:+@-]+$")
 
 
 class SlurmOptions(Record):
@@ -97,7 +98,9 @@ def _problem(key: str, value: Any) -> str | None:
         ok = isinstance(value, str) and value.strip() and "\n" not in value and "\0" not in value
         return None if ok else "a Slurm constraint (e.g. 'a100|h100')"
     if key == "job_name":
-        return None if isinstance(value, str) and _NAME.match(value) else "a job name (letters, digits, _.,:+@-)"
+        # No comma: the live arrays are found with squeue --name=, which splits at commas (then the
+        # next start would not see them, and submit their runs again).
+        return None if isinstance(value, str) and _JOB_NAME.match(value) else "a job name (letters, digits, _.:+@-)"
     if key in ("max_parallel", "cpus_per_run", "max_queued"):
         return None if _int(value) and value >= 1 else "an integer >= 1"
     if key == "gpus_per_run":
@@ -113,11 +116,70 @@ def _problem(key: str, value: Any) -> str | None:
     if key in ("setup", "extra"):
         lines = [value] if isinstance(value, str) else value
         ok = isinstance(lines, (list, tuple)) and all(isinstance(line, str) and "\0" not in line for line in lines)
+        if ok and key == "extra":
+            return next(filter(None, map(_own_flag_problem, lines)), None)
         return None if ok else "a string or a list of strings"
     if key == "poll_interval":
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.5 <= float(value) <= 3600
         return None if ok else "seconds between 0.5 and 3600"
     return None
+
+
+# sbatch flags the backend sets itself: one in `extra` would override it (sbatch takes the last), and
+# the backend would lose track of its arrays (a renamed array is not found again: its runs are
+# submitted twice) or of their output, folder or hold. Short forms too, and the unique prefixes of
+# the long ones that sbatch's option parser accepts (--job=x).
+_OWN_FLAGS = {
+    "job-name": "J",
+    "array": "a",
+    "output": "o",
+    "open-mode": "",
+    "chdir": "D",
+    "hold": "H",
+    "parsable": "",
+    "wrap": "",
+    "signal": "",
+}
+# Flags that have a key of their own, which the backend also uses (placement, time limits).
+_KEYED_FLAGS = {
+    "partition": ("p", "partition"),
+    "account": ("A", "account"),
+    "qos": ("q", "qos"),
+    "constraint": ("C", "constraint"),
+    "mem": ("", "mem"),
+    "time": ("t", "time"),
+    "gres": ("", "gpus_per_run"),
+    "cpus-per-task": ("c", "cpus_per_run"),
+}
+
+
+def _own_flag_problem(argument: str) -> str | None:
+    """Why ``argument`` of ``extra`` is refused (a flag the backend sets), or None.
+
+    >>> _own_flag_problem("--exclusive") is None
+    True
+    >>> _own_flag_problem("--job=mine")
+    'sbatch arguments other than --job-name (the backend sets it itself)'
+    >>> _own_flag_problem("-p gpu")
+    "sbatch arguments other than --partition (use scheduler_config['slurm']['partition'])"
+    """
+    text = argument.strip()
+    if text.startswith("--"):
+        name = text[2:].split("=", 1)[0].split(None, 1)[0] if len(text) > 2 else ""
+        matches = [flag for flag in (*_OWN_FLAGS, *_KEYED_FLAGS) if name and flag.startswith(name)]
+        exact = [flag for flag in matches if flag == name]
+        flag = exact[0] if exact else (matches[0] if len(matches) == 1 else None)
+    elif text.startswith("-") and len(text) > 1:
+        short = text[1]
+        shorts = {v: k for k, v in _OWN_FLAGS.items() if v} | {v[0]: k for k, v in _KEYED_FLAGS.items() if v[0]}
+        flag = shorts.get(short)
+    else:
+        flag = None
+    if flag is None:
+        return None
+    if flag in _KEYED_FLAGS:
+        return f"sbatch arguments other than --{flag} (use scheduler_config['slurm'][{_KEYED_FLAGS[flag][1]!r}])"
+    return f"sbatch arguments other than --{flag} (the backend sets it itself)"
 
 
 def _int(value: Any) -> bool:

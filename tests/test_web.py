@@ -282,6 +282,37 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
             f.write(shot)
 
 
+def test_values_that_look_like_markup_are_text_in_every_chart(in_tmp, served, browser):
+    """Plotly reads pseudo-HTML in its strings: a value <a href=...> was a live link in a legend and
+    <b> made text bold. Every string given to it is escaped, so each shows as the text it is."""
+    link, bold = '<a href="https://example.invalid/">link</a>', "<b>bold</b>"
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=(link, bold))
+    url, _ = served([root])
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1200, "height": 900})
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 4")
+    page.fill("#curve-by", "tag")
+    for box in page.locator("#runs tbody input[type=checkbox]").all():
+        box.check()
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=10_000)
+    page.fill("#pc-metric", "loss")
+    page.dispatch_event("#pc-metric", "change")
+    page.wait_for_function("document.getElementById('parcoords').data?.[0]?.dimensions?.length === 3", timeout=10_000)
+    page.wait_for_function("document.querySelectorAll('#timeline .trace').length > 0", timeout=10_000)
+    charts = "#curves, #parcoords, #timeline"
+    assert page.evaluate(f"document.querySelectorAll('{charts.replace(', ', ' a, ')} a').length") == 0
+    bold_text = page.evaluate(
+        "[...document.querySelectorAll('#curves tspan, #parcoords tspan')].filter(t => (t.getAttribute('style') || '')"
+        ".includes('bold')).length"
+    )
+    assert bold_text == 0
+    legend = " ".join(page.locator("#curves .legendtext").all_text_contents())
+    assert f"tag={bold}" in legend and f"tag={link}" in legend
+    ticks = " ".join(page.locator("#parcoords .tick text").all_text_contents())
+    assert bold in ticks and link in ticks
+
+
 def test_gts_run_serve_serves_the_sweep_while_it_runs(in_tmp, no_leaked_processes):
     """``gts run --serve 0``: the URL is printed before the runs start, and answers while they run."""
     flag = in_tmp / "go"

@@ -260,6 +260,12 @@ async function drawCharts(now) {
   }
 }
 
+// Plotly reads its strings as pseudo-HTML (<b>, <a href>, <br>): a value is written with its
+// <, > and & escaped, so that it shows as the text it is and never as a link or markup.
+function plain(value) {
+  return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 function drawCurves(data, by) {
   const numbers = data.runs.map((r) => r.params[by]).filter((v) => typeof v === "number");
   const low = Math.min(...numbers), high = Math.max(...numbers);
@@ -270,23 +276,24 @@ function drawCurves(data, by) {
     const cut = run.status !== "succeeded" && run.status !== "running";
     return {
       x: run.steps, y: run.values, type: "scatter", mode: cut ? "lines+markers" : "lines",
-      name: by ? `${run.name} (${by}=${cell(value)})` : run.name,
+      name: plain(by ? `${run.name} (${by}=${cell(value)})` : run.name),
       line: { color }, marker: { symbol: "x", size: run.steps.map((_, i) => (cut && i === run.steps.length - 1 ? 10 : 0)) },
     };
   });
-  window.Plotly.react($("curves"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: data.metric } }, height: 360 }, { displaylogo: false });
+  window.Plotly.react($("curves"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: plain(data.metric) } }, height: 360 }, { displaylogo: false });
 }
 
 function drawParcoords(data) {
   if (!data.runs.length) { window.Plotly.purge($("parcoords")); return; }
   const dimensions = data.params.map((param) => {
     const values = data.runs.map((run) => run.params[param]);
-    if (values.every((v) => typeof v === "number")) return { label: param, values };
+    if (values.every((v) => typeof v === "number")) return { label: plain(param), values };
     const levels = [...new Set(values.map((v) => cell(v)))].sort();
-    return { label: param, values: values.map((v) => levels.indexOf(cell(v))), tickvals: levels.map((_, i) => i), ticktext: levels };
+    // (A parcoords axis writes its tick texts as plain text, unlike its label: not escaped.)
+    return { label: plain(param), values: values.map((v) => levels.indexOf(cell(v))), tickvals: levels.map((_, i) => i), ticktext: levels };
   });
   const scores = data.runs.map((run) => run.value);
-  dimensions.push({ label: data.metric, values: scores });
+  dimensions.push({ label: plain(data.metric), values: scores });
   const trace = { type: "parcoords", line: { color: scores, colorscale: "Viridis", reversescale: !$("pc-max").checked, showscale: true }, dimensions };
   window.Plotly.react($("parcoords"), [trace], { margin: { t: 40, l: 60, r: 60 }, height: 380 }, { displaylogo: false });
 }
@@ -302,9 +309,9 @@ function drawTimeline(data) {
   const byStatus = {};
   for (const run of data.runs) (byStatus[run.status] = byStatus[run.status] || []).push(run);
   const traces = Object.entries(byStatus).map(([status, runs]) => ({
-    type: "bar", orientation: "h", name: status, marker: { color: COLOURS[status] || "#999" },
-    y: runs.map(lane), base: runs.map((r) => r.start), x: runs.map((r) => Math.max(r.end - r.start, 0.001)),
-    text: runs.map((r) => r.name), hovertemplate: "%{text}<br>%{base:.1f}s + %{x:.1f}s<extra>" + status + "</extra>",
+    type: "bar", orientation: "h", name: plain(status), marker: { color: COLOURS[status] || "#999" },
+    y: runs.map((r) => plain(lane(r))), base: runs.map((r) => r.start), x: runs.map((r) => Math.max(r.end - r.start, 0.001)),
+    text: runs.map((r) => plain(r.name)), hovertemplate: "%{text}<br>%{base:.1f}s + %{x:.1f}s<extra>" + plain(status) + "</extra>",
   }));
   const lanes = new Set(data.runs.map(lane)).size;
   window.Plotly.react($("timeline"), traces, {

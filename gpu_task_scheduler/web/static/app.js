@@ -263,7 +263,8 @@ async function drawCharts(now) {
 // Plotly reads its strings as pseudo-HTML (<b>, <a href>, <br>): a value is written with its
 // <, > and & escaped, so that it shows as the text it is and never as a link or markup.
 function plain(value) {
-  return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  // (Character classes: a report inlines this script, and writes every "</" in it as "<\/".)
+  return String(value).replace(/[&]/g, "&amp;").replace(/[<]/g, "&lt;").replace(/[>]/g, "&gt;");
 }
 
 function drawCurves(data, by) {

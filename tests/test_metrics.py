@@ -225,3 +225,35 @@ def test_a_curve_of_a_link_or_a_fifo_is_empty_at_once(tmp_path):
     (tmp_path / "link").symlink_to(_metrics_file(tmp_path / "m.jsonl", range(3)))
     assert sample_curve(str(tmp_path / "fifo")) == [] and sample_curve(str(tmp_path / "link")) == []
     assert sample_curve(str(tmp_path / "missing")) == []
+
+
+CHATTY = """
+import os, sys, time
+role, flag, lines = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if role == "chatty":  # a whole curve at once, then it ends
+    with open(os.environ["GTS_METRICS_FILE"], "w") as handle:
+        for start in range(0, lines, 50_000):
+            handle.write("".join(f'{{"step": {s}, "loss": {1 / (s + 1)!r}}}\\n' for s in range(start, start + 50_000)))
+    open(flag, "w").close()
+else:  # ends 0.3 s after the chatty run did
+    while not os.path.exists(flag):
+        time.sleep(0.01)
+    time.sleep(0.3)
+"""
+
+
+def test_a_chatty_run_neither_holds_up_the_others_ends_nor_lengthens_their_durations(in_tmp):
+    """A run that wrote 500,000 lines at once: reading them for its summary takes seconds, off the
+    loop's thread, so the run that ends 0.3 s later is recorded then, with its own duration."""
+    (in_tmp / "chatty.py").write_text(CHATTY)
+    config = make_config(in_tmp / "r", [{"role": ["chatty", "quiet"]}], slots=("cpu", "cpu"))
+    config["command"] = [sys.executable, str(in_tmp / "chatty.py"), "{role}", str(in_tmp / "flag"), "500000"]
+    summary = GPUTaskScheduler(config).start()
+    assert summary.ok and len(summary.succeeded) == 2
+    rows = ledger_rows(in_tmp / "r")
+    quiet, chatty = rows["role-quiet,"], rows["role-chatty,"]
+    chatty_done = os.stat(in_tmp / "flag").st_mtime  # the chatty run's last act
+    assert quiet["ended_at"] - chatty_done < 0.3 + 0.7  # its 0.3 s and its exit, not the others' lines
+    assert quiet["ended_at"] < chatty["ended_at"]  # recorded while the chatty run's lines were read
+    summary_of = json.loads(chatty["metrics"])["loss"]
+    assert summary_of["step"] == 499_999 and summary_of["max"] == 1.0

@@ -38,6 +38,7 @@ from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
 from .changes import settle_changes
 from .decide import Decision, before_run, classify
+from .endreads import EndReads
 from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Handle, Launcher, LaunchError
 from .outcomes import Records, read_exit
@@ -65,6 +66,7 @@ class _Active:
         "stopped",
         "kill_at",
         "term_at",
+        "exited",
     )
 
     def __init__(
@@ -83,6 +85,7 @@ class _Active:
         self.stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED or PRUNED, cause) once we stop it
         self.kill_at: float | None = None
         self.term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
+        self.exited = False  # it has ended; its end is recorded once its metrics are read (engine/endreads.py)
 
     @property
     def spec(self) -> RunSpec:
@@ -108,6 +111,7 @@ class Scheduler:
         self.sweep, self.options, self._launcher = sweep, sweep.options, launcher
         self._hooks, self._nvml, self._clock, self._host = hooks or Hooks(), nvml, clock, host
         self.inbox = inbox or Inbox()
+        self._end_reads = EndReads(lambda key: self.inbox.put("exit", key), clock)
         self._active: dict[int, _Active] = {}
         self._keys = iter(range(1 << 62))
         self._stop_level = 0
@@ -400,11 +404,16 @@ class Scheduler:
             logger.info("%s runs on %s (pid %d there)", active.spec.name, node, pid)
 
     def _on_exit(self, key: int) -> None:
-        active = self._active.pop(key)
-        capacity, handle, item = self.setup(), active.handle, active.item
-        reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
+        active = self._active[key]
         if self._stopper is not None:
             self._stopper.ended(active.spec.name)  # what it reported last counts for the others
+        if not self._end_reads.ready(key, active.paths):
+            active.exited, active.deadline, active.term_at, active.kill_at = True, None, None, None
+            return  # a long metrics file is read off the loop; its exit is posted again once it is
+        reader, exited_at = self._end_reads.take(key)
+        del self._active[key]
+        capacity, handle, item = self.setup(), active.handle, active.item
+        reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
         ended = handle.reap()
         leftovers = capacity.left_behind(handle.pid, active.spec.name)
         exit = read_exit(
@@ -413,7 +422,7 @@ class Scheduler:
         end = classify(exit.facts)
         if peak and end.oom is None:
             capacity.learn(peak)
-        duration = self._clock() - active.started
+        duration = exited_at - active.started
         self._records.ended(
             active.spec,
             active.slot,
@@ -425,6 +434,7 @@ class Scheduler:
             pid=handle.pid if handle.pid > 0 else None,
             peak=peak,
             duration=duration,
+            reader=reader,
             gpu_leftover="; ".join(left.describe() for left in leftovers) or None,
         )
         if end.status is RunStatus.SUCCEEDED:
@@ -477,6 +487,8 @@ class Scheduler:
 
     def _stop(self, active: _Active, reason: RunStatus, cause: str) -> None:
         """SIGTERM the run now, SIGKILL it when the grace period ends."""
+        if active.exited:
+            return  # it ended before it was stopped: its own exit says how
         active.stopped = active.stopped or (reason, cause)
         active.handle.stop()
         active.kill_at = self._clock() + self.options.grace_period
@@ -542,6 +554,8 @@ class Scheduler:
             again = f"received {name} again" if name.startswith("SIG") else name
             logger.warning("%s: killing %d run(s) now", again, len(self._active))
             for active in self._active.values():
+                if active.exited:
+                    continue
                 active.stopped = active.stopped or (RunStatus.INTERRUPTED, f"interrupted by {name}")
                 active.kill_at = active.term_at = None
                 active.handle.kill()

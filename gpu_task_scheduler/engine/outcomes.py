@@ -18,7 +18,7 @@ from ..gpu.devices import Slot
 from ..jsonable import to_jsonable
 from ..layout import RESULT_FILE
 from ..records.ledger import Ledger
-from ..records.metrics import read_all
+from ..records.metrics import MetricsReader, read_all
 from ..records.paths import MAX_INLINE_RESULT, RunPaths, atomic_write_json, read_json
 from ..records.prior import Prior, adopt
 from ..records.protocol import Outcome
@@ -215,8 +215,10 @@ class Records:
         pid: int | None,
         peak: int | None,
         duration: float,
+        reader: MetricsReader | None,
         gpu_leftover: str | None = None,
     ) -> RunOutcome:
+        """``reader``: its metrics file read in full, when it was read off the loop (engine/endreads.py)."""
         if ended.strays:
             logger.warning(
                 "%s left %d process(es) running outside its process group; stopped pid %s",
@@ -244,7 +246,7 @@ class Records:
         result_file = exit.outcome.large_result_file if returned and exit.outcome else None
         metrics = None
         if exit.facts.unsafe is None:  # what it reported as it trained, within bounds
-            reader = read_all(paths.metrics)
+            reader = reader or read_all(paths.metrics)
             metrics = reader.summary_json()
             if reader.problem is not None:
                 logger.warning("%s reported metrics the scheduler skips: %s", spec.name, reader.problem)

@@ -44,6 +44,11 @@ class _Watched(Record, frozen=False):
     judged: float | None = None  # ASHA: the highest rung it went on from, not yet told to the run
 
 
+# What one look reads of one run's metrics at most (some 25,000 lines: ~0.15 s of the loop's time): a
+# run that writes faster is judged a look or two late, instead of holding the loop for seconds.
+LOOK_BYTES = 1 << 20
+
+
 class Stopper:
     def __init__(self, sweep: Sweep, ledger: Ledger, root: str) -> None:
         self._rules = sweep.stopping
@@ -142,7 +147,7 @@ class Stopper:
 
     def _read(self, watched: _Watched, *, judge: bool) -> Verdict | None:
         reader, rule = watched.reader, watched.rule
-        reader.read()
+        reader.read(LOOK_BYTES)
         points = [(step, metrics[rule.metric]) for step, metrics in reader.points or () if rule.metric in metrics]
         if reader.points:
             reader.points.clear()  # the rules keep what they need; the reader keeps nothing

@@ -532,3 +532,24 @@ class BraninTask(GPUTask):
             self.report(2, value=value)
             return None
         return {"value": value}
+
+
+class StuckAfterReportTask(GPUTask):
+    """Reports ``loss`` at step 1; ``stuck``: then computes for ever without reporting again (a
+    long epoch), journaling ``sigterm`` when SIGTERM comes and going on regardless."""
+
+    def main(self):
+        import signal
+
+        def on_term(signum, frame):
+            journal(self._config, "sigterm", self._work_dir)
+
+        signal.signal(signal.SIGTERM, on_term)
+        if not self._config.get("stuck"):
+            self.report(1, loss=self._config["loss"])
+            return {"loss": self._config["loss"]}
+        # Written to the file as report() would, without waiting at the rung for the verdict.
+        with open(os.environ["GTS_METRICS_FILE"], "a") as metrics:
+            metrics.write(json.dumps({"step": 1, "loss": self._config["loss"]}) + "\n")
+        while True:
+            time.sleep(0.05)

@@ -65,6 +65,30 @@ def test_asha_keeps_a_run_only_within_the_best_share_of_its_rung(mode, value, ot
         assert verdict.cause == f"loss {value:.4g}, rung cutoff {cutoff:.4g}"
 
 
+@pytest.mark.parametrize(
+    "mode, value, best, stop",
+    [
+        ("min", 0.9, 0.3, False),  # a noisy loss whose latest report jumps up: its best beats the median
+        ("min", 0.3, 0.9, True),  # its best is worse than the median, whatever it reports now
+        ("max", 0.2, 0.8, False),  # an accuracy whose latest report dips
+        ("max", 0.8, 0.2, True),
+    ],
+)
+def test_the_median_rule_judges_a_runs_best_value_not_its_latest(mode, value, best, stop):
+    rule = parse_early_stop({"method": "median", "metric": "m", "mode": mode, "min_step": 1, "min_runs": 3})
+    others = [_curve(rule, [(1, 0.5), (2, 0.5)])] * 3  # running averages 0.5 at step 2
+    verdict = rule.judge(2, value, best, others)
+    assert verdict.stop is stop and verdict.value == value
+    if stop:
+        assert verdict.cause.startswith(f"best m {best:.4g}, median of 3 runs 0.5")
+
+
+@pytest.mark.parametrize("mode, points, best", [("min", [0.5, 0.2, 0.9], 0.2), ("max", [0.5, 0.8, 0.1], 0.8)])
+def test_a_curve_keeps_its_best_value_by_the_rules_mode(mode, points, best):
+    rule = parse_early_stop({"method": "median", "metric": "m", "mode": mode, "min_step": 1})
+    assert _curve(rule, list(enumerate(points, start=1))).best == best
+
+
 def _curve(rule, points):
     curve = Curve()
     for step, value in points:
@@ -383,3 +407,111 @@ def test_a_median_sweep_stops_runs_behind_the_median_of_the_others(in_tmp):
     assert {o.name for o in summary.pruned} == {
         name for name, row in ledger_rows(root).items() if row["status"] == "pruned"
     }
+
+
+def test_asha_decides_after_a_restart_as_the_start_before_it_would_have(in_tmp):
+    """The values earlier starts recorded at each rung are read back at start: a run first judged
+    in a later start is measured against them, not waved through as the first at its rungs."""
+    root = in_tmp / "r"
+    good = {"floor": [0.1], "start": [1.0], "decay": [0.5], "seed": [1, 2, 3]}  # one curve: none is pruned
+    config = _curve_sweep(root, steps=9, early_stop={**ASHA, "max_step": 9})
+    config["test_config"] = [good]
+    first = GPUTaskScheduler(config, tasks.CurveTask).start()
+    assert len(first.succeeded) == 3 and not first.pruned
+    config["test_config"] = [good, {"floor": [0.9], "start": [2.0], "decay": [0.9], "seed": [4]}]
+    second = GPUTaskScheduler(config, tasks.CurveTask).start()
+    bad = "decay-0.9,floor-0.9,seed-4,start-2.0,"
+    assert list(second.outcomes) == [bad] and second.outcomes[bad].status is RunStatus.PRUNED
+    assert ledger_rows(root)[bad]["cause"] == "pruned at step 1: loss 1.89, rung cutoff 0.55"
+
+
+def test_the_stop_verdict_is_on_disk_before_the_run_is_told(in_tmp, monkeypatch):
+    """A kill -9 between the two must not leave a run the rule stopped to be settled interrupted
+    and run again: when the run is told (its pruned file written), the ledger already holds the
+    verdict, as another connection sees it."""
+    import sqlite3
+
+    from gpu_task_scheduler.engine import loop
+
+    root = in_tmp / "r"
+    seen = []
+    tell = loop.Scheduler._tell
+
+    def told(self, active, path, text):
+        if path == active.paths.pruned:
+            db = sqlite3.connect(root / ".gts" / "ledger.sqlite3")
+            seen.append(db.execute("SELECT stop FROM verdicts WHERE name = ?", (active.spec.name,)).fetchall())
+            db.close()
+        return tell(self, active, path, text)
+
+    monkeypatch.setattr(loop.Scheduler, "_tell", told)
+    summary = GPUTaskScheduler(_curve_sweep(root), tasks.CurveTask).start()
+    assert summary.pruned and len(seen) == len(summary.pruned)
+    assert all((1,) in rows for rows in seen)
+
+
+def test_a_pruned_python_run_that_never_reports_again_gets_sigterm_then_sigkill(in_tmp):
+    """Its next report() would raise Pruned; one that never comes costs it the grace period, then
+    SIGTERM, then (ignored) another grace period and SIGKILL: pruned, never left running."""
+    root = in_tmp / "r"
+    config = make_config(
+        root, [{"loss": [0.1]}, {"loss": [0.9], "stuck": [True]}], grace_period=0.5, global_config={"journal": "j"}
+    )
+    config["early_stop"] = {**ASHA, "max_step": 9}
+    summary = GPUTaskScheduler(config, tasks.StuckAfterReportTask).start()
+    stuck = summary.outcomes["loss-0.9,stuck-True,"]
+    assert stuck.status is RunStatus.PRUNED and stuck.signal == "SIGKILL" and stuck.attempts == 1
+    assert "sigterm loss-0.9,stuck-True," in journal_lines(in_tmp / "j")
+    log = (root / "scheduler.log").read_text()
+    assert "did not report again within 0.5s of being stopped early; sending SIGTERM" in log
+    assert "did not stop within 0.5s of SIGTERM; sending SIGKILL" in log
+    assert 1.0 <= stuck.duration < 1.0 + 5
+
+
+LATE_REPORTER = """
+import json, os, signal, sys, time
+values, late = json.loads(sys.argv[1]), sys.argv[2] == "late"
+path = os.environ["GTS_METRICS_FILE"]
+
+def report(step, value):
+    with open(path, "a") as handle:
+        handle.write(json.dumps({"step": step, "loss": value}) + "\\n")
+
+def stopped(signum, frame):
+    if late:  # stopped at rung 1, it goes on reporting the best values at rung 3
+        for step in range(2, 6):
+            report(step, 0.0)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stopped)
+for step, value in enumerate(values, start=1):
+    report(step, value)
+    time.sleep(0.1)
+"""
+
+
+def test_what_a_stopped_command_reports_in_its_grace_period_counts_for_nothing(in_tmp):
+    """B is stopped at rung 1 and reports loss 0 at rung 3 on its way out. Counted, it would lower
+    rung 3's cutoff and stop C (0.4), which is within the best third of what A (0.5) recorded."""
+    (in_tmp / "late.py").write_text(LATE_REPORTER)
+    root = in_tmp / "r"
+    runs = {"a": ([0.6, 0.6, 0.5] + [0.5] * 6, "-"), "b": ([5.0] * 9, "late"), "c": ([0.6, 0.6, 0.4] + [0.4] * 6, "-")}
+    blocks = [{"run": [name], "values": [json.dumps(v)], "late": [late]} for name, (v, late) in runs.items()]
+    config = make_config(root, blocks, grace_period=5, ignored_keys_for_folder_name=["values", "late"])
+    config["command"] = [sys.executable, str(in_tmp / "late.py"), "{values}", "{late}"]
+    config["early_stop"] = {**ASHA, "max_step": 9}
+    summary = GPUTaskScheduler(config, None).start()
+    statuses = {name: outcome.status for name, outcome in summary.outcomes.items()}
+    assert statuses == {"run-a,": RunStatus.SUCCEEDED, "run-b,": RunStatus.PRUNED, "run-c,": RunStatus.SUCCEEDED}
+    rung3 = {name: value for name, rung, _s, value, _stop, _cause in _verdicts(root) if rung == 3}
+    assert rung3 == {"run-a,": 0.5, "run-c,": 0.4}  # nothing of b's at rung 3
+
+
+def _verdicts(root):
+    import sqlite3
+
+    db = sqlite3.connect(root / ".gts" / "ledger.sqlite3")
+    try:
+        return db.execute("SELECT name, rung, step, value, stop, cause FROM verdicts").fetchall()
+    finally:
+        db.close()

@@ -313,6 +313,43 @@ def test_values_that_look_like_markup_are_text_in_every_chart(in_tmp, served, br
     assert bold in ticks and link in ticks
 
 
+INJECT = """() => {
+    const script = document.createElement('script');
+    script.textContent = 'window.__ran = (window.__ran || 0) + 1';
+    document.body.appendChild(script);
+    document.body.insertAdjacentHTML('beforeend', '<img id=bad src=nosuch onerror="window.__ran = (window.__ran || 0) + 1">');
+    document.getElementById('bad').addEventListener('error', () => { window.__errored = true; });
+}"""
+
+
+def test_the_pages_policy_runs_no_inline_script_even_one_that_reached_the_page(in_tmp, served, browser):
+    """Were a value ever to reach the page unescaped, the Content-Security-Policy keeps what it
+    injects from running: an inline <script> and an onerror= handler, in Chromium."""
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    url, _ = served([root])
+    ran = {}
+    for policy in ("in force", "bypassed"):  # bypassed: the same injection runs, so the test can see it
+        context = browser.browser.new_context(bypass_csp=policy == "bypassed")
+        try:
+            page = context.new_page()
+            page.goto(url)
+            page.wait_for_selector("#runs tbody tr")
+            page.evaluate(INJECT)
+            wait_until(lambda: page.evaluate("() => window.__errored === true"), message="the image to fail")
+            ran[policy] = page.evaluate("() => window.__ran || 0")
+        finally:
+            context.close()
+    assert ran == {"in force": 0, "bypassed": 2}
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_the_view_is_read_only_for_every_method_that_writes(in_tmp, served, method):
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    url, _ = served([root])
+    status, headers, _ = fetch(at(url, "/api/runs", root=0), method=method)
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+
+
 def test_gts_run_serve_serves_the_sweep_while_it_runs(in_tmp, no_leaked_processes):
     """``gts run --serve 0``: the URL is printed before the runs start, and answers while they run."""
     flag = in_tmp / "go"

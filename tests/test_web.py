@@ -317,7 +317,8 @@ INJECT = """() => {
     const script = document.createElement('script');
     script.textContent = 'window.__ran = (window.__ran || 0) + 1';
     document.body.appendChild(script);
-    document.body.insertAdjacentHTML('beforeend', '<img id=bad src=nosuch onerror="window.__ran = (window.__ran || 0) + 1">');
+    const handler = 'window.__ran = (window.__ran || 0) + 1';
+    document.body.insertAdjacentHTML('beforeend', `<img id=bad src=nosuch onerror="${handler}">`);
     document.getElementById('bad').addEventListener('error', () => { window.__errored = true; });
 }"""
 
@@ -335,7 +336,7 @@ def test_the_pages_policy_runs_no_inline_script_even_one_that_reached_the_page(i
             page.goto(url)
             page.wait_for_selector("#runs tbody tr")
             page.evaluate(INJECT)
-            wait_until(lambda: page.evaluate("() => window.__errored === true"), message="the image to fail")
+            wait_until(lambda page=page: page.evaluate("() => window.__errored === true"), message="the image to fail")
             ran[policy] = page.evaluate("() => window.__ran || 0")
         finally:
             context.close()

@@ -335,3 +335,80 @@ def test_a_dry_run_and_config_manager_write_nothing_to_the_search(in_tmp, capsys
     assert "a start asks for up to 2 more run(s)" in capsys.readouterr().out
     assert len(list(ConfigManager(config).iter_runs())) == 3
     assert state() == before
+
+
+# --- promises of the search's records, each next to what keeps it ------------------------------
+
+
+def _optuna_states(root):
+    """{run name: (state, value)} as the study records it (read with the scheduler's own lock)."""
+    import optuna
+
+    from gpu_task_scheduler.tuning.search import _FlockLock
+
+    path = str(root / ".gts" / "optuna.journal")
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(path, lock_obj=_FlockLock(path + ".lock"))
+    )
+    study = optuna.load_study(study_name="gts", storage=storage)
+    return {t.user_attrs.get("gts_run"): (t.state.name, t.value) for t in study.get_trials(deepcopy=False)}
+
+
+def test_an_optuna_sampler_is_told_pruned_for_a_pruned_run_not_failed(in_tmp):
+    pytest.importorskip("optuna")
+    root = in_tmp / "r"
+    config = search_config(root, sampler="tpe", n_runs=6, slots=("cpu",))
+    config["global_config"] = {"report": True, "hold": 0.3}
+    config["early_stop"] = {"method": "median", "metric": "value", "mode": "min", "min_step": 1, "min_runs": 1}
+    summary = GPUTaskScheduler(config, tasks.BraninTask).start()
+    assert summary.pruned
+    states = _optuna_states(root)
+    for outcome in summary.outcomes.values():
+        assert states[outcome.name][0] == ("PRUNED" if outcome.status is RunStatus.PRUNED else "COMPLETE")
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_an_int_recorded_outside_a_changed_range_is_refused_at_restart(in_tmp, sampler):
+    if sampler == "tpe":
+        pytest.importorskip("optuna")
+    root = in_tmp / "r"
+    space = {**SPACE, "layers": {"int": [2, 8]}}
+    GPUTaskScheduler(search_config(root, sampler=sampler, n_runs=4, space=space), tasks.BraninTask).start()
+    recorded = {json.loads((root / n / ".gts" / "config.json").read_text())["layers"] for n in ledger_rows(root)}
+    narrower = {**space, "layers": {"int": [min(recorded) + 1, 9]}}  # leaves out the lowest value recorded
+    with pytest.raises(ConfigError, match="the space changed"):
+        GPUTaskScheduler(search_config(root, sampler=sampler, n_runs=6, space=narrower), tasks.BraninTask).start()
+
+
+def test_a_trial_that_asked_for_a_running_runs_values_is_told_when_that_run_ends(in_tmp):
+    """In a small discrete space a trial can ask for the values of a run still running: it runs
+    nothing, and is told that run's value when it ends, never left unfinished."""
+    pytest.importorskip("optuna")
+    root = in_tmp / "r"
+    space = {"x1": [1.0], "x2": [2.0, 3.0]}  # two configs, six trials: four are twins
+    config = search_config(root, sampler="tpe", n_runs=6, space=space, slots=("cpu", "cpu"))
+    config["global_config"] = {"sleep": 0.3}
+    summary = GPUTaskScheduler(config, tasks.BraninTask).start()
+    assert len(summary.succeeded) == 2
+    from gpu_task_scheduler.tuning.search import Search, open_searcher
+
+    trials = open_searcher(Search("tpe", 6, 0, "value", "min"), {}, str(root / ".gts"), read_only=True).trials()
+    assert len(trials) == 6 and all(trial.done for trial in trials)
+    values = {row["name"]: json.loads(row["result"])["value"] for row in ledger_rows(root).values()}
+    study = _optuna_states(root)
+    for trial in trials:
+        assert study[trial.name] == ("COMPLETE", pytest.approx(values[trial.name]))
+
+
+def test_a_retried_run_of_a_finished_trial_does_not_tell_the_sampler_again(in_tmp):
+    pytest.importorskip("optuna")
+    root = in_tmp / "r"
+    config = search_config(root, sampler="tpe", n_runs=3)
+    GPUTaskScheduler(config, tasks.BraninTask).start()
+    journal = root / ".gts" / "optuna.journal"
+    before = journal.read_bytes()
+    name = sorted(ledger_rows(root))[0]
+    assert gts(["retry", str(root), name, "--force", "--task", "gts_test_tasks:BraninTask", "--plain"]) == 0
+    assert ledger_rows(root)[name]["attempts"] == 2  # it ran again
+    told = [json.loads(line) for line in journal.read_bytes()[len(before) :].splitlines()]
+    assert not any(entry.get("op_code") == 6 for entry in told)  # 6: a trial's state set (told)

@@ -80,6 +80,36 @@ def wrapper_at(tmp_path, keeper, script):
     return Child(argv, env=dict(os.environ), cwd=os.getcwd(), log_path=None, on_exit=lambda: None, keeper=keeper)
 
 
+def test_a_wrapper_frozen_before_it_said_its_command_started_is_spared_once_the_command_ended(
+    tmp_path, no_leaked_processes
+):
+    """The keeper may freeze a wrapper between starting its command and closing GTS_FORKED_FD: its
+    command, already ended (a zombie), must not be run again, so the wrapper is spared to record it.
+    (Under load this window made test_a_command_that_has_ended_is_spared... fail, 4 runs in 7.)"""
+    keeper = Keeper()
+    child = wrapper_at(tmp_path, keeper, "true & :")  # forked, ended, not reaped; GTS_FORKED_FD still open
+    wait_until(lambda: [state(pid) for pid in children(child.pid)] == ["Z"], message="the command to end")
+    keeper.close()
+    assert not child.has_exited()  # spared, and let go on
+    with open(tmp_path / "go", "w") as fifo:
+        fifo.write("\n")
+    wait_until(lambda: child.has_exited(), message="the wrapper to end")
+    assert child.reap() == 0
+
+
+def test_a_wrapper_frozen_before_it_said_its_command_started_is_killed_while_the_command_runs(
+    tmp_path, no_leaked_processes
+):
+    keeper = Keeper()
+    child = wrapper_at(tmp_path, keeper, "sleep 600 & :")
+    wait_until(lambda: [state(pid) for pid in children(child.pid)] == ["S"], message="the command to start")
+    (command,) = children(child.pid)
+    keeper.close()
+    wait_until(lambda: child.has_exited(), message="the wrapper to be killed")
+    assert child.reap() == -signal.SIGKILL
+    wait_until(lambda: not alive(command), message="its command to be killed")
+
+
 def test_a_wrapper_that_has_not_started_its_command_yet_is_killed(tmp_path, no_leaked_processes):
     keeper = Keeper()
     child = wrapper_at(tmp_path, keeper, "true")  # both descriptors open: nothing started yet

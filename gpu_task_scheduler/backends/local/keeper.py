@@ -15,7 +15,9 @@ SIGKILL, or has closed it at the sweep's end), it finds the sweep's runs by the
   the read end of the run's lifeline pipe: ``GTS_FORKED_FD``, closed as soon
   as the command is started, and ``GTS_LIFELINE_FD``, closed once the command
   has ended (a descriptor number taken again by a file the wrapper opens is not
-  a pipe, so it does not read as open);
+  a pipe, so it does not read as open); and from its children: the command is
+  its only one, so a wrapper frozen between starting it and closing
+  ``GTS_FORKED_FD`` has started it all the same;
 * spares the run, and lets it go on, if its command has ended (the wrapper is
   past its wait, or the command is a zombie): the wrapper records the success
   as it would have, so a run that finished is never run again; otherwise it
@@ -136,7 +138,9 @@ for w in wrappers:
     kids = [stat(p) for p in children[w]]
     running = any(kid is not None and kid[0] not in ("Z", "X") for kid in kids)
     waiting = is_pipe(w, env.get(b"GTS_LIFELINE_FD", b""))
-    started = not is_pipe(w, env.get(b"GTS_FORKED_FD", b""))
+    # A wrapper's only child is its command: one it has (a zombie too) was started, also when the
+    # wrapper was frozen before it closed GTS_FORKED_FD (killed then, a command that had ended ran again).
+    started = bool(kids) or not is_pipe(w, env.get(b"GTS_FORKED_FD", b""))
     if waiting and (not started or running):
         killed_sessions.add(w)
         killed_tokens.add(token)

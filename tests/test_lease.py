@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpu_task_scheduler.records.lease import LeaseHolder, LeaseTerms, lease_state, wait_over
+from gpu_task_scheduler.records.lease import LeaseHolder, LeaseTerms, lease_state, wait_all_over, wait_over
 
 TERMS = LeaseTerms(renew_every=1.0, grace_period=2.0)  # fence_after 3 s, period 3 + 2 + 2 + 1 = 8 s
 
@@ -92,3 +92,32 @@ def test_a_lease_the_file_system_refuses_is_an_error_for_the_supervisor(tmp_path
     with pytest.raises(OSError):
         holder.renew()
     holder.release()  # never raises: the scheduler then waits for the lease to expire
+
+
+def test_a_restart_waits_once_for_every_lease_a_killed_scheduler_left(tmp_path):
+    """Four attempts: never started, released, renewed until 110 then left alone (its machine
+    died), and renewed until 112, when it is released. The wait ends when the last is over, each
+    judged on its own: one wait, not one after another (that would end a period after 112)."""
+    never, released, dead, late = (str(tmp_path / name) for name in ("never", "released", "dead", "late"))
+    LeaseHolder(released, "b").release()
+    holders = {"dead": LeaseHolder(dead, "c"), "late": LeaseHolder(late, "d")}
+    for holder in holders.values():
+        holder.renew()
+
+    def supervisors(now):
+        if now < 110:
+            holders["dead"].renew()
+        if now < 112:
+            holders["late"].renew()
+        elif lease_state(late, "d")[0] != "released":
+            holders["late"].release()
+
+    clock = Clock(supervisors)
+    leases = [(never, "a"), (released, "b"), (dead, "c"), (late, "d")]
+    wait_all_over(leases, TERMS, clock=clock, sleep=clock.sleep)
+    assert clock.now == 109.5 + TERMS.period  # the dead one's last renewal, a period on
+    clock = Clock()
+    wait_all_over(
+        [(never, "a"), (released, "b"), (str(tmp_path / "other"), "x")], TERMS, clock=clock, sleep=clock.sleep
+    )
+    assert clock.now == 100.0  # nothing to wait for: at once

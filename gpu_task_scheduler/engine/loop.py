@@ -31,6 +31,7 @@ from ..gpu.host import HostProbe
 from ..gpu.placement import Need
 from ..records.control import CONTROL_SIGNAL, take_stop_request, taking_requests
 from ..records.known import RootIndex
+from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger, SweepLock
 from ..records.paths import RootPaths, RunPaths, atomic_write
 from ..records.prior import Prior, read_prior, settle_running
@@ -161,7 +162,9 @@ class Scheduler:
                             attach(self.inbox)
                         if self.options.learn_gpu_memory:  # what this root's runs were seen to use before
                             capacity.learned_before(ledger.recorded_peaks())
-                        settle_running(ledger, self._live_attempt)  # an attempt a cluster still runs is followed
+                        # An attempt a cluster still runs is followed; one that holds a lease is over first.
+                        terms = LeaseTerms(self.options.lease_interval, self.options.grace_period)
+                        settle_running(ledger, self._live_attempt, terms)
                         if self.sweep.stopping:
                             from .stopper import Stopper
 

@@ -102,6 +102,38 @@ def lease_state(path: str, token: str) -> tuple[str, int] | None:
     return state, renewals
 
 
+def wait_all_over(
+    leases: list[tuple[str, str]],
+    terms: LeaseTerms,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Wait until each attempt ``(path, token)`` is over, as :func:`wait_over` decides for one, all
+    at once: a scheduler that starts again after a kill waits once for every attempt the killed one
+    left, not for one after another."""
+    seen: dict[int, tuple[tuple[str, int], float]] = {}  # its lease as last seen, and since when
+    waiting = list(range(len(leases)))
+    while waiting:
+        now = clock()
+        still = []
+        for index in waiting:
+            path, token = leases[index]
+            state = lease_state(path, token)
+            if state is None and index not in seen:
+                continue  # never taken: it had not started
+            if state is not None and state[0] == RELEASED:
+                continue
+            if state is not None and (index not in seen or seen[index][0] != state):
+                seen[index] = (state, now)
+            elif now - seen[index][1] >= terms.period:
+                continue  # not renewed for the lease's period: over
+            still.append(index)
+        waiting = still
+        if waiting:
+            sleep(min(terms.renew_every / 2, 0.5))
+
+
 def wait_over(
     path: str,
     token: str,

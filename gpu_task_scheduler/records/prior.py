@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import DamagedRecordError
 from .known import RootIndex
+from .lease import LeaseTerms, wait_all_over
 from .ledger import KnownRun, Ledger
 from .metrics import read_all
 from .paths import RunPaths, name_problem
@@ -85,19 +86,36 @@ def _check_recorded(name: str, work_dir: str | None) -> None:
         )
 
 
-def settle_running(ledger: Ledger, live: Callable[[str], str | None] | None = None) -> None:
+def settle_running(
+    ledger: Ledger, live: Callable[[str], str | None] | None = None, terms: LeaseTerms | None = None
+) -> None:
     """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), pruned (the
     early_stop rule had stopped them), or interrupted.
 
     ``live``: the token of a run's attempt that is still queued or running on a cluster (the
     launcher's ``live_attempt``). Such a run is left as it is: this start follows that attempt.
+    ``terms``: the sweep's lease terms; every other attempt that holds a lease is waited for until it
+    is over (released, or not renewed for the lease's period), before anything is settled.
 
     A run recorded ``interrupted`` is looked at again when its attempt's own record in its folder
     (the outcome file, with that attempt's token) says it succeeded: an attempt on a cluster outlives
     the scheduler that started it, and an earlier start may have settled it while it still ran
     (then been killed before following it). Its success is its end; run again, it would run twice."""
-    for record in ledger.unsettled():
+    records = ledger.unsettled()
+    for record in records:
         _check_recorded(record.name, record.work_dir)
+    if terms is not None:
+        # An attempt a killed scheduler left on another machine (a Ray node) may still run: over
+        # before its run is settled and runs again, as after a lost node (records/lease.py).
+        wait_all_over(
+            [
+                (RunPaths(record.work_dir, None).lease, record.token)
+                for record in records
+                if record.token and record.work_dir and (live is None or live(record.name) != record.token)
+            ],
+            terms,
+        )
+    for record in records:
         if live is not None and record.token is not None and live(record.name) == record.token:
             continue
         running = record.status is RunStatus.RUNNING

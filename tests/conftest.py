@@ -69,12 +69,20 @@ def no_leaked_processes(monkeypatch):
         wait_until(lambda: not marked_pids(mark), timeout=10, message="the test's processes to exit")
     except AssertionError:
         leaked = marked_pids(mark)
+        described = []
+        for pid in leaked:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+                described.append(f"{pid} {b' '.join(argv)[:100].decode(errors='replace')}")
+            except OSError:
+                described.append(str(pid))
         for pid in leaked:
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
-        pytest.fail(f"processes left running after the test: {leaked}")
+        pytest.fail(f"processes left running after the test: {described}")
 
 
 @pytest.fixture

@@ -118,3 +118,47 @@ def test_ctrl_c_stops_the_runs_on_ray_and_our_ray_instance(in_tmp, no_leaked_pro
     assert {row["status"] for row in rows.values()} == {"interrupted"}
     assert all(row["cause"] == "interrupted by SIGINT" and NODE.match(row["node"]) for row in rows.values())
     # no_leaked_processes: the runs' processes and every process of our Ray instance are gone
+
+
+def test_a_driver_killed_at_random_moments_runs_every_run_to_its_end_once(in_tmp, no_leaked_processes):
+    """The kill battery on Ray: `gts run` (with a Ray instance of its own) is SIGKILLed at random
+    moments; each next start waits for the leases its killed predecessor's attempts held before it
+    settles and reruns them. Every run ends exactly once, no two attempts of a run overlap (each
+    attempt looks for its predecessor's shell), and the last start exits 0.
+    GTS_KILL_SEED picks the moments (the battery: ten seeds in a row)."""
+    import random
+    import subprocess
+    import sys
+
+    rng = random.Random(int(os.environ.get("GTS_KILL_SEED", "20261126")))
+    journal = in_tmp / "journal"
+    line = (
+        f"f={in_tmp}/pid.{{i}}; if [ -f $f ] && kill -0 $(cat $f) 2>/dev/null; then echo overlap {{i}} >> {journal}; "
+        f"fi; echo $$ > $f; echo start {{i}} >> {journal}; sleep 1.5 && echo end {{i}} >> {journal}"
+    )
+    config = make_config(
+        in_tmp / "results", [{"i": list(range(12))}], slots=("cpu",) * 4, backend="ray", grace_period=1
+    )
+    config["scheduler_config"]["lease_interval"] = 0.5
+    config["command"] = ["sh", "-c", line]
+    path = in_tmp / "sweep.json"
+    path.write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", str(path), "--plain"]
+    kills = 0
+    for _ in range(5):
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            process.wait(timeout=rng.uniform(2.0, 9.0))  # a start takes Ray's own few seconds
+        except subprocess.TimeoutExpired:
+            process.kill()
+            kills += 1
+        finish(process, timeout=60)
+    last = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = finish(last, timeout=180)
+    assert last.returncode == 0, output
+    assert kills >= 3, f"only {kills} of 5 starts were killed"
+    words = [line.split() for line in (in_tmp / "journal").read_text().splitlines()]
+    assert not [w for w in words if w[0] == "overlap"], words
+    for i in range(12):
+        assert words.count(["end", str(i)]) == 1, words
+    assert {row["status"] for row in ledger_rows(in_tmp / "results").values()} == {"succeeded"}

@@ -38,6 +38,7 @@ import os
 import select
 import signal
 import sys
+from collections.abc import Iterable
 
 KEEPER_ENV = "GTS_KEEPER"
 FORKED_ENV = "GTS_FORKED_FD"
@@ -50,9 +51,13 @@ import os, signal, sys, time
 marker, wrapper_name = sys.argv[1].encode(), sys.argv[2].encode()
 for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(number, signal.SIG_IGN)
+given = b""  # "PID START\n" lines: processes to end too (keep()), each known by its start time
 try:
-    while os.read(0, 4096):
-        pass
+    while True:
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break
+        given += chunk
 except OSError:
     pass
 me = os.getpid()
@@ -147,24 +152,29 @@ for w in wrappers:
     else:  # its command has ended: the wrapper records the outcome, as it would have
         spared_tokens.add(token)
         spared.update([w] + children[w])
-states = {pid: stat(pid) for pid in pids()}
-doomed = set()
-for pid, info in states.items():
-    if info is None:
-        continue
-    env = ours.get(pid)
-    token = None if env is None else env.get(b"GTS_RUN_TOKEN")
-    if info[3] in killed_sessions or info[2] in killed_sessions or token in killed_tokens:
-        doomed.add(pid)
-    elif env is not None and token not in spared_tokens:
-        doomed.add(pid)  # a process of a run whose wrapper has ended
-changed = True
-while changed:  # their descendants, also those that cleared their environment
-    changed = False
+
+def doom(ours):
+    states = {pid: stat(pid) for pid in pids()}
+    doomed = set()
     for pid, info in states.items():
-        if info is not None and pid not in doomed and info[1] in doomed and pid not in spared:
+        if info is None or info[0] in ("Z", "X"):  # gone already (a zombie that init has not reaped)
+            continue
+        env = ours.get(pid)
+        token = None if env is None else env.get(b"GTS_RUN_TOKEN")
+        if info[3] in killed_sessions or info[2] in killed_sessions or token in killed_tokens:
             doomed.add(pid)
-            changed = True
+        elif env is not None and token not in spared_tokens:
+            doomed.add(pid)  # a process of a run whose wrapper has ended (or of a Ray instance of ours)
+    changed = True
+    while changed:  # their descendants, also those that cleared their environment
+        changed = False
+        for pid, info in states.items():
+            if info is not None and pid not in doomed and info[1] in doomed and pid not in spared:
+                doomed.add(pid)
+                changed = True
+    return doomed
+
+doomed = doom(ours)
 for w in killed_sessions:
     try:
         os.killpg(w, signal.SIGKILL)
@@ -172,6 +182,23 @@ for w in killed_sessions:
         pass
 signal_all(doomed, signal.SIGKILL)
 signal_all(spared, signal.SIGCONT)
+# What it killed may have been starting more (a raylet its agents): look again until nothing of
+# ours that is not spared is left, for a few seconds at most. (Nothing killed: no second look.)
+for _ in range(40 if doomed else 0):
+    time.sleep(0.1)
+    ours = {pid: env for pid in pids() for env in (environ(pid),) if env and env.get(b"GTS_KEEPER") == marker}
+    doomed = doom(ours)
+    if not doomed:
+        break
+    signal_all(doomed, signal.SIGKILL)
+for line in given.split(b"\n"):
+    try:
+        pid, start = map(int, line.split())
+        fields = read("/proc/%d/stat" % pid).rsplit(b")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        continue
+    if pid != me and int(fields[19]) == start and fields[0] not in (b"Z", b"X") and pid not in spared:
+        signal_all([pid], signal.SIGKILL)
 """
 
 
@@ -217,6 +244,26 @@ class Keeper:
         finally:
             os.close(read_end)
         self._write_end = write_end
+
+    @property
+    def pid(self) -> int | None:
+        """The keeper process's pid (None before :meth:`ensure`)."""
+        return self._pid
+
+    def keep(self, pids: Iterable[int]) -> None:
+        """End these processes too, once the keeper reads its end: processes that carry no mark it
+        can read (one that rewrites its title with setproctitle writes over its /proc environ, as
+        Ray's do). Each is known by its start time, so that no other process that gets its pid later
+        is hit. Those already gone are skipped."""
+        lines = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as handle:
+                    lines.append(f"{pid} {int(handle.read().rsplit(b')', 1)[1].split()[19])}\n")
+            except (OSError, ValueError, IndexError):
+                continue
+        if lines and self._write_end >= 0:
+            os.write(self._write_end, "".join(lines).encode())
 
     def close(self) -> None:
         """End the keeper: it looks once more (finding no run, when every run has been reaped), and

@@ -58,6 +58,8 @@ from ...gpu_task import GPUTask
 from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write
 from ...sweep.options import SchedulerOptions
+from ..local.keeper import KEEPER_ENV, Keeper
+from ..local.keeper import available as keeper_available
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from ..supervisor import remote_run
 from . import remote
@@ -85,6 +87,7 @@ class RayLauncher:
         self._o = options
         self._ray: Any = None
         self._connected = False  # we called ray.init() (started an instance, or joined a cluster): shut down at the end
+        self._keeper: Keeper | None = None  # ends the processes of an instance of our own (see _start_local)
         self._control: Any = None
         self._supervise: Any = None
         self._runtime_env: dict[str, Any] = {}
@@ -118,7 +121,7 @@ class RayLauncher:
             else:
                 # address="local": a new instance of our own, also when a cluster runs on this machine (without
                 # it, ray.init() joins that cluster, and refuses num_gpus there).
-                ray.init(address="local", num_gpus=self._o.ray_local_gpus, include_dashboard=False, log_to_driver=False)
+                self._start_local(ray)
                 self._connected = True
                 took = time.monotonic() - started
                 self._notes.append(f"started a Ray instance on this machine in {took:.1f}s")
@@ -137,6 +140,29 @@ class RayLauncher:
         job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
         self._runtime_env = {"env_vars": {**job_env, "RAY_worker_niceness": "0"}}
 
+    def _start_local(self, ray: Any) -> None:
+        """Start a Ray instance of our own, whose processes end with this one however it ends.
+        Ray's own processes die with a driver killed by SIGKILL, but its dashboard and runtime-env
+        agents were seen to live on for good (they try to flush their logs to a GCS that is gone).
+        So every process of the instance carries a keeper's mark in its environment (set for
+        ray.init() only), and the keeper (backends/local/keeper.py) kills what carries it once
+        this process is gone, or once the instance is shut down."""
+        if keeper_available():
+            self._keeper = Keeper()
+            self._keeper.ensure()
+            os.environ[KEEPER_ENV] = self._keeper.marker
+        try:
+            ray.init(address="local", num_gpus=self._o.ray_local_gpus, include_dashboard=False, log_to_driver=False)
+        finally:
+            os.environ.pop(KEEPER_ENV, None)
+        self._keep_instance()
+
+    def _keep_instance(self) -> None:
+        """Tell the keeper the instance's processes as they are now (Ray's rewrite their titles over
+        their environment, where the keeper's mark was): once after the start, and at each run's."""
+        if self._keeper is not None:
+            self._keeper.keep(descendants(os.getpid(), but=self._keeper.pid))
+
     def shutdown(self) -> None:
         """Disconnect; stop the Ray instance we started (only it)."""
         ray, self._ray = self._ray, None
@@ -144,6 +170,9 @@ class RayLauncher:
             return
         if self._connected:  # our instance stops with it; a cluster we joined only loses this driver
             ray.shutdown()
+            if self._keeper is not None:  # and what of it ray.shutdown() left
+                self._keeper.close()
+                self._keeper = None
         elif self._control is not None:  # the program's own connection: leave it, take our actor away
             ray.kill(self._control)
         self._control = self._supervise = None
@@ -207,6 +236,7 @@ class RayLauncher:
     def start(
         self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
     ) -> RayHandle:
+        self._keep_instance()  # its agents and workers started since
         paths = attempt.paths
         try:
             launch = prepare_attempt(attempt, self._make_task)
@@ -236,6 +266,28 @@ class RayLauncher:
             lease=os.path.abspath(paths.lease),
             terms=LeaseTerms(self._o.lease_interval, self._o.grace_period),
         )
+
+
+def descendants(pid: int, *, but: int | None = None) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), except ``but`` and what is below it."""
+    found, pending = [], [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                if child != but:
+                    found.append(child)
+                    pending.append(child)
+    return found
 
 
 def check_shared_root(ray: Any, root: str) -> None:

@@ -351,18 +351,23 @@ def test_the_view_is_read_only_for_every_method_that_writes(in_tmp, served, meth
     assert status == 405 and headers["Allow"] == "GET, HEAD"
 
 
-def test_gts_run_serve_serves_the_sweep_while_it_runs(in_tmp, no_leaked_processes):
-    """``gts run --serve 0``: the URL is printed before the runs start, and answers while they run."""
-    flag = in_tmp / "go"
-    (in_tmp / "writer.py").write_text(WRITER)
+def _served_sweep(folder):
+    """``gts run --serve 0`` of one run that reports, then waits for the file it returns."""
+    flag = folder / "go"
+    (folder / "writer.py").write_text(WRITER)
     config = {
         "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "results"},
-        "command": [sys.executable, str(in_tmp / "writer.py"), str(flag), "{v}", "{work_dir}"],
+        "command": [sys.executable, str(folder / "writer.py"), str(flag), "{v}", "{work_dir}"],
         "test_config": [{"v": [0.5]}],
     }
-    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    (folder / "sweep.json").write_text(json.dumps(config))
     argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain", "--serve", "0"]
-    sweep = subprocess.Popen(argv, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return flag, subprocess.Popen(argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_gts_run_serve_serves_the_sweep_while_it_runs(in_tmp, no_leaked_processes):
+    """``gts run --serve 0``: the URL is printed before the runs start, and answers while they run."""
+    flag, sweep = _served_sweep(in_tmp)
     try:
         line = sweep.stderr.readline()
         assert line.startswith("gts run: watching at http://127.0.0.1:"), line
@@ -381,16 +386,7 @@ def test_gts_run_serve_serves_from_a_process_that_ends_with_a_killed_scheduler(i
     and a kill -9 of the scheduler ends it too: its standard input is the scheduler's pipe."""
     from conftest import marked_pids
 
-    flag = in_tmp / "go"
-    (in_tmp / "writer.py").write_text(WRITER)
-    config = {
-        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "results"},
-        "command": [sys.executable, str(in_tmp / "writer.py"), str(flag), "{v}", "{work_dir}"],
-        "test_config": [{"v": [0.5]}],
-    }
-    (in_tmp / "sweep.json").write_text(json.dumps(config))
-    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain", "--serve", "0"]
-    sweep = subprocess.Popen(argv, cwd=in_tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    flag, sweep = _served_sweep(in_tmp)
     try:
         url = sweep.stderr.readline().split("watching at ", 1)[1].strip()
         wait_until(lambda: api(url, "/api/overview", root=0)[1].get("counts", {}).get("running") == 1)
@@ -412,6 +408,7 @@ def test_gts_run_serve_serves_from_a_process_that_ends_with_a_killed_scheduler(i
         sweep.kill()
         sweep.wait(timeout=10)
         sweep.stderr.close()
+        sweep.stdout.close()
 
 
 def test_a_client_that_goes_away_or_stays_idle_costs_no_traceback_and_no_thread(in_tmp, served, capfd, monkeypatch):

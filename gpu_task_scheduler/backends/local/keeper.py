@@ -49,6 +49,8 @@ WRAPPER_NAME = "gts-command"  # the wrapper's $0: argv[3] of its /proc/PID/cmdli
 _CODE = r"""
 import os, signal, sys, time
 marker, wrapper_name = sys.argv[1].encode(), sys.argv[2].encode()
+holding = sys.argv[3].encode() if len(sys.argv) > 3 else None  # see Keeper(holding=...)
+parent = os.getppid()  # never ended: the scheduler (it may still live, closing us)
 for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(number, signal.SIG_IGN)
 given = b""  # "PID START\n" lines: processes to end too (keep()), each known by its start time
@@ -153,6 +155,22 @@ for w in wrappers:
         spared_tokens.add(token)
         spared.update([w] + children[w])
 
+def holds(pid):
+    # Whether pid has a file open whose path holds `holding` (a Ray session's logs of ours).
+    if holding is None or pid == parent:
+        return False
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if holding in os.readlink("/proc/%d/fd/%s" % (pid, fd)).encode():
+                return True
+        except OSError:
+            pass
+    return False
+
 def doom(ours):
     states = {pid: stat(pid) for pid in pids()}
     doomed = set()
@@ -163,7 +181,7 @@ def doom(ours):
         token = None if env is None else env.get(b"GTS_RUN_TOKEN")
         if info[3] in killed_sessions or info[2] in killed_sessions or token in killed_tokens:
             doomed.add(pid)
-        elif env is not None and token not in spared_tokens:
+        elif (env is not None and token not in spared_tokens) or holds(pid):
             doomed.add(pid)  # a process of a run whose wrapper has ended (or of a Ray instance of ours)
     changed = True
     while changed:  # their descendants, also those that cleared their environment
@@ -183,8 +201,9 @@ for w in killed_sessions:
 signal_all(doomed, signal.SIGKILL)
 signal_all(spared, signal.SIGCONT)
 # What it killed may have been starting more (a raylet its agents): look again until nothing of
-# ours that is not spared is left, for a few seconds at most. (Nothing killed: no second look.)
-for _ in range(40 if doomed else 0):
+# ours that is not spared is left, for a few seconds at most. (Nothing killed: no second look, but
+# for a Ray instance, whose processes may still be starting as the scheduler died: a second.)
+for _ in range(40 if doomed else 10 if holding else 0):
     time.sleep(0.1)
     ours = {pid: env for pid in pids() for env in (environ(pid),) if env and env.get(b"GTS_KEEPER") == marker}
     doomed = doom(ours)
@@ -215,8 +234,12 @@ class Keeper:
     ``marker`` goes into the environment of every command run it keeps; :meth:`ensure` starts the
     process (again, if something killed it); :meth:`close` ends it, once no run it keeps lives."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, holding: str | None = None) -> None:
+        """``holding``: also end the processes that have a file open whose path holds this text
+        (a Ray instance's session folder: its processes rewrite their titles over the environment,
+        where the mark is, and some start after the scheduler could tell the keeper their pids)."""
         self.marker = os.urandom(12).hex()
+        self._holding = holding
         self._pid: int | None = None
         self._write_end = -1
 
@@ -237,6 +260,8 @@ class Keeper:
                 (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
             ]
             argv = [sys.executable, "-I", "-S", "-c", _CODE, self.marker, WRAPPER_NAME]
+            if self._holding is not None:
+                argv.append(self._holding)
             self._pid = os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions, setsid=True)
         except BaseException:
             os.close(write_end)

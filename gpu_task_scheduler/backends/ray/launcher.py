@@ -61,6 +61,7 @@ from ...sweep.options import SchedulerOptions
 from ..local.keeper import KEEPER_ENV, Keeper
 from ..local.keeper import available as keeper_available
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
+from ..local.proctree import descendants
 from ..supervisor import remote_run
 from . import remote
 
@@ -148,7 +149,8 @@ class RayLauncher:
         ray.init() only), and the keeper (backends/local/keeper.py) kills what carries it once
         this process is gone, or once the instance is shut down."""
         if keeper_available():
-            self._keeper = Keeper()
+            # Ray names its session folder .../session_<date>_<time>_<µs>_<the driver's pid>.
+            self._keeper = Keeper(holding=f"_{os.getpid()}/logs/")
             self._keeper.ensure()
             os.environ[KEEPER_ENV] = self._keeper.marker
         try:
@@ -161,7 +163,7 @@ class RayLauncher:
         """Tell the keeper the instance's processes as they are now (Ray's rewrite their titles over
         their environment, where the keeper's mark was): once after the start, and at each run's."""
         if self._keeper is not None:
-            self._keeper.keep(descendants(os.getpid(), but=self._keeper.pid))
+            self._keeper.keep(pid for pid in descendants(os.getpid()) if pid != self._keeper.pid)
 
     def shutdown(self) -> None:
         """Disconnect; stop the Ray instance we started (only it)."""
@@ -266,28 +268,6 @@ class RayLauncher:
             lease=os.path.abspath(paths.lease),
             terms=LeaseTerms(self._o.lease_interval, self._o.grace_period),
         )
-
-
-def descendants(pid: int, *, but: int | None = None) -> list[int]:
-    """Every process below ``pid`` (Linux /proc), except ``but`` and what is below it."""
-    found, pending = [], [pid]
-    while pending:
-        parent = pending.pop()
-        try:
-            threads = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for thread in threads:
-            try:
-                with open(f"/proc/{parent}/task/{thread}/children") as handle:
-                    children = [int(child) for child in handle.read().split()]
-            except (OSError, ValueError):
-                continue
-            for child in children:
-                if child != but:
-                    found.append(child)
-                    pending.append(child)
-    return found
 
 
 def check_shared_root(ray: Any, root: str) -> None:

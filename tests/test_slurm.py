@@ -182,7 +182,7 @@ def test_a_stop_cancels_outright_only_tasks_squeue_still_lists_as_queued(tmp_pat
     handles = []
     for index, spec in enumerate(sweep):
         attempt = Attempt(spec, Slot("cpu0", ()), RunPaths(spec.work_dir, None), f"token{index}", 1)
-        handles.append(launcher.start(attempt, lambda: None, lambda node, pid: None))
+        handles.append(launcher.start(attempt, lambda: None, lambda node, pid, since=0.0: None))
     launcher.flush()
     start = {"node": "node1", "pid": 42, "job": "7_2", "incarnation": 0}
     (tmp_path / "r" / ".gts" / "slurm" / "events" / "token2.0.start").write_text(json.dumps(start))
@@ -219,7 +219,7 @@ def test_a_task_slurm_still_lists_after_its_run_ended_is_cancelled(tmp_path, mon
     ended = []
     for index, spec in enumerate(sweep):
         attempt = Attempt(spec, Slot("cpu0", ()), RunPaths(spec.work_dir, None), f"token{index}", 1)
-        launcher.start(attempt, lambda index=index: ended.append(index), lambda node, pid: None)
+        launcher.start(attempt, lambda index=index: ended.append(index), lambda node, pid, since=0.0: None)
     launcher.flush()
     for index in (0, 1):
         start = {"node": "node1", "pid": 42, "job": f"7_{index}", "incarnation": 0}
@@ -429,6 +429,30 @@ def test_a_driver_killed_at_random_moments_loses_and_repeats_no_run(slurm, in_tm
         assert words.count(["start", str(i)]) == 1 and words.count(["end", str(i)]) == 1, words
     assert {row["status"] for row in ledger_rows(in_tmp / "results").values()} == {"succeeded"}
     assert not slurm.jobs()
+
+
+@slurm_only
+def test_an_attempt_a_restarted_driver_follows_keeps_its_clock(slurm, in_tmp, no_leaked_processes):
+    """A run with an 8 s timeout, its driver killed 6 s into it: the next driver follows the live
+    attempt and stops it 8 s after it started, not 8 s after the restart."""
+    path = write_sweep(in_tmp, 1, 60)
+    config = yaml.safe_load(path.read_text())
+    config["scheduler_config"]["timeout"] = 8
+    path.write_text(yaml.safe_dump(config))
+    first = gts("run", path, "--plain")
+    try:
+        wait_until(lambda: any(line.startswith("start 0") for line in journal_lines(in_tmp / "journal")), timeout=60)
+        started = float(journal_lines(in_tmp / "journal")[0].split()[-1])
+        wait_until(lambda: time.time() - started >= 6, message="6 s of the run")
+    finally:
+        first.kill()
+        finish(first)
+    again = gts("run", path, "--plain")
+    output = finish(again, timeout=120)
+    (row,) = ledger_rows(in_tmp / "results").values()
+    assert row["status"] == "timed_out", output
+    # 8 s, then the grace period's SIGTERM and a poll or two: well short of 6 + 8 s.
+    assert row["ended_at"] - started < 13, (row["ended_at"] - started, output)
 
 
 @slurm_only

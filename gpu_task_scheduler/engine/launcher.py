@@ -75,6 +75,12 @@ class Handle(Protocol):
         """After the exit report: stop what is left of it, release it, say how it ended."""
 
 
+class OnPlaced(Protocol):
+    def __call__(self, node: str, pid: int, since: float = 0.0) -> None:
+        """The attempt runs on ``node`` as ``pid`` there, for ``since`` seconds already (an attempt a
+        restarted scheduler follows keeps the clock its timeout counts on)."""
+
+
 class Launcher(Protocol):
     """Where runs run. Besides these methods a launcher may have ``attach(inbox)``, called before the
     first start: the local launcher gives the inbox its runs' pidfds to wait on (``Inbox.watch``), so
@@ -84,11 +90,9 @@ class Launcher(Protocol):
         """The result root is locked by ``lock_fd``; a launcher whose runs can outlive a crash of the
         scheduler lets them hold it (so no second scheduler takes the root while one lives)."""
 
-    def start(
-        self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
-    ) -> Handle:
+    def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> Handle:
         """Start the attempt; ``on_exit()`` once it has ended. Raises LaunchError (or OSError).
-        A launcher that runs attempts on other machines calls ``on_placed(node, pid)`` once it
+        A launcher that runs attempts on other machines calls ``on_placed(node, pid, since)`` once it
         knows where the attempt runs (until then ``Handle.pid`` is a negative number of the launcher's,
         unique among its attempts); both from any thread."""
 

@@ -376,7 +376,7 @@ class Scheduler:
             handle = self._launcher.start(
                 Attempt(spec, slot, paths, token, number),
                 lambda: self.inbox.put("exit", key),
-                lambda node, pid: self.inbox.put("placed", (key, node, pid)),
+                lambda node, pid, since=0.0: self.inbox.put("placed", (key, node, pid, since)),
             )
         except (LaunchError, OSError) as error:
             tail = paths.tail() or "\n".join(getattr(error, "details", "").splitlines()[-20:])
@@ -395,12 +395,13 @@ class Scheduler:
             self._stopper.watch(spec, paths)
         self._records.call("on_run_start", spec, slot)
 
-    def _on_placed(self, key: int, node: str, pid: int) -> None:
-        """A run on another machine started there (a ClusterLauncher's report)."""
+    def _on_placed(self, key: int, node: str, pid: int, since: float) -> None:
+        """A run on another machine started there ``since`` seconds ago (a ClusterLauncher's report)."""
         active = self._active.get(key)
         if active is not None:
-            # Its clock starts now: time spent queued on the cluster is neither its timeout's nor its duration.
-            active.started = self._clock()
+            # Its clock starts then: time spent queued on the cluster is neither its timeout's nor its
+            # duration, and an attempt a restarted scheduler follows keeps the time it ran before.
+            active.started = self._clock() - since
             if self.options.timeout is not None and active.stopped is None:
                 active.deadline = active.started + self.options.timeout
             self._records.ledger.set_node(active.spec.name, node, pid)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...engine.launcher import Attempt, Ended, LaunchError
+from ...engine.launcher import Attempt, Ended, LaunchError, OnPlaced
 from ...gpu_task import GPUTask
 from .keeper import Keeper
 from .keeper import available as keeper_available
@@ -69,9 +69,7 @@ class LocalLauncher:
             self._reaper.close()
             self._reaper, self._inbox = REAPER, None
 
-    def start(
-        self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
-    ) -> LocalHandle:
+    def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> LocalHandle:
         paths = attempt.paths
         inherit = () if self._lock_fd is None else (self._lock_fd,)
         try:

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from ...engine.launcher import Attempt, Ended, LaunchError
+from ...engine.launcher import Attempt, Ended, LaunchError, OnPlaced
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
@@ -235,9 +235,7 @@ class RayLauncher:
     def close(self) -> None:
         """Nothing to release between sweeps; :meth:`shutdown` disconnects."""
 
-    def start(
-        self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
-    ) -> RayHandle:
+    def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> RayHandle:
         self._keep_instance()  # its agents and workers started since
         paths = attempt.paths
         try:
@@ -333,7 +331,7 @@ class RayHandle:
         reports_outcome: bool,
         grace_period: float,
         on_exit: Callable[[], None],
-        on_placed: Callable[[str, int], None] | None,
+        on_placed: OnPlaced | None,
         lease: str,
         terms: LeaseTerms,
     ) -> None:

@@ -51,7 +51,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ...engine.launcher import Attempt, Ended, LaunchError
+from ...engine.launcher import Attempt, Ended, LaunchError, OnPlaced
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
@@ -96,6 +96,16 @@ class _Task(Record, frozen=False):
     @property
     def name(self) -> str:
         return f"{self.job}_{self.index}"
+
+
+def _running_for(started_at: object) -> float:
+    """Seconds since a task's start event's ``at`` (the node's clock; 0 when there is none, or when
+    the clocks disagree so that it reads as in the future): an attempt a restarted scheduler follows
+    keeps the clock its timeout counts on. Clocks a cluster keeps in step (NTP) differ by far less
+    than a timeout; a node clock ahead of this one shortens it by as much."""
+    if isinstance(started_at, bool) or not isinstance(started_at, (int, float)) or not math.isfinite(started_at):
+        return 0.0
+    return max(0.0, time.time() - started_at)
 
 
 class SlurmLauncher:
@@ -218,9 +228,7 @@ class SlurmLauncher:
 
     # --- starting ---------------------------------------------------------------------
 
-    def start(
-        self, attempt: Attempt, on_exit: Callable[[], None], on_placed: Callable[[str, int], None] | None = None
-    ) -> SlurmHandle:
+    def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> SlurmHandle:
         paths = attempt.paths
         with self._lock:
             adopted = self._adoptable.pop(attempt.spec.name, None)
@@ -499,7 +507,7 @@ class SlurmLauncher:
                 node = f"{record.get('node', '?')} job {record.get('job', task.name)}"
                 task.handle.node = node
                 if task.handle.on_placed is not None:
-                    task.handle.on_placed(node, int(record.get("pid") or 0))
+                    task.handle.on_placed(node, int(record.get("pid") or 0), _running_for(record.get("at")))
             return
         if incarnation < max(task.placed, 0):
             return  # an earlier start's end: its loss was seen already
@@ -772,7 +780,7 @@ class SlurmHandle:
         pid: int,
         reports_outcome: bool,
         on_exit: Callable[[], None],
-        on_placed: Callable[[str, int], None] | None,
+        on_placed: OnPlaced | None,
     ) -> None:
         self.pid = pid  # none here: its process runs on a node
         self.token = token

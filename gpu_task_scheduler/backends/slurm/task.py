@@ -118,7 +118,7 @@ def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signal
         lease.release()
         events.write("end", {"returncode": 127, "strays": [], "unstoppable": [], "node": node})
         return 1
-    events.write("start", {"node": node, "pid": handle.pid, "job": job})
+    events.write("start", {"node": node, "pid": handle.pid, "job": job, "at": time.time()})
     fenced: list[str] = []
     given_up = "the scheduler gave this attempt up (Slurm requeued its job, or lost its node)"
     threading.Thread(

@@ -553,3 +553,27 @@ class StuckAfterReportTask(GPUTask):
             metrics.write(json.dumps({"step": 1, "loss": self._config["loss"]}) + "\n")
         while True:
             time.sleep(0.05)
+
+
+class SavesOnTermTask(GPUTask):
+    """Its first attempt waits (up to a minute) for SIGTERM, then saves and returns, as a run that
+    checkpoints when its job is preempted does; a later attempt runs to its end. Journals
+    ``start``, ``saved`` and ``end``."""
+
+    def main(self):
+        import signal
+
+        journal(self._config, "start", self._work_dir)
+        marker = os.path.join(self._work_dir, "attempted")
+        if os.path.exists(marker):
+            time.sleep(0.2)
+            journal(self._config, "end", self._work_dir)
+            return {"done": True}
+        open(marker, "w").close()
+        terminated = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+        deadline = time.monotonic() + 60
+        while not terminated and time.monotonic() < deadline:
+            time.sleep(0.05)
+        journal(self._config, "saved", self._work_dir)
+        return {"saved": True}

@@ -547,6 +547,43 @@ def test_a_node_that_cannot_read_the_batch_file_says_why(tmp_path):
 
 
 @slurm_only
+def test_a_run_that_saves_and_exits_0_on_a_requeues_sigterm_runs_again(slurm, in_tmp, no_leaked_processes):
+    """A requeue signals every process of the job: a run that saves on SIGTERM and returns recorded a
+    success of a run cut short. Its success came after the signal, so it is set aside and the run
+    runs again, to its end."""
+    from test_process_control import launch
+
+    journal = in_tmp / "journal"
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu"],
+            "result_root_folder": str(in_tmp / "r"),
+            "backend": "slurm",
+            "grace_period": 5,
+            "lease_interval": 0.5,
+            "slurm": {"poll_interval": 0.5},
+        },
+        "global_config": {"journal": str(journal)},
+        "test_config": [{"a": [1]}],
+    }
+    sweep = launch(config, "SavesOnTermTask")
+    try:
+        wait_until(lambda: journal_lines(journal) == ["start a-1,"], timeout=60, message="the run to start")
+        wait_until(lambda: running_tasks(slurm), message="its task to be listed running")
+        slurm.run("scontrol", "requeue", running_tasks(slurm)[0])
+        output = finish(sweep, timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            finish(sweep)
+    assert sweep.returncode == 0, output
+    assert journal_lines(journal) == ["start a-1,", "saved a-1,", "start a-1,", "end a-1,"], output
+    (row,) = ledger_rows(in_tmp / "r").values()
+    assert row["status"] == "succeeded" and json.loads(row["result"]) == {"done": True} and row["attempts"] == 2
+    assert (in_tmp / "r" / "a-1," / ".gts" / "outcome.json.cut-short").exists()
+
+
+@slurm_only
 def test_a_run_the_early_stop_rule_stops_on_slurm_is_pruned(slurm, in_tmp, no_leaked_processes):
     """ASHA on Slurm, in an order Slurm cannot change (max_parallel 1): the good run reports its rungs
     first; the bad one is stopped at its first rung through its folder, as locally, and recorded pruned."""

@@ -35,7 +35,8 @@ import time
 from typing import Any
 
 from ...records.lease import LeaseHolder, LeaseTerms, lease_state, wait_over
-from ...records.paths import atomic_write
+from ...records.paths import RunPaths, atomic_write
+from ...records.protocol import Outcome
 from ..supervisor import cannot_run, keep_lease, log_line, start_run
 
 # SIGTERM this close to the end of the job's time (beyond the lead the scheduler asked Slurm for)
@@ -127,7 +128,13 @@ def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signal
         kwargs={"given_up": given_up},
         daemon=True,
     ).start()
-    stopping = threading.Thread(target=_stop_on_signal, args=(signalled, handle, ended, terms), daemon=True)
+    paths = RunPaths(run["work_dir"], None)
+    succeeded_before: list[bool] = []  # whether the run had recorded its success when a SIGTERM came
+    stopping = threading.Thread(
+        target=_stop_on_signal,
+        args=(signalled, handle, ended, terms, lambda: succeeded_before.append(_succeeded(paths, run["token"]))),
+        daemon=True,
+    )
     stopping.start()
     while not ended.wait(0.5):  # in steps: SIGTERM's handler runs in this thread
         pass
@@ -138,6 +145,8 @@ def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signal
         near = batch["time_seconds"] - batch["signal_lead"] - LIMIT_SLACK
         if time.monotonic() - started >= near:
             limit = f"stopped at Slurm's time limit (time: {batch['time']})"
+    if signalled.is_set() and not any(succeeded_before) and _succeeded(paths, run["token"]):
+        _cut_short(paths, run["log"])
     events.write(
         "end",
         {
@@ -153,9 +162,37 @@ def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signal
     return code if 0 <= code < 256 else 128 + (-code if code < 0 else 1)
 
 
-def _stop_on_signal(signalled: threading.Event, handle: Any, ended: threading.Event, terms: LeaseTerms) -> None:
+def _succeeded(paths: RunPaths, token: str) -> bool:
+    """Whether this attempt's outcome file records its success."""
+    if paths.unsafe(records_only=True) is not None:
+        return False
+    outcome = Outcome.read(paths.outcome, token=token)
+    return outcome is not None and outcome.succeeded
+
+
+def _cut_short(paths: RunPaths, log: str | None) -> None:
+    """The run recorded its success only after Slurm's SIGTERM reached the job: a requeue or a
+    preemption signals every process of it, and a run that saves a checkpoint on SIGTERM and exits 0
+    (or a wrapper not yet signalled when its command did) is a run cut short, not one that ended. Its
+    outcome is set aside (``outcome.json.cut-short``): the scheduler then runs it again, as any
+    attempt Slurm took down (or records the stop it asked for, or the time limit)."""
+    try:
+        os.replace(paths.outcome, paths.outcome + ".cut-short")
+    except OSError:
+        return
+    log_line(
+        log,
+        "gpu_task_scheduler: the run recorded its success only after Slurm's SIGTERM (a requeue, a "
+        "preemption, a stop or the time limit): it was cut short, not finished\n",
+    )
+
+
+def _stop_on_signal(
+    signalled: threading.Event, handle: Any, ended: threading.Event, terms: LeaseTerms, on_signal: Any
+) -> None:
     """SIGTERM to this supervisor: stop the run, SIGKILL it when the grace period ends."""
     signalled.wait()
+    on_signal()  # at once: whether the run had recorded its success before
     if ended.is_set():
         return
     if not KILLED.is_set():

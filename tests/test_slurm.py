@@ -634,3 +634,107 @@ def test_a_submission_a_killed_start_left_running_is_found_by_its_arrays_name(tm
         os.close(writer)  # it ends
         process.wait()
     assert commands.submissions_in_flight(["gts.0a1b2c"]) == []
+
+
+# --- the launcher's promises, against a faked squeue -----------------------------------------------
+
+
+def _followed(tmp_path, monkeypatch, squeue, **options):
+    """A Slurm launcher with one attempt submitted as task 7_0 and started (its start file read);
+    ``squeue``: what Slurm lists, changed by the test. Returns the launcher, the attempt's handle,
+    the event set when its end is reported, and the events folder."""
+    import threading
+
+    import gts_test_tasks as tasks
+    from helpers import make_config
+
+    from gpu_task_scheduler.backends.slurm.launcher import SlurmLauncher
+    from gpu_task_scheduler.engine.launcher import Attempt
+    from gpu_task_scheduler.gpu.devices import Slot
+    from gpu_task_scheduler.records.paths import RunPaths
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    sweep = Sweep(make_config(tmp_path / "r", [{"seconds": [1]}], backend="slurm", **options))
+    launcher = SlurmLauncher(tasks.ContractTask, sweep.options)
+    events = tmp_path / "r" / ".gts" / "slurm" / "events"
+    os.makedirs(events)
+    monkeypatch.setattr(commands, "submit", lambda args, script: "7")
+    monkeypatch.setattr(commands, "cancel", lambda names, signal_name=None, **kw: None)
+    monkeypatch.setattr(commands, "states", lambda jobs: squeue)
+    (spec,) = sweep
+    os.makedirs(os.path.join(spec.work_dir, ".gts"), exist_ok=True)
+    ended = threading.Event()
+    attempt = Attempt(spec, Slot("cpu0", ()), RunPaths(spec.work_dir, None), "token0", 1)
+    handle = launcher.start(attempt, ended.set, lambda node, pid, since=0.0: None)
+    launcher.flush()
+    (events / "token0.0.start").write_text(json.dumps({"node": "n1", "pid": 42, "job": "7_0", "incarnation": 0}))
+    launcher._look()
+    return launcher, handle, ended, events
+
+
+def test_a_run_stopped_at_slurms_time_limit_is_recorded_timed_out(tmp_path, monkeypatch):
+    from gpu_task_scheduler.engine.decide import ExitFacts, classify
+    from gpu_task_scheduler.records.status import RunStatus
+
+    squeue = {"7_0": commands.TaskState("RUNNING", "n1", "None")}
+    launcher, handle, ended, events = _followed(tmp_path, monkeypatch, squeue)
+    end = {
+        "returncode": 0,
+        "strays": [],
+        "unstoppable": [],
+        "signalled": True,
+        "limit": "stopped at Slurm's time limit",
+    }
+    (events / "token0.0.end").write_text(json.dumps({**end, "incarnation": 0}))
+    launcher._look()
+    assert ended.wait(10)
+    result = handle.reap()
+    assert result.stopped == (RunStatus.TIMED_OUT, "stopped at Slurm's time limit")
+    facts = ExitFacts(result.returncode, False, None, result.stopped, None, True, "")
+    assert classify(facts).status is RunStatus.TIMED_OUT
+
+
+@pytest.mark.parametrize(
+    "state, lost",
+    [("PREEMPTED", True), ("REQUEUED", True), ("NODE_FAIL", True), ("FAILED", False), (None, False)],
+)
+def test_a_failed_end_is_checked_against_squeue_before_it_is_recorded(tmp_path, monkeypatch, state, lost):
+    """A run that failed while its supervisor saw no signal: Slurm may have killed it (a requeue
+    reaches the run before its supervisor). Its end is held until squeue says: Slurm's doing is a
+    loss (the run runs again), anything else the run's own failure."""
+    squeue = {"7_0": commands.TaskState("RUNNING", "n1", "None")}
+    launcher, handle, ended, events = _followed(tmp_path, monkeypatch, squeue)
+    (events / "token0.0.end").write_text(
+        json.dumps({"returncode": 1, "strays": [], "unstoppable": [], "incarnation": 0})
+    )
+    launcher._read_events()
+    assert not ended.is_set()  # held: squeue has not been asked since
+    squeue.clear()
+    if state is not None:
+        squeue["7_0"] = commands.TaskState(state, "", "None")
+    for _ in range(5):  # a task squeue no longer lists is given a few looks
+        launcher._look()
+    assert ended.wait(10)
+    result = handle.reap()
+    assert (result.lost is not None) is lost and (result.returncode == 1) is (not lost)
+
+
+def test_a_given_up_attempt_ends_only_once_its_lease_is_over(tmp_path, monkeypatch):
+    """A requeued task is given up; its run runs again only once its old attempt is known over:
+    its lease released (or expired). Two attempts never overlap."""
+    from gpu_task_scheduler.records.lease import LeaseHolder
+
+    squeue = {"7_0": commands.TaskState("RUNNING", "n1", "None")}
+    launcher, handle, ended, events = _followed(tmp_path, monkeypatch, squeue, lease_interval=0.5, grace_period=5)
+    lease = LeaseHolder(handle_lease := str(tmp_path / "r" / "seconds-1," / ".gts" / "lease"), "token0")
+    lease.renew()
+    squeue["7_0"] = commands.TaskState("PENDING", "", "BeginTime")  # requeued
+    launcher._look()
+    for _ in range(6):  # the old attempt still renews its lease: it may still run
+        lease.renew()
+        assert not ended.wait(0.5), "given up while its lease was still renewed"
+    lease.release()
+    assert ended.wait(10)
+    result = handle.reap()
+    assert result.lost is not None and "its processes ended" in result.lost
+    assert json.loads(open(handle_lease).read())["state"] == "released"

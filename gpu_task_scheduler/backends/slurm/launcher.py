@@ -517,11 +517,14 @@ class SlurmLauncher:
         if record.get("signalled") and not task.asked and not record.get("limit"):
             self._lose(task, f"Slurm stopped its job {task.name} (a preemption, a requeue, or a cancel outside gts)")
             return
-        if record.get("returncode") != 0 and not task.asked and not record.get("limit") and task.held_end is None:
+        if record.get("returncode") != 0 and not task.asked and not record.get("limit"):
             # A run that failed may have been killed by Slurm (a requeue signals every process of the
-            # job, the run's SIGTERM can come before its supervisor's): squeue says, at once.
-            task.held_end = record
-            self._next_look = 0.0
+            # job, the run's SIGTERM can come before its supervisor's): squeue says, at once. Held
+            # until then, also when its end file is read again (each look reads the files first:
+            # the end was recorded unchecked before).
+            if task.held_end is None:
+                task.held_end = record
+                self._next_look = 0.0
             return
         self._end(task, record)
 

@@ -46,7 +46,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gts-web-") as scratch:
         workdir = os.path.abspath(args.workdir or scratch)
         root = built_root(workdir, args.runs)
-        server, _ = make_server([root], port=0)
+        server, _ = make_server([root], port=0, no_token=True)  # this machine's own benchmark: no token
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{server.server_address[1]}"

@@ -54,9 +54,14 @@ def main():
         try:
             for label, path in REQUESTS:
                 times, size = [], 0
-                for _ in range(args.repeat):
+                for repeat in range(args.repeat):
+                    # A parameter of its own each time: the server keeps an answer a while (CACHE_SECONDS),
+                    # and this measures computing one.
+                    url = base + path.format(half=args.runs // 2)
+                    if "/api/" in url:
+                        url += ("&" if "?" in url else "?") + f"bench={repeat}"
                     started = time.perf_counter()
-                    with urllib.request.urlopen(base + path.format(half=args.runs // 2), timeout=120) as answer:
+                    with urllib.request.urlopen(url, timeout=120) as answer:
                         size = len(answer.read())
                     times.append(time.perf_counter() - started)
                 print(f"{label:<40} {statistics.median(times):8.3f} {size / 1024:8.0f}", flush=True)

@@ -425,7 +425,14 @@ class Serving:
     def __init__(self, roots: Sequence[str], *, port: int) -> None:
         import subprocess
 
-        argv = [sys.executable, "-m", __name__, str(port), *[os.path.abspath(root) for root in roots]]
+        # As the runner is started (backends/local/prepare.py): also where this package is not
+        # installed but only importable from the scheduler's sys.path.
+        parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+        boot = (
+            f"import sys; sys.path.append({parent!r}); "
+            "from gpu_task_scheduler.web.server import serve_for_scheduler; sys.exit(serve_for_scheduler(sys.argv[1:]))"
+        )
+        argv = [sys.executable, "-c", boot, str(port), *[os.path.abspath(root) for root in roots]]
         # A session of its own: Ctrl-C reaches the scheduler, which then closes the pipe.
         self._process = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, close_fds=True
@@ -452,9 +459,9 @@ class Serving:
             self._process.wait()
 
 
-def _serve_for_scheduler(argv: list[str]) -> int:
-    """The process of :class:`Serving`: ``python -m gpu_task_scheduler.web.server PORT ROOT...``.
-    Prints its URL, then serves until its standard input ends."""
+def serve_for_scheduler(argv: list[str]) -> int:
+    """The process of :class:`Serving` (``argv``: PORT ROOT...): prints its URL, then serves until
+    its standard input ends."""
     try:
         server, url = make_server(argv[1:], port=int(argv[0]), check=False)
     except GTSError as error:
@@ -472,7 +479,3 @@ def _serve_for_scheduler(argv: list[str]) -> int:
     finally:
         server.server_close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_serve_for_scheduler(sys.argv[1:]))

@@ -288,7 +288,10 @@ class Keeper:
             except (OSError, ValueError, IndexError):
                 continue
         if lines and self._write_end >= 0:
-            os.write(self._write_end, "".join(lines).encode())
+            try:
+                os.write(self._write_end, "".join(lines).encode())
+            except OSError:  # the keeper was killed: the next ensure() starts another
+                pass
 
     def close(self) -> None:
         """End the keeper: it looks once more (finding no run, when every run has been reaped), and

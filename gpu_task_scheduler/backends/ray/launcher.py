@@ -89,6 +89,7 @@ class RayLauncher:
         self._ray: Any = None
         self._connected = False  # we called ray.init() (started an instance, or joined a cluster): shut down at the end
         self._keeper: Keeper | None = None  # ends the processes of an instance of our own (see _start_local)
+        self._kept: set[int | None] = set()  # the pids it was told
         self._control: Any = None
         self._supervise: Any = None
         self._runtime_env: dict[str, Any] = {}
@@ -163,7 +164,9 @@ class RayLauncher:
         """Tell the keeper the instance's processes as they are now (Ray's rewrite their titles over
         their environment, where the keeper's mark was): once after the start, and at each run's."""
         if self._keeper is not None:
-            self._keeper.keep(pid for pid in descendants(os.getpid()) if pid != self._keeper.pid)
+            new = set(descendants(os.getpid())) - self._kept - {self._keeper.pid}
+            self._keeper.keep(new)  # each once: a long sweep's keeper is not told the same pids again
+            self._kept |= new
 
     def shutdown(self) -> None:
         """Disconnect; stop the Ray instance we started (only it)."""

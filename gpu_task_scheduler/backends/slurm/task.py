@@ -32,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...records.lease import LeaseHolder, LeaseTerms, lease_state, wait_over
@@ -188,7 +189,7 @@ def _cut_short(paths: RunPaths, log: str | None) -> None:
 
 
 def _stop_on_signal(
-    signalled: threading.Event, handle: Any, ended: threading.Event, terms: LeaseTerms, on_signal: Any
+    signalled: threading.Event, handle: Any, ended: threading.Event, terms: LeaseTerms, on_signal: Callable[[], Any]
 ) -> None:
     """SIGTERM to this supervisor: stop the run, SIGKILL it when the grace period ends."""
     signalled.wait()

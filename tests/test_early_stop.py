@@ -409,6 +409,27 @@ def test_a_median_sweep_stops_runs_behind_the_median_of_the_others(in_tmp):
     }
 
 
+@pytest.mark.parametrize(
+    "metric, words",
+    [
+        ("los", "has reported 'loss' but not 'los', the metric early_stop judges by; did you mean 'loss'?"),
+        ("val_acc", "ended having reported 'loss' but not 'val_acc', the metric early_stop judges by."),
+    ],
+)
+def test_an_early_stop_metric_no_run_reports_is_warned_about_once(in_tmp, caplog, metric, words):
+    """A misspelt metric is said while the first run trains ("has reported": its close spelling is
+    reported); any other, at that run's end. Either way once, and the sweep runs on unjudged."""
+    root = in_tmp / "r"
+    config = _curve_sweep(root, early_stop={**ASHA, "metric": metric})
+    config["test_config"] = [{**CURVES[0], "floor": [0.1], "decay": [0.5, 0.8]}]
+    with caplog.at_level("INFO", logger="gpu_task_scheduler"):
+        summary = GPUTaskScheduler(config, tasks.CurveTask).start()
+    assert summary.ok and not summary.pruned
+    warnings = [r.getMessage() for r in caplog.records if "the metric early_stop judges by" in r.getMessage()]
+    assert len(warnings) == 1 and words in warnings[0], warnings
+    assert "A run that does not report it is never stopped early" in warnings[0]
+
+
 def test_asha_decides_after_a_restart_as_the_start_before_it_would_have(in_tmp):
     """The values earlier starts recorded at each rung are read back at start: a run first judged
     in a later start is measured against them, not waved through as the first at its rungs."""

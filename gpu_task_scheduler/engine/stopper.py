@@ -21,11 +21,13 @@ where change notification does not reach the machine that watches.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
+from ..errors import closest, did_you_mean
 from ..recordclass import Record
 from ..records.ledger import Ledger, pruned_cause
-from ..records.metrics import MetricsReader, read_all
+from ..records.metrics import MAX_METRICS, MetricsReader, read_all
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.stopping import Asha, Curve, Median, Rule, Verdict
@@ -42,6 +44,16 @@ class _Watched(Record, frozen=False):
     reader: MetricsReader
     stopped: bool = False  # the rule stopped it: what it reports after that counts for nothing
     judged: float | None = None  # ASHA: the highest rung it went on from, not yet told to the run
+    seen: bool = False  # it reported the rule's metric at least once
+    others: frozenset[str] = frozenset()  # the other metric names it reported (the reader keeps at most 100)
+    steps_without: int = 0  # its reports at or past the rule's min_step without the metric
+
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+# A run that reports a close spelling of the rule's metric at this many steps past min_step, but
+# never the metric itself, is warned about at once (a typo); any other run that lacks it, at its end.
+TYPO_STEPS = 3
 
 
 # What one look reads of one run's metrics at most (some 25,000 lines: ~0.15 s of the loop's time): a
@@ -60,6 +72,7 @@ class Stopper:
         self._reached: dict[str, dict[float, float]] = {}
         # The median rule, per stage: run -> its curve of the metric.
         self._curves: dict[str | None, dict[str, Curve]] = {}
+        self._warned: set[tuple[str | None, str]] = set()  # (stage, metric): said once a sweep
         self._restore(root)
 
     @property
@@ -144,11 +157,44 @@ class Stopper:
         watched = self._watched.pop(name, None)
         if watched is not None and not watched.stopped:  # a stopped run's last reports came too late
             self._read(watched, judge=False)
+            if not watched.seen:
+                self._warn_missing(watched, ended=True)
+
+    def _warn_missing(self, watched: _Watched, *, ended: bool) -> None:
+        """Say once per stage that runs do not report the rule's metric: a misspelt ``metric`` must
+        not leave a whole grid unjudged without a word."""
+        rule, spec = watched.rule, watched.spec
+        if (spec.stage, rule.metric) in self._warned or (ended and not watched.others and watched.reader.problem):
+            return  # a metrics file that could not be read is warned about where it is read
+        self._warned.add((spec.stage, rule.metric))
+        where = "early_stop" if spec.stage is None else f"stage {spec.stage!r}'s early_stop"
+        if watched.others:
+            what = f"reported {', '.join(repr(n) for n in sorted(watched.others)[:10])} but not {rule.metric!r}"
+        else:
+            what = f"reported no metrics, so not {rule.metric!r}"
+        logger.warning(
+            "%s %s%s, the metric %s judges by%s A run that does not report it is never stopped early "
+            "(report it with report(step, %s=...) or as a key of a line in $GTS_METRICS_FILE)",
+            spec.name,
+            "ended having " if ended else "has ",
+            what,
+            where,
+            did_you_mean(rule.metric, watched.others) if watched.others else ".",
+            rule.metric,
+        )
 
     def _read(self, watched: _Watched, *, judge: bool) -> Verdict | None:
         reader, rule = watched.reader, watched.rule
         reader.read(LOOK_BYTES)
         points = [(step, metrics[rule.metric]) for step, metrics in reader.points or () if rule.metric in metrics]
+        if points:
+            watched.seen = True
+        elif reader.points and not watched.seen:
+            if len(watched.others) < MAX_METRICS:
+                watched.others |= {name for _, metrics in reader.points for name in metrics}
+            watched.steps_without += sum(1 for step, _ in reader.points if step >= rule.min_step)
+            if watched.steps_without >= TYPO_STEPS and closest(rule.metric, watched.others):
+                self._warn_missing(watched, ended=False)
         if reader.points:
             reader.points.clear()  # the rules keep what they need; the reader keeps nothing
         if not points:

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..errors import ConfigError, DamagedRecordError, unknown_key_message
+from ..errors import ConfigError, DamagedRecordError, did_you_mean, unknown_key_message
 from ..recordclass import Record
 from ..records.jsonlines import read_records
 from ..records.paths import RootPaths, name_problem, open_regular, write_all
@@ -504,10 +504,12 @@ def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
         result = run_result(sweep.options.result_root_folder, record) if record is not None else None
         value = objective(result, record.metrics_value if record is not None else {}, sweep.search.metric)
         if value is None:
+            given = [*(result if isinstance(result, Mapping) else ()), *(record.metrics_value if record else ())]
             logger.warning(
-                "%s succeeded but gave no number for %r (neither in what it returned nor as a reported metric); "
-                "the search is told it failed",
+                "%s succeeded but gave no number for %r (neither in what it returned nor as a reported metric)%s "
+                "The search is told it failed",
                 record.name if record is not None else f"trial {number}",
                 sweep.search.metric,
+                did_you_mean(sweep.search.metric, [str(key) for key in given]),
             )
     sweep.searcher.tell(number, value, pruned=status == "pruned")

@@ -420,6 +420,37 @@ def test_plots(command_sweep, in_tmp, capsys):
     assert gts(["plot", root, "-o", str(in_tmp / "x.png")]) == 2
 
 
+REPORT_LOSS = (
+    "import json, os, sys; lr, wd = float(sys.argv[1]), float(sys.argv[2]); "
+    "print(json.dumps({{'step': 1, 'loss': lr + wd}}), file=open(os.environ['GTS_METRICS_FILE'], 'a'))"
+)
+
+
+def test_a_metric_plot_draws_one_line_per_setting_of_the_other_parameters(in_tmp):
+    """Not one single-point line per run: reported metrics, results, status and duration are no
+    parameters; a reported metric (no result) is plotted by its last value."""
+    from gpu_task_scheduler.reports.status import metric_lines
+
+    sweep = write_yaml(
+        in_tmp / "sweep.yaml",
+        f"""
+scheduler_config: {{gpu: [cpu, cpu], scheduler_log_file_path: null}}
+command: ["python", "-c", "{REPORT_LOSS}", "{{lr}}", "{{wd}}"]
+test_config:
+  - {{lr: [0.1, 0.2, 0.3], wd: [0.0, 0.5]}}
+""",
+    )
+    assert gts(["run", sweep, "--plain"]) == 0
+    root = str(in_tmp / "results")
+    key, groups = metric_lines(root, "loss", "lr")
+    assert key == "metrics.loss" and sorted(groups) == ["wd=0.0", "wd=0.5"]
+    assert [row["metrics.loss"] for row in sorted(groups["wd=0.5"], key=lambda row: row["lr"])] == pytest.approx(
+        [0.6, 0.7, 0.8]
+    )
+    assert gts(["plot", root, "--metric", "loss", "--by", "lr", "-o", str(in_tmp / "loss.png")]) == 0
+    assert (in_tmp / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize("command", ["run", "queue", "grid", "status", "results", "plot"])
 def test_every_subcommand_has_help_with_an_example(command):
     result = _gts(command, "--help")

@@ -459,34 +459,49 @@ def plot_curves(root: str, metric: str, by: str | None, output: str) -> str:
     return output
 
 
-def plot_metric(root: str, metric: str, by: str, output: str) -> str:
-    """``result.<metric>`` of the succeeded runs against parameter ``by``, one line per other setting."""
-    table = [row for row in rows(root) if row["status"] == "succeeded"]
-    key = metric if metric.startswith("result.") else f"result.{metric}"
+def metric_lines(root: str, metric: str, by: str) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    """What :func:`plot_metric` draws: the column it plots (``result.<metric>``, else the last
+    reported ``metrics.<metric>``) and the succeeded runs that have it and ``by``, one group per
+    setting of the *other swept parameters* (those that vary), labelled ``k=v,...``."""
+    from ..results import records, row_of
+
+    every = records(root)
+    swept = sorted({key for record in every for key in record.params_value})
+    table = [row_of(root, record) for record in every if record.status is RunStatus.SUCCEEDED]
+    choices = (metric,) if metric.startswith(("result.", "metrics.")) else (f"result.{metric}", f"metrics.{metric}")
+    key = next((name for name in choices if any(row.get(name) is not None for row in table)), choices[0])
     points = [row for row in table if row.get(key) is not None and row.get(by) is not None]
     if not points:
-        known = sorted({k for row in table for k in row if k.startswith("result.")})
-        swept = sorted({k for row in table for k in row if k not in ("name", "status", "duration")} - set(known))
         if table and not any(by in row for row in table):
             raise ConfigError(
                 f"no run has the parameter {by!r}{did_you_mean(by, swept)} Parameters: {', '.join(swept) or 'none'}"
             )
+        known = sorted({k for row in table for k in row if k.startswith(("result.", "metrics."))})
         if table and not any(key in row for row in table):
-            short = [name[len("result.") :] for name in known]
+            short = sorted({name.split(".", 1)[1] for name in known})
             raise ConfigError(
                 f"no succeeded run has the result {metric!r}{did_you_mean(metric, [*short, *known])} Results: "
                 f"{', '.join(short) or 'none'}"
             )
         raise GTSError(f"no succeeded run has both {by!r} and {key!r}; results have: {', '.join(known) or 'none'}")
-    pyplot = _pyplot()
-    ignored = {"name", "status", "duration", by}
-    parameters = {k for row in points for k in row if k not in ignored and not k.startswith("result.")}
-    # One line per setting of the other parameters; those that never change say nothing.
-    varying = sorted(k for k in parameters if len({json.dumps(row.get(k), default=str) for row in points}) > 1)
+    # One line per setting of the other parameters; those that never change say nothing. Results,
+    # reported metrics, status and duration are no parameters.
+    varying = [
+        k for k in swept if k != by and len({json.dumps(row.get(k), sort_keys=True, default=str) for row in points}) > 1
+    ]
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in points:
         label = ",".join(f"{k}={row.get(k)}" for k in varying) or metric
         groups.setdefault(label, []).append(row)
+    return key, groups
+
+
+def plot_metric(root: str, metric: str, by: str, output: str) -> str:
+    """The result (or last reported value) ``metric`` of the succeeded runs against parameter
+    ``by``, one line per setting of the other swept parameters."""
+    key, groups = metric_lines(root, metric, by)
+    points = [row for group in groups.values() for row in group]
+    pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     numeric = all(isinstance(row[by], (int, float)) and not isinstance(row[by], bool) for row in points)
     categories = sorted({str(row[by]) for row in points})

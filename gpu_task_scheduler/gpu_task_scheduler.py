@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 from .backends.choose import launcher_for
+from .backends.local.prepare import unguarded_start_problem
 from .backends.local.tasks import resolve_task
 from .engine.api import check_root, reraise_interruption, run_sweep
 from .engine.hooks import HookList, Hooks
 from .engine.summary import RunOutcome, SweepSummary
+from .errors import TaskClassError
 from .gpu.devices import Slot
 from .gpu_task import GPUTask
 from .sweep.expand import RunSpec, Sweep
@@ -53,6 +56,8 @@ class GPUTaskScheduler:
         self.sweep = Sweep(config)
         check_root(self.sweep)
         self._make_task = resolve_task(self.sweep, gpu_task_class, command=command, shell=shell)
+        self._classes = [gpu_task_class] if gpu_task_class is not None else []
+        self._classes += [stage.task_ref for stage in self.sweep.stages if isinstance(stage.task_ref, type)]
         self._nvml, hooks = nvml, list(hooks)
         if console is None:
             from .cli.progress import live_status as status_line
@@ -72,6 +77,10 @@ class GPUTaskScheduler:
         ``summary`` attribute is the summary); on SIGTERM or SIGHUP they are stopped and the
         signal goes on to the previous handler. ``reraise_signals=False``: return the summary.
         """
+        if self.sweep.options.backend != "ray":  # Ray carries a script's classes by value
+            problem = unguarded_start_problem(self._classes, sys._getframe(1))
+            if problem is not None:
+                raise TaskClassError(problem)
         with launcher_for(self.sweep.options, self._make_task) as launcher:
             summary = run_sweep(self.sweep, launcher, hooks=self._hooks, nvml=self._nvml, console=self._console)
         if reraise_signals:

@@ -416,3 +416,46 @@ def test_retry_imports_no_recorded_file_that_others_may_write(in_tmp, capsys):
     assert _find_recorded_tasks(json.dumps({"a.b": "/x/y.py"})) == [
         "the ledger records a.b in '/x/y.py', which is not that module's file"
     ]
+
+
+UNGUARDED = """import sys
+from gpu_task_scheduler import GPUTask, GPUTaskScheduler
+
+
+class Train(GPUTask):
+    def main(self):
+        return {{"loss": self._config["lr"]}}
+
+
+config = {{
+    "scheduler_config": {{"gpu": ["cpu"], "result_root_folder": "results", "scheduler_log_file_path": None}},
+    "test_config": [{{"lr": [0.1, 0.2]}}],
+}}
+{start}
+"""
+
+
+@pytest.mark.parametrize(
+    "start, refused",
+    [
+        ("GPUTaskScheduler(config, Train).start()", True),
+        ("def go():\n    GPUTaskScheduler(config, Train).start()\n\n\ngo()", True),
+        ('if __name__ == "__main__":\n    GPUTaskScheduler(config, Train).start()', False),
+        ('try:\n    if __name__ == "__main__":\n        GPUTaskScheduler(config, Train).start()\nfinally:\n    pass', False),
+    ],
+)
+def test_a_script_that_starts_its_sweep_unguarded_is_refused_before_any_run(in_tmp, start, refused):
+    """Each run's process loads the script again to find its class: unguarded, that would start the
+    sweep again there, and every run would fail naming the user's own sweep as another scheduler."""
+    (in_tmp / "sweep.py").write_text(UNGUARDED.format(start=start))
+    result = subprocess.run([sys.executable, "sweep.py"], cwd=in_tmp, capture_output=True, text=True, timeout=120)
+    if refused:
+        assert result.returncode == 1 and "another scheduler" not in result.stderr
+        assert "sweep.py starts the sweep at line " in result.stderr, result.stderr
+        assert 'put the call to start() (and what only the sweep needs) under `if __name__ == "__main__":`' in (
+            result.stderr
+        )
+        assert not (in_tmp / "results").exists()  # nothing ran, nothing was written
+    else:
+        assert result.returncode == 0, result.stderr
+        assert "2 succeeded, 0 failed" in result.stderr

@@ -175,6 +175,43 @@ def by_value(task_class: type) -> bool:
     return not path or not os.path.isfile(path)
 
 
+def unguarded_start_problem(task_classes: Sequence[type], frame: Any) -> str | None:
+    """Why the sweep must not start from ``frame`` (the caller of ``start()``), or None.
+
+    A run of a class defined in the user's script finds it by loading that script again in its
+    own process (``runner.py``). Where the script calls ``start()`` outside an
+    ``if __name__ == "__main__":`` block, that load would start the sweep again in every run's
+    process, and each would fail, naming the user's own sweep as "another scheduler". So the
+    script's source is read where the call is made at its top level: a call under no ``if`` that
+    tests ``__name__`` is refused before anything runs."""
+    if not any(cls.__module__ == "__main__" and not by_value(cls) for cls in task_classes):
+        return None
+    main = sys.modules["__main__"]
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:  # started from code that is not the script's top level (a thread, atexit)
+        return None
+    import ast
+
+    path, line = str(main.__file__), frame.f_lineno
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if any(isinstance(name, ast.Name) and name.id == "__name__" for name in ast.walk(node.test)):
+                return None
+    names = ", ".join(sorted({cls.__name__ for cls in task_classes if cls.__module__ == "__main__"}))
+    return (
+        f"{os.path.basename(path)} starts the sweep at line {line} outside an `if __name__ == \"__main__\":` "
+        f"block. Each run's process loads the script again to find {names}, and would start the sweep again "
+        "there: put the call to start() (and what only the sweep needs) under `if __name__ == \"__main__\":`. "
+        "Nothing ran"
+    )
+
+
 def by_value_problem(task_class: type) -> str | None:
     """Why runs of ``task_class`` could not start here (asked before the sweep starts), or None."""
     if not by_value(task_class):

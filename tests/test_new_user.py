@@ -441,7 +441,10 @@ config = {{
         ("GPUTaskScheduler(config, Train).start()", True),
         ("def go():\n    GPUTaskScheduler(config, Train).start()\n\n\ngo()", True),
         ('if __name__ == "__main__":\n    GPUTaskScheduler(config, Train).start()', False),
-        ('try:\n    if __name__ == "__main__":\n        GPUTaskScheduler(config, Train).start()\nfinally:\n    pass', False),
+        (
+            'try:\n    if __name__ == "__main__":\n        GPUTaskScheduler(config, Train).start()\nfinally:\n    pass',
+            False,
+        ),
     ],
 )
 def test_a_script_that_starts_its_sweep_unguarded_is_refused_before_any_run(in_tmp, start, refused):

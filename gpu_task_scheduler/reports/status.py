@@ -17,7 +17,7 @@ from ..layout import META
 from ..records.ledger import RunStatus
 from ..records.metrics import describe, latest
 from ..records.paths import RunPaths, log_name_problem, name_problem
-from ..results import duration, escape_controls, open_ledger, rows
+from ..results import duration, escape_controls, open_ledger
 
 _COLORS = {
     "succeeded": "tab:green",

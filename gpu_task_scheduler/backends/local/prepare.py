@@ -205,9 +205,9 @@ def unguarded_start_problem(task_classes: Sequence[type], frame: Any) -> str | N
                 return None
     names = ", ".join(sorted({cls.__name__ for cls in task_classes if cls.__module__ == "__main__"}))
     return (
-        f"{os.path.basename(path)} starts the sweep at line {line} outside an `if __name__ == \"__main__\":` "
+        f'{os.path.basename(path)} starts the sweep at line {line} outside an `if __name__ == "__main__":` '
         f"block. Each run's process loads the script again to find {names}, and would start the sweep again "
-        "there: put the call to start() (and what only the sweep needs) under `if __name__ == \"__main__\":`. "
+        'there: put the call to start() (and what only the sweep needs) under `if __name__ == "__main__":`. '
         "Nothing ran"
     )
 

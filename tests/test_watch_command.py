@@ -93,3 +93,39 @@ def test_watch_names_the_machine_of_a_run_on_ray_instead_of_this_machines_gpu_me
         "  gpu0     lr-0.1,  0:00:05  on 10.0.0.7/3f2a9c1e",  # its pid 4242 is on that machine, not this one's
         "  gpu1     lr-0.2,  0:00:05  3.0 GiB GPU memory",
     ]
+
+
+def test_status_and_its_json_show_the_latest_metrics_of_running_runs(in_tmp, capsys):
+    """Not only --watch: a run's metrics reach the ledger at its end, so a running run's are read
+    from the end of its own file."""
+    root, go = in_tmp / "r", in_tmp / "go"
+    config = make_config(root, [{"a": [1]}])
+    config["command"] = [
+        "sh",
+        "-c",
+        'echo "{{\\"step\\": 3, \\"loss\\": 0.25}}" >> "$GTS_METRICS_FILE"; while [ ! -e "$0" ]; do sleep 0.05; done',
+        str(go),
+    ]
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, json.dumps(config), "-"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_until(
+            lambda: (
+                (root / "a-1," / ".gts" / "metrics.jsonl").exists()
+                and (root / "a-1," / ".gts" / "metrics.jsonl").read_text().endswith("\n")
+            ),
+            message="the run to report",
+        )
+        assert sweep.poll() is None
+        assert main(["status", str(root)]) == 0
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("a-1,"))
+        assert "running" in row and "loss 0.25 @ step 3" in row, out
+        assert main(["status", str(root), "--json"]) == 0
+        (run,) = json.loads(capsys.readouterr().out)["runs"]
+        assert run["status"] == "running" and run["metrics"] == {"loss": {"last": 0.25, "step": 3}}
+    finally:
+        go.write_text("")
+        output = finish(sweep)
+    assert sweep.returncode == 0, output

@@ -59,16 +59,24 @@ def status(root: str, *, runs: str = "all") -> dict[str, Any]:
             texts = list(entries())
         report["runs"] = [json.loads(text) for text in texts]
         report["listed"] = {"runs": len(texts), "of": recorded}
-        if runs == "watch":  # a running run's latest metrics, from its own file (the ledger has them at its end)
-            for run in report["runs"]:
-                if run["status"] == "running" and name_problem(run["name"]) is None:
-                    found = latest(RunPaths.recorded(root, run["name"]).metrics)
-                    if found is not None:
-                        step, values = found
-                        run["metrics"] = {name: {"last": value, "step": step} for name, value in values.items()}
+        for run in report["runs"]:
+            _add_latest(root, run)
     finally:
         ledger.close()
     return report
+
+
+def _add_latest(root: str, run: dict[str, Any]) -> bool:
+    """A running run's latest reported metrics, read from the end of its own file (the ledger has
+    them only from its end), as ``run["metrics"]``; whether it has any."""
+    if run.get("status") != "running" or name_problem(run["name"]) is not None:
+        return False
+    found = latest(RunPaths.recorded(root, run["name"]).metrics)
+    if found is None:
+        return False
+    step, values = found
+    run["metrics"] = {name: {"last": value, "step": step} for name, value in values.items()}
+    return True
 
 
 def write_status_json(root: str, write: Callable[[str], object]) -> None:
@@ -79,6 +87,10 @@ def write_status_json(root: str, write: Callable[[str], object]) -> None:
         report, _, entries = _head(root, ledger)
         write(json.dumps(report, indent=1)[:-2] + ',\n "runs": [')
         for index, text in enumerate(entries()):
+            if '"running"' in text:  # its latest metrics, as status() gives them
+                run = json.loads(text)
+                if _add_latest(root, run):
+                    text = json.dumps(run)
             write(("\n  " if index == 0 else ",\n  ") + text)
         write("\n ]\n}\n")
     finally:

@@ -3,6 +3,9 @@
 Same methods and return shapes as the original. Unlike it, constructing one
 writes nothing (the original created ``temp_folder``) and never changes the
 caller's dict, and runs are produced lazily.
+
+On a search config (``search:``), the runs are those the search has sampled so far (none before
+its first start): the space's ranges are no list of values to take a product of.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ class ConfigManager:
         self._sweep = Sweep(config)
         self._runs: Iterator[RunSpec] = self.iter_runs()
         self._counter = 0
-        self._total = len(self._sweep)
+        self._total: int | None = None if self._sweep.search is not None else len(self._sweep)
 
     @property
     def sweep(self) -> Sweep:
@@ -60,6 +63,9 @@ class ConfigManager:
         return copy.deepcopy(self._sweep.global_config)
 
     def get_all_test_config(self) -> list[dict[str, Any]]:
+        """Each run's swept values; a search's: those of the runs sampled so far."""
+        if self._sweep.search is not None:
+            return [copy.deepcopy(spec.test_config) for spec in self.iter_runs()]
         return [test_config for _, test_config in self._sweep.test_configs()]
 
     def get_all_test_config_in_string(self) -> str:
@@ -98,6 +104,9 @@ class ConfigManager:
         }
 
     def get_num_left_config(self) -> int:
+        """Runs :meth:`get_next_config` has yet to give; a search's: of those sampled so far."""
+        if self._total is None:
+            self._total = sum(1 for _ in self.iter_runs())
         return self._total - self._counter
 
     def get_results(self) -> list[dict[str, Any]]:

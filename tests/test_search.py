@@ -279,6 +279,14 @@ def test_config_manager_sees_the_runs_a_search_asked(in_tmp):
     runs = list(manager.iter_runs())
     assert sorted(run.name for run in runs) == sorted(ledger_rows(root))
     assert all(isinstance(run.config["x1"], float) and not math.isnan(run.config["x1"]) for run in runs)
+    # The original's methods speak of the same runs: not the ranges' lower bounds, not n_runs.
+    grown = ConfigManager(search_config(root, n_runs=10))
+    assert grown.get_num_left_config() == 4
+    assert grown.get_all_test_config() == [run.test_config for run in runs]
+    assert grown.get_next_config()["work_dir"] == runs[0].work_dir and grown.get_num_left_config() == 3
+    fresh = ConfigManager(search_config(in_tmp / "new", n_runs=10))
+    assert fresh.get_num_left_config() == 0 and fresh.get_all_test_config() == []
+    assert fresh.get_next_config() == {"config": None}
 
 
 def test_tpe_learns_from_what_it_is_told(in_tmp):

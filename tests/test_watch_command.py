@@ -97,7 +97,7 @@ def test_watch_names_the_machine_of_a_run_on_ray_instead_of_this_machines_gpu_me
 
 def test_status_and_its_json_show_the_latest_metrics_of_running_runs(in_tmp, capsys):
     """Not only --watch: a run's metrics reach the ledger at its end, so a running run's are read
-    from the end of its own file."""
+    from the end of its own file. A dry run beside the sweep says that it runs."""
     root, go = in_tmp / "r", in_tmp / "go"
     config = make_config(root, [{"a": [1]}])
     config["command"] = [
@@ -125,6 +125,11 @@ def test_status_and_its_json_show_the_latest_metrics_of_running_runs(in_tmp, cap
         assert main(["status", str(root), "--json"]) == 0
         (run,) = json.loads(capsys.readouterr().out)["runs"]
         assert run["status"] == "running" and run["metrics"] == {"loss": {"last": 0.25, "step": 3}}
+        (in_tmp / "sweep.json").write_text(json.dumps(config))  # a dry run beside it says that it runs
+        assert main(["run", str(in_tmp / "sweep.json"), "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert f"a scheduler is running on {root} now (pid {sweep.pid}" in out, out
+        assert "a start is refused until it ends" in out
     finally:
         go.write_text("")
         output = finish(sweep)

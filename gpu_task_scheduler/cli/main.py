@@ -228,6 +228,7 @@ def _dry_run(sweep: Any) -> int:
         for line in last:
             print(line)
     summary = f"{decided} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    _say_who_runs(sweep.options.result_root_folder)
     if sweep.search is not None:  # its runs are chosen as earlier ones end: only those asked are known
         from ..sweep.space import describe
 
@@ -239,6 +240,21 @@ def _dry_run(sweep: Any) -> int:
         summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"
     print(summary)
     return EXIT_OK
+
+
+def _say_who_runs(root: str) -> None:
+    """A dry run beside a running scheduler says so: what it decided is as of now, and a start
+    would be refused until that one ends."""
+    from ..records.ledger import scheduler_state
+
+    if not os.path.isdir(root):
+        return
+    running, holder = scheduler_state(root)
+    if running:
+        print(
+            f"a scheduler is running on {root} now ({holder}): the decisions above are as of this moment, and "
+            "a start is refused until it ends (gts status ROOT follows it; gts stop ROOT stops it)"
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -69,6 +69,9 @@ def test_a_stop_signal_terminates_the_runs_and_records_them(blocking_sweep, no_l
     output = finish(scheduler)
     assert scheduler.returncode == -signum, output  # the signal's own exit status, as a shell expects
     assert f"received {signal.Signals(signum).name}" in output
+    assert (
+        "fails task" not in output and "stopped task a-1,sleep-600, (interrupted by" in output
+    )  # no failure: it runs again
     rows = ledger_rows(root)
     assert rows["a-0,"]["status"] == "succeeded"
     for name in ("a-1,", "a-2,"):

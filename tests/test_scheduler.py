@@ -249,6 +249,10 @@ def test_retries_are_bounded(in_tmp):
     assert ledger_rows(root)["succeed_on-5,"]["attempts"] == 3
     log = (root / "scheduler.log").read_text()
     assert "succeed_on-5, will be retried (attempt 3 of 3)" in log
+    # An attempt that is retried is no failure of the task: only the last one is logged as one.
+    fails = [line for line in log.splitlines() if "fails task" in line]
+    assert len(fails) == 1 and "succeed_on-5," in fails[0] and "ERROR" in fails[0], fails
+    assert log.count("attempt 1 of task succeed_on-2, ended (RuntimeError: flaky failure on attempt 1)") == 1
     assert (root / "succeed_on-5," / ".gts" / "logs" / "attempt-1-worker.log").exists()
 
 

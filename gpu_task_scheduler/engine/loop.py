@@ -427,6 +427,11 @@ class Scheduler:
         if peak and end.oom is None:
             capacity.learn(peak)
         duration = exited_at - active.started
+        step = None
+        if end.status is not RunStatus.SUCCEEDED:
+            step = self._queue.next_step(
+                item, end, self.options, reserved=reserved, peak=peak, stopping=self._stop_level > 0
+            )
         self._records.ended(
             active.spec,
             active.slot,
@@ -440,12 +445,11 @@ class Scheduler:
             duration=duration,
             reader=reader,
             gpu_leftover="; ".join(left.describe() for left in leftovers) or None,
+            again=step is not None and step.action != "done",
         )
-        if end.status is RunStatus.SUCCEEDED:
+        if step is None:
             self._settle(active.spec, end.status)
-        elif not self._queue.ended(
-            item, end, self.options, reserved=reserved, peak=peak, stopping=self._stop_level > 0
-        ):
+        elif not self._queue.requeue(item, step, self.options):
             self._settle(active.spec, end.status, end.cause)
 
     # --- stopping -----------------------------------------------------------------

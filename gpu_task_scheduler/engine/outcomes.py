@@ -217,8 +217,10 @@ class Records:
         duration: float,
         reader: MetricsReader | None,
         gpu_leftover: str | None = None,
+        again: bool = False,
     ) -> RunOutcome:
-        """``reader``: its metrics file read in full, when it was read off the loop (engine/endreads.py)."""
+        """``reader``: its metrics file read in full, when it was read off the loop (engine/endreads.py);
+        ``again``: the run is queued to run again in this start (a retry)."""
         if ended.strays:
             logger.warning(
                 "%s left %d process(es) running outside its process group; stopped pid %s",
@@ -289,6 +291,17 @@ class Records:
             logger.info("%s finishes task %s", slot.name, spec.test_config_string)
         elif end.status is RunStatus.PRUNED:
             logger.info("%s stopped task %s early (%s)", slot.name, spec.test_config_string, record.describe())
+        elif end.status is RunStatus.INTERRUPTED:  # the sweep was stopped: no failure (the summary agrees)
+            logger.warning(
+                "%s stopped task %s (%s); it runs again at the next start",
+                slot.name,
+                spec.test_config_string,
+                record.describe(),
+            )
+        elif again:  # what follows says how it runs again
+            logger.warning(
+                "%s: attempt %d of task %s ended (%s)", slot.name, attempts, spec.test_config_string, record.describe()
+            )
         else:
             logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, record.describe())
         return record

@@ -138,7 +138,7 @@ class RunQueue:
     def empty(self) -> bool:
         return self.held is None and not self.taking
 
-    def ended(
+    def next_step(
         self,
         item: Pending,
         end: Classified,
@@ -147,9 +147,9 @@ class RunQueue:
         reserved: Need,
         peak: int | None,
         stopping: bool,
-    ) -> bool:
-        """A run that did not succeed: queue it again if :func:`decide.after_exit` says so (True)."""
-        step = after_exit(
+    ) -> Next:
+        """What follows a run that ended: :func:`decide.after_exit`'s answer, acted on by :meth:`requeue`."""
+        return after_exit(
             end,
             tries=item.tries,
             oom_retries=item.oom_retries,
@@ -161,20 +161,12 @@ class RunQueue:
             lost_retries=item.lost_retries,
             max_lost_retries=options.node_failure_retries,
         )
-        self.requeue(
-            item,
-            step,
-            max_retries=options.max_retries,
-            max_oom_retries=options.max_oom_retries,
-            max_lost_retries=options.node_failure_retries,
-        )
-        return step.action != "done"
 
-    def requeue(
-        self, item: Pending, step: Next, *, max_retries: int, max_oom_retries: int, max_lost_retries: int = 0
-    ) -> None:
-        """Act on :func:`decide.after_exit`'s answer for a run that did not succeed."""
+    def requeue(self, item: Pending, step: Next, options: SchedulerOptions) -> bool:
+        """Act on :meth:`next_step`'s answer for a run that did not succeed: whether it runs again."""
         spec = item.spec
+        max_retries, max_oom_retries = options.max_retries, options.max_oom_retries
+        max_lost_retries = options.node_failure_retries
         if step.action == "defer":
             item.oom_retries += 1
             item.need = step.need
@@ -199,6 +191,7 @@ class RunQueue:
         elif step.action == "retry":
             logger.info("%s will be retried (attempt %d of %d)", spec.name, item.tries + 1, max_retries + 1)
             self._retry.append(item)
+        return step.action != "done"
 
 
 class Waits:

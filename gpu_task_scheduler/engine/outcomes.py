@@ -128,8 +128,11 @@ class Records:
         """One line for the runs skipped since the last one started (the console shows no per-run lines)."""
         self.flush()
         if self._skips:
-            reasons = "; ".join(f"{count} because {reason}" for reason, count in self._skips.items())
-            logger.info("skipped %d run(s): %s", sum(self._skips.values()), reasons)
+            reasons = "; ".join(
+                f"{count} because {reason if count == 1 else _plural(reason)}" for reason, count in self._skips.items()
+            )
+            total = sum(self._skips.values())
+            logger.info("skipped %d %s: %s", total, "run" if total == 1 else "runs", reasons)
             self._skips.clear()
 
     # --- a run starting ------------------------------------------------------------
@@ -305,6 +308,14 @@ class Records:
         else:
             logger.error("%s fails task %s (%s)", slot.name, spec.test_config_string, record.describe())
         return record
+
+
+def _plural(reason: str) -> str:
+    """A skip's reason, said of several runs: "it succeeded before" -> "they succeeded before"."""
+    for one, many in (("it was ", "they were "), ("it is ", "they are "), ("it ", "they "), ("its ", "their ")):
+        if reason.startswith(one):
+            return many + reason[len(one) :]
+    return reason
 
 
 def own_result(paths: RunPaths, *, safe: bool) -> str | None:

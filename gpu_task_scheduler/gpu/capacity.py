@@ -210,7 +210,7 @@ class Capacity:
         self._learned: list[int] = []
         self._last_slot = -1
         self._rng: Random | None = None  # made when the random placement first draws
-        self._idle_reported: set[int] = set()
+        self._idle_reported: set[int] = set(range(len(self.slots)))  # a slot that ran nothing finished nothing
         if options.max_host_cpu_percent is not None:
             self._host.cpu_percent()  # start the first measuring interval
 

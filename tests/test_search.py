@@ -255,7 +255,7 @@ def test_close_floats_get_unique_folders_and_keep_their_exact_values(in_tmp):
     assert len(exact) == 6
 
 
-def test_search_keys_and_bounds_can_be_overridden(in_tmp, capsys):
+def test_search_keys_and_bounds_can_be_overridden(in_tmp, capsys, caplog):
     root = in_tmp / "r"
     path = in_tmp / "s.json"
     config = search_config(root, n_runs=4)
@@ -270,6 +270,14 @@ def test_search_keys_and_bounds_can_be_overridden(in_tmp, capsys):
     out = capsys.readouterr().out
     assert "3 runs asked so far: 3 skip" in out and "random search of 4 runs (minimizing value, seed 0)" in out
     assert "a start asks for up to 1 more run(s)" in out
+    # Its budget spent, a start and a dry run say so, and how to sample more.
+    assert gts(["run", str(path), "search.n_runs=3", "--dry-run"]) == 0
+    spent = "the search's budget is spent: it has asked all n_runs=3 runs, and samples no more"
+    assert spent in capsys.readouterr().out
+    with caplog.at_level("INFO", logger="gpu_task_scheduler"):
+        summary = GPUTaskScheduler({**config, "search": {**config["search"], "n_runs": 3}}, tasks.BraninTask).start()
+    assert summary.ok and not summary.outcomes  # nothing ran
+    assert spent in caplog.text and "give e.g. search.n_runs=6 on gts run's command line" in caplog.text
 
 
 def test_config_manager_sees_the_runs_a_search_asked(in_tmp):

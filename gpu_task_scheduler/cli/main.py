@@ -234,7 +234,13 @@ def _dry_run(sweep: Any) -> int:
 
         print(summary.replace("runs:", "runs asked so far:") if decided else "no run asked yet")
         print(f"{sweep.search.describe()}; space: {describe(sweep.space)}")
-        print(f"a start asks for up to {max(0, sweep.search.n_runs - sweep.asked)} more run(s)")
+        left = sweep.search.n_runs - sweep.asked
+        if left <= 0:
+            from ..tuning.search import spent_message
+
+            print(spent_message(sweep.search.n_runs))
+        else:
+            print(f"a start asks for up to {left} more run(s)")
         return EXIT_OK
     if decided < size:
         summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"

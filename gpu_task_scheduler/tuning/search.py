@@ -401,6 +401,16 @@ class OptunaSearcher(Searcher):
 # --- the engine's side: the runs of a search, and how they ended -----------------------
 
 
+def spent_message(n_runs: int, unfinished: int = 0) -> str:
+    """What a start of a search that asked all its runs says: how to sample more."""
+    rest = f"; {unfinished} run(s) it asked but did not finish run now" if unfinished else ""
+    return (
+        f"the search's budget is spent: it has asked all n_runs={n_runs} runs, and samples no more{rest}. To "
+        f"sample more, raise n_runs in the config's search, or give e.g. search.n_runs={2 * n_runs} on gts run's "
+        "command line"
+    )
+
+
 def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
     """The runs a search asked so far (after a restart: those not yet told first) and, once the
     engine runs the sweep (``sweep.live``), new ones: at most ``sweep.parallel`` unsettled at a
@@ -446,6 +456,8 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
             else:
                 unfinished.append(spec)
         followers.extend(later)  # the runs of later stages: each start decides them (skip or run)
+    if sweep.live and sweep.selected is None and sweep.asked >= search.n_runs:
+        logger.warning("%s", spent_message(search.n_runs, len(unfinished)))
     for spec in unfinished:
         sweep.in_flight += sweep.live
         yield spec

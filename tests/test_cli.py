@@ -530,6 +530,23 @@ def test_live_status_line_fits_the_terminal():
     assert drawn and all(len(line) <= 49 for line in drawn) and drawn[-1].endswith("…")
 
 
+@pytest.mark.parametrize("columns, room", [(None, 79), ("120", 119), ("0", 79)])
+def test_a_terminal_that_reports_0_columns_gets_a_line_of_columns_or_80(monkeypatch, columns, room):
+    import io
+
+    class ZeroWide(io.StringIO):
+        def fileno(self):
+            return 0
+
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd=0: os.terminal_size((0, 0)))
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    live = LiveStatus(1, ZeroWide())
+    assert len(live._fitted()) == min(room, len(live.line())) and live._columns() == room + 1
+
+
 def test_the_python_api_shows_the_status_line_on_a_terminal_and_can_turn_it_off(in_tmp, monkeypatch):
     import io
 

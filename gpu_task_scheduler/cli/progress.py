@@ -81,12 +81,18 @@ class LiveStatus(Hooks):
         return f"[gts] {counts} | {clock_text(elapsed)} elapsed, ETA {eta}" + (f" | {where}" if where else "")
 
     def _columns(self) -> int:
+        """The line's room: ``COLUMNS`` when set, else the terminal's width; 80 where a terminal
+        reports 0 columns (some CI consoles, a serial line), which would cut the line to nothing."""
         if self._width is not None:
             return self._width
+        columns = os.environ.get("COLUMNS", "")
+        if columns.isascii() and columns.isdigit() and int(columns) > 0:
+            return int(columns)
         try:
-            return os.get_terminal_size(self.stream.fileno()).columns
+            width = os.get_terminal_size(self.stream.fileno()).columns
         except (AttributeError, ValueError, OSError):
-            return shutil.get_terminal_size().columns
+            width = shutil.get_terminal_size(fallback=(80, 24)).columns
+        return width if width > 0 else 80
 
     def _fitted(self) -> str:
         text, room = self.line(), max(10, self._columns() - 1)  # the last column would wrap on some terminals

@@ -31,8 +31,21 @@ MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a t
 def open_ledger(root: str) -> Ledger:
     ledger = Ledger.read_only(RootPaths(root))
     if ledger is None:
+        if not os.path.lexists(root):
+            raise ConfigError(f"{root!r} does not exist{_near(root)}")
         raise ConfigError(f"{root!r} is not a result root of gpu_task_scheduler (no .gts/ledger.sqlite3 in it)")
     return ledger
+
+
+def _near(path: str) -> str:
+    """``; did you mean 'results'?`` for a misspelt folder whose parent exists, else ``.``"""
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        names = [name for name in os.listdir(parent) if os.path.isdir(os.path.join(parent, name))]
+    except OSError:
+        return "."
+    guess = closest(os.path.basename(os.path.normpath(path)), names)
+    return "." if guess is None else f"; did you mean {os.path.join(os.path.dirname(path), guess)!r}?"
 
 
 def records(root: str, stage: str | None = None) -> list[RunRecord]:

@@ -98,8 +98,22 @@ def test_status_tells_runs_of_a_killed_scheduler_from_running_ones(in_tmp, capsy
 
 def test_status_of_a_folder_that_is_no_result_root_is_a_usage_error(in_tmp, capsys):
     assert gts(["status", str(in_tmp / "missing")]) == 2
+    assert f"{str(in_tmp / 'missing')!r} does not exist." in capsys.readouterr().err
     assert gts(["results", str(in_tmp)]) == 2
     assert "is not a result root" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status"], ["results"], ["plot", "--timeline", "-o", "x.png"], ["logs", "--failed"], ["report", "-o", "r.html"]],
+)
+def test_a_missing_root_is_said_not_to_exist_with_the_folder_it_may_mean(in_tmp, monkeypatch, capsys, argv):
+    (in_tmp / "results").mkdir()
+    monkeypatch.chdir(in_tmp)
+    assert gts([argv[0], "reslts", *argv[1:]]) == 2
+    assert "'reslts' does not exist; did you mean 'results'?" in capsys.readouterr().err
+    assert gts(["stop", "nowhere"]) == 2
+    assert "nowhere does not exist" in capsys.readouterr().err
 
 
 def test_a_resumed_sweep_says_once_on_the_console_what_it_skipped(in_tmp):

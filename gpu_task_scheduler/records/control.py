@@ -34,6 +34,8 @@ def request_stop(root: str, mode: str) -> int:
     except OSError:
         is_root = False
     if not is_root:
+        if not os.path.lexists(root):
+            raise ConfigError(f"{root} does not exist")
         raise ConfigError(f"{root} is not a result root (it has no .gts folder)")
     running, pid, holder = scheduler_process(root)
     if not running or pid is None:

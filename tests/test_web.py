@@ -475,13 +475,29 @@ def test_an_override_after_serve_stays_an_override(in_tmp):
     from gpu_task_scheduler.cli.main import _serve_port, build_parser
 
     for argv, port, overrides in [
-        (["run", "s.yaml", "--serve"], 8265, []),
+        (["run", "s.yaml", "--serve"], 8642, []),
         (["run", "s.yaml", "--serve", "9000"], 9000, []),
-        (["run", "s.yaml", "--serve", "lr=0.5"], 8265, ["lr=0.5"]),
+        (["run", "s.yaml", "--serve", "lr=0.5"], 8642, ["lr=0.5"]),
         (["run", "s.yaml"], None, []),
     ]:
         args = build_parser().parse_args(argv)
         assert (_serve_port(args), args.overrides) == (port, overrides), argv
+
+
+def test_a_busy_port_is_answered_with_how_to_choose_another_and_the_default_is_not_rays(in_tmp, capsys):
+    import socket
+
+    from gpu_task_scheduler.web.server import DEFAULT_PORT
+
+    assert DEFAULT_PORT not in (8265, 6006, 8888)  # Ray's dashboard, TensorBoard, Jupyter
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert gts(["serve", str(root), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another port with gts serve --port N" in err
 
 
 def test_the_slots_timeline_and_the_machines_gpus(in_tmp, served, browser, monkeypatch):

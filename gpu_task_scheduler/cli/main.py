@@ -294,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _serve_port(args: argparse.Namespace) -> int | None:
-    """``--serve``'s port (8265 when none is given; 0: any free one), None without ``--serve``.
+    """``--serve``'s port (DEFAULT_PORT, 8642, when none is given; 0: any free one), None without ``--serve``.
     ``--serve lr=0.1``: argparse took the override for the port; it goes back among the overrides."""
     given = args.serve
     if given is None:
@@ -898,7 +898,7 @@ def _run_command(sub: Any) -> None:
         nargs="?",
         const="",
         metavar="PORT",
-        help="serve the web view of the sweep while it runs (gts serve; default port 8265)",
+        help="serve the web view of the sweep while it runs (gts serve; default port 8642)",
     )
     changed = run.add_mutually_exclusive_group()
     changed.add_argument(
@@ -1132,7 +1132,7 @@ def _serve_command(sub: Any) -> None:
     )
     sv.add_argument("roots", nargs="+", metavar="ROOT", help="result roots, or the sweeps' config files")
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine)")
-    sv.add_argument("--port", type=int, default=8265, help="the port (default 8265; 0: any free one)")
+    sv.add_argument("--port", type=int, default=8642, help="the port (default 8642; 0: any free one)")
     sv.add_argument(
         "--token", help="the token a browser must give, 16 characters or more (default: one is made and printed)"
     )

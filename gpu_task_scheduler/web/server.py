@@ -27,6 +27,7 @@ What it guards against:
 
 from __future__ import annotations
 
+import errno
 import hmac
 import http.server
 import importlib.resources
@@ -49,7 +50,7 @@ from . import data
 
 logger = logging.getLogger("gpu_task_scheduler")
 
-DEFAULT_PORT = 8265
+DEFAULT_PORT = 8642  # not Ray's dashboard (8265), TensorBoard's (6006) nor Jupyter's (8888)
 COOKIE = "gts_token"
 _STATIC = {  # URL -> (file in this package's static/, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -355,7 +356,13 @@ def make_server(
     try:
         server = Server((host, port), handler)
     except OSError as error:
-        raise GTSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+        message = f"cannot listen on {host}:{port}: {error.strerror or error}"
+        if error.errno == errno.EADDRINUSE:
+            message += (
+                " (another gts serve, or another program, has it): choose another port with gts serve --port N "
+                "or gts run --serve N (0 takes any free one)"
+            )
+        raise GTSError(message) from error
     bound = server.server_address[1]
     names = {host.lower(), "localhost", "127.0.0.1", "::1"} if is_loopback(host) else {host.lower()}
     if host in ("0.0.0.0", "::"):  # any address of this machine: the names it may be reached by

@@ -54,6 +54,12 @@ class RunsFailedError(GTSError, RuntimeError):
         self.summary = summary
 
 
+def install_hint(extra: str) -> str:
+    """How to install an extra, from the package index and from a clone of the repository:
+    ``pip install 'gts-sweep[plot]' (from a clone: pip install -e '.[plot]')``."""
+    return f"pip install 'gts-sweep[{extra}]' (from a clone of the repository: pip install -e '.[{extra}]')"
+
+
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The valid choice closest to a misspelt ``word``, or None."""
     import difflib  # here: only a bad config needs it

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ConfigError, GTSError, closest, did_you_mean
+from .errors import ConfigError, GTSError, closest, did_you_mean, install_hint
 from .layout import RESULT_FILE
 from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.metrics import read_all
@@ -334,7 +334,7 @@ def to_dataframe(root: str) -> Any:
     try:
         import pandas
     except ImportError as error:
-        raise GTSError("to_dataframe() needs pandas: pip install 'gts-sweep[results]'") from error
+        raise GTSError(f"to_dataframe() needs pandas: {install_hint('results')}") from error
     table = rows(root)
     return pandas.DataFrame(table, columns=columns(table))
 
@@ -368,7 +368,7 @@ def curves(root: str, *, stage: str | None = None) -> Any:
     try:
         import pandas
     except ImportError as error:
-        raise GTSError("curves() needs pandas: pip install 'gts-sweep[results]'") from error
+        raise GTSError(f"curves() needs pandas: {install_hint('results')}") from error
     table = curve_rows(root, stage=stage)
     return pandas.DataFrame(table, columns=columns(table))
 

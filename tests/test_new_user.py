@@ -462,3 +462,18 @@ def test_a_script_that_starts_its_sweep_unguarded_is_refused_before_any_run(in_t
     else:
         assert result.returncode == 0, result.stderr
         assert "2 succeeded, 0 failed" in result.stderr
+
+
+@pytest.mark.parametrize("module, extra", [("matplotlib", "plot"), ("pandas", "results"), ("ray", "ray")])
+def test_a_missing_extra_names_the_command_that_works_from_a_clone_too(in_tmp, monkeypatch, module, extra):
+    """Someone who cloned the repository installs with pip install -e '.[extra]'."""
+    from gpu_task_scheduler import GTSError, results
+    from gpu_task_scheduler.backends.ray.launcher import import_ray
+    from gpu_task_scheduler.reports.status import _pyplot
+
+    needs = {"plot": _pyplot, "results": lambda: results.to_dataframe(str(in_tmp)), "ray": import_ray}[extra]
+    monkeypatch.setitem(sys.modules, module, None)  # an import of it fails as if it were not installed
+    with pytest.raises(GTSError) as caught:
+        needs()
+    hint = f"pip install 'gts-sweep[{extra}]' (from a clone of the repository: pip install -e '.[{extra}]')"
+    assert hint in str(caught.value)

@@ -1126,7 +1126,8 @@ def _serve_command(sub: Any) -> None:
         help="a live web view of result roots: progress, sortable runs, logs, curves, parallel coordinates",
         formatter_class=_formatter,
         description="Serve a read-only web view of one or more result roots (or sweeps' config files), "
-        "updated every second while their sweeps run. Charts need 'pip install gts-sweep[web]'.",
+        "updated every second while their sweeps run. Charts need 'pip install gts-sweep[web]' (from a clone: "
+        "pip install -e '.[web]').",
         epilog="examples:\n  gts serve results/\n  gts serve results/a results/b --port 8300\n"
         "  gts serve results/ --host 0.0.0.0    # other machines: prints a URL with a token",
     )

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import ConfigError, GTSError, did_you_mean
+from ..errors import ConfigError, GTSError, did_you_mean, install_hint
 from ..gpu.devices import format_memory
 from ..layout import META
 from ..records.ledger import RunStatus
@@ -358,7 +358,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as pyplot
     except ImportError as error:
-        raise GTSError("plots need matplotlib: pip install 'gts-sweep[plot]'") from error
+        raise GTSError(f"plots need matplotlib: {install_hint('plot')}") from error
     return pyplot
 
 

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..errors import ConfigError, DamagedRecordError, did_you_mean, unknown_key_message
+from ..errors import ConfigError, DamagedRecordError, did_you_mean, install_hint, unknown_key_message
 from ..recordclass import Record
 from ..records.jsonlines import read_records
 from ..records.paths import RootPaths, name_problem, open_regular, write_all
@@ -46,7 +46,7 @@ logger = logging.getLogger("gpu_task_scheduler")
 SAMPLERS = ("random", "tpe", "cmaes", "qmc")
 _KEYS = ("sampler", "n_runs", "seed", "metric", "mode")
 MAX_RUNS = 1_000_000
-EXTRA_HINT = "pip install 'gts-sweep[search]'"
+EXTRA_HINT = install_hint("search")
 
 
 class Search(Record):

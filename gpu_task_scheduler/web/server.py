@@ -44,7 +44,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ConfigError, GTSError
+from ..errors import ConfigError, GTSError, install_hint
 from ..results import open_ledger
 from . import data
 
@@ -254,7 +254,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif path == "/static/plotly.min.js":
                 script = self.view.plotly()
                 if script is None:
-                    self._send(404, b"pip install 'gts-sweep[web]' for charts\n", "text/plain; charset=utf-8")
+                    self._send(404, f"{install_hint('web')} for charts\n".encode(), "text/plain; charset=utf-8")
                 else:
                     self._send(200, script, "text/javascript; charset=utf-8", {"Cache-Control": "max-age=86400"})
             elif path == "/favicon.ico":

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from ...engine.launcher import Attempt, LaunchError
+from ...errors import install_hint
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
@@ -221,8 +222,8 @@ def by_value_problem(task_class: type) -> str | None:
     except ImportError:
         return (
             f"{task_class.__name__} is defined in a script without a file (read from stdin, python -c, the "
-            "REPL), so its runs' processes cannot import it: put it in a module or a script file, or pip "
-            "install 'gts-sweep[interactive]' (cloudpickle carries it across by value)"
+            "REPL), so its runs' processes cannot import it: put it in a module or a script file, or "
+            f"{install_hint('interactive')}: cloudpickle carries it across by value"
         )
     return None
 

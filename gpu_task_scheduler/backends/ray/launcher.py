@@ -52,7 +52,7 @@ from types import TracebackType
 from typing import Any
 
 from ...engine.launcher import Attempt, Ended, LaunchError, OnPlaced
-from ...errors import GTSError
+from ...errors import GTSError, install_hint
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...records.lease import LeaseTerms, wait_over
@@ -75,7 +75,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError as error:
-        raise GTSError("backend: ray needs Ray: pip install 'gts-sweep[ray]'") from error
+        raise GTSError(f"backend: ray needs Ray: {install_hint('ray')}") from error
     return ray
 
 

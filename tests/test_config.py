@@ -470,3 +470,13 @@ def test_every_scheduler_key_refuses_bad_values_by_name(tmp_path, key, value, wo
     assert f"scheduler_config[{key!r}]" in message and words in message, message
     assert repr(value)[:20] in message or key == "notify_email"  # the bad value is repeated
     assert not (tmp_path / "r").exists()
+
+
+def test_a_slurm_sweep_without_gpu_gets_one_gpu_per_run_and_others_are_told_what_to_write():
+    """On a cluster, "gpu": ["0", "1"] (this machine's GPUs) means nothing: "all" is the default."""
+    sweep = Sweep(
+        {"scheduler_config": {"backend": "slurm", "slurm": {"partition": "gpu"}}, "test_config": [{"a": [1]}]}
+    )
+    assert sweep.options.slots is None and sweep.options.given["gpu"] == "all"
+    with pytest.raises(ConfigError, match='"gpu": "all" \\(every GPU here; on a cluster: one GPU per run\\)'):
+        Sweep({"scheduler_config": {"backend": "ray"}, "test_config": [{"a": [1]}]})

@@ -327,6 +327,38 @@ def test_a_root_only_this_machine_sees_is_refused_when_other_nodes_run_the_jobs(
     assert "ext4 file system, which only this machine sees" in problem and "n1" in problem
 
 
+COUNTS_MEMORY = {"SelectTypeParameters": "CR_CORE_MEMORY", "DefMemPerNode": "UNLIMITED", "MaxArraySize": "1001"}
+
+
+@pytest.mark.parametrize(
+    "config, mem, extra, said",
+    [
+        (COUNTS_MEMORY, None, (), True),  # each run would hold a whole node: said, with slurm.mem
+        (COUNTS_MEMORY, "16G", (), False),
+        (COUNTS_MEMORY, None, ("--mem-per-gpu=20G",), False),
+        ({**COUNTS_MEMORY, "DefMemPerCPU": "2000"}, None, (), False),  # the cluster has a default
+        ({**COUNTS_MEMORY, "SelectTypeParameters": "CR_CORE"}, None, (), False),  # memory is not counted
+    ],
+)
+def test_a_cluster_that_gives_a_run_a_whole_nodes_memory_is_said_before_submitting(config, mem, extra, said):
+    problem = commands.memory_problem(config, mem=mem, extra=extra)
+    assert (problem is not None) == said
+    if said:
+        assert "SelectTypeParameters=CR_CORE_MEMORY" in problem and "runs alone on its node" in problem
+        assert "slurm: {mem: 16G}" in problem
+
+
+@slurm_only
+def test_the_clusters_own_config_is_read_as_scontrol_prints_it(slurm, monkeypatch):
+    """The tests' Slurm counts cores only (CR_Core): no warning; its MaxArraySize is read."""
+    text = slurm.run("scontrol", "show", "config").stdout
+    monkeypatch.setattr(commands, "call", lambda argv, what: text)
+    config = commands.show_config()
+    assert config["SelectTypeParameters"] == "CR_CORE" and commands.max_array_size(config) > 1
+    assert commands.memory_problem(config, mem=None, extra=()) is None
+    assert commands.memory_problem({**config, "SelectTypeParameters": "CR_CORE_MEMORY"}, mem=None, extra=())
+
+
 def test_the_file_system_of_a_path_is_read_from_the_mount_table(tmp_path):
     table = tmp_path / "mountinfo"
     table.write_text(

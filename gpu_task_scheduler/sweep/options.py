@@ -288,7 +288,12 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         if key != "gpu" and key not in SCHEDULER_KEYS:
             raise ConfigError(unknown_key_message("scheduler_config", key, ["gpu", *SCHEDULER_KEYS]))
     if "gpu" not in raw:
-        raise ConfigError('could not find gpu in scheduler_config; add e.g. "gpu": ["0", "1"] or "gpu": ["cpu"]')
+        if raw.get("backend") != "slurm":
+            raise ConfigError(
+                'could not find gpu in scheduler_config; add e.g. "gpu": ["0", "1"] (this machine\'s GPUs 0 and 1), '
+                '"gpu": "all" (every GPU here; on a cluster: one GPU per run) or "gpu": ["cpu"]'
+            )
+        raw = {**raw, "gpu": "all"}  # on a Slurm cluster the GPUs are the cluster's: one per run
     parsed = parse_slots(raw["gpu"])
     given: dict[str, Any] = {"gpu": normalize_gpu_entries(raw["gpu"])}
     for key, (default, check) in SCHEDULER_KEYS.items():

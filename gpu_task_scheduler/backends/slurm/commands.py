@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ...errors import GTSError
 from ...recordclass import Record
@@ -164,11 +164,42 @@ def hold(job: str, held: bool) -> None:
     call(["scontrol", "hold" if held else "release", job], what=f"scontrol {'hold' if held else 'release'}")
 
 
-def max_array_size() -> int:
-    """Slurm's MaxArraySize: an array's task indexes are below it."""
+def show_config() -> dict[str, str]:
+    """``scontrol show config``, as ``{"MaxArraySize": "1001", ...}``."""
     out = call(["scontrol", "show", "config"], what="scontrol show config")
-    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
-    return int(match.group(1)) if match else 1001
+    return {match[1]: match[2].strip() for match in re.finditer(r"^(\w+)\s*=\s*(.*)$", out, re.MULTILINE)}
+
+
+def max_array_size(config: Mapping[str, str]) -> int:
+    """Slurm's MaxArraySize: an array's task indexes are below it."""
+    value = config.get("MaxArraySize", "")
+    return int(value) if value.isdigit() else 1001
+
+
+_DEFAULT_MEMORY = ("DefMemPerCPU", "DefMemPerNode", "DefMemPerGPU")
+
+
+def memory_problem(config: Mapping[str, str], *, mem: str | None, extra: Sequence[str]) -> str | None:
+    """Why runs would each hold a whole node, or None.
+
+    On a cluster that counts memory (``SelectTypeParameters=CR_Core_Memory`` and the like) with no
+    default (no ``DefMemPerCPU``, ``DefMemPerNode`` or ``DefMemPerGPU``), a job that asks for no
+    memory is given the node's whole memory: one run at a time on a node of 4 GPUs, and nothing
+    says why. Said before anything is submitted, with what to write."""
+    if mem is not None or any(argument.lstrip().startswith("--mem") for argument in extra):
+        return None
+    if "MEMORY" not in config.get("SelectTypeParameters", "").upper():
+        return None
+    for key in _DEFAULT_MEMORY:
+        value = config.get(key, "").upper()
+        if value and value not in ("UNLIMITED", "0", "(NULL)", "NONE"):
+            return None
+    return (
+        f"this Slurm cluster counts memory (SelectTypeParameters={config['SelectTypeParameters']}) and gives a job "
+        "that asks for none no default (DefMemPerCPU, DefMemPerNode and DefMemPerGPU are unset): each run is given "
+        "a whole node's memory and runs alone on its node, whatever GPUs are free there. Say what a run needs with "
+        "scheduler_config: {slurm: {mem: 16G}} (or slurm.mem=16G on gts run's command line)"
+    )
 
 
 def partition_nodes(partition: str | None) -> list[str]:

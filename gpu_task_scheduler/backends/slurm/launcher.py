@@ -167,7 +167,11 @@ class SlurmLauncher:
         if problem is not None:
             raise GTSError(problem)
         commands.test_submission(self._resources())
-        self._array_size = commands.max_array_size()
+        config = commands.show_config()
+        self._array_size = commands.max_array_size(config)
+        memory = commands.memory_problem(config, mem=self._s.mem, extra=self._s.extra)
+        if memory is not None:
+            logger.warning("%s", memory)
         os.makedirs(self._events, exist_ok=True)
         self._find_live_tasks()
         self._follower = threading.Thread(target=self._follow, name="gts-slurm", daemon=True)

@@ -536,3 +536,19 @@ def _verdicts(root):
         return db.execute("SELECT name, rung, step, value, stop, cause FROM verdicts").fetchall()
     finally:
         db.close()
+
+
+def test_a_dry_run_of_an_asha_grid_says_that_its_order_matters(in_tmp, capsys):
+    """Until runs can pause at a rung, the first run to reach one always goes on."""
+    from gpu_task_scheduler.cli.main import main as gts
+
+    config = _curve_sweep(in_tmp / "r")
+    config["task"] = "gts_test_tasks:CurveTask"
+    (in_tmp / "s.json").write_text(json.dumps(config))
+    assert gts(["run", str(in_tmp / "s.json"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "early_stop (asha): the first run to reach a rung always goes on" in out and "the order matters" in out
+    config["early_stop"] = {"method": "median", "metric": "loss", "mode": "min", "min_step": 3}
+    (in_tmp / "s.json").write_text(json.dumps(config))
+    assert gts(["run", str(in_tmp / "s.json"), "--dry-run"]) == 0
+    assert "the order matters" not in capsys.readouterr().out

@@ -229,6 +229,7 @@ def _dry_run(sweep: Any) -> int:
             print(line)
     summary = f"{decided} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     _say_who_runs(sweep.options.result_root_folder)
+    _say_order_matters(sweep)
     if sweep.search is not None:  # its runs are chosen as earlier ones end: only those asked are known
         from ..sweep.space import describe
 
@@ -246,6 +247,21 @@ def _dry_run(sweep: Any) -> int:
         summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"
     print(summary)
     return EXIT_OK
+
+
+def _say_order_matters(sweep: Any) -> None:
+    """ASHA judges a run at a rung against the runs that reached it before: the first to reach
+    a rung always goes on. Over a grid the order it is written in decides what is stopped."""
+    from ..tuning.stopping import Asha
+
+    for stage, rule in sweep.stopping.items():
+        if isinstance(rule, Asha) and sweep.search is None:
+            where = "early_stop" if stage is None else f"stage {stage!r}'s early_stop"
+            print(
+                f"{where} (asha): the first run to reach a rung always goes on, and each later one is judged only "
+                "against those before it, so over a grid the order matters: list the values you expect to do "
+                "best first (a grid written in ascending order of, say, the learning rate may stop none)"
+            )
 
 
 def _say_who_runs(root: str) -> None:

@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from examples.demo_task import QuadraticTask  # noqa: E402
-from gpu_task_scheduler import GPUTaskScheduler  # noqa: E402
+from gpu_task_scheduler import GPUTaskScheduler, results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(HERE, os.pardir, "configs", "demo.yaml")
@@ -26,14 +26,18 @@ def main() -> int:
     """0 when every run succeeded, or (the demo config) when the one that fails on purpose is the
     only failure, which is said; else 1, as ``gts run`` exits."""
     config = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG
-    summary = GPUTaskScheduler(config=config, gpu_task_class=QuadraticTask).start()
+    scheduler = GPUTaskScheduler(config=config, gpu_task_class=QuadraticTask)
+    summary = scheduler.start()
+    root = scheduler.sweep.options.result_root_folder
+    # Every run of the result root, as its ledger records it: those that ran now and those skipped
+    # because they succeeded before (with the result they had then).
     print()
-    print(f"{'run folder':<40} {'status':<10} loss")
-    for outcome in summary.outcomes.values():
-        loss = (outcome.result or {}).get("loss")
-        print(f"{outcome.work_dir:<40} {outcome.status.value:<10} {'' if loss is None else f'{loss:.3g}'}")
-    for name in summary.skipped:
-        print(f"{name:<40} skipped (succeeded before)")
+    print(f"{'run folder':<40} {'status':<10} {'loss':<8} this start")
+    for row in results.rows(root):
+        loss = row.get("result.loss")
+        now = "ran" if row["name"] in summary.outcomes else "skipped (succeeded before)"
+        shown = "" if loss is None else f"{loss:.3g}"
+        print(f"{os.path.join(root, row['name']):<40} {row['status']:<10} {shown:<8} {now}")
     failed = {outcome.name for outcome in summary.failed}
     if config == DEFAULT_CONFIG and failed == {MEANT_TO_FAIL}:
         print(

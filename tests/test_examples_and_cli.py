@@ -26,6 +26,10 @@ def test_the_quick_start_demo_runs_and_resumes(in_tmp):
     assert "Sweep summary: 0 succeeded, 1 failed, 6 skipped" in second.stderr
     assert (in_tmp / "results" / "demo" / "lr-1.2,momentum-0.0," / ".gts" / "logs" / "attempt-1-worker.log").exists()
     assert second.returncode == 0 and "lr-1.2,momentum-0.0, failed on purpose (lr 1.2 diverges)" in second.stdout
+    # The runs it skipped are listed with the results they had, as the first start's were.
+    first_loss = next(line for line in first.stdout.splitlines() if "lr-0.1,momentum-0.9," in line).split()[2]
+    skipped = next(line for line in second.stdout.splitlines() if "lr-0.1,momentum-0.9," in line)
+    assert skipped.split()[1:4] == ["succeeded", first_loss, "skipped"], second.stdout
     # Any other failure is one: the demo exits as gts run would.
     (in_tmp / "steps.yaml").write_text(
         open(os.path.join(REPO, "configs", "demo.yaml")).read().replace("steps: 300", "steps: -1")

@@ -70,7 +70,7 @@ def test_monitor_reads_the_fake_like_nvml(gpus):
 
 def test_missing_nvml_library_is_a_clear_message(gpus):
     gpus({"name": "x", "total": GB}, library_missing=True)
-    with pytest.raises(NvmlUnavailable, match="NVML Shared Library Not Found"):
+    with pytest.raises(NvmlUnavailable, match=r"^no NVIDIA GPUs here \(NVML Shared Library Not Found: no NVIDIA"):
         GpuMonitor(fake_nvml)
 
 
@@ -95,7 +95,7 @@ def test_without_nvidias_library_the_monitor_says_what_the_bindings_say_without_
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     with pytest.raises(NvmlUnavailable) as raised:
         GpuMonitor()
-    assert str(raised.value) == f"NVML could not start: {said}"
+    assert str(raised.value) == f"no NVIDIA GPUs here ({said}: no NVIDIA driver is installed)"
     assert "pynvml" not in sys.modules
 
 

@@ -84,13 +84,27 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# What NVML says where a machine has no NVIDIA GPU to use: no driver library, or no driver loaded.
+_NO_GPU = {
+    "NVML Shared Library Not Found": "no NVIDIA driver is installed",
+    "Driver Not Loaded": "no NVIDIA driver is loaded",
+}
+
+
+def _unavailable(said: str) -> str:
+    """Why NVML cannot be used, in plain words on a machine without NVIDIA GPUs."""
+    if said in _NO_GPU:
+        return f"no NVIDIA GPUs here ({said}: {_NO_GPU[said]})"
+    return f"NVML could not start: {said}"
+
+
 class GpuMonitor:
     """Reads GPU state through a ``pynvml``-like module."""
 
     def __init__(self, module: ModuleType | None = None) -> None:
         if module is None:
             if _library_missing():
-                raise NvmlUnavailable("NVML could not start: NVML Shared Library Not Found")
+                raise NvmlUnavailable(_unavailable("NVML Shared Library Not Found"))
             module = bindings()
         self._no_processes: set[str] = set()
         nvml: Any = module  # the bindings ship no type information
@@ -98,7 +112,7 @@ class GpuMonitor:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as error:
-            raise NvmlUnavailable(f"NVML could not start: {error}") from None
+            raise NvmlUnavailable(_unavailable(str(error))) from None
         self._handles: dict[str, Any] = {}
 
     def close(self) -> None:

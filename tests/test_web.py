@@ -31,14 +31,16 @@ json.dump({"loss": value, "val": {"acc": 1 - value}}, open(out + "/result.json",
 """
 
 
-def make_root(folder, *, values=(0.3, 0.1, 0.2), tags=("a", PAYLOAD), flag="-", slots=2, wait=True):
+def make_root(folder, *, values=(0.3, 0.1, 0.2), tags=("a", PAYLOAD), flag="-", slots=2, wait=True, **more):
     """A command sweep over ``v`` x ``tag``; each run reports a loss curve, then (once ``flag``
-    exists) writes its result. Returns the root and, when not ``wait``, the running sweep."""
+    exists) writes its result. Returns the root and, when not ``wait``, the running sweep.
+    ``more``: top-level config keys to add."""
     (folder / "writer.py").write_text(WRITER)
     config = {
         "scheduler_config": {"gpu": ["cpu"] * slots, "result_root_folder": "results"},
         "command": [sys.executable, str(folder / "writer.py"), flag, "{v}", "{work_dir}"],
         "test_config": [{"v": list(values), "tag": list(tags)}],
+        **more,
     }
     (folder / "sweep.json").write_text(json.dumps(config))
     argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain"]
@@ -280,6 +282,79 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
             os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "web_view.png"), "wb"
         ) as f:
             f.write(shot)
+
+
+OPENED = """() => {
+    const curves = document.querySelectorAll('#curves .scatterlayer .trace').length;
+    const axes = document.getElementById('parcoords').data?.[0]?.dimensions?.length || 0;
+    return curves > 0 && axes > 0 ? [curves, axes] : null;
+}"""
+
+
+def _opened(page):
+    """What the charts show before the user chose anything: the inputs' values, the ticked runs'
+    values of v, and how many curves and axes are drawn."""
+    drawn = page.wait_for_function(OPENED, timeout=10_000).json_value()
+    ticked = [
+        row.locator("td.v").inner_text()
+        for row in page.locator("#runs tbody tr").all()
+        if row.locator("input[type=checkbox]").is_checked()
+    ]
+    inputs = {name: page.input_value(f"#{name}") for name in ("curve-metric", "curve-by", "pc-metric")}
+    return inputs, page.is_checked("#pc-max"), sorted(ticked), drawn
+
+
+@pytest.mark.parametrize("declared", [None, "max"])
+def test_the_charts_open_on_the_sweeps_metric_with_its_best_runs_ticked(in_tmp, served, browser, declared):
+    """The metric the config's early_stop declares (with its mode), else the first reported one;
+    the best five finished runs by it ticked. Never two empty charts on opening."""
+    more = {}
+    if declared:  # a rule that never stops a run here, and says higher loss is better
+        more["early_stop"] = {"method": "median", "metric": "loss", "mode": "max", "min_step": 1, "min_runs": 99}
+    root, _ = make_root(in_tmp, values=(0.1, 0.2, 0.3, 0.4), tags=("a", "b"), **more)
+    url, _ = served([root])
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1200, "height": 900})
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 8")
+    inputs, higher_better, ticked, drawn = _opened(page)
+    assert inputs == {"curve-metric": "loss", "curve-by": "tag", "pc-metric": "loss"}
+    assert higher_better is bool(declared)
+    best = ["0.3", "0.4", "0.4"] if declared else ["0.1", "0.1", "0.2"]
+    assert len(ticked) == 5 and all(value in ticked for value in best), ticked
+    assert drawn == [5, 3]  # five curves; parallel coordinates over v, tag and loss
+    # The placeholders read as prompts, not as values chosen.
+    assert page.get_attribute("#curve-metric", "placeholder").startswith("pick ")
+    # The report opens the same way.
+    output = in_tmp / "sweep.html"
+    assert gts(["report", root, "-o", str(output)]) == 0
+    report = browser.new_page()
+    report.goto(output.as_uri())
+    report.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 8")
+    assert _opened(report) == (inputs, higher_better, ticked, drawn)
+    # A choice the user makes stays.
+    page.evaluate("document.querySelector('#runs tbody input[type=checkbox]:checked').click()")  # (redrawn each second)
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=10_000)
+    tick = page.evaluate("state.tick")
+    page.wait_for_function(f"state.tick >= {tick + 2}", timeout=10_000)  # two more refreshes tick nothing back
+    assert page.locator("#runs tbody input[type=checkbox]:checked").count() == 4
+
+
+def test_the_timeline_names_a_run_where_its_bar_has_room_and_on_hover(in_tmp, served, browser):
+    root, _ = make_root(in_tmp, values=tuple(0.01 * i for i in range(1, 21)), tags=("a",), slots=1)
+    url, _ = served([root])
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1200, "height": 900})
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#timeline .bars .point').length === 20", timeout=10_000)
+    bars = page.evaluate("document.getElementById('timeline').data[0]")
+    assert bars["textposition"] == "inside" and "%{text}" in bars["hovertemplate"]
+    assert page.evaluate("document.getElementById('timeline').layout.uniformtext.mode") == "hide"
+    shown = page.evaluate(
+        "Array.from(document.querySelectorAll('#timeline .bars .point text'))"
+        ".filter((t) => getComputedStyle(t).display !== 'none').length"
+    )
+    assert shown == 0  # 20 short runs on one slot: names that do not fit their bars are not drawn over each other
 
 
 def test_values_that_look_like_markup_are_text_in_every_chart(in_tmp, served, browser):

@@ -45,6 +45,8 @@ def overview(root: str) -> dict[str, Any]:
         "mean_success_seconds": report["mean_success_seconds"],
         "running": running,
         "failures": failures,
+        # What the charts open on: the metrics the config's early_stop or search judges by.
+        "declared": [{"metric": name, "mode": mode} for name, mode in declared_modes(root).items()],
     }
 
 

@@ -5,7 +5,8 @@
 
 const state = {
   root: 0, sort: null, desc: false, status: "", q: "", offset: 0, limit: 50,
-  ticked: new Set(), open: null, tick: 0, charts: false, paramNames: [], metricNames: [],
+  ticked: new Set(), open: null, tick: 0, charts: false, paramNames: [], metricNames: [], reportedNames: [],
+  chosen: false, userTicked: false,  // the charts' metric was chosen for the user; the user ticked runs
 };
 const $ = (id) => document.getElementById(id);
 
@@ -146,6 +147,9 @@ function drawRuns(page) {
   const columns = columnsOf(runs);
   state.paramNames = columns.filter((c) => !FIRST.includes(c) && !LAST.includes(c) && !c.startsWith("result") && !c.startsWith("metrics."));
   state.metricNames = columns.filter((c) => c.startsWith("result.") || c.startsWith("metrics.")).map((c) => c.replace(/^(result|metrics)\./, ""));
+  // What runs reported as they trained (their curves): metrics.loss, not the best-of column metrics.loss.min.
+  const reported = columns.filter((c) => c.startsWith("metrics.")).map((c) => c.slice("metrics.".length));
+  state.reportedNames = reported.filter((name) => !/\.(min|max)$/.test(name) || !reported.includes(name.replace(/\.(min|max)$/, "")));
   fillList("param-names", state.paramNames);
   fillList("metric-names", [...new Set(state.metricNames)]);
   const head = document.createElement("tr");
@@ -172,6 +176,7 @@ function drawRuns(page) {
     box.setAttribute("aria-label", `draw ${run.name}`);
     box.addEventListener("change", () => {
       if (box.checked) state.ticked.add(run.name); else state.ticked.delete(run.name);
+      state.userTicked = true;
       drawCharts(true);
     });
     const first = document.createElement("td");
@@ -239,12 +244,40 @@ async function drawLog() {
 
 // --- charts --------------------------------------------------------------------------------------
 
+// What the charts show on opening: the metric the config's early_stop or search declares, else the
+// first one the runs reported (a result, for the parallel coordinates, when none reported any); and
+// the best finished runs by it, ticked, until the user ticks runs of their own. A choice the user
+// typed is never replaced.
+const BEST_TICKED = 5;
+
+async function chooseDefaults(overview) {
+  if (!state.charts) return false;
+  const declared = (overview.declared || [])[0];
+  if (!state.chosen) {
+    const reported = state.reportedNames[0];
+    const pcMetric = declared ? declared.metric : reported || state.metricNames[0];
+    if (!pcMetric) return false;  // nothing reported yet: asked again at the next refresh
+    state.chosen = true;
+    const curveMetric = declared && state.reportedNames.includes(declared.metric) ? declared.metric : reported;
+    if (!$("curve-by").value && state.paramNames[0]) $("curve-by").value = state.paramNames[0];
+    if (curveMetric && !$("curve-metric").value) $("curve-metric").value = curveMetric;
+    if (!$("pc-metric").value) {
+      $("pc-metric").value = pcMetric;
+      if (declared) $("pc-max").checked = declared.mode === "max";
+    }
+  }
+  if (state.userTicked || state.ticked.size || !$("pc-metric").value) return false;
+  const best = await get("/api/parcoords", { metric: $("pc-metric").value.trim(), desc: $("pc-max").checked ? "1" : "0" });
+  best.runs.slice(0, BEST_TICKED).forEach((run) => state.ticked.add(run.name));
+  return state.ticked.size > 0;
+}
+
 async function drawCharts(now) {
   if (!state.charts) return;
-  const metric = $("curve-metric").value.trim() || "loss";
+  const metric = $("curve-metric").value.trim();
   const by = $("curve-by").value.trim();
   const names = [...state.ticked];
-  if (names.length && (now || state.tick % 5 === 0)) {
+  if (metric && names.length && (now || state.tick % 5 === 0)) {
     try {
       const data = await get("/api/curves", { metric, names: names.join("\n") });
       drawCurves(data, by);
@@ -312,11 +345,14 @@ function drawTimeline(data) {
   const traces = Object.entries(byStatus).map(([status, runs]) => ({
     type: "bar", orientation: "h", name: plain(status), marker: { color: COLOURS[status] || "#999" },
     y: runs.map((r) => plain(lane(r))), base: runs.map((r) => r.start), x: runs.map((r) => Math.max(r.end - r.start, 0.001)),
-    text: runs.map((r) => plain(r.name)), hovertemplate: "%{text}<br>%{base:.1f}s + %{x:.1f}s<extra>" + plain(status) + "</extra>",
+    // A name is drawn inside its bar only where it fits (uniformtext below hides the others); every
+    // bar names its run on hover.
+    text: runs.map((r) => plain(r.name)), textposition: "inside", insidetextanchor: "middle",
+    hovertemplate: "%{text}<br>%{base:.1f}s + %{x:.1f}s<extra>" + plain(status) + "</extra>",
   }));
   const lanes = new Set(data.runs.map(lane)).size;
   window.Plotly.react($("timeline"), traces, {
-    barmode: "overlay", height: 80 + 28 * lanes, margin: { t: 10, l: 110 }, xaxis: { title: { text: "seconds since the first of these runs started" } },
+    barmode: "overlay", height: 80 + 28 * lanes, uniformtext: { mode: "hide", minsize: 9 }, margin: { t: 10, l: 110 }, xaxis: { title: { text: "seconds since the first of these runs started" } },
     yaxis: { type: "category", automargin: true }, showlegend: true,
   }, { displaylogo: false });
 }
@@ -352,12 +388,16 @@ async function refresh() {
   if (busy) return;
   busy = true;
   try {
-    drawOverview(await get("/api/overview"));
+    const overview = await get("/api/overview");
+    drawOverview(overview);
     const params = { offset: String(state.offset), limit: String(state.limit), q: state.q, status: state.status };
     if (state.sort) { params.sort = state.sort; params.desc = state.desc ? "1" : "0"; }
-    drawRuns(await get("/api/runs", params));
+    const page = await get("/api/runs", params);
+    drawRuns(page);
+    const ticked = await chooseDefaults(overview);
+    if (ticked) drawRuns(page);  // the best runs' boxes, ticked
     await drawLog();
-    await drawCharts(false);
+    await drawCharts(ticked);
     if (state.tick % 2 === 0) drawTimeline(await get("/api/timeline"));
     if (state.tick % 5 === 0) drawGpus(await get("/api/gpus"));
     if (!REPORT) $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
@@ -375,7 +415,12 @@ async function start() {
   state.charts = Boolean(roots.charts && window.Plotly);
   $("no-charts").hidden = state.charts;
   $("root").replaceChildren(...roots.roots.map((root, i) => { const o = text("option", root); o.value = String(i); return o; }));
-  $("root").addEventListener("change", () => { state.root = Number($("root").value); state.offset = 0; state.ticked.clear(); state.open = null; $("run").hidden = true; refresh(); });
+  $("root").addEventListener("change", () => {
+    state.root = Number($("root").value); state.offset = 0; state.ticked.clear(); state.open = null; $("run").hidden = true;
+    state.chosen = false; state.userTicked = false;
+    for (const id of ["curve-metric", "curve-by", "pc-metric"]) $(id).value = "";
+    refresh();
+  });
   $("filter").addEventListener("input", () => { state.q = $("filter").value; state.offset = 0; refresh(); });
   $("status").addEventListener("change", () => { state.status = $("status").value; state.offset = 0; refresh(); });
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); refresh(); });

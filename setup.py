@@ -46,6 +46,8 @@ setup(
         # The charts of `gts serve` (the view itself needs nothing): Plotly's JavaScript, served from
         # the package, so the page works with no internet.
         "web": ["plotly>=5.0"],
+        # The documentation site (mkdocs.yml, docs/): `mkdocs serve`, or `mkdocs build --strict` as CI does.
+        "docs": ["mkdocs>=1.5", "mkdocs-material>=9.0"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",
@@ -63,6 +65,9 @@ setup(
             "playwright>=1.40",
             "ruff>=0.6",
             "mypy>=1.10",
+            # .ci/run builds the documentation site strictly: a broken link or page fails CI.
+            "mkdocs>=1.5",
+            "mkdocs-material>=9.0",
         ],
     },
     entry_points={"console_scripts": ["gts = gpu_task_scheduler.cli:main"]},

@@ -11,7 +11,7 @@ from gpu_task_scheduler import GPUTask
 
 class QuadraticTask(GPUTask):
     def main(self):
-        config = self._config
+        config = self.config
         rng = random.Random(config["seed"])
         x, velocity = 5.0, 0.0
         for step in range(config["steps"]):
@@ -23,6 +23,6 @@ class QuadraticTask(GPUTask):
             if step % 100 == 0:
                 print(f"step {step}: loss {x * x:.6f}")
         loss = x * x
-        with open(os.path.join(self._work_dir, "metrics.json"), "w") as handle:
+        with open(os.path.join(self.work_dir, "metrics.json"), "w") as handle:
             json.dump({"loss": loss}, handle)
         return {"loss": loss}

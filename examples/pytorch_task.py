@@ -15,7 +15,7 @@ torch = lazy_import("torch")
 
 class TorchRegression(GPUTask):
     def main(self):
-        config = self._config
+        config = self.config
         device = "cuda" if torch.cuda.is_available() else "cpu"
         generator = torch.Generator().manual_seed(config["seed"])
         inputs = torch.randn(4096, 32, generator=generator)
@@ -32,5 +32,5 @@ class TorchRegression(GPUTask):
             optimizer.step()
             if step % 100 == 0:
                 print(f"step {step}: loss {loss.item():.5f}", flush=True)
-        torch.save(model.state_dict(), os.path.join(self._work_dir, "model.pt"))
+        torch.save(model.state_dict(), os.path.join(self.work_dir, "model.pt"))
         return {"loss": loss.item(), "device": device, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}

@@ -18,6 +18,43 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("
 # Imported only by runs on a machine with PyTorch (test_real_gpu.py); not a module to collect.
 collect_ignore = ["gts_torch_module.py"]
 
+# `pytest -m quick`: a check of an install in under a minute (README, "The test suite"): the
+# configs, naming, the command line, the ledger, the engine's decisions and a few whole sweeps, and
+# the package's doctests. None of these files starts Ray, Slurm or a browser, kills processes on
+# purpose or runs a battery of seeds; the whole suite does all of that.
+QUICK = {
+    "test_cli.py",
+    "test_config.py",
+    "test_decisions.py",
+    "test_events.py",
+    "test_hostile_input.py",
+    "test_hostile_root.py",
+    "test_keeper.py",
+    "test_lease.py",
+    "test_logs_command.py",
+    "test_metrics.py",
+    "test_naming.py",
+    "test_new_user.py",
+    "test_notify_tls.py",
+    "test_overrides.py",
+    "test_recordclass.py",
+    "test_results_ranking.py",
+    "test_retry_command.py",
+    "test_scheduler.py",
+    "test_shell_template.py",
+    "test_stages.py",
+    "test_stop_command.py",
+    "test_stopping_and_output.py",
+    "test_watch_command.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = str(item.path)
+        if os.path.basename(path) in QUICK or not path.startswith(TESTS + os.sep):  # a doctest of the package
+            item.add_marker(pytest.mark.quick)
+
 
 def marked_pids(mark):
     """Processes (any parent) whose environment carries this test's mark."""

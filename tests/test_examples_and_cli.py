@@ -38,6 +38,18 @@ def test_the_quick_start_demo_runs_and_resumes(in_tmp):
     assert third.returncode == 1 and "failed on purpose" not in third.stdout, third.stdout
 
 
+def _documents():
+    """The README and the documentation site's pages (the changelog aside), as text."""
+    paths = [os.path.join(REPO, "README.md")]
+    docs = os.path.join(REPO, "docs")
+    paths += sorted(
+        os.path.join(docs, name)
+        for name in os.listdir(docs)
+        if name.endswith(".md") and not os.path.islink(os.path.join(docs, name))
+    )
+    return {os.path.relpath(path, REPO): open(path, encoding="utf-8").read() for path in paths}
+
+
 def _gts_run_lines(text):
     """The ``gts run`` commands the README shows (in code blocks, with or without a prompt)."""
     lines = []
@@ -58,9 +70,9 @@ def test_every_shipped_config_and_readme_run_command_is_valid_as_written(in_tmp,
     for folder in ("configs", "examples"):
         shutil.copytree(os.path.join(REPO, folder), in_tmp / folder)
     (in_tmp / "sweep.yaml").write_text(_readme_block("<!-- shell-sweep: sweep.yaml -->"))
-    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     commands = [f"gts run configs/{name}" for name in sorted(os.listdir(in_tmp / "configs"))]
-    commands += _gts_run_lines(readme)
+    for text in _documents().values():  # the README's and the site's
+        commands += _gts_run_lines(text)
     assert len(commands) >= 9 and "gts run configs/demo.yaml" in commands
     for command in commands:
         argv = shlex.split(command)[1:]  # a Ray cluster's (--address): its dry run reaches no cluster
@@ -94,7 +106,7 @@ def test_the_pytorch_example_imports_without_importing_torch():
 
 
 # What a command sweep without search, early_stop or prewarm never needs before its first run starts
-# (each a few ms of every start; see README "Dispatch").
+# (each a few ms of every start; see docs/performance.md, "Dispatch").
 NOT_AT_START = (
     "gpu_task_scheduler.tuning.search",
     "gpu_task_scheduler.tuning.stopping",
@@ -205,8 +217,10 @@ def test_gts_as_a_module():
     assert result.returncode == 2 and "the following arguments are required: root" in result.stderr
 
 
-def _readme_block(marker):
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+def _readme_block(marker, text=None):
+    """The code block after ``marker`` in the README or a page of the site (or in ``text``)."""
+    if text is None:
+        (text,) = [text for text in _documents().values() if marker in text]
     after = text.split(marker, 1)[1]
     return after.split("```", 2)[1].split("\n", 1)[1]
 
@@ -330,3 +344,99 @@ def test_the_search_example_runs_its_budget_and_its_best_is_found(in_tmp):
     rows = json.loads(top.stdout)
     assert len(rows) == 3 and rows[0]["result.loss"] <= rows[1]["result.loss"] <= rows[2]["result.loss"]
     assert 1e-3 <= rows[0]["lr"] <= 0.3 and 64 <= rows[0]["width"] <= 4096
+
+
+# --- the README and the documentation site --------------------------------------------------
+
+
+def _examples(text):
+    """``{file name: code}`` of the blocks marked ``<!-- example: NAME -->``."""
+    names = [part.split("-->", 1)[0].strip() for part in text.split("<!-- example: ")[1:]]
+    return {name: _readme_block(f"<!-- example: {name} -->", text) for name in names}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_python_example_runs_as_written(in_tmp, page):
+    """my_task.py and sweep.py, as a new user copies them; only the slots are CPU slots here."""
+    files = _examples(_documents()[page])
+    assert sorted(files) == ["my_task.py", "sweep.py"]
+    for name, code in files.items():
+        if name == "sweep.py":
+            assert '"gpu": ["0", "1"]' in code
+            code = code.replace('"gpu": ["0", "1"]', '"gpu": ["cpu", "cpu"]')
+        (in_tmp / name).write_text(code)
+    run = subprocess.run([sys.executable, "sweep.py"], cwd=in_tmp, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "5 succeeded, 0 failed, 0 skipped" in run.stderr
+    shown = [
+        "lr-0.1,wd-0.0,",
+        "lr-0.1,wd-0.0001,",
+        "lr-0.01,wd-0.0,",
+        "lr-0.01,wd-0.0001,",
+        "lr-0.001,optimizer-sgd,wd-0.0,",
+    ]
+    assert all(f"`{name}`" in _documents()[page].replace("\n", " ") for name in shown)
+    rows = ledger_rows(in_tmp / "results")
+    assert sorted(rows, key=lambda name: rows[name]["run_index"]) == shown
+    assert all(json.loads(row["result"])["loss"] >= 0 for row in rows.values())
+
+
+def test_the_readme_reading_commands_run_on_the_shell_sweeps_root(in_tmp, capsys):
+    import shlex
+
+    (in_tmp / "sweep.yaml").write_text(_readme_block("<!-- shell-sweep: sweep.yaml -->"))
+    shutil_copy = open(os.path.join(REPO, "examples", "train.py")).read()
+    (in_tmp / "examples").mkdir()
+    (in_tmp / "examples" / "train.py").write_text(shutil_copy)
+    os.chdir(in_tmp)
+    assert gts_main(["run", "sweep.yaml", "--plain"]) == 0
+    readme = _documents()["README.md"]
+    block = readme.split("## Reading results", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line.split("  #", 1)[0].split(" > ", 1)[0].strip() for line in block.strip().splitlines()]
+    assert len(lines) >= 5
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        if argv[0] == "serve":
+            continue  # serves until stopped: tests/test_web.py serves a root
+        argv = [part if part != "loss.png" else str(in_tmp / "loss.png") for part in argv]
+        assert gts_main(argv) == 0, (line, capsys.readouterr())
+    assert (in_tmp / "loss.png").exists()
+
+
+def test_the_readme_is_short_and_leads_with_what_a_newcomer_needs():
+    readme = _documents()["README.md"]
+    lines = readme.splitlines()
+    assert len(lines) <= 350
+    where = {line: index for index, line in enumerate(lines) if line.startswith("## ")}
+    assert where["## Quick start"] < where["## Contents"] < where["## Requirements"] < where["## A sweep from Python"]
+    assert where["## A sweep from Python"] < 150 and readme.index("GPUTaskScheduler(config=config") < len(
+        "\n".join(lines[:150])
+    )
+    import re
+
+    for target in re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", readme):  # every link to a file resolves
+        assert target.startswith("http") or os.path.exists(os.path.join(REPO, target)), target
+
+
+def test_every_gts_subcommand_is_in_the_documentation():
+    from gpu_task_scheduler.cli.main import _SUBCOMMANDS
+
+    cli = _documents()["docs/cli.md"]
+    for name in _SUBCOMMANDS:
+        assert f"`gts {name}" in cli, name
+
+
+def test_the_documentation_site_builds_strictly(tmp_path):
+    """What .ci/run builds: a broken link or anchor, or a page left out of mkdocs.yml, fails."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert build.returncode == 0, build.stderr
+    assert (tmp_path / "site" / "cli" / "index.html").exists()

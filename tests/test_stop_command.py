@@ -76,6 +76,9 @@ def test_gts_stop_now_kills_runs_that_ignore_sigterm_at_once(in_tmp, no_leaked_p
 
 def test_gts_stop_says_clearly_when_nothing_runs(in_tmp, capsys):
     root = in_tmp / "r"
+    assert main(["stop", str(root)]) == 2  # a path that does not exist
+    assert f"{root} does not exist" in capsys.readouterr().err
+    root.mkdir()
     assert main(["stop", str(root)]) == 2  # a folder that is no result root
     assert "is not a result root" in capsys.readouterr().err
     config = make_config(root, [{"a": [1]}])

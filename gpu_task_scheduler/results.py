@@ -38,14 +38,22 @@ def open_ledger(root: str) -> Ledger:
 
 
 def _near(path: str) -> str:
-    """``; did you mean 'results'?`` for a misspelt folder whose parent exists, else ``.``"""
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        names = [name for name in os.listdir(parent) if os.path.isdir(os.path.join(parent, name))]
-    except OSError:
-        return "."
-    guess = closest(os.path.basename(os.path.normpath(path)), names)
-    return "." if guess is None else f"; did you mean {os.path.join(os.path.dirname(path), guess)!r}?"
+    """``; did you mean 'results/demo'?`` for a path whose first missing folder is a misspelling of
+    one beside it, else ``.``"""
+    parts = os.path.normpath(path).split(os.sep)
+    for index, part in enumerate(parts):
+        head = os.sep.join(parts[:index]) or ("/" if path.startswith("/") else ".")
+        if os.path.lexists(os.path.join(head, part)) or not part:
+            continue
+        try:
+            names = [name for name in os.listdir(head) if os.path.isdir(os.path.join(head, name))]
+        except OSError:
+            return "."
+        guess = closest(part, names)
+        if guess is None:
+            return "."
+        return f"; did you mean {os.sep.join([*parts[:index], guess, *parts[index + 1 :]])!r}?"
+    return "."
 
 
 def records(root: str, stage: str | None = None) -> list[RunRecord]:

@@ -440,3 +440,19 @@ def test_the_documentation_site_builds_strictly(tmp_path):
     )
     assert build.returncode == 0, build.stderr
     assert (tmp_path / "site" / "cli" / "index.html").exists()
+
+
+def test_the_documentation_spells_the_tasks_attributes_one_way():
+    """self.config and self.work_dir in every example (the original's self._config and
+    self._work_dir are named once, as names that work too)."""
+    for page, text in _documents().items():
+        for block in text.split("```")[1::2]:
+            assert "self._config" not in block and "self._work_dir" not in block, page
+
+
+def test_every_file_of_the_quick_subset_exists():
+    """README: pytest -m quick. A file renamed away would leave the subset silently smaller."""
+    from conftest import QUICK
+
+    tests = os.path.join(REPO, "tests")
+    assert all(os.path.exists(os.path.join(tests, name)) for name in QUICK) and len(QUICK) >= 20

@@ -112,6 +112,8 @@ def test_a_missing_root_is_said_not_to_exist_with_the_folder_it_may_mean(in_tmp,
     monkeypatch.chdir(in_tmp)
     assert gts([argv[0], "reslts", *argv[1:]]) == 2
     assert "'reslts' does not exist; did you mean 'results'?" in capsys.readouterr().err
+    assert gts([argv[0], "reslts/demo", *argv[1:]]) == 2  # the first folder that is missing is the one meant
+    assert "'reslts/demo' does not exist; did you mean 'results/demo'?" in capsys.readouterr().err
     assert gts(["stop", "nowhere"]) == 2
     assert "nowhere does not exist" in capsys.readouterr().err
 

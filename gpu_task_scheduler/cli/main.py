@@ -228,8 +228,6 @@ def _dry_run(sweep: Any) -> int:
         for line in last:
             print(line)
     summary = f"{decided} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    _say_who_runs(sweep.options.result_root_folder)
-    _say_order_matters(sweep)
     if sweep.search is not None:  # its runs are chosen as earlier ones end: only those asked are known
         from ..sweep.space import describe
 
@@ -242,10 +240,13 @@ def _dry_run(sweep: Any) -> int:
             print(spent_message(sweep.search.n_runs))
         else:
             print(f"a start asks for up to {left} more run(s)")
+        _say_who_runs(sweep.options.result_root_folder)
         return EXIT_OK
     if decided < size:
         summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"
     print(summary)
+    _say_order_matters(sweep)
+    _say_who_runs(sweep.options.result_root_folder)
     return EXIT_OK
 
 

@@ -14,13 +14,15 @@ import itertools
 import os
 import queue
 
-from gpu_task_scheduler.engine.launcher import Ended
+from gpu_task_scheduler.engine.launcher import Abilities, BaseLauncher, Ended
 from gpu_task_scheduler.records.protocol import Outcome
 
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
 
 
-class FakeWorld:
+class FakeWorld(BaseLauncher):
+    abilities = Abilities()  # it starts attempts, and does nothing else a launcher may
+
     def __init__(self):
         self.now = 0.0
         self._timed = []  # (time, seq, callback)
@@ -58,7 +60,7 @@ class FakeWorld:
     def open(self, lock_fd):
         self.lock_fd = lock_fd
 
-    def close(self):
+    def close(self):  # the launcher's and the inbox's (this world is both)
         self.closed = True
 
     def start(self, attempt, on_exit, on_placed=None):

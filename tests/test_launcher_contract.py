@@ -277,3 +277,35 @@ def test_a_run_whose_machine_is_lost_or_cut_off_runs_exactly_once(in_tmp, no_lea
         assert "given up, its lease expired" in output or "given up, it had not started" in output, output
     if retried:  # the log says how the old attempt was known to be over before its run ran again
         assert "given up, " in output or "cut off from the scheduler" in output, output
+
+
+@pytest.mark.parametrize(
+    "make, declared",
+    [
+        (lambda o: LocalLauncher(tasks.ContractTask), {"watches"}),
+        (lambda o: RayLauncher(tasks.ContractTask, o), {"cluster_slots"}),
+        (lambda o: SlurmLauncher(tasks.ContractTask, o), {"cluster_slots", "batches", "queue_places", "adopts"}),
+        (lambda o: FakeWorld(), set()),
+    ],
+)
+def test_each_launcher_declares_what_it_can_do_and_the_engine_probes_nothing(in_tmp, make, declared):
+    """What a launcher can do besides starting attempts is its typed Abilities: the engine asks
+    for nothing else (no getattr of a launcher or the inbox anywhere in it)."""
+    import ast
+
+    from gpu_task_scheduler.engine import launcher as seam
+
+    options = Sweep(make_config(in_tmp / "r", [{"a": [1]}])).options
+    abilities = make(options).abilities
+    flags = {name for name in seam.Abilities._fields if name != "runs_at_once" and getattr(abilities, name)}
+    assert isinstance(abilities, seam.Abilities) and flags == declared
+    engine = os.path.dirname(seam.__file__)
+    for name in os.listdir(engine):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(engine, name)).read())
+            probed = [
+                ast.unparse(call.args[0])
+                for call in ast.walk(tree)
+                if isinstance(call, ast.Call) and getattr(call.func, "id", None) in ("getattr", "hasattr")
+            ]
+            assert not [what for what in probed if "launcher" in what or "inbox" in what], (name, probed)

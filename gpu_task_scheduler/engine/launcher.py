@@ -16,9 +16,10 @@ event); every other method is called from the engine's thread.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..gpu.devices import Slot
+from ..recordclass import Record
 from ..records.paths import RunPaths
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec
@@ -81,10 +82,23 @@ class OnPlaced(Protocol):
         restarted scheduler follows keeps the clock its timeout counts on)."""
 
 
+class Abilities(Record):
+    """What a launcher can do besides starting attempts, declared: the engine asks a launcher for
+    nothing it has not declared here (and probes none of its attributes)."""
+
+    cluster_slots: bool = False  # slots(): the cluster's, not this machine's GPUs (Ray, Slurm)
+    batches: bool = False  # flush() hands what started since the last flush to its cluster at once (Slurm's arrays)
+    queue_places: bool = False  # its slots are places in a cluster's queue: no "slotN finished" line for each
+    adopts: bool = False  # live_attempt(): it follows attempts an earlier scheduler left on its cluster
+    watches: bool = False  # attach(inbox): the loop's inbox waits on its runs' ends itself
+    runs_at_once: int | None = None  # what it takes at once (a search asks no more runs ahead); None: the slots'
+
+
 class Launcher(Protocol):
-    """Where runs run. Besides these methods a launcher may have ``attach(inbox)``, called before the
-    first start: the local launcher gives the inbox its runs' pidfds to wait on (``Inbox.watch``), so
-    the loop itself hears of their ends."""
+    """Where runs run. ``abilities`` says which of the methods after ``close`` mean something; a
+    launcher that has none of them inherits :class:`BaseLauncher`'s."""
+
+    abilities: Abilities
 
     def open(self, lock_fd: int) -> None:
         """The result root is locked by ``lock_fd``; a launcher whose runs can outlive a crash of the
@@ -100,22 +114,39 @@ class Launcher(Protocol):
         """The sweep is over (every run has ended): release what the launcher holds, e.g. processes
         started ahead for runs that will not come. Called while the root is still locked."""
 
-
-class ClusterLauncher(Launcher, Protocol):
-    """A launcher whose slots are not this machine's GPUs but what a cluster offers (Ray, Slurm).
-
-    Its attempts start when the cluster places them: ``Handle.pid`` is negative until then, and the
-    engine starts a run's clock (its ``timeout``, its duration) at ``on_placed``."""
-
-    def slots(self, options: SchedulerOptions) -> list[Slot]:
-        """The slots of the sweep (raises GTSError when there are none)."""
+    def slots(self, options: SchedulerOptions) -> list[Slot] | None:
+        """``cluster_slots``: the slots of the sweep (raises GTSError when there are none). Its
+        attempts start when the cluster places them: ``Handle.pid`` is negative until then, and the
+        engine starts a run's clock (its ``timeout``, its duration) at ``on_placed``."""
 
     def flush(self) -> None:
-        """The engine has started what it can for now. A launcher that hands attempts to its cluster
-        in batches (Slurm's job arrays) hands over those started since the last flush."""
+        """``batches``: the engine has started what it can for now; hand over those started since
+        the last flush."""
 
     def live_attempt(self, name: str) -> str | None:
-        """The token of an attempt of run ``name`` that an earlier scheduler of this root handed to the
-        cluster and that is still queued or running there (``gts run --detach``), or None. The engine
-        starts the run with that token, and ``start`` then follows the live attempt instead of
-        starting another."""
+        """``adopts``: the token of an attempt of run ``name`` that an earlier scheduler of this root
+        handed to the cluster and that is still queued or running there (``gts run --detach``), or
+        None. The engine starts the run with that token, and ``start`` then follows the live attempt
+        instead of starting another."""
+
+    def attach(self, inbox: Any) -> None:
+        """``watches``: called before the first start. The local launcher gives the inbox its runs'
+        pidfds to wait on (``Inbox.watch``), so the loop itself hears of their ends."""
+
+
+class BaseLauncher:
+    """What a launcher that declares no abilities does with the methods they name: nothing."""
+
+    abilities = Abilities()
+
+    def slots(self, options: SchedulerOptions) -> list[Slot] | None:
+        return None
+
+    def flush(self) -> None:
+        pass
+
+    def live_attempt(self, name: str) -> str | None:
+        return None
+
+    def attach(self, inbox: Any) -> None:
+        pass

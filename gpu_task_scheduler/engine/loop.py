@@ -108,7 +108,7 @@ class Scheduler:
         detach: bool = False,
     ) -> None:
         """``detach``: hand what can start now to the cluster and return, leaving it running there
-        (a ClusterLauncher whose runs outlive their scheduler: Slurm); a later start adopts it."""
+        (a launcher that adopts its runs: they outlive their scheduler on the cluster, as on Slurm); a later start adopts it."""
         self.sweep, self.options, self._launcher = sweep, sweep.options, launcher
         self._hooks, self._nvml, self._clock, self._host = hooks or Hooks(), nvml, clock, host
         self.inbox = inbox or Inbox()
@@ -123,16 +123,13 @@ class Scheduler:
         self._next_poll: float | None = None
         self._stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
         self._next_look: float | None = None
-        self._flush: Callable[[], None] | None = getattr(launcher, "flush", None)
-        self._live_attempt: Callable[[str], str | None] | None = getattr(launcher, "live_attempt", None)
+        self._abilities = launcher.abilities
         self._detach = detach
-        self._queue_places = bool(getattr(launcher, "slots_are_queue_places", False))
 
     def setup(self) -> Capacity:
         """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
         if self._capacity is None:
-            cluster_slots = getattr(self._launcher, "slots", None)  # a ClusterLauncher's (Ray)
-            slots = cluster_slots(self.options) if callable(cluster_slots) else None
+            slots = self._launcher.slots(self.options) if self._abilities.cluster_slots else None
             self._capacity = Capacity(self.options, nvml=self._nvml, host=self._host, slots=slots)
         return self._capacity
 
@@ -157,14 +154,14 @@ class Scheduler:
                 with Ledger(root) as ledger:
                     self._records = Records(ledger, self._summary, self._hooks)
                     try:
-                        attach = getattr(self._launcher, "attach", None)
-                        if attach is not None:  # the loop waits on what the launcher watches (its runs' pidfds)
-                            attach(self.inbox)
+                        if self._abilities.watches:  # the loop waits on what the launcher watches (its runs' pidfds)
+                            self._launcher.attach(self.inbox)
                         if self.options.learn_gpu_memory:  # what this root's runs were seen to use before
                             capacity.learned_before(ledger.recorded_peaks())
                         # An attempt a cluster still runs is followed; one that holds a lease is over first.
                         terms = LeaseTerms(self.options.lease_interval, self.options.grace_period)
-                        settle_running(ledger, self._live_attempt, terms)
+                        live = self._launcher.live_attempt if self._abilities.adopts else None
+                        settle_running(ledger, live, terms)
                         if self.sweep.stopping:
                             from .stopper import Stopper
 
@@ -174,7 +171,7 @@ class Scheduler:
                         self._records.sweep_starting(self.sweep)
                         self._known = RootIndex(ledger, root.root, take_over=take_over)
                         # What runs at once: a search asks no more runs ahead (a cluster may queue more).
-                        at_once = getattr(self._launcher, "runs_at_once", None)
+                        at_once = self._abilities.runs_at_once
                         self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
                         self.sweep.lookup = ledger.get
                         self._queue = RunQueue(self.sweep.runs(self._known.foreign))
@@ -190,9 +187,7 @@ class Scheduler:
                         self._records.flush()
                         self._kill_everything()
                         self._launcher.close()
-                        close_inbox = getattr(self.inbox, "close", None)
-                        if close_inbox is not None:
-                            close_inbox()
+                        self.inbox.close()
         finally:
             capacity.close()
         self._summary.duration = self._clock() - started
@@ -207,8 +202,8 @@ class Scheduler:
             if self._starting:
                 with ledger.batch():  # skips and adoptions share a transaction; each start commits
                     self._fill()
-                if self._flush is not None:  # a cluster's batch of what just started (Slurm's job arrays)
-                    self._flush()
+                if self._abilities.batches:  # a cluster's batch of what just started (Slurm's job arrays)
+                    self._launcher.flush()
                 if self._detach:
                     self._leave_to_the_cluster()
                     return
@@ -226,7 +221,7 @@ class Scheduler:
                         self._on_exit(value)
                         # Its slot's next run now, not after the other ends waiting here. Not on a cluster
                         # that takes its starts in batches (Slurm's arrays): the next turn fills and flushes.
-                        if self._starting and self._flush is None:
+                        if self._starting and not self._abilities.batches:
                             self._fill()
                     elif kind == "placed":
                         self._on_placed(*value)
@@ -295,7 +290,9 @@ class Scheduler:
         if not queue.taking:
             records.report_skips()
             for slot in capacity.newly_idle():
-                if not self._queue_places:  # a cluster's places in its queue (Slurm's) are not worth a line each
+                if (
+                    not self._abilities.queue_places
+                ):  # a cluster's places in its queue (Slurm's) are not worth a line each
                     logger.info("%s finished", slot.name)
 
     def _ready(self, item: Pending) -> bool:
@@ -366,7 +363,7 @@ class Scheduler:
         spec, slot = item.spec, self.setup().slots[slot_index]
         item.tries += 1
         paths = RunPaths(spec.work_dir, self.options.log_file)
-        live = None if self._live_attempt is None else self._live_attempt(spec.name)
+        live = self._launcher.live_attempt(spec.name) if self._abilities.adopts else None
         token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice
         if live is not None:
             logger.info("%s: following its attempt that is still queued or running on the cluster", spec.name)
@@ -396,7 +393,7 @@ class Scheduler:
         self._records.call("on_run_start", spec, slot)
 
     def _on_placed(self, key: int, node: str, pid: int, since: float) -> None:
-        """A run on another machine started there ``since`` seconds ago (a ClusterLauncher's report)."""
+        """A run on another machine started there ``since`` seconds ago (from a launcher with cluster slots)."""
         active = self._active.get(key)
         if active is not None:
             # Its clock starts then: time spent queued on the cluster is neither its timeout's nor its
@@ -570,7 +567,7 @@ class Scheduler:
 
     def _leave_to_the_cluster(self) -> None:
         """``detach``: the runs handed to the cluster run on there; the ledger keeps them as running,
-        and the next start of this root follows them (ClusterLauncher.live_attempt)."""
+        and the next start of this root follows them (Launcher.live_attempt)."""
         logger.warning(
             "detached: %d run(s) queued or running on the cluster; `gts status` shows them, and `gts run` "
             "on this root again follows them (and starts what was not ready yet)",

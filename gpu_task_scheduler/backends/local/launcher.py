@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...engine.launcher import Attempt, Ended, LaunchError, OnPlaced
+from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
 from ...gpu_task import GPUTask
 from .keeper import Keeper
 from .keeper import available as keeper_available
@@ -29,7 +29,9 @@ if TYPE_CHECKING:  # imported where prewarm starts one: a sweep without prewarm 
 _DRAIN_SLACK = 60.0  # seconds beyond the grace period a stopped run's processes are waited for
 
 
-class LocalLauncher:
+class LocalLauncher(BaseLauncher):
+    abilities = Abilities(watches=True)  # the loop waits on its runs' pidfds itself (attach)
+
     def __init__(self, task: type[GPUTask] | TaskFactory, *, grace_period: float = 10.0, prewarm: bool = False) -> None:
         """``task``: a GPUTask subclass (built as ``task(config, work_dir)`` per run) or a factory of
         tasks. ``prewarm``: start each slot's next Python runner while its run works (``warm.py``)."""

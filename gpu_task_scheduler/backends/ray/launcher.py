@@ -51,7 +51,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from ...engine.launcher import Attempt, Ended, LaunchError, OnPlaced
+from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
 from ...errors import GTSError, install_hint
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
@@ -79,9 +79,11 @@ def import_ray() -> Any:
     return ray
 
 
-class RayLauncher:
+class RayLauncher(BaseLauncher):
     """Runs each attempt as a Ray task; a context manager (it disconnects, or stops the Ray
     instance it started, when the ``with`` block ends)."""
+
+    abilities = Abilities(cluster_slots=True)  # its slots are the cluster's GPUs
 
     def __init__(self, task: type[GPUTask] | TaskFactory, options: SchedulerOptions) -> None:
         self._make_task = class_factory(task) if isinstance(task, type) else task

@@ -51,7 +51,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ...engine.launcher import Attempt, Ended, LaunchError, OnPlaced
+from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
@@ -108,7 +108,7 @@ def _running_for(started_at: object) -> float:
     return max(0.0, time.time() - started_at)
 
 
-class SlurmLauncher:
+class SlurmLauncher(BaseLauncher):
     """Runs each attempt as a task of a Slurm job array; a context manager (nothing to release
     but the thread that follows the tasks)."""
 
@@ -137,8 +137,15 @@ class SlurmLauncher:
         self._said: str | None = None  # the last error squeue gave (said once)
         self._waiting_words = ""  # why tasks wait in Slurm's queue, as last logged
         self.submissions = 0  # sbatch calls that queued runs (the tests count them)
-        self.runs_at_once = self._s.max_parallel or self._s.max_queued  # what a search asks ahead
-        self.slots_are_queue_places = True  # the engine logs no "slotN finished" for each
+        # Its slots are places in Slurm's queue, handed over as job arrays at each flush; attempts a
+        # detached start left there are followed; a search asks as many runs ahead as may run at once.
+        self.abilities = Abilities(
+            cluster_slots=True,
+            batches=True,
+            queue_places=True,
+            adopts=True,
+            runs_at_once=self._s.max_parallel or self._s.max_queued,
+        )
 
     def __enter__(self) -> SlurmLauncher:
         return self

@@ -107,8 +107,9 @@ class Scheduler:
         keep_succeeded: bool = True,
         detach: bool = False,
     ) -> None:
-        """``detach``: hand what can start now to the cluster and return, leaving it running there
-        (a launcher that adopts its runs: they outlive their scheduler on the cluster, as on Slurm); a later start adopts it."""
+        """``detach``: hand what can start now to the cluster and return, leaving it running there (a
+        launcher that adopts attempts: they outlive their scheduler there, as on Slurm); a later start
+        adopts it."""
         self.sweep, self.options, self._launcher = sweep, sweep.options, launcher
         self._hooks, self._nvml, self._clock, self._host = hooks or Hooks(), nvml, clock, host
         self.inbox = inbox or Inbox()

@@ -110,7 +110,7 @@ def test_the_pytorch_example_imports_without_importing_torch():
 NOT_AT_START = (
     "gpu_task_scheduler.tuning.search",
     "gpu_task_scheduler.tuning.stopping",
-    "gpu_task_scheduler.sweep.space",  # a search's distributions
+    "gpu_task_scheduler.tuning.space",  # a search's distributions
     "gpu_task_scheduler.sweep.slurm",  # backend slurm's options
     "gpu_task_scheduler.engine.stopper",
     "gpu_task_scheduler.cli.progress",

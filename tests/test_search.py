@@ -11,8 +11,8 @@ from helpers import journal_lines, ledger_rows, make_config
 
 from gpu_task_scheduler import ConfigError, ConfigManager, GPUTaskScheduler, RunStatus
 from gpu_task_scheduler.cli.main import main as gts
-from gpu_task_scheduler.sweep.space import Choice, Int, LogUniform, Uniform, parse_distribution
 from gpu_task_scheduler.tuning.search import objective
+from gpu_task_scheduler.tuning.space import Choice, Int, LogUniform, Uniform, parse_distribution
 
 SPACE = {"x1": {"uniform": [-5, 10]}, "x2": {"uniform": [0, 15]}}
 
@@ -428,3 +428,22 @@ def test_a_retried_run_of_a_finished_trial_does_not_tell_the_sampler_again(in_tm
     assert ledger_rows(root)[name]["attempts"] == 2  # it ran again
     told = [json.loads(line) for line in journal.read_bytes()[len(before) :].splitlines()]
     assert not any(entry.get("op_code") == 6 for entry in told)  # 6: a trial's state set (told)
+
+
+def test_the_methods_know_nothing_of_the_sweep():
+    """tuning/ (the samplers, the stopping rules, the spaces) imports nothing of sweep/, engine/ or
+    backends/ (type-only and lazy imports included): sweep/ and the engine use it, never the other way."""
+    import ast
+    import os
+
+    import gpu_task_scheduler.tuning as tuning
+
+    folder = os.path.dirname(tuning.__file__)
+    for name in os.listdir(folder):
+        if name.endswith(".py"):
+            for node in ast.walk(ast.parse(open(os.path.join(folder, name)).read())):
+                if isinstance(node, ast.ImportFrom) and node.level >= 2:
+                    assert (node.module or "").split(".")[0] not in ("sweep", "engine", "backends", "cli"), (
+                        name,
+                        node.module,
+                    )

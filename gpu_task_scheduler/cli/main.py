@@ -229,7 +229,7 @@ def _dry_run(sweep: Any) -> int:
             print(line)
     summary = f"{decided} runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     if sweep.search is not None:  # its runs are chosen as earlier ones end: only those asked are known
-        from ..sweep.space import describe
+        from ..tuning.space import describe
 
         print(summary.replace("runs:", "runs asked so far:") if decided else "no run asked yet")
         print(f"{sweep.search.describe()}; space: {describe(sweep.space)}")

@@ -31,8 +31,8 @@ from .stages import Dependencies, Stage, parse_stages
 
 if TYPE_CHECKING:  # imported where a config has a search or early_stop (7 ms a start without one)
     from ..tuning.search import Search, Searcher, Trial
+    from ..tuning.space import Distribution  # and its space's distributions (1.5 ms)
     from ..tuning.stopping import Rule
-    from .space import Distribution  # and its space's distributions (1.5 ms)
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -117,7 +117,7 @@ def _values(value: Any, where: str) -> Sequence[Any]:
     if isinstance(value, (str, bytes)):
         raise ConfigError(f"{where} is the string {value!r}, not a list of values{hint}")
     if isinstance(value, Mapping):
-        from .space import is_distribution  # here: only a search's config needs the distributions
+        from ..tuning.space import is_distribution  # here: only a search's config needs the distributions
 
         if is_distribution(value):
             raise ConfigError(
@@ -395,7 +395,7 @@ class Sweep:
                 f"a search samples one space: give {where} as one block of key -> distribution, e.g. "
                 "[{lr: {loguniform: [1.0e-5, 1.0e-1]}, layers: {int: [2, 8]}}]"
             )
-        from .space import parse_space
+        from ..tuning.space import parse_space
 
         self.space = parse_space(blocks[0], f"{where}[0]")
         self._space_raw = copy.deepcopy(blocks[0])
@@ -584,7 +584,7 @@ class Sweep:
         """``spec`` will not run again in this start (the engine's word, with its ledger record): a
         search tells its sampler how it ended (see tuning/search.py)."""
         if self.search is not None:
-            from ..tuning.search import settled
+            from .sampled import settled
 
             settled(self, spec, status, record)
 
@@ -594,7 +594,7 @@ class Sweep:
         :func:`params_text`); such a folder is never given to this run. A search yields
         the runs it asked so far, and, once the engine runs it (:meth:`follow`), asks for more."""
         if self.search is not None:
-            from ..tuning.search import search_runs
+            from .sampled import search_runs
 
             yield from search_runs(self, foreign)
             return

@@ -28,18 +28,14 @@ import math
 import os
 import random
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
-from ..errors import ConfigError, DamagedRecordError, did_you_mean, install_hint, unknown_key_message
+from ..errors import ConfigError, DamagedRecordError, install_hint, unknown_key_message
 from ..recordclass import Record
 from ..records.jsonlines import read_records
-from ..records.paths import RootPaths, name_problem, open_regular, write_all
-from ..sweep.naming import NameRegistry
-from ..sweep.space import Choice, Distribution, Int, LogUniform, Uniform, inside
-
-if TYPE_CHECKING:
-    from ..sweep.expand import Foreign, RunSpec, Sweep
+from ..records.paths import name_problem, open_regular, write_all
+from .space import Choice, Distribution, Int, LogUniform, Uniform, inside
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -409,119 +405,3 @@ def spent_message(n_runs: int, unfinished: int = 0) -> str:
         f"sample more, raise n_runs in the config's search, or give e.g. search.n_runs={2 * n_runs} on gts run's "
         "command line"
     )
-
-
-def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
-    """The runs a search asked so far (after a restart: those not yet told first) and, once the
-    engine runs the sweep (``sweep.live``), new ones: at most ``sweep.parallel`` unsettled at a
-    time, and ``n_runs`` trials in all, over every start. A trial that asks for values an earlier
-    trial has (a small discrete space) runs nothing: it is told what its twin is told."""
-    from ..sweep.expand import NOT_READY
-
-    search = sweep.search
-    assert search is not None
-    meta = RootPaths(sweep.options.result_root_folder).meta
-    if not sweep.live and not os.path.isdir(meta):
-        return  # nothing asked yet, and only the engine asks
-    searcher = sweep.searcher = open_searcher(search, sweep.space, meta, read_only=not sweep.live)
-    registry = NameRegistry()
-    sweep.trial_of.clear()
-    sweep.twins.clear()
-    unfinished: list[RunSpec] = []
-    followers: list[RunSpec] = []
-    sweep.asked = 0
-    for trial in searcher.trials():
-        if any(key not in trial.values for key in sweep.space):
-            # Asked by a scheduler killed before the sampler had given all its values: no run ever
-            # had them. Told failed (the sampler learns nothing from it) and not counted.
-            if sweep.live and not trial.done:
-                searcher.tell(trial.number, None)
-            continue
-        sweep.asked += 1
-        searcher.check(trial)
-        spec = sweep.trial_run(trial, registry, foreign)
-        if trial.name is None and sweep.live:
-            searcher.name(trial.number, spec.name)
-        later = [] if spec.duplicate else list(sweep.followers(spec, registry, foreign))
-        if sweep.selected is not None:  # `gts retry`: those runs again, whatever they were told
-            if spec.name in sweep.selected and not spec.duplicate:
-                unfinished.append(spec)
-            later = [run for run in later if run.name in sweep.selected]
-        elif not sweep.live:
-            if not spec.duplicate:
-                unfinished.append(spec)
-        elif not trial.done:
-            if spec.duplicate:
-                _twin(sweep, spec.name, trial.number)
-            else:
-                unfinished.append(spec)
-        followers.extend(later)  # the runs of later stages: each start decides them (skip or run)
-    if sweep.live and sweep.selected is None and sweep.asked >= search.n_runs:
-        logger.warning("%s", spent_message(search.n_runs, len(unfinished)))
-    for spec in unfinished:
-        sweep.in_flight += sweep.live
-        yield spec
-    yield from followers
-    if not sweep.live or sweep.selected is not None:
-        return
-    while sweep.asked < search.n_runs:
-        if sweep.in_flight >= sweep.parallel:
-            yield NOT_READY  # the next values are asked when a slot is free, knowing more
-            continue
-        trial = searcher.ask()
-        sweep.asked += 1
-        searcher.check(trial)
-        spec = sweep.trial_run(trial, registry, foreign)
-        searcher.name(trial.number, spec.name)
-        if spec.duplicate:
-            _twin(sweep, spec.name, trial.number)
-            continue
-        sweep.in_flight += 1
-        yield spec
-        yield from sweep.followers(spec, registry, foreign)
-
-
-def _twin(sweep: Sweep, name: str, number: int) -> None:
-    """Trial ``number`` asked for the values of the run ``name``: told now if that run ended
-    before this start, else with it."""
-    record = sweep.lookup(name)
-    first = sweep.trial_of[name]
-    if record is not None and str(record.status) not in ("running", "interrupted") and sweep.searcher is not None:
-        if sweep.searcher.done(first):
-            _tell(sweep, number, str(record.status), record)
-            return
-    sweep.twins.setdefault(name, []).append(number)
-
-
-def settled(sweep: Sweep, spec: RunSpec, status: str, record: Any) -> None:
-    """Tell the sampler how ``spec`` ended (``status``: a RunStatus value; ``record``: its ledger
-    record), and the trials that asked for the same values. A run interrupted by a stop is told
-    nothing: it runs again at the next start."""
-    number = sweep.trial_of.get(spec.name)
-    if sweep.searcher is None or number is None or sweep.search is None:
-        return
-    sweep.in_flight -= 1
-    if status == "interrupted":
-        return
-    for trial in (number, *sweep.twins.pop(spec.name, ())):
-        _tell(sweep, trial, status, record)
-
-
-def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
-    assert sweep.searcher is not None and sweep.search is not None
-    value = None
-    if status == "succeeded":
-        from ..results import run_result  # what main() returned, else the run's own result.json
-
-        result = run_result(sweep.options.result_root_folder, record) if record is not None else None
-        value = objective(result, record.metrics_value if record is not None else {}, sweep.search.metric)
-        if value is None:
-            given = [*(result if isinstance(result, Mapping) else ()), *(record.metrics_value if record else ())]
-            logger.warning(
-                "%s succeeded but gave no number for %r (neither in what it returned nor as a reported metric)%s "
-                "The search is told it failed",
-                record.name if record is not None else f"trial {number}",
-                sweep.search.metric,
-                did_you_mean(sweep.search.metric, [str(key) for key in given]),
-            )
-    sweep.searcher.tell(number, value, pruned=status == "pruned")

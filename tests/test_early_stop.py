@@ -452,20 +452,20 @@ def test_the_stop_verdict_is_on_disk_before_the_run_is_told(in_tmp, monkeypatch)
     verdict, as another connection sees it."""
     import sqlite3
 
-    from gpu_task_scheduler.engine import loop
+    from gpu_task_scheduler.engine import running
 
     root = in_tmp / "r"
     seen = []
-    tell = loop.Scheduler._tell
+    tell = running._tell
 
-    def told(self, active, path, text):
+    def told(active, path, text):
         if path == active.paths.pruned:
             db = sqlite3.connect(root / ".gts" / "ledger.sqlite3")
             seen.append(db.execute("SELECT stop FROM verdicts WHERE name = ?", (active.spec.name,)).fetchall())
             db.close()
-        return tell(self, active, path, text)
+        return tell(active, path, text)
 
-    monkeypatch.setattr(loop.Scheduler, "_tell", told)
+    monkeypatch.setattr(running, "_tell", told)
     summary = GPUTaskScheduler(_curve_sweep(root), tasks.CurveTask).start()
     assert summary.pruned and len(seen) == len(summary.pruned)
     assert all((1,) in rows for rows in seen)

@@ -22,18 +22,17 @@ import time
 from collections.abc import Callable
 from queue import Empty
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import GTSError
 from ..gpu.capacity import Capacity
-from ..gpu.devices import Slot
 from ..gpu.host import HostProbe
 from ..gpu.placement import Need
 from ..records.control import CONTROL_SIGNAL, take_stop_request, taking_requests
 from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger, SweepLock
-from ..records.paths import RootPaths, RunPaths, atomic_write
+from ..records.paths import RootPaths, RunPaths
 from ..records.prior import Prior, read_prior, settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
@@ -41,56 +40,13 @@ from .changes import settle_changes
 from .decide import Decision, before_run, classify
 from .endreads import EndReads
 from .hooks import Hooks, Inbox, StopSignals
-from .launcher import Attempt, Handle, Launcher, LaunchError
+from .launcher import Attempt, Launcher, LaunchError
 from .outcomes import Records, read_exit
 from .pending import Pending, RunQueue, Waits, failure_words
+from .running import Active, Running
 from .summary import SweepSummary
 
-if TYPE_CHECKING:  # imported where a sweep has early_stop rules (they and their math cost a start 4 ms)
-    from .stopper import Stopper
-
 logger = logging.getLogger("gpu_task_scheduler")
-
-
-class _Active:
-    """A run that is running (a plain class, as Pending)."""
-
-    __slots__ = (
-        "item",
-        "slot_index",
-        "slot",
-        "handle",
-        "paths",
-        "token",
-        "started",
-        "deadline",
-        "stopped",
-        "kill_at",
-        "term_at",
-        "exited",
-    )
-
-    def __init__(
-        self,
-        item: Pending,
-        slot_index: int,
-        slot: Slot,
-        handle: Handle,
-        paths: RunPaths,
-        token: str,
-        started: float,
-        deadline: float | None,
-    ) -> None:
-        self.item, self.slot_index, self.slot, self.handle = item, slot_index, slot, handle
-        self.paths, self.token, self.started, self.deadline = paths, token, started, deadline
-        self.stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED or PRUNED, cause) once we stop it
-        self.kill_at: float | None = None
-        self.term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
-        self.exited = False  # it has ended; its end is recorded once its metrics are read (engine/endreads.py)
-
-    @property
-    def spec(self) -> RunSpec:
-        return self.item.spec
 
 
 class Scheduler:
@@ -114,7 +70,7 @@ class Scheduler:
         self._hooks, self._nvml, self._clock, self._host = hooks or Hooks(), nvml, clock, host
         self.inbox = inbox or Inbox()
         self._end_reads = EndReads(lambda key: self.inbox.put("exit", key), clock)
-        self._active: dict[int, _Active] = {}
+        self._active = Running(self.options, clock)
         self._keys = iter(range(1 << 62))
         self._stop_level = 0
         self._draining = False  # `gts stop --drain`: no new runs; the running ones finish
@@ -122,8 +78,6 @@ class Scheduler:
         self._capacity: Capacity | None = None
         self._waiting_for: str | None = None
         self._next_poll: float | None = None
-        self._stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
-        self._next_look: float | None = None
         self._abilities = launcher.abilities
         self._detach = detach
 
@@ -166,7 +120,7 @@ class Scheduler:
                         if self.sweep.stopping:
                             from .stopper import Stopper
 
-                            self._stopper = Stopper(self.sweep, ledger, root.root)
+                            self._active.stopper = Stopper(self.sweep, ledger, root.root)
                         # Runs that succeeded with another config: checked before the sweep is recorded.
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
@@ -186,7 +140,7 @@ class Scheduler:
                             self._count_never_started()
                     finally:
                         self._records.flush()
-                        self._kill_everything()
+                        self._active.kill_everything(self._records)
                         self._launcher.close()
                         self.inbox.close()
         finally:
@@ -232,8 +186,8 @@ class Scheduler:
                         event = self.inbox.get(0)
                     except Empty:
                         event = None
-                self._look_at_metrics()
-                self._enforce_deadlines()
+                self._active.look_at_metrics(self._records)
+                self._active.enforce_deadlines()
 
     @property
     def _starting(self) -> bool:
@@ -241,11 +195,7 @@ class Scheduler:
         return self._stop_level == 0 and not self._draining
 
     def _seconds_to_next_deadline(self) -> float | None:
-        deadlines = [d for a in self._active.values() for d in (a.deadline, a.kill_at, a.term_at) if d is not None]
-        if self._stopper is not None and self._stopper.watching:
-            if self._next_look is None:
-                self._next_look = self._clock() + self._stopper.interval
-            deadlines.append(self._next_look)
+        deadlines = self._active.deadlines()
         if (self._queue.held is not None or self.setup().measuring) and self._stop_level == 0:
             if self._next_poll is None or self._next_poll <= self._clock():
                 self._next_poll = self._clock() + self.options.gpu_poll_interval
@@ -388,32 +338,27 @@ class Scheduler:
             self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
         self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None or not placed else now + timeout
-        self._active[key] = _Active(item, slot_index, slot, handle, paths, token, now, deadline)
-        if self._stopper is not None:
-            self._stopper.watch(spec, paths)
+        self._active.add(key, Active(item, slot_index, slot, handle, paths, token, now, deadline))
         self._records.call("on_run_start", spec, slot)
 
     def _on_placed(self, key: int, node: str, pid: int, since: float) -> None:
         """A run on another machine started there ``since`` seconds ago (from a launcher with cluster slots)."""
         active = self._active.get(key)
         if active is not None:
-            # Its clock starts then: time spent queued on the cluster is neither its timeout's nor its
-            # duration, and an attempt a restarted scheduler follows keeps the time it ran before.
-            active.started = self._clock() - since
-            if self.options.timeout is not None and active.stopped is None:
-                active.deadline = active.started + self.options.timeout
+            self._active.placed(active, since)
             self._records.ledger.set_node(active.spec.name, node, pid)
             logger.info("%s runs on %s (pid %d there)", active.spec.name, node, pid)
 
     def _on_exit(self, key: int) -> None:
-        active = self._active[key]
-        if self._stopper is not None:
-            self._stopper.ended(active.spec.name)  # what it reported last counts for the others
+        active = self._active.get(key)
+        assert active is not None
+        if self._active.stopper is not None:
+            self._active.stopper.ended(active.spec.name)  # what it reported last counts for the others
         if not self._end_reads.ready(key, active.paths):
             active.exited, active.deadline, active.term_at, active.kill_at = True, None, None, None
             return  # a long metrics file is read off the loop; its exit is posted again once it is
         reader, exited_at = self._end_reads.take(key)
-        del self._active[key]
+        self._active.pop(key)
         capacity, handle, item = self.setup(), active.handle, active.item
         reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
         ended = handle.reap()
@@ -452,80 +397,6 @@ class Scheduler:
 
     # --- stopping -----------------------------------------------------------------
 
-    def _look_at_metrics(self) -> None:
-        """What running runs reported since the last look, judged by the sweep's early_stop rules."""
-        if self._stopper is None or self._next_look is None or self._clock() < self._next_look:
-            return
-        self._next_look = None
-        for active in self._active.values():
-            if active.stopped is None:
-                verdict = self._stopper.look(active.spec.name)
-                if verdict is not None:
-                    from .stopper import cause_of
-
-                    self._prune(active, cause_of(verdict))
-                elif (rung := self._stopper.take_judged(active.spec.name)) is not None:
-                    self._tell(active, active.paths.judged, repr(rung))
-
-    def _tell(self, active: _Active, path: str, text: str) -> bool:
-        """Write one of the files the scheduler tells a running run something through (atomically,
-        never through a link the run planted)."""
-        if active.paths.unsafe() is not None:
-            return False
-        try:
-            atomic_write(path, text.encode("utf-8"), durable=False)
-        except OSError as error:
-            logger.warning("%s: could not write %s (%s)", active.spec.name, path, error)
-            return False
-        return True
-
-    def _prune(self, active: _Active, cause: str) -> None:
-        """Stop a run early: a Python run's next report() raises Pruned (SIGTERM after the grace
-        period if it does not report again); a command gets SIGTERM now."""
-        self._records.ledger.commit()  # the verdict is on disk before anything acts on it
-        logger.info("%s is stopped early: %s", active.spec.name, cause)
-        if self._tell(active, active.paths.pruned, cause) and active.handle.reports_outcome:
-            active.stopped = (RunStatus.PRUNED, cause)
-            active.deadline = None
-            active.term_at = self._clock() + self.options.grace_period
-        else:
-            self._stop(active, RunStatus.PRUNED, cause)
-
-    def _stop(self, active: _Active, reason: RunStatus, cause: str) -> None:
-        """SIGTERM the run now, SIGKILL it when the grace period ends."""
-        if active.exited:
-            return  # it ended before it was stopped: its own exit says how
-        active.stopped = active.stopped or (reason, cause)
-        active.handle.stop()
-        active.kill_at = self._clock() + self.options.grace_period
-        active.deadline = active.term_at = None
-
-    def _enforce_deadlines(self) -> None:
-        now = self._clock()
-        for active in self._active.values():
-            if active.term_at is not None and now >= active.term_at and active.stopped is not None:
-                logger.warning(
-                    "%s did not report again within %gs of being stopped early; sending SIGTERM",
-                    active.spec.name,
-                    self.options.grace_period,
-                )
-                self._stop(active, *active.stopped)
-            elif active.deadline is not None and now >= active.deadline:
-                if active.handle.has_exited():
-                    # It ended while we were not looking (the scheduler was stopped, or
-                    # busy): its own exit status says how, not the clock we read late.
-                    active.deadline = None
-                    continue
-                self._stop(active, RunStatus.TIMED_OUT, f"timed out after {self.options.timeout:g}s")
-            elif active.kill_at is not None and now >= active.kill_at:
-                logger.warning(
-                    "%s did not stop within %gs of SIGTERM; sending SIGKILL",
-                    active.spec.name,
-                    self.options.grace_period,
-                )
-                active.handle.kill()
-                active.kill_at = None
-
     def _on_signal(self, signum: int) -> None:
         if signum == CONTROL_SIGNAL:  # `gts stop`: what it asks is in the root's request file
             mode = take_stop_request(self.options.result_root_folder)
@@ -554,17 +425,11 @@ class Scheduler:
                 len(self._active),
                 self.options.grace_period,
             )
-            for active in self._active.values():
-                self._stop(active, RunStatus.INTERRUPTED, f"interrupted by {name}")
+            self._active.stop_all(f"interrupted by {name}")
         else:
             again = f"received {name} again" if name.startswith("SIG") else name
             logger.warning("%s: killing %d run(s) now", again, len(self._active))
-            for active in self._active.values():
-                if active.exited:
-                    continue
-                active.stopped = active.stopped or (RunStatus.INTERRUPTED, f"interrupted by {name}")
-                active.kill_at = active.term_at = None
-                active.handle.kill()
+            self._active.kill_all(f"interrupted by {name}")
 
     def _leave_to_the_cluster(self) -> None:
         """``detach``: the runs handed to the cluster run on there; the ledger keeps them as running,
@@ -576,11 +441,3 @@ class Scheduler:
         )
         self._summary.detached = len(self._active)
         self._active.clear()
-
-    def _kill_everything(self) -> None:
-        """Last resort when the loop ends abnormally: no run may outlive us."""
-        for key, active in list(self._active.items()):
-            active.handle.kill()
-            active.handle.reap()
-            del self._active[key]
-            self._records.abandoned(active.spec)

@@ -1,0 +1,212 @@
+"""The runs that are running, and how each is stopped: its timeout, the grace period after SIGTERM,
+early stopping's verdicts, a sweep-wide stop.
+
+The loop (``loop.py``) starts runs and hears them end; what it keeps of each meanwhile is an
+:class:`Active` here, and every deadline it sleeps until comes from here. A stop is asked of a
+run's handle (SIGTERM, then SIGKILL once the grace period is over); a Python run stopped early is
+first told so through a file, so that its next ``report()`` raises ``Pruned`` and it can save.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from ..gpu.devices import Slot
+from ..records.paths import RunPaths, atomic_write
+from ..records.status import RunStatus
+from ..sweep.expand import RunSpec
+from ..sweep.options import SchedulerOptions
+from .launcher import Handle
+from .outcomes import Records
+from .pending import Pending
+
+if TYPE_CHECKING:  # imported where a sweep has early_stop rules (they and their math cost a start 4 ms)
+    from .stopper import Stopper
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+class Active:
+    """A run that is running (a plain class, as Pending)."""
+
+    __slots__ = (
+        "item",
+        "slot_index",
+        "slot",
+        "handle",
+        "paths",
+        "token",
+        "started",
+        "deadline",
+        "stopped",
+        "kill_at",
+        "term_at",
+        "exited",
+    )
+
+    def __init__(
+        self,
+        item: Pending,
+        slot_index: int,
+        slot: Slot,
+        handle: Handle,
+        paths: RunPaths,
+        token: str,
+        started: float,
+        deadline: float | None,
+    ) -> None:
+        self.item, self.slot_index, self.slot, self.handle = item, slot_index, slot, handle
+        self.paths, self.token, self.started, self.deadline = paths, token, started, deadline
+        self.stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED or PRUNED, cause) once we stop it
+        self.kill_at: float | None = None
+        self.term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
+        self.exited = False  # it has ended; its end is recorded once its metrics are read (engine/endreads.py)
+
+    @property
+    def spec(self) -> RunSpec:
+        return self.item.spec
+
+
+class Running:
+    """The running runs, by the loop's key for each, and every deadline they set."""
+
+    def __init__(self, options: SchedulerOptions, clock: Callable[[], float]) -> None:
+        self._options, self._clock = options, clock
+        self._active: dict[int, Active] = {}
+        self.stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
+        self._next_look: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def __iter__(self) -> Iterator[Active]:
+        return iter(list(self._active.values()))
+
+    def add(self, key: int, active: Active) -> None:
+        self._active[key] = active
+        if self.stopper is not None:
+            self.stopper.watch(active.spec, active.paths)
+
+    def get(self, key: int) -> Active | None:
+        return self._active.get(key)
+
+    def pop(self, key: int) -> Active:
+        return self._active.pop(key)
+
+    def clear(self) -> None:
+        self._active.clear()
+
+    def deadlines(self) -> list[float]:
+        """When something is due: a timeout, the end of a grace period, the next look at the metrics."""
+        due = [d for a in self._active.values() for d in (a.deadline, a.kill_at, a.term_at) if d is not None]
+        if self.stopper is not None and self.stopper.watching:
+            if self._next_look is None:
+                self._next_look = self._clock() + self.stopper.interval
+            due.append(self._next_look)
+        return due
+
+    def placed(self, active: Active, since: float) -> None:
+        """It started on its machine ``since`` seconds ago: its clock (timeout, duration) starts then,
+        not while it was queued on the cluster, and an attempt a restarted scheduler follows keeps
+        the time it ran before."""
+        active.started = self._clock() - since
+        if self._options.timeout is not None and active.stopped is None:
+            active.deadline = active.started + self._options.timeout
+
+    # --- stopping ---------------------------------------------------------------------
+
+    def look_at_metrics(self, records: Records) -> None:
+        """What running runs reported since the last look, judged by the sweep's early_stop rules."""
+        if self.stopper is None or self._next_look is None or self._clock() < self._next_look:
+            return
+        self._next_look = None
+        for active in self._active.values():
+            if active.stopped is None:
+                verdict = self.stopper.look(active.spec.name)
+                if verdict is not None:
+                    from .stopper import cause_of
+
+                    records.ledger.commit()  # the verdict is on disk before anything acts on it
+                    self._prune(active, cause_of(verdict))
+                elif (rung := self.stopper.take_judged(active.spec.name)) is not None:
+                    _tell(active, active.paths.judged, repr(rung))
+
+    def _prune(self, active: Active, cause: str) -> None:
+        """Stop a run early: a Python run's next report() raises Pruned (SIGTERM after the grace
+        period if it does not report again); a command gets SIGTERM now."""
+        logger.info("%s is stopped early: %s", active.spec.name, cause)
+        if _tell(active, active.paths.pruned, cause) and active.handle.reports_outcome:
+            active.stopped = (RunStatus.PRUNED, cause)
+            active.deadline = None
+            active.term_at = self._clock() + self._options.grace_period
+        else:
+            self.stop(active, RunStatus.PRUNED, cause)
+
+    def stop(self, active: Active, reason: RunStatus, cause: str) -> None:
+        """SIGTERM the run now, SIGKILL it when the grace period ends."""
+        if active.exited:
+            return  # it ended before it was stopped: its own exit says how
+        active.stopped = active.stopped or (reason, cause)
+        active.handle.stop()
+        active.kill_at = self._clock() + self._options.grace_period
+        active.deadline = active.term_at = None
+
+    def stop_all(self, cause: str) -> None:
+        for active in self._active.values():
+            self.stop(active, RunStatus.INTERRUPTED, cause)
+
+    def kill_all(self, cause: str) -> None:
+        """SIGKILL every run now (a second Ctrl-C)."""
+        for active in self._active.values():
+            if active.exited:
+                continue
+            active.stopped = active.stopped or (RunStatus.INTERRUPTED, cause)
+            active.kill_at = active.term_at = None
+            active.handle.kill()
+
+    def enforce_deadlines(self) -> None:
+        now, options = self._clock(), self._options
+        for active in self._active.values():
+            if active.term_at is not None and now >= active.term_at and active.stopped is not None:
+                logger.warning(
+                    "%s did not report again within %gs of being stopped early; sending SIGTERM",
+                    active.spec.name,
+                    options.grace_period,
+                )
+                self.stop(active, *active.stopped)
+            elif active.deadline is not None and now >= active.deadline:
+                if active.handle.has_exited():
+                    # It ended while we were not looking (the scheduler was stopped, or
+                    # busy): its own exit status says how, not the clock we read late.
+                    active.deadline = None
+                    continue
+                self.stop(active, RunStatus.TIMED_OUT, f"timed out after {options.timeout:g}s")
+            elif active.kill_at is not None and now >= active.kill_at:
+                logger.warning(
+                    "%s did not stop within %gs of SIGTERM; sending SIGKILL", active.spec.name, options.grace_period
+                )
+                active.handle.kill()
+                active.kill_at = None
+
+    def kill_everything(self, records: Records) -> None:
+        """Last resort when the loop ends abnormally: no run may outlive us."""
+        for key, active in list(self._active.items()):
+            active.handle.kill()
+            active.handle.reap()
+            del self._active[key]
+            records.abandoned(active.spec)
+
+
+def _tell(active: Active, path: str, text: str) -> bool:
+    """Write one of the files the scheduler tells a running run something through (atomically,
+    never through a link the run planted)."""
+    if active.paths.unsafe() is not None:
+        return False
+    try:
+        atomic_write(path, text.encode("utf-8"), durable=False)
+    except OSError as error:
+        logger.warning("%s: could not write %s (%s)", active.spec.name, path, error)
+        return False
+    return True

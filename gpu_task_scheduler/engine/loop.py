@@ -33,17 +33,18 @@ from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger, SweepLock
 from ..records.paths import RootPaths, RunPaths
-from ..records.prior import Prior, read_prior, settle_running
+from ..records.prior import settle_running
 from ..records.status import RunStatus
-from ..sweep.expand import RunSpec, Sweep
+from ..sweep.expand import Sweep
 from .changes import settle_changes
-from .decide import Decision, before_run, classify
+from .decide import classify
 from .endreads import EndReads
 from .hooks import Hooks, Inbox, StopSignals
 from .launcher import Attempt, Launcher, LaunchError
 from .outcomes import Records, read_exit
-from .pending import Pending, RunQueue, Waits, failure_words
+from .pending import Pending
 from .running import Active, Running
+from .starts import Starts
 from .summary import SweepSummary
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -76,7 +77,6 @@ class Scheduler:
         self._draining = False  # `gts stop --drain`: no new runs; the running ones finish
         self._summary = SweepSummary(keep_succeeded=keep_succeeded)
         self._capacity: Capacity | None = None
-        self._waiting_for: str | None = None
         self._next_poll: float | None = None
         self._abilities = launcher.abilities
         self._detach = detach
@@ -124,20 +124,20 @@ class Scheduler:
                         # Runs that succeeded with another config: checked before the sweep is recorded.
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
-                        self._known = RootIndex(ledger, root.root, take_over=take_over)
+                        known = RootIndex(ledger, root.root, take_over=take_over)
                         # What runs at once: a search asks no more runs ahead (a cluster may queue more).
                         at_once = self._abilities.runs_at_once
                         self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
                         self.sweep.lookup = ledger.get
-                        self._queue = RunQueue(self.sweep.runs(self._known.foreign))
-                        self._waits = Waits(self.sweep, ledger)
+                        self._starts = Starts(self.sweep, self._records, known)
+                        self._queue = self._starts.queue
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
                             self._loop()
                         if not self._stop_level and not self._draining and not self._detach:
                             self._records.sweep_completed(self.sweep)
                         else:
-                            self._count_never_started()
+                            self._starts.count_never_started(self._summary)
                     finally:
                         self._records.flush()
                         self._active.kill_everything(self._records)
@@ -203,110 +203,9 @@ class Scheduler:
         return None if not deadlines else max(0.0, min(deadlines) - self._clock())
 
     def _fill(self) -> None:
-        capacity, queue, records = self.setup(), self._queue, self._records
-        while (item := queue.head()) is not None:
-            self._waits.seen(item.spec)
-            # A run of a later stage is decided once the runs it depends on settled: one that ran
-            # again in this start makes its earlier success stale (decide.before_run).
-            if item.spec.after and not self._ready(item):
-                continue
-            if not item.tries and not item.decided:
-                if self._skipped(item.spec):
-                    queue.pop()
-                    continue
-                item.decided = True
-            need = capacity.need(item.spec.config, item.need)
-            placement = capacity.place(item.spec.name, need)
-            if placement.impossible is not None:
-                queue.pop()
-                records.not_started(item.spec, item.tries, placement.impossible, capacity.free_slot_name())
-                self._settle(item.spec, RunStatus.FAILED, placement.impossible)
-                continue
-            if placement.view is None:
-                if placement.waiting is not None and placement.waiting != self._waiting_for:
-                    self._waiting_for = placement.waiting  # waiting for our own runs is the normal case
-                    (logger.warning if placement.news else logger.info)("%s", placement.waiting)
-                    records.ledger.set_meta("waiting", placement.waiting)  # for `gts status --watch`
-                return
-            queue.pop()
-            if self._waiting_for is not None:
-                records.ledger.set_meta("waiting", "")
-            self._waiting_for = None
-            records.report_skips()
-            logger.info("%s receives task %s", placement.view.slot.name, item.spec.test_config_string)
-            self._launch(item, placement.view.index, need)
-        if not self._active:
-            for item in queue.stranded():  # cannot happen in a sweep built by Sweep; never wait forever
-                self._block(item.spec, "its dependencies never settled in this start")
-        if not queue.taking:
-            records.report_skips()
-            for slot in capacity.newly_idle():
-                if (
-                    not self._abilities.queue_places
-                ):  # a cluster's places in its queue (Slurm's) are not worth a line each
-                    logger.info("%s finished", slot.name)
-
-    def _ready(self, item: Pending) -> bool:
-        """Whether the held run of a later stage may start now; if not, it is parked or blocked."""
-        waiting, blocked = self._waits.check(item.spec)
-        if blocked is not None:
-            self._queue.pop()
-            self._block(item.spec, blocked)
-            return False
-        if waiting:
-            self._queue.park(item, waiting)
-            return False
-        return True
-
-    def _block(self, spec: RunSpec, cause: str) -> None:
-        self._records.report_skips()
-        self._records.blocked(spec, cause)
-        self._settle(spec, RunStatus.BLOCKED, cause)
-
-    def _settle(self, spec: RunSpec, status: RunStatus, cause: str | None = None) -> None:
-        """``spec`` will not run again in this start: the runs waiting for it go on (or are blocked)."""
-        ok = status is RunStatus.SUCCEEDED
-        if self._waits.settle(spec, None if ok else failure_words(status, cause)):
-            self._queue.settled(spec.name, ok=ok)
-        if self.sweep.search is not None:  # the sampler learns how it ended
-            self.sweep.settled(spec, status.value, self._records.ledger.get(spec.name))
-
-    def _decide(self, spec: RunSpec) -> tuple[Prior, Decision]:
-        prior = read_prior(spec, self._known)
-        o = self.options
-        return prior, before_run(
-            prior,
-            force_rerun=o.force_rerun,
-            skip_existing_folders=o.skip_existing_folders,
-            keep_changed=o.on_config_change == "keep",
-            rerun_pruned=self.sweep.rerun_pruned,
-        )
-
-    def _count_never_started(self, most: int = 100_000) -> None:
-        """A sweep stopped or drained: the runs it would still have run, for its summary (the first
-        ``most`` of the queue looked at, read-only)."""
-        summary = self._summary
-        for looked, spec in enumerate(self._queue.left(expand=self.sweep.search is None)):
-            if looked == most:
-                summary.not_started_more = True
-                break
-            if spec.name not in summary.outcomes and self._decide(spec)[1].action == "run":
-                summary.not_started.append(spec.name)
-
-    def _skipped(self, spec: RunSpec) -> bool:
-        prior, decision = self._decide(spec)
-        if decision.warning:
-            logger.warning("%s %s", spec.work_dir, decision.warning)
-        if decision.action == "run":
-            return False
-        self._records.skipped(spec, prior, decision, self.setup().free_slot_name())
-        if not prior.duplicate:  # a duplicate settles with the earlier run of the same name
-            if prior.record is not None and prior.record.status is RunStatus.PRUNED:  # dependents stay blocked
-                full = self._records.ledger.get(spec.name)
-                self._settle(spec, RunStatus.PRUNED, full.cause if full is not None else None)
-            else:
-                self._settle(spec, RunStatus.SUCCEEDED)
-        return True
+        while (start := self._starts.next(self.setup())) is not None:
+            self._launch(*start)
+        self._starts.filled(self.setup(), running=bool(self._active), queue_places=self._abilities.queue_places)
 
     # --- starting and ending runs ----------------------------------------------
 
@@ -330,7 +229,7 @@ class Scheduler:
             tail = paths.tail() or "\n".join(getattr(error, "details", "").splitlines()[-20:])
             cause = f"could not start: {error}"
             self._records.not_started(spec, item.tries, cause, slot.name, slot=slot, paths=paths, tail=tail)
-            self._settle(spec, RunStatus.FAILED, cause)
+            self._starts.settle(spec, RunStatus.FAILED, cause)
             return
         now, timeout = self._clock(), self.options.timeout
         placed = handle.pid > 0  # a run on another machine has no pid here; its clock starts once placed
@@ -391,9 +290,9 @@ class Scheduler:
             again=step is not None and step.action != "done",
         )
         if step is None:
-            self._settle(active.spec, end.status)
+            self._starts.settle(active.spec, end.status)
         elif not self._queue.requeue(item, step, self.options):
-            self._settle(active.spec, end.status, end.cause)
+            self._starts.settle(active.spec, end.status, end.cause)
 
     # --- stopping -----------------------------------------------------------------
 

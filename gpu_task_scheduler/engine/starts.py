@@ -1,0 +1,144 @@
+"""Which run starts next, and where; and what a run that will not run again in this start lets go on.
+
+The queue (``pending.py``) says which run is next in the sweep's order; here it is decided
+(``decide.before_run``: skip, adopt or run, with what the root records of it), held until the runs
+of earlier stages it waits for settle (``Waits``), and placed on the capacity (``gpu/capacity.py``).
+The loop starts what :meth:`Starts.next` gives it; everything else a run that does not start needs
+(its skip or block recorded, the waiting message for ``gts status --watch``) is done here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..gpu.capacity import Capacity
+from ..gpu.placement import Need
+from ..records.known import RootIndex
+from ..records.prior import Prior, read_prior
+from ..records.status import RunStatus
+from ..sweep.expand import RunSpec, Sweep
+from .decide import Decision, before_run
+from .outcomes import Records
+from .pending import Pending, RunQueue, Waits, failure_words
+from .summary import SweepSummary
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+class Starts:
+    def __init__(self, sweep: Sweep, records: Records, known: RootIndex) -> None:
+        self._sweep, self._options, self._records, self._known = sweep, sweep.options, records, known
+        self.queue = RunQueue(sweep.runs(known.foreign))
+        self._waits = Waits(sweep, records.ledger)
+        self._waiting_for: str | None = None  # the last "waiting to start ..." said
+
+    def next(self, capacity: Capacity) -> tuple[Pending, int, Need] | None:
+        """The run to start now, the index of its slot and what it reserves there; None when none
+        can start now (none is left for now, or the next one waits for room)."""
+        queue, records = self.queue, self._records
+        while (item := queue.head()) is not None:
+            self._waits.seen(item.spec)
+            # A run of a later stage is decided once the runs it depends on settled: one that ran
+            # again in this start makes its earlier success stale (decide.before_run).
+            if item.spec.after and not self._ready(item):
+                continue
+            if not item.tries and not item.decided:
+                if self._skipped(item.spec, capacity):
+                    queue.pop()
+                    continue
+                item.decided = True
+            need = capacity.need(item.spec.config, item.need)
+            placement = capacity.place(item.spec.name, need)
+            if placement.impossible is not None:
+                queue.pop()
+                records.not_started(item.spec, item.tries, placement.impossible, capacity.free_slot_name())
+                self.settle(item.spec, RunStatus.FAILED, placement.impossible)
+                continue
+            if placement.view is None:
+                if placement.waiting is not None and placement.waiting != self._waiting_for:
+                    self._waiting_for = placement.waiting  # waiting for our own runs is the normal case
+                    (logger.warning if placement.news else logger.info)("%s", placement.waiting)
+                    records.ledger.set_meta("waiting", placement.waiting)  # for `gts status --watch`
+                return None
+            queue.pop()
+            if self._waiting_for is not None:
+                records.ledger.set_meta("waiting", "")
+            self._waiting_for = None
+            records.report_skips()
+            logger.info("%s receives task %s", placement.view.slot.name, item.spec.test_config_string)
+            return item, placement.view.index, need
+        return None
+
+    def filled(self, capacity: Capacity, *, running: bool, queue_places: bool) -> None:
+        """What follows starting all that could start: runs that can never start are blocked, and a
+        slot that ran its last run says it finished (not places in a cluster's queue: not worth a
+        line each)."""
+        if not running:
+            for item in self.queue.stranded():  # cannot happen in a sweep built by Sweep; never wait forever
+                self._block(item.spec, "its dependencies never settled in this start")
+        if not self.queue.taking:
+            self._records.report_skips()
+            for slot in capacity.newly_idle():
+                if not queue_places:
+                    logger.info("%s finished", slot.name)
+
+    def settle(self, spec: RunSpec, status: RunStatus, cause: str | None = None) -> None:
+        """``spec`` will not run again in this start: the runs waiting for it go on (or are blocked)."""
+        ok = status is RunStatus.SUCCEEDED
+        if self._waits.settle(spec, None if ok else failure_words(status, cause)):
+            self.queue.settled(spec.name, ok=ok)
+        if self._sweep.search is not None:  # the sampler learns how it ended
+            self._sweep.settled(spec, status.value, self._records.ledger.get(spec.name))
+
+    def count_never_started(self, summary: SweepSummary, most: int = 100_000) -> None:
+        """A sweep stopped or drained: the runs it would still have run, for its summary (the first
+        ``most`` of the queue looked at, read-only)."""
+        for looked, spec in enumerate(self.queue.left(expand=self._sweep.search is None)):
+            if looked == most:
+                summary.not_started_more = True
+                break
+            if spec.name not in summary.outcomes and self._decide(spec)[1].action == "run":
+                summary.not_started.append(spec.name)
+
+    def _ready(self, item: Pending) -> bool:
+        """Whether the held run of a later stage may start now; if not, it is parked or blocked."""
+        waiting, blocked = self._waits.check(item.spec)
+        if blocked is not None:
+            self.queue.pop()
+            self._block(item.spec, blocked)
+            return False
+        if waiting:
+            self.queue.park(item, waiting)
+            return False
+        return True
+
+    def _block(self, spec: RunSpec, cause: str) -> None:
+        self._records.report_skips()
+        self._records.blocked(spec, cause)
+        self.settle(spec, RunStatus.BLOCKED, cause)
+
+    def _decide(self, spec: RunSpec) -> tuple[Prior, Decision]:
+        prior = read_prior(spec, self._known)
+        o = self._options
+        return prior, before_run(
+            prior,
+            force_rerun=o.force_rerun,
+            skip_existing_folders=o.skip_existing_folders,
+            keep_changed=o.on_config_change == "keep",
+            rerun_pruned=self._sweep.rerun_pruned,
+        )
+
+    def _skipped(self, spec: RunSpec, capacity: Capacity) -> bool:
+        prior, decision = self._decide(spec)
+        if decision.warning:
+            logger.warning("%s %s", spec.work_dir, decision.warning)
+        if decision.action == "run":
+            return False
+        self._records.skipped(spec, prior, decision, capacity.free_slot_name())
+        if not prior.duplicate:  # a duplicate settles with the earlier run of the same name
+            if prior.record is not None and prior.record.status is RunStatus.PRUNED:  # dependents stay blocked
+                full = self._records.ledger.get(spec.name)
+                self.settle(spec, RunStatus.PRUNED, full.cause if full is not None else None)
+            else:
+                self.settle(spec, RunStatus.SUCCEEDED)
+        return True

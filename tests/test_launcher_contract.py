@@ -309,3 +309,16 @@ def test_each_launcher_declares_what_it_can_do_and_the_engine_probes_nothing(in_
                 if isinstance(call, ast.Call) and getattr(call.func, "id", None) in ("getattr", "hasattr")
             ]
             assert not [what for what in probed if "launcher" in what or "inbox" in what], (name, probed)
+
+
+def test_the_loop_only_sequences():
+    """The loop class carries decisions out: what runs next (engine/starts.py), how running runs
+    stop (engine/running.py) and what is recorded (engine/outcomes.py) are decided elsewhere."""
+    import ast
+
+    from gpu_task_scheduler.engine import loop
+
+    (scheduler,) = [
+        node for node in ast.parse(open(loop.__file__).read()).body if getattr(node, "name", "") == "Scheduler"
+    ]
+    assert scheduler.end_lineno - scheduler.lineno + 1 <= 250

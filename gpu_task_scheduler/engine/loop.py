@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable
 from queue import Empty
@@ -28,7 +27,7 @@ from ..errors import GTSError
 from ..gpu.capacity import Capacity
 from ..gpu.host import HostProbe
 from ..gpu.placement import Need
-from ..records.control import CONTROL_SIGNAL, take_stop_request, taking_requests
+from ..records.control import CONTROL_SIGNAL, taking_requests
 from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger, SweepLock
@@ -71,11 +70,9 @@ class Scheduler:
         self._hooks, self._nvml, self._clock, self._host = hooks or Hooks(), nvml, clock, host
         self.inbox = inbox or Inbox()
         self._end_reads = EndReads(lambda key: self.inbox.put("exit", key), clock)
-        self._active = Running(self.options, clock)
-        self._keys = iter(range(1 << 62))
-        self._stop_level = 0
-        self._draining = False  # `gts stop --drain`: no new runs; the running ones finish
         self._summary = SweepSummary(keep_succeeded=keep_succeeded)
+        self._running = Running(self.options, clock, self._summary)  # and whether the sweep is stopped
+        self._keys = iter(range(1 << 62))
         self._capacity: Capacity | None = None
         self._next_poll: float | None = None
         self._abilities = launcher.abilities
@@ -120,7 +117,7 @@ class Scheduler:
                         if self.sweep.stopping:
                             from .stopper import Stopper
 
-                            self._active.stopper = Stopper(self.sweep, ledger, root.root)
+                            self._running.stopper = Stopper(self.sweep, ledger, root.root)
                         # Runs that succeeded with another config: checked before the sweep is recorded.
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
@@ -134,13 +131,13 @@ class Scheduler:
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):
                             self._loop()
-                        if not self._stop_level and not self._draining and not self._detach:
+                        if not self._running.level and not self._running.draining and not self._detach:
                             self._records.sweep_completed(self.sweep)
                         else:
                             self._starts.count_never_started(self._summary)
                     finally:
                         self._records.flush()
-                        self._active.kill_everything(self._records)
+                        self._running.kill_everything(self._records)
                         self._launcher.close()
                         self.inbox.close()
         finally:
@@ -160,9 +157,9 @@ class Scheduler:
                 if self._abilities.batches:  # a cluster's batch of what just started (Slurm's job arrays)
                     self._launcher.flush()
                 if self._detach:
-                    self._leave_to_the_cluster()
+                    self._running.leave_to_the_cluster()
                     return
-            if not self._active and (self._stop_level or self._draining or self._queue.empty):
+            if not self._running and (self._running.level or self._running.draining or self._queue.empty):
                 return
             try:
                 event: tuple[str, Any] | None = self.inbox.get(self._seconds_to_next_deadline())
@@ -181,22 +178,22 @@ class Scheduler:
                     elif kind == "placed":
                         self._on_placed(*value)
                     elif kind == "signal":
-                        self._on_signal(value)
+                        self._running.on_signal(value)
                     try:
                         event = self.inbox.get(0)
                     except Empty:
                         event = None
-                self._active.look_at_metrics(self._records)
-                self._active.enforce_deadlines()
+                self._running.look_at_metrics(self._records)
+                self._running.enforce_deadlines()
 
     @property
     def _starting(self) -> bool:
         """Whether new runs may start (no stop, no drain)."""
-        return self._stop_level == 0 and not self._draining
+        return self._running.level == 0 and not self._running.draining
 
     def _seconds_to_next_deadline(self) -> float | None:
-        deadlines = self._active.deadlines()
-        if (self._queue.held is not None or self.setup().measuring) and self._stop_level == 0:
+        deadlines = self._running.deadlines()
+        if (self._queue.held is not None or self.setup().measuring) and self._running.level == 0:
             if self._next_poll is None or self._next_poll <= self._clock():
                 self._next_poll = self._clock() + self.options.gpu_poll_interval
             deadlines.append(self._next_poll)
@@ -205,7 +202,7 @@ class Scheduler:
     def _fill(self) -> None:
         while (start := self._starts.next(self.setup())) is not None:
             self._launch(*start)
-        self._starts.filled(self.setup(), running=bool(self._active), queue_places=self._abilities.queue_places)
+        self._starts.filled(self.setup(), running=bool(self._running), queue_places=self._abilities.queue_places)
 
     # --- starting and ending runs ----------------------------------------------
 
@@ -237,27 +234,27 @@ class Scheduler:
             self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
         self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None or not placed else now + timeout
-        self._active.add(key, Active(item, slot_index, slot, handle, paths, token, now, deadline))
+        self._running.add(key, Active(item, slot_index, slot, handle, paths, token, now, deadline))
         self._records.call("on_run_start", spec, slot)
 
     def _on_placed(self, key: int, node: str, pid: int, since: float) -> None:
         """A run on another machine started there ``since`` seconds ago (from a launcher with cluster slots)."""
-        active = self._active.get(key)
+        active = self._running.get(key)
         if active is not None:
-            self._active.placed(active, since)
+            self._running.placed(active, since)
             self._records.ledger.set_node(active.spec.name, node, pid)
             logger.info("%s runs on %s (pid %d there)", active.spec.name, node, pid)
 
     def _on_exit(self, key: int) -> None:
-        active = self._active.get(key)
+        active = self._running.get(key)
         assert active is not None
-        if self._active.stopper is not None:
-            self._active.stopper.ended(active.spec.name)  # what it reported last counts for the others
+        if self._running.stopper is not None:
+            self._running.stopper.ended(active.spec.name)  # what it reported last counts for the others
         if not self._end_reads.ready(key, active.paths):
             active.exited, active.deadline, active.term_at, active.kill_at = True, None, None, None
             return  # a long metrics file is read off the loop; its exit is posted again once it is
         reader, exited_at = self._end_reads.take(key)
-        self._active.pop(key)
+        self._running.pop(key)
         capacity, handle, item = self.setup(), active.handle, active.item
         reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
         ended = handle.reap()
@@ -272,7 +269,7 @@ class Scheduler:
         step = None
         if end.status is not RunStatus.SUCCEEDED:
             step = self._queue.next_step(
-                item, end, self.options, reserved=reserved, peak=peak, stopping=self._stop_level > 0
+                item, end, self.options, reserved=reserved, peak=peak, stopping=self._running.level > 0
             )
         self._records.ended(
             active.spec,
@@ -295,48 +292,3 @@ class Scheduler:
             self._starts.settle(active.spec, end.status, end.cause)
 
     # --- stopping -----------------------------------------------------------------
-
-    def _on_signal(self, signum: int) -> None:
-        if signum == CONTROL_SIGNAL:  # `gts stop`: what it asks is in the root's request file
-            mode = take_stop_request(self.options.result_root_folder)
-            name = {"stop": "gts stop", "drain": "gts stop --drain", "now": "gts stop --now"}[mode]
-            if mode == "drain":
-                self._drain(name)
-            else:
-                self._stop_all(name, at_once=mode == "now")
-            return
-        self._stop_all(signal.Signals(signum).name, at_once=self._stop_level > 0)
-
-    def _drain(self, name: str) -> None:
-        self._summary.interrupted_by = self._summary.interrupted_by or name
-        if not self._draining and not self._stop_level:
-            logger.warning("%s: starting no more runs; %d running run(s) may finish", name, len(self._active))
-        self._draining = True
-
-    def _stop_all(self, name: str, *, at_once: bool) -> None:
-        self._summary.interrupted_by = self._summary.interrupted_by or name
-        self._stop_level = 2 if at_once else self._stop_level + 1
-        if self._stop_level == 1:
-            logger.warning(
-                "%s: starting no more runs; stopping %d running run(s) "
-                "(SIGTERM, then SIGKILL after %gs). Press Ctrl-C again to stop at once.",
-                "received " + name if name.startswith("SIG") else name,
-                len(self._active),
-                self.options.grace_period,
-            )
-            self._active.stop_all(f"interrupted by {name}")
-        else:
-            again = f"received {name} again" if name.startswith("SIG") else name
-            logger.warning("%s: killing %d run(s) now", again, len(self._active))
-            self._active.kill_all(f"interrupted by {name}")
-
-    def _leave_to_the_cluster(self) -> None:
-        """``detach``: the runs handed to the cluster run on there; the ledger keeps them as running,
-        and the next start of this root follows them (Launcher.live_attempt)."""
-        logger.warning(
-            "detached: %d run(s) queued or running on the cluster; `gts status` shows them, and `gts run` "
-            "on this root again follows them (and starts what was not ready yet)",
-            len(self._active),
-        )
-        self._summary.detached = len(self._active)
-        self._active.clear()

@@ -10,10 +10,12 @@ first told so through a file, so that its next ``report()`` raises ``Pruned`` an
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..gpu.devices import Slot
+from ..records.control import CONTROL_SIGNAL, take_stop_request
 from ..records.paths import RunPaths, atomic_write
 from ..records.status import RunStatus
 from ..sweep.expand import RunSpec
@@ -21,6 +23,7 @@ from ..sweep.options import SchedulerOptions
 from .launcher import Handle
 from .outcomes import Records
 from .pending import Pending
+from .summary import SweepSummary
 
 if TYPE_CHECKING:  # imported where a sweep has early_stop rules (they and their math cost a start 4 ms)
     from .stopper import Stopper
@@ -70,13 +73,16 @@ class Active:
 
 
 class Running:
-    """The running runs, by the loop's key for each, and every deadline they set."""
+    """The running runs, by the loop's key for each, and every deadline they set; and whether the
+    sweep is being stopped (``level``: 1 stopping, 2 killing) or drained (no new run)."""
 
-    def __init__(self, options: SchedulerOptions, clock: Callable[[], float]) -> None:
-        self._options, self._clock = options, clock
+    def __init__(self, options: SchedulerOptions, clock: Callable[[], float], summary: SweepSummary) -> None:
+        self._options, self._clock, self._summary = options, clock, summary
         self._active: dict[int, Active] = {}
         self.stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
         self._next_look: float | None = None
+        self.level = 0
+        self.draining = False  # `gts stop --drain`: no new runs; the running ones finish
 
     def __len__(self) -> int:
         return len(self._active)
@@ -94,9 +100,6 @@ class Running:
 
     def pop(self, key: int) -> Active:
         return self._active.pop(key)
-
-    def clear(self) -> None:
-        self._active.clear()
 
     def deadlines(self) -> list[float]:
         """When something is due: a timeout, the end of a grace period, the next look at the metrics."""
@@ -153,18 +156,59 @@ class Running:
         active.kill_at = self._clock() + self._options.grace_period
         active.deadline = active.term_at = None
 
-    def stop_all(self, cause: str) -> None:
-        for active in self._active.values():
-            self.stop(active, RunStatus.INTERRUPTED, cause)
+    # --- a sweep-wide stop: a signal, or `gts stop` from another shell ---------------------
 
-    def kill_all(self, cause: str) -> None:
-        """SIGKILL every run now (a second Ctrl-C)."""
+    def on_signal(self, signum: int) -> None:
+        if signum == CONTROL_SIGNAL:  # `gts stop`: what it asks is in the root's request file
+            mode = take_stop_request(self._options.result_root_folder)
+            name = {"stop": "gts stop", "drain": "gts stop --drain", "now": "gts stop --now"}[mode]
+            if mode == "drain":
+                self._drain(name)
+            else:
+                self._stop_all(name, at_once=mode == "now")
+            return
+        self._stop_all(signal.Signals(signum).name, at_once=self.level > 0)
+
+    def _drain(self, name: str) -> None:
+        self._summary.interrupted_by = self._summary.interrupted_by or name
+        if not self.draining and not self.level:
+            logger.warning("%s: starting no more runs; %d running run(s) may finish", name, len(self._active))
+        self.draining = True
+
+    def _stop_all(self, name: str, *, at_once: bool) -> None:
+        self._summary.interrupted_by = self._summary.interrupted_by or name
+        self.level = 2 if at_once else self.level + 1
+        cause = f"interrupted by {name}"
+        if self.level == 1:
+            logger.warning(
+                "%s: starting no more runs; stopping %d running run(s) "
+                "(SIGTERM, then SIGKILL after %gs). Press Ctrl-C again to stop at once.",
+                "received " + name if name.startswith("SIG") else name,
+                len(self._active),
+                self._options.grace_period,
+            )
+            for active in self._active.values():
+                self.stop(active, RunStatus.INTERRUPTED, cause)
+            return
+        logger.warning(
+            "%s: killing %d run(s) now", f"received {name} again" if name.startswith("SIG") else name, len(self._active)
+        )
         for active in self._active.values():
-            if active.exited:
-                continue
-            active.stopped = active.stopped or (RunStatus.INTERRUPTED, cause)
-            active.kill_at = active.term_at = None
-            active.handle.kill()
+            if not active.exited:
+                active.stopped = active.stopped or (RunStatus.INTERRUPTED, cause)
+                active.kill_at = active.term_at = None
+                active.handle.kill()
+
+    def leave_to_the_cluster(self) -> None:
+        """``detach``: the runs handed to the cluster run on there; the ledger keeps them as running,
+        and the next start of this root follows them (Launcher.live_attempt)."""
+        logger.warning(
+            "detached: %d run(s) queued or running on the cluster; `gts status` shows them, and `gts run` "
+            "on this root again follows them (and starts what was not ready yet)",
+            len(self._active),
+        )
+        self._summary.detached = len(self._active)
+        self._active.clear()
 
     def enforce_deadlines(self) -> None:
         now, options = self._clock(), self._options

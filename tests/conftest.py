@@ -45,6 +45,7 @@ QUICK = {
     "test_stages.py",
     "test_stop_command.py",
     "test_stopping_and_output.py",
+    "test_trials.py",
     "test_watch_command.py",
 }
 

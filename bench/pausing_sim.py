@@ -11,7 +11,8 @@ a step twice, as the checkpoint protocol promises). Compared, on the same curves
 * ``stop-asha``: gts's ``early_stop: asha`` as it is today (``tuning/stopping.py``): a run is
   judged at a rung against the runs that reached it before, and stopped or kept;
 * ``promotion-asha``: ``tuning/trials.py``'s PromotionAsha (the paper's ASHA);
-* ``async-hyperband``: ``tuning/trials.py``'s AsyncHyperband (brackets of it).
+* ``async-hyperband``: ``tuning/trials.py``'s AsyncHyperband (brackets of it);
+* ``hyperband``: ``tuning/trials.py``'s Hyperband (brackets of synchronous successive halving).
 
 The orders: ``ascending`` (learning rates from the smallest, the way grids are written),
 ``descending`` (as curves.py lists them), and ``shuffled`` (by seeds 1..N). Printed per method and
@@ -33,7 +34,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import curves  # noqa: E402
 
 from gpu_task_scheduler.tuning.stopping import Asha  # noqa: E402
-from gpu_task_scheduler.tuning.trials import CONTINUE, AsyncHyperband, PromotionAsha  # noqa: E402
+from gpu_task_scheduler.tuning.trials import CONTINUE, AsyncHyperband, Hyperband, PromotionAsha  # noqa: E402
 
 
 def orders(seeds):
@@ -126,16 +127,18 @@ def main():
         f"step {args.min_step:g} (reduction factor 3); true best final loss {curves.TRUE_BEST:.4f}"
     )
     print(f"{'method':<16} {'order':<11} {'steps':>7} {'share':>6} {'best/true':>9}")
-    for method in ("stop-asha", "promotion-asha", "async-hyperband"):
+    kinds = {"promotion-asha": PromotionAsha, "async-hyperband": AsyncHyperband, "hyperband": Hyperband}
+    for method in ("stop-asha", *kinds):
         for label, grids in orders(args.seeds):
             shares, ratios = [], []
             for grid in grids:
                 if method == "stop-asha":
                     steps, finished = simulate_stop(grid, args.slots, args.min_step)
                 else:
-                    kind = PromotionAsha if method == "promotion-asha" else AsyncHyperband
                     steps, finished = simulate_pausing(
-                        kind(min_step=args.min_step, max_step=curves.STEPS, reduction_factor=3), grid, args.slots
+                        kinds[method](min_step=args.min_step, max_step=curves.STEPS, reduction_factor=3),
+                        grid,
+                        args.slots,
                     )
                 shares.append(steps / total)
                 best = min(curves.loss(lr, width, curves.STEPS) for lr, width in finished)

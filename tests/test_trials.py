@@ -3,7 +3,7 @@ rung, and what a free slot runs next."""
 
 import pytest
 
-from gpu_task_scheduler.tuning.trials import CONTINUE, PAUSE, AsyncHyperband, Next, PromotionAsha
+from gpu_task_scheduler.tuning.trials import CONTINUE, PAUSE, AsyncHyperband, Hyperband, Next, PromotionAsha
 
 
 def asha(mode="min"):
@@ -112,3 +112,73 @@ def test_a_factor_or_step_that_does_not_grow_the_rungs_is_refused():
         PromotionAsha(min_step=5e-324, max_step=27, reduction_factor=1.5)
     with pytest.raises(ValueError, match="mode"):
         PromotionAsha(min_step=1, max_step=27, mode="lowest")
+
+
+def hyperband():
+    return Hyperband(min_step=1, max_step=27, reduction_factor=3)
+
+
+def test_hyperbands_brackets_are_sized_and_started_as_the_paper_says():
+    """Levels 1, 3, 9 of 27: brackets of 27, 12, 6 and 4 configurations, first judged at 1, 3, 9
+    and never (the last runs each to max_step)."""
+    method = hyperband()
+    assert [(rungs, size) for rungs, size in method._shapes] == [
+        ((1.0, 3.0, 9.0), 27),
+        ((3.0, 9.0), 12),
+        ((9.0,), 6),
+        ((), 4),
+    ]
+    # A grid smaller than a round reaches every bracket, each in its share as it grows.
+    brackets = []
+    for i in range(49):
+        decided = method.next(more_new=True)
+        method.began(f"r{i}", decided.bracket)
+        brackets.append(decided.bracket)
+    assert [brackets[:12].count(b) for b in range(4)] == [7, 3, 1, 1]
+    assert [brackets.count(b) for b in range(4)] == [27, 12, 6, 4]
+    assert method.next(more_new=True).bracket == 4  # the next round
+
+
+def _bracket_of_three(values):
+    """Three runs in the first bracket, reporting at step 1 in this order; their decisions."""
+    method = hyperband()
+    for run in values:
+        method.began(run, 0)
+    decisions = [method.report(run, 1.0, value) for run, value in values.items()]
+    return method, decisions
+
+
+def test_a_rung_judges_no_run_until_every_run_expected_there_reported():
+    method, decisions = _bracket_of_three({"a": 0.5, "b": 0.3, "c": 0.4})
+    assert decisions == [PAUSE, PAUSE, PAUSE]  # the bracket may take more runs: its rung is not full
+    assert method.next(more_new=True).kind == "new"  # (in the bracket furthest behind its share)
+    assert method.next(more_new=False) == Next("resume", "b", 1.0, 0)  # no more: the rung is full, b promoted
+    method.resumed("b")
+    assert method.next(more_new=False) == Next("none") and method.paused == {"a": 1.0, "c": 1.0}
+
+
+@pytest.mark.parametrize(
+    "order", [("a", "b", "c", "d", "e", "f"), ("f", "e", "d", "c", "b", "a"), ("c", "a", "f", "b", "e", "d")]
+)
+def test_what_a_bracket_promotes_does_not_depend_on_the_order_its_runs_report(order):
+    values = {"a": 0.6, "b": 0.1, "c": 0.5, "d": 0.2, "e": 0.4, "f": 0.3}
+    method = hyperband()
+    for run in order:
+        method.began(run, 0)
+    method.next(more_new=False)  # the sweep has no more: the bracket holds these six
+    decisions = {run: method.report(run, 1.0, values[run]) for run in order}
+    promoted = {run for run, decided in decisions.items() if decided == CONTINUE}
+    while (decided := method.next(more_new=False)).kind == "resume":
+        method.resumed(decided.run)
+        promoted.add(decided.run)
+    assert promoted == {"b", "d"}  # the best floor(6 / 3), whoever reported last
+
+
+def test_a_run_that_ends_before_its_rung_is_expected_there_no_more():
+    method = hyperband()
+    for run in "abc":
+        method.began(run, 0)
+    method.next(more_new=False)
+    assert [method.report(run, 1.0, value) for run, value in (("a", 0.5), ("b", 0.3))] == [PAUSE, PAUSE]
+    method.ended("c")  # failed at step 0: the rung is full with a and b
+    assert method.next(more_new=False) == Next("resume", "b", 1.0, 0)

@@ -46,7 +46,7 @@ at a rung, each promotion), then goes on. Nothing here reads a clock, a file or 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from ..recordclass import Record
 from .stopping import asha_rungs
@@ -62,6 +62,19 @@ class Next(Record):
     run: str | None = None
     step: float | None = None
     bracket: int = 0
+
+
+def _rung_at(
+    rungs: tuple[float, ...], values: list[dict[str, float]], run: str, step: float, max_step: float
+) -> float | None:
+    """The highest of ``rungs`` at or below ``step`` if ``run`` has no value there yet (a run that
+    reports sparsely is recorded at the highest rung it passed); None at or past ``max_step``."""
+    if step >= max_step:
+        return None
+    for index in range(len(rungs) - 1, -1, -1):
+        if rungs[index] <= step:
+            return None if run in values[index] else rungs[index]
+    return None
 
 
 class _Bracket:
@@ -107,16 +120,11 @@ class PromotionAsha:
         self._bracket_of[run] = bracket
         self._new += 1
 
-    def rung_reached(self, run: str, step: float, recorded: Iterable[float] = ()) -> float | None:
+    def rung_reached(self, run: str, step: float) -> float | None:
         """The rung a report at ``step`` records a value at (the highest at or below it that the run
-        has no value at yet); None: no rung to record. ``recorded``: unused, for the stop rules' shape."""
+        has no value at yet); None: no rung to record."""
         bracket = self._brackets[self._bracket_of.get(run, 0)]
-        if step >= self.max_step:
-            return None
-        for index in range(len(bracket.rungs) - 1, -1, -1):
-            if bracket.rungs[index] <= step:
-                return None if run in bracket.values[index] else bracket.rungs[index]
-        return None
+        return _rung_at(bracket.rungs, bracket.values, run, step, self.max_step)
 
     def report(self, run: str, rung: float, value: float) -> str:
         """``run`` reached ``rung`` with ``value`` there (recorded before anything acts on it). It
@@ -245,14 +253,9 @@ class Hyperband:
         ladder.closed = len(ladder.runs) >= ladder.size
         self._ladder_of[run] = bracket
 
-    def rung_reached(self, run: str, step: float, recorded: Iterable[float] = ()) -> float | None:
+    def rung_reached(self, run: str, step: float) -> float | None:
         ladder = self._ladders[self._ladder_of[run]]
-        if step >= self.max_step:
-            return None
-        for index in range(len(ladder.rungs) - 1, -1, -1):
-            if ladder.rungs[index] <= step:
-                return None if run in ladder.values[index] else ladder.rungs[index]
-        return None
+        return _rung_at(ladder.rungs, ladder.values, run, step, self.max_step)
 
     def report(self, run: str, rung: float, value: float) -> str:
         """``run`` reached ``rung``: it pauses, unless its value completes the rung and puts it

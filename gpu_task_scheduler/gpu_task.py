@@ -38,6 +38,31 @@ class GPUTask:
         waited for (each succeeded), in the sweep's order; empty otherwise."""
         return list(self.__dict__.get("_gts_dependencies", ()))
 
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """The run's checkpoint folder (``GTS_CHECKPOINT_DIR``): it lasts across the run's attempts,
+        so that one that goes on after an interruption or a failure finds what the one before saved
+        (an attempt that starts afresh finds it empty). None outside a sweep."""
+        import os
+
+        return os.environ.get("GTS_CHECKPOINT_DIR") or None
+
+    @property
+    def resume_step(self) -> float | None:
+        """The step this attempt goes on from (``GTS_RESUME_STEP``): the last step an earlier attempt
+        of this run reported, or None on a fresh start. The protocol: save your checkpoint, then
+        report that step; on resume, load it and train from the step after. A run that ignores it
+        starts again from step 0: correct, only dearer."""
+        import os
+
+        text = os.environ.get("GTS_RESUME_STEP", "")
+        if not text:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+
     def report(self, step: float, **metrics: float) -> None:
         """Record metrics at ``step`` as the run trains (see ``gpu_task_scheduler.reporting``):
         ``gts status`` and ``gts results`` show the latest of each. Raises

@@ -34,6 +34,11 @@ import time
 
 METRICS_ENV = "GTS_METRICS_FILE"
 PRUNE_ENV = "GTS_PRUNE_FILE"
+# The checkpoint protocol: a folder that lasts across a run's attempts, and the step an attempt
+# goes on from (empty on a fresh start): the last step the run reported before, which it saved a
+# checkpoint of first ("save your checkpoint, then report that step").
+CHECKPOINT_ENV = "GTS_CHECKPOINT_DIR"
+RESUME_ENV = "GTS_RESUME_STEP"
 # ASHA only: {"metric": "loss", "steps": [1, 3, 9]}, its rungs; and the file in which the scheduler
 # says up to which rung it let the run go on.
 RUNGS_ENV = "GTS_RUNGS"

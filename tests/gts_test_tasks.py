@@ -577,3 +577,34 @@ class SavesOnTermTask(GPUTask):
             time.sleep(0.05)
         journal(self._config, "saved", self._work_dir)
         return {"saved": True}
+
+
+class CheckpointTask(GPUTask):
+    """Trains ``steps`` steps as the checkpoint protocol asks: loads its state from
+    ``checkpoint_dir`` at ``resume_step``, and after each step saves it, then reports that step.
+    Journals ``resume <step>`` and ``step<k>`` per step executed; raises at step ``fail_at`` on its
+    first attempt; sleeps ``pause`` a step; ``hold`` (a file): waits for it after step ``hold_at``."""
+
+    def main(self):
+        state_file = os.path.join(self.checkpoint_dir, "state.json")
+        done, total = 0, 0.0
+        if self.resume_step is not None:
+            with open(state_file) as handle:
+                state = json.load(handle)
+            assert state["step"] == self.resume_step, (state, self.resume_step)
+            done, total = state["step"], state["total"]
+            journal(self.config, f"resume{done}", self.work_dir)
+        for step in range(done + 1, self.config["steps"] + 1):
+            if step == self.config.get("fail_at") and os.environ["GTS_ATTEMPT"] == "1":
+                raise RuntimeError(f"failed at step {step}")
+            time.sleep(self.config.get("pause", 0))
+            total += step
+            journal(self.config, f"step{step}", self.work_dir)
+            with open(state_file + ".tmp", "w") as handle:
+                json.dump({"step": step, "total": total}, handle)
+            os.replace(state_file + ".tmp", state_file)  # saved, then reported
+            self.report(step, loss=1 / step)
+            if step == self.config.get("hold_at"):
+                while not os.path.exists(self.config["hold"]):
+                    time.sleep(0.02)
+        return {"total": total}

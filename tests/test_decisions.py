@@ -57,6 +57,28 @@ def test_before_run(inputs, expected):
     assert (decision.action, decision.label) == expected
 
 
+# Whether a run that runs again goes on from its checkpoint: only the same run (same config, its
+# folder there) that did not end; never a success forced again, a changed config or a new run.
+RESUMES = [
+    (record(F), True, False, True),
+    (record(INT), True, False, True),
+    (record(T), True, False, True),
+    (record(F, None), True, False, True),  # recorded before config hashes
+    (record(F, "other"), True, False, False),  # its config changed: afresh
+    (record(INT), False, False, False),  # its folder is gone
+    (record(F), True, True, False),  # force_rerun: afresh
+    (record(S), True, True, False),
+    (None, False, False, False),
+]
+
+
+@pytest.mark.parametrize("rec, folder_ok, force, resume", RESUMES)
+def test_a_run_that_did_not_end_resumes_only_as_the_same_run(rec, folder_ok, force, resume):
+    prior = Prior(duplicate=False, config_hash="h", record=rec, folder_ok=folder_ok, outcome=None)
+    decision = before_run(prior, force_rerun=force, skip_existing_folders=False)
+    assert decision.action == "run" and decision.resume is resume
+
+
 def facts(returncode=0, **changes):
     base = dict(
         returncode=returncode,

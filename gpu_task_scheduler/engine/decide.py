@@ -34,6 +34,9 @@ class Decision(NamedTuple):
     reason: str  # for the log
     label: str  # for --dry-run: "skip (succeeded)", "run again (failed)", ...
     warning: str | None = None
+    # It runs again as the same run (an attempt that did not end, with the same config and program,
+    # in its folder): it goes on from its checkpoint (GTS_RESUME_STEP), not afresh.
+    resume: bool = False
 
 
 def before_run(
@@ -54,7 +57,15 @@ def before_run(
     if record is not None:
         done = (RunStatus.SUCCEEDED,) if rerun_pruned else (RunStatus.SUCCEEDED, RunStatus.PRUNED)
         if record.status not in done:
-            return Decision("run", f"it ended {record.status.value} before", f"run again ({record.status.value})")
+            same = record.config_hash in (None, prior.config_hash) and not program_changed(
+                record.program, prior.program
+            )
+            return Decision(
+                "run",
+                f"it ended {record.status.value} before",
+                f"run again ({record.status.value})",
+                resume=same and prior.folder_ok,
+            )
         if not prior.folder_ok:
             return Decision("run", "its folder is gone", "run again (folder gone)")
         changed = program_changed(record.program, prior.program)

@@ -45,6 +45,9 @@ class Attempt(NamedTuple):
     paths: RunPaths
     token: str  # unique to this attempt; the run's outcome file must carry it
     number: int  # 1 for the first attempt recorded in the ledger
+    # The step this attempt goes on from (the last one an earlier attempt reported), or None: it
+    # starts afresh. A resumed attempt keeps the run's checkpoint folder.
+    resume_step: float | None = None
 
 
 class Ended(NamedTuple):

@@ -31,6 +31,7 @@ from ..records.control import CONTROL_SIGNAL, taking_requests
 from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger, SweepLock
+from ..records.metrics import latest
 from ..records.paths import RootPaths, RunPaths
 from ..records.prior import settle_running
 from ..records.status import RunStatus
@@ -208,8 +209,10 @@ class Scheduler:
 
     def _launch(self, item: Pending, slot_index: int, need: Need) -> None:
         spec, slot = item.spec, self.setup().slots[slot_index]
-        item.tries += 1
         paths = RunPaths(spec.work_dir, self.options.log_file)
+        # An attempt that goes on from an earlier one's checkpoint: the step that one reported last.
+        resume_step = last_step(paths) if item.resume or item.tries else None
+        item.tries += 1
         live = self._launcher.live_attempt(spec.name) if self._abilities.adopts else None
         token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice
         if live is not None:
@@ -218,7 +221,7 @@ class Scheduler:
         key = next(self._keys)
         try:
             handle = self._launcher.start(
-                Attempt(spec, slot, paths, token, number),
+                Attempt(spec, slot, paths, token, number, resume_step),
                 lambda: self.inbox.put("exit", key),
                 lambda node, pid, since=0.0: self.inbox.put("placed", (key, node, pid, since)),
             )
@@ -292,3 +295,11 @@ class Scheduler:
             self._starts.settle(active.spec, end.status, end.cause)
 
     # --- stopping -----------------------------------------------------------------
+
+
+def last_step(paths: RunPaths) -> float | None:
+    """The last step the run reported (its metrics file's last good line), or None."""
+    if paths.unsafe() is not None:
+        return None
+    found = latest(paths.metrics)
+    return None if found is None else found[0]

@@ -30,7 +30,7 @@ class Pending:
     """A run of the queue and what this start() has learnt of it (a plain class: one is made per
     run, and a dataclass's generated methods cost every start their compilation)."""
 
-    __slots__ = ("spec", "tries", "oom_retries", "lost_retries", "need", "decided", "waiting_on")
+    __slots__ = ("spec", "tries", "oom_retries", "lost_retries", "need", "decided", "waiting_on", "resume")
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
@@ -40,6 +40,7 @@ class Pending:
         self.need: Need = None  # the memory estimate raised after an out-of-memory failure
         self.decided = False  # before_run() said it runs (asked once, also when it waits for dependencies)
         self.waiting_on: set[str] | None = None  # while parked: the runs it still waits for
+        self.resume = False  # its next attempt goes on from the last one's checkpoint (decide.Decision.resume)
 
 
 class RunQueue:

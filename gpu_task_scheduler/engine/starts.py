@@ -43,7 +43,7 @@ class Starts:
             if item.spec.after and not self._ready(item):
                 continue
             if not item.tries and not item.decided:
-                if self._skipped(item.spec, capacity):
+                if self._skipped(item, capacity):
                     queue.pop()
                     continue
                 item.decided = True
@@ -128,11 +128,13 @@ class Starts:
             rerun_pruned=self._sweep.rerun_pruned,
         )
 
-    def _skipped(self, spec: RunSpec, capacity: Capacity) -> bool:
+    def _skipped(self, item: Pending, capacity: Capacity) -> bool:
+        spec = item.spec
         prior, decision = self._decide(spec)
         if decision.warning:
             logger.warning("%s %s", spec.work_dir, decision.warning)
         if decision.action == "run":
+            item.resume = decision.resume
             return False
         self._records.skipped(spec, prior, decision, capacity.free_slot_name())
         if not prior.duplicate:  # a duplicate settles with the earlier run of the same name

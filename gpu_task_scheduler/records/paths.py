@@ -17,7 +17,8 @@
             .gts/pruned          why the scheduler stopped the run early (early_stop)
             .gts/judged          the last ASHA rung at which the run was let go on
             .gts/result.json     what main() returned, when it is over 1 MiB of JSON
-            .gts/logs/           logs of earlier attempts
+            .gts/checkpoint/     the run's checkpoints (GTS_CHECKPOINT_DIR), across its attempts
+            .gts/logs/           logs of earlier attempts (and what a fresh start set aside)
 
 Everything under a result root is treated as hostile: a run (or anyone who
 can write there) may plant a symbolic link or a FIFO where we read or write.
@@ -317,6 +318,12 @@ class RunPaths(Record):
         return f"{self.meta}{os.sep}metrics.jsonl"
 
     @property
+    def checkpoint(self) -> str:
+        """The run's checkpoint folder (``GTS_CHECKPOINT_DIR``): the run's to write, kept across its
+        attempts; an attempt that starts afresh finds it empty (an earlier one's is kept aside)."""
+        return f"{self.meta}{os.sep}checkpoint"
+
+    @property
     def pruned(self) -> str:
         """Written by the scheduler when it stops the run early: why (``report()`` raises ``Pruned``)."""
         return f"{self.meta}{os.sep}pruned"
@@ -357,7 +364,7 @@ class RunPaths(Record):
                 return problem, problem
         if records_only:
             return None, None
-        folders = [self.old_logs]
+        folders = [self.old_logs, self.checkpoint]
         files = [self.config, self.task, self.spec, self.metrics, self.pruned, self.judged]
         if self.log:
             relative = os.path.relpath(self.log, self.work_dir)
@@ -397,6 +404,9 @@ class RunPaths(Record):
 
     def old_metrics(self, attempt: int) -> str:
         return os.path.join(self.old_logs, f"attempt-{attempt}-metrics.jsonl")
+
+    def old_checkpoint(self, attempt: int) -> str:
+        return os.path.join(self.old_logs, f"attempt-{attempt}-checkpoint")
 
     def tail(self, lines: int = 20, max_bytes: int = 16384) -> str:
         """The last ``lines`` lines of the run's log (reads at most ``max_bytes``)."""

@@ -22,7 +22,7 @@ from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
 from ...records.paths import RunPaths, atomic_write, open_regular, write_all
 from ...records.protocol import RunStart
-from ...reporting import JUDGED_ENV, METRICS_ENV, PRUNE_ENV, RUNGS_ENV
+from ...reporting import CHECKPOINT_ENV, JUDGED_ENV, METRICS_ENV, PRUNE_ENV, RESUME_ENV, RUNGS_ENV
 from ...sweep.expand import RunSpec
 from .keeper import WRAPPER_NAME
 from .keeper import available as keeper_available
@@ -280,7 +280,12 @@ def _environment(slot: Slot, extra_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_identity(spec: RunSpec, attempt: int) -> dict[str, str]:
+def resume_text(step: float) -> str:
+    """A resume step as ``GTS_RESUME_STEP`` holds it: ``9`` for 9.0, ``2.5`` for 2.5."""
+    return str(int(step)) if float(step).is_integer() and abs(step) < 2**53 else repr(float(step))
+
+
+def run_identity(spec: RunSpec, attempt: int, resume_step: float | None = None) -> dict[str, str]:
     """What a run is, for experiment trackers (W&B, MLflow, TensorBoard run names), in its
     environment. Per run, so not in a pre-warmed runner's environment: the runner sets them
     before it loads the run's task (read them in ``main()``, not at a module's import)."""
@@ -293,6 +298,8 @@ def run_identity(spec: RunSpec, attempt: int) -> dict[str, str]:
         "GTS_ATTEMPT": str(attempt),
         METRICS_ENV: RunPaths(work_dir, None).metrics,
         PRUNE_ENV: RunPaths(work_dir, None).pruned,
+        CHECKPOINT_ENV: RunPaths(work_dir, None).checkpoint,
+        RESUME_ENV: "" if resume_step is None else resume_text(resume_step),
     }
     if spec.early_stop is not None and _asha(spec.early_stop):  # report() waits at its rungs for the verdict
         identity[RUNGS_ENV] = json.dumps({"metric": spec.early_stop.metric, "steps": spec.early_stop.rungs})
@@ -310,16 +317,29 @@ def dependency_dirs(spec: RunSpec) -> list[str]:
     return [os.path.join(root, name) for name in spec.after]
 
 
-def _rotate_log(paths: RunPaths, attempt: int) -> None:
-    """Keep the log and the metrics of an earlier attempt instead of overwriting them (an attempt
-    reports its own curve)."""
-    for current, old in ((paths.log, paths.old_log(attempt - 1)), (paths.metrics, paths.old_metrics(attempt - 1))):
+def _rotate_log(paths: RunPaths, attempt: int, *, resumed: bool) -> None:
+    """Keep the log and the metrics of an earlier attempt instead of overwriting them: an attempt
+    reports its own curve (one that goes on from a checkpoint, from the step after it; one that
+    ignores it, from its first step again). An attempt that starts afresh also finds the checkpoint
+    folder of the one before kept aside; a resumed attempt goes on with it."""
+    kept = [(paths.log, paths.old_log(attempt - 1)), (paths.metrics, paths.old_metrics(attempt - 1))]
+    if not resumed and _has_entries(paths.checkpoint):  # an empty one stays: nothing to keep aside
+        kept.append((paths.checkpoint, paths.old_checkpoint(attempt - 1)))
+    for current, old in kept:
         if current and os.path.lexists(current):
             os.makedirs(paths.old_logs, exist_ok=True)
             os.replace(current, old)
 
 
-def _prepare_folder(spec: RunSpec, paths: RunPaths, attempt: int) -> None:
+def _has_entries(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
+def _prepare_folder(spec: RunSpec, paths: RunPaths, attempt: int, *, resumed: bool = False) -> None:
     """The run folder, ready for this attempt: its records folder, nothing of an earlier attempt's
     end, its config. A folder this call creates holds nothing yet, so nothing in it is checked,
     removed or set aside (two mkdirs and one file: the common case, a run's first attempt); one
@@ -333,6 +353,7 @@ def _prepare_folder(spec: RunSpec, paths: RunPaths, attempt: int) -> None:
         else:
             fresh = True
             os.mkdir(paths.meta)
+            os.mkdir(paths.checkpoint)
             if paths.log and os.path.dirname(paths.log) != paths.work_dir:  # a log_file in a subfolder
                 os.makedirs(os.path.dirname(paths.log), exist_ok=True)
             fd = os.open(paths.config, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
@@ -354,7 +375,8 @@ def _prepare_folder(spec: RunSpec, paths: RunPaths, attempt: int) -> None:
                 os.unlink(stale)
             except FileNotFoundError:
                 pass
-        _rotate_log(paths, attempt)
+        _rotate_log(paths, attempt, resumed=resumed)
+        os.makedirs(paths.checkpoint, exist_ok=True)
         if paths.log and os.path.dirname(paths.log) != paths.work_dir:  # a log_file in a subfolder
             os.makedirs(os.path.dirname(paths.log), exist_ok=True)
         atomic_write(paths.config, config, durable=False)  # informational
@@ -373,9 +395,10 @@ def prepare(
     paths: RunPaths,
     token: str,
     attempt: int,
+    resume_step: float | None = None,
     python: str = sys.executable,
 ) -> Launch:
-    _prepare_folder(spec, paths, attempt)
+    _prepare_folder(spec, paths, attempt, resumed=resume_step is not None)
     task_name = getattr(make_task, "__name__", "the task")
     try:
         task = make_task(spec)
@@ -392,7 +415,7 @@ def prepare(
         details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         raise LaunchError(f"{task_name} failed before main(): {type(error).__name__}: {error}", details) from error
     env = _environment(slot, extra_env)
-    identity = run_identity(spec, attempt)
+    identity = run_identity(spec, attempt, resume_step)
     if direct is not None:
         env.update(direct[1])
         env.update(identity)
@@ -435,6 +458,7 @@ def prepare_attempt(attempt: Attempt, make_task: TaskFactory) -> Launch:
         paths=attempt.paths,
         token=attempt.token,
         attempt=attempt.number,
+        resume_step=attempt.resume_step,
     )
 
 

@@ -1,0 +1,101 @@
+"""The checkpoint protocol: a folder per run across its attempts, and the step an attempt goes on
+from ("save your checkpoint, then report that step"), after a failure, a kill -9 of the scheduler,
+or not at all (a fresh start)."""
+
+import json
+import sys
+
+import gts_test_tasks as tasks
+from conftest import marked_pids, wait_until
+from helpers import journal_lines, ledger_rows, make_config
+from test_process_control import finish, launch
+
+from gpu_task_scheduler import GPUTaskScheduler
+
+TOTAL = sum(range(1, 9))  # steps 1..8
+
+
+def _steps(lines, run):
+    return [line.split()[0] for line in lines if line.endswith(f" {run}")]
+
+
+def test_a_retried_run_goes_on_from_its_checkpoint_and_runs_no_step_twice(in_tmp):
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(root, [{"fail_at": [5]}], global_config={"steps": 8, "journal": journal}, max_retries=1)
+    summary = GPUTaskScheduler(config, tasks.CheckpointTask).start()
+    assert summary.ok, summary.report()
+    (outcome,) = summary.succeeded
+    assert outcome.attempts == 2 and outcome.result == {"total": TOTAL}  # the state went on, not again
+    assert _steps(journal_lines(journal), "fail_at-5,") == [f"step{k}" for k in range(1, 5)] + ["resume4"] + [
+        f"step{k}" for k in range(5, 9)
+    ]
+    # Each attempt reports its own curve: the resumed one from the step after its checkpoint.
+    meta = root / "fail_at-5," / ".gts"
+    for path, steps in (
+        (meta / "logs" / "attempt-1-metrics.jsonl", range(1, 5)),
+        (meta / "metrics.jsonl", range(5, 9)),
+    ):
+        assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(steps)
+    assert json.loads(ledger_rows(root)["fail_at-5,"]["metrics"])["loss"]["step"] == 8
+
+
+def test_after_a_kill_9_the_next_start_goes_on_from_each_runs_last_reported_step(in_tmp, no_leaked_processes):
+    root, journal, hold = in_tmp / "r", str(in_tmp / "journal"), in_tmp / "hold"
+    config = make_config(
+        root, [{"a": [1]}], global_config={"steps": 8, "journal": journal, "hold_at": 3, "hold": str(hold)}
+    )
+    scheduler = launch(config, "CheckpointTask")
+    wait_until(lambda: "step3 a-1," in journal_lines(journal), message="the run to report step 3")
+    wait_until(lambda: (root / "a-1," / ".gts" / "metrics.jsonl").exists(), message="step 3's report")
+    wait_until(lambda: '"step": 3' in (root / "a-1," / ".gts" / "metrics.jsonl").read_text(), message="step 3's report")
+    scheduler.kill()
+    finish(scheduler)
+    wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10, message="the orphaned run to die")
+    hold.write_text("")
+    summary = GPUTaskScheduler(config, tasks.CheckpointTask).start()
+    assert summary.ok and summary.outcomes["a-1,"].result == {"total": TOTAL}
+    assert _steps(journal_lines(journal), "a-1,") == ["step1", "step2", "step3", "resume3"] + [
+        f"step{k}" for k in range(4, 9)
+    ]
+
+
+def test_a_forced_rerun_starts_afresh_with_an_empty_checkpoint_folder_and_keeps_the_old_one(in_tmp):
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(root, [{"a": [1]}], global_config={"steps": 3, "journal": journal})
+    assert GPUTaskScheduler(config, tasks.CheckpointTask).start().ok
+    config["scheduler_config"]["force_rerun"] = True
+    assert GPUTaskScheduler(config, tasks.CheckpointTask).start().ok
+    assert _steps(journal_lines(journal), "a-1,") == ["step1", "step2", "step3"] * 2  # no resume
+    run = root / "a-1,"
+    kept = json.loads((run / ".gts" / "logs" / "attempt-1-checkpoint" / "state.json").read_text())
+    assert kept == {"step": 3, "total": 6.0}
+    assert json.loads((run / ".gts" / "checkpoint" / "state.json").read_text()) == {"step": 3, "total": 6.0}
+    assert [json.loads(line)["step"] for line in (run / ".gts" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_command_gets_its_checkpoint_folder_and_resume_step_in_its_environment(in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1]}], max_retries=1)
+    config["command"] = [
+        sys.executable,
+        "-c",
+        "import json, os, sys\n"
+        "ckpt, resume = os.environ['GTS_CHECKPOINT_DIR'], os.environ['GTS_RESUME_STEP']\n"
+        "open(os.path.join(ckpt, 'seen'), 'a').write(repr(resume) + ' ' + str(os.path.isdir(ckpt)) + '\\n')\n"
+        "open(os.environ['GTS_METRICS_FILE'], 'a').write(json.dumps({{'step': 2.5, 'x': 1}}) + '\\n')\n"
+        "sys.exit(0 if resume else 1)\n",
+    ]
+    assert GPUTaskScheduler(config).start().ok  # fails, then succeeds on its resumed attempt
+    seen = (root / "a-1," / ".gts" / "checkpoint" / "seen").read_text().splitlines()
+    assert seen == ["'' True", "'2.5' True"]
+
+
+def test_outside_a_sweep_a_task_has_no_checkpoint_folder_and_no_resume_step(monkeypatch):
+    monkeypatch.delenv("GTS_CHECKPOINT_DIR", raising=False)
+    monkeypatch.delenv("GTS_RESUME_STEP", raising=False)
+    task = tasks.CheckpointTask({}, "/tmp")
+    assert task.checkpoint_dir is None and task.resume_step is None
+    monkeypatch.setenv("GTS_RESUME_STEP", "9")
+    assert task.resume_step == 9 and isinstance(task.resume_step, int)
+    monkeypatch.setenv("GTS_RESUME_STEP", "2.5")
+    assert task.resume_step == 2.5

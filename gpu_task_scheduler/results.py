@@ -22,7 +22,7 @@ from typing import Any
 from .errors import ConfigError, GTSError, closest, did_you_mean, install_hint
 from .layout import RESULT_FILE
 from .records.ledger import Ledger, RunRecord, RunStatus
-from .records.metrics import read_all
+from .records.metrics import attempt_files, read_all, stitch
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
@@ -349,8 +349,8 @@ def to_dataframe(root: str) -> Any:
 
 def curve_rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
     """One dict per reported step of every run: ``name``, its ``stage``, the swept parameters,
-    ``status``, ``step``, then each metric reported at that step (the run's last attempt; what its
-    metrics file holds, read as the scheduler reads it)."""
+    ``status``, ``step``, then each metric reported at that step (across its attempts: see
+    ``records.metrics.stitch``; what its metrics files hold, read as the scheduler reads them)."""
     table = []
     for record in records(root, stage):
         try:
@@ -359,7 +359,7 @@ def curve_rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
             continue
         if paths.unsafe(records_only=True) is not None:
             continue
-        points = read_all(paths.metrics, keep_points=True).points or []
+        points = stitch([read_all(path, keep_points=True).points or [] for path in attempt_files(paths)])
         head: dict[str, Any] = {"name": record.name}
         if record.stage is not None:
             head["stage"] = record.stage

@@ -6,6 +6,7 @@ import json
 import sys
 
 import gts_test_tasks as tasks
+import pytest
 from conftest import marked_pids, wait_until
 from helpers import journal_lines, ledger_rows, make_config
 from test_process_control import finish, launch
@@ -37,6 +38,13 @@ def test_a_retried_run_goes_on_from_its_checkpoint_and_runs_no_step_twice(in_tmp
     ):
         assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(steps)
     assert json.loads(ledger_rows(root)["fail_at-5,"]["metrics"])["loss"]["step"] == 8
+    # The run's curve, as the plots, the page and the report draw it, goes on across them.
+    from gpu_task_scheduler.results import curve_rows
+    from gpu_task_scheduler.web.data import curves
+
+    assert [row["step"] for row in curve_rows(str(root))] == list(range(1, 9))
+    (drawn,) = curves(str(root), "loss", ["fail_at-5,"])["runs"]
+    assert drawn["steps"] == list(range(1, 9)) and drawn["values"] == pytest.approx([1 / k for k in range(1, 9)])
 
 
 def test_after_a_kill_9_the_next_start_goes_on_from_each_runs_last_reported_step(in_tmp, no_leaked_processes):
@@ -99,3 +107,23 @@ def test_outside_a_sweep_a_task_has_no_checkpoint_folder_and_no_resume_step(monk
     assert task.resume_step == 9 and isinstance(task.resume_step, int)
     monkeypatch.setenv("GTS_RESUME_STEP", "2.5")
     assert task.resume_step == 2.5
+
+
+@pytest.mark.parametrize(
+    "attempts, curve",
+    [
+        ([[1, 2, 3], [4, 5]], [1, 2, 3, 4, 5]),  # resumed after step 3
+        ([[1, 2, 3, 4], [4, 5]], [1, 2, 3, 4, 5]),  # step 4 ran again: the later attempt's counts
+        ([[1, 2, 3], [1, 2]], [1, 2]),  # started again from its first step: replaces the earlier one
+        ([[1, 2], [], [3, 4]], [1, 2, 3, 4]),  # an attempt that reported nothing
+        ([[1, 2, 3], [2, 3], [4]], [1, 2, 3, 4]),
+        ([[5, 6], [1]], [1]),
+    ],
+)
+def test_a_runs_curve_is_each_attempts_points_before_the_next_ones_first_step(attempts, curve):
+    from gpu_task_scheduler.records.metrics import stitch
+
+    stitched = stitch([[(step, {"attempt": n}) for step in steps] for n, steps in enumerate(attempts)])
+    assert [step for step, _ in stitched] == curve
+    if curve == [1, 2, 3, 4, 5] and attempts[0] == [1, 2, 3, 4]:
+        assert stitched[3] == (4, {"attempt": 1})

@@ -43,6 +43,10 @@ def test_each_attempt_reports_its_own_curve(in_tmp):
     assert len((folder / ".gts" / "logs" / "attempt-1-metrics.jsonl").read_text().splitlines()) == 3
     assert len((folder / ".gts" / "metrics.jsonl").read_text().splitlines()) == 3  # not 6: its own
     assert json.loads(ledger_rows(root)["lr-0.5,"]["metrics"])["loss"]["step"] == 3
+    # It started again from its first step: its curve is its last attempt's, not both.
+    from gpu_task_scheduler.results import curve_rows
+
+    assert [row["step"] for row in curve_rows(str(root))] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("shell", [False, True])

@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any
 
-from .paths import UnsafePathError, open_regular
+from .paths import RunPaths, UnsafePathError, open_regular
 
 MAX_LINE = 64 << 10  # bytes of one line; a longer one is skipped
 MAX_READ = 4 << 20  # bytes read in one call
@@ -221,6 +222,41 @@ def sample_curve(path: str, *, most: int = CURVE_POINTS, whole: int = CURVE_BYTE
         return found
     finally:
         os.close(fd)
+
+
+_ATTEMPT_METRICS = re.compile(r"attempt-([0-9]{1,9})-metrics\.jsonl")
+
+
+def attempt_files(paths: RunPaths) -> list[str]:
+    """The run's metrics files, its earliest attempt's first: those kept of earlier attempts
+    (``.gts/logs/attempt-N-metrics.jsonl``, by N) and the current one."""
+    try:
+        names = os.listdir(paths.old_logs)
+    except OSError:
+        names = []
+    kept = sorted((int(m[1]), name) for name in names if (m := _ATTEMPT_METRICS.fullmatch(name)))
+    return [os.path.join(paths.old_logs, name) for _, name in kept] + [paths.metrics]
+
+
+def stitch(attempts: list[list[Point]]) -> list[Point]:
+    """One curve of a run's attempts (earliest first): each attempt's points before the first step
+    of the attempts after it. An attempt that went on from a checkpoint continues the curve from
+    there; one that started again from its first step replaces what came before."""
+    curve: list[Point] = []
+    for points in reversed(attempts):
+        if curve:
+            points = [point for point in points if point[0] < curve[0][0]]
+        curve = points + curve
+    return curve
+
+
+def run_curve(paths: RunPaths, *, most: int = CURVE_POINTS) -> list[Point]:
+    """:func:`sample_curve` of the run across its attempts (:func:`stitch`), at most ``most`` points."""
+    curve = stitch([sample_curve(path, most=most) for path in attempt_files(paths)])
+    if len(curve) > most:
+        stride = -(-(len(curve) - 1) // (most - 1))
+        curve = curve[:-1:stride] + curve[-1:]
+    return curve
 
 
 def _points(lines: list[bytes]) -> list[Point]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..records.ledger import RunRecord, RunStatus
-from ..records.metrics import sample_curve
+from ..records.metrics import run_curve
 from ..records.paths import RunPaths, UnsafePathError, read_json
 from ..reports.status import STALE, eta, running_is_stale, status
 from ..results import declared_modes, open_ledger, row_of
@@ -149,7 +149,7 @@ def run_log(root: str, name: str, *, most: int = LOG_BYTES) -> dict[str, Any]:
 
 
 def curves(root: str, metric: str, names: list[str]) -> dict[str, Any]:
-    """What each named run reported of ``metric``, step by step (its last attempt), with its
+    """What each named run reported of ``metric``, step by step (across its attempts), with its
     parameters and state: ``{"runs": [{"name", "status", "params", "steps", "values"}]}``."""
     if len(names) > CURVES_MOST:
         raise ConfigError(f"at most {CURVES_MOST} runs' curves at once")
@@ -159,7 +159,7 @@ def curves(root: str, metric: str, names: list[str]) -> dict[str, Any]:
         paths = _paths(root, name)
         if paths.unsafe(records_only=True) is not None:
             continue
-        points = [(step, values[metric]) for step, values in sample_curve(paths.metrics) if metric in values]
+        points = [(step, values[metric]) for step, values in run_curve(paths) if metric in values]
         steps = [step for step, _ in points]
         values = [value for _, value in points]
         found.append(

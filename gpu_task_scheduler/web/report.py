@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ..errors import GTSError
-from ..records.metrics import CURVE_POINTS, sample_curve
+from ..records.metrics import CURVE_POINTS, run_curve
 from ..records.paths import RunPaths, UnsafePathError, atomic_write
 from . import data
 from .server import _finite, plotly_js
@@ -56,7 +56,7 @@ def report_data(root: str) -> dict[str, Any]:
             continue
         if paths.unsafe(records_only=True) is not None:
             continue
-        points = sample_curve(paths.metrics, most=most)
+        points = run_curve(paths, most=most)
         if points:
             curves[run["name"]] = {"steps": [step for step, _ in points], "values": [values for _, values in points]}
     return {

@@ -127,3 +127,27 @@ def test_a_runs_curve_is_each_attempts_points_before_the_next_ones_first_step(at
     assert [step for step, _ in stitched] == curve
     if curve == [1, 2, 3, 4, 5] and attempts[0] == [1, 2, 3, 4]:
         assert stitched[3] == (4, {"attempt": 1})
+
+
+def test_the_median_rule_sees_a_resumed_runs_whole_curve(in_tmp):
+    """Its running average at a step before the resume comes from the earlier attempt's points:
+    after a restart of the scheduler (from the ledger and the files), and as the resumed attempt
+    starts (its curve up to the resume step)."""
+    from gpu_task_scheduler.engine.stopper import Stopper
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths, RunPaths
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    root = in_tmp / "r"
+    config = make_config(root, [{"fail_at": [5]}], global_config={"steps": 8}, max_retries=1)
+    config["early_stop"] = {"method": "median", "metric": "loss", "mode": "min", "min_step": 1, "min_runs": 99}
+    assert GPUTaskScheduler(config, tasks.CheckpointTask).start().ok
+    sweep = Sweep(config)
+    with Ledger(RootPaths(str(root))) as ledger:
+        stopper = Stopper(sweep, ledger, str(root))
+        curve = stopper._curves[None]["fail_at-5,"]
+        assert curve.last_step == 8 and curve.mean_up_to(2) == pytest.approx((1 + 1 / 2) / 2)
+        (spec,) = list(sweep)
+        stopper.watch(spec, RunPaths(spec.work_dir, None), resume_step=4)  # as a resumed attempt starts
+        curve = stopper._curves[None]["fail_at-5,"]
+        assert curve.last_step == 4 and curve.mean_up_to(4) == pytest.approx(sum(1 / k for k in range(1, 5)) / 4)

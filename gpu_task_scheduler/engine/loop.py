@@ -237,7 +237,7 @@ class Scheduler:
             self._records.ledger.set_pid(spec.name, handle.pid)  # whose GPU memory `gts status --watch` shows
         self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None or not placed else now + timeout
-        self._running.add(key, Active(item, slot_index, slot, handle, paths, token, now, deadline))
+        self._running.add(key, Active(item, slot_index, slot, handle, paths, token, now, deadline, resume_step))
         self._records.call("on_run_start", spec, slot)
 
     def _on_placed(self, key: int, node: str, pid: int, since: float) -> None:

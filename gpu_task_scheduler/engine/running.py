@@ -47,6 +47,7 @@ class Active:
         "kill_at",
         "term_at",
         "exited",
+        "resume_step",
     )
 
     def __init__(
@@ -59,6 +60,7 @@ class Active:
         token: str,
         started: float,
         deadline: float | None,
+        resume_step: float | None = None,
     ) -> None:
         self.item, self.slot_index, self.slot, self.handle = item, slot_index, slot, handle
         self.paths, self.token, self.started, self.deadline = paths, token, started, deadline
@@ -66,6 +68,7 @@ class Active:
         self.kill_at: float | None = None
         self.term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
         self.exited = False  # it has ended; its end is recorded once its metrics are read (engine/endreads.py)
+        self.resume_step = resume_step  # the step it went on from (its earlier attempts' curve up to it)
 
     @property
     def spec(self) -> RunSpec:
@@ -93,7 +96,7 @@ class Running:
     def add(self, key: int, active: Active) -> None:
         self._active[key] = active
         if self.stopper is not None:
-            self.stopper.watch(active.spec, active.paths)
+            self.stopper.watch(active.spec, active.paths, active.resume_step)
 
     def get(self, key: int) -> Active | None:
         return self._active.get(key)

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from ..errors import closest, did_you_mean
 from ..recordclass import Record
 from ..records.ledger import Ledger, pruned_cause
-from ..records.metrics import MAX_METRICS, MetricsReader, read_all
+from ..records.metrics import MAX_METRICS, MetricsReader, Point, attempt_files, read_all, stitch
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.stopping import Asha, Curve, Median, Rule, Verdict
@@ -92,12 +92,11 @@ class Stopper:
             rule = self._rules.get(stage)
             if isinstance(rule, Median):
                 try:
-                    path = RunPaths.recorded(root, name).metrics
+                    paths = RunPaths.recorded(root, name)
                 except UnsafePathError:
                     continue
-                reader = read_all(path, keep_points=True)
                 curve = self._curves.setdefault(stage, {}).setdefault(name, Curve())
-                for step, metrics in reader.points or ():
+                for step, metrics in _run_points(paths):  # across its attempts
                     if rule.metric in metrics:
                         curve.add(step, metrics[rule.metric], rule)
         for name, rung, _step, value, _stop, _cause in self._ledger.verdicts():
@@ -115,8 +114,9 @@ class Stopper:
 
     # --- running runs ----------------------------------------------------------------
 
-    def watch(self, spec: RunSpec, paths: RunPaths) -> None:
-        """A run of a stage with a rule started (its metrics file is new: an earlier attempt's was moved)."""
+    def watch(self, spec: RunSpec, paths: RunPaths, resume_step: float | None = None) -> None:
+        """A run of a stage with a rule started (its metrics file is new: an earlier attempt's was
+        moved); ``resume_step``: it goes on from there, its curve up to it is its earlier attempts'."""
         rule = self._rules.get(spec.stage)
         if rule is None:
             return
@@ -128,7 +128,11 @@ class Stopper:
             reached = self._reached.get(spec.name)
             self._watched[spec.name].judged = max(reached) if reached else None  # resumed: judged there
         else:
-            self._curves.setdefault(spec.stage, {})[spec.name] = Curve()
+            curve = self._curves.setdefault(spec.stage, {})[spec.name] = Curve()
+            if resume_step is not None:
+                for step, metrics in _run_points(paths):
+                    if step <= resume_step and rule.metric in metrics:
+                        curve.add(step, metrics[rule.metric], rule)
 
     def look(self, name: str) -> Verdict | None:
         """Read what ``name`` reported since the last look; the verdict that stops it, if one does
@@ -249,3 +253,10 @@ class Stopper:
 def cause_of(verdict: Verdict) -> str:
     """``pruned at step 3: loss 1.92, rung cutoff 0.87``."""
     return pruned_cause(verdict.step, verdict.cause)
+
+
+def _run_points(paths: RunPaths) -> list[Point]:
+    """Every point the run reported, across its attempts (``records.metrics.stitch``)."""
+    if paths.unsafe(records_only=True) is not None:
+        return []
+    return stitch([read_all(path, keep_points=True).points or [] for path in attempt_files(paths)])

@@ -22,7 +22,7 @@ from typing import Any
 from .errors import ConfigError, GTSError, closest, did_you_mean, install_hint
 from .layout import RESULT_FILE
 from .records.ledger import Ledger, RunRecord, RunStatus
-from .records.metrics import attempt_files, read_all, stitch
+from .records.metrics import run_points
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
@@ -359,7 +359,7 @@ def curve_rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
             continue
         if paths.unsafe(records_only=True) is not None:
             continue
-        points = stitch([read_all(path, keep_points=True).points or [] for path in attempt_files(paths)])
+        points = run_points(paths)
         head: dict[str, Any] = {"name": record.name}
         if record.stage is not None:
             head["stage"] = record.stage

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..gpu.devices import Slot
@@ -89,9 +89,6 @@ class Running:
 
     def __len__(self) -> int:
         return len(self._active)
-
-    def __iter__(self) -> Iterator[Active]:
-        return iter(list(self._active.values()))
 
     def add(self, key: int, active: Active) -> None:
         self._active[key] = active

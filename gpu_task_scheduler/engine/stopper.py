@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from ..errors import closest, did_you_mean
 from ..recordclass import Record
 from ..records.ledger import Ledger, pruned_cause
-from ..records.metrics import MAX_METRICS, MetricsReader, Point, attempt_files, read_all, stitch
+from ..records.metrics import MAX_METRICS, MetricsReader, run_points
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.stopping import Asha, Curve, Median, Rule, Verdict
@@ -95,8 +95,10 @@ class Stopper:
                     paths = RunPaths.recorded(root, name)
                 except UnsafePathError:
                     continue
+                if paths.unsafe(records_only=True) is not None:  # its records reach outside its folder
+                    continue
                 curve = self._curves.setdefault(stage, {}).setdefault(name, Curve())
-                for step, metrics in _run_points(paths):  # across its attempts
+                for step, metrics in run_points(paths):  # across its attempts
                     if rule.metric in metrics:
                         curve.add(step, metrics[rule.metric], rule)
         for name, rung, _step, value, _stop, _cause in self._ledger.verdicts():
@@ -130,7 +132,7 @@ class Stopper:
         else:
             curve = self._curves.setdefault(spec.stage, {})[spec.name] = Curve()
             if resume_step is not None:
-                for step, metrics in _run_points(paths):
+                for step, metrics in run_points(paths):
                     if step <= resume_step and rule.metric in metrics:
                         curve.add(step, metrics[rule.metric], rule)
 
@@ -253,10 +255,3 @@ class Stopper:
 def cause_of(verdict: Verdict) -> str:
     """``pruned at step 3: loss 1.92, rung cutoff 0.87``."""
     return pruned_cause(verdict.step, verdict.cause)
-
-
-def _run_points(paths: RunPaths) -> list[Point]:
-    """Every point the run reported, across its attempts (``records.metrics.stitch``)."""
-    if paths.unsafe(records_only=True) is not None:
-        return []
-    return stitch([read_all(path, keep_points=True).points or [] for path in attempt_files(paths)])

@@ -250,6 +250,12 @@ def stitch(attempts: list[list[Point]]) -> list[Point]:
     return curve
 
 
+def run_points(paths: RunPaths) -> list[Point]:
+    """Every point the run reported, across its attempts (:func:`stitch`), each file read as
+    :func:`read_all` reads it."""
+    return stitch([read_all(path, keep_points=True).points or [] for path in attempt_files(paths)])
+
+
 def run_curve(paths: RunPaths, *, most: int = CURVE_POINTS) -> list[Point]:
     """:func:`sample_curve` of the run across its attempts (:func:`stitch`), at most ``most`` points."""
     curve = stitch([sample_curve(path, most=most) for path in attempt_files(paths)])

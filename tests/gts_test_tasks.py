@@ -147,8 +147,10 @@ class GrandchildTask(GPUTask):
 
     def main(self):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(os.path.join(self._work_dir, "grandchild.pid"), "w") as handle:
+        path = os.path.join(self._work_dir, "grandchild.pid")
+        with open(path + ".tmp", "w") as handle:  # whole when it appears: the test reads it at once
             handle.write(str(child.pid))
+        os.replace(path + ".tmp", path)
         if self._config.get("hang"):
             time.sleep(600)
         return {"grandchild": child.pid}

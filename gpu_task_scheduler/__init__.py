@@ -23,6 +23,7 @@ _EXPORTS = {
     "lazy_import": "lazy",
     "report": "reporting",
     "Pruned": "reporting",
+    "Paused": "reporting",
     "Ledger": "records.ledger",
     "RunRecord": "records.ledger",
     "RunStatus": "records.status",
@@ -39,6 +40,7 @@ __all__ = [
     "GTSError",
     "Ledger",
     "LedgerError",
+    "Paused",
     "Pruned",
     "RunOutcome",
     "RunRecord",
@@ -76,5 +78,5 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time 
     from .lazy import lazy_import  # noqa: F401
     from .records.ledger import Ledger, RunRecord  # noqa: F401
     from .records.status import RunStatus  # noqa: F401
-    from .reporting import Pruned, report  # noqa: F401
+    from .reporting import Paused, Pruned, report  # noqa: F401
     from .sweep.expand import RunSpec, Sweep  # noqa: F401

@@ -17,6 +17,12 @@ name to save a checkpoint, then return or re-raise). A run that does not
 report again within the sweep's ``grace_period`` gets SIGTERM, then SIGKILL,
 as commands do at once.
 
+With a pausing method (``early_stop: {method: asha, promotion: true}`` or
+``{method: hyperband}``), a run that reaches a rung may be paused: its next
+``report()`` raises :class:`Paused` (a ``BaseException`` too). Save nothing
+then: the checkpoint of the step just reported is the one the run resumes
+from (``GTS_RESUME_STEP``) if it is promoted; a command gets SIGTERM.
+
 Under ASHA, a report at one of its rungs waits (a moment, at most
 ``RUNG_WAIT`` seconds) until the scheduler has judged it, so that a run
 the rule stops trains no further step: the scheduler reads the line, then
@@ -43,6 +49,7 @@ RESUME_ENV = "GTS_RESUME_STEP"
 # says up to which rung it let the run go on.
 RUNGS_ENV = "GTS_RUNGS"
 JUDGED_ENV = "GTS_JUDGED_FILE"
+PAUSE_ENV = "GTS_PAUSE_FILE"  # a pausing method only: the file in which the scheduler says why it pauses the run
 RUNG_WAIT = 5.0  # seconds report() waits at a rung for the verdict, at most (then it goes on)
 _CAUSE_BYTES = 4096
 
@@ -53,12 +60,25 @@ class Pruned(BaseException):
     ``str(error)`` says why, e.g. ``pruned at step 3: loss 1.92, rung cutoff 0.87``."""
 
 
+class Paused(BaseException):
+    """A pausing ``early_stop`` method paused this run at a rung: raised by ``report()``. The run
+    resumes from its checkpoint of the step it reported last if the method promotes it.
+
+    ``str(error)`` says why, e.g. ``paused at rung 3 (0.87 there): resumed if it is promoted``."""
+
+
 _pruned: str | None = None  # the cause, once report() raised Pruned in this process
+_paused: str | None = None  # the cause, once report() raised Paused in this process
 
 
 def pruned_cause() -> str | None:
     """Why this run was stopped early, if ``report()`` raised :class:`Pruned` in this process."""
     return _pruned
+
+
+def paused_cause() -> str | None:
+    """Why this run was paused, if ``report()`` raised :class:`Paused` in this process."""
+    return _paused
 
 
 def report(step: float, **metrics: float) -> None:
@@ -82,24 +102,28 @@ def report(step: float, **metrics: float) -> None:
         os.close(fd)
     _wait_at_a_rung(step, metrics)
     _raise_if_pruned()
+    _raise_if_paused()
 
 
 _rungs: tuple[str, list[float]] | None = None  # (metric, rung steps), read once
-_passed = float("-inf")  # the step reported last, past which rungs are waited at
+_passed: float | None = None  # the step reported last, past which rungs are waited at
 
 
 def _wait_at_a_rung(step: float, metrics: dict[str, float]) -> None:
     global _rungs, _passed
     if _rungs is None:
         _rungs = _read_rungs()
+    if _passed is None:  # a resumed attempt was judged up to the step it goes on from
+        _passed = _resume_step()
     metric, steps = _rungs
     rung = max((r for r in steps if _passed < r <= step), default=None)
     _passed = max(_passed, step)
     if rung is None or metric not in metrics:
         return
     judged_file, marker = os.environ.get(JUDGED_ENV, ""), os.environ.get(PRUNE_ENV, "")
+    pause = os.environ.get(PAUSE_ENV, "")
     deadline = time.monotonic() + RUNG_WAIT
-    while time.monotonic() < deadline and not os.path.exists(marker):
+    while time.monotonic() < deadline and not os.path.exists(marker) and not (pause and os.path.exists(pause)):
         try:
             with open(judged_file, "rb") as handle:
                 if float(handle.read(64)) >= rung:
@@ -107,6 +131,13 @@ def _wait_at_a_rung(step: float, metrics: dict[str, float]) -> None:
         except (OSError, ValueError):
             pass  # not judged yet (the scheduler writes the file whole, by a rename)
         time.sleep(0.005)
+
+
+def _resume_step() -> float:
+    try:
+        return float(os.environ.get(RESUME_ENV) or "-inf")
+    except ValueError:
+        return float("-inf")
 
 
 def _read_rungs() -> tuple[str, list[float]]:
@@ -119,19 +150,33 @@ def _read_rungs() -> tuple[str, list[float]]:
 
 def _raise_if_pruned() -> None:
     global _pruned
-    marker = os.environ.get(PRUNE_ENV)
+    cause = _told(PRUNE_ENV)
+    if cause is not None:
+        _pruned = cause or "pruned"
+        raise Pruned(_pruned)
+
+
+def _raise_if_paused() -> None:
+    global _paused
+    cause = _told(PAUSE_ENV)
+    if cause is not None:
+        _paused = cause or "paused"
+        raise Paused(_paused)
+
+
+def _told(variable: str) -> str | None:
+    """What the scheduler wrote to the file ``variable`` names, if it wrote it."""
+    marker = os.environ.get(variable)
     if not marker:
-        return
+        return None
     try:
         fd = os.open(marker, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
     except OSError:  # none yet (the cost of the check: one failed open)
-        return
+        return None
     try:
-        cause = os.read(fd, _CAUSE_BYTES).decode("utf-8", "replace").strip()
+        return os.read(fd, _CAUSE_BYTES).decode("utf-8", "replace").strip()
     finally:
         os.close(fd)
-    _pruned = cause or "pruned"
-    raise Pruned(_pruned)
 
 
 def _check(name: str, value: object) -> None:

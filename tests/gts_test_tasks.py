@@ -507,6 +507,54 @@ class CurveTask(GPUTask):
         return {"loss": curve_value(self._config, self._config["steps"])}
 
 
+class ResumingCurveTask(GPUTask):
+    """CurveTask's curve, trained as the checkpoint protocol asks: each step saves a checkpoint (the
+    step, in ``step`` of its checkpoint folder), then reports; a resumed attempt goes on from
+    ``self.resume_step``, after checking its checkpoint holds it. Journals ``start``/``resume N``,
+    each ``stepN``, ``paused`` (then lets Paused end it) and ``end``."""
+
+    def main(self):
+        from gpu_task_scheduler import Paused
+
+        saved = os.path.join(self.checkpoint_dir, "step")
+        first = 1
+        if self.resume_step is not None:
+            with open(saved) as handle:
+                assert float(handle.read()) == self.resume_step, "the checkpoint is not of the resume step"
+            first = int(self.resume_step) + 1
+            journal(self._config, f"resume {int(self.resume_step)}", self._work_dir)
+        else:
+            journal(self._config, "start", self._work_dir)
+        try:
+            for step in range(first, self._config["steps"] + 1):
+                time.sleep(self._config.get("pause", 0))
+                journal(self._config, f"step{step}", self._work_dir)
+                with open(saved + ".new", "w") as handle:
+                    handle.write(str(step))
+                os.replace(saved + ".new", saved)
+                self.report(step, loss=curve_value(self._config, step))
+        except Paused:
+            journal(self._config, "paused", self._work_dir)
+            raise
+        journal(self._config, "end", self._work_dir)
+        return {"loss": curve_value(self._config, self._config["steps"])}
+
+
+class CatchPausedTask(GPUTask):
+    """Reports ``loss`` (the config's) at steps 1..3; catches Paused and returns, as a task that saves
+    a checkpoint of its own might."""
+
+    def main(self):
+        from gpu_task_scheduler import Paused
+
+        for step in range(1, 4):
+            try:
+                self.report(step, loss=self._config["loss"])
+            except Paused:
+                return {"saved_at": step}
+        return {"loss": self._config["loss"]}
+
+
 def branin(x1, x2):
     """The Branin function: minimum 0.397887 at (-pi, 12.275), (pi, 2.275) and (9.42478, 2.475)."""
     import math

@@ -246,6 +246,7 @@ def test_notify_command_gets_the_summary_on_stdin(in_tmp):
         "interrupted": 0,
         "blocked": 0,
         "pruned": 0,
+        "paused": 0,
         "skipped": 0,
         "not_started": 0,
         "detached": 0,

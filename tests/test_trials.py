@@ -182,3 +182,36 @@ def test_a_run_that_ends_before_its_rung_is_expected_there_no_more():
     assert [method.report(run, 1.0, value) for run, value in (("a", 0.5), ("b", 0.3))] == [PAUSE, PAUSE]
     method.ended("c")  # failed at step 0: the rung is full with a and b
     assert method.next(more_new=False) == Next("resume", "b", 1.0, 0)
+
+
+def test_a_grid_smaller_than_the_rungs_need_still_trains_its_best_to_max_step():
+    """Nine configurations leave one value at rung 9, whose top third is no run: once the grid has no
+    more, every rung promotes at least its best (the paper's ASHA assumes an endless stream)."""
+    method = asha()
+    feed(method, [(f"r{i}", 1, 0.1 * (i + 1)) for i in range(9)])
+    reached = {}
+    while (decided := method.next(more_new=False)).kind == "resume":
+        method.resumed(decided.run)
+        for step in (3, 9, 27):  # it goes on while its method lets it, to max_step
+            if step <= decided.step:
+                continue
+            reached[decided.run] = step
+            rung = method.rung_reached(decided.run, step)
+            if rung is None or method.report(decided.run, rung, 0.1 * int(decided.run[1:]) / step) == PAUSE:
+                break
+    assert reached == {"r0": 27, "r1": 3, "r2": 3}  # the top third of rung 1, and the best to the end
+
+
+def test_a_rung_above_one_not_yet_judged_is_not_full_however_empty():
+    """No run is expected at rung 3 before rung 1 promoted any: rung 3 must not be judged empty
+    (it was, once, and the run promoted to it later paused there for good)."""
+    method = hyperband()
+    for run in "abcd":
+        method.began(run, 0)
+    method.close()  # the sweep has no more: the bracket's rung 1 fills with these four
+    assert [method.report(run, 1.0, value) for run, value in zip("abcd", (0.5, 0.3, 0.4, 0.6), strict=True)] == [
+        PAUSE
+    ] * 4
+    assert method.next(more_new=False) == Next("resume", "b", 1.0, 0)
+    method.resumed("b")
+    assert method.report("b", 3.0, 0.2) == CONTINUE  # alone at rung 3, where it was the one expected

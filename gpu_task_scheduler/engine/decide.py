@@ -3,7 +3,7 @@
 * :func:`before_run`: is a run skipped, adopted from its folder's record, or run?
   The loop and ``gts run --dry-run`` both call it, so they cannot disagree.
 * :func:`classify`: how did an attempt end (succeeded, failed, timed out,
-  interrupted, pruned, out of GPU memory), and why?
+  interrupted, pruned, paused, out of GPU memory), and why?
 * :func:`after_exit`: what happens next (retry, run later with a larger memory
   need, or done)?
 
@@ -125,7 +125,7 @@ class ExitFacts(NamedTuple):
     returncode: int  # negative: killed by that signal
     reports_outcome: bool  # False for a plain command
     outcome: Outcome | None  # this attempt's outcome file (token checked), if any
-    stopped: tuple[RunStatus, str] | None  # we stopped it: (TIMED_OUT, INTERRUPTED or PRUNED, cause)
+    stopped: tuple[RunStatus, str] | None  # we stopped it: (TIMED_OUT, INTERRUPTED, PRUNED or PAUSED, cause)
     unsafe: str | None  # its folder was changed into something unsafe
     folder_exists: bool
     log_tail: str
@@ -169,6 +169,10 @@ def classify(facts: ExitFacts) -> Classified:
         # main() caught Pruned (to save, say) and returned: stopped early all the same, its result kept
         status, result = RunStatus.PRUNED, outcome.result
         cause = facts.stopped[1] if facts.stopped is not None and pruned else outcome.pruned
+    elif outcome is not None and outcome.succeeded and outcome.paused is not None:
+        # main() caught Paused and returned: paused all the same (what it returned is no run's result)
+        paused = facts.stopped is not None and facts.stopped[0] is RunStatus.PAUSED
+        status, cause = RunStatus.PAUSED, facts.stopped[1] if facts.stopped is not None and paused else outcome.paused
     elif outcome is not None and outcome.succeeded:
         status, cause, result = RunStatus.SUCCEEDED, None, outcome.result
     elif facts.lost is not None and facts.stopped is None:

@@ -127,7 +127,8 @@ class Scheduler:
                         at_once = self._abilities.runs_at_once
                         self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
                         self.sweep.lookup = ledger.get
-                        self._starts = Starts(self.sweep, self._records, known)
+                        pauses = self._running.stopper.pauses if self._running.stopper is not None else None
+                        self._starts = Starts(self.sweep, self._records, known, pauses)
                         self._queue = self._starts.queue
                         self.sweep.follow(lambda: self.inbox.put("wake"))
                         with StopSignals(self.inbox):

@@ -294,6 +294,8 @@ class Records:
             logger.info("%s finishes task %s", slot.name, spec.test_config_string)
         elif end.status is RunStatus.PRUNED:
             logger.info("%s stopped task %s early (%s)", slot.name, spec.test_config_string, record.describe())
+        elif end.status is RunStatus.PAUSED:
+            logger.info("%s paused task %s (%s)", slot.name, spec.test_config_string, record.describe())
         elif end.status is RunStatus.INTERRUPTED:  # the sweep was stopped: no failure (the summary agrees)
             logger.warning(
                 "%s stopped task %s (%s); it runs again at the next start",

@@ -64,9 +64,9 @@ class Active:
     ) -> None:
         self.item, self.slot_index, self.slot, self.handle = item, slot_index, slot, handle
         self.paths, self.token, self.started, self.deadline = paths, token, started, deadline
-        self.stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED or PRUNED, cause) once we stop it
+        self.stopped: tuple[RunStatus, str] | None = None  # (TIMED_OUT, INTERRUPTED, PRUNED or PAUSED, cause)
         self.kill_at: float | None = None
-        self.term_at: float | None = None  # pruned Python run: SIGTERM then, unless its next report() ended it
+        self.term_at: float | None = None  # pruned or paused Python run: SIGTERM then, unless report() ended it
         self.exited = False  # it has ended; its end is recorded once its metrics are read (engine/endreads.py)
         self.resume_step = resume_step  # the step it went on from (its earlier attempts' curve up to it)
 
@@ -125,27 +125,38 @@ class Running:
         if self.stopper is None or self._next_look is None or self._clock() < self._next_look:
             return
         self._next_look = None
+        verdicts, judged = [], []
         for active in self._active.values():
             if active.stopped is None:
                 verdict = self.stopper.look(active.spec.name)
                 if verdict is not None:
-                    from .stopper import cause_of
-
-                    records.ledger.commit()  # the verdict is on disk before anything acts on it
-                    self._prune(active, cause_of(verdict))
+                    verdicts.append((active, verdict))
                 elif (rung := self.stopper.take_judged(active.spec.name)) is not None:
-                    _tell(active, active.paths.judged, repr(rung))
+                    judged.append((active, rung))
+        if verdicts or judged:
+            records.ledger.commit()  # every verdict is on disk before anything acts on it
+        for active, rung in judged:
+            _tell(active, active.paths.judged, repr(rung))
+        for active, verdict in verdicts:
+            if verdict.pause:
+                logger.info("%s pauses: %s", active.spec.name, verdict.cause)
+                self._halt(active, RunStatus.PAUSED, verdict.cause, active.paths.pause)
+            else:
+                from .stopper import cause_of
 
-    def _prune(self, active: Active, cause: str) -> None:
-        """Stop a run early: a Python run's next report() raises Pruned (SIGTERM after the grace
-        period if it does not report again); a command gets SIGTERM now."""
-        logger.info("%s is stopped early: %s", active.spec.name, cause)
-        if _tell(active, active.paths.pruned, cause) and active.handle.reports_outcome:
-            active.stopped = (RunStatus.PRUNED, cause)
+                cause = cause_of(verdict)
+                logger.info("%s is stopped early: %s", active.spec.name, cause)
+                self._halt(active, RunStatus.PRUNED, cause, active.paths.pruned)
+
+    def _halt(self, active: Active, status: RunStatus, cause: str, marker: str) -> None:
+        """Stop (``PRUNED``) or pause (``PAUSED``) a run: a Python run's next report() raises Pruned or
+        Paused (SIGTERM after the grace period if it does not report again); a command gets SIGTERM now."""
+        if _tell(active, marker, cause) and active.handle.reports_outcome:
+            active.stopped = (status, cause)
             active.deadline = None
             active.term_at = self._clock() + self._options.grace_period
         else:
-            self.stop(active, RunStatus.PRUNED, cause)
+            self.stop(active, status, cause)
 
     def stop(self, active: Active, reason: RunStatus, cause: str) -> None:
         """SIGTERM the run now, SIGKILL it when the grace period ends."""
@@ -215,9 +226,10 @@ class Running:
         for active in self._active.values():
             if active.term_at is not None and now >= active.term_at and active.stopped is not None:
                 logger.warning(
-                    "%s did not report again within %gs of being stopped early; sending SIGTERM",
+                    "%s did not report again within %gs of being %s; sending SIGTERM",
                     active.spec.name,
                     options.grace_period,
+                    "paused" if active.stopped[0] is RunStatus.PAUSED else "stopped early",
                 )
                 self.stop(active, *active.stopped)
             elif active.deadline is not None and now >= active.deadline:

@@ -19,6 +19,7 @@ from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
 from .decide import Decision, before_run
 from .outcomes import Records
+from .pauses import Pauses
 from .pending import Pending, RunQueue, Waits, failure_words
 from .summary import SweepSummary
 
@@ -26,17 +27,29 @@ logger = logging.getLogger("gpu_task_scheduler")
 
 
 class Starts:
-    def __init__(self, sweep: Sweep, records: Records, known: RootIndex) -> None:
+    def __init__(self, sweep: Sweep, records: Records, known: RootIndex, pauses: Pauses | None = None) -> None:
+        """``pauses``: the sweep's pausing early_stop methods, which resume paused runs before anything new."""
         self._sweep, self._options, self._records, self._known = sweep, sweep.options, records, known
         self.queue = RunQueue(sweep.runs(known.foreign))
         self._waits = Waits(sweep, records.ledger)
         self._waiting_for: str | None = None  # the last "waiting to start ..." said
+        self._pauses = pauses if pauses else None
+        self._paused_skips: set[str] = set()  # runs skipped as paused in this start (one may resume)
 
     def next(self, capacity: Capacity) -> tuple[Pending, int, Need] | None:
         """The run to start now, the index of its slot and what it reserves there; None when none
-        can start now (none is left for now, or the next one waits for room)."""
-        queue, records = self.queue, self._records
-        while (item := queue.head()) is not None:
+        can start now (none is left for now, or the next one waits for room). A paused run its
+        method promotes comes first."""
+        queue = self.queue
+        while True:
+            promoted = self._pauses.owed() if self._pauses is not None else None
+            if promoted is not None:
+                return self._resume(promoted, capacity)
+            item = queue.head()
+            if item is None:
+                if self._pauses is not None and self._pauses.close():  # full brackets may promote now
+                    continue
+                return None
             self._waits.seen(item.spec)
             # A run of a later stage is decided once the runs it depends on settled: one that ran
             # again in this start makes its earlier success stale (decide.before_run).
@@ -47,33 +60,63 @@ class Starts:
                     queue.pop()
                     continue
                 item.decided = True
-            need = capacity.need(item.spec.config, item.need)
-            placement = capacity.place(item.spec.name, need)
-            if placement.impossible is not None:
-                queue.pop()
-                records.not_started(item.spec, item.tries, placement.impossible, capacity.free_slot_name())
-                self.settle(item.spec, RunStatus.FAILED, placement.impossible)
-                continue
-            if placement.view is None:
-                if placement.waiting is not None and placement.waiting != self._waiting_for:
-                    self._waiting_for = placement.waiting  # waiting for our own runs is the normal case
-                    (logger.warning if placement.news else logger.info)("%s", placement.waiting)
-                    records.ledger.set_meta("waiting", placement.waiting)  # for `gts status --watch`
+            placed = self._place(item, capacity)
+            if placed is None:
                 return None
             queue.pop()
-            if self._waiting_for is not None:
-                records.ledger.set_meta("waiting", "")
-            self._waiting_for = None
-            records.report_skips()
-            logger.info("%s receives task %s", placement.view.slot.name, item.spec.test_config_string)
-            return item, placement.view.index, need
-        return None
+            if placed[0] < 0:  # it can never start
+                continue
+            if self._pauses is not None:
+                self._pauses.began(item.spec)  # a new configuration of a pausing method (one it knows goes on)
+            return item, *placed
+
+    def _place(self, item: Pending, capacity: Capacity) -> tuple[int, Need] | None:
+        """Where ``item`` starts: its slot's index and what it reserves (slot -1: it can never start,
+        recorded failed); None: it waits for room."""
+        records = self._records
+        need = capacity.need(item.spec.config, item.need)
+        placement = capacity.place(item.spec.name, need)
+        if placement.impossible is not None:
+            records.not_started(item.spec, item.tries, placement.impossible, capacity.free_slot_name())
+            self.settle(item.spec, RunStatus.FAILED, placement.impossible)
+            return -1, need
+        if placement.view is None:
+            if placement.waiting is not None and placement.waiting != self._waiting_for:
+                self._waiting_for = placement.waiting  # waiting for our own runs is the normal case
+                (logger.warning if placement.news else logger.info)("%s", placement.waiting)
+                records.ledger.set_meta("waiting", placement.waiting)  # for `gts status --watch`
+            return None
+        if self._waiting_for is not None:
+            records.ledger.set_meta("waiting", "")
+        self._waiting_for = None
+        records.report_skips()
+        logger.info("%s receives task %s", placement.view.slot.name, item.spec.test_config_string)
+        return placement.view.index, need
+
+    def _resume(self, spec: RunSpec, capacity: Capacity) -> tuple[Pending, int, Need] | None:
+        """Start a paused run its method promoted, from its checkpoint (None: it waits for room)."""
+        assert self._pauses is not None
+        item = Pending(spec)
+        item.resume = item.decided = True
+        placed = self._place(item, capacity)
+        if placed is None or placed[0] < 0:
+            return None
+        rung = self._pauses.paused_at(spec.name)
+        logger.info("%s is promoted from rung %g: it resumes from its checkpoint", spec.name, rung)
+        self._pauses.resumed(spec)
+        if spec.name in self._paused_skips:  # it runs in this start after all
+            self._paused_skips.discard(spec.name)
+            self._records.summary.skipped.remove(spec.name)
+        return item, *placed
 
     def filled(self, capacity: Capacity, *, running: bool, queue_places: bool) -> None:
         """What follows starting all that could start: runs that can never start are blocked, and a
         slot that ran its last run says it finished (not places in a cluster's queue: not worth a
         line each)."""
         if not running:
+            if self._pauses is not None and self.queue.head() is None:
+                for spec in self._pauses.stuck():  # no method promotes them now: what waits for them goes on
+                    self._settle_waits(spec, RunStatus.PAUSED, "is paused and was not promoted")
             for item in self.queue.stranded():  # cannot happen in a sweep built by Sweep; never wait forever
                 self._block(item.spec, "its dependencies never settled in this start")
         if not self.queue.taking:
@@ -83,12 +126,22 @@ class Starts:
                     logger.info("%s finished", slot.name)
 
     def settle(self, spec: RunSpec, status: RunStatus, cause: str | None = None) -> None:
-        """``spec`` will not run again in this start: the runs waiting for it go on (or are blocked)."""
+        """``spec`` will not run again in this start: the runs waiting for it go on (or are blocked).
+        A paused run is not settled: its method may resume it (``filled`` settles those it never does)."""
+        if self._pauses is not None:
+            if status is RunStatus.PAUSED:
+                self._pauses.paused(spec)
+                return
+            if status is not RunStatus.INTERRUPTED:  # an interrupted run goes on at the next start
+                self._pauses.ended(spec.name)
+        self._settle_waits(spec, status, cause)
+        if self._sweep.search is not None:  # the sampler learns how it ended
+            self._sweep.settled(spec, status.value, self._records.ledger.get(spec.name))
+
+    def _settle_waits(self, spec: RunSpec, status: RunStatus, cause: str | None) -> None:
         ok = status is RunStatus.SUCCEEDED
         if self._waits.settle(spec, None if ok else failure_words(status, cause)):
             self.queue.settled(spec.name, ok=ok)
-        if self._sweep.search is not None:  # the sampler learns how it ended
-            self._sweep.settled(spec, status.value, self._records.ledger.get(spec.name))
 
     def count_never_started(self, summary: SweepSummary, most: int = 100_000) -> None:
         """A sweep stopped or drained: the runs it would still have run, for its summary (the first
@@ -130,6 +183,13 @@ class Starts:
 
     def _skipped(self, item: Pending, capacity: Capacity) -> bool:
         spec = item.spec
+        if self._pauses is not None and (rung := self._pauses.paused_at(spec.name)) is not None:
+            reason = f"it is paused at rung {rung:g}; it resumes if it is promoted"
+            prior = read_prior(spec, self._known)
+            self._records.skipped(spec, prior, Decision("skip", reason, "paused"), capacity.free_slot_name())
+            self._pauses.paused(spec)
+            self._paused_skips.add(spec.name)
+            return True
         prior, decision = self._decide(spec)
         if decision.warning:
             logger.warning("%s %s", spec.work_dir, decision.warning)
@@ -137,6 +197,8 @@ class Starts:
             item.resume = decision.resume
             return False
         self._records.skipped(spec, prior, decision, capacity.free_slot_name())
+        if self._pauses is not None:  # a run its method knows is done: it waits for nothing
+            self._pauses.ended(spec.name)
         if not prior.duplicate:  # a duplicate settles with the earlier run of the same name
             if prior.record is not None and prior.record.status is RunStatus.PRUNED:  # dependents stay blocked
                 full = self._records.ledger.get(spec.name)

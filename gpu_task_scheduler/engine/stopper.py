@@ -26,11 +26,12 @@ from collections.abc import Iterable
 
 from ..errors import closest, did_you_mean
 from ..recordclass import Record
-from ..records.ledger import Ledger, pruned_cause
+from ..records.ledger import Ledger, paused_cause, pruned_cause
 from ..records.metrics import MAX_METRICS, MetricsReader, run_points
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep
-from ..tuning.stopping import Asha, Curve, Median, Rule, Verdict
+from ..tuning.stopping import Asha, Curve, Median, Pausing, Rule, Verdict
+from .pauses import PAUSE, Pauses
 
 # Seconds between looks at the running runs' metrics files: 0.1, or 5 ms per watched run when
 # more run at once (at most 200 opens a second, also on a slow shared file system).
@@ -45,6 +46,10 @@ class _Watched(Record, frozen=False):
     stopped: bool = False  # the rule stopped it: what it reports after that counts for nothing
     judged: float | None = None  # ASHA: the highest rung it went on from, not yet told to the run
     seen: bool = False  # it reported the rule's metric at least once
+    last_step: float = float("-inf")  # a pausing method: the last step it reported (it waits at rungs past it)
+    # A pausing method: what its earlier attempts reported up to the step it resumes from, not yet
+    # told to the method (a kill -9 between a report and the look that reads it leaves such points).
+    backlog: tuple[tuple[float, float], ...] = ()
     others: frozenset[str] = frozenset()  # the other metric names it reported (the reader keeps at most 100)
     steps_without: int = 0  # its reports at or past the rule's min_step without the metric
 
@@ -73,6 +78,8 @@ class Stopper:
         # The median rule, per stage: run -> its curve of the metric.
         self._curves: dict[str | None, dict[str, Curve]] = {}
         self._warned: set[tuple[str | None, str]] = set()  # (stage, metric): said once a sweep
+        # The pausing methods (promotion ASHA, Hyperband): what runs next is theirs to say, too.
+        self.pauses = Pauses(sweep, ledger, afresh=sweep.options.force_rerun)
         self._restore(root)
 
     @property
@@ -129,6 +136,15 @@ class Stopper:
                 self._note_rung(spec.stage, name, rung, value)
             reached = self._reached.get(spec.name)
             self._watched[spec.name].judged = max(reached) if reached else None  # resumed: judged there
+        elif isinstance(rule, Pausing):  # its method keeps its rungs; a resumed run was judged up to its step
+            if resume_step is not None:
+                watched = self._watched[spec.name]
+                watched.last_step = resume_step
+                watched.backlog = tuple(
+                    (step, metrics[rule.metric])
+                    for step, metrics in run_points(paths)
+                    if step <= resume_step and rule.metric in metrics
+                )
         else:
             curve = self._curves.setdefault(spec.stage, {})[spec.name] = Curve()
             if resume_step is not None:
@@ -193,6 +209,8 @@ class Stopper:
         reader, rule = watched.reader, watched.rule
         reader.read(LOOK_BYTES)
         points = [(step, metrics[rule.metric]) for step, metrics in reader.points or () if rule.metric in metrics]
+        if watched.backlog:  # the earlier attempts' points first (the method skips a rung it has a value at)
+            points[:0], watched.backlog = watched.backlog, ()
         if points:
             watched.seen = True
         elif reader.points and not watched.seen:
@@ -207,6 +225,8 @@ class Stopper:
             return None
         if isinstance(rule, Asha):
             return self._asha(watched, rule, points, judge=judge)
+        if isinstance(rule, Pausing):
+            return self._pausing(watched, rule, points)
         assert isinstance(rule, Median)
         return self._median(watched.spec, rule, points, judge=judge)
 
@@ -230,6 +250,19 @@ class Stopper:
             if stop:
                 return verdict
             watched.judged = rung
+        return None
+
+    def _pausing(self, watched: _Watched, rule: Pausing, points: Iterable[tuple[float, float]]) -> Verdict | None:
+        """Each value at a rung the run had none at goes to its method, which says whether it goes on;
+        a run that goes on is told so up to the step it reported (report() waits at every rung of
+        the rule, and a Hyperband bracket judges at some of them only)."""
+        for step, value in points:
+            decided = self.pauses.reached(watched.spec, step, value)
+            if decided is not None and decided[1] == PAUSE:
+                return Verdict(True, step, value, paused_cause(decided[0], value), rung=decided[0], pause=True)
+            if any(watched.last_step < level <= step for level in rule.rungs):
+                watched.judged = step
+            watched.last_step = max(watched.last_step, step)
         return None
 
     def _median(

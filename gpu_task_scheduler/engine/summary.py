@@ -39,11 +39,11 @@ class RunOutcome(Record):
 
 
 class SweepSummary(Record, frozen=False):
-    """Succeeded, failed, blocked, pruned and skipped runs of one ``start()``.
+    """Succeeded, failed, blocked, pruned, paused and skipped runs of one ``start()``.
 
     ``summary.ok`` is False when any run failed or was blocked (stages) or the
     sweep was interrupted; ``summary.exit_code`` is a process exit status for
-    scripts (0 all fine, runs stopped early by ``early_stop`` included; 1 some runs failed or were
+    scripts (0 all fine, runs stopped early or paused by ``early_stop`` included; 1 some runs failed or were
     blocked, 130 interrupted); ``summary.raise_for_failures()``
     raises :class:`RunsFailedError` when anything failed.
     """
@@ -104,6 +104,11 @@ class SweepSummary(Record, frozen=False):
         return self._with(RunStatus.PRUNED)
 
     @property
+    def paused(self) -> list[RunOutcome]:
+        """Runs a pausing early_stop method paused and had not promoted when the start ended: not failures."""
+        return self._with(RunStatus.PAUSED)
+
+    @property
     def ok(self) -> bool:
         return not self.failed and not self.blocked and self.interrupted_by is None
 
@@ -143,6 +148,7 @@ class SweepSummary(Record, frozen=False):
                 "interrupted": len(self.interrupted),
                 "blocked": len(self.blocked),
                 "pruned": len(self.pruned),
+                "paused": len(self.paused),
                 "skipped": len(self.skipped),
                 "not_started": len(self.not_started),
                 "detached": self.detached,
@@ -164,6 +170,8 @@ class SweepSummary(Record, frozen=False):
             counts.append(f"{len(self.blocked)} blocked")
         if self.pruned:
             counts.append(f"{len(self.pruned)} stopped early")
+        if self.paused:
+            counts.append(f"{len(self.paused)} paused (not promoted)")
         counts.append(f"{len(self.skipped)} skipped")
         if self.detached:
             counts.append(f"{self.detached} left running on the cluster (detached)")

@@ -61,13 +61,15 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 5: runs.program (what the run ran: its task class or command, so a change of it is a config change),
 #    runs.metrics (a summary of what the run reported as it trained, see metrics.py).
 # 6: the status 'pruned' and the table verdicts (what the early_stop rule decided about each run).
-SCHEMA_VERSION = 6
+# 7: the status 'paused' and the table trial_events (what a pausing method was told and decided, in order).
+SCHEMA_VERSION = 7
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
     3: ("ALTER TABLE runs ADD COLUMN stage TEXT", "ALTER TABLE runs ADD COLUMN node TEXT"),
     4: ("ALTER TABLE runs ADD COLUMN program TEXT", "ALTER TABLE runs ADD COLUMN metrics TEXT"),
     5: (),  # the table verdicts is created with the schema
+    6: (),  # the table trial_events is created with the schema
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -94,6 +96,14 @@ CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 CREATE TABLE IF NOT EXISTS verdicts (
     name TEXT NOT NULL, rung REAL NOT NULL, step REAL NOT NULL, value REAL NOT NULL,
     stop INTEGER NOT NULL, cause TEXT, PRIMARY KEY (name, rung)
+);
+-- A pausing early_stop method's history (tuning/trials.py), replayed in order at every start so that
+-- it decides as the sweep before it did: kind 'began' (a new configuration, in bracket), 'rung' (its
+-- value at a rung, and the decision: 'continue' or 'pause'), 'resumed' (promoted), 'ended', and
+-- 'closed' (the sweep had no more new configurations; name NULL).
+CREATE TABLE IF NOT EXISTS trial_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, stage TEXT, name TEXT, kind TEXT NOT NULL,
+    bracket INTEGER, rung REAL, step REAL, value REAL, decision TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
@@ -236,6 +246,27 @@ def pruned_cause(step: Any, cause: str) -> str:
     """``pruned at step 3: loss 1.92, rung cutoff 0.87``: a pruned run's cause, as the ledger keeps it."""
     at = f"{step:g}" if isinstance(step, (int, float)) else str(step)
     return f"pruned at step {at}: {cause}" if cause else f"pruned at step {at}"
+
+
+TRIAL_EVENT_KINDS = ("began", "rung", "resumed", "ended", "closed")
+
+
+class TrialEvent(NamedTuple):
+    kind: str
+    stage: str | None
+    name: str | None
+    bracket: int | None
+    rung: float | None
+    step: float | None
+    value: float | None
+    decision: str | None
+
+
+def paused_cause(rung: Any, value: Any) -> str:
+    """``paused at step 3 (loss 0.87 there), waiting for a promotion``."""
+    at = f"{rung:g}" if isinstance(rung, (int, float)) else str(rung)
+    there = f" ({value:.4g} there)" if isinstance(value, (int, float)) else ""
+    return f"paused at rung {at}{there}: resumed if it is promoted"
 
 
 def _check_version(path: str, version: int | None) -> None:
@@ -800,11 +831,11 @@ class Ledger:
         same attempt: it is not counted twice.
 
         The early_stop rule's verdicts on the run are kept when it resumes after an interruption
-        (its sweep was stopped or killed: the rule goes on where it was) and dropped when it starts
+        (its sweep was stopped or killed: the rule goes on where it was) or a pause, and dropped when it starts
         again after it ended otherwise (a new curve, judged afresh)."""
         self._write(
             """DELETE FROM verdicts WHERE name = ?
-               AND EXISTS (SELECT 1 FROM runs WHERE name = ? AND status NOT IN ('interrupted', 'running'))""",
+               AND EXISTS (SELECT 1 FROM runs WHERE name = ? AND status NOT IN ('interrupted', 'running', 'paused'))""",
             (name, name),
         )
         self._write(
@@ -843,6 +874,59 @@ class Ledger:
             if isinstance(name, str)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (rung, step, value))
         ]
+
+    def record_trial_event(
+        self,
+        kind: str,
+        *,
+        stage: str | None = None,
+        name: str | None = None,
+        bracket: int | None = None,
+        rung: float | None = None,
+        step: float | None = None,
+        value: float | None = None,
+        decision: str | None = None,
+    ) -> None:
+        """One event of a pausing method's history (see the table trial_events)."""
+        self._write(
+            "INSERT INTO trial_events (stage, name, kind, bracket, rung, step, value, decision) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (stage, name, kind, bracket, rung, step, value, decision),
+        )
+
+    def trial_events(self) -> list[TrialEvent]:
+        """A pausing method's history, oldest first; rows of the wrong types (changed by hand) are
+        left out."""
+        rows = self._tuples(
+            "SELECT stage, name, kind, bracket, rung, step, value, decision FROM trial_events ORDER BY seq", ()
+        )
+        events = []
+        for stage, name, kind, bracket, rung, step, value, decision in rows:
+            numbers = (rung, step, value)
+            if (
+                kind not in TRIAL_EVENT_KINDS
+                or not isinstance(stage, (str, type(None)))
+                or not isinstance(name, (str, type(None)))
+                or not isinstance(bracket, (int, type(None)))
+                or any(x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))) for x in numbers)
+                or not isinstance(decision, (str, type(None)))
+            ):
+                continue
+            events.append(TrialEvent(kind, stage, name, bracket, rung, step, value, decision))
+        return events
+
+    def forget_trials(self) -> None:
+        """Drop a pausing method's history: the sweep starts every run afresh (force_rerun)."""
+        self._write("DELETE FROM trial_events", ())
+
+    def pause_verdict(self, name: str) -> str | None:
+        """Why ``name`` pauses, if the last word of a pausing method on it was to pause it."""
+        rows = self._tuples(
+            "SELECT kind, decision, rung, value FROM trial_events WHERE name = ? ORDER BY seq DESC LIMIT 1", (name,)
+        )
+        if not rows or rows[0][0] != "rung" or rows[0][1] != "pause":
+            return None
+        return paused_cause(rows[0][2], rows[0][3])
 
     def stop_verdict(self, name: str) -> str | None:
         """Why the early_stop rule stopped ``name``, if it did (and the run has not started again since)."""

@@ -16,6 +16,7 @@
             .gts/metrics.jsonl   what the run reports as it trains (metrics.py)
             .gts/pruned          why the scheduler stopped the run early (early_stop)
             .gts/judged          the last ASHA rung at which the run was let go on
+            .gts/pause           why the scheduler pauses the run (a pausing early_stop method)
             .gts/result.json     what main() returned, when it is over 1 MiB of JSON
             .gts/checkpoint/     the run's checkpoints (GTS_CHECKPOINT_DIR), across its attempts
             .gts/logs/           logs of earlier attempts (and what a fresh start set aside)
@@ -329,6 +330,12 @@ class RunPaths(Record):
         return f"{self.meta}{os.sep}pruned"
 
     @property
+    def pause(self) -> str:
+        """Written by the scheduler when a pausing method pauses the run at a rung: why
+        (``report()`` raises ``Paused``)."""
+        return f"{self.meta}{os.sep}pause"
+
+    @property
     def judged(self) -> str:
         """The highest ASHA rung the scheduler judged the run at and let it go on (``report()`` waits
         for it at a rung)."""
@@ -365,7 +372,7 @@ class RunPaths(Record):
         if records_only:
             return None, None
         folders = [self.old_logs, self.checkpoint]
-        files = [self.config, self.task, self.spec, self.metrics, self.pruned, self.judged]
+        files = [self.config, self.task, self.spec, self.metrics, self.pruned, self.judged, self.pause]
         if self.log:
             relative = os.path.relpath(self.log, self.work_dir)
             parts = relative.split(os.sep)

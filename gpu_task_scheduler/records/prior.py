@@ -90,7 +90,7 @@ def settle_running(
     ledger: Ledger, live: Callable[[str], str | None] | None = None, terms: LeaseTerms | None = None
 ) -> None:
     """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), pruned (the
-    early_stop rule had stopped them), or interrupted.
+    early_stop rule had stopped them), paused (a pausing method had paused them), or interrupted.
 
     ``live``: the token of a run's attempt that is still queued or running on a cluster (the
     launcher's ``live_attempt``). Such a run is left as it is: this start follows that attempt.
@@ -126,7 +126,10 @@ def settle_running(
             continue  # interrupted, and nothing since says otherwise
         metrics = read_all(paths.metrics).summary_json() if safe else None  # what it reported before it ended
         pruned = ledger.stop_verdict(record.name)
-        if outcome is not None and outcome.succeeded:
+        paused = ledger.pause_verdict(record.name)
+        if outcome is not None and outcome.succeeded and outcome.paused is not None:
+            ledger.finish(record.name, RunStatus.PAUSED, cause=paused or outcome.paused, metrics=metrics)
+        elif outcome is not None and outcome.succeeded:
             ledger.finish(
                 record.name,
                 RunStatus.SUCCEEDED if outcome.pruned is None else RunStatus.PRUNED,
@@ -139,6 +142,8 @@ def settle_running(
             )
         elif pruned is not None:  # the early_stop rule had stopped it: that was its end
             ledger.finish(record.name, RunStatus.PRUNED, cause=pruned, metrics=metrics)
+        elif paused is not None:  # a pausing method had paused it: its process ended so
+            ledger.finish(record.name, RunStatus.PAUSED, cause=paused, metrics=metrics)
         else:
             ledger.finish(
                 record.name,

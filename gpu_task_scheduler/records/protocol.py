@@ -58,6 +58,7 @@ class Outcome(Record):
     phase: str | None = None  # for a failure: "load" (import, unpickle) or "main"
     error: str | None = None  # for a failure: the exception, in one line
     pruned: str | None = None  # report() raised Pruned (early_stop), with this cause
+    paused: str | None = None  # report() raised Paused (a pausing early_stop method), with this cause
 
     @property
     def succeeded(self) -> bool:
@@ -108,4 +109,5 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "phase": (str,),
     "error": (str,),
     "pruned": (str,),
+    "paused": (str,),
 }

@@ -14,6 +14,9 @@ class RunStatus(str, enum.Enum):
     INTERRUPTED = "interrupted"
     BLOCKED = "blocked"  # not run: a run of an earlier stage it depends on did not succeed
     PRUNED = "pruned"  # stopped early by the sweep's early_stop rule: not a failure, not run again
+    # Paused at a rung by a pausing early_stop method: holds no slot; resumed from its checkpoint if
+    # it is promoted (tuning/trials.py), else it stays paused, as a pruned run stays pruned.
+    PAUSED = "paused"
 
     def __str__(self) -> str:
         return self.value

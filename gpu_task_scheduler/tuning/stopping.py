@@ -4,6 +4,8 @@ A config names one rule per sweep (or per stage) with its ``early_stop`` key::
 
     early_stop: {method: asha, metric: loss, mode: min, min_step: 1, max_step: 27, reduction_factor: 3}
     early_stop: {method: median, metric: loss, mode: min, min_step: 5, min_runs: 3}
+    early_stop: {method: asha, promotion: true, ...}     # pauses runs at rungs (trials.py)
+    early_stop: {method: hyperband, ...}                 # the same keys as asha (trials.py)
 
 * :class:`Asha`: asynchronous successive halving, the stopping variant (Li et al.,
   MLSys 2020). Its rungs are the steps ``min_step * reduction_factor**k`` below
@@ -36,21 +38,24 @@ from typing import Any
 from ..errors import ConfigError, unknown_key_message
 from ..recordclass import Record
 
-METHODS = ("asha", "median")
+METHODS = ("asha", "median", "hyperband")
 _KEYS = {
-    "asha": ("method", "metric", "mode", "min_step", "max_step", "reduction_factor"),
+    "asha": ("method", "metric", "mode", "min_step", "max_step", "reduction_factor", "promotion"),
     "median": ("method", "metric", "mode", "min_step", "max_step", "min_runs"),
+    "hyperband": ("method", "metric", "mode", "min_step", "max_step", "reduction_factor"),
 }
 
 
 class Verdict(Record):
-    """A rule's word on a run at ``step``: go on, or stop (``stop``), and why (``cause``)."""
+    """A rule's word on a run at ``step``: go on, or stop (``stop``; ``pause``: for now, a pausing
+    method may resume it), and why (``cause``)."""
 
     stop: bool
     step: float
     value: float
     cause: str = ""
     rung: float | None = None  # ASHA: the rung at which the value was recorded
+    pause: bool = False
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -161,6 +166,31 @@ class Asha(Rule):
         )
 
 
+class Pausing(Rule):
+    """A method that pauses runs at rungs and resumes the best (``trials.py``): ``asha`` with
+    ``promotion: true``, or ``hyperband``. Its rungs are ASHA's; which of them a run is judged at
+    depends on its bracket (Hyperband's start later)."""
+
+    reduction_factor: float = 3.0
+    method: str = "asha"  # "asha" (promotion) or "hyperband"
+
+    @property
+    def rungs(self) -> list[float]:
+        assert self.max_step is not None
+        return list(asha_rungs(self.min_step, self.max_step, self.reduction_factor))
+
+    def describe(self) -> str:
+        rungs = ", ".join(f"{r:g}" for r in self.rungs)
+        if self.method == "hyperband":
+            what = "Hyperband's brackets of successive halving"
+        else:
+            what = "promotion ASHA"
+        return (
+            f"{what} on {self.mode} {self.metric}: runs pause at rungs (steps {rungs}) and the best "
+            f"1/{self.reduction_factor:g} of each rung resume, up to step {self.max_step:g}"
+        )
+
+
 class Curve:
     """One run's values of the metric, by step, with running sums: the running average up to any
     step costs a binary search. Kept as arrays of doubles (16 bytes a point), as the median rule
@@ -224,7 +254,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | None:
+def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pausing | None:
     """The rule an ``early_stop`` value asks for (None for none); ConfigError with the fix otherwise."""
     if raw is None:
         return None
@@ -247,12 +277,18 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Non
     if not _number(min_step) or min_step <= 0:
         raise ConfigError(f"{where}: min_step must be a number above 0; got {min_step!r}")
     max_step = raw.get("max_step")
-    if method == "asha" and max_step is None:
-        raise ConfigError(f"{where}: asha needs max_step, the step at which a run is complete")
+    if method in ("asha", "hyperband") and max_step is None:
+        raise ConfigError(f"{where}: {method} needs max_step, the step at which a run is complete")
     if max_step is not None and (not _number(max_step) or max_step <= min_step):
         raise ConfigError(f"{where}: max_step must be a number above min_step ({min_step!r}); got {max_step!r}")
     common = {"metric": metric, "mode": mode, "min_step": min_step, "max_step": max_step}
-    if method == "asha":
+    if method in ("asha", "hyperband"):
+        promotion = raw.get("promotion", False)
+        if not isinstance(promotion, bool):
+            raise ConfigError(
+                f"{where}: promotion must be true (runs pause at rungs and the best resume) or false (runs "
+                f"below a rung's cutoff stop); got {promotion!r}"
+            )
         factor = raw.get("reduction_factor", 3)
         if not _number(factor) or factor <= 1 or factor > 1000:
             raise ConfigError(f"{where}: reduction_factor must be a number above 1 (e.g. 3); got {factor!r}")
@@ -263,6 +299,8 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Non
                 f"{where}: min_step {min_step!r} with reduction_factor {factor!r} {error}: raise reduction_factor "
                 "(e.g. 3) or min_step"
             ) from None
+        if promotion or method == "hyperband":
+            return Pausing(**common, reduction_factor=factor, method=method)
         return Asha(**common, reduction_factor=factor)
     min_runs = raw.get("min_runs", 3)
     if not isinstance(min_runs, int) or isinstance(min_runs, bool) or not 1 <= min_runs <= 1_000_000:

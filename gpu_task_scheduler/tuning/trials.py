@@ -49,7 +49,7 @@ import math
 from collections.abc import Mapping
 
 from ..recordclass import Record
-from .stopping import asha_rungs
+from .stopping import Pausing, asha_rungs
 
 CONTINUE, PAUSE = "continue", "pause"
 
@@ -85,10 +85,12 @@ class _Bracket:
         self.values: list[dict[str, float]] = [{} for _ in rungs]  # rung index -> run -> value there
         self.promoted: list[set[str]] = [set() for _ in rungs]  # rung index -> runs promoted from it
 
-    def promotable(self, index: int) -> list[str]:
-        """The runs at rung ``index`` in its top ``floor(n / factor)`` not yet promoted from it, best first."""
+    def promotable(self, index: int, closed: bool = False) -> list[str]:
+        """The runs at rung ``index`` in its top ``floor(n / factor)`` not yet promoted from it, best
+        first; ``closed`` (the sweep has no more new configurations), at least the best one, so that a
+        grid smaller than ``factor**rungs`` still trains its best to ``max_step``."""
         recorded = self.values[index]
-        keep = math.floor(len(recorded) / self.factor)
+        keep = math.floor(len(recorded) / self.factor) or (1 if closed and recorded else 0)
         if keep < 1:
             return []
         ranked = sorted(recorded, key=lambda run: (recorded[run] if self.lower else -recorded[run], run))
@@ -112,6 +114,7 @@ class PromotionAsha:
         self._bracket_of: dict[str, int] = {}
         self._paused: dict[str, int] = {}  # run -> the rung index (in its bracket) it waits at
         self._new = 0  # configurations begun: the next one goes to bracket _new % len(brackets)
+        self._closed = False  # no more new configurations: every rung promotes at least its best
 
     # --- what the engine tells it -------------------------------------------------------
 
@@ -136,7 +139,7 @@ class PromotionAsha:
         index = bracket.rungs.index(rung)
         bracket.values[index][run] = value
         owed = self._owed()
-        if run in bracket.promotable(index) and not (owed and owed[0][0] < -rung):
+        if run in bracket.promotable(index, self._closed) and not (owed and owed[0][0] < -rung):
             bracket.promoted[index].add(run)
             return CONTINUE
         self._paused[run] = index
@@ -155,7 +158,10 @@ class PromotionAsha:
 
     def next(self, *, more_new: bool) -> Next:
         """What a free slot runs: the best promotable paused run at the highest rung step (of every
-        bracket), or else a new configuration (``more_new``: the sweep has one), or nothing."""
+        bracket), or else a new configuration (``more_new``: the sweep has one), or nothing (and,
+        with no more new configurations, :meth:`close`)."""
+        if not more_new:
+            self.close()
         owed = self._owed()
         if owed:
             _, _, run, number, index = owed[0]
@@ -163,6 +169,13 @@ class PromotionAsha:
         if more_new:
             return Next("new", bracket=self._new % len(self._brackets))
         return Next("none")
+
+    def close(self) -> bool:
+        """No more new configurations: from now on every rung promotes at least its best run (the
+        paper's ASHA assumes an endless stream; a grid ends, and its best must reach ``max_step``).
+        Whether this changed anything."""
+        changed, self._closed = not self._closed, True
+        return changed
 
     @property
     def paused(self) -> Mapping[str, float]:
@@ -177,7 +190,7 @@ class PromotionAsha:
         for run, index in self._paused.items():
             number = self._bracket_of.get(run, 0)
             bracket = self._brackets[number]
-            if run in bracket.promotable(index):
+            if run in bracket.promotable(index, self._closed):
                 value = bracket.values[index][run]
                 owed.append((-bracket.rungs[index], value if self.mode == "min" else -value, run, number, index))
         return sorted(owed)
@@ -212,6 +225,10 @@ class _Ladder:
         return [run for run in before if run not in self.gone]
 
     def full(self, index: int) -> bool:
+        """Whether every run expected at rung ``index`` reported there (none is expected at a rung
+        above one not judged yet: it is not full, however empty)."""
+        if index > 0 and self.promoted[index - 1] is None:
+            return False
         return self.closed and all(run in self.values[index] for run in self.expected(index))
 
 
@@ -250,7 +267,7 @@ class Hyperband:
             self._ladders.append(_Ladder(rungs, size))
         ladder = self._ladders[bracket]
         ladder.runs.append(run)
-        ladder.closed = len(ladder.runs) >= ladder.size
+        ladder.closed = ladder.closed or len(ladder.runs) >= ladder.size
         self._ladder_of[run] = bracket
 
     def rung_reached(self, run: str, step: float) -> float | None:
@@ -289,11 +306,7 @@ class Hyperband:
         the bracket being filled; else nothing (and, with no more configurations, every bracket
         takes no more, so that its rungs can fill)."""
         if not more_new:
-            for ladder in self._ladders:
-                if not ladder.closed:
-                    ladder.closed = True
-                    for index in range(len(ladder.rungs)):
-                        self._judge(ladder, index)
+            self.close()
         owed = []
         for run, index in self._paused.items():
             ladder = self._ladders[self._ladder_of[run]]
@@ -308,6 +321,17 @@ class Hyperband:
             return Next("new", bracket=self._bracket_for_new())
         return Next("none")
 
+    def close(self) -> bool:
+        """The sweep has no more new configurations: every bracket takes no more, so that its rungs
+        can fill. Whether a bracket was still open (the engine records that it closed them)."""
+        changed = False
+        for ladder in self._ladders:
+            if not ladder.closed:
+                ladder.closed = changed = True
+                for index in range(len(ladder.rungs)):
+                    self._judge(ladder, index)
+        return changed
+
     def _bracket_for_new(self) -> int:
         """The bracket a new configuration joins: the brackets of a round share its configurations
         as Hyperband sizes them (27, 12, 6 and 4 of 49 for rungs at 1, 3 and 9 of 27), spread out
@@ -315,8 +339,13 @@ class Hyperband:
         every bracket; a round whose brackets are all full starts the next."""
         shares = len(self._shapes)
         first = max(0, (len(self._ladders) - 1) // shares * shares)
-        taken = [len(self._ladders[first + s].runs) if first + s < len(self._ladders) else 0 for s in range(shares)]
         sizes = [size for _, size in self._shapes]
+        taken = [  # a closed bracket takes no more: as good as full
+            (sizes[s] if self._ladders[first + s].closed else len(self._ladders[first + s].runs))
+            if first + s < len(self._ladders)
+            else 0
+            for s in range(shares)
+        ]
         if all(t >= size for t, size in zip(taken, sizes, strict=True)):
             return first + shares
         done = sum(taken) + 1
@@ -337,3 +366,13 @@ class Hyperband:
             key=lambda run: (values[run] if self.mode == "min" else -values[run], run),
         )
         ladder.promoted[index] = ranked[: math.floor(len(ranked) / self.factor)] or ranked[:1]
+
+
+Method = PromotionAsha | Hyperband
+
+
+def method_for(rule: Pausing) -> Method:
+    """The pausing method an ``early_stop`` rule names (``stopping.parse_early_stop`` checked it)."""
+    assert rule.max_step is not None
+    kind = Hyperband if rule.method == "hyperband" else PromotionAsha
+    return kind(min_step=rule.min_step, max_step=rule.max_step, reduction_factor=rule.reduction_factor, mode=rule.mode)

@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
+from typing import Any, NamedTuple
 
 from ...engine.launcher import Attempt, LaunchError
 from ...errors import install_hint
@@ -22,13 +22,10 @@ from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
 from ...records.paths import RunPaths, atomic_write, open_regular, write_all
 from ...records.protocol import RunStart
-from ...reporting import CHECKPOINT_ENV, JUDGED_ENV, METRICS_ENV, PRUNE_ENV, RESUME_ENV, RUNGS_ENV
+from ...reporting import CHECKPOINT_ENV, JUDGED_ENV, METRICS_ENV, PAUSE_ENV, PRUNE_ENV, RESUME_ENV, RUNGS_ENV
 from ...sweep.expand import RunSpec
 from .keeper import WRAPPER_NAME
 from .keeper import available as keeper_available
-
-if TYPE_CHECKING:
-    from ...tuning.stopping import Asha
 
 # The child starts our runner even when this package is not installed but only
 # importable from the launcher's sys.path; appending keeps the child's own
@@ -246,10 +243,16 @@ def _pickle_task(task: GPUTask) -> bytes:
         raise LaunchError(f"the {type(task).__name__} object cannot be pickled for its process: {error}") from error
 
 
-def _asha(rule: object) -> TypeGuard[Asha]:
-    from ...tuning.stopping import Asha  # here: a sweep without early_stop never needs the rules (4 ms)
+def _rungs(rule: object) -> tuple[str, list[float]] | None:
+    """``("stop" or "pause", rung steps)`` for a rule that judges runs at rungs (ASHA, the pausing
+    methods: report() waits there for the verdict); None for one that does not."""
+    from ...tuning.stopping import Asha, Pausing  # here: a sweep without early_stop never needs the rules (4 ms)
 
-    return isinstance(rule, Asha)
+    if isinstance(rule, Asha):
+        return "stop", rule.rungs
+    if isinstance(rule, Pausing):
+        return "pause", rule.rungs
+    return None
 
 
 class _Inherited:
@@ -301,9 +304,12 @@ def run_identity(spec: RunSpec, attempt: int, resume_step: float | None = None) 
         CHECKPOINT_ENV: RunPaths(work_dir, None).checkpoint,
         RESUME_ENV: "" if resume_step is None else resume_text(resume_step),
     }
-    if spec.early_stop is not None and _asha(spec.early_stop):  # report() waits at its rungs for the verdict
-        identity[RUNGS_ENV] = json.dumps({"metric": spec.early_stop.metric, "steps": spec.early_stop.rungs})
+    rungs = None if spec.early_stop is None else _rungs(spec.early_stop)
+    if spec.early_stop is not None and rungs is not None:  # report() waits at the rule's rungs for the verdict
+        identity[RUNGS_ENV] = json.dumps({"metric": spec.early_stop.metric, "steps": rungs[1]})
         identity[JUDGED_ENV] = RunPaths(work_dir, None).judged
+        if rungs[0] == "pause":  # report() raises Paused when told
+            identity[PAUSE_ENV] = RunPaths(work_dir, None).pause
     if spec.stage is not None:
         identity["GTS_STAGE"] = spec.stage
         # One per line: a folder name may hold ':' or ' ', never a newline (naming.py escapes it).
@@ -370,7 +376,8 @@ def _prepare_folder(spec: RunSpec, paths: RunPaths, attempt: int, *, resumed: bo
         raise LaunchError(f"the run folder is not safe to use: {problem}")
     try:
         os.makedirs(paths.meta, exist_ok=True)
-        for stale in (paths.outcome, paths.pruned, paths.judged):  # an earlier attempt's end is not this one's
+        # An earlier attempt's end, and what it was told, are not this one's.
+        for stale in (paths.outcome, paths.pruned, paths.judged, paths.pause):
             try:
                 os.unlink(stale)
             except FileNotFoundError:

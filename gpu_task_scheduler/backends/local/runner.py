@@ -40,7 +40,7 @@ from typing import Any
 # imported up front: nothing slow may stand between main() and its record
 from ...records.paths import MAX_INLINE_RESULT, atomic_write
 from ...records.protocol import RESULT_FILE, Outcome, RunStart
-from ...reporting import Pruned, pruned_cause
+from ...reporting import Paused, Pruned, paused_cause, pruned_cause
 from .proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 
 EXIT_OK = 0
@@ -363,6 +363,12 @@ def _output_to(log_fd: int) -> None:
     os.close(log_fd)
 
 
+def _told() -> dict[str, str]:
+    """What early stopping told the run, for its outcome: ``{"pruned": cause}``, ``{"paused": cause}``."""
+    pruned, paused = pruned_cause(), paused_cause()
+    return {"pruned": pruned} if pruned is not None else {"paused": paused} if paused is not None else {}
+
+
 def _run(spec_path: str) -> int:
     spec = RunStart.read(spec_path)
     os.environ.update(spec.run_env)
@@ -382,18 +388,16 @@ def _run(spec_path: str) -> int:
         _RECORDING.acquire()
         result = None  # sys.exit(0) inside main() is a successful end
     except BaseException as error:
-        pruned = pruned_cause()
-        _write_outcome(spec, {**_error("main", error), **({"pruned": pruned} if pruned else {})})
-        if pruned is not None and isinstance(error, Pruned):  # the end early stopping asked for: no traceback
-            print(f"gpu_task_scheduler: stopped early: {pruned}", file=sys.stderr)
+        told = _told()
+        _write_outcome(spec, {**_error("main", error), **told})
+        if isinstance(error, (Pruned, Paused)) and told:  # the end early stopping asked for: no traceback
+            print(f"gpu_task_scheduler: {'stopped early' if 'pruned' in told else 'paused'}: {error}", file=sys.stderr)
         else:
             _print_traceback(error)
         return EXIT_FAILED
     try:
-        pruned = pruned_cause()  # main() caught Pruned (to save, say) and returned
-        _record(
-            spec, {"status": "succeeded", **_jsonable_result(spec, result), **({"pruned": pruned} if pruned else {})}
-        )
+        # main() caught Pruned or Paused (to save, say) and returned
+        _record(spec, {"status": "succeeded", **_jsonable_result(spec, result), **_told()})
     except OSError as error:
         print(f"gpu_task_scheduler: could not record the run's success: {error}", file=sys.stderr)
         return EXIT_OUTCOME_ERROR

@@ -1,0 +1,181 @@
+"""The sweep's pausing method at work (``early_stop`` with ``promotion: true``, or ``hyperband``):
+what it is told, written down before anything acts on it, and replayed at every start.
+
+The methods (``tuning/trials.py``) are pure: told which configurations began in which bracket,
+each value at a rung, each promotion and each end, in order, they decide the same. This module
+keeps that order in the ledger's table ``trial_events`` and replays it when the scheduler starts,
+so that a start after a kill -9 goes on with the decisions the one before it made:
+
+* a ``rung`` event (with its decision, continue or pause) is committed before the run is told;
+* ``began`` and ``resumed`` are committed with the attempt they start (``Ledger.record_attempt``);
+* ``ended`` is written with the run's end; a run the ledger says is done is told ended again at the
+  next start, so an end lost to a kill is not lost to the method;
+* ``closed``: the sweep had no more new configurations, which Hyperband's brackets wait for.
+
+A paused run holds no slot: its process ended, its checkpoint folder stays. The engine asks
+:meth:`Pauses.owed` whenever a slot is free, and resumes what it names before it starts anything
+new. A paused run that the method never promotes stays ``paused``, as a pruned run stays pruned.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..records.ledger import Ledger
+from ..sweep.expand import RunSpec, Sweep
+from ..tuning.stopping import Pausing
+from ..tuning.trials import CONTINUE, PAUSE, Method, method_for
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+class Pauses:
+    def __init__(self, sweep: Sweep, ledger: Ledger, *, afresh: bool = False) -> None:
+        """``afresh``: every run starts again from step 0 (force_rerun): the history goes."""
+        self._ledger = ledger
+        self._methods: dict[str | None, Method] = {
+            stage: method_for(rule) for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)
+        }
+        self._stage_of: dict[str, str | None] = {}  # the runs the methods know: they began in a bracket
+        self._ended: set[str] = set()
+        self._specs: dict[str, RunSpec] = {}  # paused runs this start can resume (their specs seen)
+        self._closed = False
+        if afresh:
+            ledger.forget_trials()
+        else:
+            self._replay()
+
+    def __bool__(self) -> bool:
+        return bool(self._methods)
+
+    def _replay(self) -> None:
+        skipped = 0
+        for event in self._ledger.trial_events():
+            if event.kind == "closed":
+                for method in self._methods.values():
+                    method.close()
+                continue
+            found, name = self._methods.get(event.stage), event.name
+            if found is None or name is None:
+                continue  # its stage has no pausing method now
+            method = found
+            try:
+                if event.kind == "began":
+                    if name not in self._stage_of:
+                        method.began(name, event.bracket or 0)
+                        self._stage_of[name] = event.stage
+                elif name not in self._stage_of or name in self._ended:
+                    continue
+                elif event.kind == "rung":
+                    if event.step is None or event.value is None or event.rung is None:
+                        skipped += 1
+                    elif method.rung_reached(name, event.step) == event.rung:
+                        method.report(name, event.rung, event.value)
+                elif event.kind == "resumed":
+                    if name in method.paused:
+                        method.resumed(name)
+                elif event.kind == "ended":
+                    method.ended(name)
+                    self._ended.add(name)
+            except (ValueError, IndexError, KeyError):  # an event of another rule (its keys changed since)
+                skipped += 1
+        if skipped:
+            logger.warning(
+                "%d recorded event(s) of the early_stop method do not fit it as it is now (were its keys changed?); "
+                "they are left out",
+                skipped,
+            )
+
+    # --- what the loop asks --------------------------------------------------------------
+
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` began under a pausing method (a start of it goes on as the same trial)."""
+        return name in self._stage_of
+
+    def paused_at(self, name: str) -> float | None:
+        """The rung step ``name`` is paused at, or None."""
+        if name not in self._stage_of:
+            return None
+        return self._methods[self._stage_of[name]].paused.get(name)
+
+    def owed(self) -> RunSpec | None:
+        """The paused run a free slot resumes now (promoted by its method), if one is owed and its
+        spec is known to this start (a run paused in an earlier start is, once the queue reached it)."""
+        for method in self._methods.values():
+            decided = method.next(more_new=True)
+            if decided.kind == "resume" and decided.run in self._specs:
+                return self._specs[decided.run]
+        return None
+
+    def close(self) -> bool:
+        """The sweep has no more new configurations (recorded once a start); whether a method may owe
+        a promotion it did not owe before."""
+        if self._closed:
+            return False
+        self._closed = True
+        changed = False
+        for method in self._methods.values():
+            changed = method.close() or changed
+        if changed:
+            self._ledger.record_trial_event("closed")
+        return changed
+
+    # --- what happened ---------------------------------------------------------------------
+
+    def began(self, spec: RunSpec) -> None:
+        """``spec`` starts as a new configuration (if its stage has a pausing method)."""
+        method = self._methods.get(spec.stage)
+        if method is None or spec.name in self._stage_of:
+            return
+        bracket = method.next(more_new=True).bracket
+        method.began(spec.name, bracket)
+        self._stage_of[spec.name] = spec.stage
+        self._ended.discard(spec.name)
+        self._ledger.record_trial_event("began", stage=spec.stage, name=spec.name, bracket=bracket)
+
+    def resumed(self, spec: RunSpec) -> None:
+        """``spec`` (named by :meth:`owed`) starts again from its checkpoint."""
+        self._methods[spec.stage].resumed(spec.name)
+        self._specs.pop(spec.name, None)
+        self._ledger.record_trial_event("resumed", stage=spec.stage, name=spec.name)
+
+    def reached(self, spec: RunSpec, step: float, value: float) -> tuple[float, str] | None:
+        """``spec`` reported ``value`` at ``step``: the rung it records a value at and the method's
+        decision there (:data:`CONTINUE` or :data:`PAUSE`, written to the ledger, not committed), or
+        None when the step is at no new rung of it."""
+        method = self._methods.get(spec.stage)
+        if method is None or spec.name not in self._stage_of or spec.name in self._ended:
+            return None
+        rung = method.rung_reached(spec.name, step)
+        if rung is None:
+            return None
+        decision = method.report(spec.name, rung, value)
+        self._ledger.record_trial_event(
+            "rung", stage=spec.stage, name=spec.name, rung=rung, step=step, value=value, decision=decision
+        )
+        return rung, decision
+
+    def paused(self, spec: RunSpec) -> None:
+        """``spec`` is paused (it ended so, or an earlier start left it so): this start may resume it."""
+        if self.paused_at(spec.name) is not None:
+            self._specs[spec.name] = spec
+
+    def ended(self, name: str) -> None:
+        """``name`` ended for good (succeeded, failed, stopped, blocked): it waits for nothing."""
+        if name not in self._stage_of or name in self._ended:
+            return
+        stage = self._stage_of[name]
+        self._methods[stage].ended(name)
+        self._ended.add(name)
+        self._specs.pop(name, None)
+        self._ledger.record_trial_event("ended", stage=stage, name=name)
+
+    def stuck(self) -> list[RunSpec]:
+        """The paused runs of this start that no method will promote (nothing runs, nothing is owed),
+        each given once."""
+        stuck = list(self._specs.values())
+        self._specs.clear()
+        return stuck
+
+
+__all__ = ["CONTINUE", "PAUSE", "Pauses"]

@@ -1,0 +1,256 @@
+"""Runs that pause at a rung and resume from their checkpoints: the config of the pausing methods,
+sweeps of Python tasks and commands that pause and are promoted, the paused state wherever runs
+are shown, and kill -9 at any moment (tuning/trials.py decides; engine/pauses.py records)."""
+
+import collections
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+
+import gts_test_tasks as tasks
+import pytest
+from conftest import marked_pids, wait_until
+from helpers import ledger_rows, make_config
+from test_process_control import finish, launch
+
+from gpu_task_scheduler import ConfigError, GPUTaskScheduler, Paused, RunStatus
+from gpu_task_scheduler.records.ledger import paused_cause
+from gpu_task_scheduler.tuning.stopping import Asha, Pausing, parse_early_stop
+
+ASHA = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 27, "reduction_factor": 3}
+PROMOTION = {**ASHA, "promotion": True}
+HYPERBAND = {**ASHA, "method": "hyperband"}
+CURVES = [{"start": [1.0], "floor": [0.1, 0.3, 0.5], "decay": [0.5, 0.8, 0.95]}]  # best: floor 0.1, decay 0.5
+BEST = "decay-0.5,floor-0.1,start-1.0,"
+
+
+# --- the config ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, kind, method",
+    [
+        (ASHA, Asha, None),
+        ({**ASHA, "promotion": False}, Asha, None),
+        (PROMOTION, Pausing, "asha"),
+        (HYPERBAND, Pausing, "hyperband"),
+    ],
+)
+def test_promotion_and_hyperband_are_pausing_methods_with_asha_keys(raw, kind, method):
+    rule = parse_early_stop(raw)
+    assert type(rule) is kind and rule.rungs == [1, 3, 9]
+    if method is not None:
+        assert rule.method == method and "pause at rungs" in rule.describe()
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        ({**ASHA, "promotion": "yes"}, "promotion must be true"),
+        ({**HYPERBAND, "max_step": None}, "hyperband needs max_step"),
+        ({**HYPERBAND, "promotion": True}, "unknown key 'promotion' in early_stop \\(method hyperband\\)"),
+        ({**PROMOTION, "brackets": 2}, "unknown key 'brackets'"),
+        ({**HYPERBAND, "min_runs": 3}, "unknown key 'min_runs'"),
+        ({**HYPERBAND, "reduction_factor": 1}, "reduction_factor must be a number above 1"),
+    ],
+)
+def test_a_bad_pausing_method_is_refused_with_what_to_write(raw, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_early_stop(raw)
+
+
+# --- sweeps that pause --------------------------------------------------------------------
+
+
+def _sweep(root, early_stop, *, slots=("cpu", "cpu"), **global_config):
+    config = make_config(
+        root,
+        CURVES,
+        slots=slots,
+        global_config={"steps": 27, "pause": 0.005, "journal": f"{root}.journal", **global_config},
+        grace_period=5,
+    )
+    config["early_stop"] = early_stop
+    return config
+
+
+def _steps(root):
+    """Each run's journal: ``{run: [event, ...]}`` (``start``, ``resume N``, ``stepN``, ``paused``, ``end``)."""
+    runs = collections.defaultdict(list)
+    with open(f"{root}.journal") as handle:
+        for line in handle.read().splitlines():
+            event, run = line.rsplit(" ", 1)
+            runs[run].append(event)
+    return runs
+
+
+def _no_step_twice(runs):
+    """No run executes a step twice, and each resumed attempt goes on from the step it paused at."""
+    for run, events in runs.items():
+        steps = [int(e[4:]) for e in events if e.startswith("step")]
+        assert steps == list(range(1, len(steps) + 1)), (run, events)
+        for index, event in enumerate(events):
+            if event.startswith("resume "):
+                before = [int(e[4:]) for e in events[:index] if e.startswith("step")]
+                assert int(event.split()[1]) == before[-1], (run, events)
+
+
+@pytest.mark.parametrize("early_stop", [PROMOTION, HYPERBAND], ids=["promotion", "hyperband"])
+def test_a_pausing_sweep_resumes_runs_from_their_checkpoints_and_runs_nothing_again(in_tmp, early_stop):
+    root = in_tmp / "r"
+    config = _sweep(root, early_stop)
+    summary = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert summary.exit_code == 0 and summary.ok, summary.report()
+    assert summary.outcomes[BEST].status is RunStatus.SUCCEEDED  # the best is trained to max_step
+    assert summary.paused and summary.to_dict()["counts"]["paused"] == len(summary.paused)
+    assert f"{len(summary.paused)} paused (not promoted)" in summary.report()
+    runs = _steps(root)
+    _no_step_twice(runs)
+    assert any(e.startswith("resume ") for e in runs[BEST])  # promoted at least once, from its checkpoint
+    assert sum(e.startswith("step") for events in runs.values() for e in events) <= 0.6 * 27 * 9
+    rows = ledger_rows(root)
+    for outcome in summary.paused:
+        assert rows[outcome.name]["status"] == "paused"
+        assert rows[outcome.name]["cause"].startswith("paused at rung ")
+        assert runs[outcome.name][-1] == "paused"  # Paused reached the task
+    journal = (root.parent / "r.journal").read_text()
+    again = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert again.outcomes == {} and len(again.skipped) == 9
+    assert (root.parent / "r.journal").read_text() == journal
+
+
+def test_a_paused_run_is_shown_as_paused_by_status_and_results(in_tmp):
+    root = in_tmp / "r"
+    GPUTaskScheduler(_sweep(root, HYPERBAND), tasks.ResumingCurveTask).start()
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "status", str(root), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    status = json.loads(shown.stdout)
+    paused = [run for run in status["runs"] if run["status"] == "paused"]
+    assert paused and all(run["cause"].startswith("paused at rung ") for run in paused)
+    text = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "status", str(root)], capture_output=True, text=True
+    ).stdout
+    assert f"{len(paused)} paused" in text
+
+
+COMMAND = (
+    "import json, os, sys, time\n"
+    "first = int(os.environ['GTS_RESUME_STEP'] or 0) + 1\n"
+    "journal = open(sys.argv[2], 'a')\n"
+    "name = os.path.basename(os.environ['GTS_RUN_DIR'])\n"
+    "journal.write(('resume %d' % (first - 1) if first > 1 else 'start') + ' ' + name + '\\n'); journal.flush()\n"
+    "for step in range(first, 28):\n"
+    "    journal.write('step%d %s\\n' % (step, name)); journal.flush()\n"
+    "    loss = 0.1 + float(sys.argv[1]) * 0.8 ** step\n"
+    "    with open(os.environ['GTS_METRICS_FILE'], 'a') as m:\n"
+    "        m.write(json.dumps({'step': step, 'loss': loss}) + '\\n')\n"
+    "    time.sleep(0.03)\n"
+)
+
+
+def test_a_command_is_paused_with_sigterm_and_resumed_from_its_last_reported_step(in_tmp):
+    root = in_tmp / "r"
+    config = make_config(root, [{"scale": [0.5, 1.0, 2.0]}], slots=("cpu",), grace_period=5)
+    script = in_tmp / "train.py"
+    script.write_text(COMMAND)
+    config["command"] = [sys.executable, str(script), "{scale}", f"{root}.journal"]
+    config["early_stop"] = PROMOTION
+    summary = GPUTaskScheduler(config).start()
+    assert summary.ok, summary.report()
+    assert summary.outcomes["scale-0.5,"].status is RunStatus.SUCCEEDED
+    paused = summary.paused
+    assert paused and all(o.signal == "SIGTERM" or o.exit_code is not None for o in paused)
+    runs = _steps(root)
+    _no_step_twice(runs)
+    assert any(e.startswith("resume ") for e in runs["scale-0.5,"])
+
+
+def test_a_python_task_that_catches_paused_and_returns_is_paused(in_tmp):
+    """main() may catch Paused (to save, say) and return: the run is paused all the same, and what it
+    returned is no result."""
+    root = in_tmp / "r"
+    config = make_config(root, [{"loss": [0.9, 0.5, 0.1]}], slots=("cpu",), grace_period=5)
+    config["early_stop"] = {**PROMOTION, "max_step": 3}
+    summary = GPUTaskScheduler(config, tasks.CatchPausedTask).start()
+    assert summary.ok, summary.report()
+    paused = {o.name for o in summary.paused}
+    assert paused and "loss-0.1," not in paused
+    rows = ledger_rows(root)
+    for name in paused:
+        assert rows[name]["status"] == "paused" and rows[name]["result"] is None
+
+
+def test_paused_is_a_base_exception_raised_by_report(tmp_path, monkeypatch):
+    from gpu_task_scheduler import reporting
+
+    marker = tmp_path / "pause"
+    monkeypatch.setenv("GTS_METRICS_FILE", str(tmp_path / "metrics.jsonl"))
+    monkeypatch.setenv("GTS_PAUSE_FILE", str(marker))
+    monkeypatch.setattr(reporting, "_paused", None)
+    reporting.report(1, loss=0.5)  # not told: it goes on
+    marker.write_text(paused_cause(1.0, 0.5))
+    with pytest.raises(Paused, match="paused at rung 1 \\(0.5 there\\)") as raised:
+        try:
+            reporting.report(2, loss=0.4)
+        except Exception:  # what training loops often have: it must not swallow Paused
+            pytest.fail("Paused was caught by except Exception")
+    assert not isinstance(raised.value, Exception) and reporting.paused_cause() == str(raised.value)
+
+
+# --- kill -9 ------------------------------------------------------------------------------
+
+
+KILL_SEED = int(os.environ.get("GTS_KILL_SEED", "20261126"))
+
+
+def test_sigkill_at_random_moments_ends_in_the_state_an_uninterrupted_hyperband_reaches(in_tmp, no_leaked_processes):
+    """Hyperband decides by values only (its rungs wait until full), so a sweep killed again and again
+    must end with the same runs succeeded and the same paused, and no step run twice after it was
+    reported (what a kill interrupts between a step and its report runs again, as the protocol says)."""
+    rng = random.Random(KILL_SEED)
+
+    def config(root):
+        return {
+            **_sweep(root, HYPERBAND, pause=0.01),
+            "early_stop": HYPERBAND,
+        }
+
+    once = launch(config(in_tmp / "once"), "ResumingCurveTask")
+    assert once.wait(timeout=120) == 0, finish(once)
+    finish(once)
+    expected = {name: row["status"] for name, row in ledger_rows(in_tmp / "once").items()}
+    assert set(expected.values()) == {"succeeded", "paused"}
+    root, kills = in_tmp / "r", 0
+    for _ in range(12):  # killed until a start ends by itself
+        scheduler = launch(config(root), "ResumingCurveTask")
+        try:
+            scheduler.wait(timeout=rng.uniform(0.1, 1.0))
+        except subprocess.TimeoutExpired:
+            scheduler.kill()
+            kills += 1
+        finish(scheduler)
+        wait_until(lambda: not marked_pids(no_leaked_processes), timeout=5, message="the runs to die")
+        if scheduler.returncode == 0:
+            break
+    last = launch(config(root), "ResumingCurveTask")
+    output = finish(last, timeout=120)
+    assert last.returncode == 0, output
+    assert kills >= 4, f"only {kills} launches were killed; the sweep is too short"
+    assert {name: row["status"] for name, row in ledger_rows(root).items()} == expected
+    for run, events in _steps(root).items():
+        for index, event in enumerate(events):
+            if event.startswith("resume "):  # from the last step it reported: the last journaled, or the one before
+                journaled = [int(e[4:]) for e in events[:index] if e.startswith("step")]
+                assert journaled[-1] - 1 <= int(event.split()[1]) <= journaled[-1], (run, events)
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        rungs = db.execute("SELECT name, rung, COUNT(*) FROM trial_events WHERE kind = 'rung' GROUP BY name, rung")
+        assert all(count == 1 for _, _, count in rungs)  # each value at a rung was told once
+    again = launch(config(root), "ResumingCurveTask")
+    assert "Sweep summary: 0 succeeded, 0 failed, 9 skipped" in finish(again, timeout=60)

@@ -39,11 +39,12 @@ def order(seed):
     return configs
 
 
-def train(lr, width, journal, step_seconds, report):
-    """One training run: a step takes ``step_seconds``; ``report(step, value)`` after each
-    (it may raise to stop the run). Returns the last loss."""
+def train(lr, width, journal, step_seconds, report, first=1):
+    """One training run from step ``first`` (a resumed run's checkpoint holds the steps before it):
+    a step takes ``step_seconds``; ``report(step, value)`` after each (it may raise to stop or pause
+    the run). Returns the last loss."""
     value = None
-    for step in range(1, STEPS + 1):
+    for step in range(first, STEPS + 1):
         time.sleep(step_seconds)
         value = loss(lr, width, step)
         fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -66,6 +67,11 @@ class CurveTask(GPUTask):  # type: ignore[misc,valid-type]
 
     def main(self):
         c = self._config
+        # The checkpoint protocol: the step reported last is the step saved (a curve has no weights
+        # to save); a resumed attempt goes on after it.
+        first = 1 if self.resume_step is None else int(self.resume_step) + 1
         return {
-            "loss": train(c["lr"], c["width"], c["journal"], c["step_seconds"], lambda s, v: self.report(s, loss=v))
+            "loss": train(
+                c["lr"], c["width"], c["journal"], c["step_seconds"], lambda s, v: self.report(s, loss=v), first
+            )
         }

@@ -426,8 +426,10 @@ class ContractTask(GPUTask):
 
             signal.signal(signal.SIGTERM, on_term)
         open(os.path.join(self._work_dir, "ready"), "w").close()
-        for step in range(1, config.get("report", 0) + 1):  # a run that reports as it trains
-            self.report(step, loss=config.get("loss", 1 / step))  # raises Pruned when early_stop stopped it
+        first = 1 if self.resume_step is None else int(self.resume_step) + 1  # paused: its checkpoint is its step
+        for step in range(first, config.get("report", 0) + 1):  # a run that reports as it trains
+            journal(config, f"step{step}", self._work_dir)
+            self.report(step, loss=config.get("loss", 1 / step))  # raises Pruned (Paused) when early_stop says so
             time.sleep(config.get("pause", 0))
         time.sleep(config.get("seconds", 1.0))
         if config.get("oom"):

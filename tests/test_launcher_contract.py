@@ -150,6 +150,35 @@ def test_a_failing_run(backend, tmp_path):
     assert failed.status is RunStatus.FAILED and failed.exit_code == 3
 
 
+def test_a_paused_run_gives_up_its_task_and_is_resumed_as_a_new_attempt(backend, tmp_path):
+    """Promotion ASHA over three runs: whichever order they reach rung 1 in, the best goes on to the
+    end (promoted and resumed from its checkpoint, its step, unless it reached the rung last and
+    went on at once, as on a loaded Slurm); the other two stay paused, holding no task."""
+    if backend == "fake":
+        pytest.skip("the fake launcher's runs are no processes: they write no file")
+    journal = str(tmp_path / "journal")
+    blocks = [{"loss": [0.1, 0.5, 0.9], "report": [9], "pause": [0.02], "seconds": [0]}]
+    config = make_config(tmp_path / "r", blocks, grace_period=30, global_config={"journal": journal})
+    config["early_stop"] = {
+        "method": "asha",
+        "promotion": True,
+        "metric": "loss",
+        "mode": "min",
+        "min_step": 1,
+        "max_step": 9,
+    }
+    summary = run_sweep(backend, config)
+    assert summary.ok and summary.exit_code == 0, summary.report()
+    best = "loss-0.1,pause-0.02,report-9,seconds-0,"
+    assert summary.outcomes[best].status is RunStatus.SUCCEEDED
+    assert {o.name for o in summary.paused} == {best.replace("0.1", "0.5"), best.replace("0.1", "0.9")}
+    assert [line for line in journal_lines(journal) if line.endswith(f" {best}")] == [
+        f"step{step} {best}" for step in range(1, 10)
+    ]  # each step once: the resumed attempts went on from where the run paused
+    for name in (best.replace("0.1", "0.5"), best.replace("0.1", "0.9")):
+        assert ledger_rows(tmp_path / "r")[name]["status"] == "paused"
+
+
 def test_a_run_over_its_timeout(backend, tmp_path):
     config = make_config(tmp_path / "r", [{"seconds": [30]}], timeout=0.3, grace_period=0.5)
     (failed,) = run_sweep(backend, config).failed

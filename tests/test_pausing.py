@@ -140,6 +140,72 @@ def test_a_paused_run_is_shown_as_paused_by_status_and_results(in_tmp):
     assert f"{len(paused)} paused" in text
 
 
+def test_the_page_and_the_report_show_paused_runs_with_their_whole_curves(in_tmp):
+    from gpu_task_scheduler.web.report import report_data, report_html
+
+    root = in_tmp / "r"
+    GPUTaskScheduler(_sweep(root, HYPERBAND), tasks.ResumingCurveTask).start()
+    shown = report_data(str(root))
+    paused = [run["name"] for run in shown["runs"] if run["status"] == "paused"]
+    assert paused and sorted(paused) == sorted(n for n, r in ledger_rows(root).items() if r["status"] == "paused")
+    # a resumed run's curve goes on across its attempts: steps 1..27, each once
+    assert shown["curves"][BEST]["steps"] == list(range(1, 28))
+    assert "<option>paused</option>" in report_html(str(root))
+
+
+def test_a_dry_run_says_which_runs_are_paused_and_where(in_tmp):
+    from gpu_task_scheduler import Sweep
+    from gpu_task_scheduler.engine.api import plan
+
+    root = in_tmp / "r"
+    config = _sweep(root, HYPERBAND)
+    GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    labels = {spec.name: decision.label for spec, decision in plan(Sweep(config))}
+    for name, row in ledger_rows(root).items():
+        if row["status"] == "paused":
+            rung = row["cause"].split()[3]
+            assert labels[name] == f"skip (paused at rung {rung})"
+        else:
+            assert labels[name] == "skip (succeeded)"
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_search_with_hyperband_tells_each_run_once_its_value_at_the_highest_rung_it_reached(in_tmp, sampler):
+    if sampler == "tpe":
+        pytest.importorskip("optuna")
+    root = in_tmp / "r"
+    config = _sweep(root, HYPERBAND)
+    config["test_config"] = [{"floor": {"uniform": [0.1, 0.5]}, "decay": {"uniform": [0.5, 0.95]}, "start": [1.0]}]
+    config["search"] = {"sampler": sampler, "n_runs": 9, "seed": 3, "metric": "loss", "mode": "min"}
+    summary = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert summary.ok, summary.report()
+    rows = ledger_rows(root)
+    assert len(rows) == 9 and summary.paused and {r["status"] for r in rows.values()} == {"succeeded", "paused"}
+    _no_step_twice(_steps(root))
+    values = _told(root, sampler)
+    assert sorted(values) == sorted(rows)  # each of the 9 told, once
+    for name, row in rows.items():
+        last = json.loads(row["metrics"])["loss"]["last"]  # where it paused, or its end
+        assert values[name] == pytest.approx(last)
+    again = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert again.outcomes == {} and len(ledger_rows(root)) == 9
+
+
+def _told(root, sampler):
+    """{run name: the value its trial was told} from the search's own records."""
+    if sampler == "random":
+        lines = [json.loads(line) for line in (root / ".gts" / "search.jsonl").read_text().splitlines()]
+        names = {line["number"]: line["name"] for line in lines if "name" in line}
+        told = [line for line in lines if line.get("told")]
+        assert len(told) == len({line["number"] for line in told})
+        return {names[line["number"]]: line["value"] for line in told}
+    from test_search import _optuna_states
+
+    states = _optuna_states(root)
+    assert {state for state, _ in states.values()} == {"COMPLETE"}  # no trial is left running or told twice
+    return {name: value for name, (_, value) in states.items()}
+
+
 COMMAND = (
     "import json, os, sys, time\n"
     "first = int(os.environ['GTS_RESUME_STEP'] or 0) + 1\n"

@@ -48,7 +48,12 @@ def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
     try:
         take_over = settle_changes(sweep, ledger, root) if ledger is not None else frozenset()
         known = RootIndex(ledger, root, take_over=take_over)
+        pauses = paused_runs(sweep, ledger)
         for spec in sweep.runs(known.foreign):
+            if spec.name in pauses:  # its pausing method resumes it if it promotes it, from its checkpoint
+                rung = pauses[spec.name]
+                yield spec, Decision("skip", f"it is paused at rung {rung:g}", f"skip (paused at rung {rung:g})")
+                continue
             prior = read_prior(spec, known)
             yield (
                 spec,
@@ -63,6 +68,18 @@ def plan(sweep: Sweep) -> Iterator[tuple[RunSpec, Decision]]:
     finally:
         if ledger:
             ledger.close()
+
+
+def paused_runs(sweep: Sweep, ledger: Ledger | None) -> dict[str, float]:
+    """The runs a pausing early_stop method holds paused, and the rung each waits at (none without one)."""
+    from ..tuning.stopping import Pausing  # here: a sweep without early_stop never needs the rules
+
+    if ledger is None or sweep.options.force_rerun or not any(isinstance(r, Pausing) for r in sweep.stopping.values()):
+        return {}
+    from .pauses import Pauses
+
+    pauses = Pauses(sweep, ledger)
+    return {name: rung for name in pauses.known() if (rung := pauses.paused_at(name)) is not None}
 
 
 def run_sweep(

@@ -39,7 +39,6 @@ class Pauses:
         self._stage_of: dict[str, str | None] = {}  # the runs the methods know: they began in a bracket
         self._ended: set[str] = set()
         self._specs: dict[str, RunSpec] = {}  # paused runs this start can resume (their specs seen)
-        self._closed = False
         if afresh:
             ledger.forget_trials()
         else:
@@ -92,6 +91,10 @@ class Pauses:
         """Whether ``name`` began under a pausing method (a start of it goes on as the same trial)."""
         return name in self._stage_of
 
+    def known(self) -> list[str]:
+        """The runs the methods know, in the order they began."""
+        return list(self._stage_of)
+
     def paused_at(self, name: str) -> float | None:
         """The rung step ``name`` is paused at, or None."""
         if name not in self._stage_of:
@@ -108,11 +111,8 @@ class Pauses:
         return None
 
     def close(self) -> bool:
-        """The sweep has no more new configurations (recorded once a start); whether a method may owe
-        a promotion it did not owe before."""
-        if self._closed:
-            return False
-        self._closed = True
+        """The sweep has no more new configurations for now (recorded when it changes a method):
+        whether a method may owe a promotion it did not owe before."""
         changed = False
         for method in self._methods.values():
             changed = method.close() or changed

@@ -47,7 +47,9 @@ class Starts:
                 return self._resume(promoted, capacity)
             item = queue.head()
             if item is None:
-                if self._pauses is not None and self._pauses.close():  # full brackets may promote now
+                # No more new configurations (a search's next may only wait for a free slot): the
+                # methods' brackets take no more, and may promote now.
+                if self._pauses is not None and not queue.taking_besides_parked and self._pauses.close():
                     continue
                 return None
             self._waits.seen(item.spec)
@@ -117,6 +119,8 @@ class Starts:
             if self._pauses is not None and self.queue.head() is None:
                 for spec in self._pauses.stuck():  # no method promotes them now: what waits for them goes on
                     self._settle_waits(spec, RunStatus.PAUSED, "is paused and was not promoted")
+                    if self._sweep.search is not None:  # told its value at the highest rung it reached
+                        self._sweep.settled(spec, RunStatus.PAUSED.value, self._records.ledger.get(spec.name))
             for item in self.queue.stranded():  # cannot happen in a sweep built by Sweep; never wait forever
                 self._block(item.spec, "its dependencies never settled in this start")
         if not self.queue.taking:
@@ -131,6 +135,7 @@ class Starts:
         if self._pauses is not None:
             if status is RunStatus.PAUSED:
                 self._pauses.paused(spec)
+                self._sweep.paused(spec)  # a search samples on; it is told once it is settled for good
                 return
             if status is not RunStatus.INTERRUPTED:  # an interrupted run goes on at the next start
                 self._pauses.ended(spec.name)
@@ -188,6 +193,7 @@ class Starts:
             prior = read_prior(spec, self._known)
             self._records.skipped(spec, prior, Decision("skip", reason, "paused"), capacity.free_slot_name())
             self._pauses.paused(spec)
+            self._sweep.paused(spec)
             self._paused_skips.add(spec.name)
             return True
         prior, decision = self._decide(spec)

@@ -897,6 +897,8 @@ class Ledger:
     def trial_events(self) -> list[TrialEvent]:
         """A pausing method's history, oldest first; rows of the wrong types (changed by hand) are
         left out."""
+        if not self._tuples("SELECT 1 FROM sqlite_master WHERE name = 'trial_events'", ()):
+            return []  # a ledger of an older version, read as it is (a dry run)
         rows = self._tuples(
             "SELECT stage, name, kind, bracket, rung, step, value, decision FROM trial_events ORDER BY seq", ()
         )

@@ -25,6 +25,7 @@ _COLORS = {
     "timed_out": "tab:orange",
     "interrupted": "tab:gray",
     "pruned": "tab:purple",
+    "paused": "tab:olive",
     "running": "tab:blue",
 }
 

@@ -375,6 +375,7 @@ class Sweep:
         self.twins: dict[str, list[int]] = {}  # a run name -> later trials that asked for the same values
         self.asked = 0  # trials asked, over every start
         self.in_flight = 0
+        self.waiting: set[str] = set()  # a search's runs paused by a pausing method: no longer in flight, not told
         self.lookup: Callable[[str], Any] = lambda name: None  # the ledger's record of a run (set by the engine)
         self.followed = frozenset(other for stage in self.stages for other in stage.after)
         if self.size > sys.maxsize:
@@ -587,6 +588,13 @@ class Sweep:
             from .sampled import settled
 
             settled(self, spec, status, record)
+
+    def paused(self, spec: RunSpec) -> None:
+        """``spec`` was paused by a pausing early_stop method: a search samples on (it holds no slot),
+        and tells its sampler once the run is settled for good (:meth:`settled`)."""
+        if self.search is not None and spec.name in self.trial_of and spec.name not in self.waiting:
+            self.waiting.add(spec.name)
+            self.in_flight -= 1
 
     def runs(self, foreign: Foreign | None = None) -> Iterator[RunSpec]:
         """The runs, lazily. ``foreign(name, params, index)`` says whether the result

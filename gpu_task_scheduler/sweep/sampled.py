@@ -109,11 +109,16 @@ def _twin(sweep: Sweep, name: str, number: int) -> None:
 def settled(sweep: Sweep, spec: RunSpec, status: str, record: Any) -> None:
     """Tell the sampler how ``spec`` ended (``status``: a RunStatus value; ``record``: its ledger
     record), and the trials that asked for the same values. A run interrupted by a stop is told
-    nothing: it runs again at the next start."""
+    nothing: it runs again at the next start. A run a pausing method paused and never promoted is
+    told (``status`` paused) the value it reported at the highest rung it reached (BOHB-like), when
+    the start ends with it paused; the search samples on while it waits (``Sweep.paused``)."""
     number = sweep.trial_of.get(spec.name)
     if sweep.searcher is None or number is None or sweep.search is None:
         return
-    sweep.in_flight -= 1
+    if spec.name in sweep.waiting:  # paused before: no longer counted in flight
+        sweep.waiting.discard(spec.name)
+    else:
+        sweep.in_flight -= 1
     if status == "interrupted":
         return
     for trial in (number, *sweep.twins.pop(spec.name, ())):
@@ -123,7 +128,7 @@ def settled(sweep: Sweep, spec: RunSpec, status: str, record: Any) -> None:
 def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
     assert sweep.searcher is not None and sweep.search is not None
     value = None
-    if status == "succeeded":
+    if status in ("succeeded", "paused"):  # paused: the value it reported at the rung it paused at
         from ..results import run_result  # what main() returned, else the run's own result.json
 
         result = run_result(sweep.options.result_root_folder, record) if record is not None else None
@@ -131,9 +136,10 @@ def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
         if value is None:
             given = [*(result if isinstance(result, Mapping) else ()), *(record.metrics_value if record else ())]
             logger.warning(
-                "%s succeeded but gave no number for %r (neither in what it returned nor as a reported metric)%s "
+                "%s %s but gave no number for %r (neither in what it returned nor as a reported metric)%s "
                 "The search is told it failed",
                 record.name if record is not None else f"trial {number}",
+                status,
                 sweep.search.metric,
                 did_you_mean(sweep.search.metric, [str(key) for key in given]),
             )

@@ -334,7 +334,7 @@ function drawParcoords(data) {
 
 // --- slots and GPUs ---------------------------------------------------------------------------
 
-const COLOURS = { succeeded: "#2a9d4b", failed: "#c0392b", timed_out: "#e67e22", interrupted: "#888", pruned: "#7d3c98", running: "#1f6fb2", stale: "#bbb", blocked: "#555" };
+const COLOURS = { succeeded: "#2a9d4b", failed: "#c0392b", timed_out: "#e67e22", interrupted: "#888", pruned: "#7d3c98", paused: "#b7950b", running: "#1f6fb2", stale: "#bbb", blocked: "#555" };
 
 function drawTimeline(data) {
   if (!state.charts) return;

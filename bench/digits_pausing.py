@@ -1,0 +1,134 @@
+"""Pausing on a real workload: scikit-learn's digits with a small MLP (``digits.py``), its grid of
+24 configurations x 27 epochs run whole, with gts's stopping ASHA, promotion ASHA and Hyperband,
+in three orders of the grid, in one invocation.
+
+    python bench/digits_pausing.py [--slots 2] [--tools grid,gts-asha,gts-promotion,gts-hyperband]
+
+Every run trains for real (``partial_fit``, one epoch a step) on this machine's CPUs, and a paused
+run resumes from its pickled model. Printed per tool and order: the epochs trained and their share
+of the grid's, epochs trained twice (a resumed run that did not go on from its checkpoint), the
+sweep's wall time, and the best final validation loss among the runs trained to the last epoch,
+over the grid's best (1.000: the best configuration was kept). scikit-learn is installed into
+``bench/.peers/`` when it does not import here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+import digits  # noqa: E402
+
+ASHA = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": digits.EPOCHS}
+TOOLS = {
+    "grid": None,
+    "gts-asha": ASHA,
+    "gts-promotion": {**ASHA, "promotion": True},
+    "gts-hyperband": {**ASHA, "method": "hyperband"},
+}
+
+
+def grid_order(name):
+    ascending = sorted(digits.CONFIGS)
+    if name == "ascending":
+        return ascending
+    if name == "descending":
+        return list(reversed(ascending))
+    shuffled = list(ascending)
+    random.Random(int(name.rsplit("-", 1)[1])).shuffle(shuffled)
+    return shuffled
+
+
+def one(tool, order_name, slots, folder):
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    journal = os.path.join(folder, "journal")
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu"] * slots,
+            "result_root_folder": os.path.join(folder, "root"),
+            "scheduler_log_file_path": None,
+        },
+        "global_config": {"journal": journal},
+        "test_config": [{"lr": [lr], "width": [width]} for lr, width in grid_order(order_name)],
+    }
+    if TOOLS[tool] is not None:
+        config["early_stop"] = {**TOOLS[tool], "reduction_factor": 3}
+    start = time.perf_counter()
+    summary = GPUTaskScheduler(config, digits.DigitsTask, live_status=False).start()
+    wall = time.perf_counter() - start
+    assert summary.ok, summary.report()
+    with open(journal) as handle:
+        lines = [line.split() for line in handle]
+    again = GPUTaskScheduler(config, digits.DigitsTask, live_status=False).start()
+    assert again.ok and not again.outcomes, again.report()
+    epochs = [(lr, width, int(epoch)) for lr, width, epoch, _ in lines]
+    final = {(lr, width): float(loss) for lr, width, epoch, loss in lines if int(epoch) == digits.EPOCHS}
+    return {
+        "epochs": len(epochs),
+        "twice": len(epochs) - len(set(epochs)),
+        "wall": wall,
+        "best": min(final.values()),
+        "finals": {f"{lr}/{width}": value for (lr, width), value in final.items()},
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--one", nargs=3, metavar=("TOOL", "ORDER", "FOLDER"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(*args.one[:2], args.slots, args.one[2])))
+        return
+    env = dict(os.environ)
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        from suite import pip_peer
+
+        path = pip_peer("scikit-learn", "sklearn")
+        if path is None:
+            sys.exit("scikit-learn does not install here")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)
+    total = len(digits.CONFIGS) * digits.EPOCHS
+    print(f"digits: {len(digits.CONFIGS)} configurations x {digits.EPOCHS} epochs ({total}), {args.slots} slots")
+    head = f"{'tool':<14} {'order':<11} {'epochs':>6} {'share':>6} {'twice':>6} {'wall s':>7} {'best':>8}"
+    print(f"{head} {'/ grid':>7}")
+    grid_best = None
+    for tool in args.tools.split(","):
+        for order_name in ("ascending", "descending", "shuffled-1"):
+            with tempfile.TemporaryDirectory(prefix="gts-digits-") as folder:
+                done = subprocess.run(
+                    [sys.executable, __file__, "--slots", str(args.slots), "--one", tool, order_name, folder],
+                    capture_output=True,
+                    text=True,
+                    cwd=folder,
+                    env=env,
+                )
+            if done.returncode != 0:
+                print(f"{tool} {order_name}: failed\n{done.stderr[-3000:]}")
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            if tool == "grid":
+                grid_best = r["best"] if grid_best is None else min(grid_best, r["best"])
+            ratio = f"{r['best'] / grid_best:.3f}" if grid_best else "-"
+            print(
+                f"{tool:<14} {order_name:<11} {r['epochs']:>6} {r['epochs'] / total:>6.0%} {r['twice']:>6} "
+                f"{r['wall']:>7.1f} {r['best']:>8.4f} {ratio:>7}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

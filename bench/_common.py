@@ -50,3 +50,19 @@ def grid(runs):
             a = candidate
             break
     return list(range(a)), list(range(runs // a))
+
+
+ORDERS_HELP = "ascending (by the first value, as grids are written), descending, shuffled-N (seed N)"
+
+
+def grid_order(configs, name):
+    """``configs`` (tuples) in the order ``name`` says: ``ascending``, ``descending`` or ``shuffled-N``."""
+    import random
+
+    ordered = sorted(configs)
+    if name == "ascending":
+        return ordered
+    if name == "descending":
+        return list(reversed(ordered))
+    random.Random(int(name.rsplit("-", 1)[1])).shuffle(ordered)
+    return ordered

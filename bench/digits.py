@@ -3,7 +3,8 @@ scikit-learn: no download) classified by a small MLP trained one epoch a step wi
 ``partial_fit``, which checkpoints as the protocol asks (the model pickled, then the step reported).
 
 A configuration is a learning rate and a hidden width (``MLPClassifier(solver="sgd",
-momentum=0.9)``); the metric is the validation log-loss after each epoch. High learning rates
+momentum=0.9)``); a step is ``passes`` epochs (an epoch takes some 30 ms: a step must cost more
+than starting a process, as a GPU's does); the metric is the validation log-loss after each step. High learning rates
 learn fastest and then stall or diverge, low ones learn slowly: the curves cross, as real ones do.
 """
 
@@ -34,9 +35,10 @@ def data():
     return _data
 
 
-def train(lr, width, model, save, report, journal=None):
-    """Train ``model`` (None: a new one; else one a checkpoint held) from the epoch after its last
-    to EPOCHS; after each, ``save(model)`` then ``report(epoch, loss)``. Returns the last loss."""
+def train(lr, width, model, save, report, journal=None, passes=1):
+    """Train ``model`` (None: a new one; else one a checkpoint held) from the step after its last
+    to EPOCHS, a step being ``passes`` epochs over the training data; after each, ``save(model)``
+    then ``report(step, loss)``. Returns the last loss."""
     import numpy as np
     from sklearn.metrics import log_loss
     from sklearn.neural_network import MLPClassifier
@@ -55,8 +57,9 @@ def train(lr, width, model, save, report, journal=None):
     start = model.gts_epoch + 1
     loss = None
     for epoch in range(start, EPOCHS + 1):
-        order = np.random.RandomState(epoch).permutation(len(x_train))
-        model.partial_fit(x_train[order], y_train[order], classes=np.arange(10))
+        for one in range(passes):
+            order = np.random.RandomState(epoch * 1000 + one).permutation(len(x_train))
+            model.partial_fit(x_train[order], y_train[order], classes=np.arange(10))
         loss = float(log_loss(y_val, model.predict_proba(x_val), labels=np.arange(10)))
         model.gts_epoch = epoch
         if journal:
@@ -89,5 +92,6 @@ class DigitsTask(GPUTask):  # type: ignore[misc,valid-type]
                 pickle.dump(model, handle)
             os.replace(path + ".new", path)
 
-        loss = train(c["lr"], c["width"], model, save, lambda e, v: self.report(e, loss=v), c["journal"])
+        report = lambda e, v: self.report(e, loss=v)  # noqa: E731
+        loss = train(c["lr"], c["width"], model, save, report, c["journal"], c.get("passes", 1))
         return {"loss": loss}

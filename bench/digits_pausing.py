@@ -1,12 +1,12 @@
 """Pausing on a real workload: scikit-learn's digits with a small MLP (``digits.py``), its grid of
-24 configurations x 27 epochs run whole, with gts's stopping ASHA, promotion ASHA and Hyperband,
+24 configurations x 27 steps run whole, with gts's stopping ASHA, promotion ASHA and Hyperband,
 in three orders of the grid, in one invocation.
 
-    python bench/digits_pausing.py [--slots 2] [--tools grid,gts-asha,gts-promotion,gts-hyperband]
+    python bench/digits_pausing.py [--slots 2] [--passes 10] [--tools grid,gts-asha,gts-promotion,gts-hyperband]
 
 Every run trains for real (``partial_fit``, one epoch a step) on this machine's CPUs, and a paused
-run resumes from its pickled model. Printed per tool and order: the epochs trained and their share
-of the grid's, epochs trained twice (a resumed run that did not go on from its checkpoint), the
+run resumes from its pickled model. Printed per tool and order: the steps trained and their share
+of the grid's, steps trained twice (a resumed run that did not go on from its checkpoint), the
 sweep's wall time, and the best final validation loss among the runs trained to the last epoch,
 over the grid's best (1.000: the best configuration was kept). scikit-learn is installed into
 ``bench/.peers/`` when it does not import here.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import digits  # noqa: E402
+from _common import grid_order  # noqa: E402
 
 ASHA = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": digits.EPOCHS}
 TOOLS = {
@@ -37,18 +37,7 @@ TOOLS = {
 }
 
 
-def grid_order(name):
-    ascending = sorted(digits.CONFIGS)
-    if name == "ascending":
-        return ascending
-    if name == "descending":
-        return list(reversed(ascending))
-    shuffled = list(ascending)
-    random.Random(int(name.rsplit("-", 1)[1])).shuffle(shuffled)
-    return shuffled
-
-
-def one(tool, order_name, slots, folder):
+def one(tool, order_name, slots, passes, folder):
     from gpu_task_scheduler import GPUTaskScheduler
 
     journal = os.path.join(folder, "journal")
@@ -58,8 +47,8 @@ def one(tool, order_name, slots, folder):
             "result_root_folder": os.path.join(folder, "root"),
             "scheduler_log_file_path": None,
         },
-        "global_config": {"journal": journal},
-        "test_config": [{"lr": [lr], "width": [width]} for lr, width in grid_order(order_name)],
+        "global_config": {"journal": journal, "passes": passes},
+        "test_config": [{"lr": [lr], "width": [width]} for lr, width in grid_order(digits.CONFIGS, order_name)],
     }
     if TOOLS[tool] is not None:
         config["early_stop"] = {**TOOLS[tool], "reduction_factor": 3}
@@ -86,10 +75,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--passes", type=int, default=10, help="epochs a step (an epoch takes some 30 ms)")
     parser.add_argument("--one", nargs=3, metavar=("TOOL", "ORDER", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one[:2], args.slots, args.one[2])))
+        print(json.dumps(one(*args.one[:2], args.slots, args.passes, args.one[2])))
         return
     env = dict(os.environ)
     try:
@@ -102,15 +92,19 @@ def main():
             sys.exit("scikit-learn does not install here")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)
     total = len(digits.CONFIGS) * digits.EPOCHS
-    print(f"digits: {len(digits.CONFIGS)} configurations x {digits.EPOCHS} epochs ({total}), {args.slots} slots")
-    head = f"{'tool':<14} {'order':<11} {'epochs':>6} {'share':>6} {'twice':>6} {'wall s':>7} {'best':>8}"
+    print(
+        f"digits: {len(digits.CONFIGS)} configurations x {digits.EPOCHS} steps of {args.passes} epochs ({total} "
+        f"steps), {args.slots} slots"
+    )
+    head = f"{'tool':<14} {'order':<11} {'steps':>6} {'share':>6} {'twice':>6} {'wall s':>7} {'best':>8}"
     print(f"{head} {'/ grid':>7}")
     grid_best = None
     for tool in args.tools.split(","):
         for order_name in ("ascending", "descending", "shuffled-1"):
             with tempfile.TemporaryDirectory(prefix="gts-digits-") as folder:
                 done = subprocess.run(
-                    [sys.executable, __file__, "--slots", str(args.slots), "--one", tool, order_name, folder],
+                    [sys.executable, __file__, "--slots", str(args.slots), "--passes", str(args.passes)]
+                    + ["--one", tool, order_name, folder],
                     capture_output=True,
                     text=True,
                     cwd=folder,

@@ -47,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import curves  # noqa: E402
+from _common import grid_order  # noqa: E402
 
 TOOLS = ("grid", "gts-asha", "gts-promotion", "gts-hyperband", "ray-asha", "ray-hyperband", "optuna-sha")
 ASHA = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": curves.STEPS}
@@ -155,20 +156,12 @@ def run_optuna(order, journal, slots, step_seconds):
     return time.perf_counter() - start, {}
 
 
-def grid_order(name):
-    """``ascending`` (learning rates from the smallest), ``descending`` (as curves.py lists them), ``shuffled-N``."""
-    ascending = sorted(curves.CONFIGS)
-    if name == "ascending":
-        return ascending
-    if name == "descending":
-        return list(reversed(ascending))
-    return curves.order(int(name.rsplit("-", 1)[1]))
-
-
 def one(tool, order_name, slots, step_seconds, folder):
     """Run one tool on one order of the grid; its figures as JSON."""
     journal = os.path.join(folder, "journal")
-    order = grid_order(order_name)
+    # shuffled as bench/pausing_sim.py shuffles: the grid as curves.py lists it, by the seed
+    shuffled = order_name.startswith("shuffled-")
+    order = curves.order(int(order_name.rsplit("-", 1)[1])) if shuffled else grid_order(curves.CONFIGS, order_name)
     if tool in EARLY_STOP:
         wall, extra = run_gts(order, journal, slots, step_seconds, EARLY_STOP[tool])
     elif tool in ("ray-asha", "ray-hyperband"):

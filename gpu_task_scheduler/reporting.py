@@ -101,8 +101,7 @@ def report(step: float, **metrics: float) -> None:
     finally:
         os.close(fd)
     _wait_at_a_rung(step, metrics)
-    _raise_if_pruned()
-    _raise_if_paused()
+    _raise_if_told()
 
 
 _rungs: tuple[str, list[float]] | None = None  # (metric, rung steps), read once
@@ -148,16 +147,13 @@ def _read_rungs() -> tuple[str, list[float]]:
         return "", []
 
 
-def _raise_if_pruned() -> None:
-    global _pruned
+def _raise_if_told() -> None:
+    """Raise Pruned or Paused if the scheduler wrote why to the file the run was given for it."""
+    global _pruned, _paused
     cause = _told(PRUNE_ENV)
     if cause is not None:
         _pruned = cause or "pruned"
         raise Pruned(_pruned)
-
-
-def _raise_if_paused() -> None:
-    global _paused
     cause = _told(PAUSE_ENV)
     if cause is not None:
         _paused = cause or "paused"

@@ -153,6 +153,17 @@ def test_the_page_and_the_report_show_paused_runs_with_their_whole_curves(in_tmp
     assert "<option>paused</option>" in report_html(str(root))
 
 
+def test_a_changed_method_starts_its_decisions_again_and_paused_runs_go_on_from_their_checkpoints(in_tmp, caplog):
+    root = in_tmp / "r"
+    GPUTaskScheduler(_sweep(root, HYPERBAND), tasks.ResumingCurveTask).start()
+    paused = {name for name, row in ledger_rows(root).items() if row["status"] == "paused"}
+    summary = GPUTaskScheduler(_sweep(root, {**HYPERBAND, "reduction_factor": 2}), tasks.ResumingCurveTask).start()
+    assert summary.ok, summary.report()
+    assert "the early_stop method's keys changed since its decisions were recorded" in caplog.text
+    assert paused & set(summary.outcomes)  # judged again under the new keys
+    _no_step_twice(_steps(root))  # each went on from where it had paused
+
+
 def test_a_dry_run_says_which_runs_are_paused_and_where(in_tmp):
     from gpu_task_scheduler import Sweep
     from gpu_task_scheduler.engine.api import plan
@@ -276,23 +287,25 @@ def test_paused_is_a_base_exception_raised_by_report(tmp_path, monkeypatch):
 KILL_SEED = int(os.environ.get("GTS_KILL_SEED", "20261126"))
 
 
-def test_sigkill_at_random_moments_ends_in_the_state_an_uninterrupted_hyperband_reaches(in_tmp, no_leaked_processes):
+@pytest.mark.parametrize("early_stop", [HYPERBAND, PROMOTION], ids=["hyperband", "promotion"])
+def test_sigkill_at_random_moments_repeats_no_reported_step_and_tells_each_rung_once(
+    in_tmp, no_leaked_processes, early_stop
+):
     """Hyperband decides by values only (its rungs wait until full), so a sweep killed again and again
-    must end with the same runs succeeded and the same paused, and no step run twice after it was
-    reported (what a kill interrupts between a step and its report runs again, as the protocol says)."""
+    must end with the same runs succeeded and the same paused as an uninterrupted one; promotion ASHA
+    decides by the order runs reach a rung, so it must end with the best trained to the end and the
+    rest paused. Either way no step runs twice after it was reported (what a kill interrupts between
+    a step and its report runs again, as the protocol says), and each rung's value is told once."""
     rng = random.Random(KILL_SEED)
 
     def config(root):
-        return {
-            **_sweep(root, HYPERBAND, pause=0.01),
-            "early_stop": HYPERBAND,
-        }
+        return {**_sweep(root, early_stop, pause=0.03), "early_stop": early_stop}
 
     once = launch(config(in_tmp / "once"), "ResumingCurveTask")
     assert once.wait(timeout=120) == 0, finish(once)
     finish(once)
     expected = {name: row["status"] for name, row in ledger_rows(in_tmp / "once").items()}
-    assert set(expected.values()) == {"succeeded", "paused"}
+    assert set(expected.values()) == {"succeeded", "paused"} and expected[BEST] == "succeeded"
     root, kills = in_tmp / "r", 0
     for _ in range(12):  # killed until a start ends by itself
         scheduler = launch(config(root), "ResumingCurveTask")
@@ -309,7 +322,11 @@ def test_sigkill_at_random_moments_ends_in_the_state_an_uninterrupted_hyperband_
     output = finish(last, timeout=120)
     assert last.returncode == 0, output
     assert kills >= 4, f"only {kills} launches were killed; the sweep is too short"
-    assert {name: row["status"] for name, row in ledger_rows(root).items()} == expected
+    statuses = {name: row["status"] for name, row in ledger_rows(root).items()}
+    if early_stop is HYPERBAND:
+        assert statuses == expected
+    else:
+        assert set(statuses.values()) == {"succeeded", "paused"} and statuses[BEST] == "succeeded"
     for run, events in _steps(root).items():
         for index, event in enumerate(events):
             if event.startswith("resume "):  # from the last step it reported: the last journaled, or the one before

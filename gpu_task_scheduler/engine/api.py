@@ -78,7 +78,7 @@ def paused_runs(sweep: Sweep, ledger: Ledger | None) -> dict[str, float]:
         return {}
     from .pauses import Pauses
 
-    pauses = Pauses(sweep, ledger)
+    pauses = Pauses(sweep, ledger, read_only=True)
     return {name: rung for name in pauses.known() if (rung := pauses.paused_at(name)) is not None}
 
 

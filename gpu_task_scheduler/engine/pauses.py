@@ -19,6 +19,7 @@ new. A paused run that the method never promotes stays ``paused``, as a pruned r
 
 from __future__ import annotations
 
+import json
 import logging
 
 from ..records.ledger import Ledger
@@ -28,21 +29,41 @@ from ..tuning.trials import CONTINUE, PAUSE, Method, method_for
 
 logger = logging.getLogger("gpu_task_scheduler")
 
+KEYS_META = "trial_method_keys"  # the ledger's meta key for the keys of the methods its trial_events are of
+
 
 class Pauses:
-    def __init__(self, sweep: Sweep, ledger: Ledger, *, afresh: bool = False) -> None:
-        """``afresh``: every run starts again from step 0 (force_rerun): the history goes."""
+    def __init__(self, sweep: Sweep, ledger: Ledger, *, afresh: bool = False, read_only: bool = False) -> None:
+        """``afresh``: every run starts again from step 0 (force_rerun): the history goes.
+        ``read_only``: to say what a start would do (``--dry-run``), writing nothing."""
         self._ledger = ledger
-        self._methods: dict[str | None, Method] = {
-            stage: method_for(rule) for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)
-        }
+        rules = {stage: rule for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)}
+        self._methods: dict[str | None, Method] = {stage: method_for(rule) for stage, rule in rules.items()}
         self._stage_of: dict[str, str | None] = {}  # the runs the methods know: they began in a bracket
         self._ended: set[str] = set()
         self._specs: dict[str, RunSpec] = {}  # paused runs this start can resume (their specs seen)
-        if afresh:
+        # The methods' keys as the history was made with them: another method's history is no replay.
+        keys = json.dumps(
+            {
+                str(stage): [r.method, r.metric, r.mode, r.min_step, r.max_step, r.reduction_factor]
+                for stage, r in rules.items()
+            }
+        )
+        recorded = ledger.get_meta(KEYS_META)
+        if recorded not in (None, keys) and not afresh and self._methods:
+            logger.warning(
+                "the early_stop method's keys changed since its decisions were recorded (%s, now %s): it starts "
+                "again from what the runs reported, and a run it had paused resumes from its checkpoint as a new one",
+                recorded,
+                keys,
+            )
+            afresh = True
+        if afresh and not read_only:
             ledger.forget_trials()
-        else:
+        if not afresh:
             self._replay()
+        if self._methods and not read_only and recorded != keys:
+            ledger.set_meta(KEYS_META, keys)
 
     def __bool__(self) -> bool:
         return bool(self._methods)

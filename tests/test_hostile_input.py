@@ -147,7 +147,7 @@ def _ledger_with(root, sql):
 @pytest.mark.parametrize(
     "sql,message",
     [
-        ("UPDATE runs SET status = 'paused'", "status 'paused'.*newer version"),
+        ("UPDATE runs SET status = 'hibernating'", "status 'hibernating'.*newer version"),
         ("UPDATE meta SET value = '9' WHERE key = 'schema_version'", "schema version 9.*newer version"),
         ("ALTER TABLE runs DROP COLUMN status", "no column status"),
     ],

@@ -122,6 +122,28 @@ def test_a_pausing_sweep_resumes_runs_from_their_checkpoints_and_runs_nothing_ag
     assert (root.parent / "r.journal").read_text() == journal
 
 
+def test_the_live_status_line_counts_a_paused_run_apart_until_it_is_resumed():
+    import io
+
+    from gpu_task_scheduler.cli.progress import LiveStatus
+    from gpu_task_scheduler.engine.summary import RunOutcome
+    from gpu_task_scheduler.gpu.devices import Slot
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    live = LiveStatus(3, io.StringIO(), width=200)
+    runs = list(Sweep({"scheduler_config": {"gpu": ["cpu"]}, "test_config": [{"a": [1, 2, 3]}]}))
+    live.on_skip(runs[2])  # paused at an earlier start
+    live.on_run_start(runs[0], Slot("cpu0", ()))
+    live.on_run_end(RunOutcome(name=runs[0].name, work_dir="", status=RunStatus.PAUSED, duration=1.0))
+    assert "0 done, 0 failed, 1 paused, 0 running, 1 pending, 1 skipped" in live.line()  # not failed
+    live.on_run_start(runs[0], Slot("cpu0", ()))  # promoted
+    live.on_run_start(runs[2], Slot("cpu1", ()))  # promoted too
+    assert "0 done, 0 failed, 2 running, 1 pending, 0 skipped" in live.line()
+    live.on_run_end(RunOutcome(name=runs[0].name, work_dir="", status=RunStatus.SUCCEEDED, duration=3.0))
+    assert "1 done, 0 failed, 1 running, 1 pending" in live.line()
+    live.close()
+
+
 def test_a_paused_run_is_shown_as_paused_by_status_and_results(in_tmp):
     root = in_tmp / "r"
     GPUTaskScheduler(_sweep(root, HYPERBAND), tasks.ResumingCurveTask).start()

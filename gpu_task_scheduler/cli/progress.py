@@ -49,6 +49,8 @@ class LiveStatus(Hooks):
         self.started = time.monotonic()
         self.running: dict[str, str] = {}  # run name -> slot name, in start order
         self.done = self.failed = self.interrupted = self.pruned = self.skipped = 0
+        self.paused: set[str] = set()  # paused by a pausing early_stop method: its method may resume them
+        self._skipped: set[str] = set()  # a skipped run may start after all (a paused one its method resumes)
         self.durations: list[float] = []
         self.parallel = 1  # the most runs seen running at once: the sweep's parallelism, for the ETA
         self._tick = tick
@@ -61,7 +63,7 @@ class LiveStatus(Hooks):
     # --- the line ---------------------------------------------------------------------
 
     def line(self) -> str:
-        finished = self.done + self.failed + self.interrupted + self.pruned + self.skipped
+        finished = self.done + self.failed + self.interrupted + self.pruned + self.skipped + len(self.paused)
         pending = max(0, self.total - finished - len(self.running))
         elapsed = time.monotonic() - self.started
         eta = "?"
@@ -77,6 +79,8 @@ class LiveStatus(Hooks):
             counts += f"{self.interrupted} interrupted, "
         if self.pruned:
             counts += f"{self.pruned} stopped early, "
+        if self.paused:
+            counts += f"{len(self.paused)} paused, "
         counts += f"{len(self.running)} running, {pending} pending, {self.skipped} skipped"
         return f"[gts] {counts} | {clock_text(elapsed)} elapsed, ETA {eta}" + (f" | {where}" if where else "")
 
@@ -130,6 +134,10 @@ class LiveStatus(Hooks):
 
     def on_run_start(self, spec: RunSpec, slot: Slot) -> None:
         self.running[spec.name] = slot.name
+        self.paused.discard(spec.name)  # resumed
+        if spec.name in self._skipped:  # skipped as paused, then resumed
+            self._skipped.discard(spec.name)
+            self.skipped -= 1
         self.parallel = max(self.parallel, len(self.running))
         self._start_ticking()
         self._draw()
@@ -142,14 +150,21 @@ class LiveStatus(Hooks):
             self.interrupted += 1
         elif outcome.status is RunStatus.PRUNED:
             self.pruned += 1
+        elif outcome.status is RunStatus.PAUSED:
+            self.paused.add(outcome.name)
         else:
             self.failed += 1
-        if outcome.duration is not None and outcome.status not in (RunStatus.INTERRUPTED, RunStatus.PRUNED):
+        if outcome.duration is not None and outcome.status not in (
+            RunStatus.INTERRUPTED,
+            RunStatus.PRUNED,
+            RunStatus.PAUSED,
+        ):
             self.durations.append(outcome.duration)
         self._draw()
 
     def on_skip(self, spec: RunSpec) -> None:
         self.skipped += 1
+        self._skipped.add(spec.name)
         self._draw()
 
     def on_sweep_end(self, summary: SweepSummary) -> None:

@@ -10,6 +10,7 @@ The loop starts what :meth:`Starts.next` gives it; everything else a run that do
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..gpu.capacity import Capacity
 from ..gpu.placement import Need
@@ -19,9 +20,11 @@ from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
 from .decide import Decision, before_run
 from .outcomes import Records
-from .pauses import Pauses
 from .pending import Pending, RunQueue, Waits, failure_words
 from .summary import SweepSummary
+
+if TYPE_CHECKING:  # made by the early_stop rules' Stopper, where a sweep pauses runs (their math: 4 ms a start)
+    from .pauses import Pauses
 
 logger = logging.getLogger("gpu_task_scheduler")
 

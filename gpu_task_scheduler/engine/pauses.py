@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+from collections.abc import Iterable, Iterator
 
 from ..records.ledger import Ledger
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.stopping import Pausing
-from ..tuning.trials import CONTINUE, PAUSE, Method, method_for
+from ..tuning.trials import CONTINUE, PAUSE, Method, PromotionAsha, method_for
 
 logger = logging.getLogger("gpu_task_scheduler")
 
+DRAW_SEED = 20261126  # the order promotion ASHA draws a grid's configurations in (Pauses.drawn)
 KEYS_META = "trial_method_keys"  # the ledger's meta key for the keys of the methods its trial_events are of
 
 
@@ -68,8 +71,24 @@ class Pauses:
     def __bool__(self) -> bool:
         return bool(self._methods)
 
+    def drawn(self, runs: Iterable[RunSpec]) -> Iterator[RunSpec]:
+        """A grid's runs in the order promotion ASHA takes them as new configurations: drawn at
+        random, by a fixed seed (the same order at every start). ASHA promotes a run that is in the
+        top of what its rung has seen so far, which assumes configurations come at random; a grid
+        written from its worst configuration up (learning rates ascending, say) would make each new
+        one the best yet, and promote them all. Hyperband judges a rung once it is full: the order
+        it takes them in decides nothing, so it takes them as written."""
+        specs = list(runs)
+        random.Random(DRAW_SEED).shuffle(specs)
+        return iter(specs)
+
+    @property
+    def draws_at_random(self) -> bool:
+        """Whether the sweep's one method takes a grid's configurations in a drawn order (:meth:`drawn`)."""
+        return list(self._methods) == [None] and isinstance(self._methods[None], PromotionAsha)
+
     def _replay(self) -> None:
-        skipped = 0
+        skipped = differed = 0
         for event in self._ledger.trial_events():
             if event.kind == "closed":
                 for method in self._methods.values():
@@ -90,7 +109,8 @@ class Pauses:
                     if event.step is None or event.value is None or event.rung is None:
                         skipped += 1
                     elif method.rung_reached(name, event.step) == event.rung:
-                        method.report(name, event.rung, event.value)
+                        if method.report(name, event.rung, event.value) != event.decision:
+                            differed += 1  # the same events give the same decisions: changed by hand?
                 elif event.kind == "resumed":
                     if name in method.paused:
                         method.resumed(name)
@@ -99,6 +119,12 @@ class Pauses:
                     self._ended.add(name)
             except (ValueError, IndexError, KeyError):  # an event of another rule (its keys changed since)
                 skipped += 1
+        if differed:
+            logger.warning(
+                "%d recorded decision(s) of the early_stop method differ from what its recorded events decide now "
+                "(was the ledger changed by hand?): it goes on from what the events decide",
+                differed,
+            )
         if skipped:
             logger.warning(
                 "%d recorded event(s) of the early_stop method do not fit it as it is now (were its keys changed?); "

@@ -33,7 +33,10 @@ class Starts:
     def __init__(self, sweep: Sweep, records: Records, known: RootIndex, pauses: Pauses | None = None) -> None:
         """``pauses``: the sweep's pausing early_stop methods, which resume paused runs before anything new."""
         self._sweep, self._options, self._records, self._known = sweep, sweep.options, records, known
-        self.queue = RunQueue(sweep.runs(known.foreign))
+        runs = sweep.runs(known.foreign)
+        if pauses and pauses.draws_at_random and sweep.search is None:  # a grid's order must not decide
+            runs = pauses.drawn(runs)
+        self.queue = RunQueue(runs)
         self._waits = Waits(sweep, records.ledger)
         self._waiting_for: str | None = None  # the last "waiting to start ..." said
         self._pauses = pauses if pauses else None

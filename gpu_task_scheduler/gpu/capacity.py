@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..errors import GTSError
 from .devices import Slot, discover_slots, format_memory, gpu_ids, open_monitor
@@ -35,10 +35,58 @@ from .placement import (
 )
 from .shared import STARTING, Held, Publisher, SharedReservations, process_user
 
-if TYPE_CHECKING:  # the options are read, never built, here: gpu/ does not depend on sweep/
+if TYPE_CHECKING:
     from random import Random
 
-    from ..sweep.options import SchedulerOptions
+
+class SchedulerOptions(Protocol):
+    """What capacity reads of a sweep's options (``sweep/options.py``'s SchedulerOptions has it):
+    the options are read, never built, here, and gpu/ does not depend on sweep/."""
+
+    @property
+    def slots(self) -> tuple[Slot, ...] | None: ...
+
+    @property
+    def result_root_folder(self) -> str: ...
+
+    @property
+    def max_runs_per_gpu(self) -> int: ...
+
+    @property
+    def share_gpu_reservations(self) -> bool: ...
+
+    @property
+    def cpu_fallback(self) -> int: ...
+
+    @property
+    def max_host_cpu_percent(self) -> float | None: ...
+
+    @property
+    def min_host_free_memory(self) -> int | None: ...
+
+    @property
+    def min_free_gpu_memory(self) -> int | None: ...
+
+    @property
+    def memory_margin(self) -> int: ...
+
+    @property
+    def learn_gpu_memory(self) -> str | None: ...
+
+    @property
+    def placement(self) -> str: ...
+
+    @property
+    def busy_memory_fraction(self) -> float | None: ...
+
+    @property
+    def busy_utilization(self) -> float | None: ...
+
+    @property
+    def idle_holder_after(self) -> float: ...
+
+    def memory_need(self, config: Mapping[str, Any]) -> int | None: ...
+
 
 logger = logging.getLogger("gpu_task_scheduler")
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 def process_stat(pid: int) -> tuple[str, int, int] | None:
     """``(state, parent pid, start time in clock ticks)`` of a process, or None when it is gone.
-    (The run's own process has its own reader, ``backends/local/proctree.py``: it imports no
+    (The run's own process has its own reader, ``proctree.py``: it imports no
     more of the package than it must.)"""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:

@@ -1181,7 +1181,7 @@ class SweepLock:
             return "unknown"
 
     def _take_over_from_leftovers(self, fd: int) -> None:
-        from ..backends.local.proctree import TOKEN_ENV, environ_has, holders, kill_all, wait_gone
+        from ..proctree import TOKEN_ENV, environ_has, holders, kill_all, wait_gone
 
         holder = self.holder()
         busy = SchedulerBusyError(

@@ -25,10 +25,23 @@ import ssl
 import subprocess
 from collections.abc import Mapping, Sequence
 from email.message import EmailMessage
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # the engine calls these at a sweep's end; reports/ does not depend on the engine
-    from ..engine.summary import SweepSummary
+
+class SweepSummary(Protocol):
+    """What is sent of a sweep's end (``engine/summary.py``'s SweepSummary has it): the engine calls
+    these at a sweep's end, and reports/ does not depend on the engine."""
+
+    @property
+    def interrupted_by(self) -> str | None: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+    def report(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
 
 logger = logging.getLogger("gpu_task_scheduler")
 NOTIFY_TIMEOUT = 60.0

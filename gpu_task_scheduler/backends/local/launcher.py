@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
 from ...gpu_task import GPUTask
+from ...proctree import wait_gone
 from .keeper import Keeper
 from .keeper import available as keeper_available
 from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, prepare_attempt
 from .process import Child
-from .proctree import wait_gone
 from .reaper import REAPER, Reaper
 
 if TYPE_CHECKING:  # imported where prewarm starts one: a sweep without prewarm never needs it (socket, 2 ms)

@@ -9,7 +9,7 @@ child's runner kills its group (see ``runner.py``). Nothing outlives the
 scheduler.
 
 Processes that leave the group (``setpgrp()``, daemons) are found through the
-run's session and the run token in their environment (``proctree.py``) and
+run's session and the run token in their environment (``gpu_task_scheduler/proctree.py``) and
 stopped with the group; those that could not be stopped are reported.
 
 A child is started with ``posix_spawn`` (``Popen`` where that cannot be done).
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
 from ...records.paths import open_regular
 from .keeper import FORKED_ENV, KEEPER_ENV, Keeper
-from .proctree import TOKEN_ENV, kill_all, last_pid, run_processes, start_time, wait_gone
 from .reaper import REAPER, Reaper
 
 if TYPE_CHECKING:  # imported where posix_spawn is missing (2 ms of a start with it)

@@ -38,10 +38,10 @@ from types import ModuleType
 from typing import Any
 
 # imported up front: nothing slow may stand between main() and its record
+from ...proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 from ...records.paths import MAX_INLINE_RESULT, atomic_write
 from ...records.protocol import RESULT_FILE, Outcome, RunStart
 from ...reporting import Paused, Pruned, paused_cause, pruned_cause
-from .proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 
 EXIT_OK = 0
 EXIT_FAILED = 1

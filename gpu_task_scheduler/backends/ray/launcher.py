@@ -55,13 +55,13 @@ from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchEr
 from ...errors import GTSError, install_hint
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
+from ...proctree import descendants
 from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write
 from ...sweep.options import SchedulerOptions
 from ..local.keeper import KEEPER_ENV, Keeper
 from ..local.keeper import available as keeper_available
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
-from ..local.proctree import descendants
 from ..supervisor import remote_run
 from . import remote
 

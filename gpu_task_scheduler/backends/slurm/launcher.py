@@ -55,6 +55,7 @@ from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchEr
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
+from ...proctree import wait_gone
 from ...recordclass import Record, field
 from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write, read_json
@@ -62,7 +63,6 @@ from ...records.status import RunStatus
 from ...sweep.options import SchedulerOptions
 from ...sweep.slurm import SlurmOptions
 from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
-from ..local.proctree import wait_gone
 from ..supervisor import log_line, remote_run
 from . import commands, throttle
 from . import task as task_module

@@ -114,6 +114,13 @@ def test_a_pausing_sweep_resumes_runs_from_their_checkpoints_and_runs_nothing_ag
     assert any(e.startswith("resume ") for events in runs.values() for e in events)
     assert sum(e.startswith("step") for events in runs.values() for e in events) <= 0.6 * 27 * 9
     rows = ledger_rows(root)
+    # The ledger's summary of a resumed run is of its whole curve: its max is its first step's loss.
+    assert json.loads(rows[BEST]["metrics"])["loss"] == {
+        "last": pytest.approx(0.1 + 0.9 * 0.5**27),
+        "step": 27,
+        "min": pytest.approx(0.1 + 0.9 * 0.5**27),
+        "max": pytest.approx(0.55),
+    }
     for outcome in summary.paused:
         assert rows[outcome.name]["status"] == "paused"
         assert rows[outcome.name]["cause"].startswith("paused at rung ")

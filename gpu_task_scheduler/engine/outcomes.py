@@ -18,7 +18,7 @@ from ..gpu.devices import Slot
 from ..jsonable import to_jsonable
 from ..layout import RESULT_FILE
 from ..records.ledger import Ledger
-from ..records.metrics import MetricsReader, read_all
+from ..records.metrics import MetricsReader, attempt_files, read_all, run_summary
 from ..records.paths import MAX_INLINE_RESULT, RunPaths, atomic_write_json, read_json
 from ..records.prior import Prior, adopt
 from ..records.protocol import Outcome
@@ -253,6 +253,8 @@ class Records:
         if exit.facts.unsafe is None:  # what it reported as it trained, within bounds
             reader = reader or read_all(paths.metrics)
             metrics = reader.summary_json()
+            if len(attempt_files(paths)) > 1:  # its curve spans attempts (a resumed run's does)
+                metrics = run_summary(paths)
             if reader.problem is not None:
                 logger.warning("%s reported metrics the scheduler skips: %s", spec.name, reader.problem)
         result = None if end.result is None else json.dumps(end.result)

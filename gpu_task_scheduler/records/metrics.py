@@ -256,6 +256,21 @@ def run_points(paths: RunPaths) -> list[Point]:
     return stitch([read_all(path, keep_points=True).points or [] for path in attempt_files(paths)])
 
 
+def run_summary(paths: RunPaths) -> str | None:
+    """The ledger's summary of what the run reported (as :meth:`MetricsReader.summary_json`), across
+    its attempts (:func:`stitch`): a resumed run's ``min`` and ``max`` are of its whole curve."""
+    summary: dict[str, dict[str, float]] = {}
+    for step, metrics in run_points(paths):
+        for name, value in metrics.items():
+            kept = summary.get(name)
+            if kept is None:
+                if len(summary) < MAX_METRICS:
+                    summary[name] = {"last": value, "step": step, "min": value, "max": value}
+            else:
+                kept.update(last=value, step=step, min=min(kept["min"], value), max=max(kept["max"], value))
+    return json.dumps(summary, sort_keys=True) if summary else None
+
+
 def run_curve(paths: RunPaths, *, most: int = CURVE_POINTS) -> list[Point]:
     """:func:`sample_curve` of the run across its attempts (:func:`stitch`), at most ``most`` points."""
     curve = stitch([sample_curve(path, most=most) for path in attempt_files(paths)])

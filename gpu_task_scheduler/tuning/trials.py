@@ -37,9 +37,10 @@ Hyperband            27 % in every order; 1.000  48 % in every order; 1.038
 
 Asynchronous promotion bounds what it promotes by what its rung has seen, not by the grid: every
 new configuration of a grid listed from its worst up is the best yet and is promoted as it
-arrives (the "ascending" column above). ASHA assumes configurations come at random, so the
-engine gives it a grid's configurations in a drawn order (``engine/pauses.Pauses.drawn``). Hyperband's synchronous brackets judge no run before all it is judged against are seen,
-so the grid's order changes nothing but which configuration lands in which bracket.
+arrives (the first, ascending, share of each cell above). ASHA assumes configurations come at random, so the
+engine gives it a grid's configurations in a drawn order (``engine/pauses.Pauses.drawn``).
+Hyperband's synchronous brackets judge no run before all it is judged against are seen, so the
+grid's order changes nothing but which configuration lands in which bracket.
 
 Given the same events in the same order, a method decides the same: the engine rebuilds one at
 each start by replaying what its ledger recorded (which run began in which bracket, each value

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -198,12 +199,28 @@ def peer_path(tool):
         return pip_peer(package, module)
 
 
+def run_one(argv, folder, env, timeout):
+    """One tool on one order in a process group of its own; None when it did not end within
+    ``timeout`` seconds (the group, a peer's workers and servers included, is then killed)."""
+    child = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder, env=env, start_new_session=True
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return None
+    return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=1, help="shuffled orders, besides ascending and descending")
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--step-seconds", type=float, default=0.05)
     parser.add_argument("--tools", default=",".join(TOOLS), help=f"some of {', '.join(TOOLS)}")
+    parser.add_argument("--row-timeout", type=float, default=600, help="seconds one tool may take on one order")
     parser.add_argument("--one", nargs=3, metavar=("TOOL", "ORDER", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -227,9 +244,12 @@ def main():
         for order_name in orders:
             with tempfile.TemporaryDirectory(prefix="gts-es-") as folder:
                 argv = [sys.executable, __file__, "--slots", str(args.slots), "--step-seconds", str(args.step_seconds)]
-                done = subprocess.run(
-                    [*argv, "--one", tool, order_name, folder], capture_output=True, text=True, cwd=folder, env=env
-                )
+                done = run_one([*argv, "--one", tool, order_name, folder], folder, env, args.row_timeout)
+                if done is None:
+                    with open(os.path.join(folder, "journal")) as handle:
+                        steps = sum(1 for _ in handle)
+                    print(f"{tool:<14} {order_name:<11} did not end within {args.row_timeout:g}s ({steps} steps run)")
+                    continue
             if done.returncode != 0:
                 print(f"{tool} {order_name}: failed\n{done.stderr[-3000:]}")
                 continue

@@ -211,6 +211,30 @@ def test_a_changed_method_starts_its_decisions_again_and_paused_runs_go_on_from_
     _no_step_twice(_steps(root))  # each went on from where it had paused
 
 
+def test_a_run_paused_for_good_blocks_the_runs_that_depend_on_it_and_a_promoted_one_lets_them_run(in_tmp):
+    root = in_tmp / "r"
+    config = _sweep(root, HYPERBAND)
+    del config["test_config"], config["early_stop"]
+    config["stages"] = [
+        {"name": "train", "test_config": CURVES, "early_stop": HYPERBAND},
+        {"name": "eval", "after": "train", "test_config": CURVES, "global_config": {"steps": 1}},
+    ]
+    summary = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert summary.paused and summary.exit_code == 1  # blocked runs are not a clean sweep, as with pruned ones
+    for outcome in summary.paused:
+        blocked = summary.outcomes[outcome.name.replace("train.", "eval.", 1)]
+        assert (
+            blocked.status is RunStatus.BLOCKED
+            and f"{outcome.name} is paused (not promoted by its early_stop method)" in blocked.cause
+        )
+    trained = [o.name for o in summary.succeeded if o.name.startswith("train.")]
+    assert trained and all(
+        summary.outcomes[n.replace("train.", "eval.", 1)].status is RunStatus.SUCCEEDED for n in trained
+    )
+    again = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()  # the paused runs are skipped, and still block
+    assert {o.name for o in again.blocked} == {o.name for o in summary.blocked} and not again.succeeded
+
+
 def test_a_dry_run_says_which_runs_are_paused_and_where(in_tmp):
     from gpu_task_scheduler import Sweep
     from gpu_task_scheduler.engine.api import plan

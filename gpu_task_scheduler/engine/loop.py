@@ -202,9 +202,13 @@ class Scheduler:
         return None if not deadlines else max(0.0, min(deadlines) - self._clock())
 
     def _fill(self) -> None:
-        while (start := self._starts.next(self.setup())) is not None:
-            self._launch(*start)
-        self._starts.filled(self.setup(), running=bool(self._running), queue_places=self._abilities.queue_places)
+        while True:  # again when what was filled let waiting runs go on (Starts.filled)
+            while (start := self._starts.next(self.setup())) is not None:
+                self._launch(*start)
+            if not self._starts.filled(
+                self.setup(), running=bool(self._running), queue_places=self._abilities.queue_places
+            ):
+                return
 
     # --- starting and ending runs ----------------------------------------------
 

@@ -255,6 +255,7 @@ def failure_words(status: RunStatus, cause: str | None) -> str:
         RunStatus.BLOCKED: "is blocked",
         RunStatus.TIMED_OUT: "timed out",
         RunStatus.PRUNED: "was stopped early",
+        RunStatus.PAUSED: "is paused",
     }.get(status, str(status))
     first = (cause or "").strip().splitlines()[0][:200] if cause and cause.strip() else ""
     return f"{words} ({first})" if first and status is not RunStatus.BLOCKED else words

@@ -117,16 +117,21 @@ class Starts:
             self._records.summary.skipped.remove(spec.name)
         return item, *placed
 
-    def filled(self, capacity: Capacity, *, running: bool, queue_places: bool) -> None:
+    def filled(self, capacity: Capacity, *, running: bool, queue_places: bool) -> bool:
         """What follows starting all that could start: runs that can never start are blocked, and a
         slot that ran its last run says it finished (not places in a cluster's queue: not worth a
-        line each)."""
+        line each). True when paused runs no method promotes were settled: the runs that waited for
+        them may start (or be blocked) now, so the caller fills again."""
+        released = False
         if not running:
             if self._pauses is not None and self.queue.head() is None:
                 for spec in self._pauses.stuck():  # no method promotes them now: what waits for them goes on
-                    self._settle_waits(spec, RunStatus.PAUSED, "is paused and was not promoted")
+                    released = True
+                    self._settle_waits(spec, RunStatus.PAUSED, "not promoted by its early_stop method")
                     if self._sweep.search is not None:  # told its value at the highest rung it reached
                         self._sweep.settled(spec, RunStatus.PAUSED.value, self._records.ledger.get(spec.name))
+            if released:
+                return True
             for item in self.queue.stranded():  # cannot happen in a sweep built by Sweep; never wait forever
                 self._block(item.spec, "its dependencies never settled in this start")
         if not self.queue.taking:
@@ -134,6 +139,7 @@ class Starts:
             for slot in capacity.newly_idle():
                 if not queue_places:
                     logger.info("%s finished", slot.name)
+        return False
 
     def settle(self, spec: RunSpec, status: RunStatus, cause: str | None = None) -> None:
         """``spec`` will not run again in this start: the runs waiting for it go on (or are blocked).

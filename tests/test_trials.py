@@ -215,3 +215,19 @@ def test_a_rung_above_one_not_yet_judged_is_not_full_however_empty():
     assert method.next(more_new=False) == Next("resume", "b", 1.0, 0)
     method.resumed("b")
     assert method.report("b", 3.0, 0.2) == CONTINUE  # alone at rung 3, where it was the one expected
+
+
+def test_with_the_whole_grid_begun_at_once_a_rung_promotes_its_best_only_once_no_running_run_can_reach_it():
+    """A grid no larger than the slots (or a cluster's queue places) has no more new runs from the
+    start: a rung promotes at least its best only once every running run has recorded a value there,
+    not the first to arrive (seen on Slurm: the worse of three went on, the best paused)."""
+    method = asha()
+    for run in "abc":
+        method.began(run, 0)
+    method.close()
+    assert [method.report(run, 1.0, value) for run, value in zip("abc", (0.5, 0.3, 0.4), strict=True)] == [PAUSE] * 3
+    assert method.next(more_new=False) == Next("resume", "b", 1.0, 0)
+    method.resumed("b")
+    assert method.report("b", 3.0, 0.2) == CONTINUE  # alone at rung 3, and no running run can reach it
+    assert method.report("b", 9.0, 0.1) == CONTINUE
+    assert method.next(more_new=False) == Next("none") and method.paused == {"a": 1.0, "c": 1.0}

@@ -95,12 +95,12 @@ class _Bracket:
         self.values: list[dict[str, float]] = [{} for _ in rungs]  # rung index -> run -> value there
         self.promoted: list[set[str]] = [set() for _ in rungs]  # rung index -> runs promoted from it
 
-    def promotable(self, index: int, closed: bool = False) -> list[str]:
+    def promotable(self, index: int, complete: bool = False) -> list[str]:
         """The runs at rung ``index`` in its top ``floor(n / factor)`` not yet promoted from it, best
-        first; ``closed`` (the sweep has no more new configurations), at least the best one, so that a
+        first; ``complete`` (no run can still record a value there), at least the best one, so that a
         grid smaller than ``factor**rungs`` still trains its best to ``max_step``."""
         recorded = self.values[index]
-        keep = math.floor(len(recorded) / self.factor) or (1 if closed and recorded else 0)
+        keep = math.floor(len(recorded) / self.factor) or (1 if complete and recorded else 0)
         if keep < 1:
             return []
         ranked = sorted(recorded, key=lambda run: (recorded[run] if self.lower else -recorded[run], run))
@@ -124,13 +124,17 @@ class PromotionAsha:
         self._bracket_of: dict[str, int] = {}
         self._paused: dict[str, int] = {}  # run -> the rung index (in its bracket) it waits at
         self._new = 0  # configurations begun: the next one goes to bracket _new % len(brackets)
-        self._closed = False  # no more new configurations: every rung promotes at least its best
+        self._members: list[list[str]] = [[] for _ in self._brackets]  # bracket -> its runs
+        self._ended: set[str] = set()
+        # No more new configurations: a rung no running run can still reach promotes at least its best.
+        self._closed = False
 
     # --- what the engine tells it -------------------------------------------------------
 
     def began(self, run: str, bracket: int) -> None:
         """``run`` is a new configuration, started in ``bracket`` (as :meth:`next` said)."""
         self._bracket_of[run] = bracket
+        self._members[bracket].append(run)
         self._new += 1
 
     def rung_reached(self, run: str, step: float) -> float | None:
@@ -149,7 +153,7 @@ class PromotionAsha:
         index = bracket.rungs.index(rung)
         bracket.values[index][run] = value
         owed = self._owed()
-        if run in bracket.promotable(index, self._closed) and not (owed and owed[0][0] < -rung):
+        if run in bracket.promotable(index, self._complete(number, index, {})) and not (owed and owed[0][0] < -rung):
             bracket.promoted[index].add(run)
             return CONTINUE
         self._paused[run] = index
@@ -163,6 +167,7 @@ class PromotionAsha:
     def ended(self, run: str) -> None:
         """``run`` ended (it reached ``max_step``, failed, or was stopped): it waits for nothing."""
         self._paused.pop(run, None)
+        self._ended.add(run)
 
     # --- what it decides -------------------------------------------------------------------
 
@@ -181,11 +186,24 @@ class PromotionAsha:
         return Next("none")
 
     def close(self) -> bool:
-        """No more new configurations: from now on every rung promotes at least its best run (the
-        paper's ASHA assumes an endless stream; a grid ends, and its best must reach ``max_step``).
-        Whether this changed anything."""
+        """No more new configurations: from now on a rung that no running run can still reach
+        promotes at least its best run (the paper's ASHA assumes an endless stream; a grid ends, and
+        its best must reach ``max_step``). Whether this changed anything."""
         changed, self._closed = not self._closed, True
         return changed
+
+    def _complete(self, number: int, index: int, known: dict[tuple[int, int], bool]) -> bool:
+        """Whether no run can still record a value at rung ``index`` of bracket ``number``: the sweep
+        has no more new configurations, and every run of the bracket that is running (neither paused
+        nor ended) has a value there (``known``: answers of this decision, kept)."""
+        if not self._closed:
+            return False
+        if (number, index) not in known:
+            values = self._brackets[number].values[index]
+            known[number, index] = all(
+                run in values or run in self._paused or run in self._ended for run in self._members[number]
+            )
+        return known[number, index]
 
     @property
     def paused(self) -> Mapping[str, float]:
@@ -197,10 +215,11 @@ class PromotionAsha:
         rung step first, then the best value, then the name (so that the order is the same at every
         replay): ``(-step, signed value, run, bracket, rung index)``."""
         owed = []
+        known: dict[tuple[int, int], bool] = {}
         for run, index in self._paused.items():
             number = self._bracket_of.get(run, 0)
             bracket = self._brackets[number]
-            if run in bracket.promotable(index, self._closed):
+            if run in bracket.promotable(index, self._complete(number, index, known)):
                 value = bracket.values[index][run]
                 owed.append((-bracket.rungs[index], value if self.mode == "min" else -value, run, number, index))
         return sorted(owed)

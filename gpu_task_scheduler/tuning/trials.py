@@ -48,9 +48,9 @@ at a rung, each promotion, each end, and when the sweep had no more new configur
 ``engine/pauses.py``), then goes on. Nothing here reads a clock, a file or a random number.
 
 A grid ends, where the paper's stream of configurations does not: once the sweep has no more new
-ones (:meth:`close`), promotion ASHA promotes at least the best run of every rung, so that a grid
-smaller than ``reduction_factor ** rungs`` still trains its best to ``max_step``; Hyperband's
-brackets take no more runs, so that their rungs fill.
+ones (:meth:`close`), promotion ASHA promotes at least the best run of a rung that no running run
+can still reach, so that a grid smaller than ``reduction_factor ** rungs`` still trains its best to
+``max_step``; Hyperband's brackets take no more runs, so that their rungs fill.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from typing import Any, TypeGuard
 from ..errors import ConfigError, unknown_key_message
 from ..recordclass import Record, field
 from .space import Distribution, parse_distribution
+from .stopping import metric_and_mode
 
 KEYS = (
     "metric",
@@ -94,12 +95,7 @@ def parse_pbt(raw: Any, where: str = "pbt") -> PbtConfig | None:
     for key in raw:
         if key not in KEYS:
             raise ConfigError(unknown_key_message(where, key, KEYS))
-    metric = raw.get("metric")
-    if not isinstance(metric, str) or not metric or metric == "step":
-        raise ConfigError(f"{where}: metric must name a reported metric, {EXAMPLE}; got {metric!r}")
-    mode = raw.get("mode")
-    if mode not in ("min", "max"):
-        raise ConfigError(f"{where}: mode must be min (lower is better) or max (higher is better); got {mode!r}")
+    metric, mode = metric_and_mode(raw, where)
     interval = raw.get("interval")
     if not _number(interval) or interval <= 0:
         raise ConfigError(

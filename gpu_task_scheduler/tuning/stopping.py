@@ -254,6 +254,17 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def metric_and_mode(raw: Mapping[str, Any], where: str) -> tuple[str, str]:
+    """A rule's ``metric`` (a reported metric's name) and ``mode`` (``min`` or ``max``), checked."""
+    metric = raw.get("metric")
+    if not isinstance(metric, str) or not metric or metric == "step":
+        raise ConfigError(f"{where}: metric must name a reported metric, e.g. loss; got {metric!r}")
+    mode = raw.get("mode")
+    if mode not in ("min", "max"):
+        raise ConfigError(f"{where}: mode must be min (lower is better) or max (higher is better); got {mode!r}")
+    return metric, mode
+
+
 def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pausing | None:
     """The rule an ``early_stop`` value asks for (None for none); ConfigError with the fix otherwise."""
     if raw is None:
@@ -267,12 +278,7 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pau
     for key in raw:
         if key not in _KEYS[method]:
             raise ConfigError(unknown_key_message(f"{where} (method {method})", key, _KEYS[method]))
-    metric = raw.get("metric")
-    if not isinstance(metric, str) or not metric or metric == "step":
-        raise ConfigError(f"{where}: metric must name a reported metric, e.g. loss; got {metric!r}")
-    mode = raw.get("mode")
-    if mode not in ("min", "max"):
-        raise ConfigError(f"{where}: mode must be min (lower is better) or max (higher is better); got {mode!r}")
+    metric, mode = metric_and_mode(raw, where)
     min_step = raw.get("min_step", 1)
     if not _number(min_step) or min_step <= 0:
         raise ConfigError(f"{where}: min_step must be a number above 0; got {min_step!r}")

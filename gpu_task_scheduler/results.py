@@ -285,10 +285,35 @@ def best(root: str, key: str, *, maximize: bool = False, stage: str | None = Non
     return ranked[0] if ranked and metric(ranked[0], key) is not None else None
 
 
+# Student's t distribution's 0.975 quantile by degrees of freedom: 1 to 30, then 40, 60, 120 and
+# infinity (the normal's); between them, interpolated in 1/df (within 0.001 of the exact value).
+_T975: tuple[float, ...] = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
+_T975 += (2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052)
+_T975 += (2.048, 2.045, 2.042)
+_T975_BEYOND = ((30, 2.042), (40, 2.021), (60, 2.000), (120, 1.980), (math.inf, 1.960))
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom: a 95 % confidence
+    interval of a mean of ``df + 1`` values is the mean +- t975(df) * std / sqrt(df + 1).
+
+    >>> t975(2), t975(30), round(t975(50), 3), t975(10**9) > 1.959
+    (4.303, 2.042, 2.008, True)
+    """
+    if df <= len(_T975):
+        return _T975[df - 1]
+    for (low, at_low), (high, at_high) in zip(_T975_BEYOND, _T975_BEYOND[1:], strict=False):
+        if df <= high:
+            share = (1 / low - 1 / df) / (1 / low - (0 if high == math.inf else 1 / high))
+            return at_low + (at_high - at_low) * share
+    return 1.960
+
+
 def aggregate(root: str, over: str, *, stage: str | None = None) -> list[dict[str, Any]]:
     """One row per group of succeeded runs that differ only in ``over`` (e.g. the seed): their
     other parameters, ``runs`` (how many), and for every numeric result its mean, sample
-    standard deviation (None for one run) and count, as ``result.loss.mean`` and so on.
+    standard deviation and the half-width of its mean's 95 % confidence interval (Student's t;
+    both None for one run), and count, as ``result.loss.mean`` and so on.
     Runs of different stages are never averaged together."""
     groups: dict[str, list[RunRecord]] = {}
     params: dict[str, dict[str, Any]] = {}
@@ -323,9 +348,12 @@ def aggregate(root: str, over: str, *, stage: str | None = None) -> list[dict[st
                 if number is not None:
                     numbers.setdefault(f"result.{name}" if name else "result", []).append(number)
         for name, found_numbers in numbers.items():
+            count = len(found_numbers)
+            std = statistics.stdev(found_numbers) if count > 1 else None
             row[f"{name}.mean"] = statistics.fmean(found_numbers)
-            row[f"{name}.std"] = statistics.stdev(found_numbers) if len(found_numbers) > 1 else None
-            row[f"{name}.count"] = len(found_numbers)
+            row[f"{name}.std"] = std
+            row[f"{name}.ci95"] = None if std is None else t975(count - 1) * std / math.sqrt(count)
+            row[f"{name}.count"] = count
         table.append(row)
     return table
 
@@ -413,6 +441,104 @@ def format_table(table: Sequence[dict[str, Any]], names: list[str] | None = None
     widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(header)]
     lines = ["  ".join(name.ljust(width) for name, width in zip(header, widths, strict=False)).rstrip()]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+# --- paper-ready tables ------------------------------------------------------------------
+
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+_LATEX_PATTERN = re.compile("|".join(re.escape(key) for key in _LATEX_SPECIAL))
+_HIDDEN = (".std", ".ci95", ".count")  # shown in their mean's cell, or not at all
+
+
+class PaperColumn:
+    """One column of a paper table: its header, the key of its number, and that of its spread."""
+
+    __slots__ = ("header", "key", "spread", "mode")
+
+    def __init__(self, header: str, key: str, spread: str | None, mode: str | None) -> None:
+        self.header, self.key, self.spread, self.mode = header, key, spread, mode
+
+
+def paper_columns(table: Sequence[dict[str, Any]], modes: dict[str, str]) -> list[PaperColumn]:
+    """The columns of :func:`format_paper`: an averaged result's mean and std in one column named
+    by the result (``loss`` for ``result.loss.mean``); ``modes``: the way each metric is better."""
+    names = columns(table)
+    means = {name[: -len(".mean")] for name in names if name.endswith(".mean")}
+    shown: list[PaperColumn] = []
+    for name in names:
+        base = name[: -len(".mean")] if name.endswith(".mean") else name
+        if name.endswith(_HIDDEN) and name.rsplit(".", 1)[0] in means:
+            continue
+        header = base[len("result.") :] if base.startswith("result.") else base
+        spread = f"{base}.std" if name.endswith(".mean") else None
+        mode = modes.get(header.removeprefix("metrics.")) if base.startswith(("result.", "metrics.")) else None
+        shown.append(PaperColumn(header, name, spread, mode))
+    return shown
+
+
+def format_paper(
+    table: Sequence[dict[str, Any]], modes: dict[str, str], kind: str = "markdown", *, escape: bool = False
+) -> str:
+    """The rows as a table for a paper or a README: ``kind`` ``markdown`` or ``latex`` (a booktabs
+    ``tabular``). An averaged result is one cell, ``mean ± std``; numbers to 4 significant digits;
+    in each result column whose way is known (``modes``: ``{"loss": "min"}``), the best in bold."""
+    shown = paper_columns(table, modes)
+    best: dict[str, float] = {}
+    for column in shown:
+        numbers = [v for row in table if (v := _number(row.get(column.key))) is not None]
+        if column.mode is not None and numbers:
+            best[column.key] = min(numbers) if column.mode == "min" else max(numbers)
+    latex = kind == "latex"
+
+    def text(value: str) -> str:
+        value = escape_controls(value) if escape else value
+        value = " ".join(value.splitlines())  # a row is one line
+        return _LATEX_PATTERN.sub(lambda m: _LATEX_SPECIAL[m.group()], value) if latex else value.replace("|", "\\|")
+
+    def cell(row: dict[str, Any], column: PaperColumn) -> str:
+        value = row.get(column.key)
+        number = _number(value)
+        if number is None:
+            return text(_cell(value))
+        shown_value = f"{number:.4g}"
+        spread = _number(row.get(column.spread)) if column.spread is not None else None
+        if spread is not None:
+            shown_value += f" $\\pm$ {spread:.2g}" if latex else f" ± {spread:.2g}"
+        if best.get(column.key) == number:
+            return f"\\textbf{{{shown_value}}}" if latex else f"**{shown_value}**"
+        return shown_value
+
+    headers = [text(column.header) for column in shown]
+    body = [[cell(row, column) for column in shown] for row in table]
+    numeric = [any(_number(row.get(c.key)) is not None for row in table) for c in shown]
+    if latex:
+        lines = [
+            "\\begin{tabular}{" + "".join("r" if n else "l" for n in numeric) + "}",
+            "\\toprule",
+            " & ".join(headers) + " \\\\",
+            "\\midrule",
+            *(" & ".join(cells) + " \\\\" for cells in body),
+            "\\bottomrule",
+            "\\end{tabular}",
+        ]
+    else:
+        lines = [
+            "| " + " | ".join(headers) + " |",
+            "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+            *("| " + " | ".join(cells) + " |" for cells in body),
+        ]
     return "\n".join(lines)
 
 

@@ -45,6 +45,64 @@ def test_averages_over_the_seed(root):
         results.aggregate(root, over="sed")
 
 
+def test_an_average_has_its_95_percent_confidence_interval(root):
+    table = {row["lr"]: row for row in results.aggregate(root, over="seed")}
+    # losses 2, 3, 4: std 1, n 3; t(0.975, 2) = 4.303, so the half-width is 4.303 / sqrt(3)
+    assert table[0.1]["result.loss.ci95"] == pytest.approx(4.303 / 3**0.5)
+    assert list(table[0.1])[:6] == [
+        "lr",
+        "runs",
+        "result.loss.mean",
+        "result.loss.std",
+        "result.loss.ci95",
+        "result.loss.count",
+    ]
+
+
+@pytest.mark.parametrize(
+    "df, t",
+    [(1, 12.706), (2, 4.303), (9, 2.262), (29, 2.045), (30, 2.042), (50, 2.009), (100, 1.984), (10**6, 1.960)],
+)
+def test_the_t_quantile_is_within_a_thousandth_of_the_exact_one(df, t):
+    assert results.t975(df) == pytest.approx(t, abs=0.001)
+
+
+def test_a_paper_table_in_markdown_and_latex_gives_mean_and_std_in_one_cell(root, capsys):
+    assert main(["results", root, "--average-over", "seed", "--sort", "loss", "--format", "markdown"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "| lr | runs | loss |",
+        "|---:|---:|---:|",
+        "| 0.1 | 3 | 3 ± 1 |",
+        "| 0.2 | 3 | 4 ± 1 |",
+    ]
+    assert "no best in bold in loss: the config declares no mode for it" in err
+    assert main(["results", root, "--average-over", "seed", "--sort", "loss", "--format", "latex"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "\\begin{tabular}{rrr}",
+        "\\toprule",
+        "lr & runs & loss \\\\",
+        "\\midrule",
+        "0.1 & 3 & 3 $\\pm$ 1 \\\\",
+        "0.2 & 3 & 4 $\\pm$ 1 \\\\",
+        "\\bottomrule",
+        "\\end{tabular}",
+    ]
+
+
+def test_a_paper_table_bolds_the_best_where_the_way_is_known_and_escapes_what_latex_reads():
+    table = [
+        {"name": "a_1", "opt": "sgd & co", "result.loss.mean": 0.5, "result.loss.std": 0.1, "result.acc.mean": 0.9},
+        {"name": "b|2", "opt": "adam", "result.loss.mean": 0.25, "result.loss.std": None, "result.acc.mean": 0.8},
+    ]
+    latex = results.format_paper(table, {"loss": "min", "acc": "max"}, "latex").splitlines()
+    assert latex[2] == "name & opt & loss & acc \\\\"
+    assert latex[4] == "a\\_1 & sgd \\& co & 0.5 $\\pm$ 0.1 & \\textbf{0.9} \\\\"
+    assert latex[5] == "b|2 & adam & \\textbf{0.25} & 0.8 \\\\"
+    markdown = results.format_paper(table, {"loss": "min"}, "markdown").splitlines()
+    assert markdown[2:] == ["| a_1 | sgd & co | 0.5 ± 0.1 | 0.9 |", "| b\\|2 | adam | **0.25** | 0.8 |"]
+
+
 def test_the_same_from_gts_results(root, capsys):
     assert main(["results", root, "--sort", "loss", "--top", "2", "--format", "json"]) == 0
     assert [row["name"] for row in json.loads(capsys.readouterr().out)] == ["lr-0.1,seed-1,", "lr-0.1,seed-2,"]

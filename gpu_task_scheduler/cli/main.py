@@ -762,12 +762,29 @@ def cmd_results(args: argparse.Namespace) -> int:
         print(json.dumps(table, indent=1))
     elif args.format == "csv":
         sys.stdout.write(format_csv(table))
+    elif args.format in ("markdown", "latex"):
+        _print_paper(args.root, table, args.format)
     else:
         from ..reports.status import duration_text
 
         shown = [{**row, "duration": duration_text(row["duration"])} if "duration" in row else row for row in table]
         print(format_table(shown, escape=sys.stdout.isatty()) if table else "no runs recorded")
     return EXIT_OK
+
+
+def _print_paper(root: str, table: list[dict[str, Any]], kind: str) -> None:
+    """``--format markdown|latex``: the paper table, and which result columns have no best in bold."""
+    from ..results import declared_modes, format_paper, paper_columns
+
+    modes = declared_modes(root)
+    print(format_paper(table, modes, kind, escape=sys.stdout.isatty()) if table else "no runs recorded")
+    unknown = [c.header for c in paper_columns(table, modes) if c.mode is None and c.key.startswith("result")]
+    if unknown:
+        print(
+            f"no best in bold in {', '.join(unknown[:10])}: the config declares no mode for it (an early_stop's or a "
+            "search's metric and mode say which way it is better)",
+            file=sys.stderr,
+        )
 
 
 def _averaged_key_problem(table: list[dict[str, Any]], key: str) -> str | None:
@@ -1095,7 +1112,12 @@ def _results_command(sub: Any) -> None:
         "  gts results results/ --average-over seed --sort loss\n  gts results results/ --stage eval --best loss --min",
     )
     r.add_argument("root", help="the result root, or the sweep's config file")
-    r.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    r.add_argument(
+        "--format",
+        choices=["table", "csv", "json", "markdown", "latex"],
+        default="table",
+        help="markdown, latex: a table for a paper (mean ± std with --average-over, the best in bold)",
+    )
     r.add_argument("--sort", metavar="KEY", help="order by a result (loss finds result.loss) or a parameter")
     r.add_argument("--desc", action="store_true", help="largest first (with --best: the largest)")
     r.add_argument("--top", type=int, metavar="N", help="only the first N rows")

@@ -192,6 +192,49 @@ def test_curves_are_a_row_per_run_and_step_and_the_plot_draws_them(in_tmp, capsy
     assert "no parameter 'l'" in capsys.readouterr().err
 
 
+def test_runs_over_seeds_are_one_mean_curve_with_its_95_percent_band():
+    from gpu_task_scheduler.reports.status import mean_curves
+
+    runs = {  # lr 0.1 over seeds 1..3 (one cut short at step 1), lr 0.2 with one seed
+        "a": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}],
+        "b": [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}],
+        "c": [{"step": 1, "loss": 4.0}],
+        "d": [{"step": 1, "loss": 5.0}],
+    }
+    params = {"a": {"lr": 0.1, "seed": 1}, "b": {"lr": 0.1, "seed": 2}, "c": {"lr": 0.1, "seed": 3}}
+    params["d"] = {"lr": 0.2, "seed": 1}
+    first, second = mean_curves(runs, params, "loss", "seed")
+    assert first["params"] == {"lr": 0.1} and first["runs"] == 3 and first["steps"] == [1, 2]
+    assert first["mean"] == [3.0, 1.5] and first["n"] == [3, 2]
+    # step 1: 2, 3, 4 (std 1, t(0.975, 2) = 4.303); step 2: 1, 2 (std 0.7071, t(0.975, 1) = 12.706)
+    assert first["high"][0] - 3.0 == pytest.approx(4.303 / 3**0.5)
+    assert first["low"][1] == pytest.approx(1.5 - 12.706 * 0.5**0.5 / 2**0.5)
+    assert second == {
+        "params": {"lr": 0.2},
+        "runs": 1,
+        "steps": [1],
+        "mean": [5.0],
+        "low": [5.0],
+        "high": [5.0],
+        "n": [1],
+    }
+
+
+def test_gts_plot_draws_the_mean_curves_over_seeds(in_tmp, capsys):
+    pytest.importorskip("matplotlib")
+    root = in_tmp / "r"
+    config = make_config(root, [{"lr": [0.1, 0.5], "seed": [1, 2], "steps": [4]}])
+    assert GPUTaskScheduler(config, tasks.ReportingTask).start().ok
+    out = in_tmp / "seeds.png"
+    assert gts(["plot", str(root), "--curves", "loss", "--by", "lr", "--over", "seed", "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert gts(["plot", str(root), "--curves", "loss", "--over", "sed", "-o", str(out)]) == 2
+    assert "the runs have no parameter 'sed' to average over; did you mean 'seed'?" in capsys.readouterr().err
+    assert gts(["plot", str(root), "--timeline", "--over", "seed", "-o", str(out)]) == 2
+    assert "--over PARAMETER goes with --curves NAME" in capsys.readouterr().err
+
+
 # --- curves for a chart: bounded whatever the run wrote ----------------------------------------
 
 

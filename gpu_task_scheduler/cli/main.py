@@ -817,10 +817,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise ConfigError("give one of --timeline, --metric NAME --by PARAMETER, --curves NAME [--by PARAMETER]")
     if args.metric and not args.by:
         raise ConfigError("--metric needs --by PARAMETER (the x axis)")
+    if args.over and not args.curves:
+        raise ConfigError("--over PARAMETER goes with --curves NAME: each group's mean curve with a 95 % band")
     if args.timeline:
         output = plot_timeline(args.root, args.output)
     elif args.curves:
-        output = plot_curves(args.root, args.curves, args.by, args.output)
+        output = plot_curves(args.root, args.curves, args.by, args.output, over=args.over)
     else:
         output = plot_metric(args.root, args.metric, args.by, args.output)
     print(output)
@@ -1148,13 +1150,19 @@ def _plot_command(sub: Any) -> None:
         formatter_class=_formatter,
         epilog="examples:\n  gts plot results/ --timeline -o timeline.png\n"
         "  gts plot results/ --metric loss --by lr -o loss.png\n"
-        "  gts plot results/ --curves loss --by lr -o curves.png",
+        "  gts plot results/ --curves loss --by lr -o curves.png\n"
+        "  gts plot results/ --curves loss --by lr --over seed -o seeds.png",
     )
     p.add_argument("root", help="the result root, or the sweep's config file")
     p.add_argument("--timeline", action="store_true", help="runs as bars per slot over time, failures marked")
     p.add_argument("--metric", help="a key of the runs' results")
     p.add_argument("--curves", metavar="NAME", help="a metric the runs reported as they trained, against the step")
     p.add_argument("--by", help="the parameter on the x axis (with --curves: the one that colours the lines)")
+    p.add_argument(
+        "--over",
+        metavar="PARAMETER",
+        help="with --curves: the runs that differ only in it (e.g. seed) as one mean curve with a 95 %% band",
+    )
     p.add_argument("-o", "--output", required=True, help="the image file to write (.png, .svg, .pdf)")
     p.set_defaults(handler=cmd_plot)
 

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -411,9 +412,52 @@ def plot_timeline(root: str, output: str) -> str:
     return output
 
 
-def plot_curves(root: str, metric: str, by: str | None, output: str) -> str:
+def mean_curves(
+    runs: dict[str, list[dict[str, Any]]], params_of: dict[str, dict[str, Any]], metric: str, over: str
+) -> list[dict[str, Any]]:
+    """The runs that differ only in the parameter ``over`` (e.g. the seed), as one curve each
+    group: at each step its members reported ``metric`` at, the mean and the 95 % confidence
+    interval of the mean (Student's t; none for one member), and how many: ``{"params", "runs",
+    "steps", "mean", "low", "high", "n"}``, the groups in the order their first run is given."""
+    from ..results import t975
+
+    groups: dict[str, dict[str, Any]] = {}
+    for name, run in runs.items():
+        params = {key: value for key, value in params_of.get(name, {}).items() if key != over}
+        if run and "stage" in run[0]:
+            params = {"stage": run[0]["stage"], **params}
+        group = groups.setdefault(json.dumps(params, sort_keys=True, default=str), {"params": params, "runs": []})
+        group["runs"].append({row["step"]: row[metric] for row in run})
+    table = []
+    for group in groups.values():
+        steps = sorted({step for curve in group["runs"] for step in curve})
+        means, lows, highs, counts = [], [], [], []
+        for step in steps:
+            values = [curve[step] for curve in group["runs"] if step in curve]
+            mean = statistics.fmean(values)
+            half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+            means.append(mean)
+            lows.append(mean - half)
+            highs.append(mean + half)
+            counts.append(len(values))
+        table.append(
+            {
+                "params": group["params"],
+                "runs": len(group["runs"]),
+                "steps": steps,
+                "mean": means,
+                "low": lows,
+                "high": highs,
+                "n": counts,
+            }
+        )
+    return table
+
+
+def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: str | None = None) -> str:
     """What the runs reported of ``metric`` against the step, one line per run, coloured by the
-    parameter ``by`` (a colour scale for numbers); a run that did not succeed ends in a cross."""
+    parameter ``by`` (a colour scale for numbers); a run that did not succeed ends in a cross.
+    ``over``: the runs that differ only in that parameter as one mean curve with its 95 % band."""
     from ..results import curve_rows
 
     points = [row for row in curve_rows(root) if isinstance(row.get(metric), (int, float))]
@@ -430,10 +474,18 @@ def plot_curves(root: str, metric: str, by: str | None, output: str) -> str:
         raise ConfigError(
             f"the runs have no parameter {by!r}{did_you_mean(by, known)} They have: {', '.join(known) or 'none'}"
         )
+    if over is not None and not any(over in row for row in points):
+        known = sorted({k for row in points for k in row} - {"name", "stage", "status", "step", metric})
+        raise ConfigError(
+            f"the runs have no parameter {over!r} to average over{did_you_mean(over, known)} They have: "
+            f"{', '.join(known) or 'none'}"
+        )
     pyplot = _pyplot()
     runs: dict[str, list[dict[str, Any]]] = {}
     for row in points:
         runs.setdefault(row["name"], []).append(row)
+    if over is not None:
+        return _plot_mean_curves(root, runs, metric, by, over, output, pyplot)
     colour_by: dict[str, Any] = {name: run[0].get(by) if by else None for name, run in runs.items()}
     values = sorted({json.dumps(value, default=str) for value in colour_by.values()}) if by else []
     numeric = bool(by) and all(
@@ -465,6 +517,33 @@ def plot_curves(root: str, metric: str, by: str | None, output: str) -> str:
     axes.set_xlabel("step")
     axes.set_ylabel(metric)
     if by and len(labelled) <= 12:
+        axes.legend(fontsize="small", title=None)
+    figure.tight_layout()
+    _save(figure, output)
+    pyplot.close(figure)
+    return output
+
+
+def _plot_mean_curves(
+    root: str, runs: dict[str, list[dict[str, Any]]], metric: str, by: str | None, over: str, output: str, pyplot: Any
+) -> str:
+    """``plot_curves(..., over=...)``: one mean line per group, its 95 % band shaded, labelled by
+    ``by`` (or the group's parameters) and its number of runs."""
+    from ..results import records
+
+    params_of = {record.name: record.params_value for record in records(root)}
+    groups = mean_curves(runs, params_of, metric, over)
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    colormap = pyplot.get_cmap("tab10")
+    for number, group in enumerate(groups):
+        color = colormap(number % 10)
+        named = {by: group["params"].get(by)} if by else group["params"]
+        label = ", ".join(f"{key}={value}" for key, value in named.items()) or "all runs"
+        axes.plot(group["steps"], group["mean"], color=color, linewidth=1.5, label=f"{label} (n={group['runs']})")
+        axes.fill_between(group["steps"], group["low"], group["high"], color=color, alpha=0.2, linewidth=0)
+    axes.set_xlabel("step")
+    axes.set_ylabel(f"{metric}, mean over {over} (95 % band)")
+    if len(groups) <= 12:
         axes.legend(fontsize="small", title=None)
     figure.tight_layout()
     _save(figure, output)

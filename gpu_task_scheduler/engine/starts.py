@@ -107,8 +107,10 @@ class Starts:
         item = Pending(spec)
         item.resume = item.decided = True
         placed = self._place(item, capacity)
-        if placed is None or placed[0] < 0:
+        if placed is None:
             return None
+        if placed[0] < 0:  # it can never start here now (recorded failed, ended for its method): what is next
+            return self.next(capacity)
         rung = self._pauses.paused_at(spec.name)
         logger.info("%s is promoted from rung %g: it resumes from its checkpoint", spec.name, rung)
         self._pauses.resumed(spec)

@@ -3,11 +3,15 @@
     python examples/curve_train.py --lr 0.03 --width 512 --out runs/x
 
 A high learning rate learns fast to a higher loss, so the curves of a sweep
-cross. The scheduler stops a `command:` run with SIGTERM (when `early_stop`
-stops it early, or when the sweep is stopped): the script then saves a
-checkpoint and ends. (In a `GPUTask`, `report()` raises `Pruned` instead,
-caught the same way.) Run by hand, `report()` does nothing and the script
-trains to the end.
+cross. It keeps the checkpoint protocol: each epoch it saves its state in
+`$GTS_CHECKPOINT_DIR` (by a rename: a kill leaves the old state or the new),
+then reports that epoch; given `$GTS_RESUME_STEP` (a run paused by
+`early_stop: {method: hyperband}` and promoted, or interrupted), it loads that
+state and goes on with the next epoch. The scheduler stops a `command:` run
+with SIGTERM (when `early_stop` stops or pauses it, or when the sweep is
+stopped): the script then saves `checkpoint.json` in its folder and ends. (In a
+`GPUTask`, `report()` raises `Pruned` or `Paused` instead, caught the same
+way.) Run by hand, `report()` does nothing and the script trains to the end.
 """
 
 import argparse
@@ -39,12 +43,22 @@ def main() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stopped_by_the_scheduler)
-    epoch, loss = 0, 1.0
+    state = os.path.join(os.environ.get("GTS_CHECKPOINT_DIR") or args.out, "state.json")
+    done, loss = 0, 1.0
+    if os.environ.get("GTS_RESUME_STEP"):  # the state of the epoch it reported last
+        with open(state) as handle:
+            saved = json.load(handle)
+        done, loss = saved["epoch"], saved["loss"]
+        print(f"resumes after epoch {done}", flush=True)
+    epoch = done
     try:
-        for epoch in range(1, args.epochs + 1):
+        for epoch in range(done + 1, args.epochs + 1):
             time.sleep(0.02)  # an epoch of training
             loss = loss_at(args.lr, args.width, epoch)
-            report(epoch, loss=loss)
+            with open(state + ".new", "w") as handle:
+                json.dump({"epoch": epoch, "loss": loss}, handle)
+            os.replace(state + ".new", state)  # saved first,
+            report(epoch, loss=loss)  # then reported
     except (Pruned, SystemExit):
         with open(os.path.join(args.out, "checkpoint.json"), "w") as handle:
             json.dump({"epoch": epoch, "loss": loss}, handle)

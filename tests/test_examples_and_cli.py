@@ -323,6 +323,23 @@ def test_the_early_stop_example_prunes_saves_and_runs_nothing_again(in_tmp):
     assert again.returncode == 0 and "0 succeeded, 0 failed, 15 skipped" in again.stderr
 
 
+def test_the_early_stop_example_pauses_with_hyperband_and_resumes_where_it_paused(in_tmp):
+    (in_tmp / "configs").mkdir()
+    (in_tmp / "examples").mkdir()
+    for path in ("configs/early_stop.yaml", "examples/curve_train.py"):
+        (in_tmp / path).write_text(open(os.path.join(REPO, path), encoding="utf-8").read())
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", "configs/early_stop.yaml", "early_stop.method=hyperband"]
+    run = subprocess.run([*argv, "--plain"], cwd=str(in_tmp), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    root = in_tmp / "results" / "early_stop"
+    rows = ledger_rows(root)
+    assert {row["status"] for row in rows.values()} == {"paused", "succeeded"}
+    resumed = [name for name, row in rows.items() if row["attempts"] > 1]
+    assert resumed  # promoted from a rung: the next attempt went on from the state it saved
+    for name in resumed:
+        assert "resumes after epoch " in (root / name / "worker.log").read_text()
+
+
 def test_the_search_example_runs_its_budget_and_its_best_is_found(in_tmp):
     pytest.importorskip("optuna")
     (in_tmp / "configs").mkdir()

@@ -277,6 +277,40 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
     assert page.screenshot(full_page=True)[:8] == b"\x89PNG\r\n\x1a\n"  # (docs/pictures.py: the docs' picture)
 
 
+def test_the_page_and_the_report_draw_the_mean_over_a_parameter_with_the_numbers_gts_plot_uses(in_tmp, served, browser):
+    from gpu_task_scheduler.reports.status import mean_curves
+    from gpu_task_scheduler.results import curve_rows, records
+    from gpu_task_scheduler.web.report import report_data, write_report
+
+    root, _ = make_root(in_tmp, values=(0.1, 0.2, 0.3), tags=("a", "b"))
+    url, _ = served([root])
+    names = sorted(record.name for record in records(root))
+    status, served_curves = api(url, "/api/curves", root=0, metric="loss", names="\n".join(names), over="tag")
+    assert status == 200 and len(served_curves["groups"]) == 3  # v 0.1, 0.2, 0.3; each over tags a and b
+    runs = {}
+    for row in curve_rows(root):
+        runs.setdefault(row["name"], []).append(row)
+    expected = mean_curves(runs, {r.name: r.params_value for r in records(root)}, "loss", "tag")
+    by_params = lambda groups: sorted(groups, key=lambda g: json.dumps(g["params"], sort_keys=True))  # noqa: E731
+    assert by_params(served_curves["groups"]) == by_params(expected)  # the page's numbers are gts plot's
+    assert by_params(report_data(root)["groups"]["tag"]["loss"]) == by_params(expected)  # and the report's
+    for address in (url, "file://" + write_report(root, str(in_tmp / "report.html"))):
+        page = browser.new_page()
+        page.set_viewport_size({"width": 1200, "height": 900})
+        page.goto(address)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 6")
+        for box in page.locator("#runs tbody input[type=checkbox]").all():
+            box.check()
+        page.fill("#curve-metric", "loss")
+        page.fill("#curve-over", "tag")
+        page.dispatch_event("#curve-over", "change")
+        # three groups: each a mean line and the two edges of its band
+        page.wait_for_function("document.getElementById('curves').data?.length === 9", timeout=10_000)
+        means = page.evaluate("document.getElementById('curves').data.filter((t, i) => i % 3 === 2).map(t => t.y)")
+        assert sorted(means) == sorted(group["mean"] for group in expected)
+        page.close()
+
+
 def test_values_that_look_like_markup_are_text_in_every_chart(in_tmp, served, browser):
     """Plotly reads pseudo-HTML in its strings: a value <a href=...> was a live link in a legend and
     <b> made text bold. Every string given to it is escaped, so each shows as the text it is."""

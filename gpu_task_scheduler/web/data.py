@@ -148,9 +148,11 @@ def run_log(root: str, name: str, *, most: int = LOG_BYTES) -> dict[str, Any]:
     return {"name": name, "status": record.status.value, "log": text}
 
 
-def curves(root: str, metric: str, names: list[str]) -> dict[str, Any]:
+def curves(root: str, metric: str, names: list[str], over: str | None = None) -> dict[str, Any]:
     """What each named run reported of ``metric``, step by step (across its attempts), with its
-    parameters and state: ``{"runs": [{"name", "status", "params", "steps", "values"}]}``."""
+    parameters and state: ``{"runs": [{"name", "status", "params", "steps", "values"}]}``;
+    ``over``: also ``"groups"``, the runs that differ only in that parameter as one mean curve
+    with its 95 % band (``reports.status.mean_curves``, as ``gts plot --over`` draws them)."""
     if len(names) > CURVES_MOST:
         raise ConfigError(f"at most {CURVES_MOST} runs' curves at once")
     found = []
@@ -171,7 +173,25 @@ def curves(root: str, metric: str, names: list[str]) -> dict[str, Any]:
                 "values": values,
             }
         )
+    if over:
+        return {"metric": metric, "runs": found, "over": over, "groups": groups_of(found, over)}
     return {"metric": metric, "runs": found}
+
+
+def record_params(root: str, name: str) -> dict[str, Any]:
+    """The swept parameters of the run ``name``."""
+    return _record(root, name)[0].params_value
+
+
+def groups_of(runs: list[dict[str, Any]], over: str) -> list[dict[str, Any]]:
+    """:func:`curves`' runs as ``mean_curves`` groups over the parameter ``over``."""
+    from ..reports.status import mean_curves
+
+    points = {
+        run["name"]: [{"step": step, "value": value} for step, value in zip(run["steps"], run["values"], strict=True)]
+        for run in runs
+    }
+    return mean_curves(points, {run["name"]: run["params"] for run in runs}, "value", over)
 
 
 def parcoords(root: str, metric: str, *, descending: bool = False) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from .server import _finite, plotly_js
 REPORT_RUNS = 10_000  # runs in the table (the sweep's first; the counts cover every run)
 REPORT_CURVES = 500  # runs whose reported metrics are kept (for their curves)
 REPORT_POINTS = 200_000  # points of all those curves together: each run's curve is thinned to its share
+REPORT_GROUP_KEYS = 8  # parameters (and metrics) the report works out "mean over" curves for
 
 
 def _static(name: str) -> str:
@@ -66,8 +67,43 @@ def report_data(root: str) -> dict[str, Any]:
         "total": page["total"],
         "runs": runs,
         "curves": curves,
+        "groups": _groups(root, curves),
         "timeline": data.timeline(root),
     }
+
+
+def _groups(root: str, curves: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The page's "mean over" curves, worked out here as the server works them out (``data.groups_of``):
+    ``{parameter: {metric: groups}}`` for up to REPORT_GROUP_KEYS parameters and metrics each, while
+    their points stay within REPORT_POINTS (the rest: the page shows the runs' own curves)."""
+    params = {name: data.record_params(root, name) for name in curves}
+    keys = sorted({key for values in params.values() for key in values})[:REPORT_GROUP_KEYS]
+    metrics = sorted({m for curve in curves.values() for values in curve["values"] for m in values})
+    groups: dict[str, dict[str, Any]] = {}
+    left = REPORT_POINTS
+    for over in keys:
+        for metric in metrics[:REPORT_GROUP_KEYS]:
+            runs = []
+            for name, curve in curves.items():
+                kept = [
+                    (step, v[metric]) for step, v in zip(curve["steps"], curve["values"], strict=True) if metric in v
+                ]
+                if kept:
+                    runs.append(
+                        {
+                            "name": name,
+                            "params": params[name],
+                            "steps": [s for s, _ in kept],
+                            "values": [v for _, v in kept],
+                        }
+                    )
+            found = data.groups_of(runs, over)
+            cost = sum(len(group["steps"]) * 4 for group in found)
+            if cost > left:
+                return groups
+            left -= cost
+            groups.setdefault(over, {})[metric] = found
+    return groups
 
 
 def write_report(root: str, output: str) -> str:

@@ -203,7 +203,7 @@ class View:
             return data.run_log(root, one("name"))
         if path == "/api/curves":
             names = [name for name in one("names", "").split("\n") if name]
-            return data.curves(root, one("metric"), names)
+            return data.curves(root, one("metric"), names, one("over", "") or None)
         if path == "/api/timeline":
             return data.timeline(root)
         if path == "/api/parcoords":

@@ -69,6 +69,10 @@ function answer(path, params) {
       curve.steps.forEach((step, i) => { const v = curve.values[i][p.metric]; if (typeof v === "number") { steps.push(step); values.push(v); } });
       return { name, status: run.status, params: paramsOf(run), steps, values };
     });
+    if (p.over) {  // worked out when the report was written, as the server works them out
+      const groups = ((REPORT.groups || {})[p.over] || {})[p.metric];
+      if (groups) return { metric: p.metric, runs, over: p.over, groups };
+    }
     return { metric: p.metric, runs };
   }
   if (path === "/api/parcoords") {
@@ -276,11 +280,12 @@ async function drawCharts(now) {
   if (!state.charts) return;
   const metric = $("curve-metric").value.trim();
   const by = $("curve-by").value.trim();
+  const over = $("curve-over").value.trim();
   const names = [...state.ticked];
   if (metric && names.length && (now || state.tick % 5 === 0)) {
     try {
-      const data = await get("/api/curves", { metric, names: names.join("\n") });
-      drawCurves(data, by);
+      const data = await get("/api/curves", { metric, names: names.join("\n"), over });
+      if (data.groups) drawGroups(data, by); else drawCurves(data, by);
     } catch (error) { showError(error); }
   } else if (!names.length) {
     window.Plotly.purge($("curves"));
@@ -315,6 +320,22 @@ function drawCurves(data, by) {
     };
   });
   window.Plotly.react($("curves"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: plain(data.metric) } }, height: 360 }, { displaylogo: false });
+}
+
+// Runs that differ only in one parameter (the seed), as one mean curve each group with its 95 %
+// band (the server's numbers: reports/status.mean_curves, as gts plot --over draws them).
+function drawGroups(data, by) {
+  const traces = [];
+  data.groups.forEach((group, i) => {
+    const color = `hsl(${Math.round((i * 137.5) % 360)}, 65%, 42%)`;
+    const named = by ? { [by]: group.params[by] } : group.params;
+    const label = Object.entries(named).map(([k, v]) => `${k}=${cell(v)}`).join(", ") || "all runs";
+    traces.push({ x: group.steps, y: group.low, type: "scatter", mode: "lines", line: { width: 0, color }, hoverinfo: "skip", showlegend: false });
+    traces.push({ x: group.steps, y: group.high, type: "scatter", mode: "lines", line: { width: 0, color }, fill: "tonexty", fillcolor: color.replace("hsl", "hsla").replace(")", ", 0.2)"), hoverinfo: "skip", showlegend: false });
+    traces.push({ x: group.steps, y: group.mean, type: "scatter", mode: "lines", line: { color, width: 2 }, name: plain(`${label} (n=${group.runs})`) });
+  });
+  const title = `${data.metric}, mean over ${data.over} (95 % band)`;
+  window.Plotly.react($("curves"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: plain(title) } }, height: 360 }, { displaylogo: false });
 }
 
 function drawParcoords(data) {
@@ -418,7 +439,7 @@ async function start() {
   $("root").addEventListener("change", () => {
     state.root = Number($("root").value); state.offset = 0; state.ticked.clear(); state.open = null; $("run").hidden = true;
     state.chosen = false; state.userTicked = false;
-    for (const id of ["curve-metric", "curve-by", "pc-metric"]) $(id).value = "";
+    for (const id of ["curve-metric", "curve-by", "curve-over", "pc-metric"]) $(id).value = "";
     refresh();
   });
   $("filter").addEventListener("input", () => { state.q = $("filter").value; state.offset = 0; refresh(); });
@@ -426,7 +447,7 @@ async function start() {
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); refresh(); });
   $("next").addEventListener("click", () => { state.offset += state.limit; refresh(); });
   $("close-run").addEventListener("click", () => { state.open = null; $("run").hidden = true; });
-  for (const id of ["curve-metric", "curve-by", "pc-metric", "pc-max"]) $(id).addEventListener("change", () => drawCharts(true));
+  for (const id of ["curve-metric", "curve-by", "curve-over", "pc-metric", "pc-max"]) $(id).addEventListener("change", () => drawCharts(true));
   if (REPORT) {  // drawn once, from the data in the page
     $("gpus").hidden = true;
     await refresh();

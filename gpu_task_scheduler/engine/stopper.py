@@ -256,11 +256,12 @@ class Stopper:
         """Each value at a rung the run had none at goes to its method, which says whether it goes on;
         a run that goes on is told so up to the step it reported (report() waits at every rung of
         the rule, and a Hyperband bracket judges at some of them only)."""
+        levels = rule.rungs
         for step, value in points:
             decided = self.pauses.reached(watched.spec, step, value)
             if decided is not None and decided[1] == PAUSE:
                 return Verdict(True, step, value, paused_cause(decided[0], value), rung=decided[0], pause=True)
-            if any(watched.last_step < level <= step for level in rule.rungs):
+            if any(watched.last_step < level <= step for level in levels):
                 watched.judged = step
             watched.last_step = max(watched.last_step, step)
         return None

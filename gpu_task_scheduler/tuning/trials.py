@@ -55,6 +55,7 @@ can still reach, so that a grid smaller than ``reduction_factor ** rungs`` still
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping
 
@@ -93,18 +94,27 @@ class _Bracket:
     def __init__(self, rungs: tuple[float, ...], factor: float, lower_is_better: bool) -> None:
         self.rungs, self.factor, self.lower = rungs, factor, lower_is_better
         self.values: list[dict[str, float]] = [{} for _ in rungs]  # rung index -> run -> value there
+        # rung index -> (signed value, run), best first: kept sorted as values come (a promotion
+        # looks at the top of a rung at every decision; sorting it each time made a grid's decisions
+        # cost its size squared)
+        self.ranked: list[list[tuple[float, str]]] = [[] for _ in rungs]
         self.promoted: list[set[str]] = [set() for _ in rungs]  # rung index -> runs promoted from it
 
+    def record(self, index: int, run: str, value: float) -> None:
+        """``run``'s value at rung ``index`` (once: the methods record a rung a run has no value at)."""
+        self.values[index][run] = value
+        bisect.insort(self.ranked[index], (value if self.lower else -value, run))
+
+    def keep(self, index: int, complete: bool = False) -> int:
+        """How many of rung ``index``'s best go on: ``floor(n / factor)``; ``complete`` (no run can
+        still record a value there), at least the best one, so that a grid smaller than
+        ``factor**rungs`` still trains its best to ``max_step``."""
+        count = len(self.values[index])
+        return math.floor(count / self.factor) or (1 if complete and count else 0)
+
     def promotable(self, index: int, complete: bool = False) -> list[str]:
-        """The runs at rung ``index`` in its top ``floor(n / factor)`` not yet promoted from it, best
-        first; ``complete`` (no run can still record a value there), at least the best one, so that a
-        grid smaller than ``factor**rungs`` still trains its best to ``max_step``."""
-        recorded = self.values[index]
-        keep = math.floor(len(recorded) / self.factor) or (1 if complete and recorded else 0)
-        if keep < 1:
-            return []
-        ranked = sorted(recorded, key=lambda run: (recorded[run] if self.lower else -recorded[run], run))
-        return [run for run in ranked[:keep] if run not in self.promoted[index]]
+        """The runs at rung ``index`` in its top :meth:`keep` not yet promoted from it, best first."""
+        return [run for _, run in self.ranked[index][: self.keep(index, complete)] if run not in self.promoted[index]]
 
 
 class PromotionAsha:
@@ -151,7 +161,7 @@ class PromotionAsha:
         number = self._bracket_of.get(run, 0)
         bracket = self._brackets[number]
         index = bracket.rungs.index(rung)
-        bracket.values[index][run] = value
+        bracket.record(index, run, value)
         owed = self._owed()
         if run in bracket.promotable(index, self._complete(number, index, {})) and not (owed and owed[0][0] < -rung):
             bracket.promoted[index].add(run)
@@ -216,12 +226,13 @@ class PromotionAsha:
         replay): ``(-step, signed value, run, bracket, rung index)``."""
         owed = []
         known: dict[tuple[int, int], bool] = {}
-        for run, index in self._paused.items():
-            number = self._bracket_of.get(run, 0)
-            bracket = self._brackets[number]
-            if run in bracket.promotable(index, self._complete(number, index, known)):
-                value = bracket.values[index][run]
-                owed.append((-bracket.rungs[index], value if self.mode == "min" else -value, run, number, index))
+        for number, bracket in enumerate(self._brackets):  # the top of each rung, not every paused run
+            for index, step in enumerate(bracket.rungs):
+                complete = len(bracket.values[index]) < self.factor and self._complete(number, index, known)
+                for run in bracket.promotable(index, complete):
+                    if self._paused.get(run) == index and self._bracket_of.get(run, 0) == number:
+                        value = bracket.values[index][run]
+                        owed.append((-step, value if self.mode == "min" else -value, run, number, index))
         return sorted(owed)
 
 
@@ -337,11 +348,12 @@ class Hyperband:
         if not more_new:
             self.close()
         owed = []
-        for run, index in self._paused.items():
-            ladder = self._ladders[self._ladder_of[run]]
-            if run in (ladder.promoted[index] or ()):
-                value = ladder.values[index][run]
-                owed.append((-ladder.rungs[index], value if self.mode == "min" else -value, run, index))
+        for number, ladder in enumerate(self._ladders):  # the runs promoted, not every paused run
+            for index, promoted in enumerate(ladder.promoted):
+                for run in promoted or ():
+                    if self._paused.get(run) == index and self._ladder_of[run] == number:
+                        value = ladder.values[index][run]
+                        owed.append((-ladder.rungs[index], value if self.mode == "min" else -value, run, index))
         if owed:
             _, _, run, index = min(owed)
             number = self._ladder_of[run]

@@ -104,24 +104,48 @@ def report(step: float, **metrics: float) -> None:
     _raise_if_told()
 
 
-_rungs: tuple[str, list[float]] | None = None  # (metric, rung steps), read once
+class _Waits:
+    """Where this run's report() waits for the scheduler's word (``GTS_RUNGS``): at ASHA's rung
+    ``steps``, or at each multiple of ``every`` below ``below`` (population-based training), for
+    ``wait`` seconds at most."""
+
+    def __init__(self, raw: str) -> None:
+        self.metric, self.steps, self.every, self.below, self.wait = "", [], 0.0, math.inf, RUNG_WAIT
+        try:
+            value = json.loads(raw or "null")
+            self.metric = str(value["metric"])
+            self.steps = [float(step) for step in value.get("steps", ())]
+            self.every = float(value.get("every", 0.0))
+            self.below = float(value.get("below", math.inf))
+            self.wait = float(value.get("wait", RUNG_WAIT))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            self.metric = ""
+
+    def rung(self, passed: float, step: float) -> float | None:
+        """The step waited at by a report at ``step`` after one at ``passed``, if any."""
+        if self.every > 0:
+            boundary = math.floor(step / self.every) * self.every
+            return boundary if passed < boundary <= step and 0 < boundary < self.below else None
+        return max((r for r in self.steps if passed < r <= step), default=None)
+
+
+_waits: _Waits | None = None  # read once
 _passed: float | None = None  # the step reported last, past which rungs are waited at
 
 
 def _wait_at_a_rung(step: float, metrics: dict[str, float]) -> None:
-    global _rungs, _passed
-    if _rungs is None:
-        _rungs = _read_rungs()
+    global _waits, _passed
+    if _waits is None:
+        _waits = _Waits(os.environ.get(RUNGS_ENV, ""))
     if _passed is None:  # a resumed attempt was judged up to the step it goes on from
         _passed = _resume_step()
-    metric, steps = _rungs
-    rung = max((r for r in steps if _passed < r <= step), default=None)
+    rung = _waits.rung(_passed, step)
     _passed = max(_passed, step)
-    if rung is None or metric not in metrics:
+    if rung is None or _waits.metric not in metrics:
         return
     judged_file, marker = os.environ.get(JUDGED_ENV, ""), os.environ.get(PRUNE_ENV, "")
     pause = os.environ.get(PAUSE_ENV, "")
-    deadline = time.monotonic() + RUNG_WAIT
+    deadline = time.monotonic() + _waits.wait
     while time.monotonic() < deadline and not os.path.exists(marker) and not (pause and os.path.exists(pause)):
         try:
             with open(judged_file, "rb") as handle:
@@ -137,14 +161,6 @@ def _resume_step() -> float:
         return float(os.environ.get(RESUME_ENV) or "-inf")
     except ValueError:
         return float("-inf")
-
-
-def _read_rungs() -> tuple[str, list[float]]:
-    try:
-        value = json.loads(os.environ.get(RUNGS_ENV) or "null")
-        return str(value["metric"]), [float(step) for step in value["steps"]]
-    except (ValueError, TypeError, KeyError):
-        return "", []
 
 
 def _raise_if_told() -> None:

@@ -4,7 +4,8 @@ exploits another, how its values are explored, and that the same events decide t
 import pytest
 
 from gpu_task_scheduler import ConfigError
-from gpu_task_scheduler.tuning.pbt import Exploit, Pbt, parse_pbt
+from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOT, Exploit, Pbt, parse_pbt
+from gpu_task_scheduler.tuning.trials import CONTINUE, Next
 
 PBT = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2.0]}}
 
@@ -13,7 +14,7 @@ def population(values, **keys):
     """A population of members m0.. with these lr values, under PBT with ``keys``."""
     pbt = Pbt(parse_pbt({**PBT, **keys}))
     for number, lr in enumerate(values):
-        pbt.began(f"m{number}", {"lr": lr, "width": 64})
+        pbt.began(f"m{number}", 0, {"lr": lr, "width": 64})
     return pbt
 
 
@@ -38,16 +39,42 @@ def test_a_bad_pbt_is_refused_with_what_to_write(raw, words):
         parse_pbt(raw)
 
 
-def test_a_member_is_judged_every_interval_steps_and_never_at_max_step():
+def tell(pbt, member, step, value):
+    """What the engine does with a report: the decision there, or None when it is judged at no interval."""
+    rung = pbt.rung_reached(member, step)
+    return None if rung is None else pbt.report(member, rung, value, step)
+
+
+def test_a_member_is_judged_at_each_multiple_of_interval_and_never_at_max_step():
     pbt = population([1.0, 2.0, 3.0, 4.0])
     for member, value in (("m0", 0.1), ("m1", 0.2), ("m2", 0.3)):
-        assert pbt.report(member, 3, value) is None  # before its first interval
-    assert pbt.report("m3", 3, 0.9) is None
-    assert pbt.report("m3", 4, 0.9) is not None  # at its interval, in the bottom quarter
-    assert pbt.report("m3", 4, 0.9) is None  # a step it reported already
+        assert tell(pbt, member, 3, value) is None  # before its first interval
+        assert tell(pbt, member, 5, value) is not None  # judged at 4, by its first report past it
+    assert tell(pbt, "m3", 3, 0.9) is None
+    assert tell(pbt, "m3", 4, 0.9) == EXPLOIT  # at its interval, in the bottom quarter
+    assert tell(pbt, "m3", 4, 0.9) is None  # a step it reported already
+    assert pbt.rung_reached("m0", 7) is None and pbt.rung_reached("m0", 9) == 8  # once an interval
     fresh = population([1.0, 2.0])
-    fresh.report("m0", 40, 0.1)
-    assert fresh.report("m1", 40, 0.9) is None  # at max_step: done
+    tell(fresh, "m0", 40, 0.1)
+    assert tell(fresh, "m1", 40, 0.9) is None  # at max_step: done
+
+
+@pytest.mark.parametrize(
+    "reports, decision",
+    [
+        ([("m0", 4, 0.1)], SNAPSHOT),  # the only one judged is the top of one
+        ([("m1", 4, 0.9), ("m0", 4, 0.1)], SNAPSHOT),  # the top: its checkpoint is kept for the others
+        ([("m0", 4, 0.1), ("m1", 4, 0.9)], EXPLOIT),  # the bottom, with a top member's snapshot to copy
+        ([("m1", 4, 0.1), ("m0", 12, 0.9)], CONTINUE),  # the bottom, but the top's snapshot is 2 intervals back
+        ([("m0", 4, 0.9), ("m1", 4, 0.5), ("m2", 4, 0.6), ("m3", 4, 0.55)], CONTINUE),  # in the middle
+    ],
+)
+def test_each_decision_at_an_interval(reports, decision):
+    pbt = population([1.0, 2.0, 3.0, 4.0], mode="min")
+    *before, (member, step, value) = reports  # the decision on the last report
+    for name, at, there in before:
+        tell(pbt, name, at, there)
+    assert tell(pbt, member, step, value) == decision
 
 
 @pytest.mark.parametrize(
@@ -66,19 +93,37 @@ def test_the_bottom_quantile_copies_the_top_one(size, quantile, bottom, top):
     assert pbt._quantiles() == (bottom, top)
 
 
-def test_an_exploit_copies_a_top_member_at_its_step_and_perturbs_its_values():
+def test_an_exploit_copies_a_top_members_snapshot_and_perturbs_its_values():
     pbt = population([1.0, 2.0, 3.0, 4.0])
-    pbt.report("m0", 6, 0.1)  # the best, at step 6
-    pbt.report("m1", 4, 0.5)
-    pbt.report("m2", 4, 0.6)
-    exploit = pbt.report("m3", 4, 0.9)
-    assert exploit.member == "m3" and exploit.donor == "m0" and exploit.step == 6
-    assert exploit.values["lr"] in (0.5, 2.0) and exploit.values["width"] == 64  # the donor's lr 1.0, x0.5 or x2
+    tell(pbt, "m1", 4, 0.5)
+    assert tell(pbt, "m0", 6, 0.1) == SNAPSHOT  # the top of two: its checkpoint at step 6 is kept
+    tell(pbt, "m2", 4, 0.3)
+    assert tell(pbt, "m3", 4, 0.9) == EXPLOIT
+    exploit = pbt.exploit_of("m3")
+    assert exploit.member == "m3" and exploit.donor == "m0" and exploit.step == 6 and exploit.value == 0.1
+    assert exploit.values["lr"] in (0.5, 2.0) and "width" not in exploit.values  # the donor's lr 1.0, x0.5 or x2
     assert exploit.changed == {"lr": f"x{exploit.values['lr']:g}"}
-    pbt.exploited(exploit)
-    assert pbt.members["m3"].values == exploit.values and pbt.members["m3"].last_step == 6
-    assert pbt.report("m3", 7, 0.1) is None  # judged again only an interval after the step it went on from
-    assert pbt.report("m0", 8, 0.09) is None  # a top member goes on
+    assert pbt.paused == {"m3": 6} and pbt.next(more_new=True) == Next("resume", "m3", 6)  # it resumes at once
+    assert pbt.needed_snapshots("m0") == {6}
+    pbt.resumed("m3")
+    assert pbt.values_of("m3") == exploit.values and pbt.members["m3"].last_step == 6 and not pbt.paused
+    assert pbt.rung_reached("m3", 7) is None  # judged again at the next interval after the step it went on from
+    assert tell(pbt, "m0", 8, 0.09) == SNAPSHOT  # a top member goes on
+    assert pbt.needed_snapshots("m0") == {8}  # its snapshot at 6 is no longer needed
+
+
+def test_a_member_goes_back_one_interval_once_and_never_loops():
+    """A donor that ended with its latest snapshot an interval back is copied once; the member judged
+    at the same interval again copies only a snapshot of that interval or later."""
+    pbt = population([1.0, 2.0])
+    tell(pbt, "m1", 4, 0.5)
+    assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT
+    pbt.ended("m0")  # it ended after step 4 (no later snapshot)
+    assert tell(pbt, "m1", 8, 0.9) == EXPLOIT  # back to m0's step 4, once
+    assert pbt.exploit_of("m1").step == 4
+    pbt.resumed("m1")
+    assert tell(pbt, "m1", 8, 0.95) == CONTINUE  # judged at 8 again: no snapshot at 8 or later to copy
+    assert tell(pbt, "m1", 12, 0.95) == CONTINUE  # and on to its end
 
 
 def test_the_same_events_give_the_same_decisions_and_other_seeds_others():
@@ -87,16 +132,16 @@ def test_the_same_events_give_the_same_decisions_and_other_seeds_others():
         decided = []
         for step in range(4, 40, 4):
             for number in range(8):
-                exploit = pbt.report(f"m{number}", step, (number + 1) / step)
-                if exploit is not None:
-                    pbt.exploited(exploit)
+                if tell(pbt, f"m{number}", step, (number + 1) / step) == EXPLOIT:
+                    exploit = pbt.exploit_of(f"m{number}")
+                    pbt.resumed(f"m{number}")
                     decided.append((exploit.member, exploit.donor, exploit.values["lr"]))
         return decided
 
     assert run(0) == run(0)  # a restart replays the same
     assert run(0) != run(1)
-    # Asynchronous, as Ray Tune's: a member is ranked against the latest values of those that have
-    # reported, so the second to report at step 4 is the bottom of two, and copies the first.
+    # Asynchronous, as Ray Tune's: a member is ranked against the values of those judged so far, so
+    # the second judged at step 4 is the bottom of two, and copies the first's snapshot.
     assert run(0)[0] == ("m1", "m0", 0.5)
 
 
@@ -112,10 +157,11 @@ def test_a_resampled_value_is_drawn_again_with_its_probability(probability, resa
             }
         )
     )
-    pbt.began("a", {"dropout": 0.1})
-    pbt.began("b", {"dropout": 0.2})
-    pbt.report("a", 4, 0.1)
-    exploit = pbt.report("b", 4, 0.9)
+    pbt.began("a", 0, {"dropout": 0.1})
+    pbt.began("b", 0, {"dropout": 0.2})
+    tell(pbt, "a", 4, 0.1)
+    assert tell(pbt, "b", 4, 0.9) == EXPLOIT
+    exploit = pbt.exploit_of("b")
     assert isinstance(exploit, Exploit)
     assert (exploit.values["dropout"] != 0.1) is resampled and 0.0 <= exploit.values["dropout"] <= 0.5
     assert exploit.changed == ({"dropout": "resampled"} if resampled else {})
@@ -123,8 +169,9 @@ def test_a_resampled_value_is_drawn_again_with_its_probability(probability, resa
 
 def test_an_integer_value_stays_an_integer_when_perturbed():
     pbt = Pbt(parse_pbt({**PBT, "perturb": {"batch": [0.5, 2.0]}}))
-    pbt.began("a", {"batch": 1})
-    pbt.began("b", {"batch": 3})
-    pbt.report("a", 4, 0.1)
-    exploit = pbt.report("b", 4, 0.9)
+    pbt.began("a", 0, {"batch": 1})
+    pbt.began("b", 0, {"batch": 3})
+    tell(pbt, "a", 4, 0.1)
+    tell(pbt, "b", 4, 0.9)
+    exploit = pbt.exploit_of("b")
     assert exploit.values["batch"] in (1, 2) and isinstance(exploit.values["batch"], int)  # 1 x 0.5 is 1, not 0

@@ -216,7 +216,10 @@ class Scheduler:
         spec, slot = item.spec, self.setup().slots[slot_index]
         paths = RunPaths(spec.work_dir, self.options.log_file)
         # An attempt that goes on from an earlier one's checkpoint: the step that one reported last.
-        resume_step = last_step(paths) if item.resume or item.tries else None
+        resume_step = item.resume_step if item.resume_step is not None else None
+        if resume_step is None and (item.resume or item.tries):
+            resume_step = last_step(paths)
+        item.resume_step = None  # a later attempt of it goes on from its own last step
         item.tries += 1
         live = self._launcher.live_attempt(spec.name) if self._abilities.adopts else None
         token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from collections.abc import Iterable, Iterator
+from typing import Any
 
-from ..records.ledger import Ledger
+from ..records import checkpoints
+from ..records.ledger import Ledger, paused_cause
+from ..records.paths import RunPaths
 from ..sweep.expand import RunSpec, Sweep
+from ..tuning.pbt import EXPLOIT, SNAPSHOT, Pbt, PbtRule
 from ..tuning.stopping import Pausing
 from ..tuning.trials import CONTINUE, PAUSE, Method, PromotionAsha, method_for
 
@@ -36,10 +41,13 @@ KEYS_META = "trial_method_keys"  # the ledger's meta key for the keys of the met
 
 
 class Pauses:
-    def __init__(self, sweep: Sweep, ledger: Ledger, *, afresh: bool = False, read_only: bool = False) -> None:
+    def __init__(
+        self, sweep: Sweep, ledger: Ledger, *, afresh: bool = False, read_only: bool = False, root: str = ""
+    ) -> None:
         """``afresh``: every run starts again from step 0 (force_rerun): the history goes.
-        ``read_only``: to say what a start would do (``--dry-run``), writing nothing."""
-        self._ledger = ledger
+        ``read_only``: to say what a start would do (``--dry-run``), writing nothing. ``root``: the
+        result root (population-based training copies checkpoints between its runs' folders)."""
+        self._ledger, self._root = ledger, root
         rules = {stage: rule for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)}
         self._methods: dict[str | None, Method] = {stage: method_for(rule) for stage, rule in rules.items()}
         self._stage_of: dict[str, str | None] = {}  # the runs the methods know: they began in a bracket
@@ -49,6 +57,7 @@ class Pauses:
         keys = json.dumps(
             {
                 str(stage): [r.method, r.metric, r.mode, r.min_step, r.max_step, r.reduction_factor]
+                + ([repr(r.config)] if isinstance(r, PbtRule) else [])
                 for stage, r in rules.items()
             }
         )
@@ -101,7 +110,7 @@ class Pauses:
             try:
                 if event.kind == "began":
                     if name not in self._stage_of:
-                        method.began(name, event.bracket or 0)
+                        method.began(name, event.bracket or 0, (event.detail or {}).get("values"))
                         self._stage_of[name] = event.stage
                 elif name not in self._stage_of or name in self._ended:
                     continue
@@ -109,7 +118,7 @@ class Pauses:
                     if event.step is None or event.value is None or event.rung is None:
                         skipped += 1
                     elif method.rung_reached(name, event.step) == event.rung:
-                        if method.report(name, event.rung, event.value) != event.decision:
+                        if method.report(name, event.rung, event.value, event.step) != event.decision:
                             differed += 1  # the same events give the same decisions: changed by hand?
                 elif event.kind == "resumed":
                     if name in method.paused:
@@ -175,15 +184,18 @@ class Pauses:
         if method is None or spec.name in self._stage_of:
             return
         bracket = method.next(more_new=True).bracket
-        method.began(spec.name, bracket)
+        method.began(spec.name, bracket, spec.config)
         self._stage_of[spec.name] = spec.stage
         self._ended.discard(spec.name)
-        self._ledger.record_trial_event("began", stage=spec.stage, name=spec.name, bracket=bracket)
+        detail = {"values": method.values_of(spec.name)} if isinstance(method, Pbt) else None
+        self._ledger.record_trial_event("began", stage=spec.stage, name=spec.name, bracket=bracket, detail=detail)
 
     def resumed(self, spec: RunSpec) -> None:
         """``spec`` (named by :meth:`owed`) starts again from its checkpoint."""
         self._methods[spec.stage].resumed(spec.name)
         self._specs.pop(spec.name, None)
+        # The donor's snapshot it copied goes with the donor's next one (not now: this is committed
+        # with the attempt it starts, and a start after a kill before that copies it again).
         self._ledger.record_trial_event("resumed", stage=spec.stage, name=spec.name)
 
     def reached(self, spec: RunSpec, step: float, value: float) -> tuple[float, str] | None:
@@ -196,11 +208,78 @@ class Pauses:
         rung = method.rung_reached(spec.name, step)
         if rung is None:
             return None
-        decision = method.report(spec.name, rung, value)
+        decision = method.report(spec.name, rung, value, step)
+        detail = None
+        if isinstance(method, Pbt):
+            detail = self._population(method, spec, decision, step)
         self._ledger.record_trial_event(
-            "rung", stage=spec.stage, name=spec.name, rung=rung, step=step, value=value, decision=decision
+            "rung",
+            stage=spec.stage,
+            name=spec.name,
+            rung=rung,
+            step=step,
+            value=value,
+            decision=decision,
+            detail=detail,
         )
         return rung, decision
+
+    def _population(self, method: Pbt, spec: RunSpec, decision: str, step: float) -> dict[str, Any] | None:
+        """What a PBT decision needs before it is recorded: a top member's snapshot (copied while it
+        waits in report(); recorded after, so that a recorded snapshot is whole), an exploit's detail."""
+        if decision == SNAPSHOT:
+            paths = RunPaths(spec.work_dir, None)
+            try:
+                checkpoints.take_snapshot(paths, step)
+                checkpoints.collect(paths, method.needed_snapshots(spec.name))
+            except OSError as error:
+                logger.warning(
+                    "%s: could not keep a snapshot of its checkpoint at step %g (%s)", spec.name, step, error
+                )
+            return None
+        exploit = method.exploit_of(spec.name)
+        if decision != EXPLOIT or exploit is None:
+            return None
+        return {"donor": exploit.donor, "step": exploit.step, "values": exploit.values, "changed": exploit.changed}
+
+    def pause_cause(self, name: str, rung: float, value: float) -> str:
+        """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies."""
+        method = self._methods[self._stage_of[name]]
+        exploit = method.exploit_of(name) if isinstance(method, Pbt) else None
+        if exploit is None:
+            return paused_cause(rung, value)
+        changed = ", ".join(f"{key} {how}" for key, how in sorted(exploit.changed.items())) or "its values kept"
+        return (
+            f"exploits {exploit.donor} at step {exploit.step:g} ({value:.4g} at step {rung:g}, {changed}): "
+            "it resumes from a copy of that member's checkpoint"
+        )
+
+    def values(self, name: str) -> dict[str, Any] | None:
+        """``name``'s current values of what its method changes (population-based training), or None."""
+        stage = self._stage_of.get(name, "\0")
+        method = self._methods.get(stage) if stage != "\0" else None
+        return method.values_of(name) if isinstance(method, Pbt) else None
+
+    def resuming(self, spec: RunSpec) -> float | None:
+        """``spec``, named by :meth:`owed`, is about to resume: the step it resumes from if that is
+        not its own last one (an exploit's: the donor's snapshot is put in place of its checkpoint)."""
+        method = self._methods[spec.stage]
+        exploit = method.exploit_of(spec.name) if isinstance(method, Pbt) else None
+        if exploit is None:
+            return None
+        donor = RunPaths(os.path.join(self._root, exploit.donor), None)
+        snapshot = checkpoints.snapshot_path(donor, exploit.step)
+        if not os.path.isdir(snapshot):
+            logger.warning(
+                "%s: the snapshot of %s at step %g it was to copy is gone (%s): it goes on from its own checkpoint",
+                spec.name,
+                exploit.donor,
+                exploit.step,
+                snapshot,
+            )
+            return None
+        checkpoints.install(RunPaths(spec.work_dir, None), snapshot)
+        return exploit.step
 
     def paused(self, spec: RunSpec) -> None:
         """``spec`` is paused (it ended so, or an earlier start left it so): this start may resume it."""
@@ -225,4 +304,4 @@ class Pauses:
         return stuck
 
 
-__all__ = ["CONTINUE", "PAUSE", "Pauses"]
+__all__ = ["CONTINUE", "EXPLOIT", "PAUSE", "Pauses"]

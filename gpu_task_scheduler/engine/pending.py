@@ -30,7 +30,17 @@ class Pending:
     """A run of the queue and what this start() has learnt of it (a plain class: one is made per
     run, and a dataclass's generated methods cost every start their compilation)."""
 
-    __slots__ = ("spec", "tries", "oom_retries", "lost_retries", "need", "decided", "waiting_on", "resume")
+    __slots__ = (
+        "spec",
+        "tries",
+        "oom_retries",
+        "lost_retries",
+        "need",
+        "decided",
+        "waiting_on",
+        "resume",
+        "resume_step",
+    )
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
@@ -41,6 +51,9 @@ class Pending:
         self.decided = False  # before_run() said it runs (asked once, also when it waits for dependencies)
         self.waiting_on: set[str] | None = None  # while parked: the runs it still waits for
         self.resume = False  # its next attempt goes on from the last one's checkpoint (decide.Decision.resume)
+        # The step its next attempt goes on from when it is not the last one's last step (a
+        # population-based training member that copied another's checkpoint goes on from that one's).
+        self.resume_step: float | None = None
 
 
 class RunQueue:

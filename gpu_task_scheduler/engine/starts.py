@@ -76,6 +76,7 @@ class Starts:
                 continue
             if self._pauses is not None:
                 self._pauses.began(item.spec)  # a new configuration of a pausing method (one it knows goes on)
+                self._current(item)
             return item, *placed
 
     def _place(self, item: Pending, capacity: Capacity) -> tuple[int, Need] | None:
@@ -112,12 +113,28 @@ class Starts:
         if placed[0] < 0:  # it can never start here now (recorded failed, ended for its method): what is next
             return self.next(capacity)
         rung = self._pauses.paused_at(spec.name)
-        logger.info("%s is promoted from rung %g: it resumes from its checkpoint", spec.name, rung)
+        try:
+            item.resume_step = self._pauses.resuming(spec)
+        except OSError as error:  # the copy of another run's checkpoint failed: it waits, as if no room
+            logger.warning("%s: could not copy the checkpoint it resumes from (%s); tried again", spec.name, error)
+            return None
+        if item.resume_step is None:
+            logger.info("%s is promoted from rung %g: it resumes from its checkpoint", spec.name, rung)
         self._pauses.resumed(spec)
+        self._current(item)
         if spec.name in self._paused_skips:  # it runs in this start after all
             self._paused_skips.discard(spec.name)
             self._records.summary.skipped.remove(spec.name)
         return item, *placed
+
+    def _current(self, item: Pending) -> None:
+        """A population-based training member starts with its values of now (a copied member's)."""
+        assert self._pauses is not None
+        values = self._pauses.values(item.spec.name)
+        if values and any(item.spec.config.get(key, values) != value for key, value in values.items()):
+            import dataclasses  # here: only a copied member's start needs it (5 ms)
+
+            item.spec = dataclasses.replace(item.spec, config={**item.spec.config, **values})
 
     def filled(self, capacity: Capacity, *, running: bool, queue_places: bool) -> bool:
         """What follows starting all that could start: runs that can never start are blocked, and a

@@ -26,12 +26,12 @@ from collections.abc import Iterable
 
 from ..errors import closest, did_you_mean
 from ..recordclass import Record
-from ..records.ledger import Ledger, paused_cause, pruned_cause
+from ..records.ledger import Ledger, pruned_cause
 from ..records.metrics import MAX_METRICS, MetricsReader, run_points
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.stopping import Asha, Curve, Median, Pausing, Rule, Verdict
-from .pauses import PAUSE, Pauses
+from .pauses import EXPLOIT, PAUSE, Pauses
 
 # Seconds between looks at the running runs' metrics files: 0.1, or 5 ms per watched run when
 # more run at once (at most 200 opens a second, also on a slow shared file system).
@@ -79,7 +79,7 @@ class Stopper:
         self._curves: dict[str | None, dict[str, Curve]] = {}
         self._warned: set[tuple[str | None, str]] = set()  # (stage, metric): said once a sweep
         # The pausing methods (promotion ASHA, Hyperband): what runs next is theirs to say, too.
-        self.pauses = Pauses(sweep, ledger, afresh=sweep.options.force_rerun)
+        self.pauses = Pauses(sweep, ledger, afresh=sweep.options.force_rerun, root=root)
         self._restore(root)
 
     @property
@@ -256,12 +256,12 @@ class Stopper:
         """Each value at a rung the run had none at goes to its method, which says whether it goes on;
         a run that goes on is told so up to the step it reported (report() waits at every rung of
         the rule, and a Hyperband bracket judges at some of them only)."""
-        levels = rule.rungs
         for step, value in points:
             decided = self.pauses.reached(watched.spec, step, value)
-            if decided is not None and decided[1] == PAUSE:
-                return Verdict(True, step, value, paused_cause(decided[0], value), rung=decided[0], pause=True)
-            if any(watched.last_step < level <= step for level in levels):
+            if decided is not None and decided[1] in (PAUSE, EXPLOIT):
+                cause = self.pauses.pause_cause(watched.spec.name, decided[0], value)
+                return Verdict(True, step, value, cause, rung=decided[0], pause=True)
+            if rule.crossed(watched.last_step, step):
                 watched.judged = step
             watched.last_step = max(watched.last_step, step)
         return None

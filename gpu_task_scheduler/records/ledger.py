@@ -43,11 +43,12 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .. import __version__
 from ..errors import LedgerError, SchedulerBusyError
+from ..jsonable import to_jsonable
 from ..recordclass import Record
 from .paths import MAX_INLINE_RESULT, RootPaths, ledger_path_problem, open_regular, root_records_problem
 from .status import RunStatus
@@ -62,7 +63,8 @@ logger = logging.getLogger("gpu_task_scheduler")
 #    runs.metrics (a summary of what the run reported as it trained, see metrics.py).
 # 6: the status 'pruned' and the table verdicts (what the early_stop rule decided about each run).
 # 7: the status 'paused' and the table trial_events (what a pausing method was told and decided, in order).
-SCHEMA_VERSION = 7
+# 8: trial_events.detail (JSON: a population-based training member's values, an exploit's donor).
+SCHEMA_VERSION = 8
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
@@ -70,6 +72,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: ("ALTER TABLE runs ADD COLUMN program TEXT", "ALTER TABLE runs ADD COLUMN metrics TEXT"),
     5: (),  # the table verdicts is created with the schema
     6: (),  # the table trial_events is created with the schema
+    7: ("ALTER TABLE trial_events ADD COLUMN detail TEXT",),
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -100,10 +103,12 @@ CREATE TABLE IF NOT EXISTS verdicts (
 -- A pausing early_stop method's history (tuning/trials.py), replayed in order at every start so that
 -- it decides as the sweep before it did: kind 'began' (a new configuration, in bracket), 'rung' (its
 -- value at a rung, and the decision: 'continue' or 'pause'), 'resumed' (promoted), 'ended', and
--- 'closed' (the sweep had no more new configurations; name NULL).
+-- 'closed' (the sweep had no more new configurations; name NULL). Population-based training's
+-- decisions are 'continue', 'snapshot' and 'exploit'; detail (JSON) holds a member's values at
+-- 'began' and an exploit's donor, step and values.
 CREATE TABLE IF NOT EXISTS trial_events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, stage TEXT, name TEXT, kind TEXT NOT NULL,
-    bracket INTEGER, rung REAL, step REAL, value REAL, decision TEXT
+    bracket INTEGER, rung REAL, step REAL, value REAL, decision TEXT, detail TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
@@ -260,6 +265,18 @@ class TrialEvent(NamedTuple):
     step: float | None
     value: float | None
     decision: str | None
+    detail: dict[str, Any] | None = None
+
+
+def _json_dict(text: Any) -> dict[str, Any] | None:
+    """An event's detail: a JSON object, or None (none, or not one: changed by hand)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def paused_cause(rung: Any, value: Any) -> str:
@@ -886,12 +903,14 @@ class Ledger:
         step: float | None = None,
         value: float | None = None,
         decision: str | None = None,
+        detail: Mapping[str, Any] | None = None,
     ) -> None:
         """One event of a pausing method's history (see the table trial_events)."""
+        text = None if detail is None else json.dumps(to_jsonable(detail), sort_keys=True)
         self._write(
-            "INSERT INTO trial_events (stage, name, kind, bracket, rung, step, value, decision) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (stage, name, kind, bracket, rung, step, value, decision),
+            "INSERT INTO trial_events (stage, name, kind, bracket, rung, step, value, decision, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (stage, name, kind, bracket, rung, step, value, decision, text),
         )
 
     def trial_events(self) -> list[TrialEvent]:
@@ -899,11 +918,12 @@ class Ledger:
         left out."""
         if not self._tuples("SELECT 1 FROM sqlite_master WHERE name = 'trial_events'", ()):
             return []  # a ledger of an older version, read as it is (a dry run)
-        rows = self._tuples(
-            "SELECT stage, name, kind, bracket, rung, step, value, decision FROM trial_events ORDER BY seq", ()
-        )
+        columns = "stage, name, kind, bracket, rung, step, value, decision"
+        if self._tuples("SELECT 1 FROM pragma_table_info('trial_events') WHERE name = 'detail'", ()):
+            columns += ", detail"  # not in a ledger of version 7 read as it is (a dry run)
+        rows = self._tuples(f"SELECT {columns} FROM trial_events ORDER BY seq", ())
         events = []
-        for stage, name, kind, bracket, rung, step, value, decision in rows:
+        for stage, name, kind, bracket, rung, step, value, decision, *more in rows:
             numbers = (rung, step, value)
             if (
                 kind not in TRIAL_EVENT_KINDS
@@ -914,7 +934,8 @@ class Ledger:
                 or not isinstance(decision, (str, type(None)))
             ):
                 continue
-            events.append(TrialEvent(kind, stage, name, bracket, rung, step, value, decision))
+            detail = _json_dict(more[0]) if more else None
+            events.append(TrialEvent(kind, stage, name, bracket, rung, step, value, decision, detail))
         return events
 
     def forget_trials(self) -> None:
@@ -926,7 +947,7 @@ class Ledger:
         rows = self._tuples(
             "SELECT kind, decision, rung, value FROM trial_events WHERE name = ? ORDER BY seq DESC LIMIT 1", (name,)
         )
-        if not rows or rows[0][0] != "rung" or rows[0][1] != "pause":
+        if not rows or rows[0][0] != "rung" or rows[0][1] not in ("pause", "exploit"):
             return None
         return paused_cause(rows[0][2], rows[0][3])
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..digest import sha256_hex
-from ..errors import ConfigError, unknown_key_message
+from ..errors import ConfigError, did_you_mean, unknown_key_message
 from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
 from ..recordclass import Record
@@ -50,6 +50,7 @@ TOP_LEVEL_KEYS = (
     "shell",
     "early_stop",
     "search",
+    "pbt",
 )
 
 
@@ -352,6 +353,9 @@ class Sweep:
             )
             if rule is not None:
                 self.stopping[stage.name] = rule
+        self.pbt_raw = copy.deepcopy(raw.get("pbt"))
+        if self.pbt_raw is not None:
+            self._take_pbt()
         self.rerun_pruned = False  # `gts retry --pruned`: runs stopped early run again (to their end)
         self.unjudged: frozenset[str] = frozenset()  # runs the early_stop rule leaves alone in this start
         self._has_test_config = raw.get("test_config") is not None
@@ -549,6 +553,7 @@ class Sweep:
             "test_config": self.blocks if self._has_test_config else None,
             **(self.task_record or {}),  # none: `gts retry --task` names it
             **({"early_stop": self.early_stop_raw} if self.early_stop_raw is not None else {}),
+            **({"pbt": self.pbt_raw} if self.pbt_raw is not None else {}),
         }
         if self.staged:
             del config["test_config"]
@@ -588,6 +593,28 @@ class Sweep:
             from .sampled import settled
 
             settled(self, spec, status, record)
+
+    def _take_pbt(self) -> None:
+        """The ``pbt`` config, as the one stage's rule: checked against the rest of the config."""
+        from ..tuning.pbt import parse_pbt, pbt_rule, perturbed_keys
+
+        if self.staged:
+            raise ConfigError("pbt trains one population: it cannot be given with stages (give it without stages)")
+        if self.stopping:
+            raise ConfigError(
+                "give pbt or early_stop, not both: population-based training decides itself which runs go on"
+            )
+        config = parse_pbt(self.pbt_raw)
+        assert config is not None
+        keys = set(self.global_config) | set(self.space) | {key for block in self.blocks for key in block}
+        for key in perturbed_keys(config):
+            if key not in keys:
+                where = "perturb" if key in config.perturb else "resample"
+                raise ConfigError(
+                    f"pbt.{where}.{key}: no run has the key {key!r}{did_you_mean(key, keys)} pbt changes a "
+                    "value of each run's config: give the key in global_config or test_config"
+                )
+        self.stopping[None] = pbt_rule(config)
 
     def paused(self, spec: RunSpec) -> None:
         """``spec`` was paused by a pausing early_stop method: a search samples on (it holds no slot),

@@ -34,7 +34,13 @@ from typing import Any, TypeGuard
 from ..errors import ConfigError, unknown_key_message
 from ..recordclass import Record, field
 from .space import Distribution, parse_distribution
-from .stopping import metric_and_mode
+from .stopping import Pausing, metric_and_mode
+from .trials import CONTINUE, Next
+
+EXPLOIT, SNAPSHOT = "exploit", "snapshot"  # a PBT decision besides CONTINUE (trials.py)
+# Seconds report() waits at an interval for the scheduler's word (a snapshot of a top member's
+# checkpoint is copied then, while the run waits; ASHA's rungs wait 5 s at most).
+PBT_WAIT = 120.0
 
 KEYS = (
     "metric",
@@ -73,13 +79,18 @@ class Exploit(Record):
     step: float
     values: dict[str, Any]
     changed: dict[str, str] = field(default_factory=dict)
+    value: float | None = None  # the donor's value at ``step``
 
 
 class Member(Record, frozen=False):
     values: dict[str, Any]
-    last_step: float | None = None  # the step it reported last
-    last_value: float | None = None  # its value there
-    judged_at: float = 0.0  # the step it was last judged at (or went on from, after an exploit)
+    last_step: float | None = None  # the step it was last judged at (or went on from, after an exploit)
+    last_value: float | None = None  # its value at its latest judgement
+    judged_at: float = 0.0  # the multiple of interval it was last judged at (or the step it went on from)
+    # (step, its value there, its values then): its checkpoints kept for the members that copy it
+    snapshots: list[tuple[float, float, dict[str, Any]]] = field(default_factory=list)
+    segments: int = 1  # its exploits so far, plus one
+    went_back: float | None = None  # the interval its last exploit went back from (to the one before)
 
 
 def _number(value: Any) -> TypeGuard[float]:
@@ -164,51 +175,134 @@ def _factors(raw: Any, where: str) -> dict[str, tuple[float, ...]]:
 
 
 class Pbt:
-    """A population's state and the decisions on it (see the module's text)."""
+    """A population's state and the decisions on it (see the module's text): one of the engine's
+    trial-scheduling methods (``trials.py``), driven by ``engine/pauses.py`` as promotion ASHA is.
+
+    A member is judged at the first step it reports at or past each multiple of ``interval``
+    (below ``max_step``), by its value there, against every member's value at its own latest
+    judgement. A judged member in the top ``quantile`` goes on after a snapshot of its checkpoint
+    (:data:`SNAPSHOT`: the donor copies come from these); one in the bottom ``quantile`` pauses
+    (:data:`EXPLOIT`) and :meth:`next` resumes it at once, from a copy of a top member's latest
+    snapshot, with that member's values explored; the others go on (:data:`CONTINUE`)."""
 
     def __init__(self, config: PbtConfig) -> None:
         self.config = config
         self.members: dict[str, Member] = {}
+        self._exploits: dict[str, Exploit] = {}  # decided, not yet resumed
+        self._ended: set[str] = set()
 
-    def began(self, member: str, values: Mapping[str, Any]) -> None:
-        """``member`` joined the population with ``values`` (its config's explored keys)."""
-        self.members[member] = Member(dict(values))
+    # --- what the engine tells it ------------------------------------------------------------
 
-    def report(self, member: str, step: float, value: float) -> Exploit | None:
-        """``member`` reported ``value`` at ``step``: the exploit it is to make now, or None (it goes on)."""
-        state = self.members[member]
-        if state.last_step is not None and step <= state.last_step:
-            return None  # a step it reported already (a resumed attempt's first lines)
-        state.last_step, state.last_value = step, value
+    def began(self, run: str, bracket: int = 0, config: Mapping[str, Any] | None = None) -> None:
+        """``run`` joined the population with ``config`` (of which the keys PBT explores count)."""
+        del bracket  # one population
+        keys = perturbed_keys(self.config)
+        self.members[run] = Member({key: config[key] for key in keys if key in config} if config else {})
+
+    def rung_reached(self, run: str, step: float) -> float | None:
+        """The multiple of ``interval`` a report at ``step`` is judged at (the highest at or below it,
+        past the one the member was last judged at or went on from); None: not judged there."""
+        state = self.members.get(run)
         c = self.config
-        if step >= c.max_step or step - state.judged_at < c.interval:
+        if state is None or step >= c.max_step or (state.last_step is not None and step <= state.last_step):
             return None
-        state.judged_at = step
-        bottom, top = self._quantiles()
-        if member not in bottom or not top:
-            return None
-        rng = random.Random(f"{c.seed}/{member}/{step!r}")
-        donor = top[rng.randrange(len(top))]
-        values, changed = self._explore(self.members[donor].values, rng)
-        return Exploit(member, donor, self.members[donor].last_step or 0.0, values, changed)
+        boundary = math.floor(step / c.interval) * c.interval
+        return boundary if boundary > state.judged_at and boundary > 0 else None
 
-    def exploited(self, exploit: Exploit) -> None:
-        """``exploit`` was made: the member goes on from the donor's step with its new values."""
-        state = self.members[exploit.member]
+    def report(self, run: str, rung: float, value: float, step: float | None = None) -> str:
+        """``run`` reported ``value`` at ``step``, judged at ``rung`` (recorded before anything acts
+        on it): :data:`EXPLOIT` (it pauses; :meth:`exploit_of` says from what it resumes),
+        :data:`SNAPSHOT` (a top member: its checkpoint is kept as a donor's) or :data:`CONTINUE`."""
+        state = self.members[run]
+        step = rung if step is None else step
+        state.last_step, state.last_value, state.judged_at = step, value, rung
+        bottom, top = self._quantiles()
+        if run in top:
+            state.snapshots.append((step, value, dict(state.values)))
+            return SNAPSHOT
+        # A donor's latest snapshot may be of the interval before this one (the donor has not reached
+        # this one yet) once: a member that went back so is judged here again, and then copies only
+        # a snapshot of this interval or later (always going back to one that ended could loop).
+        since = rung if state.went_back == rung else rung - self.config.interval
+        donors = [name for name in top if self.members[name].snapshots and self.members[name].snapshots[-1][0] >= since]
+        if run not in bottom or not donors:
+            return CONTINUE
+        rng = random.Random(f"{self.config.seed}/{run}/{step!r}")
+        donor = donors[rng.randrange(len(donors))]
+        at, there, values = self.members[donor].snapshots[-1]
+        explored, changed = self._explore(values, rng)
+        self._exploits[run] = Exploit(run, donor, at, explored, changed, there)
+        state.went_back = rung if at < rung else None
+        return EXPLOIT
+
+    def resumed(self, run: str) -> None:
+        """``run``'s exploit was made (it goes on from the donor's snapshot, with its new values)."""
+        exploit = self._exploits.pop(run)
+        state = self.members[run]
         state.values = dict(exploit.values)
-        state.last_step = exploit.step
-        state.judged_at = exploit.step
-        donor = self.members[exploit.donor]
-        state.last_value = donor.last_value
+        state.last_step = state.judged_at = exploit.step
+        state.last_value = exploit.value  # ranked as the member it copied until it is judged again
+        state.segments += 1
+
+    def ended(self, run: str) -> None:
+        """``run`` ended: its last value still ranks it, and its snapshot may still be copied."""
+        self._exploits.pop(run, None)
+        self._ended.add(run)
+
+    def close(self) -> bool:
+        return False  # a population needs nothing of the end of the new members
+
+    # --- what it decides -------------------------------------------------------------------------
+
+    def next(self, *, more_new: bool) -> Next:
+        """A member that exploits resumes before anything new (the first decided, by name)."""
+        if self._exploits:
+            run = min(self._exploits)
+            return Next("resume", run, self._exploits[run].step)
+        return Next("new") if more_new else Next("none")
+
+    @property
+    def paused(self) -> Mapping[str, float]:
+        """Each member waiting to resume from a donor, and the step it resumes at."""
+        return {run: exploit.step for run, exploit in self._exploits.items()}
+
+    def exploit_of(self, run: str) -> Exploit | None:
+        """What ``run`` resumes from (decided, not yet resumed), if it exploits."""
+        return self._exploits.get(run)
+
+    def values_of(self, run: str) -> dict[str, Any] | None:
+        """``run``'s current values of the explored keys (its config's, or the last exploit's)."""
+        state = self.members.get(run)
+        return None if state is None else dict(state.values)
+
+    def needed_snapshots(self, run: str) -> set[float]:
+        """The steps of ``run``'s snapshots that must be kept: its latest (a donor's), those an exploit
+        not yet made copies, and the ``keep`` before the latest of the best member."""
+        state = self.members.get(run)
+        if state is None:
+            return set()
+        needed = {step for step, _, _ in state.snapshots[-1:]}
+        needed |= {e.step for e in self._exploits.values() if e.donor == run}
+        if self.config.keep and run == self.best():
+            needed |= {step for step, _, _ in state.snapshots[-1 - self.config.keep : -1]}
+        return needed
+
+    def best(self) -> str | None:
+        """The member with the best value at its latest judgement (ties by name)."""
+        ranked = self._ranked()
+        return ranked[0] if ranked else None
+
+    def _ranked(self) -> list[str]:
+        sign = 1 if self.config.mode == "min" else -1
+        reported = [(sign * m.last_value, name) for name, m in self.members.items() if m.last_value is not None]
+        return [name for _, name in sorted(reported)]
 
     def _quantiles(self) -> tuple[list[str], list[str]]:
-        """The bottom and the top ``quantile`` of the members that reported, by their latest value
-        (best first within each; ties by name)."""
-        reported = [(name, m.last_value) for name, m in self.members.items() if m.last_value is not None]
-        if len(reported) < 2:
-            return [], []
-        sign = 1 if self.config.mode == "min" else -1
-        ranked = [name for name, _ in sorted(reported, key=lambda item: (sign * item[1], item[0]))]
+        """The bottom and the top ``quantile`` of the members that were judged, by their value at
+        their latest judgement (best first within each; ties by name)."""
+        ranked = self._ranked()
+        if len(ranked) < 2:  # the first judged is the top of one: its snapshot is the first donor's
+            return [], ranked
         size = min(max(1, math.ceil(len(ranked) * self.config.quantile)), len(ranked) // 2)
         return ranked[-size:], ranked[:size]
 
@@ -234,6 +328,54 @@ def _scaled(value: float, factor: float) -> float:
         scaled = round(value * factor)
         return scaled if scaled != 0 or value == 0 else (1 if value > 0 else -1)
     return value * factor
+
+
+class PbtRule(Pausing):
+    """The ``pbt`` config as the engine's rule: its runs report ``metric`` and wait at each multiple
+    of ``interval`` (``min_step``) below ``max_step`` for the scheduler's word."""
+
+    pbt: PbtConfig | None = None
+
+    @property
+    def config(self) -> PbtConfig:
+        assert self.pbt is not None
+        return self.pbt
+
+    @property
+    def rungs(self) -> list[float]:
+        """The multiples of ``interval`` below ``max_step`` (what a member may be judged at)."""
+        c = self.config
+        return [c.interval * k for k in range(1, math.ceil(c.max_step / c.interval)) if c.interval * k < c.max_step]
+
+    def crossed(self, last: float, step: float) -> bool:
+        c = self.config
+        boundary = math.floor(step / c.interval) * c.interval
+        return 0 < boundary < c.max_step and boundary > last
+
+    def waits(self) -> dict[str, Any]:
+        return {"every": self.config.interval, "below": self.config.max_step, "wait": PBT_WAIT}
+
+    def describe(self) -> str:
+        c = self.config
+        changes = ", ".join(
+            [f"{key} x{'/'.join(f'{f:g}' for f in factors)}" for key, factors in sorted(c.perturb.items())]
+            + [f"{key} drawn again" for key in sorted(c.resample)]
+        )
+        return (
+            f"population-based training on {c.mode} {c.metric}: every {c.interval:g} steps the bottom "
+            f"{c.quantile:g} copy the top {c.quantile:g} ({changes}), up to step {c.max_step:g}"
+        )
+
+
+def pbt_rule(config: PbtConfig) -> PbtRule:
+    return PbtRule(
+        metric=config.metric,
+        mode=config.mode,
+        min_step=config.interval,
+        max_step=config.max_step,
+        method="pbt",
+        pbt=config,
+    )
 
 
 def perturbed_keys(config: PbtConfig) -> Sequence[str]:

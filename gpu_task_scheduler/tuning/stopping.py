@@ -179,6 +179,14 @@ class Pausing(Rule):
         assert self.max_step is not None
         return list(asha_rungs(self.min_step, self.max_step, self.reduction_factor))
 
+    def crossed(self, last: float, step: float) -> bool:
+        """Whether a report at ``step``, after one at ``last``, passes a step the run waits at."""
+        return any(last < level <= step for level in self.rungs)
+
+    def waits(self) -> dict[str, Any]:
+        """Where a run's report() waits for the scheduler's word (its ``GTS_RUNGS``, with the metric)."""
+        return {"steps": self.rungs}
+
     def describe(self) -> str:
         rungs = ", ".join(f"{r:g}" for r in self.rungs)
         if self.method == "hyperband":

@@ -58,9 +58,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..recordclass import Record
 from .stopping import Pausing, asha_rungs
+
+if TYPE_CHECKING:
+    from .pbt import Pbt
 
 CONTINUE, PAUSE = "continue", "pause"
 
@@ -141,7 +145,7 @@ class PromotionAsha:
 
     # --- what the engine tells it -------------------------------------------------------
 
-    def began(self, run: str, bracket: int) -> None:
+    def began(self, run: str, bracket: int, config: Mapping[str, Any] | None = None) -> None:
         """``run`` is a new configuration, started in ``bracket`` (as :meth:`next` said)."""
         self._bracket_of[run] = bracket
         self._members[bracket].append(run)
@@ -153,7 +157,7 @@ class PromotionAsha:
         bracket = self._brackets[self._bracket_of.get(run, 0)]
         return _rung_at(bracket.rungs, bracket.values, run, step, self.max_step)
 
-    def report(self, run: str, rung: float, value: float) -> str:
+    def report(self, run: str, rung: float, value: float, step: float | None = None) -> str:
         """``run`` reached ``rung`` with ``value`` there (recorded before anything acts on it). It
         goes on (:data:`CONTINUE`) when it is promotable from there at once and no paused run is
         owed a promotion from a higher rung; otherwise it pauses (:data:`PAUSE`) and waits for
@@ -301,7 +305,7 @@ class Hyperband:
         self._ladder_of: dict[str, int] = {}
         self._paused: dict[str, int] = {}  # run -> the rung index (of its ladder) it waits at
 
-    def began(self, run: str, bracket: int) -> None:
+    def began(self, run: str, bracket: int, config: Mapping[str, Any] | None = None) -> None:
         while len(self._ladders) <= bracket:
             rungs, size = self._shapes[len(self._ladders) % len(self._shapes)]
             self._ladders.append(_Ladder(rungs, size))
@@ -314,7 +318,7 @@ class Hyperband:
         ladder = self._ladders[self._ladder_of[run]]
         return _rung_at(ladder.rungs, ladder.values, run, step, self.max_step)
 
-    def report(self, run: str, rung: float, value: float) -> str:
+    def report(self, run: str, rung: float, value: float, step: float | None = None) -> str:
         """``run`` reached ``rung``: it pauses, unless its value completes the rung and puts it
         among the promoted (it goes on at once; the others promoted wait for :meth:`next`)."""
         number = self._ladder_of[run]
@@ -409,11 +413,17 @@ class Hyperband:
         ladder.promoted[index] = ranked[: math.floor(len(ranked) / self.factor)] or ranked[:1]
 
 
-Method = PromotionAsha | Hyperband
+Method: TypeAlias = "PromotionAsha | Hyperband | Pbt"
 
 
 def method_for(rule: Pausing) -> Method:
-    """The pausing method an ``early_stop`` rule names (``stopping.parse_early_stop`` checked it)."""
+    """The pausing method an ``early_stop`` rule names (``stopping.parse_early_stop`` checked it),
+    or population-based training (the ``pbt`` config)."""
     assert rule.max_step is not None
+    if rule.method == "pbt":
+        from .pbt import Pbt, PbtRule  # pbt.py builds on this module
+
+        assert isinstance(rule, PbtRule)
+        return Pbt(rule.config)
     kind = Hyperband if rule.method == "hyperband" else PromotionAsha
     return kind(min_step=rule.min_step, max_step=rule.max_step, reduction_factor=rule.reduction_factor, mode=rule.mode)

@@ -243,15 +243,15 @@ def _pickle_task(task: GPUTask) -> bytes:
         raise LaunchError(f"the {type(task).__name__} object cannot be pickled for its process: {error}") from error
 
 
-def _rungs(rule: object) -> tuple[str, list[float]] | None:
-    """``("stop" or "pause", rung steps)`` for a rule that judges runs at rungs (ASHA, the pausing
-    methods: report() waits there for the verdict); None for one that does not."""
+def _rungs(rule: object) -> tuple[str, dict[str, Any]] | None:
+    """``("stop" or "pause", where report() waits)`` for a rule that judges runs at rungs (ASHA, the
+    pausing methods, PBT: report() waits there for the verdict); None for one that does not."""
     from ...tuning.stopping import Asha, Pausing  # here: a sweep without early_stop never needs the rules (4 ms)
 
     if isinstance(rule, Asha):
-        return "stop", rule.rungs
+        return "stop", {"steps": rule.rungs}
     if isinstance(rule, Pausing):
-        return "pause", rule.rungs
+        return "pause", rule.waits()
     return None
 
 
@@ -306,7 +306,7 @@ def run_identity(spec: RunSpec, attempt: int, resume_step: float | None = None) 
     }
     rungs = None if spec.early_stop is None else _rungs(spec.early_stop)
     if spec.early_stop is not None and rungs is not None:  # report() waits at the rule's rungs for the verdict
-        identity[RUNGS_ENV] = json.dumps({"metric": spec.early_stop.metric, "steps": rungs[1]})
+        identity[RUNGS_ENV] = json.dumps({"metric": spec.early_stop.metric, **rungs[1]})
         identity[JUDGED_ENV] = RunPaths(work_dir, None).judged
         if rungs[0] == "pause":  # report() raises Paused when told
             identity[PAUSE_ENV] = RunPaths(work_dir, None).pause

@@ -1,0 +1,141 @@
+"""Population-based training at work (the ``pbt`` config, engine/pauses.py, records/checkpoints.py):
+the example sweep of configs/pbt.yaml beats its best fixed learning rate within the grid's steps,
+runs nothing again, and survives kill -9 at random moments with each exploit made once and no
+checkpoint half-copied."""
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from conftest import marked_pids, wait_until
+from helpers import ledger_rows
+from test_process_control import finish
+
+from gpu_task_scheduler import ConfigError
+from gpu_task_scheduler.sweep.expand import Sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "examples"))
+from pbt_schedule import fixed_score  # noqa: E402
+
+LRS = [1.0, 0.61, 0.37, 0.23, 0.14, 0.085, 0.052, 0.032]
+KILL_SEED = int(os.environ.get("GTS_KILL_SEED", "20261126"))
+
+
+def _example(folder, seconds="0.1"):
+    """configs/pbt.yaml and its script in ``folder``, each step taking ``seconds``."""
+    (folder / "configs").mkdir()
+    (folder / "examples").mkdir()
+    for path in ("configs/pbt.yaml", "examples/pbt_schedule.py"):
+        (folder / path).write_text(open(os.path.join(REPO, path), encoding="utf-8").read())
+    config = folder / "configs" / "pbt.yaml"
+    config.write_text(config.read_text().replace('--seconds, "0.1"', f'--seconds, "{seconds}"'))
+    return [sys.executable, "-m", "gpu_task_scheduler", "run", "configs/pbt.yaml", "--plain"]
+
+
+def _executed_steps(root):
+    """The steps the members trained, over all their attempts (one metrics line a step)."""
+    count = 0
+    for name in os.listdir(root):
+        meta = root / name / ".gts"
+        for folder in (meta, meta / "logs"):
+            for entry in os.listdir(folder) if folder.is_dir() else ():
+                if entry.endswith("metrics.jsonl"):
+                    count += sum(1 for _ in open(folder / entry, encoding="utf-8"))
+    return count
+
+
+def _events(root):
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        return db.execute("SELECT name, kind, rung, decision, detail FROM trial_events ORDER BY seq").fetchall()
+
+
+def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tmp):
+    argv = _example(in_tmp)
+    run = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    root = in_tmp / "results" / "pbt"
+    rows = ledger_rows(root)
+    assert len(rows) == 8 and {row["status"] for row in rows.values()} == {"succeeded"}
+    scores = {name: json.loads((root / name / "result.json").read_text())["score"] for name in rows}
+    best_fixed = max(fixed_score(lr) for lr in LRS)
+    assert max(scores.values()) >= 1.15 * best_fixed, (scores, best_fixed)
+    assert _executed_steps(root) <= 1.25 * 8 * 40
+    exploits = [event for event in _events(root) if event[3] == "exploit"]
+    assert exploits, "no member copied another"
+    for name, _, _, _, detail in exploits:  # a copied member went on with the donor's values, explored
+        assert json.loads(detail)["donor"] in rows and name in rows
+    again = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "0 succeeded, 0 failed, 8 skipped" in again.stderr
+
+
+def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpoint_by_half(
+    in_tmp, no_leaked_processes
+):
+    """Killed again and again (the scheduler and, by its process group, its runs' parent), the sweep
+    ends with every member trained to max_step; each exploit decided is made once (resumed once);
+    and every resumed member found a whole checkpoint of the step it resumed from (the example
+    exits with an error otherwise), with no copy left half-made."""
+    rng = random.Random(KILL_SEED)
+    argv = _example(in_tmp, seconds="0.05")
+    root, kills = in_tmp / "results" / "pbt", 0
+    for _ in range(12):
+        scheduler = subprocess.Popen(argv, cwd=str(in_tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            scheduler.wait(timeout=rng.uniform(0.5, 2.0))
+        except subprocess.TimeoutExpired:
+            scheduler.kill()
+            kills += 1
+        finish(scheduler)
+        wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10, message="the runs to die")
+        if scheduler.returncode == 0:
+            break
+    last = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
+    assert last.returncode == 0, last.stderr
+    assert kills >= 3, f"only {kills} launches were killed; the sweep is too short"
+    rows = ledger_rows(root)
+    assert {row["status"] for row in rows.values()} == {"succeeded"}, rows
+    for name in rows:
+        steps = [json.loads(line)["step"] for line in open(root / name / ".gts" / "metrics.jsonl", encoding="utf-8")]
+        assert steps and steps[-1] == 40, (name, steps)
+        meta = root / name / ".gts"
+        assert not (meta / "checkpoint.new").exists() and not (meta / "checkpoint.old").exists()
+        assert (
+            not any(entry.endswith(".new") for entry in os.listdir(meta / "snapshots"))
+            if (meta / "snapshots").exists()
+            else True
+        )
+    pending = {}
+    for name, kind, rung, decision, _ in _events(root):
+        if kind == "rung" and decision == "exploit":
+            assert name not in pending, f"{name} exploited again before it resumed"
+            pending[name] = rung
+        elif kind == "resumed":
+            assert pending.pop(name, None) is not None, f"{name} resumed without an exploit"
+    assert not pending, f"exploits never made: {pending}"
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"early_stop": {"method": "asha", "metric": "score", "mode": "max", "max_step": 9}}, "give pbt or early_stop"),
+        (
+            {"pbt": {"metric": "score", "mode": "max", "interval": 4, "max_step": 40, "perturb": {"lrr": [2]}}},
+            "pbt.perturb.lrr: no run has the key 'lrr'; did you mean 'lr'",
+        ),
+    ],
+)
+def test_a_pbt_that_cannot_work_is_refused_before_anything_runs(extra, words):
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": "r"},
+        "command": ["true"],
+        "test_config": [{"lr": [0.1, 0.2]}],
+        "pbt": {"metric": "score", "mode": "max", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2]}},
+        **extra,
+    }
+    with pytest.raises(ConfigError, match=words):
+        Sweep(config)

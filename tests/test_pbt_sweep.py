@@ -54,6 +54,19 @@ def _events(root):
         return db.execute("SELECT name, kind, rung, decision, detail FROM trial_events ORDER BY seq").fetchall()
 
 
+def exploits_of(root, name):
+    """The exploits ``name``'s weights went through, back to step 0 (its donors' before it copied them)."""
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.lineage import lineages
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    ledger = Ledger.read_only(RootPaths(str(root)))
+    try:
+        return [s for s in lineages(ledger.trial_events())[name].schedule if s.donor is not None]
+    finally:
+        ledger.close()
+
+
 def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tmp):
     argv = _example(in_tmp)
     run = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
@@ -71,6 +84,19 @@ def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tm
         assert json.loads(detail)["donor"] in rows and name in rows
     again = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "0 succeeded, 0 failed, 8 skipped" in again.stderr
+    # The winner's schedule, from step 0: each line's lr is one the population had, the last its own.
+    winner = max(scores, key=scores.get)
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "results", str(root), "--best", "score", "--max", "--schedule"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.split("trained with (population-based training):\n")[1].splitlines()
+    assert lines[0].startswith("steps 0-") and len(lines) == 1 + sum(1 for e in exploits_of(root, winner))
+    last_lr = json.loads((root / winner / "result.json").read_text())["lr"]
+    assert f"lr={last_lr!r}" in lines[-1]
 
 
 def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpoint_by_half(

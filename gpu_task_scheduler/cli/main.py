@@ -732,6 +732,8 @@ def cmd_results(args: argparse.Namespace) -> int:
         raise ConfigError("--min and --max say which way --best goes; to order rows, use --sort KEY [--desc]")
     if args.top is not None and args.top < 1:
         raise ConfigError("--top must be 1 or more")
+    if args.schedule and not args.best:
+        raise ConfigError("--schedule gives the values the best run trained with: give --best KEY too")
     if args.best:
         found = best(args.root, args.best, maximize=_best_maximizes(args), stage=args.stage)
         table = [] if found is None else [found]
@@ -758,6 +760,7 @@ def cmd_results(args: argparse.Namespace) -> int:
                     raise ConfigError(problem)
         if args.top is not None:
             table = table[: args.top]
+    schedule = _lineages(args, table)
     if args.format == "json":
         print(json.dumps(table, indent=1))
     elif args.format == "csv":
@@ -769,7 +772,35 @@ def cmd_results(args: argparse.Namespace) -> int:
 
         shown = [{**row, "duration": duration_text(row["duration"])} if "duration" in row else row for row in table]
         print(format_table(shown, escape=sys.stdout.isatty()) if table else "no runs recorded")
+    if schedule is not None:
+        print(f"\nthe schedule {table[0]['name']} trained with (population-based training):\n{schedule}")
     return EXIT_OK
+
+
+def _lineages(args: argparse.Namespace, table: list[dict[str, Any]]) -> str | None:
+    """``--lineage``: each row's ``lineage`` (whom it copied, where); ``--schedule``: the best run's
+    schedule of values, as text (None without it)."""
+    if not (args.lineage or args.schedule):
+        return None
+    from ..records.lineage import lineage_text, lineages, schedule_text
+    from ..results import open_ledger
+
+    ledger = open_ledger(args.root)
+    try:
+        found = lineages(ledger.trial_events())
+    finally:
+        ledger.close()
+    if not found:
+        raise ConfigError(f"{args.root!r} records no population-based training (no pbt in its config): no lineage")
+    if args.lineage:
+        for row in table:
+            if isinstance(row.get("name"), str):
+                row["lineage"] = lineage_text(found[row["name"]]) if row["name"] in found else ""
+    if not args.schedule or not table:
+        return None
+    if table[0]["name"] not in found:
+        raise ConfigError(f"{table[0]['name']} was no member of the population: it has no schedule")
+    return schedule_text(found[table[0]["name"]])
 
 
 def _print_paper(root: str, table: list[dict[str, Any]], kind: str) -> None:
@@ -1111,7 +1142,9 @@ def _results_command(sub: Any) -> None:
         formatter_class=_formatter,
         epilog="examples:\n  gts results results/\n  gts results results/ --format csv > runs.csv\n"
         "  gts results results/ --sort loss --top 5\n  gts results results/ --best accuracy --max\n"
-        "  gts results results/ --average-over seed --sort loss\n  gts results results/ --stage eval --best loss --min",
+        "  gts results results/ --average-over seed --sort loss\n"
+        "  gts results results/ --stage eval --best loss --min\n"
+        "  gts results results/pbt --best score --max --schedule",
     )
     r.add_argument("root", help="the result root, or the sweep's config file")
     r.add_argument(
@@ -1140,6 +1173,14 @@ def _results_command(sub: Any) -> None:
         help="mean, std and count of every numeric result over runs that differ only in KEY (e.g. seed)",
     )
     r.add_argument("--stage", metavar="NAME", help="only the runs of this stage (a sweep with stages)")
+    r.add_argument(
+        "--lineage", action="store_true", help="population-based training: the members each run copied, and where"
+    )
+    r.add_argument(
+        "--schedule",
+        action="store_true",
+        help="with --best: the values its weights trained with, step by step (population-based training)",
+    )
     r.set_defaults(handler=cmd_results)
 
 

@@ -1,0 +1,89 @@
+"""Population-based training's lineages, read from the ledger's ``trial_events``: which member each
+member copied at which step, and the schedule of values the weights it ended with were trained with.
+
+A member's *schedule* is the values its weights were trained with, from step 0: when it copies a
+donor's snapshot of step ``s``, its schedule becomes the donor's schedule as it was at that
+snapshot (up to ``s``), then its new values from ``s``. So the best member's schedule can be run
+again as one fixed run (``gts results ROOT --best score --max --schedule``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..recordclass import Record, field
+from .ledger import TrialEvent
+
+
+class Segment(Record):
+    """From ``step`` on, the values ``values``; ``donor``: the member whose snapshot of ``step`` it
+    went on from (None: its own start), ``changed``: how each explored value changed then."""
+
+    step: float
+    values: dict[str, Any]
+    donor: str | None = None
+    changed: dict[str, str] = field(default_factory=dict)
+
+
+class Lineage(Record, frozen=False):
+    exploits: list[Segment] = field(default_factory=list)  # its own copies, in order
+    schedule: list[Segment] = field(default_factory=list)  # its weights' values from step 0
+
+
+def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
+    """Each member's lineage (empty without population-based training)."""
+    found: dict[str, Lineage] = {}
+    snapshots: dict[tuple[str, float], list[Segment]] = {}  # (member, step) -> its schedule then
+    decided: dict[str, Segment] = {}  # exploits decided, not yet made
+    for event in events:
+        name = event.name
+        if name is None:
+            continue
+        if event.kind == "began" and event.detail is not None and name not in found:
+            values = event.detail.get("values")
+            found[name] = Lineage(schedule=[Segment(0.0, dict(values) if isinstance(values, dict) else {})])
+        elif name not in found:
+            continue
+        elif event.kind == "rung" and event.decision == "snapshot" and event.step is not None:
+            snapshots[name, event.step] = list(found[name].schedule)
+        elif event.kind == "rung" and event.decision == "exploit" and event.detail is not None:
+            detail = event.detail
+            step, values = detail.get("step"), detail.get("values")
+            if isinstance(step, (int, float)) and isinstance(values, dict):
+                changed = detail.get("changed")
+                donor = detail.get("donor")
+                decided[name] = Segment(
+                    float(step),
+                    values,
+                    donor if isinstance(donor, str) else None,
+                    changed if isinstance(changed, dict) else {},
+                )
+        elif event.kind == "resumed" and name in decided:
+            segment = decided.pop(name)
+            lineage = found[name]
+            lineage.exploits.append(segment)
+            before = snapshots.get((segment.donor or "", segment.step), lineage.schedule)
+            lineage.schedule = [s for s in before if s.step < segment.step] + [segment]
+    return found
+
+
+def lineage_text(lineage: Lineage) -> str:
+    """``lr-1.0, at 4 (lr x0.5); lr-0.37, at 16 (lr x2)``, or ``""`` (it copied none)."""
+    texts = []
+    for s in lineage.exploits:
+        changed = ", ".join(f"{key} {how}" for key, how in sorted(s.changed.items()))
+        texts.append(f"{s.donor} at {s.step:g}" + (f" ({changed})" if changed else ""))
+    return "; ".join(texts)
+
+
+def schedule_text(lineage: Lineage, end: float | None = None) -> str:
+    """The schedule, one line a segment: ``steps 0-8: lr=1.0``."""
+    lines = []
+    for index, segment in enumerate(lineage.schedule):
+        upto = lineage.schedule[index + 1].step if index + 1 < len(lineage.schedule) else end
+        span = f"steps {segment.step:g}-{upto:g}" if upto is not None else f"from step {segment.step:g}"
+        values = ", ".join(f"{key}={value!r}" for key, value in sorted(segment.values.items()))
+        via = f"  (from {segment.donor})" if segment.donor else ""
+        lines.append(f"{span}: {values}{via}")
+    return "\n".join(lines)

@@ -4,7 +4,7 @@ exploits another, how its values are explored, and that the same events decide t
 import pytest
 
 from gpu_task_scheduler import ConfigError
-from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOT, Exploit, Pbt, parse_pbt
+from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOT, SNAPSHOT_YIELD, YIELD, Exploit, Pbt, parse_pbt
 from gpu_task_scheduler.tuning.trials import CONTINUE, Next
 
 PBT = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2.0]}}
@@ -175,3 +175,46 @@ def test_an_integer_value_stays_an_integer_when_perturbed():
     tell(pbt, "b", 4, 0.9)
     exploit = pbt.exploit_of("b")
     assert exploit.values["batch"] in (1, 2) and isinstance(exploit.values["batch"], int)  # 1 x 0.5 is 1, not 0
+
+
+def crowded(population=4, slots=2, members=2):
+    pbt = Pbt(parse_pbt(PBT), population=population, slots=slots)
+    for number in range(members):
+        pbt.began(f"m{number}", 0, {"lr": 1.0})
+    return pbt
+
+
+@pytest.mark.parametrize(
+    "population, slots, members, reports, decision",
+    [
+        (4, 4, 2, [("m0", 4, 0.1)], SNAPSHOT),  # as many slots as members: nobody waits
+        (4, 2, 2, [("m0", 4, 0.1)], SNAPSHOT_YIELD),  # two have not begun: the top keeps a snapshot, then waits
+        (4, 2, 2, [("m0", 4, 0.1), ("m1", 4, 0.5)], EXPLOIT),  # an exploit resumes at once all the same
+        (4, 2, 4, [("m0", 4, 0.1), ("m1", 4, 0.3), ("m2", 4, 0.2)], CONTINUE),  # all begun, none behind it
+        (4, 2, 2, [("m0", 4, 0.5), ("m1", 4, 0.3), ("m1", 5, 0.3)], None),  # a step it was judged at already
+        (4, 2, 2, [("m0", 4, 0.1), ("m1", 4, 0.05)], SNAPSHOT_YIELD),  # the new top: a snapshot, then it waits
+    ],
+)
+def test_a_population_larger_than_its_slots_takes_turns(population, slots, members, reports, decision):
+    pbt = crowded(population, slots, members)
+    *before, (member, step, value) = reports
+    for name, at, there in before:
+        tell(pbt, name, at, there)
+    assert tell(pbt, member, step, value) == decision
+
+
+def test_turns_go_to_new_members_then_to_the_one_furthest_behind():
+    pbt = crowded(population=4, slots=2, members=2)
+    assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT_YIELD
+    assert pbt.paused == {"m0": 4} and pbt.next(more_new=True) == Next("new")  # m2, m3 first
+    pbt.began("m2", 0, {"lr": 1.0})
+    pbt.began("m3", 0, {"lr": 1.0})
+    assert tell(pbt, "m1", 9, 0.05) == SNAPSHOT_YIELD  # judged at 8, ahead of m0 (waiting at 4)
+    assert tell(pbt, "m2", 9, 0.07) == YIELD  # in the middle, ahead of m0: it waits without a snapshot
+    assert pbt.next(more_new=True) == Next("resume", "m0", 4)  # the one furthest behind
+    pbt.resumed("m0")
+    assert pbt.paused == {"m1": 9, "m2": 9} and pbt.values_of("m0") == {"lr": 1.0}  # its own checkpoint, its values
+    crowded_again = crowded(population=4, slots=2, members=2)
+    tell(crowded_again, "m0", 4, 0.1)
+    assert crowded_again.next(more_new=True) == Next("new")
+    assert crowded_again.close() and crowded_again.next(more_new=True) == Next("resume", "m0", 4)  # none will begin

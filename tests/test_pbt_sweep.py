@@ -26,14 +26,15 @@ LRS = [1.0, 0.61, 0.37, 0.23, 0.14, 0.085, 0.052, 0.032]
 KILL_SEED = int(os.environ.get("GTS_KILL_SEED", "20261126"))
 
 
-def _example(folder, seconds="0.1"):
-    """configs/pbt.yaml and its script in ``folder``, each step taking ``seconds``."""
+def _example(folder, seconds="0.1", slots=8):
+    """configs/pbt.yaml and its script in ``folder``, each step taking ``seconds``, on ``slots``."""
     (folder / "configs").mkdir()
     (folder / "examples").mkdir()
     for path in ("configs/pbt.yaml", "examples/pbt_schedule.py"):
         (folder / path).write_text(open(os.path.join(REPO, path), encoding="utf-8").read())
     config = folder / "configs" / "pbt.yaml"
-    config.write_text(config.read_text().replace('--seconds, "0.1"', f'--seconds, "{seconds}"'))
+    text = config.read_text().replace('--seconds, "0.1"', f'--seconds, "{seconds}"')
+    config.write_text(text.replace("[cpu, cpu, cpu, cpu, cpu, cpu, cpu, cpu]", "[" + ", ".join(["cpu"] * slots) + "]"))
     return [sys.executable, "-m", "gpu_task_scheduler", "run", "configs/pbt.yaml", "--plain"]
 
 
@@ -97,6 +98,24 @@ def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tm
     assert lines[0].startswith("steps 0-") and len(lines) == 1 + sum(1 for e in exploits_of(root, winner))
     last_lr = json.loads((root / winner / "result.json").read_text())["lr"]
     assert f"lr={last_lr!r}" in lines[-1]
+
+
+def test_a_population_larger_than_its_slots_takes_turns_and_still_beats_the_grid(in_tmp):
+    """8 members on 2 slots: a member that goes on from an interval while others wait behind it
+    pauses for its turn, so the population trains together (ranked against members at about its
+    own step), and the sweep still ends with every member at max_step and a better best."""
+    argv = _example(in_tmp, seconds="0.05", slots=2)
+    run = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    root = in_tmp / "results" / "pbt"
+    rows = ledger_rows(root)
+    assert {row["status"] for row in rows.values()} == {"succeeded"} and len(rows) == 8
+    decisions = [decision for _, kind, _, decision, _ in _events(root) if kind == "rung"]
+    assert {"yield", "snapshot+yield"} & set(decisions), decisions
+    assert "takes its turn" in run.stderr
+    scores = {name: json.loads((root / name / "result.json").read_text())["score"] for name in rows}
+    assert max(scores.values()) >= 1.15 * max(fixed_score(lr) for lr in LRS)
+    assert _executed_steps(root) <= 1.25 * 8 * 40
 
 
 def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpoint_by_half(

@@ -115,6 +115,9 @@ class Scheduler:
                         terms = LeaseTerms(self.options.lease_interval, self.options.grace_period)
                         live = self._launcher.live_attempt if self._abilities.adopts else None
                         settle_running(ledger, live, terms)
+                        # What runs at once: a search asks no more ahead, a larger population takes turns.
+                        at_once = self._abilities.runs_at_once
+                        self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
                         if self.sweep.stopping:
                             from .stopper import Stopper
 
@@ -123,9 +126,6 @@ class Scheduler:
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
                         known = RootIndex(ledger, root.root, take_over=take_over)
-                        # What runs at once: a search asks no more runs ahead (a cluster may queue more).
-                        at_once = self._abilities.runs_at_once
-                        self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
                         self.sweep.lookup = ledger.get
                         pauses = self._running.stopper.pauses if self._running.stopper is not None else None
                         self._starts = Starts(self.sweep, self._records, known, pauses)
@@ -216,9 +216,8 @@ class Scheduler:
         spec, slot = item.spec, self.setup().slots[slot_index]
         paths = RunPaths(spec.work_dir, self.options.log_file)
         # An attempt that goes on from an earlier one's checkpoint: the step that one reported last.
-        resume_step = item.resume_step if item.resume_step is not None else None
-        if resume_step is None and (item.resume or item.tries):
-            resume_step = last_step(paths)
+        # (Or the step of the checkpoint it copied: a population-based training member that exploits.)
+        resume_step = last_step(paths) if item.resume_step is None and (item.resume or item.tries) else item.resume_step
         item.resume_step = None  # a later attempt of it goes on from its own last step
         item.tries += 1
         live = self._launcher.live_attempt(spec.name) if self._abilities.adopts else None

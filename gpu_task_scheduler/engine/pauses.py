@@ -30,7 +30,7 @@ from ..records import checkpoints
 from ..records.ledger import Ledger, paused_cause
 from ..records.paths import RunPaths
 from ..sweep.expand import RunSpec, Sweep
-from ..tuning.pbt import EXPLOIT, SNAPSHOT, Pbt, PbtRule
+from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule
 from ..tuning.stopping import Pausing
 from ..tuning.trials import CONTINUE, PAUSE, Method, PromotionAsha, method_for
 
@@ -49,7 +49,10 @@ class Pauses:
         result root (population-based training copies checkpoints between its runs' folders)."""
         self._ledger, self._root = ledger, root
         rules = {stage: rule for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)}
-        self._methods: dict[str | None, Method] = {stage: method_for(rule) for stage, rule in rules.items()}
+        population = sweep.search.n_runs if sweep.search is not None else sweep.size
+        self._methods: dict[str | None, Method] = {
+            stage: method_for(rule, population=population, slots=sweep.parallel) for stage, rule in rules.items()
+        }
         self._stage_of: dict[str, str | None] = {}  # the runs the methods know: they began in a bracket
         self._ended: set[str] = set()
         self._specs: dict[str, RunSpec] = {}  # paused runs this start can resume (their specs seen)
@@ -227,7 +230,7 @@ class Pauses:
     def _population(self, method: Pbt, spec: RunSpec, decision: str, step: float) -> dict[str, Any] | None:
         """What a PBT decision needs before it is recorded: a top member's snapshot (copied while it
         waits in report(); recorded after, so that a recorded snapshot is whole), an exploit's detail."""
-        if decision == SNAPSHOT:
+        if decision in SNAPSHOTS:
             paths = RunPaths(spec.work_dir, None)
             try:
                 checkpoints.take_snapshot(paths, step)
@@ -245,14 +248,29 @@ class Pauses:
     def pause_cause(self, name: str, rung: float, value: float) -> str:
         """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies."""
         method = self._methods[self._stage_of[name]]
-        exploit = method.exploit_of(name) if isinstance(method, Pbt) else None
-        if exploit is None:
+        if not isinstance(method, Pbt):
             return paused_cause(rung, value)
+        exploit = method.exploit_of(name)
+        if exploit is None:
+            return (
+                f"waits for its turn after step {rung:g} ({method.population} members on {method.slots} slots: "
+                "the population trains together)"
+            )
         changed = ", ".join(f"{key} {how}" for key, how in sorted(exploit.changed.items())) or "its values kept"
         return (
             f"exploits {exploit.donor} at step {exploit.step:g} ({value:.4g} at step {rung:g}, {changed}): "
             "it resumes from a copy of that member's checkpoint"
         )
+
+    def resume_words(self, name: str) -> str:
+        """How ``name`` (named by :meth:`owed`) resumes, for the log."""
+        method = self._methods[self._stage_of[name]]
+        if isinstance(method, Pbt):
+            exploit = method.exploit_of(name)
+            if exploit is None:
+                return f"takes its turn: it resumes from its checkpoint of step {method.paused[name]:g}"
+            return f"resumes from a copy of {exploit.donor}'s checkpoint of step {exploit.step:g}"
+        return f"is promoted from rung {method.paused[name]:g}: it resumes from its checkpoint"
 
     def values(self, name: str) -> dict[str, Any] | None:
         """``name``'s current values of what its method changes (population-based training), or None."""
@@ -304,4 +322,4 @@ class Pauses:
         return stuck
 
 
-__all__ = ["CONTINUE", "EXPLOIT", "PAUSE", "Pauses"]
+__all__ = ["CONTINUE", "PAUSE", "PAUSING", "Pauses"]

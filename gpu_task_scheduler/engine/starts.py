@@ -112,14 +112,13 @@ class Starts:
             return None
         if placed[0] < 0:  # it can never start here now (recorded failed, ended for its method): what is next
             return self.next(capacity)
-        rung = self._pauses.paused_at(spec.name)
+        words = self._pauses.resume_words(spec.name)
         try:
             item.resume_step = self._pauses.resuming(spec)
         except OSError as error:  # the copy of another run's checkpoint failed: it waits, as if no room
             logger.warning("%s: could not copy the checkpoint it resumes from (%s); tried again", spec.name, error)
             return None
-        if item.resume_step is None:
-            logger.info("%s is promoted from rung %g: it resumes from its checkpoint", spec.name, rung)
+        logger.info("%s %s", spec.name, words)
         self._pauses.resumed(spec)
         self._current(item)
         if spec.name in self._paused_skips:  # it runs in this start after all

@@ -31,7 +31,7 @@ from ..records.metrics import MAX_METRICS, MetricsReader, run_points
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.stopping import Asha, Curve, Median, Pausing, Rule, Verdict
-from .pauses import EXPLOIT, PAUSE, Pauses
+from .pauses import PAUSE, PAUSING, Pauses
 
 # Seconds between looks at the running runs' metrics files: 0.1, or 5 ms per watched run when
 # more run at once (at most 200 opens a second, also on a slow shared file system).
@@ -258,7 +258,7 @@ class Stopper:
         the rule, and a Hyperband bracket judges at some of them only)."""
         for step, value in points:
             decided = self.pauses.reached(watched.spec, step, value)
-            if decided is not None and decided[1] in (PAUSE, EXPLOIT):
+            if decided is not None and (decided[1] == PAUSE or decided[1] in PAUSING):
                 cause = self.pauses.pause_cause(watched.spec.name, decided[0], value)
                 return Verdict(True, step, value, cause, rung=decided[0], pause=True)
             if rule.crossed(watched.last_step, step):

@@ -72,7 +72,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: ("ALTER TABLE runs ADD COLUMN program TEXT", "ALTER TABLE runs ADD COLUMN metrics TEXT"),
     5: (),  # the table verdicts is created with the schema
     6: (),  # the table trial_events is created with the schema
-    7: ("ALTER TABLE trial_events ADD COLUMN detail TEXT",),
+    7: (),  # trial_events.detail is added after the schema where the table lacks it
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -323,6 +323,9 @@ class Ledger:
                         self._db.execute(statement)
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
             self._db.executescript(_SCHEMA)
+            # A table made by an earlier version (CREATE TABLE IF NOT EXISTS adds no column to it).
+            if not self._db.execute("SELECT 1 FROM pragma_table_info('trial_events') WHERE name = 'detail'").fetchall():
+                self._db.execute("ALTER TABLE trial_events ADD COLUMN detail TEXT")
             if new:
                 self._db.execute("PRAGMA synchronous=NORMAL")
             version = self._version()
@@ -947,7 +950,7 @@ class Ledger:
         rows = self._tuples(
             "SELECT kind, decision, rung, value FROM trial_events WHERE name = ? ORDER BY seq DESC LIMIT 1", (name,)
         )
-        if not rows or rows[0][0] != "rung" or rows[0][1] not in ("pause", "exploit"):
+        if not rows or rows[0][0] != "rung" or rows[0][1] not in ("pause", "exploit", "yield", "snapshot+yield"):
             return None
         return paused_cause(rows[0][2], rows[0][3])
 

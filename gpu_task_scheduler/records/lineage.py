@@ -45,7 +45,7 @@ def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
             found[name] = Lineage(schedule=[Segment(0.0, dict(values) if isinstance(values, dict) else {})])
         elif name not in found:
             continue
-        elif event.kind == "rung" and event.decision == "snapshot" and event.step is not None:
+        elif event.kind == "rung" and event.decision in ("snapshot", "snapshot+yield") and event.step is not None:
             snapshots[name, event.step] = list(found[name].schedule)
         elif event.kind == "rung" and event.decision == "exploit" and event.detail is not None:
             detail = event.detail

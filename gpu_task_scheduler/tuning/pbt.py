@@ -37,7 +37,11 @@ from .space import Distribution, parse_distribution
 from .stopping import Pausing, metric_and_mode
 from .trials import CONTINUE, Next
 
-EXPLOIT, SNAPSHOT = "exploit", "snapshot"  # a PBT decision besides CONTINUE (trials.py)
+# PBT's decisions besides CONTINUE (trials.py): EXPLOIT, SNAPSHOT, and the same with a pause for
+# the member's turn (a population larger than its slots).
+EXPLOIT, SNAPSHOT, YIELD, SNAPSHOT_YIELD = "exploit", "snapshot", "yield", "snapshot+yield"
+PAUSING = frozenset((EXPLOIT, YIELD, SNAPSHOT_YIELD))  # the decisions that pause the member
+SNAPSHOTS = frozenset((SNAPSHOT, SNAPSHOT_YIELD))  # the decisions that keep a snapshot of its checkpoint
 # Seconds report() waits at an interval for the scheduler's word (a snapshot of a top member's
 # checkpoint is copied then, while the run waits; ASHA's rungs wait 5 s at most).
 PBT_WAIT = 120.0
@@ -183,13 +187,24 @@ class Pbt:
     judgement. A judged member in the top ``quantile`` goes on after a snapshot of its checkpoint
     (:data:`SNAPSHOT`: the donor copies come from these); one in the bottom ``quantile`` pauses
     (:data:`EXPLOIT`) and :meth:`next` resumes it at once, from a copy of a top member's latest
-    snapshot, with that member's values explored; the others go on (:data:`CONTINUE`)."""
+    snapshot, with that member's values explored; the others go on (:data:`CONTINUE`).
 
-    def __init__(self, config: PbtConfig) -> None:
+    A population larger than the slots that run it (``population`` members, ``slots`` at once)
+    takes turns, as Ray Tune's does: a member that goes on from an interval while members that have
+    not begun, or that wait at an earlier step, wait for a slot, pauses instead (:data:`YIELD`, or
+    :data:`SNAPSHOT_YIELD` after its snapshot), and :meth:`next` gives slots to the members that
+    have not begun first, then to the one that waits at the earliest step. So the population
+    trains together, about an interval apart, and each member is ranked against members at about
+    its own step."""
+
+    def __init__(self, config: PbtConfig, *, population: int = 0, slots: int = 0) -> None:
         self.config = config
+        self.population, self.slots = population, slots
         self.members: dict[str, Member] = {}
         self._exploits: dict[str, Exploit] = {}  # decided, not yet resumed
+        self._turns: dict[str, float] = {}  # members that wait for their turn, and the step they wait at
         self._ended: set[str] = set()
+        self._closed = False  # no more members will begin
 
     # --- what the engine tells it ------------------------------------------------------------
 
@@ -216,6 +231,21 @@ class Pbt:
         state = self.members[run]
         step = rung if step is None else step
         state.last_step, state.last_value, state.judged_at = step, value, rung
+        decision = self._decide(run, state, rung, step, value)
+        if decision != EXPLOIT and self._others_wait(run, step):
+            self._turns[run] = step
+            return SNAPSHOT_YIELD if decision == SNAPSHOT else YIELD
+        return decision
+
+    def _others_wait(self, run: str, step: float) -> bool:
+        """Whether members wait for a slot that are behind ``run`` at ``step`` (a crowded population)."""
+        if not self.population > self.slots > 0:
+            return False
+        if not self._closed and len(self.members) < self.population:
+            return True  # members that have not begun
+        return any(at < step for other, at in self._turns.items() if other != run)
+
+    def _decide(self, run: str, state: Member, rung: float, step: float, value: float) -> str:
         bottom, top = self._quantiles()
         if run in top:
             state.snapshots.append((step, value, dict(state.values)))
@@ -236,7 +266,10 @@ class Pbt:
         return EXPLOIT
 
     def resumed(self, run: str) -> None:
-        """``run``'s exploit was made (it goes on from the donor's snapshot, with its new values)."""
+        """``run``'s exploit was made (it goes on from the donor's snapshot, with its new values), or
+        its turn came (it goes on from its own checkpoint)."""
+        if self._turns.pop(run, None) is not None:
+            return
         exploit = self._exploits.pop(run)
         state = self.members[run]
         state.values = dict(exploit.values)
@@ -247,24 +280,37 @@ class Pbt:
     def ended(self, run: str) -> None:
         """``run`` ended: its last value still ranks it, and its snapshot may still be copied."""
         self._exploits.pop(run, None)
+        self._turns.pop(run, None)
         self._ended.add(run)
 
     def close(self) -> bool:
-        return False  # a population needs nothing of the end of the new members
+        """No more members will begin (some were done before, or never start): the members that
+        wait for their turn no longer wait for new ones. Whether this changed anything."""
+        changed, self._closed = not self._closed, True
+        return changed
 
     # --- what it decides -------------------------------------------------------------------------
 
     def next(self, *, more_new: bool) -> Next:
-        """A member that exploits resumes before anything new (the first decided, by name)."""
+        """A member that exploits resumes before anything (the first by name); then a member that has
+        not begun; then the member that waits for its turn at the earliest step."""
         if self._exploits:
             run = min(self._exploits)
             return Next("resume", run, self._exploits[run].step)
+        if more_new and not self._closed and len(self.members) < self.population:
+            return Next("new")
+        if self._turns:
+            run = min(self._turns, key=lambda name: (self._turns[name], name))
+            return Next("resume", run, self._turns[run])
         return Next("new") if more_new else Next("none")
 
     @property
     def paused(self) -> Mapping[str, float]:
-        """Each member waiting to resume from a donor, and the step it resumes at."""
-        return {run: exploit.step for run, exploit in self._exploits.items()}
+        """Each member waiting to resume (from a donor, or for its turn), and the step it resumes at."""
+        return {**self._turns, **{run: exploit.step for run, exploit in self._exploits.items()}}
+
+    def waits_for_turn(self, run: str) -> bool:
+        return run in self._turns
 
     def exploit_of(self, run: str) -> Exploit | None:
         """What ``run`` resumes from (decided, not yet resumed), if it exploits."""

@@ -416,14 +416,14 @@ class Hyperband:
 Method: TypeAlias = "PromotionAsha | Hyperband | Pbt"
 
 
-def method_for(rule: Pausing) -> Method:
+def method_for(rule: Pausing, *, population: int = 0, slots: int = 0) -> Method:
     """The pausing method an ``early_stop`` rule names (``stopping.parse_early_stop`` checked it),
-    or population-based training (the ``pbt`` config)."""
+    or population-based training (the ``pbt`` config) of ``population`` members on ``slots``."""
     assert rule.max_step is not None
     if rule.method == "pbt":
         from .pbt import Pbt, PbtRule  # pbt.py builds on this module
 
         assert isinstance(rule, PbtRule)
-        return Pbt(rule.config)
+        return Pbt(rule.config, population=population, slots=slots)
     kind = Hyperband if rule.method == "hyperband" else PromotionAsha
     return kind(min_step=rule.min_step, max_step=rule.max_step, reduction_factor=rule.reduction_factor, mode=rule.mode)

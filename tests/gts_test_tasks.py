@@ -660,3 +660,34 @@ class CheckpointTask(GPUTask):
                 while not os.path.exists(self.config["hold"]):
                     time.sleep(0.02)
         return {"total": total}
+
+
+class ScheduleTask(GPUTask):
+    """examples/pbt_schedule.py as a GPUTask, for population-based training: each step adds a gain
+    that is largest when ``lr`` is the best one for that step (which falls as it trains); saves its
+    state, then reports ``score``; a resumed attempt checks its checkpoint is of the resume step.
+    Journals ``start LR`` or ``resume N LR`` (the lr this attempt trains with, from self._config)."""
+
+    def main(self):
+        import json
+        import math
+
+        lr, saved = self._config["lr"], os.path.join(self.checkpoint_dir, "state.json")
+        done, score = 0, 0.0
+        if self.resume_step is not None:
+            with open(saved) as handle:
+                state = json.load(handle)
+            assert state["step"] == self.resume_step, "the checkpoint is not of the resume step"
+            done, score = int(state["step"]), state["score"]
+            journal(self._config, f"resume {done} {lr!r}", self._work_dir)
+        else:
+            journal(self._config, f"start {lr!r}", self._work_dir)
+        for step in range(done + 1, self._config["steps"] + 1):
+            time.sleep(self._config.get("pause", 0))
+            distance = math.log10(lr / 10 ** (-1.5 * step / self._config["steps"]))
+            score += math.exp(-distance * distance / (2 * 0.25 * 0.25))
+            with open(saved + ".new", "w") as handle:
+                json.dump({"step": step, "score": score}, handle)
+            os.replace(saved + ".new", saved)
+            self.report(step, score=score)
+        return {"score": score, "lr": lr}

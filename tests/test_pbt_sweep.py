@@ -10,12 +10,16 @@ import sqlite3
 import subprocess
 import sys
 
+import gts_test_tasks as tasks
 import pytest
 from conftest import marked_pids, wait_until
-from helpers import ledger_rows
+from helpers import ledger_rows, make_config
 from test_process_control import finish
 
-from gpu_task_scheduler import ConfigError
+from gpu_task_scheduler import ConfigError, GPUTaskScheduler
+from gpu_task_scheduler.records.ledger import Ledger
+from gpu_task_scheduler.records.lineage import lineages
+from gpu_task_scheduler.records.paths import RootPaths
 from gpu_task_scheduler.sweep.expand import Sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,3 +188,53 @@ def test_a_pbt_that_cannot_work_is_refused_before_anything_runs(extra, words):
     }
     with pytest.raises(ConfigError, match=words):
         Sweep(config)
+
+
+def _population(root, **extra):
+    config = make_config(
+        root,
+        [{"lr": [1.0, 0.37, 0.14, 0.052]}],
+        slots=("cpu",) * 4,
+        global_config={"steps": 16, "pause": 0.02, "journal": f"{root}.journal"},
+        grace_period=5,
+    )
+    config["pbt"] = {"metric": "score", "mode": "max", "interval": 4, "max_step": 16, "perturb": {"lr": [0.5, 2.0]}}
+    config.update(extra)
+    return config
+
+
+def test_a_python_members_values_change_in_its_config_and_its_lineage(in_tmp):
+    """A GPUTask member that copies another starts its next attempt with the explored values in
+    ``self._config`` (and in its folder's .gts/config.json), from the donor's checkpoint."""
+    root = in_tmp / "r"
+    summary = GPUTaskScheduler(_population(root), tasks.ScheduleTask).start()
+    assert len(summary.succeeded) == 4 and not summary.failed
+    journaled = [line.rsplit(" ", 1) for line in (in_tmp / "r.journal").read_text().splitlines()]
+    ledger = Ledger.read_only(RootPaths(str(root)))
+    try:
+        found = lineages(ledger.trial_events())
+    finally:
+        ledger.close()
+    assert set(found) == {run.name for run in summary.succeeded} and any(lineage.exploits for lineage in found.values())
+    rows = ledger_rows(root)
+    for name, lineage in found.items():
+        attempts = [event.split() for event, run in journaled if run == name]
+        # its first attempt with its grid value, then one attempt per copy, with the copy's values
+        wanted = [rows[name]["params"] and json.loads(rows[name]["params"])["lr"]]
+        wanted += [segment.values["lr"] for segment in lineage.exploits]
+        assert [float(words[-1]) for words in attempts] == pytest.approx(wanted), (name, attempts)
+        assert [words[0] for words in attempts] == ["start"] + ["resume"] * len(lineage.exploits)
+        assert [float(words[1]) for words in attempts[1:]] == [segment.step for segment in lineage.exploits]
+        assert json.loads(rows[name]["result"])["lr"] == pytest.approx(wanted[-1])
+        assert json.loads((root / name / ".gts" / "config.json").read_text())["lr"] == pytest.approx(wanted[-1])
+
+
+def test_a_searchs_first_n_runs_are_the_population(in_tmp):
+    root = in_tmp / "r"
+    config = _population(root, search={"sampler": "random", "n_runs": 4, "metric": "score", "mode": "max", "seed": 3})
+    config["test_config"] = [{"lr": {"loguniform": [0.03, 1.0]}}]
+    summary = GPUTaskScheduler(config, tasks.ScheduleTask).start()
+    assert len(summary.succeeded) == 4 and not summary.failed
+    events = _events(root)
+    assert sum(1 for event in events if event[1] == "began") == 4
+    assert any(event[3] == "exploit" for event in events)

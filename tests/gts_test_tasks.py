@@ -427,8 +427,17 @@ class ContractTask(GPUTask):
             signal.signal(signal.SIGTERM, on_term)
         open(os.path.join(self._work_dir, "ready"), "w").close()
         first = 1 if self.resume_step is None else int(self.resume_step) + 1  # paused: its checkpoint is its step
+        saved = os.path.join(self.checkpoint_dir, "step")
+        if config.get("checkpoint") and self.resume_step is not None:  # a copied one too (PBT): of that step
+            with open(saved) as handle:
+                assert float(handle.read()) == self.resume_step, "the checkpoint is not of the resume step"
+            journal(config, f"resume{int(self.resume_step)}", self._work_dir)
         for step in range(first, config.get("report", 0) + 1):  # a run that reports as it trains
             journal(config, f"step{step}", self._work_dir)
+            if config.get("checkpoint"):  # saved, then reported: the checkpoint protocol
+                with open(saved + ".new", "w") as handle:
+                    handle.write(str(step))
+                os.replace(saved + ".new", saved)
             self.report(step, loss=config.get("loss", 1 / step))  # raises Pruned (Paused) when early_stop says so
             time.sleep(config.get("pause", 0))
         time.sleep(config.get("seconds", 1.0))

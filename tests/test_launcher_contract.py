@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -177,6 +178,37 @@ def test_a_paused_run_gives_up_its_task_and_is_resumed_as_a_new_attempt(backend,
     ]  # each step once: the resumed attempts went on from where the run paused
     for name in (best.replace("0.1", "0.5"), best.replace("0.1", "0.9")):
         assert ledger_rows(tmp_path / "r")[name]["status"] == "paused"
+
+
+def test_population_based_training_copies_checkpoints_between_runs_and_resumes_them(backend, tmp_path):
+    """PBT over three members: a member in the bottom pauses, its checkpoint folder becomes a copy
+    of a top member's snapshot, and it resumes from that step with that member's values (the task
+    checks its checkpoint is of the step it resumes from). Every member ends at max_step; each
+    exploit is made once."""
+    if backend == "fake":
+        pytest.skip("the fake launcher's runs are no processes: they write no file")
+    journal = str(tmp_path / "journal")
+    blocks = [{"loss": [0.1, 0.5, 0.9], "report": [9], "pause": [0.2], "seconds": [0], "checkpoint": [True]}]
+    root = tmp_path / "r"
+    config = make_config(root, blocks, slots=("cpu",) * 3, grace_period=30, global_config={"journal": journal})
+    config["pbt"] = {"metric": "loss", "mode": "min", "interval": 3, "max_step": 9, "perturb": {"loss": [1.0]}}
+    summary = run_sweep(backend, config)
+    assert summary.ok and len(summary.succeeded) == 3, summary.report()
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        events = db.execute("SELECT name, kind, decision, detail FROM trial_events ORDER BY seq").fetchall()
+    made = {}
+    for name, kind, decision, detail in events:
+        if decision == "exploit":
+            made.setdefault(name, []).append(json.loads(detail)["step"])
+        elif kind == "resumed":
+            assert made.get(name), (name, events)
+    lines = journal_lines(journal)
+    for name in summary.outcomes:
+        mine = [line.split()[0] for line in lines if line.endswith(f" {name}")]
+        assert mine[-1] == "step9", mine  # trained to max_step
+        assert [int(line[6:]) for line in mine if line.startswith("resume")] == made.get(name, []), (mine, made)
+        if name.startswith("loss-0.9,"):  # the worst copied a better one: it ended with its values
+            assert made.get(name) and json.loads(ledger_rows(root)[name]["metrics"])["loss"]["last"] < 0.9
 
 
 def test_a_run_over_its_timeout(backend, tmp_path):

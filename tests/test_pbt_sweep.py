@@ -102,6 +102,13 @@ def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tm
     assert lines[0].startswith("steps 0-") and len(lines) == 1 + sum(1 for e in exploits_of(root, winner))
     last_lr = json.loads((root / winner / "result.json").read_text())["lr"]
     assert f"lr={last_lr!r}" in lines[-1]
+    status = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "status", str(root), "--json"], capture_output=True, text=True
+    )
+    copied = {run["name"]: run.get("copied") for run in json.loads(status.stdout)["runs"]}
+    assert all(copied[name] for name, *_ in exploits) and all(
+        text.split(",")[0].isdigit() for text in filter(None, copied.values())
+    )
 
 
 def test_a_population_larger_than_its_slots_takes_turns_and_still_beats_the_grid(in_tmp):

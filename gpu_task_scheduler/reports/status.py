@@ -63,9 +63,25 @@ def status(root: str, *, runs: str = "all") -> dict[str, Any]:
         report["listed"] = {"runs": len(texts), "of": recorded}
         for run in report["runs"]:
             _add_latest(root, run)
+        copies = _copies(ledger) if runs != "watch" else {}
+        for run in report["runs"]:
+            if run["name"] in copies:
+                run["copied"] = copies[run["name"]]
     finally:
         ledger.close()
     return report
+
+
+def _copies(ledger: Any) -> dict[str, str]:
+    """Population-based training: how many others each member that copied any copied, and the
+    latest (``3, last lr-0.37, at 16 (lr x0.5)``; ``gts results --lineage`` gives all), by name."""
+    from ..records.lineage import Lineage, lineage_text, lineages
+
+    return {
+        name: f"{len(lineage.exploits)}, last {lineage_text(Lineage(exploits=lineage.exploits[-1:]))}"
+        for name, lineage in lineages(ledger.trial_events()).items()
+        if lineage.exploits
+    }
 
 
 def _add_latest(root: str, run: dict[str, Any]) -> bool:
@@ -87,11 +103,14 @@ def write_status_json(root: str, write: Callable[[str], object]) -> None:
     ledger = open_ledger(root)
     try:
         report, _, entries = _head(root, ledger)
+        copies = _copies(ledger)
         write(json.dumps(report, indent=1)[:-2] + ',\n "runs": [')
         for index, text in enumerate(entries()):
-            if '"running"' in text:  # its latest metrics, as status() gives them
+            if '"running"' in text or copies:  # its latest metrics, whom it copied, as status() gives them
                 run = json.loads(text)
-                if _add_latest(root, run):
+                if run["name"] in copies:
+                    run["copied"] = copies[run["name"]]
+                if _add_latest(root, run) or "copied" in run:
                     text = json.dumps(run)
             write(("\n  " if index == 0 else ",\n  ") + text)
         write("\n ]\n}\n")
@@ -279,6 +298,11 @@ def format_status(
         names = ["name", "status", "slot", "started", "duration", "exit", "attempts", "gpu peak", "cause", "log"]
         if any(row["metrics"] for row in table):  # runs that report as they train: their latest values
             names.insert(names.index("attempts") + 1, "metrics")
+        if any(row.get("copied") for row in table):  # population-based training: whom each copied
+            names.insert(names.index("cause"), "copied")
+            if not verbose:
+                for row in table:
+                    row["copied"] = _shorten(row.get("copied"), CAUSE_SHOWN)
         if any(run.get("node") for run in report["runs"]):  # the Ray backend: which machine
             names.insert(names.index("slot") + 1, "node")
         lines.append(_fit(table, names, None if verbose else width, escape=escape))

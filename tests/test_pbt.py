@@ -113,17 +113,25 @@ def test_an_exploit_copies_a_top_members_snapshot_and_perturbs_its_values():
 
 
 def test_a_member_goes_back_one_interval_once_and_never_loops():
-    """A donor that ended with its latest snapshot an interval back is copied once; the member judged
-    at the same interval again copies only a snapshot of that interval or later."""
+    """A donor whose latest snapshot is an interval back (it has not reached this one) is copied
+    once; the member judged at the same interval again copies only a snapshot of that interval or
+    later (else a member could go back to a slow donor's snapshot for ever)."""
     pbt = population([1.0, 2.0])
     tell(pbt, "m1", 4, 0.5)
-    assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT
-    pbt.ended("m0")  # it ended after step 4 (no later snapshot)
+    assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT  # m0 goes no further while m1 goes on
     assert tell(pbt, "m1", 8, 0.9) == EXPLOIT  # back to m0's step 4, once
     assert pbt.exploit_of("m1").step == 4
     pbt.resumed("m1")
     assert tell(pbt, "m1", 8, 0.95) == CONTINUE  # judged at 8 again: no snapshot at 8 or later to copy
     assert tell(pbt, "m1", 12, 0.95) == CONTINUE  # and on to its end
+
+
+def test_a_member_that_ended_ranks_no_more_and_is_copied_no_more():
+    pbt = population([1.0, 2.0, 3.0])
+    tell(pbt, "m1", 4, 0.5)  # the top of one: a snapshot
+    tell(pbt, "m0", 4, 0.1)
+    pbt.ended("m0")  # as Ray Tune's: a finished member is out of the quantiles
+    assert pbt.best() == "m1" and tell(pbt, "m2", 4, 0.9) == EXPLOIT and pbt.exploit_of("m2").donor == "m1"
 
 
 def test_the_same_events_give_the_same_decisions_and_other_seeds_others():

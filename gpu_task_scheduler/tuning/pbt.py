@@ -340,7 +340,11 @@ class Pbt:
 
     def _ranked(self) -> list[str]:
         sign = 1 if self.config.mode == "min" else -1
-        reported = [(sign * m.last_value, name) for name, m in self.members.items() if m.last_value is not None]
+        reported = [
+            (sign * m.last_value, name)
+            for name, m in self.members.items()
+            if m.last_value is not None and name not in self._ended
+        ]
         return [name for _, name in sorted(reported)]
 
     def _quantiles(self) -> tuple[list[str], list[str]]:

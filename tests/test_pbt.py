@@ -62,11 +62,13 @@ def test_a_member_is_judged_at_each_multiple_of_interval_and_never_at_max_step()
 @pytest.mark.parametrize(
     "reports, decision",
     [
-        ([("m0", 4, 0.1)], SNAPSHOT),  # the only one judged is the top of one
+        ([("m0", 4, 0.1)], SNAPSHOT),  # the first at an interval: too few to rank, kept as a donor
         ([("m1", 4, 0.9), ("m0", 4, 0.1)], SNAPSHOT),  # the top: its checkpoint is kept for the others
         ([("m0", 4, 0.1), ("m1", 4, 0.9)], EXPLOIT),  # the bottom, with a top member's snapshot to copy
-        ([("m1", 4, 0.1), ("m0", 12, 0.9)], CONTINUE),  # the bottom, but the top's snapshot is 2 intervals back
-        ([("m0", 4, 0.9), ("m1", 4, 0.5), ("m2", 4, 0.6), ("m3", 4, 0.55)], CONTINUE),  # in the middle
+        ([("m0", 4, 0.1), ("m1", 4, 0.9), ("m2", 4, 0.5), ("m3", 4, 0.3)], CONTINUE),  # in the middle
+        # Ahead of the others, it is ranked where they are (its value at 4, the worst there), not by
+        # its value at 8 (the best of all: a metric that grows as runs train favours the one ahead).
+        ([("m0", 4, 0.1), ("m2", 4, 0.2), ("m3", 4, 0.3), ("m3", 8, 0.0)], EXPLOIT),
     ],
 )
 def test_each_decision_at_an_interval(reports, decision):
@@ -126,12 +128,12 @@ def test_a_member_goes_back_one_interval_once_and_never_loops():
     assert tell(pbt, "m1", 12, 0.95) == CONTINUE  # and on to its end
 
 
-def test_a_member_that_ended_ranks_no_more_and_is_copied_no_more():
+def test_a_member_that_ended_still_ranks_where_it_was_judged_and_is_copied():
     pbt = population([1.0, 2.0, 3.0])
-    tell(pbt, "m1", 4, 0.5)  # the top of one: a snapshot
+    tell(pbt, "m1", 4, 0.5)  # the first at 4: a snapshot
     tell(pbt, "m0", 4, 0.1)
-    pbt.ended("m0")  # as Ray Tune's: a finished member is out of the quantiles
-    assert pbt.best() == "m1" and tell(pbt, "m2", 4, 0.9) == EXPLOIT and pbt.exploit_of("m2").donor == "m1"
+    pbt.ended("m0")  # its value at 4 is still a value at 4; the best of those running is m1
+    assert pbt.best() == "m1" and tell(pbt, "m2", 4, 0.9) == EXPLOIT and pbt.exploit_of("m2").donor == "m0"
 
 
 def test_the_same_events_give_the_same_decisions_and_other_seeds_others():
@@ -148,9 +150,9 @@ def test_the_same_events_give_the_same_decisions_and_other_seeds_others():
 
     assert run(0) == run(0)  # a restart replays the same
     assert run(0) != run(1)
-    # Asynchronous, as Ray Tune's: a member is ranked against the values of those judged so far, so
-    # the second judged at step 4 is the bottom of two, and copies the first's snapshot.
-    assert run(0)[0] == ("m1", "m0", 0.5)
+    # Ranked once half the population reached an interval: the fourth judged at step 4 is the
+    # bottom of four, and copies the first's snapshot.
+    assert run(0)[0] == ("m3", "m0", 0.5)
 
 
 @pytest.mark.parametrize("probability, resampled", [(0.0, False), (1.0, True)])
@@ -218,10 +220,12 @@ def test_turns_go_to_new_members_then_to_the_one_furthest_behind():
     pbt.began("m2", 0, {"lr": 1.0})
     pbt.began("m3", 0, {"lr": 1.0})
     assert tell(pbt, "m1", 9, 0.05) == SNAPSHOT_YIELD  # judged at 8, ahead of m0 (waiting at 4)
-    assert tell(pbt, "m2", 9, 0.07) == YIELD  # in the middle, ahead of m0: it waits without a snapshot
+    assert tell(pbt, "m2", 9, 0.03) == SNAPSHOT_YIELD  # the top at 8
+    assert tell(pbt, "m3", 9, 0.04) == YIELD  # in the middle, ahead of m0: it waits without a snapshot
     assert pbt.next(more_new=True) == Next("resume", "m0", 4)  # the one furthest behind
     pbt.resumed("m0")
-    assert pbt.paused == {"m1": 9, "m2": 9} and pbt.values_of("m0") == {"lr": 1.0}  # its own checkpoint, its values
+    assert pbt.paused == {"m1": 9, "m2": 9, "m3": 9}
+    assert pbt.values_of("m0") == {"lr": 1.0}  # its own checkpoint, its values
     crowded_again = crowded(population=4, slots=2, members=2)
     tell(crowded_again, "m0", 4, 0.1)
     assert crowded_again.next(more_new=True) == Next("new")

@@ -311,6 +311,50 @@ def test_the_page_and_the_report_draw_the_mean_over_a_parameter_with_the_numbers
         page.close()
 
 
+def test_the_page_and_the_report_draw_each_members_values_over_the_steps_and_where_it_copied(in_tmp, served, browser):
+    """Population-based training: the curves mark where a member went on from another's weights,
+    and a chart draws each ticked member's values of the keys PBT changes, step by step."""
+    import gts_test_tasks as tasks
+    from helpers import make_config
+
+    from gpu_task_scheduler import GPUTaskScheduler
+    from gpu_task_scheduler.web.report import write_report
+
+    root = in_tmp / "r"
+    config = make_config(root, [{"lr": [1.0, 0.37, 0.14, 0.052]}], slots=("cpu",) * 4)
+    config["global_config"] = {"steps": 16, "pause": 0.02}
+    config["pbt"] = {"metric": "score", "mode": "max", "interval": 4, "max_step": 16, "perturb": {"lr": [0.5, 2.0]}}
+    assert GPUTaskScheduler(config, tasks.ScheduleTask).start().ok
+    url, _ = served([str(root)])
+    names = [f"lr-{lr}," for lr in (1.0, 0.37, 0.14, 0.052)]
+    status, served_curves = api(url, "/api/curves", root=0, metric="score", names="\n".join(names))
+    lineages = {run["name"]: run["lineage"] for run in served_curves["runs"]}
+    assert status == 200 and all(
+        lineages[name][0] == {"step": 0, "values": {"lr": float(name[3:-1])}, "donor": None} for name in names
+    )
+    jumps = sum(len(lineage) - 1 for lineage in lineages.values())
+    assert jumps >= 1  # some member copied another
+    for address in (url, "file://" + write_report(str(root), str(in_tmp / "report.html"))):
+        page = browser.new_page()
+        page.set_viewport_size({"width": 1200, "height": 900})
+        page.goto(address)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 4")
+        for box in page.locator("#runs tbody input[type=checkbox]").all():
+            box.check()
+        page.fill("#curve-metric", "score")
+        page.dispatch_event("#curve-metric", "change")
+        page.wait_for_function("document.getElementById('schedules').data?.length === 4", timeout=10_000)
+        assert page.locator("#schedules").is_visible()
+        steps = page.evaluate("document.getElementById('schedules').data.map(t => t.x.length)")
+        assert sum(steps) == sum(len(lineage) + 1 for lineage in lineages.values())  # each copy a step of the line
+        rings = page.evaluate(
+            "document.getElementById('curves').data.filter(t => t.mode === 'markers')"
+            ".reduce((n, t) => n + t.x.length, 0)"
+        )
+        assert rings == jumps
+        page.close()
+
+
 def test_values_that_look_like_markup_are_text_in_every_chart(in_tmp, served, browser):
     """Plotly reads pseudo-HTML in its strings: a value <a href=...> was a live link in a legend and
     <b> made text bold. Every string given to it is escaped, so each shows as the text it is."""

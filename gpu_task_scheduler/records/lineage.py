@@ -27,6 +27,7 @@ class Segment(Record):
 
 
 class Lineage(Record, frozen=False):
+    own: list[Segment] = field(default_factory=list)  # its own values: at its start, then each copy, in order
     exploits: list[Segment] = field(default_factory=list)  # its own copies, in order
     schedule: list[Segment] = field(default_factory=list)  # its weights' values from step 0
 
@@ -42,7 +43,8 @@ def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
             continue
         if event.kind == "began" and event.detail is not None and name not in found:
             values = event.detail.get("values")
-            found[name] = Lineage(schedule=[Segment(0.0, dict(values) if isinstance(values, dict) else {})])
+            start = Segment(0.0, dict(values) if isinstance(values, dict) else {})
+            found[name] = Lineage(own=[start], schedule=[start])
         elif name not in found:
             continue
         elif event.kind == "rung" and event.decision in ("snapshot", "snapshot+yield") and event.step is not None:
@@ -63,6 +65,7 @@ def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
             segment = decided.pop(name)
             lineage = found[name]
             lineage.exploits.append(segment)
+            lineage.own.append(segment)
             before = snapshots.get((segment.donor or "", segment.step), lineage.schedule)
             lineage.schedule = [s for s in before if s.step < segment.step] + [segment]
     return found

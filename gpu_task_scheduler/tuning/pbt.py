@@ -6,16 +6,23 @@ A config asks for it with its ``pbt`` key::
     pbt: {metric: loss, mode: min, interval: 4, quantile: 0.25, max_step: 40,
           perturb: {lr: [0.8, 1.2]}, resample: {dropout: {uniform: [0.0, 0.5]}}}
 
-The grid's runs (or a search's) are the population. Each time a member has trained ``interval``
-steps since it was last judged, its latest value is ranked against every member's latest value
-(Ray Tune's PopulationBasedTraining does the same, asynchronously):
+The grid's runs (or a search's) are the population. A member is judged by its first report at or
+past each multiple of ``interval``. It is ranked by its value at the latest interval that half the
+population has reached, against the other members' values there. (Ray Tune's
+PopulationBasedTraining ranks each member's latest value against the others' latest values,
+whatever their steps: with a metric that grows as runs train, a member that runs ahead then looks
+better than better ones behind it, and is never made to copy them. Measured on
+``bench/pbt_bench.py``, where members run at the same pace but start at different moments: that
+rule left the worst member uncopied for the whole sweep.) So ranked:
 
-* in the bottom ``quantile`` (at least one member, at most half of the population, once two
-  members have reported), it *exploits*: it is to go on from a copy of the checkpoint of a member
-  of the top ``quantile`` (the donor), at the donor's step, with the donor's values *explored*:
+* in the bottom ``quantile`` (at least one member, at most half of those ranked), it *exploits*:
+  it is to go on from a copy of the checkpoint of a member of the top ``quantile`` (the donor), at
+  the step of the donor's latest snapshot, with the donor's values *explored*:
   each value listed in ``perturb`` multiplied by one of its factors, each listed in ``resample``
   drawn again from its distribution with probability ``resample_probability`` (default 1/4;
   otherwise kept, or perturbed if it is listed in ``perturb`` too);
+* in the top ``quantile``, or judged where too few are to rank it, a snapshot of its checkpoint is
+  kept (the donors' copies are made from these);
 * otherwise it goes on as it is.
 
 A member at or past ``max_step`` is never judged. Every random choice (the donor, the factor, a
@@ -95,6 +102,7 @@ class Member(Record, frozen=False):
     snapshots: list[tuple[float, float, dict[str, Any]]] = field(default_factory=list)
     segments: int = 1  # its exploits so far, plus one
     went_back: float | None = None  # the interval its last exploit went back from (to the one before)
+    furthest: float = 0.0  # the furthest interval it was judged at
 
 
 def _number(value: Any) -> TypeGuard[float]:
@@ -203,6 +211,7 @@ class Pbt:
         self.members: dict[str, Member] = {}
         self._exploits: dict[str, Exploit] = {}  # decided, not yet resumed
         self._turns: dict[str, float] = {}  # members that wait for their turn, and the step they wait at
+        self._at: dict[float, dict[str, float]] = {}  # interval -> member -> its value there
         self._ended: set[str] = set()
         self._closed = False  # no more members will begin
 
@@ -246,14 +255,24 @@ class Pbt:
         return any(at < step for other, at in self._turns.items() if other != run)
 
     def _decide(self, run: str, state: Member, rung: float, step: float, value: float) -> str:
-        bottom, top = self._quantiles()
+        self._at.setdefault(rung, {})[run] = value
+        level = self._level(rung)
+        if level is None:  # too few members there yet to rank it: kept as a donor, in case it is a top one
+            state.snapshots.append((step, value, dict(state.values)))
+            return SNAPSHOT
+        table = self._at[level]
+        if run not in table:  # it reached this interval by a copy, not at the one it is ranked at
+            return CONTINUE
+        bottom, top = self._quantiles(table)
         if run in top:
             state.snapshots.append((step, value, dict(state.values)))
             return SNAPSHOT
-        # A donor's latest snapshot may be of the interval before this one (the donor has not reached
-        # this one yet) once: a member that went back so is judged here again, and then copies only
-        # a snapshot of this interval or later (always going back to one that ended could loop).
-        since = rung if state.went_back == rung else rung - self.config.interval
+        # A donor's latest snapshot may be of the interval before the furthest this member reached
+        # (the donor has not reached it yet), once: a member that went back so is judged there again,
+        # and then copies only a snapshot of that interval or later (going back to a slow or ended
+        # donor again and again could loop for ever).
+        state.furthest = max(state.furthest, rung)
+        since = state.furthest if state.went_back == state.furthest else state.furthest - self.config.interval
         donors = [name for name in top if self.members[name].snapshots and self.members[name].snapshots[-1][0] >= since]
         if run not in bottom or not donors:
             return CONTINUE
@@ -262,7 +281,7 @@ class Pbt:
         at, there, values = self.members[donor].snapshots[-1]
         explored, changed = self._explore(values, rng)
         self._exploits[run] = Exploit(run, donor, at, explored, changed, there)
-        state.went_back = rung if at < rung else None
+        state.went_back = state.furthest if at < state.furthest else None
         return EXPLOIT
 
     def resumed(self, run: str) -> None:
@@ -275,6 +294,9 @@ class Pbt:
         state.values = dict(exploit.values)
         state.last_step = state.judged_at = exploit.step
         state.last_value = exploit.value  # ranked as the member it copied until it is judged again
+        level = math.floor(exploit.step / self.config.interval) * self.config.interval
+        if exploit.value is not None and level > 0:  # and at the donor's interval, where it went on from
+            self._at.setdefault(level, {})[run] = exploit.value
         state.segments += 1
 
     def ended(self, run: str) -> None:
@@ -347,10 +369,23 @@ class Pbt:
         ]
         return [name for _, name in sorted(reported)]
 
-    def _quantiles(self) -> tuple[list[str], list[str]]:
-        """The bottom and the top ``quantile`` of the members that were judged, by their value at
-        their latest judgement (best first within each; ties by name)."""
-        ranked = self._ranked()
+    def _level(self, rung: float) -> float | None:
+        """The interval a member judged at ``rung`` is ranked at: the latest, up to ``rung``, that at
+        least half the members (and two) have been judged at. Members are ranked by their values at
+        one step: a metric that grows as a run trains (an accuracy, a return) would otherwise rank
+        a member that runs ahead above better ones that are behind, and never let it copy them."""
+        need = max(2, math.ceil(len(self.members) / 2))
+        ready = [level for level, table in self._at.items() if level <= rung and len(table) >= need]
+        return max(ready, default=None)
+
+    def _quantiles(self, values: Mapping[str, float] | None = None) -> tuple[list[str], list[str]]:
+        """The bottom and the top ``quantile`` of ``values`` (by member; else each member's value at
+        its latest judgement), best first within each, ties by name."""
+        if values is None:
+            ranked = self._ranked()
+        else:
+            sign = 1 if self.config.mode == "min" else -1
+            ranked = [name for _, name in sorted((sign * value, name) for name, value in values.items())]
         if len(ranked) < 2:  # the first judged is the top of one: its snapshot is the first donor's
             return [], ranked
         size = min(max(1, math.ceil(len(ranked) * self.config.quantile)), len(ranked) // 2)

@@ -150,12 +150,14 @@ def run_log(root: str, name: str, *, most: int = LOG_BYTES) -> dict[str, Any]:
 
 def curves(root: str, metric: str, names: list[str], over: str | None = None) -> dict[str, Any]:
     """What each named run reported of ``metric``, step by step (across its attempts), with its
-    parameters and state: ``{"runs": [{"name", "status", "params", "steps", "values"}]}``;
+    parameters and state: ``{"runs": [{"name", "status", "params", "steps", "values"}]}``, and a
+    population-based training member's ``lineage`` (:func:`lineages`: where its curve jumps);
     ``over``: also ``"groups"``, the runs that differ only in that parameter as one mean curve
     with its 95 % band (``reports.status.mean_curves``, as ``gts plot --over`` draws them)."""
     if len(names) > CURVES_MOST:
         raise ConfigError(f"at most {CURVES_MOST} runs' curves at once")
     found = []
+    lineage = lineages(root)
     for name in names:
         record, _ = _record(root, name)
         paths = _paths(root, name)
@@ -171,11 +173,28 @@ def curves(root: str, metric: str, names: list[str], over: str | None = None) ->
                 "params": record.params_value,
                 "steps": steps,
                 "values": values,
+                **({"lineage": lineage[name]} if name in lineage else {}),
             }
         )
     if over:
         return {"metric": metric, "runs": found, "over": over, "groups": groups_of(found, over)}
     return {"metric": metric, "runs": found}
+
+
+def lineages(root: str) -> dict[str, list[dict[str, Any]]]:
+    """Population-based training: each member's own segments, ``[{"step", "values", "donor"}]`` (its
+    start, then each copy it made: where its curve jumps to another member's weights), by name."""
+    from ..records.lineage import lineages as read
+
+    ledger = open_ledger(root)
+    try:
+        found = read(ledger.trial_events())
+    finally:
+        ledger.close()
+    return {
+        name: [{"step": s.step, "values": s.values, "donor": s.donor} for s in lineage.own]
+        for name, lineage in found.items()
+    }
 
 
 def record_params(root: str, name: str) -> dict[str, Any]:

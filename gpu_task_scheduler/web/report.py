@@ -67,6 +67,7 @@ def report_data(root: str) -> dict[str, Any]:
         "total": page["total"],
         "runs": runs,
         "curves": curves,
+        "lineages": data.lineages(root),
         "groups": _groups(root, curves),
         "timeline": data.timeline(root),
     }

@@ -67,7 +67,8 @@ function answer(path, params) {
       const curve = REPORT.curves[name] || { steps: [], values: [] };
       const steps = [], values = [];
       curve.steps.forEach((step, i) => { const v = curve.values[i][p.metric]; if (typeof v === "number") { steps.push(step); values.push(v); } });
-      return { name, status: run.status, params: paramsOf(run), steps, values };
+      const lineage = (REPORT.lineages || {})[name];
+      return { name, status: run.status, params: paramsOf(run), steps, values, ...(lineage ? { lineage } : {}) };
     });
     if (p.over) {  // worked out when the report was written, as the server works them out
       const groups = ((REPORT.groups || {})[p.over] || {})[p.metric];
@@ -289,6 +290,7 @@ async function drawCharts(now) {
     } catch (error) { showError(error); }
   } else if (!names.length) {
     window.Plotly.purge($("curves"));
+    $("schedules").hidden = true;
   }
   const pcMetric = $("pc-metric").value.trim();
   if (pcMetric && (now || state.tick % 5 === 0)) {
@@ -319,7 +321,39 @@ function drawCurves(data, by) {
       line: { color }, marker: { symbol: "x", size: run.steps.map((_, i) => (cut && i === run.steps.length - 1 ? 10 : 0)) },
     };
   });
+  // Population-based training: a ring where a member's curve goes on from another member's weights.
+  data.runs.forEach((run, i) => {
+    const jumps = (run.lineage || []).filter((segment) => segment.donor);
+    if (!jumps.length) return;
+    const at = jumps.map((segment) => run.steps.findIndex((step) => step > segment.step)).filter((index) => index >= 0);
+    traces.push({
+      x: at.map((index) => run.steps[index]), y: at.map((index) => run.values[index]), type: "scatter", mode: "markers",
+      marker: { symbol: "circle-open", size: 9, color: traces[i].line.color }, showlegend: false,
+      text: jumps.map((segment) => plain(`${run.name} copied ${segment.donor} at step ${segment.step}`)), hoverinfo: "text",
+    });
+  });
   window.Plotly.react($("curves"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: plain(data.metric) } }, height: 360 }, { displaylogo: false });
+  drawSchedules(data, traces);
+}
+
+// Population-based training: each ticked member's value of every key it changes, over the steps
+// (a step line: the value it trained with from each copy on).
+function drawSchedules(data, curveTraces) {
+  const traces = [];
+  data.runs.forEach((run, i) => {
+    const lineage = run.lineage || [];
+    if (!lineage.length) return;
+    const last = Math.max(run.steps.length ? run.steps[run.steps.length - 1] : 0, lineage[lineage.length - 1].step);
+    Object.keys(lineage[0].values).forEach((key) => {
+      const x = lineage.map((segment) => segment.step).concat([last]);
+      const y = lineage.map((segment) => segment.values[key]).concat([lineage[lineage.length - 1].values[key]]);
+      traces.push({ x, y, type: "scatter", mode: "lines", line: { shape: "hv", color: curveTraces[i].line.color }, name: plain(`${run.name} ${key}`) });
+    });
+  });
+  const positive = traces.every((trace) => trace.y.every((v) => typeof v === "number" && v > 0));
+  $("schedules").hidden = !traces.length;
+  if (!traces.length) { window.Plotly.purge($("schedules")); return; }
+  window.Plotly.react($("schedules"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: "value (population-based training)" }, type: positive ? "log" : "linear" }, height: 300 }, { displaylogo: false });
 }
 
 // Runs that differ only in one parameter (the seed), as one mean curve each group with its 95 %
@@ -336,6 +370,7 @@ function drawGroups(data, by) {
   });
   const title = `${data.metric}, mean over ${data.over} (95 % band)`;
   window.Plotly.react($("curves"), traces, { margin: { t: 10 }, xaxis: { title: { text: "step" } }, yaxis: { title: { text: plain(title) } }, height: 360 }, { displaylogo: false });
+  $("schedules").hidden = true;
 }
 
 function drawParcoords(data) {

@@ -13,7 +13,8 @@ It keeps the checkpoint protocol: each step it saves its state in ``$GTS_CHECKPO
 rename (a kill leaves the old state or the new one), then reports that step; given
 ``$GTS_RESUME_STEP`` it loads that state, which must be of that step (a population-based training
 member resumes from a copy of another member's checkpoint: a half-copied or mismatched one is an
-error here, never a silent restart), and goes on. Run by hand, ``report()`` does nothing.
+error here, never a silent restart) or of the one after it (it was stopped between its save and
+its report: that report is made now), and goes on. Run by hand, ``report()`` does nothing.
 """
 
 import argparse
@@ -60,7 +61,9 @@ def main() -> None:
     if resume:
         with open(state) as handle:
             saved = json.load(handle)
-        if saved["step"] != float(resume):
+        if saved["step"] == float(resume) + 1:  # saved, then stopped before its report: reported now
+            report(saved["step"], score=saved["score"])
+        elif saved["step"] != float(resume):
             sys.exit(f"the checkpoint is of step {saved['step']}, not of step {resume} it resumes from")
         done, score = int(saved["step"]), saved["score"]
         print(f"resumes after step {done} with lr {args.lr:g}", flush=True)

@@ -137,18 +137,19 @@ def test_a_member_that_ended_still_ranks_where_it_was_judged_and_is_copied():
 
 
 def test_the_same_events_give_the_same_decisions_and_other_seeds_others():
-    def run(seed):
+    def run(seed, kind=int):
         pbt = population([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], seed=seed)
         decided = []
         for step in range(4, 40, 4):
             for number in range(8):
-                if tell(pbt, f"m{number}", step, (number + 1) / step) == EXPLOIT:
+                if tell(pbt, f"m{number}", kind(step), (number + 1) / step) == EXPLOIT:
                     exploit = pbt.exploit_of(f"m{number}")
                     pbt.resumed(f"m{number}")
                     decided.append((exploit.member, exploit.donor, exploit.values["lr"]))
         return decided
 
     assert run(0) == run(0)  # a restart replays the same
+    assert run(0, float) == run(0)  # also from the ledger, whose steps are floats (a report's may be ints)
     assert run(0) != run(1)
     # Ranked once half the population reached an interval: the fourth judged at step 4 is the
     # bottom of four, and copies the first's snapshot.
@@ -230,3 +231,11 @@ def test_turns_go_to_new_members_then_to_the_one_furthest_behind():
     tell(crowded_again, "m0", 4, 0.1)
     assert crowded_again.next(more_new=True) == Next("new")
     assert crowded_again.close() and crowded_again.next(more_new=True) == Next("resume", "m0", 4)  # none will begin
+
+
+def test_a_late_report_keeps_no_snapshot_of_a_step_the_run_went_past():
+    """After a restart, an earlier attempt's report is told while the run trains on: its checkpoint
+    is no longer of that step, so a top member goes on without a snapshot of it."""
+    pbt = population([1.0, 2.0])
+    assert pbt.report("m0", 4, 0.1, 4, late=True) == CONTINUE and not pbt.members["m0"].snapshots
+    assert tell(pbt, "m1", 4, 0.9) == CONTINUE  # the bottom, with no snapshot to copy

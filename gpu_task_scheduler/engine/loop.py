@@ -32,7 +32,7 @@ from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger, SweepLock
 from ..records.metrics import latest
-from ..records.paths import RootPaths, RunPaths
+from ..records.paths import RootPaths, RunPaths, atomic_write
 from ..records.prior import settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import Sweep
@@ -215,10 +215,7 @@ class Scheduler:
     def _launch(self, item: Pending, slot_index: int, need: Need) -> None:
         spec, slot = item.spec, self.setup().slots[slot_index]
         paths = RunPaths(spec.work_dir, self.options.log_file)
-        # An attempt that goes on from an earlier one's checkpoint: the step that one reported last.
-        # (Or the step of the checkpoint it copied: a population-based training member that exploits.)
-        resume_step = last_step(paths) if item.resume_step is None and (item.resume or item.tries) else item.resume_step
-        item.resume_step = None  # a later attempt of it goes on from its own last step
+        resume_step = resume_from(item, paths)
         item.tries += 1
         live = self._launcher.live_attempt(spec.name) if self._abilities.adopts else None
         token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice
@@ -304,9 +301,47 @@ class Scheduler:
     # --- stopping -----------------------------------------------------------------
 
 
+RESUMED_FROM = "resumed-from"  # in a run's .gts: the step its current attempt went on from
+
+
 def last_step(paths: RunPaths) -> float | None:
-    """The last step the run reported (its metrics file's last good line), or None."""
+    """The last step the run reported (its metrics file's last good line), or, when its last
+    attempt reported nothing, the step that attempt went on from (a resumed attempt killed before
+    its first report must not make the next one start again from step 0); None: from step 0."""
     if paths.unsafe() is not None:
         return None
     found = latest(paths.metrics)
-    return None if found is None else found[0]
+    if found is not None:
+        return found[0]
+    try:
+        with open(os.path.join(paths.meta, RESUMED_FROM), encoding="utf-8") as handle:
+            return float(handle.read(64))
+    except (OSError, ValueError):
+        return None
+
+
+def resume_from(item: Pending, paths: RunPaths) -> float | None:
+    """The step ``item``'s attempt about to start goes on from, recorded in its folder (None: from
+    step 0): an attempt that goes on from an earlier one's checkpoint, the step that one reported
+    last; a population-based training member that copied another's checkpoint, that one's step."""
+    step = item.resume_step if item.resume_step is not None else None
+    if step is None and (item.resume or item.tries):
+        step = last_step(paths)
+    item.resume_step = None  # a later attempt of it goes on from its own last step
+    note_resume(paths, step)
+    return step
+
+
+def note_resume(paths: RunPaths, step: float | None) -> None:
+    """Record the step the attempt about to start goes on from (none: it starts afresh)."""
+    marker = os.path.join(paths.meta, RESUMED_FROM)
+    try:
+        if step is None:
+            os.unlink(marker)
+        elif paths.unsafe() is None:
+            os.makedirs(paths.meta, exist_ok=True)
+            atomic_write(marker, repr(float(step)).encode(), durable=False)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        logger.warning("%s: could not record the step it resumes from (%s)", paths.work_dir, error)

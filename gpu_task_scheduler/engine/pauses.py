@@ -121,7 +121,8 @@ class Pauses:
                     if event.step is None or event.value is None or event.rung is None:
                         skipped += 1
                     elif method.rung_reached(name, event.step) == event.rung:
-                        if method.report(name, event.rung, event.value, event.step) != event.decision:
+                        late = bool((event.detail or {}).get("late"))
+                        if method.report(name, event.rung, event.value, event.step, late=late) != event.decision:
                             differed += 1  # the same events give the same decisions: changed by hand?
                 elif event.kind == "resumed":
                     if name in method.paused:
@@ -201,20 +202,23 @@ class Pauses:
         # with the attempt it starts, and a start after a kill before that copies it again).
         self._ledger.record_trial_event("resumed", stage=spec.stage, name=spec.name)
 
-    def reached(self, spec: RunSpec, step: float, value: float) -> tuple[float, str] | None:
+    def reached(self, spec: RunSpec, step: float, value: float, *, late: bool = False) -> tuple[float, str] | None:
         """``spec`` reported ``value`` at ``step``: the rung it records a value at and the method's
         decision there (:data:`CONTINUE` or :data:`PAUSE`, written to the ledger, not committed), or
-        None when the step is at no new rung of it."""
+        None when the step is at no new rung of it. ``late``: an earlier attempt's report, told after
+        the run went on past it (recorded so: a replay decides the same)."""
         method = self._methods.get(spec.stage)
         if method is None or spec.name not in self._stage_of or spec.name in self._ended:
             return None
         rung = method.rung_reached(spec.name, step)
         if rung is None:
             return None
-        decision = method.report(spec.name, rung, value, step)
+        decision = method.report(spec.name, rung, value, step, late=late)
         detail = None
         if isinstance(method, Pbt):
             detail = self._population(method, spec, decision, step)
+            if late:
+                detail = {**(detail or {}), "late": True}
         self._ledger.record_trial_event(
             "rung",
             stage=spec.stage,

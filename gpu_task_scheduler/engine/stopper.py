@@ -50,6 +50,7 @@ class _Watched(Record, frozen=False):
     # A pausing method: what its earlier attempts reported up to the step it resumes from, not yet
     # told to the method (a kill -9 between a report and the look that reads it leaves such points).
     backlog: tuple[tuple[float, float], ...] = ()
+    resumed_at: float = float("-inf")  # a pausing method: the step this attempt went on from (points up to it are late)
     others: frozenset[str] = frozenset()  # the other metric names it reported (the reader keeps at most 100)
     steps_without: int = 0  # its reports at or past the rule's min_step without the metric
 
@@ -139,12 +140,14 @@ class Stopper:
         elif isinstance(rule, Pausing):  # its method keeps its rungs; a resumed run was judged up to its step
             if resume_step is not None:
                 watched = self._watched[spec.name]
-                watched.last_step = resume_step
+                watched.last_step = watched.resumed_at = resume_step
                 watched.backlog = tuple(
                     (step, metrics[rule.metric])
                     for step, metrics in run_points(paths)
                     if step <= resume_step and rule.metric in metrics
                 )
+                if rule.method == "pbt":  # only its checkpoint's step: a snapshot taken now is of that one
+                    watched.backlog = watched.backlog[-1:]
         else:
             curve = self._curves.setdefault(spec.stage, {})[spec.name] = Curve()
             if resume_step is not None:
@@ -257,7 +260,9 @@ class Stopper:
         a run that goes on is told so up to the step it reported (report() waits at every rung of
         the rule, and a Hyperband bracket judges at some of them only)."""
         for step, value in points:
-            decided = self.pauses.reached(watched.spec, step, value)
+            # A point of an earlier attempt is told late: the run trains past it already, so no
+            # snapshot of its checkpoint can be of that step (population-based training).
+            decided = self.pauses.reached(watched.spec, step, value, late=step <= watched.resumed_at)
             if decided is not None and (decided[1] == PAUSE or decided[1] in PAUSING):
                 cause = self.pauses.pause_cause(watched.spec.name, decided[0], value)
                 return Verdict(True, step, value, cause, rung=decided[0], pause=True)

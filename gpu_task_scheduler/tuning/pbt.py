@@ -233,14 +233,19 @@ class Pbt:
         boundary = math.floor(step / c.interval) * c.interval
         return boundary if boundary > state.judged_at and boundary > 0 else None
 
-    def report(self, run: str, rung: float, value: float, step: float | None = None) -> str:
+    def report(self, run: str, rung: float, value: float, step: float | None = None, *, late: bool = False) -> str:
         """``run`` reported ``value`` at ``step``, judged at ``rung`` (recorded before anything acts
         on it): :data:`EXPLOIT` (it pauses; :meth:`exploit_of` says from what it resumes),
-        :data:`SNAPSHOT` (a top member: its checkpoint is kept as a donor's) or :data:`CONTINUE`."""
+        :data:`SNAPSHOT` (a top member: its checkpoint is kept as a donor's) or :data:`CONTINUE`.
+        ``late``: told after the run went on past ``step`` (an earlier attempt's report, read after a
+        restart): no snapshot of that step can be taken, so a top member goes on without one."""
         state = self.members[run]
         step = rung if step is None else step
         state.last_step, state.last_value, state.judged_at = step, value, rung
         decision = self._decide(run, state, rung, step, value)
+        if late and decision == SNAPSHOT:
+            state.snapshots.pop()
+            decision = CONTINUE
         if decision != EXPLOIT and self._others_wait(run, step):
             self._turns[run] = step
             return SNAPSHOT_YIELD if decision == SNAPSHOT else YIELD
@@ -276,7 +281,8 @@ class Pbt:
         donors = [name for name in top if self.members[name].snapshots and self.members[name].snapshots[-1][0] >= since]
         if run not in bottom or not donors:
             return CONTINUE
-        rng = random.Random(f"{self.config.seed}/{run}/{step!r}")
+        # Seeded by the step as a float: a report's step may be 8 (its JSON line), its replay 8.0 (SQLite).
+        rng = random.Random(f"{self.config.seed}/{run}/{float(step)!r}")
         donor = donors[rng.randrange(len(donors))]
         at, there, values = self.members[donor].snapshots[-1]
         explored, changed = self._explore(values, rng)

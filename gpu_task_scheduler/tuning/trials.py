@@ -157,7 +157,7 @@ class PromotionAsha:
         bracket = self._brackets[self._bracket_of.get(run, 0)]
         return _rung_at(bracket.rungs, bracket.values, run, step, self.max_step)
 
-    def report(self, run: str, rung: float, value: float, step: float | None = None) -> str:
+    def report(self, run: str, rung: float, value: float, step: float | None = None, *, late: bool = False) -> str:
         """``run`` reached ``rung`` with ``value`` there (recorded before anything acts on it). It
         goes on (:data:`CONTINUE`) when it is promotable from there at once and no paused run is
         owed a promotion from a higher rung; otherwise it pauses (:data:`PAUSE`) and waits for
@@ -318,7 +318,7 @@ class Hyperband:
         ladder = self._ladders[self._ladder_of[run]]
         return _rung_at(ladder.rungs, ladder.values, run, step, self.max_step)
 
-    def report(self, run: str, rung: float, value: float, step: float | None = None) -> str:
+    def report(self, run: str, rung: float, value: float, step: float | None = None, *, late: bool = False) -> str:
         """``run`` reached ``rung``: it pauses, unless its value completes the rung and puts it
         among the promoted (it goes on at once; the others promoted wait for :meth:`next`)."""
         number = self._ladder_of[run]

@@ -1,0 +1,152 @@
+"""Population-based training on a real workload: scikit-learn's digits with a small MLP
+(``digits.py``), 8 learning rates x 27 epochs, run as a grid and with gts's ``pbt``, in one
+invocation.
+
+    python bench/digits_pbt.py [--slots 2] [--passes 3] [--repeats 3]
+
+Every run trains for real (``partial_fit``, ``passes`` epochs a step) on this machine's CPUs. With
+``pbt: {metric: loss, mode: min, interval: 3, quantile: 0.25, perturb: {lr: [0.5, 2.0]},
+max_step: 27}``, a member that copies another loads that member's pickled model and goes on with
+the explored learning rate (set on the model's SGD optimizer). SGD with momentum learns fastest at
+a high learning rate early and reaches a lower loss at a low one late: the best learning rate
+falls as it trains. Printed: the best final validation loss over the grid's best (below 1: PBT's
+member beat every fixed learning rate), the epochs trained over the grid's, the copies made, the
+wall time, and the schedule the winner trained with. scikit-learn is installed into
+``bench/.peers/`` when it does not import here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+import digits  # noqa: E402
+
+LRS = [0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01]
+WIDTH = 64
+PBT = {
+    "metric": "loss",
+    "mode": "min",
+    "interval": 3,
+    "quantile": 0.25,
+    "perturb": {"lr": [0.5, 2.0]},
+    "max_step": digits.EPOCHS,
+}
+
+
+class DigitsPbtTask(digits.GPUTask):  # type: ignore[misc,valid-type]
+    """digits.DigitsTask whose learning rate may change between attempts (a PBT member's copy)."""
+
+    def main(self):
+        c = self._config
+        path = os.path.join(self.checkpoint_dir, "model.pkl")
+        model = None
+        if self.resume_step is not None:  # its own model, or the one of the member it copied
+            with open(path, "rb") as handle:
+                model = pickle.load(handle)
+            model.learning_rate_init = c["lr"]
+            if hasattr(model, "_optimizer"):  # scikit-learn keeps the rate in its optimizer once it trained
+                model._optimizer.learning_rate = c["lr"]
+
+        def save(model):
+            with open(path + ".new", "wb") as handle:
+                pickle.dump(model, handle)
+            os.replace(path + ".new", path)
+
+        report = lambda e, v: self.report(e, loss=v)  # noqa: E731
+        loss = digits.train(c["lr"], WIDTH, model, save, report, c["journal"], c.get("passes", 1))
+        return {"loss": loss, "lr": c["lr"]}
+
+
+def one(tool, slots, passes, folder):
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    journal = os.path.join(folder, "journal")
+    root = os.path.join(folder, "root")
+    config = {
+        "scheduler_config": {"gpu": ["cpu"] * slots, "result_root_folder": root, "scheduler_log_file_path": None},
+        "global_config": {"journal": journal, "passes": passes},
+        "test_config": [{"lr": LRS}],
+    }
+    if tool == "gts-pbt":
+        config["pbt"] = PBT
+    start = time.perf_counter()
+    summary = GPUTaskScheduler(config, DigitsPbtTask, live_status=False).start()
+    wall = time.perf_counter() - start
+    assert summary.ok, summary.report()
+    best = min(summary.succeeded, key=lambda outcome: outcome.result["loss"])
+    with open(journal) as handle:
+        epochs = sum(1 for _ in handle)
+    copies, schedule = 0, ""
+    if tool == "gts-pbt":
+        with sqlite3.connect(os.path.join(root, ".gts", "ledger.sqlite3")) as db:
+            copies = db.execute("SELECT COUNT(*) FROM trial_events WHERE decision = 'exploit'").fetchone()[0]
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpu_task_scheduler", "results", root, "--best", "loss", "--min", "--schedule"],
+            capture_output=True,
+            text=True,
+        )
+        schedule = shown.stdout.split("(population-based training):\n")[-1].strip()
+    return {"loss": best.result["loss"], "epochs": epochs, "copies": copies, "wall": wall, "schedule": schedule}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one", nargs=2, metavar=("TOOL", "FOLDER"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], args.slots, args.passes, args.one[1])))
+        return
+    path = sklearn_path()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, HERE, os.environ.get("PYTHONPATH")) if p)}
+    total = len(LRS) * digits.EPOCHS
+    print(f"{len(LRS)} learning rates x {digits.EPOCHS} epochs ({total}), width {WIDTH}, {args.slots} slots")
+    head = f"{'tool':<8} {'repeat':>6} {'loss':>7} {'/ grid':>7} {'epochs':>7} {'share':>6} {'copies':>6}"
+    print(f"\n{head} {'wall s':>7}")
+    grid_loss = None
+    for tool in ("grid", "gts-pbt"):
+        for repeat in range(1, (1 if tool == "grid" else args.repeats) + 1):
+            with tempfile.TemporaryDirectory(prefix="gts-digits-pbt-") as folder:
+                argv = [sys.executable, __file__, "--slots", str(args.slots), "--passes", str(args.passes)]
+                done = subprocess.run([*argv, "--one", tool, folder], capture_output=True, text=True, env=env)
+            if done.returncode != 0:
+                print(f"{tool} {repeat}: failed\n{done.stderr[-3000:]}")
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            grid_loss = r["loss"] if tool == "grid" else grid_loss
+            ratio = r["loss"] / grid_loss if grid_loss else float("nan")
+            print(
+                f"{tool:<8} {repeat:>6} {r['loss']:>7.4f} {ratio:>7.3f} {r['epochs']:>7} {r['epochs'] / total:>6.0%} "
+                f"{r['copies']:>6} {r['wall']:>7.1f}",
+                flush=True,
+            )
+            if r["schedule"]:
+                print("         " + r["schedule"].replace("\n", "\n         "))
+
+
+def sklearn_path():
+    """'' when scikit-learn imports here; else where the suite installs it (bench/.peers/)."""
+    try:
+        __import__("sklearn")
+        return ""
+    except ImportError:
+        from suite import pip_peer
+
+        return pip_peer("scikit-learn", "sklearn") or ""
+
+
+if __name__ == "__main__":
+    main()

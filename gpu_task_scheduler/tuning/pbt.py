@@ -272,12 +272,16 @@ class Pbt:
         if run in top:
             state.snapshots.append((step, value, dict(state.values)))
             return SNAPSHOT
-        # A donor's latest snapshot may be of the interval before the furthest this member reached
-        # (the donor has not reached it yet), once: a member that went back so is judged there again,
-        # and then copies only a snapshot of that interval or later (going back to a slow or ended
-        # donor again and again could loop for ever).
+        # A donor's latest snapshot may be of the interval it is ranked at (a member that ran ahead
+        # and is ranked where the others are may go back there), or the one before the furthest it
+        # reached, once: a member that went back so is judged there again, and then copies only a
+        # snapshot of that interval or later (going back to a slow or ended donor again and again
+        # could loop for ever).
         state.furthest = max(state.furthest, rung)
-        since = state.furthest if state.went_back == state.furthest else state.furthest - self.config.interval
+        if state.went_back == state.furthest:
+            since = state.furthest
+        else:
+            since = min(level, state.furthest - self.config.interval)
         donors = [name for name in top if self.members[name].snapshots and self.members[name].snapshots[-1][0] >= since]
         if run not in bottom or not donors:
             return CONTINUE

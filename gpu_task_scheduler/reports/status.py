@@ -480,7 +480,8 @@ def mean_curves(
 
 def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: str | None = None) -> str:
     """What the runs reported of ``metric`` against the step, one line per run, coloured by the
-    parameter ``by`` (a colour scale for numbers); a run that did not succeed ends in a cross.
+    parameter ``by`` (a colour scale for numbers); a run that did not succeed ends in a cross; a
+    population-based training member's curve is ringed where it went on from another's weights.
     ``over``: the runs that differ only in that parameter as one mean curve with its 95 % band."""
     from ..results import curve_rows
 
@@ -517,6 +518,7 @@ def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: st
     )
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     colormap = pyplot.get_cmap("viridis" if numeric else "tab10")
+    copied = _copied_steps(root)  # population-based training: where a curve went on from another's weights
     if numeric:
         low, high = min(colour_by.values()), max(colour_by.values())
         log = low > 0 and high / low > 50
@@ -538,6 +540,10 @@ def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: st
         axes.plot(steps, [row[metric] for row in run], color=color, linewidth=1.2, label=label)
         if run[-1]["status"] != "succeeded":  # cut short (pruned, failed, ...): where it stopped
             axes.plot(steps[-1:], [run[-1][metric]], marker="x", color=color or "black", markersize=8)
+        rings = [next((row for row in run if row["step"] > at), None) for at in copied.get(name, ())]
+        if any(rings):  # the first point after each copy, ringed
+            shown = [row for row in rings if row is not None]
+            axes.plot([r["step"] for r in shown], [r[metric] for r in shown], "o", mfc="none", color=color or "black")
     axes.set_xlabel("step")
     axes.set_ylabel(metric)
     if by and len(labelled) <= 12:
@@ -546,6 +552,18 @@ def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: st
     _save(figure, output)
     pyplot.close(figure)
     return output
+
+
+def _copied_steps(root: str) -> dict[str, list[float]]:
+    """Each population-based training member's steps at which it went on from another's weights."""
+    from ..records.lineage import lineages
+    from ..results import open_ledger
+
+    ledger = open_ledger(root)
+    try:
+        return {name: [s.step for s in lineage.exploits] for name, lineage in lineages(ledger.trial_events()).items()}
+    finally:
+        ledger.close()
 
 
 def _plot_mean_curves(

@@ -24,6 +24,7 @@ from .layout import RESULT_FILE
 from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.metrics import run_points
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
+from .records.provenance import short
 
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
 
@@ -134,6 +135,9 @@ def row_of(root: str, record: RunRecord) -> dict[str, Any]:
     for name, summary in record.metrics_value.items():  # what it reported last as it trained
         if isinstance(summary, dict):
             row[f"metrics.{name}"] = summary.get("last")
+    commit = short(record.provenance_value)
+    if commit is not None:  # the code it ran (all of what made it: gts status --json, row_provenance)
+        row["commit"] = commit
     return row
 
 

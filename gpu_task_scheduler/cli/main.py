@@ -494,6 +494,22 @@ def _add_pending(report: dict[str, Any]) -> None:
             report["runs"].append({"name": spec.name, "status": "pending", "duration": None})
 
 
+def _warn_code_changed(records: Any) -> None:
+    """``gts retry``: say when the code (its commit, or its uncommitted changes) is not what the runs
+    it reruns were made with, so that their new results are not taken for the old code's."""
+    from ..records.provenance import code_changed, collected
+
+    now = collected(os.getcwd())
+    changed = [(r.name, how) for r in records if (how := code_changed(r.provenance_value, now)) is not None]
+    if changed:
+        name, how = changed[0]
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        print(
+            f"warning: the code changed since {name}{more} was run: {how}; it runs again with the code of now",
+            file=sys.stderr,
+        )
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     from ..backends.local.tasks import import_task, resolve_task
     from ..records.ledger import RunStatus, scheduler_state
@@ -534,6 +550,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     if not chosen:
         print("no run to retry", file=sys.stderr)
         return EXIT_OK
+    _warn_code_changed(chosen.values())
     try:
         config = json.loads(recorded)
         if not isinstance(config, dict) or not isinstance(config.get("scheduler_config"), dict):

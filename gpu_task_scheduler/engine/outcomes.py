@@ -138,7 +138,10 @@ class Records:
     # --- a run starting ------------------------------------------------------------
 
     def starting(self, spec: RunSpec, slot: Slot, token: str) -> int:
-        """Record the attempt before its process exists (a crash now leaves 'running', settled on resume)."""
+        """Record the attempt before its process exists (a crash now leaves 'running', settled on resume),
+        with what made it (the code, the environment, its seed: records/provenance.py)."""
+        from ..records.provenance import of_run  # here: a sweep that starts nothing never reads git
+
         return self.ledger.mark_running(
             name=spec.name,
             run_index=spec.index,
@@ -149,6 +152,7 @@ class Records:
             params=spec.params,
             stage=spec.stage,
             program=spec.program,
+            provenance=of_run(spec.config),
         )
 
     def not_started(

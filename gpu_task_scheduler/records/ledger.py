@@ -64,7 +64,8 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 6: the status 'pruned' and the table verdicts (what the early_stop rule decided about each run).
 # 7: the status 'paused' and the table trial_events (what a pausing method was told and decided, in order).
 # 8: trial_events.detail (JSON: a population-based training member's values, an exploit's donor).
-SCHEMA_VERSION = 8
+# 9: runs.provenance (JSON: the code, environment and seed an attempt ran with, see provenance.py).
+SCHEMA_VERSION = 9
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
@@ -73,6 +74,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: (),  # the table verdicts is created with the schema
     6: (),  # the table trial_events is created with the schema
     7: (),  # trial_events.detail is added after the schema where the table lacks it
+    8: ("ALTER TABLE runs ADD COLUMN provenance TEXT",),
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -90,7 +92,7 @@ CREATE TABLE IF NOT EXISTS runs (
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
     gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT, node TEXT,
-    program TEXT, metrics TEXT
+    program TEXT, metrics TEXT, provenance TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 -- The early_stop rule's word on a run, kept so that a restart decides as the sweep before it did:
@@ -140,6 +142,7 @@ class RunRecord(Record):
     node: str | None = None  # the machine its last attempt ran on (Ray backend): "ip/node id"
     program: str | None = None  # what it ran, as RunSpec.program (None: not known, e.g. a class in __main__)
     metrics: str | None = None  # JSON: what its last attempt reported, per metric {last, step, min, max}
+    provenance: str | None = None  # JSON: the code, environment and seed its last attempt ran with
 
     @property
     def metrics_value(self) -> dict[str, Any]:
@@ -149,6 +152,15 @@ class RunRecord(Record):
         except (ValueError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {}
+
+    @property
+    def provenance_value(self) -> dict[str, Any] | None:
+        """What made its last attempt (records/provenance.py), or None (not recorded, or damaged)."""
+        try:
+            value = json.loads(self.provenance) if self.provenance else None
+        except (ValueError, RecursionError):
+            return None
+        return value if isinstance(value, dict) else None
 
     @property
     def params_value(self) -> dict[str, Any]:
@@ -220,7 +232,7 @@ STALE_CAUSE = (
     "nothing runs it; the next start runs it again"
 )
 _TIMES = {"started_at", "ended_at"}
-_JSON = {"result": "JSON", "params": "a JSON object"}
+_JSON = {"result": "JSON", "params": "a JSON object", "provenance": "a JSON object"}
 
 
 def _field_problem(field: str, value: Any) -> str | None:
@@ -244,7 +256,7 @@ def _field_problem(field: str, value: Any) -> str | None:
 
 
 # Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
-_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program", "metrics"}
+_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program", "metrics", "provenance"}
 
 
 def pruned_cause(step: Any, cause: str) -> str:
@@ -634,6 +646,8 @@ class Ledger:
             'gpu_memory_peak', CASE WHEN typeof(gpu_memory_peak) = 'integer' THEN gpu_memory_peak END,
             'gpu_leftover', {self._column("gpu_leftover")},
             'metrics', CASE WHEN json_valid({self._column("metrics")}) THEN json({self._column("metrics")}) END,
+            'provenance', CASE WHEN json_valid({self._column("provenance")})
+                THEN json({self._column("provenance")}) END,
             'pid', CASE WHEN status = 'running' AND NOT :stale AND typeof(pid) = 'integer' THEN pid END)
             FROM runs {"WHERE " + where if where else ""} ORDER BY {order}"""
         if limit is not None:
@@ -845,6 +859,7 @@ class Ledger:
         params: str | None = None,
         stage: str | None = None,
         program: str | None = None,
+        provenance: str | None = None,
     ) -> int:
         """Record a new attempt before its child starts; return the attempt number. An attempt
         recorded again under its own token (a start following what a cluster still runs) is the
@@ -860,17 +875,18 @@ class Ledger:
         )
         self._write(
             """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at,
-                                 params, stage, program)
-               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?)
+                                 params, stage, program, provenance)
+               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT(name) DO UPDATE SET
                  params = excluded.params, stage = excluded.stage, program = excluded.program,
+                 provenance = excluded.provenance,
                  run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
                  attempts = attempts + (token IS NOT excluded.token), slot = excluded.slot,
                  token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
                  gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL, metrics = NULL""",
-            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage, program),
+            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage, program, provenance),
         )
         (attempts,) = self._tuples("SELECT attempts FROM runs WHERE name = ?", (name,))[0]
         self.commit()  # the run's process starts next: its record must exist before it does

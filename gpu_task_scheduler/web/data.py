@@ -135,6 +135,7 @@ def run_detail(root: str, name: str) -> dict[str, Any]:
         "run": _entry(root, record, stale=False),
         "config": read_json(paths.config) if paths.unsafe(records_only=True) is None else None,
         "metrics": record.metrics_value,
+        "provenance": record.provenance_value,
     }
 
 

@@ -242,7 +242,7 @@ class Scheduler:
         self.setup().take(slot_index, handle.pid, need, spec.name)
         deadline = None if timeout is None or not placed else now + timeout
         self._running.add(key, Active(item, slot_index, slot, handle, paths, token, now, deadline, resume_step))
-        self._records.call("on_run_start", spec, slot)
+        self._records.run_started(spec, slot)
 
     def _on_placed(self, key: int, node: str, pid: int, since: float) -> None:
         """A run on another machine started there ``since`` seconds ago (from a launcher with cluster slots)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import GTSError
 from ..gpu.devices import Slot
@@ -68,6 +68,10 @@ class Records:
         self.ledger, self.summary, self._hooks = ledger, summary, hooks
         self._skips: dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
         self._skip_lines: list[str] = []  # their lines for scheduler.log, not yet written
+        # What made the runs (records/provenance.py): read once, after the first run started (two
+        # git calls must not delay it), and recorded then for the runs started before.
+        self._made_with: dict[str, Any] | None = None
+        self._unrecorded: list[RunSpec] = []
 
     def call(self, hook: str, *args: object) -> None:
         try:
@@ -139,9 +143,14 @@ class Records:
 
     def starting(self, spec: RunSpec, slot: Slot, token: str) -> int:
         """Record the attempt before its process exists (a crash now leaves 'running', settled on resume),
-        with what made it (the code, the environment, its seed: records/provenance.py)."""
-        from ..records.provenance import of_run  # here: a sweep that starts nothing never reads git
+        with what made it (the code, the environment, its seed: :meth:`run_started`)."""
+        provenance = None
+        if self._made_with is None:
+            self._unrecorded.append(spec)
+        else:
+            from ..records.provenance import of_run  # loaded by run_started already
 
+            provenance = of_run(spec.config, self._made_with)
         return self.ledger.mark_running(
             name=spec.name,
             run_index=spec.index,
@@ -152,8 +161,21 @@ class Records:
             params=spec.params,
             stage=spec.stage,
             program=spec.program,
-            provenance=of_run(spec.config),
+            provenance=provenance,
         )
+
+    def run_started(self, spec: RunSpec, slot: Slot) -> None:
+        """``spec``'s process started: the hooks are told, and, the first time, what made the runs is
+        read and recorded for those started so far (after their start, which it must not delay)."""
+        if self._unrecorded:
+            from ..records.provenance import collected, of_run  # here: a sweep that starts nothing reads no git
+
+            if self._made_with is None:
+                self._made_with = collected(os.getcwd())
+            for started in self._unrecorded:
+                self.ledger.set_provenance(started.name, of_run(started.config, self._made_with))
+            self._unrecorded.clear()
+        self.call("on_run_start", spec, slot)
 
     def not_started(
         self,

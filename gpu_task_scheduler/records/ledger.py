@@ -74,7 +74,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: (),  # the table verdicts is created with the schema
     6: (),  # the table trial_events is created with the schema
     7: (),  # trial_events.detail is added after the schema where the table lacks it
-    8: ("ALTER TABLE runs ADD COLUMN provenance TEXT",),
+    8: (),  # runs.provenance is added after the schema where the table lacks it
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -335,9 +335,11 @@ class Ledger:
                         self._db.execute(statement)
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
             self._db.executescript(_SCHEMA)
-            # A table made by an earlier version (CREATE TABLE IF NOT EXISTS adds no column to it).
-            if not self._db.execute("SELECT 1 FROM pragma_table_info('trial_events') WHERE name = 'detail'").fetchall():
-                self._db.execute("ALTER TABLE trial_events ADD COLUMN detail TEXT")
+            # Tables made by an earlier version (CREATE TABLE IF NOT EXISTS adds no column to them).
+            for table, column in (("trial_events", "detail"), ("runs", "provenance")):
+                found = self._db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?", (column,))
+                if not found.fetchall():
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             if new:
                 self._db.execute("PRAGMA synchronous=NORMAL")
             version = self._version()
@@ -891,6 +893,10 @@ class Ledger:
         (attempts,) = self._tuples("SELECT attempts FROM runs WHERE name = ?", (name,))[0]
         self.commit()  # the run's process starts next: its record must exist before it does
         return int(attempts)
+
+    def set_provenance(self, name: str, provenance: str) -> None:
+        """What made ``name``'s current attempt (records/provenance.py), recorded once it started."""
+        self._write("UPDATE runs SET provenance = ? WHERE name = ?", (provenance, name))
 
     def record_verdict(self, name: str, *, rung: float, step: float, value: float, stop: bool, cause: str) -> None:
         """What the early_stop rule decided about ``name`` at ``rung`` (see tuning/stopping.py)."""

@@ -4,8 +4,9 @@ installed packages, the host) and its seed, recorded with each attempt in the le
 (``runs.provenance``, JSON), so that a result in a paper can name exactly what produced it.
 
 Read once per scheduler (:func:`collected`): two ``git`` calls and one pass over the installed
-distributions' metadata, some 20 to 60 ms, paid when the first run starts, never by a sweep that
-starts nothing. Where git or a repository is missing, ``git`` is None: nothing fails for it.
+distributions' metadata, some 20 to 60 ms, paid just after the first run started (it is not
+delayed; the runs started before are recorded then), never by a sweep that starts nothing. Where
+git or a repository is missing, ``git`` is None: nothing fails for it.
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ def packages_digest() -> str:
     packages are installed."""
     from importlib import metadata
 
-    names = sorted({f"{d.metadata.get('Name', '')}=={d.version}".lower() for d in metadata.distributions()})
+    names = sorted({f"{d.metadata['Name'] or ''}=={d.version}".lower() for d in metadata.distributions()})
     return hashlib.sha256("\n".join(names).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=4)
 def collected(folder: str) -> dict[str, Any]:
-    """The code and environment this scheduler runs its runs with (the working directory ``folder``)."""
+    """The code and environment this scheduler runs its runs with (the working directory ``folder``;
+    read once a process)."""
     return {
         "git": git_state(folder),
         "python": platform.python_version(),
@@ -66,10 +68,10 @@ def collected(folder: str) -> dict[str, Any]:
     }
 
 
-def of_run(config: dict[str, Any], folder: str | None = None) -> str:
-    """A run's provenance as the ledger keeps it (JSON): :func:`collected`, and its ``seed`` where
-    its config has one."""
-    record = dict(collected(os.path.abspath(folder or os.getcwd())))
+def of_run(config: dict[str, Any], made_with: dict[str, Any]) -> str:
+    """A run's provenance as the ledger keeps it (JSON): ``made_with`` (:func:`collected`), and its
+    ``seed`` where its config has one."""
+    record = dict(made_with)
     seed = config.get("seed")
     if isinstance(seed, (int, float, str)) and not isinstance(seed, bool):
         record["seed"] = seed

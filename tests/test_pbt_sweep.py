@@ -119,7 +119,7 @@ def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tm
     )
 
 
-def test_a_population_larger_than_its_slots_takes_turns_and_still_beats_the_grid(in_tmp):
+def test_a_population_larger_than_its_slots_takes_turns_and_every_member_gets_them(in_tmp):
     """8 members on 2 slots: a member that goes on from an interval while others wait behind it
     pauses for its turn, so the population trains together (ranked against members at about its
     own step), and the sweep still ends with every member at max_step, each turn taken."""

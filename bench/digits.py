@@ -35,10 +35,11 @@ def data():
     return _data
 
 
-def train(lr, width, model, save, report, journal=None, passes=1):
+def train(lr, width, model, save, report, journal=None, passes=1, seed=0):
     """Train ``model`` (None: a new one; else one a checkpoint held) from the step after its last
     to EPOCHS, a step being ``passes`` epochs over the training data; after each, ``save(model)``
-    then ``report(step, loss)``. Returns the last loss."""
+    then ``report(step, loss)``. ``seed``: the initial weights' and the batches' order. Returns
+    the last loss."""
     import numpy as np
     from sklearn.metrics import log_loss
     from sklearn.neural_network import MLPClassifier
@@ -51,14 +52,14 @@ def train(lr, width, model, save, report, journal=None, passes=1):
             learning_rate_init=lr,
             momentum=0.9,
             batch_size=64,
-            random_state=0,
+            random_state=seed,
         )
         model.gts_epoch = 0
     start = model.gts_epoch + 1
     loss = None
     for epoch in range(start, EPOCHS + 1):
         for one in range(passes):
-            order = np.random.RandomState(epoch * 1000 + one).permutation(len(x_train))
+            order = np.random.RandomState(seed * 1_000_000 + epoch * 1000 + one).permutation(len(x_train))
             model.partial_fit(x_train[order], y_train[order], classes=np.arange(10))
         loss = float(log_loss(y_val, model.predict_proba(x_val), labels=np.arange(10)))
         model.gts_epoch = epoch
@@ -93,5 +94,5 @@ class DigitsTask(GPUTask):  # type: ignore[misc,valid-type]
             os.replace(path + ".new", path)
 
         report = lambda e, v: self.report(e, loss=v)  # noqa: E731
-        loss = train(c["lr"], c["width"], model, save, report, c["journal"], c.get("passes", 1))
+        loss = train(c["lr"], c["width"], model, save, report, c.get("journal"), c.get("passes", 1), c.get("seed", 0))
         return {"loss": loss}

@@ -136,7 +136,7 @@ def row_of(root: str, record: RunRecord) -> dict[str, Any]:
         if isinstance(summary, dict):
             row[f"metrics.{name}"] = summary.get("last")
     commit = short(record.provenance_value)
-    if commit is not None:  # the code it ran (all of what made it: gts status --json, row_provenance)
+    if commit is not None:  # the code it ran (all of what made it: gts status --json, RunRecord.provenance_value)
         row["commit"] = commit
     return row
 

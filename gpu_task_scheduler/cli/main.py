@@ -799,7 +799,7 @@ def _lineages(args: argparse.Namespace, table: list[dict[str, Any]]) -> str | No
     schedule of values, as text (None without it)."""
     if not (args.lineage or args.schedule):
         return None
-    from ..records.lineage import lineage_text, lineages, schedule_text
+    from ..records.lineage import copies_text, lineages, schedule_text
     from ..results import open_ledger
 
     ledger = open_ledger(args.root)
@@ -812,7 +812,7 @@ def _lineages(args: argparse.Namespace, table: list[dict[str, Any]]) -> str | No
     if args.lineage:
         for row in table:
             if isinstance(row.get("name"), str):
-                row["lineage"] = lineage_text(found[row["name"]]) if row["name"] in found else ""
+                row["lineage"] = copies_text(found[row["name"]].exploits) if row["name"] in found else ""
     if not args.schedule or not table:
         return None
     if table[0]["name"] not in found:

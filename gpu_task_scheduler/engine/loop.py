@@ -324,7 +324,7 @@ def resume_from(item: Pending, paths: RunPaths) -> float | None:
     """The step ``item``'s attempt about to start goes on from, recorded in its folder (None: from
     step 0): an attempt that goes on from an earlier one's checkpoint, the step that one reported
     last; a population-based training member that copied another's checkpoint, that one's step."""
-    step = item.resume_step if item.resume_step is not None else None
+    step = item.resume_step
     if step is None and (item.resume or item.tries):
         step = last_step(paths)
     item.resume_step = None  # a later attempt of it goes on from its own last step

@@ -278,8 +278,9 @@ class Pauses:
 
     def values(self, name: str) -> dict[str, Any] | None:
         """``name``'s current values of what its method changes (population-based training), or None."""
-        stage = self._stage_of.get(name, "\0")
-        method = self._methods.get(stage) if stage != "\0" else None
+        if name not in self._stage_of:
+            return None
+        method = self._methods.get(self._stage_of[name])
         return method.values_of(name) if isinstance(method, Pbt) else None
 
     def resuming(self, spec: RunSpec) -> float | None:

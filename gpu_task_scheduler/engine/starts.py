@@ -130,10 +130,11 @@ class Starts:
         """A population-based training member starts with its values of now (a copied member's)."""
         assert self._pauses is not None
         values = self._pauses.values(item.spec.name)
-        if values and any(item.spec.config.get(key, values) != value for key, value in values.items()):
+        config = {**item.spec.config, **(values or {})}
+        if config != item.spec.config:
             import dataclasses  # here: only a copied member's start needs it (5 ms)
 
-            item.spec = dataclasses.replace(item.spec, config={**item.spec.config, **values})
+            item.spec = dataclasses.replace(item.spec, config=config)
 
     def filled(self, capacity: Capacity, *, running: bool, queue_places: bool) -> bool:
         """What follows starting all that could start: runs that can never start are blocked, and a

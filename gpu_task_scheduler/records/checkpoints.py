@@ -25,15 +25,10 @@ import contextlib
 import os
 import shutil
 
-from .paths import RunPaths
+from .paths import RunPaths, step_name
 
 SNAPSHOTS = "snapshots"
 _CHUNK = 1 << 30
-
-
-def step_name(step: float) -> str:
-    """A snapshot's folder name: ``8`` for 8.0, ``2.5`` for 2.5."""
-    return str(int(step)) if float(step).is_integer() and abs(step) < 2**53 else repr(float(step))
 
 
 def snapshots_dir(paths: RunPaths) -> str:

@@ -106,8 +106,9 @@ CREATE TABLE IF NOT EXISTS verdicts (
 -- it decides as the sweep before it did: kind 'began' (a new configuration, in bracket), 'rung' (its
 -- value at a rung, and the decision: 'continue' or 'pause'), 'resumed' (promoted), 'ended', and
 -- 'closed' (the sweep had no more new configurations; name NULL). Population-based training's
--- decisions are 'continue', 'snapshot' and 'exploit'; detail (JSON) holds a member's values at
--- 'began' and an exploit's donor, step and values.
+-- decisions are 'continue', 'snapshot', 'exploit', 'yield' and 'snapshot+yield'; detail (JSON)
+-- holds a member's values at 'began', an exploit's donor, step and values, and 'late' for a report
+-- told after the run went past it.
 CREATE TABLE IF NOT EXISTS trial_events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, stage TEXT, name TEXT, kind TEXT NOT NULL,
     bracket INTEGER, rung REAL, step REAL, value REAL, decision TEXT, detail TEXT

@@ -27,9 +27,14 @@ class Segment(Record):
 
 
 class Lineage(Record, frozen=False):
-    own: list[Segment] = field(default_factory=list)  # its own values: at its start, then each copy, in order
+    start: Segment  # its values at its start
     exploits: list[Segment] = field(default_factory=list)  # its own copies, in order
     schedule: list[Segment] = field(default_factory=list)  # its weights' values from step 0
+
+    @property
+    def own(self) -> list[Segment]:
+        """Its own values: at its start, then each copy's, in order."""
+        return [self.start, *self.exploits]
 
 
 def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
@@ -44,7 +49,7 @@ def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
         if event.kind == "began" and event.detail is not None and name not in found:
             values = event.detail.get("values")
             start = Segment(0.0, dict(values) if isinstance(values, dict) else {})
-            found[name] = Lineage(own=[start], schedule=[start])
+            found[name] = Lineage(start, schedule=[start])
         elif name not in found:
             continue
         elif event.kind == "rung" and event.decision in ("snapshot", "snapshot+yield") and event.step is not None:
@@ -65,16 +70,15 @@ def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
             segment = decided.pop(name)
             lineage = found[name]
             lineage.exploits.append(segment)
-            lineage.own.append(segment)
             before = snapshots.get((segment.donor or "", segment.step), lineage.schedule)
             lineage.schedule = [s for s in before if s.step < segment.step] + [segment]
     return found
 
 
-def lineage_text(lineage: Lineage) -> str:
-    """``lr-1.0, at 4 (lr x0.5); lr-0.37, at 16 (lr x2)``, or ``""`` (it copied none)."""
+def copies_text(copies: Iterable[Segment]) -> str:
+    """``lr-1.0, at 4 (lr x0.5); lr-0.37, at 16 (lr x2)`` (a lineage's exploits), or ``""``."""
     texts = []
-    for s in lineage.exploits:
+    for s in copies:
         changed = ", ".join(f"{key} {how}" for key, how in sorted(s.changed.items()))
         texts.append(f"{s.donor} at {s.step:g}" + (f" ({changed})" if changed else ""))
     return "; ".join(texts)

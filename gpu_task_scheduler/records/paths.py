@@ -63,6 +63,11 @@ def _new_temporary(folder: str) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no free temporary name", folder)
 
 
+def step_name(step: float) -> str:
+    """A step as text: ``9`` for 9.0, ``2.5`` for 2.5 (``GTS_RESUME_STEP``, a snapshot's folder)."""
+    return str(int(step)) if float(step).is_integer() and abs(step) < 2**53 else repr(float(step))
+
+
 def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half.
 

@@ -75,10 +75,10 @@ def status(root: str, *, runs: str = "all") -> dict[str, Any]:
 def _copies(ledger: Any) -> dict[str, str]:
     """Population-based training: how many others each member that copied any copied, and the
     latest (``3, last lr-0.37, at 16 (lr x0.5)``; ``gts results --lineage`` gives all), by name."""
-    from ..records.lineage import Lineage, lineage_text, lineages
+    from ..records.lineage import copies_text, lineages
 
     return {
-        name: f"{len(lineage.exploits)}, last {lineage_text(Lineage(exploits=lineage.exploits[-1:]))}"
+        name: f"{len(lineage.exploits)}, last {copies_text(lineage.exploits[-1:])}"
         for name, lineage in lineages(ledger.trial_events()).items()
         if lineage.exploits
     }

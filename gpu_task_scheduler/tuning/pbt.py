@@ -100,7 +100,6 @@ class Member(Record, frozen=False):
     judged_at: float = 0.0  # the multiple of interval it was last judged at (or the step it went on from)
     # (step, its value there, its values then): its checkpoints kept for the members that copy it
     snapshots: list[tuple[float, float, dict[str, Any]]] = field(default_factory=list)
-    segments: int = 1  # its exploits so far, plus one
     went_back: float | None = None  # the interval its last exploit went back from (to the one before)
     furthest: float = 0.0  # the furthest interval it was judged at
 
@@ -191,8 +190,9 @@ class Pbt:
     trial-scheduling methods (``trials.py``), driven by ``engine/pauses.py`` as promotion ASHA is.
 
     A member is judged at the first step it reports at or past each multiple of ``interval``
-    (below ``max_step``), by its value there, against every member's value at its own latest
-    judgement. A judged member in the top ``quantile`` goes on after a snapshot of its checkpoint
+    (below ``max_step``), ranked by its value at the latest interval half the population reached,
+    against the others' values there. A judged member in the top ``quantile`` goes on after a
+    snapshot of its checkpoint
     (:data:`SNAPSHOT`: the donor copies come from these); one in the bottom ``quantile`` pauses
     (:data:`EXPLOIT`) and :meth:`next` resumes it at once, from a copy of a top member's latest
     snapshot, with that member's values explored; the others go on (:data:`CONTINUE`).
@@ -307,7 +307,6 @@ class Pbt:
         level = math.floor(exploit.step / self.config.interval) * self.config.interval
         if exploit.value is not None and level > 0:  # and at the donor's interval, where it went on from
             self._at.setdefault(level, {})[run] = exploit.value
-        state.segments += 1
 
     def ended(self, run: str) -> None:
         """``run`` ended: its last value still ranks it, and its snapshot may still be copied."""

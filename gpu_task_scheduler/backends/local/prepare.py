@@ -20,7 +20,7 @@ from ...errors import install_hint
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
-from ...records.paths import RunPaths, atomic_write, open_regular, write_all
+from ...records.paths import RunPaths, atomic_write, open_regular, step_name, write_all
 from ...records.protocol import RunStart
 from ...reporting import CHECKPOINT_ENV, JUDGED_ENV, METRICS_ENV, PAUSE_ENV, PRUNE_ENV, RESUME_ENV, RUNGS_ENV
 from ...sweep.expand import RunSpec
@@ -283,11 +283,6 @@ def _environment(slot: Slot, extra_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def resume_text(step: float) -> str:
-    """A resume step as ``GTS_RESUME_STEP`` holds it: ``9`` for 9.0, ``2.5`` for 2.5."""
-    return str(int(step)) if float(step).is_integer() and abs(step) < 2**53 else repr(float(step))
-
-
 def run_identity(spec: RunSpec, attempt: int, resume_step: float | None = None) -> dict[str, str]:
     """What a run is, for experiment trackers (W&B, MLflow, TensorBoard run names), in its
     environment. Per run, so not in a pre-warmed runner's environment: the runner sets them
@@ -302,7 +297,7 @@ def run_identity(spec: RunSpec, attempt: int, resume_step: float | None = None) 
         METRICS_ENV: RunPaths(work_dir, None).metrics,
         PRUNE_ENV: RunPaths(work_dir, None).pruned,
         CHECKPOINT_ENV: RunPaths(work_dir, None).checkpoint,
-        RESUME_ENV: "" if resume_step is None else resume_text(resume_step),
+        RESUME_ENV: "" if resume_step is None else step_name(resume_step),
     }
     rungs = None if spec.early_stop is None else _rungs(spec.early_stop)
     if spec.early_stop is not None and rungs is not None:  # report() waits at the rule's rungs for the verdict

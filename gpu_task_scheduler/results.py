@@ -138,6 +138,10 @@ def row_of(root: str, record: RunRecord) -> dict[str, Any]:
     commit = short(record.provenance_value)
     if commit is not None:  # the code it ran (all of what made it: gts status --json, RunRecord.provenance_value)
         row["commit"] = commit
+    if isinstance(record.gpu_seconds, (int, float)):  # what it cost, over all its attempts (gpu/usage.py)
+        row["gpu_hours"] = record.gpu_seconds / 3600
+    if isinstance(record.energy, (int, float)):
+        row["energy_kwh"] = record.energy / 3.6e6
     return row
 
 
@@ -214,6 +218,71 @@ def metric(row: dict[str, Any], key: str) -> float | None:
     if key == "result":
         return _number(row.get("result"))
     return None
+
+
+_CONDITION = re.compile(r"^\s*(.+?)\s*(<=|>=|<|>)\s*(\S+)\s*$")
+_COMPARE = {
+    "<=": lambda a, b: a <= b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    ">": lambda a, b: a > b,
+}
+
+
+def gpu_hours_to(root: str, condition: str, *, stage: str | None = None) -> dict[str, Any]:
+    """How many GPU-hours the sweep had spent when a run first reached ``condition`` (``"loss<=0.2"``):
+    the first run, by the time it ended, whose KEY (a result, a parameter, else the last value it
+    reported as ``metrics.KEY``) meets it. Runs that ended by then count whole; a run running then
+    counts the part of its GPU-seconds its last attempt had run by then (prorated by time).
+
+    Returns ``condition``, ``reached`` (False: no run met it yet), ``run``, ``at`` (a Unix time),
+    ``gpu_hours`` (spent by then; every GPU-hour recorded when not reached), ``total_gpu_hours``,
+    ``runs_ended`` (runs that had ended by then), and ``best`` (the best value any run has, not reached)."""
+    match = _CONDITION.match(condition)
+    if match is None:
+        raise ConfigError(f"{condition!r} is no condition; write KEY<=VALUE (or <, >=, >), e.g. 'loss<=0.2'")
+    key, op, text = match.groups()
+    try:
+        target = float(text)
+    except ValueError:
+        raise ConfigError(f"{condition!r}: {text!r} is not a number") from None
+    every = records(root, stage)
+    reached: list[tuple[float, str]] = []
+    values: list[float] = []
+    for record in every:
+        if record.ended_at is None or record.status is RunStatus.RUNNING:
+            continue
+        row = row_of(root, record)
+        value = metric(row, key)
+        if value is None:
+            value = _number(row.get(f"metrics.{key}"))
+        if value is None:
+            continue
+        values.append(value)
+        if _COMPARE[op](value, target):
+            reached.append((record.ended_at, record.name))
+    if not values:
+        problem = key_problem(root, key, stage=stage)
+        if problem is not None:
+            raise ConfigError(problem)
+    total = sum(r.gpu_seconds for r in every if isinstance(r.gpu_seconds, (int, float)))
+    found: dict[str, Any] = {"condition": f"{key} {op} {text}", "total_gpu_hours": total / 3600}
+    if not reached:
+        best = (min if op in ("<", "<=") else max)(values) if values else None
+        return {**found, "reached": False, "gpu_hours": total / 3600, "best": best}
+    at, name = min(reached)
+    spent, ended = 0.0, 0
+    for record in every:
+        seconds = record.gpu_seconds if isinstance(record.gpu_seconds, (int, float)) else 0.0
+        start, end = record.started_at, record.ended_at
+        if start is None or start >= at:
+            continue
+        if end is not None and end <= at:
+            spent, ended = spent + seconds, ended + 1
+        else:
+            last = (end if end is not None else time.time()) - start
+            spent += seconds * min(1.0, (at - start) / last) if last > 0 else 0.0
+    return {**found, "reached": True, "run": name, "at": at, "gpu_hours": spent / 3600, "runs_ended": ended}
 
 
 def sort_rows(table: Sequence[dict[str, Any]], key: str, *, descending: bool = False) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ compute process of that pid until the process exits, as with real NVML.
 import fcntl
 import json
 import os
+import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -38,17 +39,26 @@ class NVMLError_NotFound(NVMLError):
         super().__init__(6, "Not Found")
 
 
+class NVMLError_NotSupported(NVMLError):
+    def __init__(self):
+        super().__init__(3, "Not Supported")
+
+
 class NVMLError_Uninitialized(NVMLError):
     def __init__(self):
         super().__init__(1, "Uninitialized")
 
 
 def write_state(path, gpus, *, library_missing=False):
-    """gpus: [{"name", "total", "uuid"?, "utilization"?, "processes": [{"pid", "used"}]}]."""
+    """gpus: [{"name", "total", "uuid"?, "utilization"?, "power"?, "processes": [{"pid", "used"}]}].
+    ``power``: the watts the GPU draws, steadily (its energy counter grows by that); None: a GPU
+    without an energy counter."""
     for index, gpu in enumerate(gpus):
         gpu.setdefault("uuid", f"GPU-{index:08d}-0000-4000-8000-000000000000")
         gpu.setdefault("utilization", 0)
         gpu.setdefault("processes", [])
+        gpu.setdefault("power", 100.0)
+        gpu.setdefault("energy_since", time.time())
     with open(path, "w") as handle:
         json.dump({"gpus": gpus, "library_missing": library_missing}, handle)
 
@@ -182,3 +192,11 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):
 
 def nvmlDeviceGetUtilizationRates(handle):
     return SimpleNamespace(gpu=_gpu(handle)["utilization"], memory=0)
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle):
+    """Millijoules since the "driver loaded" (the table was written), at the GPU's steady power."""
+    gpu = _gpu(handle)
+    if gpu.get("power") is None:
+        raise NVMLError_NotSupported()
+    return int((time.time() - gpu["energy_since"]) * gpu["power"] * 1000)

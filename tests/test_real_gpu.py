@@ -174,3 +174,54 @@ def test_short_pytorch_runs_warm_or_fresh_leave_no_memory_held(in_tmp, prewarm):
     with GpuMonitor(pynvml) as monitor:  # no run's process holds GPU memory once the sweep is over
         held = {p.pid for p in monitor.state(GPUS[0].uuid).processes}
     assert not held & {r["pid"] for r in runs}
+
+
+@needs_torch
+def test_runs_packed_on_a_real_gpu_cost_its_busy_time_and_share_its_energy(in_tmp):
+    """Two runs packed on one real GPU: their GPU-seconds add up to its busy time within 5 %, the
+    one that holds more memory gets more of it, and NVML's energy counter gives each run joules at
+    a draw a GPU can have."""
+    marks = in_tmp / "marks"
+    marks.mkdir()
+    root = in_tmp / "r"
+    config = make_config(
+        root,
+        [{"alloc_gib": [6, 2]}],
+        slots=("0",),
+        global_config={"together": 2, "hold": 3.0, "marks": str(marks)},
+        max_runs_per_gpu=2,
+        gpu_memory="8GiB",
+        gpu_poll_interval=0.2,
+    )
+    summary = GPUTaskScheduler(config, tasks.TorchTask, nvml=pynvml).start()
+    assert summary.ok and {o.result["held_together"] for o in summary.succeeded} == {2}
+    rows = ledger_rows(root)
+    intervals = sorted((row["started_at"], row["ended_at"]) for row in rows.values())
+    busy = max(end for _, end in intervals) - intervals[0][0]  # they overlap: one busy stretch
+    seconds = {name: row["gpu_seconds"] for name, row in rows.items()}
+    joules = {name: row["energy"] for name, row in rows.items()}
+    print(f"busy {busy:.2f} s; GPU-seconds {seconds}; joules {joules}")
+    assert sum(seconds.values()) == pytest.approx(busy, rel=0.05)
+    assert seconds["alloc_gib-6,"] > seconds["alloc_gib-2,"]
+    if all(value is None for value in joules.values()):
+        pytest.skip(f"{GPUS[0].name} has no energy counter")
+    watts = sum(joules.values()) / sum(seconds.values())
+    assert 10 < watts < 2000, watts
+
+
+@needs_torch
+def test_a_gpu_hour_budget_stops_a_real_sweep_after_the_run_that_spent_it(in_tmp):
+    marks = in_tmp / "marks"
+    marks.mkdir()
+    config = make_config(
+        in_tmp / "r",
+        [{"i": [0, 1, 2]}],
+        slots=("0",),
+        global_config={"alloc_gib": 1, "hold": 1.5, "marks": str(marks)},
+        budget={"gpu_hours": 1.0 / 3600},  # one GPU-second: the first run spends it
+    )
+    summary = GPUTaskScheduler(config, tasks.TorchTask, nvml=pynvml).start()
+    assert len(summary.succeeded) == 1 and len(summary.not_started) == 2
+    assert summary.budget_spent and summary.exit_code == 0
+    (row,) = [row for row in ledger_rows(in_tmp / "r").values() if row["gpu_seconds"]]
+    assert row["gpu_seconds"] >= 1.5

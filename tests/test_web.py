@@ -621,6 +621,32 @@ def test_a_report_opens_from_a_file_with_no_server_and_no_network(in_tmp, browse
     assert dialogs == [] and errors == [] and [url for url in requests if not url.startswith("file:")] == []
 
 
+def test_the_report_says_what_the_runs_cost(in_tmp, browser, monkeypatch, capsys):
+    """GPU-hours and energy, in the overview (as gts status says them) and a column of the runs."""
+    import fake_nvml
+    import gts_test_tasks as tasks
+    from helpers import make_config
+
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    table = in_tmp / "nvml.json"
+    monkeypatch.setenv(fake_nvml.ENV, str(table))
+    fake_nvml.write_state(str(table), [{"name": "Fake H100 80GB", "total": 80 * 10**9, "power": 300.0}])
+    root = in_tmp / "r"
+    config = make_config(root, [{"i": [0, 1]}], slots=("0",), global_config={"alloc_gb": 1, "hold": 0.2})
+    assert GPUTaskScheduler(config, tasks.FakeGpuTask, nvml=fake_nvml).start().ok
+    output = in_tmp / "sweep.html"
+    assert gts(["report", str(root), "-o", str(output)]) == 0
+    capsys.readouterr()
+    page = browser.new_page()
+    page.goto(output.as_uri())
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 2")
+    cost = page.inner_text("#cost")
+    assert cost.startswith("spent: ") and cost.endswith(" kWh") and " GPU-hours, " in cost, cost
+    assert page.locator("#runs th[data-key='gpu_hours']").count() == 1
+    assert page.locator("#runs th[data-key='energy_kwh']").count() == 1
+
+
 def test_the_sweeps_mail_can_attach_its_report(in_tmp, smtp_server):
     import email
     import email.policy

@@ -751,6 +751,8 @@ def cmd_results(args: argparse.Namespace) -> int:
         raise ConfigError("--top must be 1 or more")
     if args.schedule and not args.best:
         raise ConfigError("--schedule gives the values the best run trained with: give --best KEY too")
+    if args.gpu_hours_to:
+        return _print_gpu_hours_to(args)
     if args.best:
         found = best(args.root, args.best, maximize=_best_maximizes(args), stage=args.stage)
         table = [] if found is None else [found]
@@ -792,6 +794,33 @@ def cmd_results(args: argparse.Namespace) -> int:
     if schedule is not None:
         print(f"\nthe schedule {table[0]['name']} trained with (population-based training):\n{schedule}")
     return EXIT_OK
+
+
+def _print_gpu_hours_to(args: argparse.Namespace) -> int:
+    """``--gpu-hours-to 'loss<=0.2'``: the GPU-hours the sweep had spent when a run first reached it."""
+    from ..results import gpu_hours_to
+
+    if args.best or args.sort or args.average_over or args.lineage or args.top is not None:
+        raise ConfigError("--gpu-hours-to answers one question; it goes with --stage and --format json only")
+    found = gpu_hours_to(args.root, args.gpu_hours_to, stage=args.stage)
+    if args.format == "json":
+        print(json.dumps(found, indent=1))
+    elif found["reached"]:
+        import time
+
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found["at"]))
+        print(
+            f"{found['condition']}: first reached by {found['run']}, which ended at {when}, after "
+            f"{found['gpu_hours']:.4g} GPU-hours ({found['runs_ended']} run(s) had ended; "
+            f"{found['total_gpu_hours']:.4g} GPU-hours recorded in all)"
+        )
+    else:
+        best = "" if found["best"] is None else f" (the best value: {found['best']:.6g})"
+        print(
+            f"{found['condition']}: no run reached it{best}; {found['gpu_hours']:.4g} GPU-hours recorded in all",
+            file=sys.stderr,
+        )
+    return EXIT_OK if found["reached"] else EXIT_FAILED
 
 
 def _lineages(args: argparse.Namespace, table: list[dict[str, Any]]) -> str | None:
@@ -1161,7 +1190,8 @@ def _results_command(sub: Any) -> None:
         "  gts results results/ --sort loss --top 5\n  gts results results/ --best accuracy --max\n"
         "  gts results results/ --average-over seed --sort loss\n"
         "  gts results results/ --stage eval --best loss --min\n"
-        "  gts results results/pbt --best score --max --schedule",
+        "  gts results results/pbt --best score --max --schedule\n"
+        "  gts results results/ --gpu-hours-to 'loss<=0.2'",
     )
     r.add_argument("root", help="the result root, or the sweep's config file")
     r.add_argument(
@@ -1197,6 +1227,11 @@ def _results_command(sub: Any) -> None:
         "--schedule",
         action="store_true",
         help="with --best: the values its weights trained with, step by step (population-based training)",
+    )
+    r.add_argument(
+        "--gpu-hours-to",
+        metavar="CONDITION",
+        help="the GPU-hours the sweep had spent when a run first reached CONDITION, e.g. 'loss<=0.2'",
     )
     r.set_defaults(handler=cmd_results)
 

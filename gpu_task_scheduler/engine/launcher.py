@@ -122,6 +122,10 @@ class Launcher(Protocol):
         attempts start when the cluster places them: ``Handle.pid`` is negative until then, and the
         engine starts a run's clock (its ``timeout``, its duration) at ``on_placed``."""
 
+    def slot_gpus(self, slot: Slot) -> float:
+        """``cluster_slots``: the GPUs an attempt on ``slot`` asks its cluster for (its GPU-seconds are
+        its duration times that, see gpu/usage.py)."""
+
     def flush(self) -> None:
         """``batches``: the engine has started what it can for now; hand over those started since
         the last flush."""
@@ -144,6 +148,9 @@ class BaseLauncher:
 
     def slots(self, options: SchedulerOptions) -> list[Slot] | None:
         return None
+
+    def slot_gpus(self, slot: Slot) -> float:
+        return float(len(slot.gpu_ids))
 
     def flush(self) -> None:
         pass

@@ -83,7 +83,8 @@ class Scheduler:
         """Find the slots on this machine; raises GTSError (and writes nothing) if there are none."""
         if self._capacity is None:
             slots = self._launcher.slots(self.options) if self._abilities.cluster_slots else None
-            self._capacity = Capacity(self.options, nvml=self._nvml, host=self._host, slots=slots)
+            gpus = self._launcher.slot_gpus if slots else None
+            self._capacity = Capacity(self.options, nvml=self._nvml, host=self._host, slots=slots, slot_gpus=gpus)
         return self._capacity
 
     def run(self) -> SweepSummary:
@@ -118,10 +119,7 @@ class Scheduler:
                         # What runs at once: a search asks no more ahead, a larger population takes turns.
                         at_once = self._abilities.runs_at_once
                         self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
-                        if self.sweep.stopping:
-                            from .stopper import Stopper
-
-                            self._running.stopper = Stopper(self.sweep, ledger, root.root)
+                        self._running.open(self.sweep, ledger, root.root, capacity)  # early_stop, budget
                         # Runs that succeeded with another config: checked before the sweep is recorded.
                         take_over = settle_changes(self.sweep, ledger, root.root)
                         self._records.sweep_starting(self.sweep)
@@ -190,8 +188,8 @@ class Scheduler:
 
     @property
     def _starting(self) -> bool:
-        """Whether new runs may start (no stop, no drain)."""
-        return self._running.level == 0 and not self._running.draining
+        """Whether new runs may start (no stop, no drain, budget left)."""
+        return self._running.may_start()
 
     def _seconds_to_next_deadline(self) -> float | None:
         deadlines = self._running.deadlines()
@@ -203,7 +201,7 @@ class Scheduler:
 
     def _fill(self) -> None:
         while True:  # again when what was filled let waiting runs go on (Starts.filled)
-            while (start := self._starts.next(self.setup())) is not None:
+            while self._starting and (start := self._starts.next(self.setup())) is not None:
                 self._launch(*start)
             if not self._starts.filled(
                 self.setup(), running=bool(self._running), queue_places=self._abilities.queue_places
@@ -263,7 +261,9 @@ class Scheduler:
         reader, exited_at = self._end_reads.take(key)
         self._running.pop(key)
         capacity, handle, item = self.setup(), active.handle, active.item
-        reserved, peak = capacity.release(active.slot_index, handle.pid)  # before reaping
+        duration = exited_at - active.started
+        released = capacity.release(active.slot_index, handle.pid, duration)  # before reaping
+        reserved, peak = released.reserved, released.peak
         ended = handle.reap()
         leftovers = capacity.left_behind(handle.pid, active.spec.name)
         exit = read_exit(
@@ -272,7 +272,6 @@ class Scheduler:
         end = classify(exit.facts)
         if peak and end.oom is None:
             capacity.learn(peak)
-        duration = exited_at - active.started
         step = None
         if end.status is not RunStatus.SUCCEEDED:
             step = self._queue.next_step(
@@ -292,6 +291,7 @@ class Scheduler:
             reader=reader,
             gpu_leftover="; ".join(left.describe() for left in leftovers) or None,
             again=step is not None and step.action != "done",
+            usage=released,
         )
         if step is None:
             self._starts.settle(active.spec, end.status)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import GTSError
 from ..gpu.devices import Slot
@@ -29,6 +29,9 @@ from .hooks import Hooks
 from .launcher import Ended
 from .logs import file_only
 from .summary import RunOutcome, SweepSummary
+
+if TYPE_CHECKING:
+    from ..gpu.capacity import Released
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -247,9 +250,11 @@ class Records:
         reader: MetricsReader | None,
         gpu_leftover: str | None = None,
         again: bool = False,
+        usage: Released | None = None,
     ) -> RunOutcome:
         """``reader``: its metrics file read in full, when it was read off the loop (engine/endreads.py);
-        ``again``: the run is queued to run again in this start (a retry)."""
+        ``again``: the run is queued to run again in this start (a retry); ``usage``: what the attempt
+        cost (its part not saved yet is added to the run's total here)."""
         if ended.strays:
             logger.warning(
                 "%s left %d process(es) running outside its process group; stopped pid %s",
@@ -286,6 +291,8 @@ class Records:
         result = None if end.result is None else json.dumps(end.result)
         if result is None and end.status in (RunStatus.SUCCEEDED, RunStatus.PRUNED) and not result_file:
             result = own_result(paths, safe=exit.folder_problem is None)
+        if usage is not None and (usage.unsaved.gpu_seconds or usage.unsaved.joules):
+            self.ledger.add_usage({spec.name: usage.unsaved})
         self.ledger.finish(
             spec.name,
             end.status,
@@ -315,6 +322,8 @@ class Records:
             result=end.result,
             result_file=paths.result if result_file else None,
             gpu_leftover=gpu_leftover,
+            gpu_seconds=None if usage is None else usage.usage.gpu_seconds,
+            energy=None if usage is None else usage.usage.joules,
         )
         self.summary.record(record)
         self.call("on_run_end", record)

@@ -26,6 +26,10 @@ from .pending import Pending
 from .summary import SweepSummary
 
 if TYPE_CHECKING:  # imported where a sweep has early_stop rules (they and their math cost a start 4 ms)
+    from ..gpu.capacity import Capacity
+    from ..records.ledger import Ledger
+    from ..sweep.expand import Sweep
+    from .budget import BudgetWatch
     from .stopper import Stopper
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -85,10 +89,29 @@ class Running:
         self.stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
         self._next_look: float | None = None
         self.level = 0
-        self.draining = False  # `gts stop --drain`: no new runs; the running ones finish
+        self.draining = False  # `gts stop --drain`, or the budget is spent: no new runs; the running ones finish
+        self.budget: BudgetWatch | None = None  # scheduler_config's budget at work (engine/budget.py)
 
     def __len__(self) -> int:
         return len(self._active)
+
+    def open(self, sweep: Sweep, ledger: Ledger, root: str, capacity: Capacity) -> None:
+        """The sweep starts on its root: its early_stop rules and its budget at work, and the runs'
+        GPU-seconds kept in the ledger as they accrue."""
+        if sweep.stopping:
+            from .stopper import Stopper
+
+            self.stopper = Stopper(sweep, ledger, root)
+        capacity.save_usage_to(ledger.add_usage)
+        budget = self._options.budget
+        if budget is not None and budget.gpu_hours is not None:
+            from .budget import BudgetWatch
+
+            self.budget = BudgetWatch(budget.gpu_hours, ledger.gpu_seconds_spent(), capacity.usage.spent)
+            if not any(capacity.gpus_of(slot) for slot in capacity.slots):
+                logger.warning(
+                    "budget: gpu_hours counts GPU-hours, and no slot of this sweep has a GPU: it is never spent"
+                )
 
     def add(self, key: int, active: Active) -> None:
         self._active[key] = active
@@ -168,6 +191,19 @@ class Running:
         active.deadline = active.term_at = None
 
     # --- a sweep-wide stop: a signal, or `gts stop` from another shell ---------------------
+
+    def may_start(self) -> bool:
+        """Whether a new run may start now: no stop, no drain, and the budget (if any) not spent. A
+        spent budget drains the sweep: the runs running finish, and nothing else starts."""
+        if self.level or self.draining:
+            return False
+        spent = self.budget.exhausted() if self.budget is not None else None
+        if spent is None:
+            return True
+        self._summary.budget_spent = spent
+        logger.warning("%s: starting no more runs; %d running run(s) may finish", spent, len(self._active))
+        self.draining = True
+        return False
 
     def on_signal(self, signum: int) -> None:
         if signum == CONTROL_SIGNAL:  # `gts stop`: what it asks is in the root's request file

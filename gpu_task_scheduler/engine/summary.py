@@ -27,6 +27,8 @@ class RunOutcome(Record):
     result: Any = None  # what main() returned, as JSON-compatible data (None if it is in result_file)
     result_file: str | None = None  # a result over 1 MiB of JSON: <work_dir>/.gts/result.json
     gpu_leftover: str | None = None  # GPU memory its processes still held after it ended, in words
+    gpu_seconds: float | None = None  # this attempt's share of the GPUs' busy time (gpu/usage.py)
+    energy: float | None = None  # joules of this attempt's share of the GPUs' energy, where they count it
 
     def describe(self) -> str:
         if self.cause:
@@ -51,6 +53,7 @@ class SweepSummary(Record, frozen=False):
     outcomes: dict[str, RunOutcome] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     interrupted_by: str | None = None  # "SIGINT", "SIGTERM" when the sweep was stopped
+    budget_spent: str | None = None  # the budget was spent (engine/budget.py): no run started after, in words
     duration: float = 0.0
     # A sweep stopped or drained: the runs it would still have run (the first 100,000 looked at;
     # not_started_more: there were more to look at).
@@ -135,6 +138,8 @@ class SweepSummary(Record, frozen=False):
                 "duration": o.duration,
                 "result": o.result,
                 "gpu_leftover": o.gpu_leftover,
+                "gpu_seconds": o.gpu_seconds,
+                "energy": o.energy,
             }
 
         return {
@@ -142,6 +147,7 @@ class SweepSummary(Record, frozen=False):
             "exit_code": self.exit_code,
             "duration": self.duration,
             "interrupted_by": self.interrupted_by,
+            "budget_spent": self.budget_spent,
             "counts": {
                 "succeeded": self.succeeded_count,
                 "failed": len(self.failed) - len(self.interrupted),
@@ -180,10 +186,18 @@ class SweepSummary(Record, frozen=False):
         head = f"{', '.join(counts)} in {self.duration:.1f}s"
         if self.interrupted_by:
             head += f" (interrupted by {self.interrupted_by})"
+        elif self.budget_spent:
+            head += f" (stopped: {self.budget_spent})"
         lines = [f"Sweep summary: {head}"]
         if self.not_started:
             shown = ", ".join(self.not_started[:10]) + (" ..." if len(self.not_started) > 10 else "")
-            why = "they were not ready when it detached" if self.detached else "the sweep was stopped before their turn"
+            why = (
+                "they were not ready when it detached"
+                if self.detached
+                else "the budget was spent before their turn"
+                if self.budget_spent and not self.interrupted_by
+                else "the sweep was stopped before their turn"
+            )
             lines.append(f"  not started ({why}): {shown}")
         for outcome in self.failed:
             lines.append(f"  {outcome.status}: {outcome.work_dir} ({outcome.describe()})")

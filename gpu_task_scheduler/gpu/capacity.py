@@ -14,7 +14,7 @@ import logging
 import operator
 import os
 import time
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -34,6 +34,7 @@ from .placement import (
     reserved_bytes,
 )
 from .shared import STARTING, Held, Publisher, SharedReservations, process_user
+from .usage import GpuClock, Usage
 
 if TYPE_CHECKING:
     from random import Random
@@ -145,6 +146,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+class Released(NamedTuple):
+    """What :meth:`Capacity.release` knows of a run that ended."""
+
+    reserved: Need  # what it had reserved
+    peak: int | None  # the most GPU memory it was seen to use on one GPU
+    usage: Usage  # what its attempt cost (gpu/usage.py), all of it
+    unsaved: Usage  # the part of ``usage`` not handed to the saver yet (the ledger adds it at the end)
+
+
 class Leftover(NamedTuple):
     """A process of a run that ended, still holding memory on a GPU."""
 
@@ -208,11 +218,17 @@ class Capacity:
         nvml: ModuleType | None = None,
         host: HostProbe | None = None,
         slots: Sequence[Slot] | None = None,
+        slot_gpus: Callable[[Slot], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Finds the slots on this machine; raises GTSError if there are none (and holds nothing then).
         ``slots``: a cluster's instead (a launcher's, see engine/launcher.py), one run each, placed by
-        the cluster on GPUs this machine cannot see: no NVML here."""
+        the cluster on GPUs this machine cannot see: no NVML here; ``slot_gpus`` says how many GPUs
+        an attempt on each asks its cluster for (its GPU-seconds are its duration times that)."""
         self._o = options
+        self._slot_gpus = slot_gpus
+        self.usage = GpuClock(clock)  # each run's GPU-seconds and energy (gpu/usage.py)
+        self._save_usage: Callable[[dict[str, Usage]], None] | None = None
         self._host = host or HostProbe()
         self._monitor: GpuMonitor | None = None
         self._shared: SharedReservations | None = None
@@ -341,6 +357,7 @@ class Capacity:
         books, used = book(states, self._reservations.values(), self._o.memory_margin, owner, others)
         for pgid, per_gpu in used.items():
             self._peaks[pgid] = max([self._peaks.get(pgid, 0), *per_gpu.values()])
+        self.usage.look(used, self._energy(self.usage.gpus()))
         for gpu_id, state in states.items():
             for process in state.processes:
                 group = owners.get(process.pid)
@@ -512,7 +529,23 @@ class Capacity:
 
     # --- runs starting and ending --------------------------------------------------
 
+    def _energy(self, gpu_ids: Iterable[str]) -> dict[str, int | None]:
+        """The GPUs' energy counters now (none without NVML)."""
+        monitor = self._monitor
+        return {} if monitor is None else {gpu: monitor.energy(gpu) for gpu in gpu_ids}
+
+    def gpus_of(self, slot: Slot) -> float:
+        """The GPUs a run on ``slot`` holds (on a cluster: asks its cluster for)."""
+        return float(len(slot.gpu_ids)) or (self._slot_gpus(slot) if self._slot_gpus is not None else 0.0)
+
+    def save_usage_to(self, save: Callable[[dict[str, Usage]], None]) -> None:
+        """Hand what running runs accrued to ``save`` (run name -> usage since the last save) at each
+        :meth:`measure`, so that a kill -9 loses at most one poll interval of it."""
+        self._save_usage = save
+
     def take(self, slot_index: int, pgid: int, need: Need, name: str = "") -> None:
+        gpus = self.slots[slot_index].gpu_ids
+        self.usage.begin(pgid, gpus, self._energy(gpus))
         self._running[slot_index] += 1
         self._idle_reported.discard(slot_index)
         reserved = need if need is not None else 0
@@ -523,25 +556,42 @@ class Capacity:
 
     @property
     def measuring(self) -> bool:
-        """Runs of ours hold GPUs: NVML is read now and then to learn what they use."""
-        return self._monitor is not None and any(r.gpu_ids for r in self._reservations.values())
+        """Runs of ours hold GPUs: looked at now and then, through NVML to learn what they use,
+        and to save the GPU-seconds they accrued."""
+        return len(self.usage) > 0 and any(r.gpu_ids for r in self._reservations.values())
 
     def measure(self) -> None:
-        if self.measuring:
+        if not self.measuring:
+            return
+        if self._monitor is not None:
             self.views()
+        if self._save_usage is not None:
+            deltas = self.usage.unsaved()
+            if deltas:
+                self._save_usage({self._names.get(key, ""): usage for key, usage in deltas.items()})
 
-    def release(self, slot_index: int, pgid: int) -> tuple[Need, int | None]:
-        """The run on ``slot_index`` ended: ``(what it had reserved, the peak it was seen to use)``.
-        Call before the run's processes are reaped, so that a last look still finds them."""
-        if self._monitor is not None and self.slots[slot_index].gpu_ids:
+    def release(self, slot_index: int, pgid: int, duration: float = 0.0) -> Released:
+        """The run on ``slot_index`` ended after ``duration`` seconds: what it had reserved, the peak it
+        was seen to use, what it cost. Call before the run's processes are reaped, so that a last look
+        still finds them."""
+        slot = self.slots[slot_index]
+        if self._monitor is not None and slot.gpu_ids:
             self.views()  # a last look at what it allocated
+        saved = self.usage.saved(pgid)
+        usage = self.usage.end(pgid, self._energy(slot.gpu_ids))
+        if not slot.gpu_ids and self._slot_gpus is not None:  # a cluster's slot: the GPUs it asked for
+            usage = Usage(max(0.0, duration) * self._slot_gpus(slot))
+            self.usage.total += usage.gpu_seconds
+        unsaved = Usage(
+            usage.gpu_seconds - saved.gpu_seconds, None if usage.joules is None else usage.joules - (saved.joules or 0)
+        )
         self._running[slot_index] -= 1
         reservation = self._reservations.pop(pgid, None)
         self._ending[pgid] = self._seen.pop(pgid, {})
         self._names.pop(pgid, None)
         self._publish()
         peak = self._peaks.pop(pgid, 0) or None
-        return (reservation.reserved if reservation else None), peak
+        return Released(reservation.reserved if reservation else None, peak, usage, unsaved)
 
     def left_behind(self, pgid: int, run: str) -> list[Leftover]:
         """After the run's processes were reaped (and its strays killed): those NVML showed holding

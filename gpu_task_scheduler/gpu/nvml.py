@@ -107,6 +107,7 @@ class GpuMonitor:
                 raise NvmlUnavailable(_unavailable("NVML Shared Library Not Found"))
             module = bindings()
         self._no_processes: set[str] = set()
+        self._no_energy: set[str] = set()  # GPUs without an energy counter (before Volta, MIG instances)
         nvml: Any = module  # the bindings ship no type information
         self._nvml = nvml
         try:
@@ -182,6 +183,17 @@ class GpuMonitor:
             utilization=utilization,
             processes=processes,
         )
+
+    def energy(self, gpu_id: str) -> int | None:
+        """The GPU's energy counter: millijoules since the driver loaded, or None where it has none."""
+        if gpu_id in self._no_energy:
+            return None
+        nvml = self._nvml
+        try:
+            return int(nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle(gpu_id)))
+        except (nvml.NVMLError, AttributeError):  # not supported there, or bindings older than the call
+            self._no_energy.add(gpu_id)
+            return None
 
     def snapshot(self, gpu_ids: Iterable[str]) -> dict[str, GpuState]:
         return {gpu_id: self.state(gpu_id) for gpu_id in gpu_ids}

@@ -39,6 +39,7 @@ import fcntl
 import itertools
 import json
 import logging
+import math
 import os
 import signal
 import sqlite3
@@ -65,7 +66,9 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 7: the status 'paused' and the table trial_events (what a pausing method was told and decided, in order).
 # 8: trial_events.detail (JSON: a population-based training member's values, an exploit's donor).
 # 9: runs.provenance (JSON: the code, environment and seed an attempt ran with, see provenance.py).
-SCHEMA_VERSION = 9
+# 10: runs.gpu_seconds and runs.energy (what every attempt of a run cost: its share of the GPUs'
+#     busy time, and joules where the GPUs count energy; see gpu/usage.py).
+SCHEMA_VERSION = 10
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
@@ -75,6 +78,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: (),  # the table trial_events is created with the schema
     7: (),  # trial_events.detail is added after the schema where the table lacks it
     8: (),  # runs.provenance is added after the schema where the table lacks it
+    9: (),  # runs.gpu_seconds and runs.energy are added after the schema where the table lacks them
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -92,7 +96,7 @@ CREATE TABLE IF NOT EXISTS runs (
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
     gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT, node TEXT,
-    program TEXT, metrics TEXT, provenance TEXT
+    program TEXT, metrics TEXT, provenance TEXT, gpu_seconds REAL, energy REAL
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 -- The early_stop rule's word on a run, kept so that a restart decides as the sweep before it did:
@@ -144,6 +148,8 @@ class RunRecord(Record):
     program: str | None = None  # what it ran, as RunSpec.program (None: not known, e.g. a class in __main__)
     metrics: str | None = None  # JSON: what its last attempt reported, per metric {last, step, min, max}
     provenance: str | None = None  # JSON: the code, environment and seed its last attempt ran with
+    gpu_seconds: float | None = None  # its share of the GPUs' busy time, over all its attempts (gpu/usage.py)
+    energy: float | None = None  # joules of its share of the GPUs' energy, where they count it
 
     @property
     def metrics_value(self) -> dict[str, Any]:
@@ -233,6 +239,7 @@ STALE_CAUSE = (
     "nothing runs it; the next start runs it again"
 )
 _TIMES = {"started_at", "ended_at"}
+_REALS = {"gpu_seconds", "energy"}
 _JSON = {"result": "JSON", "params": "a JSON object", "provenance": "a JSON object"}
 
 
@@ -244,6 +251,8 @@ def _field_problem(field: str, value: Any) -> str | None:
         return None if isinstance(value, int) else "not an integer"
     if field in _TIMES:
         return None if isinstance(value, (int, float)) and abs(value) < 1e12 else "not a time"
+    if field in _REALS:
+        return None if isinstance(value, (int, float)) and math.isfinite(value) else "not a number"
     if not isinstance(value, str):
         return "not text"
     if field in _JSON:
@@ -257,7 +266,26 @@ def _field_problem(field: str, value: Any) -> str | None:
 
 
 # Added by a later schema: a ledger read as it is (read-only, not migrated) may lack them.
-_OPTIONAL_COLUMNS = {"result_file", "gpu_leftover", "stage", "node", "program", "metrics", "provenance"}
+_OPTIONAL_COLUMNS = {
+    "result_file",
+    "gpu_leftover",
+    "stage",
+    "node",
+    "program",
+    "metrics",
+    "provenance",
+    "gpu_seconds",
+    "energy",
+}
+
+
+# Columns of tables an earlier version made (CREATE TABLE IF NOT EXISTS adds no column to them).
+_ADDED_COLUMNS = (
+    ("trial_events", "detail", "TEXT"),
+    ("runs", "provenance", "TEXT"),
+    ("runs", "gpu_seconds", "REAL"),
+    ("runs", "energy", "REAL"),
+)
 
 
 def pruned_cause(step: Any, cause: str) -> str:
@@ -337,10 +365,10 @@ class Ledger:
                 self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
             self._db.executescript(_SCHEMA)
             # Tables made by an earlier version (CREATE TABLE IF NOT EXISTS adds no column to them).
-            for table, column in (("trial_events", "detail"), ("runs", "provenance")):
+            for table, column, kind in _ADDED_COLUMNS:
                 found = self._db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?", (column,))
                 if not found.fetchall():
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             if new:
                 self._db.execute("PRAGMA synchronous=NORMAL")
             version = self._version()
@@ -651,6 +679,7 @@ class Ledger:
             'metrics', CASE WHEN json_valid({self._column("metrics")}) THEN json({self._column("metrics")}) END,
             'provenance', CASE WHEN json_valid({self._column("provenance")})
                 THEN json({self._column("provenance")}) END,
+            'gpu_seconds', {self._number("gpu_seconds")}, 'energy', {self._number("energy")},
             'pid', CASE WHEN status = 'running' AND NOT :stale AND typeof(pid) = 'integer' THEN pid END)
             FROM runs {"WHERE " + where if where else ""} ORDER BY {order}"""
         if limit is not None:
@@ -676,6 +705,7 @@ class Ledger:
         parameters that are not JSON (what reads neither need not pay for parsing them)."""
         checks = [(f, f"typeof({f}) NOT IN ('null', 'integer')", "an integer") for f in sorted(_INTEGERS)]
         checks += [(f, f"NOT ({_NUMBER.format(f)} OR {f} IS NULL)", "a time") for f in sorted(_TIMES)]
+        checks += [(f, f"typeof({f}) NOT IN ('null', 'integer', 'real')", "a number") for f in sorted(_REALS)]
         if json_fields:
             checks += [(f, f"{f} IS NOT NULL AND NOT json_valid({f})", "JSON") for f in ("result", "params")]
         checks = [check for check in checks if check[0] in self._columns()]
@@ -825,6 +855,11 @@ class Ledger:
         """A column of a later schema, or NULL in a ledger read as an older version left it."""
         return name if name in self._columns() else "NULL"
 
+    def _number(self, name: str) -> str:
+        """A column's number, or NULL (an older ledger, or a value changed by hand into another type)."""
+        column = self._column(name)
+        return f"CASE WHEN typeof({column}) IN ('integer', 'real') THEN {column} END"
+
     def tally(self) -> tuple[list[tuple[str | None, str, int]], float | None]:
         """(stage, status, how many runs), counted by SQLite in one scan, in the order stages first
         appear; and how long the runs that succeeded took on average (None before any did)."""
@@ -894,6 +929,29 @@ class Ledger:
         (attempts,) = self._tuples("SELECT attempts FROM runs WHERE name = ?", (name,))[0]
         self.commit()  # the run's process starts next: its record must exist before it does
         return int(attempts)
+
+    def add_usage(self, usage: Mapping[str, Any]) -> None:
+        """Add what runs' attempts cost since the last time (run name -> gpu/usage.py's Usage) to the
+        runs' totals: a running run's now and then, the rest at its end, so a kill -9 loses little."""
+        with self.batch():
+            for name, used in usage.items():
+                self._write(
+                    """UPDATE runs SET gpu_seconds = COALESCE(gpu_seconds, 0) + ?,
+                       energy = CASE WHEN ? IS NULL THEN energy ELSE COALESCE(energy, 0) + ? END WHERE name = ?""",
+                    (used.gpu_seconds, used.joules, used.joules, name),
+                )
+
+    def gpu_seconds_spent(self) -> float:
+        """Every GPU-second the root's runs are recorded to have cost, over all their attempts."""
+        return self.cost()[0]
+
+    def cost(self) -> tuple[float, float | None]:
+        """What the root's runs are recorded to have cost, over all their attempts: GPU-seconds, and
+        joules (None where no run recorded energy)."""
+        (seconds, joules) = self._tuples(
+            f"SELECT total({self._number('gpu_seconds')}), SUM({self._number('energy')}) FROM runs", ()
+        )[0]
+        return float(seconds), None if joules is None else float(joules)
 
     def set_provenance(self, name: str, provenance: str) -> None:
         """What made ``name``'s current attempt (records/provenance.py), recorded once it started."""

@@ -159,6 +159,8 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     if stages:
         report["stages"] = stages
     report["mean_success_seconds"] = mean
+    seconds, joules = ledger.cost()
+    report["gpu_seconds"], report["energy"] = seconds, joules  # over every attempt (gpu/usage.py)
     if log_file is not None and log_name_problem(log_file) is not None:
         log_file = None  # changed by hand into a path out of the run folders: no log path is shown
     base = root if root == "/" else root.rstrip("/")
@@ -208,7 +210,7 @@ def detached_on_slurm(root: str) -> int:
 
 CAUSE_SHOWN = 60  # characters of a cause in the table (--verbose, --json: all of it)
 # Columns given up, in this order, when the table is wider than the terminal.
-DROPPED_FIRST = ("log", "started", "gpu peak", "attempts", "exit")
+DROPPED_FIRST = ("log", "started", "gpu h", "gpu peak", "attempts", "exit")
 
 
 def terminal_width(stream: Any) -> int | None:
@@ -282,6 +284,9 @@ def format_status(
     lines = [f"{report['root']}: {head or 'no runs recorded'}; {where}"]
     for stage, stage_counts in report.get("stages", {}).items():
         lines.append(f"  stage {stage}: " + ", ".join(f"{count} {name}" for name, count in stage_counts.items()))
+    if report.get("gpu_seconds"):
+        energy = f", {report['energy'] / 3.6e6:.4g} kWh" if report.get("energy") else ""
+        lines.append(f"  spent: {report['gpu_seconds'] / 3600:.4g} GPU-hours{energy}")
     if counts.get(STALE):
         lines.append(
             f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "
@@ -294,8 +299,12 @@ def format_status(
                 row["cause"] = _shorten(row.get("cause"), CAUSE_SHOWN)
             peak = row.get("gpu_memory_peak")
             row["gpu peak"] = None if peak is None else format_memory(peak)
+            seconds = row.get("gpu_seconds")
+            row["gpu h"] = None if seconds is None else f"{seconds / 3600:.3g}"
             row["metrics"] = describe(row["metrics"]) if isinstance(row.get("metrics"), dict) else None
         names = ["name", "status", "slot", "started", "duration", "exit", "attempts", "gpu peak", "cause", "log"]
+        if any(row["gpu h"] is not None for row in table):  # what each run cost (gpu/usage.py)
+            names.insert(names.index("gpu peak") + 1, "gpu h")
         if any(row["metrics"] for row in table):  # runs that report as they train: their latest values
             names.insert(names.index("attempts") + 1, "metrics")
         if any(row.get("copied") for row in table):  # population-based training: whom each copied

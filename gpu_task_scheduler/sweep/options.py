@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, unknown_key_message
+from ..errors import ConfigError, did_you_mean, unknown_key_message
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
 from ..layout import log_name_problem
 from ..recordclass import Record, field
@@ -115,6 +115,28 @@ def _non_negative(value: Any) -> str | None:
 
 
 PLACEMENTS = ("first_fit", "round_robin", "random", "most_free")
+BUDGET_KEYS = ("gpu_hours",)
+
+
+def _budget(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        return "null or a dict of limits, e.g. {gpu_hours: 50} (the GPU-hours the sweep may spend)"
+    for key, limit in value.items():
+        if key not in BUDGET_KEYS:
+            guess = did_you_mean(str(key), BUDGET_KEYS)[:-1]  # "; did you mean 'gpu_hours'" or ""
+            return f"a dict of limits: {', '.join(BUDGET_KEYS)} ({key!r} is none of them{guess})"
+        ok = isinstance(limit, numbers.Real) and not isinstance(limit, bool) and math.isfinite(limit)
+        if not ok or float(limit) <= 0:
+            return f"a dict of limits whose {key} is a number > 0"
+    return None
+
+
+class Budget(Record):
+    """``budget``: what the sweep may spend; it starts no new run once one limit is reached."""
+
+    gpu_hours: float | None = None
 
 
 def _command_option(value: Any) -> str | None:
@@ -204,6 +226,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "cpu_fallback": (lambda: 0, _int_at_least(0)),
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
+    "budget": (lambda: None, _budget),
     # Where runs run (see backends/ray/, backends/slurm/): this machine, a Ray cluster, a Slurm cluster.
     "backend": (lambda: "local", _one_of("local", "ray", "slurm")),
     "ray_address": (lambda: None, _optional(_text)),
@@ -255,6 +278,7 @@ class SchedulerOptions(Record):
     cpu_fallback: int
     max_host_cpu_percent: float | None
     min_host_free_memory: int | None
+    budget: Budget | None  # what the sweep may spend (engine/budget.py); None: no limit
     backend: str  # "local" (this machine's GPUs), "ray" or "slurm"
     ray_address: str | None  # an existing cluster ("auto", "HOST:PORT"); None: a Ray instance of our own
     ray_cpus_per_run: float  # CPUs each run's Ray task asks for
@@ -313,6 +337,8 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         typed[key] = None if typed[key] is None else parse_memory(typed[key], key)
     for key in _SECONDS:
         typed[key] = None if typed[key] is None else float(typed[key])
+    if typed["budget"] is not None:
+        typed["budget"] = Budget(**{key: float(limit) for key, limit in typed["budget"].items()})
     if typed["slurm"] is not None or typed["backend"] == "slurm":  # else not imported: 1.5 ms of a start
         from .slurm import parse_slurm_options
 

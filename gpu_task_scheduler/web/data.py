@@ -43,6 +43,8 @@ def overview(root: str) -> dict[str, Any]:
         "stages": report.get("stages", {}),
         "eta": eta(report),
         "mean_success_seconds": report["mean_success_seconds"],
+        "gpu_seconds": report["gpu_seconds"],  # what every attempt cost (gpu/usage.py), as gts status says
+        "energy": report["energy"],
         "running": running,
         "failures": failures,
         # What the charts open on: the metrics the config's early_stop or search judges by.

@@ -186,6 +186,9 @@ class RayLauncher(BaseLauncher):
 
     # --- the slots ------------------------------------------------------------------
 
+    def slot_gpus(self, slot: Slot) -> float:
+        return self._gpus.get(slot.name, 0.0)
+
     def slots(self, options: SchedulerOptions) -> list[Slot]:
         self.connect()
         ray = self._ray

@@ -162,6 +162,9 @@ class SlurmLauncher(BaseLauncher):
         self._gpus_per_run()  # slots of different sizes: an error now, before anything is written
         return [Slot(f"slurm{index}", ()) for index in range(self._s.max_queued)]
 
+    def slot_gpus(self, slot: Slot) -> float:
+        return float(self._gpus_per_run())
+
     def open(self, lock_fd: int) -> None:
         """Check what Slurm and the file system must offer (before anything is submitted), then
         find the tasks an earlier start left queued or running."""

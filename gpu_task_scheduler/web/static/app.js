@@ -129,6 +129,9 @@ function drawOverview(o) {
   const done = total - (o.counts.pending || 0) - (o.counts.running || 0) - (o.counts.stale || 0);
   $("progress").style.width = total ? `${(100 * done) / total}%` : "0";
   $("eta").textContent = o.eta !== null && o.scheduler.running ? `ETA ${clock(o.eta)}` : "";
+  // What the runs cost, as `gts status` says it: GPU-hours over every attempt, and energy where counted.
+  const energy = o.energy ? `, ${(o.energy / 3.6e6).toPrecision(4)} kWh` : "";
+  $("cost").textContent = o.gpu_seconds ? `spent: ${(o.gpu_seconds / 3600).toPrecision(4)} GPU-hours${energy}` : "";
   const stages = $("stages");
   stages.replaceChildren(...Object.entries(o.stages).map(([stage, c]) =>
     text("div", `stage ${stage}: ` + Object.entries(c).map(([k, n]) => `${n} ${k}`).join(", "))));

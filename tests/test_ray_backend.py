@@ -43,8 +43,12 @@ def test_the_slots_are_the_clusters_gpus_and_no_cpu_share_caps_them(ray_instance
     rows = ledger_rows(root).values()
     assert all(NODE.match(row["node"]) and row["pid"] > 0 for row in rows)
     assert sorted(row["slot"] for row in rows) == [f"gpu{i}" for i in range(RAY_GPUS)]
+    # Each run asked Ray for one GPU: it cost its duration in GPU-seconds (gpu/usage.py).
+    assert all(row["gpu_seconds"] == pytest.approx(row["ended_at"] - row["started_at"], rel=0.1) for row in rows)
     assert main(["status", str(root)]) == 0
-    header, first = capsys.readouterr().out.splitlines()[1:3]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("  spent: ") and "GPU-hours" in lines[1]
+    header, first = lines[2:4]
     assert header.split()[:4] == ["name", "status", "slot", "node"] and NODE.match(first.split()[3])
 
 

@@ -43,6 +43,9 @@ setup(
         # Adaptive search (search: {sampler: tpe | cmaes | qmc}): Optuna's samplers, imported
         # only by a sweep that asks for one; sampler: random needs nothing.
         "search": ["optuna>=3.6", "cmaes>=0.10", "scipy>=1.7"],
+        # gts importance: Optuna's evaluators (PED-ANOVA needs nothing more; fANOVA fits
+        # scikit-learn's random forest).
+        "importance": ["optuna>=3.6", "scikit-learn>=1.0"],
         # The charts of `gts serve` (the view itself needs nothing): Plotly's JavaScript, served from
         # the package, so the page works with no internet.
         "web": ["plotly>=5.0"],
@@ -60,6 +63,7 @@ setup(
             "optuna>=3.6",
             "cmaes>=0.10",
             "scipy>=1.7",
+            "scikit-learn>=1.0",
             "plotly>=5.0",
             # The web view's tests drive a real browser (Chromium, from the system's packages).
             "playwright>=1.40",

@@ -277,6 +277,35 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
     assert page.screenshot(full_page=True)[:8] == b"\x89PNG\r\n\x1a\n"  # (docs/pictures.py: the docs' picture)
 
 
+def test_the_page_and_the_report_rank_the_parameters_as_gts_importance_does_and_draw_the_top_two(
+    in_tmp, served, browser
+):
+    from gpu_task_scheduler.reports.importance import importance
+    from gpu_task_scheduler.web.report import report_data, write_report
+
+    declared = {"method": "median", "metric": "loss", "mode": "min", "min_runs": 99}  # declares, stops nothing
+    root, _ = make_root(in_tmp, values=(0.1, 0.2, 0.3, 0.4), tags=("a", "b", "c"), early_stop=declared)
+    url, _ = served([root])
+    status, found = api(url, "/api/importance", root=0, metric="loss", mode="min")
+    expected = importance(root, "loss", mode="min")
+    assert status == 200 and found["parameters"] == expected["parameters"]  # one code path: gts importance's
+    assert [p["name"] for p in found["parameters"]] == ["v", "tag"] and found["names"] == ["v", "tag"]
+    assert sorted(z for _, z in found["points"]) == sorted([0.1, 0.2, 0.3, 0.4] * 3)
+    assert report_data(root)["importance"]["parameters"] == expected["parameters"]
+    assert api(url, "/api/importance", root=0, metric="los", mode="min")[1]["problem"].startswith("no run of")
+    for address in (url, "file://" + write_report(root, str(in_tmp / "report.html"))):
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))  # noqa: B023
+        page.goto(address)
+        page.wait_for_function("document.getElementById('importance').data?.[0]?.y?.length === 2", timeout=10_000)
+        page.wait_for_function("document.getElementById('contour').data?.[0]?.type === 'contour'", timeout=10_000)
+        page.wait_for_function("document.getElementById('slices').data?.length === 2", timeout=10_000)
+        assert "PED-ANOVA on 12 succeeded runs, loss (min)" in page.inner_text("#importance-note")
+        assert errors == []
+        page.close()
+
+
 def test_the_page_and_the_report_draw_the_mean_over_a_parameter_with_the_numbers_gts_plot_uses(in_tmp, served, browser):
     from gpu_task_scheduler.reports.status import mean_curves
     from gpu_task_scheduler.results import curve_rows, records

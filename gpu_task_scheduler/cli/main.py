@@ -890,8 +890,18 @@ def _mean_column(key: str) -> str:
 def cmd_plot(args: argparse.Namespace) -> int:
     from ..reports.status import plot_curves, plot_metric, plot_timeline
 
-    if [bool(args.timeline), bool(args.metric), bool(args.curves)].count(True) != 1:
-        raise ConfigError("give one of --timeline, --metric NAME --by PARAMETER, --curves NAME [--by PARAMETER]")
+    if [bool(args.timeline), bool(args.metric), bool(args.curves), bool(args.contour)].count(True) != 1:
+        raise ConfigError(
+            "give one of --timeline, --metric NAME --by PARAMETER, --curves NAME [--by PARAMETER], --contour NAME"
+        )
+    if args.contour:
+        from ..reports.importance import plot_contour
+
+        mode = "max" if args.max else ("min" if args.min else None)
+        print(plot_contour(args.root, args.contour, args.output, params=args.params, mode=mode))
+        return EXIT_OK
+    if args.params or args.min or args.max:
+        raise ConfigError("--params, --min and --max go with --contour NAME")
     if args.metric and not args.by:
         raise ConfigError("--metric needs --by PARAMETER (the x axis)")
     if args.over and not args.curves:
@@ -903,6 +913,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
     else:
         output = plot_metric(args.root, args.metric, args.by, args.output)
     print(output)
+    return EXIT_OK
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    from ..reports.importance import format_importance, importance
+
+    mode = "max" if args.max else ("min" if args.min else None)
+    found = importance(
+        args.root, args.metric, mode=mode, evaluator=args.evaluator, quantile=args.quantile, stage=args.stage
+    )
+    print(json.dumps(found, indent=1) if args.format == "json" else format_importance(found))
     return EXIT_OK
 
 
@@ -1244,7 +1265,8 @@ def _plot_command(sub: Any) -> None:
         epilog="examples:\n  gts plot results/ --timeline -o timeline.png\n"
         "  gts plot results/ --metric loss --by lr -o loss.png\n"
         "  gts plot results/ --curves loss --by lr -o curves.png\n"
-        "  gts plot results/ --curves loss --by lr --over seed -o seeds.png",
+        "  gts plot results/ --curves loss --by lr --over seed -o seeds.png\n"
+        "  gts plot results/ --contour loss -o contour.png",
     )
     p.add_argument("root", help="the result root, or the sweep's config file")
     p.add_argument("--timeline", action="store_true", help="runs as bars per slot over time, failures marked")
@@ -1256,8 +1278,46 @@ def _plot_command(sub: Any) -> None:
         metavar="PARAMETER",
         help="with --curves: the runs that differ only in it (e.g. seed) as one mean curve with a 95 %% band",
     )
+    p.add_argument(
+        "--contour",
+        metavar="NAME",
+        help="a result (or reported metric) over its two most important parameters, and a slice along each",
+    )
+    p.add_argument("--params", nargs=2, metavar="PARAMETER", help="with --contour: these two, not the most important")
+    way = p.add_mutually_exclusive_group()
+    way.add_argument("--min", action="store_true", help="with --contour: lower is better (else as the config says)")
+    way.add_argument("--max", action="store_true", help="with --contour: higher is better")
     p.add_argument("-o", "--output", required=True, help="the image file to write (.png, .svg, .pdf)")
     p.set_defaults(handler=cmd_plot)
+
+
+def _importance_command(sub: Any) -> None:
+    im = sub.add_parser(
+        "importance",
+        help="rank the swept parameters by how much they mattered for a metric (PED-ANOVA or fANOVA)",
+        formatter_class=_formatter,
+        epilog="examples:\n  gts importance results/ --metric loss\n"
+        "  gts importance results/ --metric accuracy --max --evaluator fanova\n"
+        "  gts plot results/ --contour loss -o contour.png    # the two most important, drawn",
+    )
+    im.add_argument("root", help="the result root, or the sweep's config file")
+    im.add_argument("--metric", required=True, help="a result (loss finds result.loss), else a reported metric")
+    way = im.add_mutually_exclusive_group()
+    way.add_argument("--min", action="store_true", help="lower is better (else the mode the config declares)")
+    way.add_argument("--max", action="store_true", help="higher is better")
+    im.add_argument(
+        "--evaluator",
+        choices=["ped-anova", "fanova"],
+        default="ped-anova",
+        help="ped-anova (default): what decides whether a run is among the best --quantile; fanova: the share "
+        "of the metric's variance (needs scikit-learn; slow past a few hundred runs)",
+    )
+    im.add_argument(
+        "--quantile", type=float, default=0.1, help="ped-anova: the share of runs counted as the best (default 0.1)"
+    )
+    im.add_argument("--stage", metavar="NAME", help="only the runs of this stage (a sweep with stages)")
+    im.add_argument("--format", choices=["table", "json"], default="table")
+    im.set_defaults(handler=cmd_importance)
 
 
 def _serve_command(sub: Any) -> None:
@@ -1308,6 +1368,7 @@ _SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "gpus": _gpus_command,
     "results": _results_command,
     "plot": _plot_command,
+    "importance": _importance_command,
     "serve": _serve_command,
     "report": _report_command,
 }

@@ -745,6 +745,25 @@ class Ledger:
         )
         return [row[0] for row in self._tuples(sql, values)]
 
+    def params_and_values(self, key: str, *, stage: str | None = None) -> list[tuple[str | None, float]]:
+        """Each succeeded run's parameters (JSON text) and its number at ``key`` (as :meth:`ranked` reads
+        it; a key no result has is read as ``metrics.KEY``, the last value the run reported), read by
+        SQLite in one scan: runs without a number are left out."""
+        for wanted in (key, f"metrics.{key}") if not key.startswith(("metrics.", "result")) else (key,):
+            value, values = self._value_sql(wanted)
+            values["stage"] = stage
+            where = "status = 'succeeded' AND (params IS NULL OR json_valid(params)) "
+            where += "AND (result IS NULL OR json_valid(result))"
+            if "metrics" in self._columns():
+                where += " AND (metrics IS NULL OR json_valid(metrics))"
+            if stage is not None:
+                where += " AND stage = :stage"
+            sql = f"SELECT params, v FROM (SELECT params, {value} AS v, run_index FROM runs WHERE {where}) "
+            found = self._tuples(sql + "WHERE v IS NOT NULL ORDER BY run_index", values)
+            if found:
+                return [(params, float(v)) for params, v in found]
+        return []
+
     def _value_sql(self, key: str) -> tuple[str, dict[str, Any]]:
         """An SQL expression for the number a run has at ``key`` (see :meth:`ranked`), with its
         bound values; NULL where it has none (or JSON that is not valid there)."""

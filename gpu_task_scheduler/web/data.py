@@ -216,6 +216,24 @@ def groups_of(runs: list[dict[str, Any]], over: str) -> list[dict[str, Any]]:
     return mean_curves(points, {run["name"]: run["params"] for run in runs}, "value", over)
 
 
+def importance(root: str, metric: str, mode: str) -> dict[str, Any]:
+    """The parameters ranked by their importance for ``metric`` (reports/importance.py, as ``gts
+    importance`` ranks them), and the succeeded runs' values of the two most important with their
+    ``metric`` (at most PARCOORDS_MOST) for a contour and slices; or ``{"problem"}``: why not (too
+    few runs, no such metric, Optuna not installed), in words the page shows."""
+    from ..reports.importance import importance as rank
+    from ..reports.importance import top_points
+
+    try:
+        found = rank(root, metric, mode=mode)
+        names = [parameter["name"] for parameter in found["parameters"][:2]]
+        found["names"] = names
+        found["points"] = top_points(root, metric, names, most=PARCOORDS_MOST)["points"] if len(names) == 2 else []
+    except ConfigError as error:
+        return {"metric": metric, "mode": mode, "problem": str(error)}
+    return found
+
+
 def parcoords(root: str, metric: str, *, descending: bool = False) -> dict[str, Any]:
     """The finished runs' parameters and ``metric`` (a result or reported metric, as ``gts
     results`` reads it), the best PARCOORDS_MOST of them: ``{"params", "runs": [{"name",

@@ -70,7 +70,17 @@ def report_data(root: str) -> dict[str, Any]:
         "lineages": data.lineages(root),
         "groups": _groups(root, curves),
         "timeline": data.timeline(root),
+        "importance": _importance(root),
     }
+
+
+def _importance(root: str) -> dict[str, Any] | None:
+    """The importance of the metric the config declares (the page's default), or None (none declared)."""
+    declared = data.declared_modes(root)
+    if not declared:
+        return None
+    metric, mode = next(iter(declared.items()))
+    return data.importance(root, metric, mode)
 
 
 def _groups(root: str, curves: dict[str, Any]) -> dict[str, dict[str, Any]]:

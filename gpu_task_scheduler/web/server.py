@@ -208,6 +208,11 @@ class View:
             return data.timeline(root)
         if path == "/api/parcoords":
             return data.parcoords(root, one("metric"), descending=one("desc", "0") == "1")
+        if path == "/api/importance":
+            mode = one("mode", "min")
+            if mode not in ("min", "max"):
+                raise ConfigError(f"mode is min or max, not {mode!r}")
+            return data.importance(root, one("metric"), mode)
         raise data.NotFound(f"no such page: {path}")
 
 

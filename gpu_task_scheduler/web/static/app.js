@@ -76,6 +76,11 @@ function answer(path, params) {
     }
     return { metric: p.metric, runs };
   }
+  if (path === "/api/importance") {  // worked out when the report was written, for the declared metric
+    const found = REPORT.importance;
+    if (found && found.metric === p.metric && found.mode === p.mode) return found;
+    return { metric: p.metric, mode: p.mode, problem: `a report holds the importance of the metric its config declares only; gts importance ROOT --metric ${p.metric} --${p.mode} ranks this one` };
+  }
   if (path === "/api/parcoords") {
     const finished = REPORT.runs.filter((r) => r.status === "succeeded" && typeof valueAt(r, p.metric) === "number");
     finished.sort((a, b) => (p.desc === "1" ? -1 : 1) * (valueAt(a, p.metric) - valueAt(b, p.metric)));
@@ -301,6 +306,11 @@ async function drawCharts(now) {
       drawParcoords(await get("/api/parcoords", { metric: pcMetric, desc: $("pc-max").checked ? "1" : "0" }));
     } catch (error) { showError(error); }
   }
+  if (pcMetric && (now || state.tick % 30 === 0)) {  // a model of every run: less often than the rest
+    try {
+      drawImportance(await get("/api/importance", { metric: pcMetric, mode: $("pc-max").checked ? "max" : "min" }));
+    } catch (error) { showError(error); }
+  }
 }
 
 // Plotly reads its strings as pseudo-HTML (<b>, <a href>, <br>): a value is written with its
@@ -389,6 +399,39 @@ function drawParcoords(data) {
   dimensions.push({ label: plain(data.metric), values: scores });
   const trace = { type: "parcoords", line: { color: scores, colorscale: "Viridis", reversescale: !$("pc-max").checked, showscale: true }, dimensions };
   window.Plotly.react($("parcoords"), [trace], { margin: { t: 40, l: 60, r: 60 }, height: 380 }, { displaylogo: false });
+}
+
+// The importance of each parameter (bars), and the metric over the two most important (a contour
+// with each run as a dot) and along each (slices).
+function drawImportance(data) {
+  const charts = ["importance", "contour", "slices"].map((id) => $(id));
+  if (data.problem) {
+    $("importance-note").textContent = data.problem;
+    charts.forEach((chart) => window.Plotly.purge(chart));
+    return;
+  }
+  const constant = data.constant.length ? `; at one value in every run: ${data.constant.join(", ")}` : "";
+  $("importance-note").textContent = `${data.evaluator === "fanova" ? "fANOVA" : "PED-ANOVA"} on ${data.runs} succeeded runs, ${data.metric} (${data.mode})${constant}`;
+  const ranked = data.parameters.slice().reverse();
+  window.Plotly.react(charts[0], [{ type: "bar", orientation: "h", x: ranked.map((p) => p.importance), y: ranked.map((p) => plain(p.name)), hovertemplate: "%{y}: %{x:.3f}<extra></extra>" }],
+    { margin: { t: 10, l: 120 }, height: 60 + 24 * ranked.length, xaxis: { title: { text: "importance" }, range: [0, 1] } }, { displaylogo: false });
+  if (data.names.length < 2) { window.Plotly.purge(charts[1]); window.Plotly.purge(charts[2]); return; }
+  const kinds = data.names.map((name) => (data.parameters.find((p) => p.name === name) || {}).kind || "");
+  const axis = (i) => ({ title: { text: plain(data.names[i]) }, type: kinds[i] === "category" ? "category" : kinds[i].startsWith("log") ? "log" : "linear" });
+  const shown = (v) => (typeof v === "string" ? plain(v) : v);
+  const xs = data.points.map(([values]) => shown(values[0]));
+  const ys = data.points.map(([values]) => shown(values[1]));
+  const zs = data.points.map(([, value]) => value);
+  const colours = { colorscale: "Viridis", reversescale: data.mode === "max" };
+  window.Plotly.react(charts[1], [
+    { type: "contour", x: xs, y: ys, z: zs, connectgaps: true, ...colours, colorbar: { title: { text: plain(data.metric) } }, hoverinfo: "skip" },
+    { type: "scatter", mode: "markers", x: xs, y: ys, marker: { size: 6, color: "white", line: { width: 1, color: "black" } }, text: zs.map((z) => cell(z)), hovertemplate: "%{text}<extra></extra>", showlegend: false },
+  ], { margin: { t: 10 }, height: 420, xaxis: axis(0), yaxis: axis(1) }, { displaylogo: false });
+  window.Plotly.react(charts[2], [
+    { type: "scatter", mode: "markers", x: xs, y: zs, marker: { size: 6 }, showlegend: false, xaxis: "x", yaxis: "y" },
+    { type: "scatter", mode: "markers", x: ys, y: zs, marker: { size: 6 }, showlegend: false, xaxis: "x2", yaxis: "y2" },
+  ], { margin: { t: 10 }, height: 320, xaxis: { ...axis(0), domain: [0, 0.45] }, xaxis2: { ...axis(1), domain: [0.55, 1], anchor: "y2" },
+    yaxis: { title: { text: plain(data.metric) } }, yaxis2: { anchor: "x2" } }, { displaylogo: false });
 }
 
 // --- slots and GPUs ---------------------------------------------------------------------------

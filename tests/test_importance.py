@@ -1,0 +1,164 @@
+"""Which parameters mattered: Optuna's evaluators on the ledger's rows (gts importance, gts plot --contour)."""
+
+import json
+import math
+import random
+
+import pytest
+from helpers import ledger_rows
+
+from gpu_task_scheduler.cli.main import main as gts
+from gpu_task_scheduler.errors import ConfigError
+from gpu_task_scheduler.records.ledger import Ledger
+from gpu_task_scheduler.records.paths import RootPaths
+from gpu_task_scheduler.records.status import RunStatus
+from gpu_task_scheduler.reports.importance import ABSENT, importance, spaces
+
+pytest.importorskip("optuna")
+
+
+def plant(root, runs, *, metric="loss", reported=False):
+    """A root whose ledger records ``runs`` ((params, value) pairs) as succeeded, with the value as
+    the result's ``metric`` (``reported``: as the last value the run reported instead)."""
+    with Ledger(RootPaths(str(root))) as ledger, ledger.batch():
+        for index, (params, value) in enumerate(runs):
+            name = f"r{index}"
+            ledger.mark_running(
+                name=name,
+                run_index=index,
+                config_hash="h",
+                slot="cpu0",
+                token="t",
+                work_dir=str(root / name),
+                params=json.dumps(params),
+            )
+            if reported:
+                summary = {metric: {"last": value, "step": 10, "min": value, "max": value}}
+                ledger.finish(name, RunStatus.SUCCEEDED, result=json.dumps({"other": 1}), metrics=json.dumps(summary))
+            else:
+                ledger.finish(name, RunStatus.SUCCEEDED, result=json.dumps({metric: value}))
+    return str(root)
+
+
+def held_out(rng, count):
+    """A function the evaluators never saw: a Rosenbrock valley in (x, y) with y nearly flat,
+    a learning rate on a log scale that dominates, an optimizer that matters a little, a width
+    that does not, and a key only one block of the grid has."""
+    runs = []
+    for _ in range(count):
+        params = {
+            "lr": 10 ** rng.uniform(-5, 0),
+            "x": rng.uniform(-2, 2),
+            "y": rng.uniform(-1, 3),
+            "optimizer": rng.choice(["sgd", "adam", "rmsprop"]),
+            "width": rng.choice([64, 128, 256, 512]),
+        }
+        if rng.random() < 0.5:
+            params["dropout"] = rng.choice([0.0, 0.1])
+        value = 25 * (math.log10(params["lr"]) + 2.7) ** 2  # the planted dominant parameter
+        value += 0.05 * ((1 - params["x"]) ** 2 + 100 * (params["y"] - params["x"] ** 2) ** 2) / 100
+        value += {"sgd": 1.0, "adam": 0.0, "rmsprop": 0.5}[params["optimizer"]]
+        runs.append((params, value + rng.gauss(0, 0.1)))
+    return runs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_planted_dominant_parameter_ranks_first(tmp_path, seed):
+    root = plant(tmp_path, held_out(random.Random(seed), 400))
+    found = importance(root, "loss", mode="min")
+    names = [parameter["name"] for parameter in found["parameters"]]
+    assert names[0] == "lr", found
+    assert found["parameters"][0]["kind"] == "log range"
+    assert sum(parameter["importance"] for parameter in found["parameters"]) == pytest.approx(1.0)
+    assert found["runs"] == 400 and found["evaluator"] == "ped-anova" and found["constant"] == []
+
+
+def test_fanova_ranks_the_planted_parameter_first_too(tmp_path):
+    pytest.importorskip("sklearn")
+    root = plant(tmp_path, held_out(random.Random(4), 150))
+    found = importance(root, "loss", mode="min", evaluator="fanova")
+    assert found["parameters"][0]["name"] == "lr" and found["evaluator"] == "fanova"
+
+
+def test_a_reported_metric_is_ranked_when_no_result_has_it(tmp_path):
+    rng = random.Random(5)
+    runs = [({"a": rng.random(), "b": rng.random()}, 0.0) for _ in range(40)]
+    runs = [(params, 10 * params["b"] + 0.1 * params["a"]) for params, _ in runs]
+    root = plant(tmp_path, runs, reported=True)
+    assert importance(root, "loss", mode="min")["parameters"][0]["name"] == "b"
+
+
+@pytest.mark.parametrize(
+    "values, kind",
+    [
+        ([0.001, 0.01, 0.1], "log range"),  # a log grid
+        ([0.0003, 0.02, 0.05, 0.07, 0.1], "range"),  # a uniform sample that happens to span 300x
+        ([1, 2, 3], "integer"),
+        ([1, 10, 100, 1000], "log integer"),
+        (["sgd", "adam"], "category"),
+        ([True, False], "category"),
+        ([[1, 2], [3]], "category"),
+        ([1, "auto"], "category"),
+        ([0.5, float("nan")], "category"),
+    ],
+)
+def test_a_parameters_kind_is_inferred_from_its_values(values, kind):
+    from gpu_task_scheduler.reports.importance import _kind
+
+    rows = [({"p": value}, float(i)) for i, value in enumerate(values)]
+    found, constant = spaces(rows, "loss")
+    assert _kind(found["p"]) == kind and constant == []
+
+
+def test_a_key_some_runs_lack_is_a_category_with_absent_and_a_constant_is_listed():
+    rows = [({"p": 1, "c": "same", "q": 0.1}, 1.0), ({"p": 1, "c": "same"}, 2.0)]
+    found, constant = spaces(rows, "loss")
+    assert constant == ["c", "p"] and ABSENT in found["q"].choices and 0.1 in found["q"].choices
+
+
+def test_gts_importance_prints_a_ranked_table_and_json(tmp_path, capsys):
+    root = plant(tmp_path, held_out(random.Random(6), 120))
+    assert gts(["importance", root, "--metric", "loss", "--min"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "loss (min, 120 runs): importance by PED-ANOVA"
+    assert out[1].split()[0] == "lr" and "#" in out[1] and out[1].endswith("(log range)")
+    assert gts(["importance", root, "--metric", "loss", "--min", "--format", "json", "--quantile", "0.2"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["parameters"][0]["name"] == "lr" and found["runs"] == 120
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--metric", "loss"], "which way is 'loss' better? Say --min or --max"),
+        (["--metric", "los", "--min"], "did you mean 'loss'"),
+        (["--metric", "loss", "--min", "--quantile", "1.5"], "the quantile of the best runs must be in (0, 1)"),
+    ],
+)
+def test_gts_importance_refuses_what_it_cannot_answer(tmp_path, capsys, argv, words):
+    root = plant(tmp_path, held_out(random.Random(7), 20))
+    assert gts(["importance", root, *argv]) != 0
+    assert words in capsys.readouterr().err
+
+
+def test_too_few_runs_are_refused(tmp_path):
+    root = plant(tmp_path, [({"a": 1}, 1.0), ({"a": 2}, 2.0)])
+    with pytest.raises(ConfigError, match="2 succeeded run.s. have a number for 'loss'; importance needs 4"):
+        importance(root, "loss", mode="min")
+
+
+def test_gts_plot_contour_draws_the_two_most_important_and_named_ones(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    root = plant(tmp_path / "r", held_out(random.Random(8), 80))
+    output = tmp_path / "contour.png"
+    assert gts(["plot", root, "--contour", "loss", "--min", "-o", str(output)]) == 0
+    assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    named = tmp_path / "named.png"
+    assert gts(["plot", root, "--contour", "loss", "--params", "optimizer", "width", "-o", str(named)]) == 0
+    assert named.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert gts(["plot", root, "--contour", "loss", "--params", "lr", "widht", "-o", str(named)]) != 0
+    assert "did you mean 'width'" in capsys.readouterr().err
+    assert gts(["plot", root, "--metric", "loss", "--by", "lr", "--min", "-o", str(named)]) != 0
+    assert "--params, --min and --max go with --contour NAME" in capsys.readouterr().err
+    assert len(ledger_rows(root)) == 80  # read, never written

@@ -1,5 +1,5 @@
 """The read side on a large result root: `gts status`, `status --json`, `results --sort --top`,
-`logs --failed` on a root of 300,000 recorded runs, and `gts run --dry-run` of a 10^6-run grid.
+`results --average-over`, `logs --failed` on a root of 300,000 recorded runs, and `gts run --dry-run` of a 10^6-run grid.
 
 python bench/read_bench.py [--runs 300000] [--grid 1000000] [--repeat 3] [--workdir DIR]
 
@@ -88,6 +88,7 @@ def main():
             ("gts status", ["status", root]),
             ("gts status --json", ["status", root, "--json"]),
             ("gts results --sort loss --top 10", ["results", root, "--sort", "result.loss", "--top", "10"]),
+            ("gts results --average-over b", ["results", root, "--average-over", "b"]),
             ("gts logs --failed", ["logs", root, "--failed"]),
             (f"gts run --dry-run ({args.grid:,}-run grid)", ["run", dry, "--dry-run"]),
         ]

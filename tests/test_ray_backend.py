@@ -43,8 +43,9 @@ def test_the_slots_are_the_clusters_gpus_and_no_cpu_share_caps_them(ray_instance
     rows = ledger_rows(root).values()
     assert all(NODE.match(row["node"]) and row["pid"] > 0 for row in rows)
     assert sorted(row["slot"] for row in rows) == [f"gpu{i}" for i in range(RAY_GPUS)]
-    # Each run asked Ray for one GPU: it cost its duration in GPU-seconds (gpu/usage.py).
-    assert all(row["gpu_seconds"] == pytest.approx(row["ended_at"] - row["started_at"], rel=0.1) for row in rows)
+    # Each run asked Ray for one GPU: it cost its duration in GPU-seconds (gpu/usage.py), counted from
+    # when Ray placed it (the ledger's start is when it was handed to Ray).
+    assert all(0 < row["gpu_seconds"] <= row["ended_at"] - row["started_at"] for row in rows), rows
     assert main(["status", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("  spent: ") and "GPU-hours" in lines[1]

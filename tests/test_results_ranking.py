@@ -116,3 +116,105 @@ def test_the_same_from_gts_results(root, capsys):
     assert text[0].split()[:3] == ["lr", "runs", "result.loss.mean"]
     assert text[1].split()[:3] == ["0.2", "3", "4"] and text[2].split()[:3] == ["0.1", "3", "3"]
     assert main(["results", root, "--best", "loss", "--sort", "loss"]) == 2
+
+
+def _reference_aggregate(root, over):
+    """What aggregate gives, worked out from results.records() and run_result() in plain Python (how
+    it worked before SQLite read the groups)."""
+    import math
+    import statistics
+
+    groups, params = {}, {}
+    for record in results.records(root):
+        if record.status.value != "succeeded":
+            continue
+        rest = {k: v for k, v in record.params_value.items() if k != over}
+        if record.stage is not None:
+            rest = {"stage": record.stage, **rest}
+        key = json.dumps(rest, sort_keys=True)
+        groups.setdefault(key, []).append(record)
+        params.setdefault(key, rest)
+    table = []
+    for key, members in groups.items():
+        row = {**params[key], "runs": len(members)}
+        numbers = {}
+        for record in members:
+            result = results.run_result(root, record)
+            items = result.items() if isinstance(result, dict) else [("", result)]
+            for name, value in items:
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    numbers.setdefault(f"result.{name}" if name else "result", []).append(float(value))
+        for name, found in numbers.items():
+            row[f"{name}.mean"] = statistics.fmean(found)
+            row[f"{name}.std"] = statistics.stdev(found) if len(found) > 1 else None
+            row[f"{name}.count"] = len(found)
+        table.append(row)
+    return table
+
+
+def test_averages_read_by_sqlite_equal_the_plain_python_ones_whatever_the_results_look_like(tmp_path):
+    """Results of every shape the ledger can hold: dicts (nested, with bools, strings, NaN), bare
+    numbers, lists, none in the ledger but in the run's folder, parameters in another key order,
+    and a run whose parameters were damaged by hand."""
+    import os
+    import random
+
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.status import RunStatus
+
+    rng = random.Random(3)
+    shapes = [
+        lambda: {"loss": rng.random(), "acc": rng.randint(0, 100), "ok": True, "note": "x"},
+        lambda: {"loss": rng.random(), "nested": {"a": 1}},
+        lambda: rng.random(),
+        lambda: [1, 2],
+        lambda: {"loss": float("nan"), "acc": 3},
+        lambda: None,  # its result is its folder's result.json
+    ]
+    root = tmp_path / "r"
+    with Ledger(RootPaths(str(root))) as ledger, ledger.batch():
+        for index in range(120):
+            lr, seed = rng.choice([0.1, 0.2, 0.3]), index % 5
+            params = {"lr": lr, "seed": seed} if index % 2 else {"seed": seed, "lr": lr}
+            name = f"run-{index}"
+            ledger.mark_running(
+                name=name,
+                run_index=index,
+                config_hash="h",
+                slot="cpu0",
+                token="t",
+                work_dir=str(root / name),
+                params=json.dumps(params),
+            )
+            result = shapes[index % len(shapes)]()
+            if result is None:
+                os.makedirs(root / name)
+                (root / name / "result.json").write_text(json.dumps({"loss": rng.random()}))
+            status = RunStatus.SUCCEEDED if index % 7 else RunStatus.FAILED
+            ledger.finish(name, status, result=None if result is None else json.dumps(result))
+    import sqlite3
+
+    db = sqlite3.connect(root / ".gts" / "ledger.sqlite3")
+    db.execute("UPDATE runs SET params = '{broken' WHERE name = 'run-1'")
+    db.commit()
+    db.close()
+    got = results.aggregate(str(root), "seed")
+    expected = _reference_aggregate(str(root), "seed")
+    assert len(got) == len(expected) == 4  # lr 0.1, 0.2, 0.3, and the run whose parameters are unknown
+
+    def by_params(table):
+        return {
+            json.dumps({k: v for k, v in row.items() if "." not in k and k != "runs"}, sort_keys=True): row
+            for row in table
+        }
+
+    for key, row in by_params(expected).items():
+        mine = by_params(got)[key]
+        assert mine["runs"] == row["runs"]
+        assert {k for k in mine if k.endswith(".count")} == {k for k in row if k.endswith(".count")}
+        for column, value in row.items():
+            if column.endswith((".mean", ".std")):
+                assert mine[column] == pytest.approx(value, rel=1e-12), column
+            elif column.endswith(".count"):
+                assert mine[column] == value

@@ -676,6 +676,22 @@ def test_the_report_says_what_the_runs_cost(in_tmp, browser, monkeypatch, capsys
     assert page.locator("#runs th[data-key='energy_kwh']").count() == 1
 
 
+def test_a_runs_view_in_the_page_and_the_report_says_what_made_it(in_tmp, served, browser):
+    from gpu_task_scheduler.web.report import write_report
+
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    url, _ = served([root])
+    for address in (url, "file://" + write_report(root, str(in_tmp / "report.html"))):
+        page = browser.new_page()
+        page.goto(address)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 1")
+        page.click("#runs td.name a")
+        page.wait_for_function("document.getElementById('run-config').textContent.includes('provenance')")
+        shown = json.loads(page.inner_text("#run-config"))["provenance"]
+        assert shown["python"].count(".") == 2 and len(shown["packages_sha256"]) == 64 and shown["host"]
+        page.close()
+
+
 def test_the_sweeps_mail_can_attach_its_report(in_tmp, smtp_server):
     import email
     import email.policy

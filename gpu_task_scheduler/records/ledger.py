@@ -288,6 +288,16 @@ _ADDED_COLUMNS = (
 )
 
 
+class GroupedNumbers(NamedTuple):
+    """See :meth:`Ledger.grouped_numbers`."""
+
+    found: bool  # some run has the parameter averaged over
+    groups: list[tuple[Any, ...]]  # (stage, parameters less it as JSON, runs, first run_index)
+    numbers: list[tuple[Any, ...]]  # (stage, parameters less it as JSON, result key or None, number)
+    others: list[str]  # succeeded runs, counted in groups, whose results must be read one by one
+    unparsed: list[str]  # succeeded runs with no parameters as valid JSON: not in groups, read one by one
+
+
 def pruned_cause(step: Any, cause: str) -> str:
     """``pruned at step 3: loss 1.92, rung cutoff 0.87``: a pruned run's cause, as the ledger keeps it."""
     at = f"{step:g}" if isinstance(step, (int, float)) else str(step)
@@ -745,6 +755,44 @@ class Ledger:
         )
         return [row[0] for row in self._tuples(sql, values)]
 
+    def grouped_numbers(self, over: str, *, stage: str | None = None) -> GroupedNumbers:
+        """What ``results.aggregate`` averages, read by SQLite: the succeeded runs grouped by their
+        stage and parameters less ``over`` (each group's JSON text without it, how many runs, the
+        first run's index), and every top-level number of their results in the sweep's order. Runs
+        whose result is not in the ledger as valid JSON (kept in a file, left in their folder, or
+        changed by hand) are named in ``others``, and those whose parameters are not valid JSON in
+        ``unparsed``, for the caller to read one by one."""
+        path = "$." + json.dumps(over)
+        stage_sql = f"{self._column('stage')}"
+        where = "status = 'succeeded' AND params IS NOT NULL AND json_valid(params)"
+        values: dict[str, Any] = {"path": path, "stage": stage}
+        if stage is not None:
+            where += f" AND {stage_sql} = :stage"
+        found = bool(
+            self._tuples(
+                "SELECT 1 FROM runs WHERE json_valid(params) AND json_type(params, :path) IS NOT NULL LIMIT 1", values
+            )
+        )
+        groups = self._tuples(
+            f"SELECT {stage_sql}, json_remove(params, :path), COUNT(*), MIN(run_index) FROM runs WHERE {where} "
+            "GROUP BY 1, 2 ORDER BY 4",
+            values,
+        )
+        inline = f"{where} AND result IS NOT NULL AND result_file IS NULL AND json_valid(result)"
+        numbers = self._tuples(
+            f"SELECT {stage_sql}, json_remove(params, :path), j.key, j.value FROM runs, json_each(runs.result) AS j "
+            f"WHERE {inline} AND json_type(runs.result) IN ('object', 'integer', 'real') "
+            "AND j.type IN ('integer', 'real') ORDER BY run_index, name, j.id",
+            values,
+        )
+        others = [row[0] for row in self._tuples(f"SELECT name FROM runs WHERE {where} AND NOT ({inline})", values)]
+        unparsed = self._tuples(
+            "SELECT name FROM runs WHERE status = 'succeeded' AND (params IS NULL OR NOT json_valid(params))"
+            + (f" AND {stage_sql} = :stage" if stage is not None else ""),
+            values,
+        )
+        return GroupedNumbers(found, groups, numbers, others, [row[0] for row in unparsed])
+
     def params_and_values(self, key: str, *, stage: str | None = None) -> list[tuple[str | None, float]]:
         """Each succeeded run's parameters (JSON text) and its number at ``key`` (as :meth:`ranked` reads
         it; a key no result has is read as ``metrics.KEY``, the last value the run reported), read by
@@ -971,6 +1019,18 @@ class Ledger:
             f"SELECT total({self._number('gpu_seconds')}), SUM({self._number('energy')}) FROM runs", ()
         )[0]
         return float(seconds), None if joules is None else float(joules)
+
+    def provenances(self) -> dict[str, dict[str, Any]]:
+        """Every run's provenance that is a JSON object (records/provenance.py), by name: one scan."""
+        rows = self._tuples(
+            f"SELECT name, {self._column('provenance')} FROM runs WHERE json_valid({self._column('provenance')})", ()
+        )
+        found = {}
+        for name, text in rows:
+            value = json.loads(text)
+            if isinstance(value, dict):
+                found[name] = value
+        return found
 
     def set_provenance(self, name: str, provenance: str) -> None:
         """What made ``name``'s current attempt (records/provenance.py), recorded once it started."""

@@ -141,6 +141,16 @@ def run_detail(root: str, name: str) -> dict[str, Any]:
     }
 
 
+def provenances(root: str, names: list[str]) -> dict[str, Any]:
+    """What made each named run (records/provenance.py), where it was recorded: for a report's run view."""
+    ledger = open_ledger(root)
+    try:
+        every = ledger.provenances()
+    finally:
+        ledger.close()
+    return {name: every[name] for name in names if name in every}
+
+
 def run_log(root: str, name: str, *, most: int = LOG_BYTES) -> dict[str, Any]:
     """The last ``most`` bytes of a recorded run's log (its current attempt), as text."""
     record, log_file = _record(root, name)

@@ -45,7 +45,7 @@ function answer(path, params) {
   if (path === "/api/log") throw new Error("logs are not part of a report: gts serve shows them");
   if (path === "/api/run") {
     const run = REPORT.runs.find((r) => r.name === p.name);
-    return { run, config: null, metrics: {} };
+    return { run, config: null, metrics: {}, provenance: (REPORT.provenance || {})[p.name] || null };
   }
   if (path === "/api/runs") {
     let runs = REPORT.runs.filter((r) => (!p.status || r.status === p.status) && (!p.q || r.name.includes(p.q)));
@@ -228,7 +228,8 @@ async function openRun(name) {
   $("run-log").textContent = "";
   try {
     const detail = await get("/api/run", { name });
-    $("run-config").textContent = JSON.stringify({ config: detail.config, result: resultOf(detail.run), metrics: detail.metrics }, null, 1);
+    // What made it (records/provenance.py: commit, dirty, diff hash, Python, packages, host, seed).
+    $("run-config").textContent = JSON.stringify({ config: detail.config, result: resultOf(detail.run), metrics: detail.metrics, provenance: detail.provenance }, null, 1);
   } catch (error) {
     $("run-config").textContent = String(error.message);
   }

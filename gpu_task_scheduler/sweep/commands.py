@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from .templates import check_fields, fill, format_one
+from .templates import base_key, check_fields, fill, format_one, placeholders
 
 BUILTINS = ("work_dir", "run_name", "run_index", "gpus")
 Template = str | Sequence[str]
@@ -65,8 +65,25 @@ def _split(text: str) -> list[str]:
 
 
 def render(parts: Sequence[str], values: Mapping[str, Any]) -> list[str]:
-    """The argv for one run (``shell`` templates: :func:`render_shell`, which also gives the environment)."""
-    return [fill(part, values) for part in parts]
+    """The argv for one run (``shell`` templates: :func:`render_shell`, which also gives the environment).
+
+    A part that uses a key the run does not have (a search's conditional key whose ``when`` is false;
+    every other key was checked with the config) is left out, and with it the option just before it
+    (``--momentum {momentum}``: both go; ``--momentum={momentum}`` is one part).
+
+    >>> render(["train", "--lr", "{lr}", "--momentum", "{momentum}", "--out={work_dir}"], {"lr": 0.1, "work_dir": "w"})
+    ['train', '--lr', '0.1', '--out=w']
+    """
+    argv: list[str] = []
+    for index, part in enumerate(parts):
+        fields = placeholders(part)
+        if any(base_key(field) not in values for field, _, _ in fields):
+            before = parts[index - 1] if index else ""
+            if argv and before.startswith("-") and not placeholders(before) and argv[-1] == before:
+                argv.pop()
+            continue
+        argv.append(fill(part, values))
+    return argv
 
 
 def render_shell(template: str, values: Mapping[str, Any]) -> tuple[str, dict[str, str]]:

@@ -456,6 +456,12 @@ class Sweep:
                 whose = "its own command" if own else "the top-level command"
                 raise ConfigError(f"stage {stage.name!r} runs {whose}, and: {error}") from None
             fields = {base_key(field) for part in parts for field, _, _ in placeholders(part)}
+            conditional = sorted(key for key in fields if key in self.space and self.space[key].when)
+            if shell and conditional:  # a script cannot leave out what a run does not have
+                raise ConfigError(
+                    f"{where} (shell: true) uses {', '.join(conditional)}, which only some runs have (when); "
+                    "give the command as a list of arguments: a run without the key leaves its argument out"
+                )
             given = set(BUILTINS) | set(extra) | set(stage.global_config)
             for index, block in enumerate(stage.blocks):  # every run has every key its command uses
                 missing = sorted(fields - given - set(block))
@@ -614,6 +620,11 @@ class Sweep:
                     f"pbt.{where}.{key}: no run has the key {key!r}{did_you_mean(key, keys)} pbt changes a "
                     "value of each run's config: give the key in global_config or test_config"
                 )
+            if key in self.space and self.space[key].when:
+                raise ConfigError(
+                    f"pbt changes {key!r}, which only some runs have (when): a member that copies another's "
+                    "weights takes its values, and a member without the key has none to change"
+                )
         self.stopping[None] = pbt_rule(config)
 
     def paused(self, spec: RunSpec) -> None:
@@ -709,7 +720,8 @@ class Sweep:
     def trial_run(self, trial: Trial, registry: NameRegistry, foreign: Foreign | None) -> RunSpec:
         """The run of a search's trial: its exact values in its config; in its name, floats to 4
         significant digits (unique: a clash gets a suffix of the exact values' hash)."""
-        values = {key: trial.values[key] for key in self.space}
+        # In the order the config writes the keys; a conditional key whose when is false is absent.
+        values = {key: trial.values[key] for key in self._space_raw if key in trial.values}
         spec = self._sampled(self.stages[0], values, trial.number, 0, registry, foreign, name=trial.name)
         self.trial_of.setdefault(spec.name, trial.number)
         return spec

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import did_you_mean
 from ..layout import META
 from ..tuning.search import objective, open_searcher, spent_message
+from ..tuning.space import complete
 from .naming import NameRegistry
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
     followers: list[RunSpec] = []
     sweep.asked = 0
     for trial in searcher.trials():
-        if any(key not in trial.values for key in sweep.space):
+        if not complete(sweep.space, trial.values):
             # Asked by a scheduler killed before the sampler had given all its values: no run ever
             # had them. Told failed (the sampler learns nothing from it) and not counted.
             if sweep.live and not trial.done:

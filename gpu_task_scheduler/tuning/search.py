@@ -35,7 +35,7 @@ from ..errors import ConfigError, DamagedRecordError, install_hint, unknown_key_
 from ..recordclass import Record
 from ..records.jsonlines import read_records
 from ..records.paths import name_problem, open_regular, write_all
-from .space import Choice, Distribution, Int, LogUniform, Uniform, inside
+from .space import Choice, Distribution, Int, LogUniform, Uniform, active, inside
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -153,6 +153,13 @@ class Searcher:
 
     def check(self, trial: Trial) -> None:
         for key, distribution in self.space.items():
+            if not active(distribution, trial.values):  # a conditional key whose condition is false
+                if key in trial.values:
+                    raise ConfigError(
+                        f"the search's record of trial {trial.number} holds {key}={trial.values[key]!r}, which this "
+                        "config's space samples only when its when holds (the space changed?): use another result root"
+                    )
+                continue
             if key not in trial.values or not inside(distribution, trial.values[key]):
                 raise ConfigError(
                     f"the search's record of trial {trial.number} holds {key}={trial.values.get(key)!r}, which "
@@ -234,7 +241,10 @@ class RandomSearcher(Searcher):
     def ask(self) -> Trial:
         number = max(self._trials, default=-1) + 1
         rng = random.Random(f"{self.search.seed}/{number}")
-        values = {key: distribution.sample(rng) for key, distribution in self.space.items()}
+        values: dict[str, Any] = {}
+        for key, distribution in self.space.items():  # parents first (space.py): a when sees their values
+            if active(distribution, values):
+                values[key] = distribution.sample(rng)
         self._append({"number": number, "values": values})
         self._trials[number] = Trial(number, values)
         return self._trials[number]
@@ -290,6 +300,15 @@ class _FlockLock:
             self._fd = None
 
 
+def _suggest(trial: Any, key: str, distribution: Distribution) -> Any:
+    """Optuna's suggestion of ``key`` in a trial asked define-by-run (a space with conditional keys)."""
+    if isinstance(distribution, Choice):
+        return trial.suggest_categorical(key, list(distribution.values))
+    if isinstance(distribution, Int):
+        return trial.suggest_int(key, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+    return trial.suggest_float(key, distribution.low, distribution.high, log=isinstance(distribution, LogUniform))
+
+
 class OptunaSearcher(Searcher):
     NAME_ATTR = "gts_run"
 
@@ -312,6 +331,7 @@ class OptunaSearcher(Searcher):
                     "strings only; name the choices (e.g. 'small', 'large') and map them in the task"
                 )
         self._distributions = {key: _optuna_distribution(d) for key, d in self.space.items()}
+        self._conditional = any(d.when for d in self.space.values())
         self.path = os.path.join(meta, "optuna.journal")
         self._states = optuna.trial.TrialState
         self._live: dict[int, Any] = {}  # trials asked in this start: their names are set through them
@@ -368,7 +388,13 @@ class OptunaSearcher(Searcher):
         return self._study.get_trials(deepcopy=False)[number].state.is_finished()
 
     def ask(self) -> Trial:
-        trial = self._study.ask(self._distributions)
+        if not self._conditional:
+            trial = self._study.ask(self._distributions)
+        else:  # define-by-run: a conditional key is suggested only when its when holds
+            trial = self._study.ask()
+            for key, distribution in self.space.items():
+                if active(distribution, trial.params):
+                    _suggest(trial, key, distribution)
         self._live[trial.number] = trial
         return Trial(trial.number, dict(trial.params))
 

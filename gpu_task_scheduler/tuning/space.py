@@ -6,8 +6,12 @@ In a config with ``search``, a ``test_config`` value is a distribution::
     dropout: {uniform: [0.0, 0.5]}
     layers: {int: [2, 8]}                 # also {int: [16, 512], log: true} or {..., step: 16}
     optimizer: {choice: [adam, sgd]}      # a plain list means the same
+    momentum: {uniform: [0.0, 0.99], when: {optimizer: sgd}}
 
-Each is checked here, before anything runs; sampling is ``tuning/search.py``'s.
+A key with ``when`` is conditional: it is sampled only for runs whose other keys have those
+values (a list: any of them), and the other runs do not have it at all (not in their config,
+folder name or command). Each is checked here, before anything runs (a ``when`` on a key the
+space lacks, a value that key never takes, a cycle); sampling is ``tuning/search.py``'s.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from ..errors import ConfigError
 from ..recordclass import Record
 
 KINDS = ("uniform", "loguniform", "int", "choice")
+# A conditional key's condition: (other key, the values it must have), all of them.
+Condition = tuple[tuple[str, tuple[Any, ...]], ...]
 
 
 class Uniform(Record):
     low: float
     high: float
+    when: Condition = ()
 
     def sample(self, rng: random.Random) -> float:
         return rng.uniform(self.low, self.high)
@@ -37,6 +44,7 @@ class Uniform(Record):
 class LogUniform(Record):
     low: float
     high: float
+    when: Condition = ()
 
     def sample(self, rng: random.Random) -> float:
         return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
@@ -50,6 +58,7 @@ class Int(Record):
     high: int
     step: int = 1
     log: bool = False
+    when: Condition = ()
 
     def sample(self, rng: random.Random) -> int:
         if self.log:
@@ -63,6 +72,7 @@ class Int(Record):
 
 class Choice(Record):
     values: tuple[Any, ...]
+    when: Condition = ()
 
     def sample(self, rng: random.Random) -> Any:
         return self.values[rng.randrange(len(self.values))]
@@ -87,8 +97,12 @@ def is_distribution(value: Any) -> bool:
     return isinstance(value, Mapping) and any(kind in value for kind in KINDS)
 
 
-def parse_distribution(value: Any, where: str) -> Distribution:
-    """The distribution a test_config value asks for (a list is a choice); ConfigError naming ``where``."""
+def parse_distribution(value: Any, where: str, *, conditional: bool = False) -> Distribution:
+    """The distribution a test_config value asks for (a list is a choice); ConfigError naming ``where``.
+    ``conditional``: it may say ``when`` (a search's space; checked against the space by parse_space)."""
+    if conditional and isinstance(value, Mapping) and "when" in value:
+        found = parse_distribution({k: v for k, v in value.items() if k != "when"}, where)
+        return found._replace(when=_condition(value["when"], where))
     if isinstance(value, (list, tuple)):
         if not value:
             raise ConfigError(f"{where} is an empty list: a choice needs at least one value")
@@ -105,7 +119,8 @@ def parse_distribution(value: Any, where: str) -> Distribution:
     allowed = {"int": {"int", "step", "log"}}.get(kind, {kind})
     extra = sorted(str(key) for key in value if key not in allowed)
     if extra:
-        raise ConfigError(f"{where}: {kind} takes {', '.join(sorted(allowed))}; unknown: {', '.join(extra)}")
+        also = " (when: only in a search's space)" if "when" in extra else ""
+        raise ConfigError(f"{where}: {kind} takes {', '.join(sorted(allowed))}; unknown: {', '.join(extra)}{also}")
     bounds = value[kind]
     if kind == "choice":
         if not isinstance(bounds, (list, tuple)) or not bounds:
@@ -144,6 +159,34 @@ def parse_distribution(value: Any, where: str) -> Distribution:
 MAX_INT = 2**53
 
 
+def _condition(raw: Any, where: str) -> Condition:
+    """``when: {optimizer: sgd}`` or ``{optimizer: [sgd, momentum_sgd], layers: 2}``, as a Condition."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError(f"{where}: when must be a dict of key -> value (or list of values); got {raw!r}")
+    found = []
+    for key, allowed in raw.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"{where}: when's keys must be keys of the space; got {key!r}")
+        values = tuple(allowed) if isinstance(allowed, (list, tuple)) else (allowed,)
+        if not values:
+            raise ConfigError(f"{where}: when {key}: an empty list (no value would ever make it sampled)")
+        found.append((key, values))
+    return tuple(found)
+
+
+def active(distribution: Distribution, values: Mapping[str, Any]) -> bool:
+    """Whether a key with this distribution is sampled, given the other keys' ``values`` so far."""
+    return all(
+        key in values and any(values[key] == v and type(values[key]) is type(v) for v in allowed)
+        for key, allowed in distribution.when
+    )
+
+
+def complete(space: Mapping[str, Distribution], values: Mapping[str, Any]) -> bool:
+    """Whether ``values`` has every key its own values make active (a trial a sampler finished)."""
+    return all(key in values for key, distribution in space.items() if active(distribution, values))
+
+
 def _choice(values: Sequence[Any], where: str) -> Choice:
     """A choice among ``values``; a NaN or an infinity among them (or inside one) is refused: a
     NaN equals nothing, not even itself, so the choice a run recorded could never be found again."""
@@ -167,8 +210,48 @@ def parse_space(block: Any, where: str = "test_config[0]") -> dict[str, Distribu
     for key, value in block.items():
         if not isinstance(key, str) or not key:
             raise ConfigError(f"{where}: keys must be non-empty strings; got {key!r}")
-        space[key] = parse_distribution(value, f"{where}[{key!r}]")
-    return space
+        space[key] = parse_distribution(value, f"{where}[{key!r}]", conditional=True)
+    return _ordered(space, where)
+
+
+def _ordered(space: dict[str, Distribution], where: str) -> dict[str, Distribution]:
+    """The space with each conditional key after the keys its ``when`` names (the order a sampler
+    draws them in), its conditions checked: keys of the space, values they can take, no cycle."""
+    from ..errors import did_you_mean
+
+    for key, distribution in space.items():
+        for parent, allowed in distribution.when:
+            if parent not in space:
+                raise ConfigError(
+                    f"{where}[{key!r}]: when names {parent!r}, which is not a key of the space"
+                    f"{did_you_mean(parent, [k for k in space if k != key])} Keys: {', '.join(space)}."
+                )
+            if parent == key:
+                raise ConfigError(f"{where}[{key!r}]: when names the key itself")
+            for value in allowed:
+                if not inside(space[parent], value):
+                    raise ConfigError(
+                        f"{where}[{key!r}]: when {parent}: {value!r}, which {parent} never takes "
+                        f"({describe({parent: space[parent]._replace(when=())})})"
+                    )
+    ordered: dict[str, Distribution] = {}
+    visiting: list[str] = []
+
+    def visit(key: str) -> None:
+        if key in ordered:
+            return
+        if key in visiting:
+            cycle = visiting[visiting.index(key) :] + [key]
+            raise ConfigError(f"{where}: the when conditions form a cycle: {' -> '.join(cycle)}")
+        visiting.append(key)
+        for parent, _ in space[key].when:
+            visit(parent)
+        visiting.pop()
+        ordered[key] = space[key]
+
+    for key in space:
+        visit(key)
+    return ordered
 
 
 def inside(distribution: Distribution, value: Any) -> bool:
@@ -191,6 +274,10 @@ def describe(space: Mapping[str, Distribution]) -> str:
             parts.append(f"{key} int [{d.low}, {d.high}]{extra}")
         else:
             parts.append(f"{key} {'loguniform' if isinstance(d, LogUniform) else 'uniform'} [{d.low:g}, {d.high:g}]")
+        if d.when:
+            parts[-1] += " when " + " and ".join(
+                f"{parent}={'|'.join(map(str, allowed))}" for parent, allowed in d.when
+            )
     return ", ".join(parts)
 
 

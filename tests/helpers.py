@@ -1,3 +1,4 @@
+import json
 import os
 import sqlite3
 
@@ -35,3 +36,17 @@ def ledger_rows(root):
         return {row["name"]: dict(row) for row in db.execute("SELECT * FROM runs")}
     finally:
         db.close()
+
+
+def record_started(ledger, root, index, name, params):
+    """Record run ``name`` (the ``index``-th, with ``params``) as running in ``ledger``, as the scheduler
+    does before its process starts: for tests that plant a root's ledger directly."""
+    ledger.mark_running(
+        name=name,
+        run_index=index,
+        config_hash="h",
+        slot="cpu0",
+        token="t",
+        work_dir=os.path.join(str(root), name),
+        params=json.dumps(params),
+    )

@@ -5,7 +5,7 @@ import math
 import random
 
 import pytest
-from helpers import ledger_rows
+from helpers import ledger_rows, record_started
 
 from gpu_task_scheduler.cli.main import main as gts
 from gpu_task_scheduler.errors import ConfigError
@@ -23,15 +23,7 @@ def plant(root, runs, *, metric="loss", reported=False):
     with Ledger(RootPaths(str(root))) as ledger, ledger.batch():
         for index, (params, value) in enumerate(runs):
             name = f"r{index}"
-            ledger.mark_running(
-                name=name,
-                run_index=index,
-                config_hash="h",
-                slot="cpu0",
-                token="t",
-                work_dir=str(root / name),
-                params=json.dumps(params),
-            )
+            record_started(ledger, root, index, name, params)
             if reported:
                 summary = {metric: {"last": value, "step": 10, "min": value, "max": value}}
                 ledger.finish(name, RunStatus.SUCCEEDED, result=json.dumps({"other": 1}), metrics=json.dumps(summary))

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers import make_config
+from helpers import make_config, record_started
 
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler, results
 from gpu_task_scheduler.cli.main import main
@@ -178,15 +178,7 @@ def test_averages_read_by_sqlite_equal_the_plain_python_ones_whatever_the_result
             lr, seed = rng.choice([0.1, 0.2, 0.3]), index % 5
             params = {"lr": lr, "seed": seed} if index % 2 else {"seed": seed, "lr": lr}
             name = f"run-{index}"
-            ledger.mark_running(
-                name=name,
-                run_index=index,
-                config_hash="h",
-                slot="cpu0",
-                token="t",
-                work_dir=str(root / name),
-                params=json.dumps(params),
-            )
+            record_started(ledger, root, index, name, params)
             result = shapes[index % len(shapes)]()
             if result is None:
                 os.makedirs(root / name)

@@ -1,5 +1,6 @@
 """The read side on a large result root: `gts status`, `status --json`, `results --sort --top`,
-`results --average-over`, `logs --failed` on a root of 300,000 recorded runs, and `gts run --dry-run` of a 10^6-run grid.
+`results --average-over`, `logs --failed` on a root of 300,000 recorded runs, and `gts run
+--dry-run` of a 10^6-run grid.
 
 python bench/read_bench.py [--runs 300000] [--grid 1000000] [--repeat 3] [--workdir DIR]
 

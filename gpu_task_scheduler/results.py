@@ -343,11 +343,120 @@ def declared_modes(root: str) -> dict[str, str]:
     for section in sections:
         for part in ("early_stop", "search"):
             declared = section.get(part)
+            goals = declared.get("objectives") if isinstance(declared, dict) else None
+            if isinstance(goals, dict):  # a search of several objectives
+                for name, mode in goals.items():
+                    if mode in ("min", "max"):
+                        found.setdefault(str(name), set()).add(mode)
             if isinstance(declared, dict) and declared.get("mode") in ("min", "max"):
                 name = declared.get("metric")
                 if isinstance(name, str):
                     found.setdefault(name, set()).add(declared["mode"])
     return {name: modes.pop() for name, modes in found.items() if len(modes) == 1}
+
+
+def declared_search(root: str) -> dict[str, Any] | None:
+    """The ``search`` section of the config the root's sweep was recorded with, or None."""
+    ledger = open_ledger(root)
+    try:
+        recorded = ledger.get_meta("sweep_config")
+    finally:
+        ledger.close()
+    try:
+        config = json.loads(recorded) if recorded else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    search = config.get("search")
+    return search if isinstance(search, dict) else None
+
+
+def declared_objectives(root: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """The objectives ``(metric, mode)`` and the constraints the root's search declares ([] and []: none)."""
+    search = declared_search(root) or {}
+    goals = search.get("objectives")
+    if isinstance(goals, dict):
+        objectives = [(str(k), v) for k, v in goals.items() if v in ("min", "max")]
+    elif isinstance(search.get("metric"), str) and search.get("mode") in ("min", "max"):
+        objectives = [(search["metric"], search["mode"])]
+    else:
+        objectives = []
+    constraints = [c for c in search.get("constraints") or [] if isinstance(c, str)]
+    return objectives, constraints
+
+
+def several_objectives(root: str) -> list[str]:
+    """The objectives of a root whose search has several ([] for one or none)."""
+    objectives, _ = declared_objectives(root)
+    return [metric for metric, _ in objectives] if len(objectives) > 1 else []
+
+
+def scored(root: str, *, stage: str | None = None) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+    """The root's objectives, and each succeeded run's row with ``objectives`` (their values, as the
+    sampler was told them: a result, else the last reported value) and ``feasible`` (every constraint
+    holds; gpu_peak and duration are the run's own). Runs without a value for every objective are left out."""
+    from .tuning.search import objective, parse_search, violations
+
+    objectives, constraints = declared_objectives(root)
+    if not objectives:
+        raise ConfigError(
+            f"{root!r} declares no objectives: --pareto needs a search with them, e.g. search: "
+            "{objectives: {loss: min, latency_ms: min}}"
+        )
+    search = parse_search(
+        {"sampler": "random", "n_runs": 1, "objectives": dict(objectives), "constraints": constraints}
+    )
+    assert search is not None
+    found = []
+    for record in records(root, stage):
+        if record.status is not RunStatus.SUCCEEDED:
+            continue
+        result = run_result(root, record)
+        values = [objective(result, record.metrics_value, metric) for metric, _ in objectives]
+        if any(value is None for value in values):
+            continue
+        builtins = {"gpu_peak": float(record.gpu_memory_peak or 0)}
+        length = duration(record)
+        if length is not None:
+            builtins["duration"] = length
+        broken, missing = violations(search, result, record.metrics_value, builtins)
+        row = row_of(root, record)
+        row["objectives"] = values
+        row["feasible"] = not missing and all(v <= 0 for v in broken)
+        found.append(row)
+    return objectives, found
+
+
+def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether ``a`` is at least as good as ``b`` in every objective and better in one (all minimized).
+
+    >>> dominates([1, 2], [1, 3]), dominates([1, 2], [1, 2]), dominates([0, 3], [1, 2])
+    (True, False, False)
+    """
+    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
+
+
+def front(points: Sequence[Sequence[float]]) -> list[int]:
+    """The indices of the non-dominated points (all objectives minimized), in order of the first
+    objective; a point equal to another on the front is on it too."""
+    order = sorted(range(len(points)), key=lambda i: tuple(points[i]))
+    kept: list[int] = []
+    for index in order:
+        if not any(dominates(points[other], points[index]) for other in kept):
+            kept = [other for other in kept if not dominates(points[index], points[other])]
+            kept.append(index)
+    return sorted(kept, key=lambda i: tuple(points[i]))
+
+
+def pareto(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
+    """The feasible runs no other feasible run dominates in the root's search objectives (its
+    ``results.rows()`` rows, with ``objectives`` and ``feasible``), by the first objective."""
+    objectives, rows = scored(root, stage=stage)
+    feasible = [row for row in rows if row["feasible"]]
+    signs = [1.0 if mode == "min" else -1.0 for _, mode in objectives]
+    points = [[sign * value for sign, value in zip(signs, row["objectives"], strict=True)] for row in feasible]
+    return [feasible[index] for index in front(points)]
 
 
 def best(root: str, key: str, *, maximize: bool = False, stage: str | None = None) -> dict[str, Any] | None:

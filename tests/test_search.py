@@ -94,7 +94,7 @@ def test_a_distribution_without_a_search_is_refused_with_what_to_add(tmp_path):
 @pytest.mark.parametrize(
     "search, words",
     [
-        ({"sampler": "bayes"}, "sampler must be one of random, tpe, cmaes, qmc"),
+        ({"sampler": "bayes"}, "sampler must be one of random, tpe, nsga2, cmaes, qmc"),
         ({"n_runs": 0}, "n_runs must be a whole number from 1"),
         ({"n_runs": "40"}, "n_runs must be a whole number from 1"),
         ({"metric": None}, "metric must name the value to optimize"),

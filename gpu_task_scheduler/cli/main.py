@@ -754,6 +754,21 @@ def cmd_results(args: argparse.Namespace) -> int:
     if args.gpu_hours_to:
         return _print_gpu_hours_to(args)
     if args.best:
+        from ..results import several_objectives
+
+        several = several_objectives(args.root)
+        if several:
+            raise ConfigError(
+                f"{args.root!r} is a search of several objectives ({', '.join(several)}): no one run is best; "
+                "gts results ROOT --pareto lists the runs no other run beats in all of them"
+            )
+    if args.pareto:
+        from ..results import pareto
+
+        if args.best or args.sort or args.average_over or args.top is not None:
+            raise ConfigError("--pareto lists the front; it goes with --stage and --format only")
+        table = pareto(args.root, stage=args.stage)
+    elif args.best:
         found = best(args.root, args.best, maximize=_best_maximizes(args), stage=args.stage)
         table = [] if found is None else [found]
         if found is None:
@@ -890,10 +905,18 @@ def _mean_column(key: str) -> str:
 def cmd_plot(args: argparse.Namespace) -> int:
     from ..reports.status import plot_curves, plot_metric, plot_timeline
 
-    if [bool(args.timeline), bool(args.metric), bool(args.curves), bool(args.contour)].count(True) != 1:
+    if [bool(args.timeline), bool(args.metric), bool(args.curves), bool(args.contour), bool(args.pareto)].count(
+        True
+    ) != 1:
         raise ConfigError(
-            "give one of --timeline, --metric NAME --by PARAMETER, --curves NAME [--by PARAMETER], --contour NAME"
+            "give one of --timeline, --metric NAME --by PARAMETER, --curves NAME [--by PARAMETER], --contour NAME, "
+            "--pareto F1 F2"
         )
+    if args.pareto:
+        from ..reports.status import plot_pareto
+
+        print(plot_pareto(args.root, args.pareto[0], args.pareto[1], args.output))
+        return EXIT_OK
     if args.contour:
         from ..reports.importance import plot_contour
 
@@ -1250,6 +1273,11 @@ def _results_command(sub: Any) -> None:
         help="with --best: the values its weights trained with, step by step (population-based training)",
     )
     r.add_argument(
+        "--pareto",
+        action="store_true",
+        help="a search of several objectives: the feasible runs no other feasible run beats in all of them",
+    )
+    r.add_argument(
         "--gpu-hours-to",
         metavar="CONDITION",
         help="the GPU-hours the sweep had spent when a run first reached CONDITION, e.g. 'loss<=0.2'",
@@ -1266,7 +1294,8 @@ def _plot_command(sub: Any) -> None:
         "  gts plot results/ --metric loss --by lr -o loss.png\n"
         "  gts plot results/ --curves loss --by lr -o curves.png\n"
         "  gts plot results/ --curves loss --by lr --over seed -o seeds.png\n"
-        "  gts plot results/ --contour loss -o contour.png",
+        "  gts plot results/ --contour loss -o contour.png\n"
+        "  gts plot results/ --pareto val_loss latency_ms -o front.png",
     )
     p.add_argument("root", help="the result root, or the sweep's config file")
     p.add_argument("--timeline", action="store_true", help="runs as bars per slot over time, failures marked")
@@ -1284,6 +1313,12 @@ def _plot_command(sub: Any) -> None:
         help="a result (or reported metric) over its two most important parameters, and a slice along each",
     )
     p.add_argument("--params", nargs=2, metavar="PARAMETER", help="with --contour: these two, not the most important")
+    p.add_argument(
+        "--pareto",
+        nargs=2,
+        metavar=("F1", "F2"),
+        help="a search of several objectives: the runs by two of them, and the Pareto front",
+    )
     way = p.add_mutually_exclusive_group()
     way.add_argument("--min", action="store_true", help="with --contour: lower is better (else as the config says)")
     way.add_argument("--max", action="store_true", help="with --contour: higher is better")

@@ -665,3 +665,50 @@ def plot_metric(root: str, metric: str, by: str, output: str) -> str:
     _save(figure, output)
     pyplot.close(figure)
     return output
+
+
+def plot_pareto(root: str, first: str, second: str, output: str) -> str:
+    """``gts plot --pareto F1 F2``: every succeeded run by two of its search's objectives (feasible
+    runs as dots, infeasible ones as crosses) and the Pareto front of the feasible ones as a line."""
+    from ..results import front, scored
+
+    objectives, rows = scored(root)
+    names = [metric for metric, _ in objectives]
+    for name in (first, second):
+        if name not in names:
+            raise ConfigError(
+                f"{name!r} is not an objective of {root!r}{did_you_mean(name, names)} Objectives: {', '.join(names)}."
+            )
+    i, j = names.index(first), names.index(second)
+    signs = [1.0 if mode == "min" else -1.0 for _, mode in objectives]
+    feasible = [row for row in rows if row["feasible"]]
+    points = [[sign * value for sign, value in zip(signs, row["objectives"], strict=True)] for row in feasible]
+    best = [feasible[k] for k in front(points)]
+    best.sort(key=lambda row: row["objectives"][i])
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(figsize=(7, 5))
+    axes.scatter([r["objectives"][i] for r in feasible], [r["objectives"][j] for r in feasible], s=16, label="feasible")
+    infeasible = [row for row in rows if not row["feasible"]]
+    if infeasible:
+        axes.scatter(
+            [r["objectives"][i] for r in infeasible],
+            [r["objectives"][j] for r in infeasible],
+            marker="x",
+            s=16,
+            color="grey",
+            label="infeasible",
+        )
+    axes.plot(
+        [r["objectives"][i] for r in best],
+        [r["objectives"][j] for r in best],
+        marker="o",
+        color="C3",
+        label=f"Pareto front ({len(best)} runs)" + (" of all objectives" if len(names) > 2 else ""),
+    )
+    axes.set_xlabel(f"{first} ({objectives[i][1]})")
+    axes.set_ylabel(f"{second} ({objectives[j][1]})")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    _save(figure, output)
+    pyplot.close(figure)
+    return output

@@ -569,7 +569,7 @@ class Sweep:
                 config["stages"][0] = {**config["stages"][0], "test_config": [self._space_raw]}
             else:
                 config["test_config"] = [self._space_raw]
-            config["search"] = self.search._asdict()  # its fields are strings and numbers
+            config["search"] = self.search.as_config()
         try:
             text = json.dumps(config, allow_nan=False)
         except (TypeError, ValueError):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import did_you_mean
 from ..layout import META
-from ..tuning.search import objective, open_searcher, spent_message
+from ..tuning.search import BUILTIN_VALUES, objective, open_searcher, spent_message, violations
 from ..tuning.space import complete
 from .naming import NameRegistry
 
@@ -128,20 +128,44 @@ def settled(sweep: Sweep, spec: RunSpec, status: str, record: Any) -> None:
 
 def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
     assert sweep.searcher is not None and sweep.search is not None
-    value = None
+    search = sweep.search
+    value: float | list[float] | None = None
+    constraints = None
     if status in ("succeeded", "paused"):  # paused: the value it reported at the rung it paused at
         from ..results import run_result  # what main() returned, else the run's own result.json
 
         result = run_result(sweep.options.result_root_folder, record) if record is not None else None
-        value = objective(result, record.metrics_value if record is not None else {}, sweep.search.metric)
-        if value is None:
-            given = [*(result if isinstance(result, Mapping) else ()), *(record.metrics_value if record else ())]
+        metrics = record.metrics_value if record is not None else {}
+        given = [*(result if isinstance(result, Mapping) else ()), *metrics]
+        values = [objective(result, metrics, metric) for metric, _ in search.goals]
+        lacking = [metric for (metric, _), found in zip(search.goals, values, strict=True) if found is None]
+        for metric in lacking:
             logger.warning(
                 "%s %s but gave no number for %r (neither in what it returned nor as a reported metric)%s "
                 "The search is told it failed",
                 record.name if record is not None else f"trial {number}",
                 status,
-                sweep.search.metric,
-                did_you_mean(sweep.search.metric, [str(key) for key in given]),
+                metric,
+                did_you_mean(metric, [str(key) for key in given]),
             )
-    sweep.searcher.tell(number, value, pruned=status == "pruned")
+        if not lacking:
+            value = values[0] if len(values) == 1 else [v for v in values if v is not None]
+        if search.constraints:
+            constraints, missing = violations(search, result, metrics, _builtins(record))
+            for key in missing:
+                logger.warning(
+                    "%s gave no number for %r, which a constraint bounds%s: it counts as infeasible",
+                    record.name if record is not None else f"trial {number}",
+                    key,
+                    did_you_mean(key, [*map(str, given), *BUILTIN_VALUES]),
+                )
+    sweep.searcher.tell(number, value, pruned=status == "pruned", constraints=constraints)
+
+
+def _builtins(record: Any) -> dict[str, float]:
+    """What a constraint may bound whatever a run returns: its peak GPU memory (bytes; 0 where none
+    was measured) and its duration (seconds)."""
+    found = {"gpu_peak": float(record.gpu_memory_peak or 0) if record is not None else 0.0}
+    if record is not None and isinstance(record.started_at, (int, float)) and isinstance(record.ended_at, (int, float)):
+        found["duration"] = float(record.ended_at - record.started_at)
+    return found

@@ -39,8 +39,11 @@ from .space import Choice, Distribution, Int, LogUniform, Uniform, active, insid
 
 logger = logging.getLogger("gpu_task_scheduler")
 
-SAMPLERS = ("random", "tpe", "cmaes", "qmc")
-_KEYS = ("sampler", "n_runs", "seed", "metric", "mode")
+SAMPLERS = ("random", "tpe", "nsga2", "cmaes", "qmc")
+_KEYS = ("sampler", "n_runs", "seed", "metric", "mode", "objectives", "constraints")
+# Always there for a constraint, whatever a run returns: its measured peak GPU memory (bytes on one
+# GPU) and its duration (seconds).
+BUILTIN_VALUES = ("gpu_peak", "duration")
 MAX_RUNS = 1_000_000
 EXTRA_HINT = install_hint("search")
 
@@ -49,14 +52,79 @@ class Search(Record):
     sampler: str
     n_runs: int
     seed: int
-    metric: str
+    metric: str  # the first objective
     mode: str  # "min" or "max"
+    objectives: tuple[tuple[str, str], ...] = ()  # (metric, mode) each; () or one: metric and mode alone
+    constraints: tuple[str, ...] = ()  # "gpu_peak <= 20GiB": each must hold for a run to be feasible
+
+    @property
+    def goals(self) -> tuple[tuple[str, str], ...]:
+        """Every objective, (metric, mode): one for a search of one metric."""
+        return self.objectives or ((self.metric, self.mode),)
 
     def describe(self) -> str:
-        return (
-            f"{self.sampler} search of {self.n_runs} runs ({self.mode}imizing {self.metric}, seed {self.seed}); "
-            "values are chosen as runs finish"
+        goals = ", ".join(f"{'minimizing' if mode == 'min' else 'maximizing'} {metric}" for metric, mode in self.goals)
+        kept = f"; feasible when {' and '.join(self.constraints)}" if self.constraints else ""
+        search = f"{self.sampler} search of {self.n_runs} runs ({goals}, seed {self.seed}){kept}"
+        return search + "; values are chosen as runs finish"
+
+    def as_config(self) -> dict[str, Any]:
+        """The search as a config's ``search`` section (JSON's types)."""
+        written: dict[str, Any] = {"sampler": self.sampler, "n_runs": self.n_runs, "seed": self.seed}
+        if len(self.goals) > 1:
+            written["objectives"] = dict(self.goals)
+        else:
+            written.update(metric=self.metric, mode=self.mode)
+        if self.constraints:
+            written["constraints"] = list(self.constraints)
+        return written
+
+
+class Constraint(Record):
+    """``key <= bound`` (or <, >=, >): ``key`` a result, a reported metric, gpu_peak or duration."""
+
+    key: str
+    op: str
+    bound: float
+
+    def violation(self, value: float) -> float:
+        """How far ``value`` is from meeting it: <= 0 when met (Optuna's convention)."""
+        return value - self.bound if self.op in ("<=", "<") else self.bound - value
+
+    def holds(self, value: float) -> bool:
+        return {"<=": value <= self.bound, "<": value < self.bound, ">=": value >= self.bound, ">": value > self.bound}[
+            self.op
+        ]
+
+
+def parse_constraint(text: Any, where: str = "search.constraints") -> Constraint:
+    """``"gpu_peak <= 20GiB"``, ``"params <= 1e6"``, ``"accuracy >= 0.9"``: a bound is a number, or
+    a memory size with its unit.
+
+    >>> parse_constraint("gpu_peak <= 20GiB")
+    Constraint(key='gpu_peak', op='<=', bound=21474836480.0)
+    """
+    import re
+
+    match = re.fullmatch(r"\s*([^<>=\s]+)\s*(<=|>=|<|>)\s*(\S+)\s*", text) if isinstance(text, str) else None
+    if match is None:
+        raise ConfigError(
+            f"{where}: {text!r} is no constraint; write KEY <= BOUND (or <, >=, >), e.g. 'gpu_peak <= 20GiB' "
+            "or 'params <= 1e6'"
         )
+    key, op, bound_text = match.groups()
+    try:
+        bound = float(bound_text)
+    except ValueError:
+        from ..gpu.devices import parse_memory
+
+        try:
+            bound = float(parse_memory(bound_text, where))
+        except ConfigError:
+            raise ConfigError(f"{where}: {text!r}: {bound_text!r} is neither a number nor a memory size") from None
+    if not math.isfinite(bound):
+        raise ConfigError(f"{where}: {text!r}: the bound must be a finite number")
+    return Constraint(key, op, bound)
 
 
 def parse_search(raw: Any) -> Search | None:
@@ -77,22 +145,50 @@ def parse_search(raw: Any) -> Search | None:
     seed = raw.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         raise ConfigError(f"search: seed must be a whole number from 0 to 2**32 - 1; got {seed!r}")
-    metric = raw.get("metric")
-    if not isinstance(metric, str) or not metric:
+    objectives: tuple[tuple[str, str], ...] = ()
+    metric: Any
+    mode: Any
+    if "objectives" in raw:
+        if "metric" in raw or "mode" in raw:
+            raise ConfigError("search: give objectives, or metric and mode for one objective, not both")
+        goals = raw["objectives"]
+        if not isinstance(goals, Mapping) or not goals:
+            raise ConfigError(
+                "search: objectives must be a dict of metric -> min or max, e.g. {loss: min, latency_ms: min}; "
+                f"got {goals!r}"
+            )
+        for name, way in goals.items():
+            if not isinstance(name, str) or not name or way not in ("min", "max"):
+                raise ConfigError(f"search: objectives: {name!r}: {way!r} (each metric is min or max)")
+        objectives = tuple((str(name), str(way)) for name, way in goals.items())
+        metric, mode = objectives[0]
+        if len(objectives) == 1:
+            objectives = ()
+    else:
+        metric, mode = raw.get("metric"), raw.get("mode")
+        if not isinstance(metric, str) or not metric:
+            raise ConfigError(
+                f"search: metric must name the value to optimize: a key of what main() returns (or of "
+                f"result.json), or a reported metric; got {metric!r} (or give objectives: {{loss: min, ...}})"
+            )
+        if mode not in ("min", "max"):
+            raise ConfigError(f"search: mode must be min (lower is better) or max (higher is better); got {mode!r}")
+    constraints = raw.get("constraints", [])
+    if not isinstance(constraints, (list, tuple)) or not all(isinstance(c, str) for c in constraints):
         raise ConfigError(
-            f"search: metric must name the value to optimize: a key of what main() returns (or of "
-            f"result.json), or a reported metric; got {metric!r}"
+            f"search: constraints must be a list of strings, e.g. ['gpu_peak <= 20GiB']; got {constraints!r}"
         )
-    mode = raw.get("mode")
-    if mode not in ("min", "max"):
-        raise ConfigError(f"search: mode must be min (lower is better) or max (higher is better); got {mode!r}")
+    for index, text in enumerate(constraints):
+        parse_constraint(text, f"search.constraints[{index}]")
+    if objectives and sampler == "cmaes":
+        raise ConfigError("search: cmaes optimizes one objective; for several, use tpe, nsga2, qmc or random")
     if sampler != "random":
         check_optuna(sampler)
-    return Search(sampler, n_runs, seed, metric, mode)
+    return Search(sampler, n_runs, seed, metric, mode, objectives, tuple(constraints))
 
 
 # What each of Optuna's samplers needs besides Optuna (all in the search extra).
-_NEEDS = {"tpe": (), "cmaes": ("cmaes",), "qmc": ("scipy",)}
+_NEEDS = {"tpe": (), "nsga2": (), "cmaes": ("cmaes",), "qmc": ("scipy",)}
 
 
 def check_optuna(sampler: str = "tpe") -> None:
@@ -126,6 +222,39 @@ def objective(result: Any, metrics: Mapping[str, Any], metric: str) -> float | N
     return float(value)
 
 
+def reported(
+    result: Any, metrics: Mapping[str, Any], key: str, builtins: Mapping[str, float] | None = None
+) -> float | None:
+    """A constraint's value: ``key`` as :func:`objective` reads it, else a builtin (gpu_peak, duration)."""
+    value = objective(result, metrics, key)
+    if value is None and builtins is not None and key in builtins:
+        value = builtins[key]
+    return value
+
+
+def violations(
+    search: Search, result: Any, metrics: Mapping[str, Any], builtins: Mapping[str, float]
+) -> tuple[list[float], list[str]]:
+    """Each constraint's violation (<= 0: it holds; a strict bound met exactly counts as a tiny
+    violation), and the constraints whose value the run does not have (counted as violated)."""
+    found, missing = [], []
+    for text in search.constraints:
+        constraint = parse_constraint(text)
+        value = reported(result, metrics, constraint.key, builtins)
+        if value is None:
+            missing.append(constraint.key)
+            found.append(1.0)
+            continue
+        violation = constraint.violation(value)
+        if violation <= 0 and not constraint.holds(value):
+            violation = 1e-12
+        found.append(violation)
+    return found, missing
+
+
+CONSTRAINTS_ATTR = "gts_constraints"  # a trial's constraint values, as Optuna's constraints_func reads them
+
+
 class Searcher:
     """Asks a sampler for trials and tells it how they ended; keeps the trials under ``meta``."""
 
@@ -147,8 +276,16 @@ class Searcher:
         """Record the folder name given to trial ``number``'s run (before it starts)."""
         raise NotImplementedError
 
-    def tell(self, number: int, value: float | None, *, pruned: bool = False) -> None:
-        """How trial ``number`` ended: its value, or failed (None), or stopped early (``pruned``)."""
+    def tell(
+        self,
+        number: int,
+        value: float | list[float] | None,
+        *,
+        pruned: bool = False,
+        constraints: list[float] | None = None,
+    ) -> None:
+        """How trial ``number`` ended: its value (a list: one per objective), or failed (None), or stopped
+        early (``pruned``); ``constraints``: each constraint's violation (<= 0: met)."""
         raise NotImplementedError
 
     def check(self, trial: Trial) -> None:
@@ -253,10 +390,20 @@ class RandomSearcher(Searcher):
         self._append({"number": number, "name": name})
         self._trials[number] = Trial(number, self._trials[number].values, name)
 
-    def tell(self, number: int, value: float | None, *, pruned: bool = False) -> None:
+    def tell(
+        self,
+        number: int,
+        value: float | list[float] | None,
+        *,
+        pruned: bool = False,
+        constraints: list[float] | None = None,
+    ) -> None:
         if number in self._done:
             return
-        self._append({"number": number, "told": True, "value": value, "pruned": pruned})
+        told: dict[str, Any] = {"number": number, "told": True, "value": value, "pruned": pruned}
+        if constraints is not None:
+            told["constraints"] = constraints
+        self._append(told)
         self._done.add(number)
 
 
@@ -349,10 +496,23 @@ class OptunaSearcher(Searcher):
         samplers = optuna.samplers
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # qmc: asked for
 
+        limits = len(search.constraints)
+
+        def feasibility(trial: Any) -> list[float]:  # what tell() recorded on the trial (>0: violated)
+            found = trial.user_attrs.get(CONSTRAINTS_ATTR)
+            return list(found) if isinstance(found, list) and len(found) == limits else [0.0] * limits
+
+        limited = feasibility if limits else None
+
         def make_sampler(seed: int) -> Any:
             seed %= 2**32
             return {
-                "tpe": lambda: samplers.TPESampler(seed=seed, constant_liar=True),
+                "tpe": lambda: samplers.TPESampler(seed=seed, constant_liar=True, constraints_func=limited),
+                # A generation of a fifth of the budget (Optuna's default of 50 assumes thousands of
+                # trials: a 60-run search would end in its first, random, generation).
+                "nsga2": lambda: samplers.NSGAIISampler(
+                    seed=seed, constraints_func=limited, population_size=max(4, min(50, search.n_runs // 5))
+                ),
                 "cmaes": lambda: samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False),
                 "qmc": lambda: samplers.QMCSampler(seed=seed),
             }[search.sampler]()
@@ -365,9 +525,14 @@ class OptunaSearcher(Searcher):
             storage=storage,
             study_name="gts",
             sampler=sampler,
-            direction="minimize" if search.mode == "min" else "maximize",
+            directions=["minimize" if mode == "min" else "maximize" for _, mode in search.goals],
             load_if_exists=True,
         )
+        if len(self._study.directions) != len(search.goals):
+            raise ConfigError(
+                f"the search in {meta} optimizes {len(self._study.directions)} objective(s) and this config "
+                f"{len(search.goals)}: a search's objectives cannot change; use another result root"
+            )
         asked = len(self._study.get_trials(deepcopy=False))
         if asked:  # a restart: the sampler's own random draws must not repeat those of the first start
             self._study.sampler = make_sampler(search.seed + 1_000_003 * asked)
@@ -399,19 +564,32 @@ class OptunaSearcher(Searcher):
         return Trial(trial.number, dict(trial.params))
 
     def name(self, number: int, name: str) -> None:
-        trial = self._live.pop(number, None)
-        if trial is None:  # asked by an earlier start that was killed before it named it
+        self._handle(number, forget=True).set_user_attr(self.NAME_ATTR, name)
+
+    def _handle(self, number: int, *, forget: bool = False) -> Any:
+        """Trial ``number`` to set attributes on: the one asked in this start, else one built from storage."""
+        trial = self._live.pop(number, None) if forget else self._live.get(number)
+        if trial is None:  # asked by an earlier start (maybe one that was killed)
             import optuna
 
             frozen = self._study.get_trials(deepcopy=False)[number]
             # Optuna has no public handle on a trial asked by another process but this one, built
             # from its storage id (and the name is also found again without it: see trial_run).
             trial = optuna.trial.Trial(self._study, frozen._trial_id)
-        trial.set_user_attr(self.NAME_ATTR, name)
+        return trial
 
-    def tell(self, number: int, value: float | None, *, pruned: bool = False) -> None:
+    def tell(
+        self,
+        number: int,
+        value: float | list[float] | None,
+        *,
+        pruned: bool = False,
+        constraints: list[float] | None = None,
+    ) -> None:
         if self.done(number):
             return
+        if constraints is not None:  # read by the sampler's constraints_func when told
+            self._handle(number).set_user_attr(CONSTRAINTS_ATTR, constraints)
         if pruned:
             self._study.tell(number, state=self._states.PRUNED)
         elif value is None:

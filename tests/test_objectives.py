@@ -183,3 +183,20 @@ def test_best_on_a_multi_objective_root_points_to_pareto_and_the_plot_draws_the_
     assert (in_tmp / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["plot", root, "--pareto", "f1", "f3", "-o", str(in_tmp / "front.png")]) != 0
     assert "'f3' is not an objective of" in capsys.readouterr().err
+
+
+def test_the_page_and_the_report_mark_and_draw_the_front_gts_results_lists(in_tmp):
+    """The same front in the runs table (a pareto column), the chart's data, and --pareto."""
+    from gpu_task_scheduler.web import data
+    from gpu_task_scheduler.web.report import report_data
+
+    argv = write_sweep(in_tmp, sampler="random", n_runs=14)
+    assert subprocess.run(argv, cwd=in_tmp, capture_output=True, timeout=300).returncode == 0
+    root = str(in_tmp / "results")
+    listed = {row["name"] for row in results_module.pareto(root)}
+    view = data.pareto_view(root)
+    assert view["objectives"] == [["f1", "min"], ["f2", "min"]] and len(view["runs"]) == 14
+    assert {run["name"] for run in view["runs"] if run["rank"] == 0} == listed
+    page = data.runs_page(root, limit=50)["runs"]
+    assert {run["name"] for run in page if run["pareto"] == "front"} == listed
+    assert report_data(root)["pareto"] == view

@@ -692,6 +692,31 @@ def test_a_runs_view_in_the_page_and_the_report_says_what_made_it(in_tmp, served
         page.close()
 
 
+def test_the_page_and_the_report_draw_a_searchs_pareto_front_and_mark_it_in_the_table(in_tmp, served, browser):
+    pytest.importorskip("optuna")
+    from test_objectives import write_sweep
+
+    from gpu_task_scheduler.web.report import write_report
+
+    argv = write_sweep(in_tmp, sampler="random", n_runs=10)
+    assert subprocess.run(argv, cwd=in_tmp, capture_output=True, timeout=300).returncode == 0
+    root = str(in_tmp / "results")
+    url, _ = served([root])
+    for address in (url, "file://" + write_report(root, str(in_tmp / "report.html"))):
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))  # noqa: B023
+        page.goto(address)
+        page.wait_for_function("document.getElementById('pareto')?.data?.length === 3", timeout=10_000)
+        assert page.locator("#pareto-section").is_visible()
+        assert page.locator("#runs th[data-key='pareto']").count() == 1
+        marked = [cell for cell in page.locator("#runs tbody td.pareto").all_inner_texts() if cell == "front"]
+        front = page.evaluate("document.getElementById('pareto').data[2].x.length")
+        assert len(marked) == front > 0 and "on the front" in page.inner_text("#pareto-note")
+        assert errors == []
+        page.close()
+
+
 def test_the_sweeps_mail_can_attach_its_report(in_tmp, smtp_server):
     import email
     import email.policy

@@ -107,7 +107,13 @@ def runs_page(
     finally:
         ledger.close()
     modes = declared_modes(root)
-    return {"total": total, "offset": offset, "runs": [_entry(root, record, stale, modes) for record in records]}
+    entries = [_entry(root, record, stale, modes) for record in records]
+    view = pareto_view(root) if entries else {"objectives": []}
+    if view["objectives"]:  # a search of several objectives: which runs are on its front
+        on_front = {run["name"] for run in view["runs"] if run["rank"] == 0}
+        for entry in entries:
+            entry["pareto"] = "front" if entry["name"] in on_front else ""
+    return {"total": total, "offset": offset, "runs": entries}
 
 
 def _record(root: str, name: str) -> tuple[RunRecord, str | None]:
@@ -242,6 +248,29 @@ def importance(root: str, metric: str, mode: str) -> dict[str, Any]:
     except ConfigError as error:
         return {"metric": metric, "mode": mode, "problem": str(error)}
     return found
+
+
+def pareto_view(root: str) -> dict[str, Any]:
+    """A search of several objectives: ``{"objectives": [[metric, mode], ...], "runs": [{"name",
+    "values", "feasible", "rank"}]}`` (rank 0: on the feasible runs' front; infeasible runs have
+    none), as ``gts results --pareto`` reads them; ``{"objectives": []}`` for any other root."""
+    from ..results import ranks, scored, several_objectives
+
+    if not several_objectives(root):
+        return {"objectives": [], "runs": []}
+    objectives, rows = scored(root)
+    rows = rows[:PARCOORDS_MOST]
+    signs = [1.0 if mode == "min" else -1.0 for _, mode in objectives]
+    feasible = [row for row in rows if row["feasible"]]
+    layers = ranks([[sign * v for sign, v in zip(signs, row["objectives"], strict=True)] for row in feasible])
+    rank_of = {row["name"]: layer for row, layer in zip(feasible, layers, strict=True)}
+    return {
+        "objectives": [list(goal) for goal in objectives],
+        "runs": [
+            {"name": r["name"], "values": r["objectives"], "feasible": r["feasible"], "rank": rank_of.get(r["name"])}
+            for r in rows
+        ],
+    }
 
 
 def parcoords(root: str, metric: str, *, descending: bool = False) -> dict[str, Any]:

@@ -71,6 +71,7 @@ def report_data(root: str) -> dict[str, Any]:
         "groups": _groups(root, curves),
         "timeline": data.timeline(root),
         "importance": _importance(root),
+        "pareto": data.pareto_view(root),
         "provenance": data.provenances(root, [run["name"] for run in runs]),
     }
 

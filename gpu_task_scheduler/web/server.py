@@ -208,6 +208,8 @@ class View:
             return data.timeline(root)
         if path == "/api/parcoords":
             return data.parcoords(root, one("metric"), descending=one("desc", "0") == "1")
+        if path == "/api/pareto":
+            return data.pareto_view(root)
         if path == "/api/importance":
             mode = one("mode", "min")
             if mode not in ("min", "max"):

@@ -76,6 +76,7 @@ function answer(path, params) {
     }
     return { metric: p.metric, runs };
   }
+  if (path === "/api/pareto") return REPORT.pareto || { objectives: [], runs: [] };
   if (path === "/api/importance") {  // worked out when the report was written, for the declared metric
     const found = REPORT.importance;
     if (found && found.metric === p.metric && found.mode === p.mode) return found;
@@ -307,6 +308,9 @@ async function drawCharts(now) {
       drawParcoords(await get("/api/parcoords", { metric: pcMetric, desc: $("pc-max").checked ? "1" : "0" }));
     } catch (error) { showError(error); }
   }
+  if (now || state.tick % 10 === 0) {
+    try { drawPareto(await get("/api/pareto")); } catch (error) { showError(error); }
+  }
   if (pcMetric && (now || state.tick % 30 === 0)) {  // a model of every run: less often than the rest
     try {
       drawImportance(await get("/api/importance", { metric: pcMetric, mode: $("pc-max").checked ? "max" : "min" }));
@@ -400,6 +404,31 @@ function drawParcoords(data) {
   dimensions.push({ label: plain(data.metric), values: scores });
   const trace = { type: "parcoords", line: { color: scores, colorscale: "Viridis", reversescale: !$("pc-max").checked, showscale: true }, dimensions };
   window.Plotly.react($("parcoords"), [trace], { margin: { t: 40, l: 60, r: 60 }, height: 380 }, { displaylogo: false });
+}
+
+// A search of several objectives: two of them as a scatter plot with the feasible runs' front as a
+// line; more, as parallel coordinates coloured by each run's non-dominated rank (0: the front).
+function drawPareto(data) {
+  $("pareto-section").hidden = data.objectives.length < 2;
+  if (data.objectives.length < 2) return;
+  const names = data.objectives.map(([name, mode]) => `${name} (${mode})`);
+  const front = data.runs.filter((r) => r.rank === 0);
+  $("pareto-note").textContent = `${front.length} of ${data.runs.length} runs on the front of the feasible runs (gts results ROOT --pareto lists them); ${data.runs.filter((r) => !r.feasible).length} infeasible`;
+  if (data.objectives.length === 2) {
+    const trace = (runs, label, extra) => ({ type: "scatter", mode: "markers", x: runs.map((r) => r.values[0]), y: runs.map((r) => r.values[1]), text: runs.map((r) => plain(r.name)), hovertemplate: "%{text}<extra></extra>", name: label, ...extra });
+    const line = front.slice().sort((a, b) => a.values[0] - b.values[0]);
+    window.Plotly.react($("pareto"), [
+      trace(data.runs.filter((r) => r.feasible && r.rank !== 0), "feasible", { marker: { size: 7 } }),
+      trace(data.runs.filter((r) => !r.feasible), "infeasible", { marker: { size: 7, symbol: "x", color: "grey" } }),
+      trace(line, "front", { mode: "lines+markers", marker: { size: 9, color: "crimson" }, line: { color: "crimson" } }),
+    ], { margin: { t: 10 }, height: 380, xaxis: { title: { text: plain(names[0]) } }, yaxis: { title: { text: plain(names[1]) } } }, { displaylogo: false });
+    return;
+  }
+  const ranked = data.runs.filter((r) => r.feasible);
+  const dimensions = names.map((name, i) => ({ label: plain(name), values: ranked.map((r) => r.values[i]) }));
+  const rank = ranked.map((r) => r.rank);
+  window.Plotly.react($("pareto"), [{ type: "parcoords", line: { color: rank, colorscale: "Viridis", reversescale: true, showscale: true, colorbar: { title: { text: "rank" } } }, dimensions }],
+    { margin: { t: 40, l: 60, r: 60 }, height: 380 }, { displaylogo: false });
 }
 
 // The importance of each parameter (bars), and the metric over the two most important (a contour

@@ -116,12 +116,12 @@ def test_a_multi_objective_search_killed_twice_ends_with_exactly_its_budget_each
     import optuna
 
     rng = random.Random(KILL_SEED)
-    argv = write_sweep(in_tmp, n_runs=16, sleep=0.3)
+    argv = write_sweep(in_tmp, n_runs=16, sleep=0.6)  # 8 rounds of 0.6 s on 2 slots: both kills land mid-sweep
     kills = 0
     for _ in range(2):
         scheduler = subprocess.Popen(argv, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
-            scheduler.wait(timeout=rng.uniform(1.5, 3.0))
+            scheduler.wait(timeout=rng.uniform(1.0, 2.0))
         except subprocess.TimeoutExpired:
             scheduler.kill()
             kills += 1

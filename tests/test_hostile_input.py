@@ -148,7 +148,7 @@ def _ledger_with(root, sql):
     "sql,message",
     [
         ("UPDATE runs SET status = 'hibernating'", "status 'hibernating'.*newer version"),
-        ("UPDATE meta SET value = '11' WHERE key = 'schema_version'", "schema version 11.*newer version"),
+        ("UPDATE meta SET value = '12' WHERE key = 'schema_version'", "schema version 12.*newer version"),
         ("ALTER TABLE runs DROP COLUMN status", "no column status"),
     ],
 )

@@ -200,3 +200,95 @@ def test_the_page_and_the_report_mark_and_draw_the_front_gts_results_lists(in_tm
     page = data.runs_page(root, limit=50)["runs"]
     assert {run["name"] for run in page if run["pareto"] == "front"} == listed
     assert report_data(root)["pareto"] == view
+
+
+# --- early stopping with several objectives (MO-ASHA) --------------------------------------------
+
+MO_ASHA = {
+    "method": "asha",
+    "objectives": {"loss": "min", "latency": "min"},
+    "min_step": 1,
+    "max_step": 9,
+    "reduction_factor": 3,
+}
+TWO_METRICS = """import json, os, sys, time
+loss, latency = float(sys.argv[1]), float(sys.argv[2])
+for step in range(1, 10):
+    with open(os.environ["GTS_METRICS_FILE"], "a") as handle:
+        handle.write(json.dumps({"step": step, "loss": loss, "latency": latency}) + "\\n")
+    time.sleep(0.15)  # the scheduler looks every 0.1 s: a run it stops at step 1 is stopped well before step 9
+"""
+
+
+@pytest.mark.parametrize(
+    "values, others, stop",
+    [
+        ([0.5, 5.0], [], False),  # the first at a rung goes on
+        ([0.9, 1.0], [[0.1, 9.0]], False),  # both on the front, both ends: a tie does not count against it
+        ([0.5, 5.0], [[0.1, 9.0], [0.9, 1.0]], True),  # on the front, but the ends are more isolated
+        ([0.95, 9.5], [[0.1, 9.0], [0.9, 1.0], [0.5, 5.0]], True),  # dominated
+        ([0.05, 0.5], [[0.1, 9.0], [0.9, 1.0], [0.5, 5.0], [0.95, 9.5]], False),  # dominates them all
+    ],
+)
+def test_mo_asha_keeps_a_run_within_the_best_share_by_pareto_rank_and_crowding(values, others, stop):
+    from gpu_task_scheduler.tuning.stopping import parse_early_stop
+
+    rule = parse_early_stop(MO_ASHA)
+    verdict = rule.judge_several(1.0, 1.0, values, others)
+    assert verdict.stop is stop and verdict.value == values[0]
+    if stop:
+        assert "Pareto rank" in verdict.cause and f"of the {len(others) + 1} runs" in verdict.cause
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"metric": "loss"}, "give objectives, or metric and mode for one, not both"),
+        ({"promotion": True}, "objectives (MO-ASHA) go with method asha without promotion"),
+        ({"objectives": {"loss": "min"}}, "two or more metric -> min or max"),
+        ({"objectives": {"loss": "min", "latency": "fast"}}, "mode must be min"),
+    ],
+)
+def test_mo_asha_that_cannot_work_is_refused(extra, words):
+    from gpu_task_scheduler.tuning.stopping import parse_early_stop
+
+    with pytest.raises(ConfigError) as raised:
+        parse_early_stop({**MO_ASHA, **extra})
+    assert words in str(raised.value)
+
+
+def test_a_grid_with_mo_asha_prunes_the_runs_others_beat_at_a_rung_and_decides_so_after_a_restart(in_tmp):
+    from helpers import make_config
+
+    from gpu_task_scheduler import GPUTaskScheduler, RunStatus
+
+    (in_tmp / "two.py").write_text(TWO_METRICS)
+    root = in_tmp / "r"
+    runs = [(0.1, 9.0), (0.9, 1.0), (0.5, 5.0), (0.95, 9.5), (0.05, 0.5)]
+    blocks = [{"order": [index], "loss": [loss], "latency": [latency]} for index, (loss, latency) in enumerate(runs)]
+    config = make_config(root, blocks)  # one slot: each run is judged against those before it
+    config["command"] = [sys.executable, str(in_tmp / "two.py"), "{loss}", "{latency}"]
+    config["early_stop"] = MO_ASHA
+    summary = GPUTaskScheduler(config).start()
+    status = {f"order-{o.name.split('order-')[1].split(',')[0]}": o.status for o in summary.outcomes.values()}
+    assert status == {
+        "order-0": RunStatus.SUCCEEDED,
+        "order-1": RunStatus.SUCCEEDED,
+        "order-2": RunStatus.PRUNED,
+        "order-3": RunStatus.PRUNED,
+        "order-4": RunStatus.SUCCEEDED,
+    }
+    rows = ledger_rows(root)
+    pruned = next(row for name, row in rows.items() if "order-2," in name)
+    assert pruned["cause"].startswith("pruned at step 1: loss 0.5, latency 5: Pareto rank 0, 2 of the 3 runs")
+    import sqlite3
+
+    db = sqlite3.connect(root / ".gts" / "ledger.sqlite3")
+    vectors = [json.loads(text) for (text,) in db.execute("SELECT objectives FROM verdicts WHERE rung = 1")]
+    db.close()
+    assert sorted(map(tuple, vectors)) == sorted(runs)
+    # A later start judges a new run against the values recorded before it: 6 runs at the rung.
+    config["test_config"] = [*blocks, {"order": [5], "loss": [0.5], "latency": [5.0]}]
+    second = GPUTaskScheduler(config).start()
+    (late,) = second.outcomes.values()
+    assert late.status is RunStatus.PRUNED and "of the 6 runs at the rung" in ledger_rows(root)[late.name]["cause"]

@@ -57,6 +57,8 @@ class _Watched(Record, frozen=False):
 
 logger = logging.getLogger("gpu_task_scheduler")
 
+Value = float | list[float]  # a run's value at a rung: the metric's, or (MO-ASHA) each objective's
+
 # A run that reports a close spelling of the rule's metric at this many steps past min_step, but
 # never the metric itself, is warned about at once (a typo); any other run that lacks it, at its end.
 TYPO_STEPS = 3
@@ -74,8 +76,9 @@ class Stopper:
         self._ledger = ledger
         self._watched: dict[str, _Watched] = {}
         # ASHA, per stage: rung -> {run: its value there}; and per run: the rungs it has a value at.
-        self._rungs: dict[str | None, dict[float, dict[str, float]]] = {}
-        self._reached: dict[str, dict[float, float]] = {}
+        # MO-ASHA's value is each objective's (a list).
+        self._rungs: dict[str | None, dict[float, dict[str, Value]]] = {}
+        self._reached: dict[str, dict[float, Value]] = {}
         # The median rule, per stage: run -> its curve of the metric.
         self._curves: dict[str | None, dict[str, Curve]] = {}
         self._warned: set[tuple[str | None, str]] = set()  # (stage, metric): said once a sweep
@@ -109,11 +112,17 @@ class Stopper:
                 for step, metrics in run_points(paths):  # across its attempts
                     if rule.metric in metrics:
                         curve.add(step, metrics[rule.metric], rule)
-        for name, rung, _step, value, _stop, _cause in self._ledger.verdicts():
+        for name, rung, value in self._recorded():
             if isinstance(self._rules.get(stages.get(name)), Asha):
                 self._note_rung(stages.get(name), name, rung, value)
 
-    def _note_rung(self, stage: str | None, name: str, rung: float, value: float) -> None:
+    def _recorded(self, name: str | None = None) -> Iterable[tuple[str, float, Value]]:
+        """ASHA's recorded values at rungs (of the run ``name``): MO-ASHA's, each objective's."""
+        several = self._ledger.verdict_objectives(name)
+        for run, rung, _step, value, _stop, _cause in self._ledger.verdicts(name):
+            yield run, rung, several.get((run, rung), value)
+
+    def _note_rung(self, stage: str | None, name: str, rung: float, value: Value) -> None:
         self._rungs.setdefault(stage, {}).setdefault(rung, {})[name] = value
         self._reached.setdefault(name, {})[rung] = value
 
@@ -133,7 +142,7 @@ class Stopper:
         self._watched[spec.name] = _Watched(spec, rule, MetricsReader(paths.metrics, keep_points=True))
         if isinstance(rule, Asha):  # what the ledger keeps of it now (dropped if it starts afresh)
             self._forget_rungs(spec.name)
-            for name, rung, _step, value, _stop, _cause in self._ledger.verdicts(spec.name):
+            for name, rung, value in self._recorded(spec.name):
                 self._note_rung(spec.stage, name, rung, value)
             reached = self._reached.get(spec.name)
             self._watched[spec.name].judged = max(reached) if reached else None  # resumed: judged there
@@ -188,15 +197,16 @@ class Stopper:
     def _warn_missing(self, watched: _Watched, *, ended: bool) -> None:
         """Say once per stage that runs do not report the rule's metric: a misspelt ``metric`` must
         not leave a whole grid unjudged without a word."""
-        rule, spec = watched.rule, watched.spec
-        if (spec.stage, rule.metric) in self._warned or (ended and not watched.others and watched.reader.problem):
+        spec = watched.spec
+        metric = _wanted(watched)
+        if (spec.stage, metric) in self._warned or (ended and not watched.others and watched.reader.problem):
             return  # a metrics file that could not be read is warned about where it is read
-        self._warned.add((spec.stage, rule.metric))
+        self._warned.add((spec.stage, metric))
         where = "early_stop" if spec.stage is None else f"stage {spec.stage!r}'s early_stop"
         if watched.others:
-            what = f"reported {', '.join(repr(n) for n in sorted(watched.others)[:10])} but not {rule.metric!r}"
+            what = f"reported {', '.join(repr(n) for n in sorted(watched.others)[:10])} but not {metric!r}"
         else:
-            what = f"reported no metrics, so not {rule.metric!r}"
+            what = f"reported no metrics, so not {metric!r}"
         logger.warning(
             "%s %s%s, the metric %s judges by%s A run that does not report it is never stopped early "
             "(report it with report(step, %s=...) or as a key of a line in $GTS_METRICS_FILE)",
@@ -204,8 +214,8 @@ class Stopper:
             "ended having " if ended else "has ",
             what,
             where,
-            did_you_mean(rule.metric, watched.others) if watched.others else ".",
-            rule.metric,
+            did_you_mean(metric, watched.others) if watched.others else ".",
+            metric,
         )
 
     def _read(self, watched: _Watched, *, judge: bool) -> Verdict | None:
@@ -214,27 +224,34 @@ class Stopper:
         points = [(step, metrics[rule.metric]) for step, metrics in reader.points or () if rule.metric in metrics]
         if watched.backlog:  # the earlier attempts' points first (the method skips a rung it has a value at)
             points[:0], watched.backlog = watched.backlog, ()
-        if points:
+        found: list[tuple[float, Value]] = list(points)
+        if isinstance(rule, Asha) and rule.objectives:  # MO-ASHA: a report of every objective is a point
+            found = [
+                (step, [metrics[m] for m in rule.metrics])
+                for step, metrics in reader.points or ()
+                if all(m in metrics for m in rule.metrics)
+            ]
+        if found:
             watched.seen = True
         elif reader.points and not watched.seen:
             if len(watched.others) < MAX_METRICS:
                 watched.others |= {name for _, metrics in reader.points for name in metrics}
             watched.steps_without += sum(1 for step, _ in reader.points if step >= rule.min_step)
-            if watched.steps_without >= TYPO_STEPS and closest(rule.metric, watched.others):
+            if watched.steps_without >= TYPO_STEPS and closest(_wanted(watched), watched.others):
                 self._warn_missing(watched, ended=False)
         if reader.points:
             reader.points.clear()  # the rules keep what they need; the reader keeps nothing
-        if not points:
+        if not found:
             return None
         if isinstance(rule, Asha):
-            return self._asha(watched, rule, points, judge=judge)
+            return self._asha(watched, rule, found, judge=judge)
         if isinstance(rule, Pausing):
             return self._pausing(watched, rule, points)
         assert isinstance(rule, Median)
         return self._median(watched.spec, rule, points, judge=judge)
 
     def _asha(
-        self, watched: _Watched, rule: Asha, points: Iterable[tuple[float, float]], *, judge: bool
+        self, watched: _Watched, rule: Asha, points: Iterable[tuple[float, Value]], *, judge: bool
     ) -> Verdict | None:
         spec = watched.spec
         table = self._rungs.setdefault(spec.stage, {})
@@ -244,11 +261,23 @@ class Stopper:
             if rung is None:
                 continue
             others = [v for run, v in table.get(rung, {}).items() if run != spec.name]
-            verdict = rule.judge(rung, step, value, others)
+            objectives: list[float] | None = None
+            if isinstance(value, list):
+                objectives, value_at = value, value[0]
+                verdict = rule.judge_several(rung, step, value, [v for v in others if isinstance(v, list)])
+            else:
+                value_at = value
+                verdict = rule.judge(rung, step, value, [v for v in others if not isinstance(v, list)])
             stop = verdict.stop and judge
             self._note_rung(spec.stage, spec.name, rung, value)
             self._ledger.record_verdict(
-                spec.name, rung=rung, step=step, value=value, stop=stop, cause=verdict.cause if stop else ""
+                spec.name,
+                rung=rung,
+                step=step,
+                value=value_at,
+                stop=stop,
+                cause=verdict.cause if stop else "",
+                objectives=objectives,
             )
             if stop:
                 return verdict
@@ -289,6 +318,14 @@ class Stopper:
             self._ledger.record_verdict(spec.name, rung=step, step=step, value=value, stop=True, cause=verdict.cause)
             return verdict
         return None
+
+
+def _wanted(watched: _Watched) -> str:
+    """The metric a run's reports lack: the rule's, or (MO-ASHA) the first objective it never reported."""
+    rule = watched.rule
+    if isinstance(rule, Asha) and rule.objectives:
+        return next((m for m in rule.metrics if m not in watched.others), rule.metric)
+    return rule.metric
 
 
 def cause_of(verdict: Verdict) -> str:

@@ -68,7 +68,8 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 9: runs.provenance (JSON: the code, environment and seed an attempt ran with, see provenance.py).
 # 10: runs.gpu_seconds and runs.energy (what every attempt of a run cost: its share of the GPUs'
 #     busy time, and joules where the GPUs count energy; see gpu/usage.py).
-SCHEMA_VERSION = 10
+# 11: verdicts.objectives (JSON: a run's value of each objective at a rung, for MO-ASHA).
+SCHEMA_VERSION = 11
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
@@ -79,6 +80,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: (),  # trial_events.detail is added after the schema where the table lacks it
     8: (),  # runs.provenance is added after the schema where the table lacks it
     9: (),  # runs.gpu_seconds and runs.energy are added after the schema where the table lacks them
+    10: (),  # verdicts.objectives is added after the schema where the table lacks it
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -104,7 +106,7 @@ CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 -- rung is the rung's step (ASHA) or the step the run was stopped at (median).
 CREATE TABLE IF NOT EXISTS verdicts (
     name TEXT NOT NULL, rung REAL NOT NULL, step REAL NOT NULL, value REAL NOT NULL,
-    stop INTEGER NOT NULL, cause TEXT, PRIMARY KEY (name, rung)
+    stop INTEGER NOT NULL, cause TEXT, objectives TEXT, PRIMARY KEY (name, rung)
 );
 -- A pausing early_stop method's history (tuning/trials.py), replayed in order at every start so that
 -- it decides as the sweep before it did: kind 'began' (a new configuration, in bracket), 'rung' (its
@@ -285,6 +287,7 @@ _ADDED_COLUMNS = (
     ("runs", "provenance", "TEXT"),
     ("runs", "gpu_seconds", "REAL"),
     ("runs", "energy", "REAL"),
+    ("verdicts", "objectives", "TEXT"),
 )
 
 
@@ -1036,12 +1039,49 @@ class Ledger:
         """What made ``name``'s current attempt (records/provenance.py), recorded once it started."""
         self._write("UPDATE runs SET provenance = ? WHERE name = ?", (provenance, name))
 
-    def record_verdict(self, name: str, *, rung: float, step: float, value: float, stop: bool, cause: str) -> None:
-        """What the early_stop rule decided about ``name`` at ``rung`` (see tuning/stopping.py)."""
+    def record_verdict(
+        self,
+        name: str,
+        *,
+        rung: float,
+        step: float,
+        value: float,
+        stop: bool,
+        cause: str,
+        objectives: Sequence[float] | None = None,
+    ) -> None:
+        """What the early_stop rule decided about ``name`` at ``rung`` (see tuning/stopping.py);
+        ``objectives``: MO-ASHA's value of each objective there (``value`` is the first)."""
         self._write(
-            "INSERT OR REPLACE INTO verdicts (name, rung, step, value, stop, cause) VALUES (?, ?, ?, ?, ?, ?)",
-            (name, rung, step, value, int(stop), cause[:MAX_TEXT]),
+            "INSERT OR REPLACE INTO verdicts (name, rung, step, value, stop, cause, objectives) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                name,
+                rung,
+                step,
+                value,
+                int(stop),
+                cause[:MAX_TEXT],
+                None if objectives is None else json.dumps(list(objectives)),
+            ),
         )
+
+    def verdict_objectives(self, name: str | None = None) -> dict[tuple[str, float], list[float]]:
+        """MO-ASHA's recorded values of each objective, by (run, rung); values of the wrong types
+        (changed by hand) are left out."""
+        where, params = ("WHERE name = ? AND", (name,)) if name is not None else ("WHERE", ())
+        rows = self._tuples(f"SELECT name, rung, objectives FROM verdicts {where} json_valid(objectives)", params)
+        found = {}
+        for run, rung, text in rows:
+            values = json.loads(text)
+            if (
+                isinstance(run, str)
+                and isinstance(rung, (int, float))
+                and isinstance(values, list)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            ):
+                found[(run, float(rung))] = [float(v) for v in values]
+        return found
 
     def verdicts(self, name: str | None = None) -> list[tuple[str, float, float, float, bool, str | None]]:
         """Every recorded verdict (or those of the run ``name``): ``(name, rung, step, value, stop, cause)``;

@@ -40,7 +40,7 @@ from ..recordclass import Record
 
 METHODS = ("asha", "median", "hyperband")
 _KEYS = {
-    "asha": ("method", "metric", "mode", "min_step", "max_step", "reduction_factor", "promotion"),
+    "asha": ("method", "metric", "mode", "objectives", "min_step", "max_step", "reduction_factor", "promotion"),
     "median": ("method", "metric", "mode", "min_step", "max_step", "min_runs"),
     "hyperband": ("method", "metric", "mode", "min_step", "max_step", "reduction_factor"),
 }
@@ -128,6 +128,39 @@ def asha_rungs(min_step: float, max_step: float, factor: float) -> tuple[float, 
 
 class Asha(Rule):
     reduction_factor: float = 3.0
+    # Several objectives (MO-ASHA, Schmucker et al. 2021): (metric, mode) each; () for one (metric, mode).
+    objectives: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics a report must hold for a value at a rung: the objectives', or the metric."""
+        return tuple(name for name, _ in self.objectives) or (self.metric,)
+
+    def judge_several(
+        self, rung: float, step: float, values: Sequence[float], others: Sequence[Sequence[float]]
+    ) -> Verdict:
+        """MO-ASHA's verdict for the objectives' ``values`` first recorded at ``rung``, given the other
+        runs' values there: all of them are sorted into non-dominated fronts, ties within a front
+        broken by crowding distance (the more isolated first), and the run goes on while it is among
+        the best ``ceil(n / reduction_factor)`` of the ``n`` runs with values at the rung (fewer
+        runs than that strictly ahead of it: ties do not count against it)."""
+        if not others:
+            return Verdict(False, step, values[0], rung=rung)
+        signs = [1.0 if mode == "min" else -1.0 for _, mode in self.objectives]
+        points = [[sign * v for sign, v in zip(signs, vector, strict=True)] for vector in [*others, values]]
+        found = standing(points)
+        rank, distance = found[-1]
+        # The runs strictly ahead of it: a tie (two ends of a front) does not count against it.
+        ahead = sum(1 for r, d in found[:-1] if (r, -d) < (rank, -distance))
+        kept = max(1, math.ceil(len(points) / self.reduction_factor))
+        if ahead < kept:
+            return Verdict(False, step, values[0], rung=rung)
+        shown = ", ".join(f"{name} {_g(v)}" for (name, _), v in zip(self.objectives, values, strict=True))
+        cause = (
+            f"{shown}: Pareto rank {rank}, {ahead} of the {len(points)} runs at the rung ahead of it, "
+            f"the best {kept} go on"
+        )
+        return Verdict(True, step, values[0], cause, rung=rung)
 
     @property
     def rungs(self) -> list[float]:
@@ -160,10 +193,48 @@ class Asha(Rule):
 
     def describe(self) -> str:
         rungs = ", ".join(f"{r:g}" for r in self.rungs)
+        what = (
+            " and ".join(f"{mode} {name}" for name, mode in self.objectives) + " (by Pareto rank)"
+            if self.objectives
+            else f"{self.mode} {self.metric}"
+        )
         return (
-            f"ASHA on {self.mode} {self.metric}: rungs at steps {rungs}, the best 1/{self.reduction_factor:g} "
+            f"ASHA on {what}: rungs at steps {rungs}, the best 1/{self.reduction_factor:g} "
             f"go on, none stopped at step {self.max_step:g} or later"
         )
+
+
+def standing(points: Sequence[Sequence[float]]) -> list[tuple[int, float]]:
+    """Each point's (non-dominated rank, crowding distance), all objectives minimized: rank 0 is
+    the front, rank 1 the front once it is gone, and so on; within a front the ends are infinitely
+    isolated and the rest by how far apart their neighbours lie (NSGA-II's order: a lower rank,
+    then a larger distance, is better).
+
+    >>> standing([[3, 3], [1, 4], [2, 2], [4, 1]])
+    [(1, inf), (0, inf), (0, 2.0), (0, inf)]
+    """
+    left = list(range(len(points)))
+    found: list[tuple[int, float]] = [(0, 0.0)] * len(points)
+    rank = 0
+    while left:
+        front = [i for i in left if not any(_dominates(points[j], points[i]) for j in left if j != i)]
+        distance = dict.fromkeys(front, 0.0)
+        for k in range(len(points[0])):
+            ranked = sorted(front, key=lambda i: points[i][k])
+            span = points[ranked[-1]][k] - points[ranked[0]][k]
+            distance[ranked[0]] = distance[ranked[-1]] = math.inf
+            for a, b, c in zip(ranked, ranked[1:], ranked[2:], strict=False):
+                if span > 0:
+                    distance[b] += (points[c][k] - points[a][k]) / span
+        for i in front:
+            found[i] = (rank, distance[i])
+        left = [i for i in left if i not in distance]
+        rank += 1
+    return found
+
+
+def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
 class Pausing(Rule):
@@ -286,7 +357,24 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pau
     for key in raw:
         if key not in _KEYS[method]:
             raise ConfigError(unknown_key_message(f"{where} (method {method})", key, _KEYS[method]))
-    metric, mode = metric_and_mode(raw, where)
+    objectives: tuple[tuple[str, str], ...] = ()
+    if "objectives" in raw:
+        if "metric" in raw or "mode" in raw:
+            raise ConfigError(f"{where}: give objectives, or metric and mode for one, not both")
+        if method != "asha" or raw.get("promotion", False):
+            raise ConfigError(
+                f"{where}: objectives (MO-ASHA) go with method asha without promotion: runs stop at a rung "
+                "when others beat them there; the pausing methods judge one metric"
+            )
+        goals = raw["objectives"]
+        if not isinstance(goals, Mapping) or len(goals) < 2:
+            raise ConfigError(f"{where}: objectives must be a dict of two or more metric -> min or max; got {goals!r}")
+        for name, way in goals.items():
+            metric_and_mode({"metric": name, "mode": way}, f"{where}: objectives")
+        objectives = tuple((str(name), str(way)) for name, way in goals.items())
+        metric, mode = objectives[0]
+    else:
+        metric, mode = metric_and_mode(raw, where)
     min_step = raw.get("min_step", 1)
     if not _number(min_step) or min_step <= 0:
         raise ConfigError(f"{where}: min_step must be a number above 0; got {min_step!r}")
@@ -315,7 +403,7 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pau
             ) from None
         if promotion or method == "hyperband":
             return Pausing(**common, reduction_factor=factor, method=method)
-        return Asha(**common, reduction_factor=factor)
+        return Asha(**common, reduction_factor=factor, objectives=objectives)
     min_runs = raw.get("min_runs", 3)
     if not isinstance(min_runs, int) or isinstance(min_runs, bool) or not 1 <= min_runs <= 1_000_000:
         raise ConfigError(f"{where}: min_runs must be a whole number of at least 1; got {min_runs!r}")

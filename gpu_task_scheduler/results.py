@@ -449,24 +449,6 @@ def front(points: Sequence[Sequence[float]]) -> list[int]:
     return sorted(kept, key=lambda i: tuple(points[i]))
 
 
-def ranks(points: Sequence[Sequence[float]]) -> list[int]:
-    """Each point's non-dominated rank (0: on the front; 1: on the front once those are gone; ...),
-    all objectives minimized.
-
-    >>> ranks([[1, 5], [2, 2], [3, 3], [4, 4]])
-    [0, 0, 1, 2]
-    """
-    left, found, rank = list(range(len(points))), [0] * len(points), 0
-    while left:
-        layer = front([points[i] for i in left])
-        for position in layer:
-            found[left[position]] = rank
-        taken = {left[position] for position in layer}
-        left = [i for i in left if i not in taken]
-        rank += 1
-    return found
-
-
 def pareto(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
     """The feasible runs no other feasible run dominates in the root's search objectives (its
     ``results.rows()`` rows, with ``objectives`` and ``feasible``), by the first objective."""

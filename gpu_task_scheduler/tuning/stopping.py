@@ -148,10 +148,8 @@ class Asha(Rule):
             return Verdict(False, step, values[0], rung=rung)
         signs = [1.0 if mode == "min" else -1.0 for _, mode in self.objectives]
         points = [[sign * v for sign, v in zip(signs, vector, strict=True)] for vector in [*others, values]]
-        found = standing(points)
-        rank, distance = found[-1]
         # The runs strictly ahead of it: a tie (two ends of a front) does not count against it.
-        ahead = sum(1 for r, d in found[:-1] if (r, -d) < (rank, -distance))
+        rank, ahead = standing_of(len(points) - 1, points)
         kept = max(1, math.ceil(len(points) / self.reduction_factor))
         if ahead < kept:
             return Verdict(False, step, values[0], rung=rung)
@@ -204,33 +202,51 @@ class Asha(Rule):
         )
 
 
-def standing(points: Sequence[Sequence[float]]) -> list[tuple[int, float]]:
-    """Each point's (non-dominated rank, crowding distance), all objectives minimized: rank 0 is
-    the front, rank 1 the front once it is gone, and so on; within a front the ends are infinitely
-    isolated and the rest by how far apart their neighbours lie (NSGA-II's order: a lower rank,
-    then a larger distance, is better).
+def _front_of(indices: Sequence[int], points: Sequence[Sequence[float]]) -> list[int]:
+    """The non-dominated ones of ``indices`` (all objectives minimized): a sweep in sorted order, each
+    point checked against the front so far only (equal points are both on it)."""
+    kept: list[int] = []
+    for i in sorted(indices, key=lambda i: tuple(points[i])):
+        if not any(_dominates(points[j], points[i]) for j in kept):
+            kept = [j for j in kept if not _dominates(points[i], points[j])]
+            kept.append(i)
+    return kept
 
-    >>> standing([[3, 3], [1, 4], [2, 2], [4, 1]])
-    [(1, inf), (0, inf), (0, 2.0), (0, inf)]
+
+def _crowding(front: Sequence[int], points: Sequence[Sequence[float]]) -> dict[int, float]:
+    """NSGA-II's crowding distance of each point of a front: the ends infinite, the rest the sum
+    over the objectives of the gap between their neighbours, over the front's span."""
+    distance = dict.fromkeys(front, 0.0)
+    for k in range(len(points[front[0]])):
+        ranked = sorted(front, key=lambda i: points[i][k])
+        span = points[ranked[-1]][k] - points[ranked[0]][k]
+        distance[ranked[0]] = distance[ranked[-1]] = math.inf
+        for a, b, c in zip(ranked, ranked[1:], ranked[2:], strict=False):
+            if span > 0:
+                distance[b] += (points[c][k] - points[a][k]) / span
+    return distance
+
+
+def standing_of(last: int, points: Sequence[Sequence[float]]) -> tuple[int, int]:
+    """Point ``last``'s non-dominated rank (0: the front) and how many points are strictly ahead of
+    it: every point of a lower rank, and those of its own front that are more isolated (a larger
+    crowding distance). Fronts are peeled only down to its own.
+
+    >>> standing_of(3, [[3, 3], [1, 4], [2, 2], [4, 1]]), standing_of(2, [[3, 3], [1, 4], [2, 2], [4, 1]])
+    ((0, 0), (0, 2))
+    >>> standing_of(0, [[3, 3], [1, 4], [2, 2], [4, 1]])
+    (1, 3)
     """
-    left = list(range(len(points)))
-    found: list[tuple[int, float]] = [(0, 0.0)] * len(points)
-    rank = 0
-    while left:
-        front = [i for i in left if not any(_dominates(points[j], points[i]) for j in left if j != i)]
-        distance = dict.fromkeys(front, 0.0)
-        for k in range(len(points[0])):
-            ranked = sorted(front, key=lambda i: points[i][k])
-            span = points[ranked[-1]][k] - points[ranked[0]][k]
-            distance[ranked[0]] = distance[ranked[-1]] = math.inf
-            for a, b, c in zip(ranked, ranked[1:], ranked[2:], strict=False):
-                if span > 0:
-                    distance[b] += (points[c][k] - points[a][k]) / span
-        for i in front:
-            found[i] = (rank, distance[i])
-        left = [i for i in left if i not in distance]
+    left, ahead, rank = list(range(len(points))), 0, 0
+    while True:
+        front = _front_of(left, points)
+        if last in front:
+            distance = _crowding(front, points)
+            return rank, ahead + sum(1 for i in front if distance[i] > distance[last])
+        ahead += len(front)
+        taken = set(front)
+        left = [i for i in left if i not in taken]
         rank += 1
-    return found
 
 
 def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:

@@ -10,6 +10,7 @@ FIFO, a bounded tail).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..errors import ConfigError
@@ -250,27 +251,59 @@ def importance(root: str, metric: str, mode: str) -> dict[str, Any]:
     return found
 
 
+_PARETO_CACHE: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+
+
+def _ledger_state(root: str) -> tuple[int, ...]:
+    """What changes when the root's ledger does: its files' sizes and modification times."""
+    from ..records.paths import RootPaths
+
+    state: list[int] = []
+    for path in (RootPaths(root).ledger, RootPaths(root).ledger + "-wal"):
+        try:
+            info = os.stat(path)
+        except OSError:
+            state += [-1, -1]
+        else:
+            state += [info.st_size, info.st_mtime_ns]
+    return tuple(state)
+
+
 def pareto_view(root: str) -> dict[str, Any]:
     """A search of several objectives: ``{"objectives": [[metric, mode], ...], "runs": [{"name",
-    "values", "feasible", "rank"}]}`` (rank 0: on the feasible runs' front; infeasible runs have
-    none), as ``gts results --pareto`` reads them; ``{"objectives": []}`` for any other root."""
-    from ..results import ranks, scored, several_objectives
+    "values", "feasible", "rank"}]}`` (rank 0: on the feasible runs' front, 1: feasible, behind it;
+    infeasible runs have none), as ``gts results --pareto`` reads them; ``{"objectives": []}`` for
+    any other root. Worked out again only when the ledger changed (the page asks every second)."""
+    from ..results import front, scored, several_objectives
 
-    if not several_objectives(root):
-        return {"objectives": [], "runs": []}
-    objectives, rows = scored(root)
-    rows = rows[:PARCOORDS_MOST]
-    signs = [1.0 if mode == "min" else -1.0 for _, mode in objectives]
-    feasible = [row for row in rows if row["feasible"]]
-    layers = ranks([[sign * v for sign, v in zip(signs, row["objectives"], strict=True)] for row in feasible])
-    rank_of = {row["name"]: layer for row, layer in zip(feasible, layers, strict=True)}
-    return {
-        "objectives": [list(goal) for goal in objectives],
-        "runs": [
-            {"name": r["name"], "values": r["objectives"], "feasible": r["feasible"], "rank": rank_of.get(r["name"])}
-            for r in rows
-        ],
-    }
+    state = _ledger_state(root)
+    cached = _PARETO_CACHE.get(root)
+    if cached is not None and cached[0] == state:
+        return cached[1]
+    view: dict[str, Any] = {"objectives": [], "runs": []}
+    if several_objectives(root):
+        objectives, rows = scored(root)
+        rows = rows[:PARCOORDS_MOST]
+        signs = [1.0 if mode == "min" else -1.0 for _, mode in objectives]
+        feasible = [row for row in rows if row["feasible"]]
+        on_front = {
+            feasible[i]["name"]
+            for i in front([[sign * v for sign, v in zip(signs, row["objectives"], strict=True)] for row in feasible])
+        }
+        view = {
+            "objectives": [list(goal) for goal in objectives],
+            "runs": [
+                {
+                    "name": r["name"],
+                    "values": r["objectives"],
+                    "feasible": r["feasible"],
+                    "rank": (0 if r["name"] in on_front else 1) if r["feasible"] else None,
+                }
+                for r in rows
+            ],
+        }
+    _PARETO_CACHE[root] = (state, view)
+    return view
 
 
 def parcoords(root: str, metric: str, *, descending: bool = False) -> dict[str, Any]:

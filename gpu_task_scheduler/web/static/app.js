@@ -407,7 +407,7 @@ function drawParcoords(data) {
 }
 
 // A search of several objectives: two of them as a scatter plot with the feasible runs' front as a
-// line; more, as parallel coordinates coloured by each run's non-dominated rank (0: the front).
+// line; more, as parallel coordinates of the feasible runs, those on the front coloured apart.
 function drawPareto(data) {
   $("pareto-section").hidden = data.objectives.length < 2;
   if (data.objectives.length < 2) return;
@@ -427,7 +427,7 @@ function drawPareto(data) {
   const ranked = data.runs.filter((r) => r.feasible);
   const dimensions = names.map((name, i) => ({ label: plain(name), values: ranked.map((r) => r.values[i]) }));
   const rank = ranked.map((r) => r.rank);
-  window.Plotly.react($("pareto"), [{ type: "parcoords", line: { color: rank, colorscale: "Viridis", reversescale: true, showscale: true, colorbar: { title: { text: "rank" } } }, dimensions }],
+  window.Plotly.react($("pareto"), [{ type: "parcoords", line: { color: rank, colorscale: "Viridis", reversescale: true, showscale: true, colorbar: { title: { text: "0: front" } } }, dimensions }],
     { margin: { t: 40, l: 60, r: 60 }, height: 380 }, { displaylogo: false });
 }
 

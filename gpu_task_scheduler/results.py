@@ -324,9 +324,9 @@ def declared_mode(root: str, key: str) -> str | None:
     return None
 
 
-def declared_modes(root: str) -> dict[str, str]:
-    """Each metric the recorded config's ``early_stop`` or ``search`` declares a ``mode`` for
-    (top level and stages): ``{"loss": "min"}``; a metric two declare differently is left out."""
+def recorded_config(root: str) -> dict[str, Any] | None:
+    """The config the root's sweep was recorded with (the ledger's ``sweep_config``), or None (none
+    recorded, or not a JSON object: changed by hand)."""
     ledger = open_ledger(root)
     try:
         recorded = ledger.get_meta("sweep_config")
@@ -335,8 +335,15 @@ def declared_modes(root: str) -> dict[str, str]:
     try:
         config = json.loads(recorded) if recorded else None
     except (ValueError, RecursionError):
-        return {}
-    if not isinstance(config, dict):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def declared_modes(root: str) -> dict[str, str]:
+    """Each metric the recorded config's ``early_stop`` or ``search`` declares a ``mode`` for
+    (top level and stages): ``{"loss": "min"}``; a metric two declare differently is left out."""
+    config = recorded_config(root)
+    if config is None:
         return {}
     sections = [config, *(stage for stage in config.get("stages") or [] if isinstance(stage, dict))]
     found: dict[str, set[str]] = {}
@@ -357,19 +364,21 @@ def declared_modes(root: str) -> dict[str, str]:
 
 def declared_search(root: str) -> dict[str, Any] | None:
     """The ``search`` section of the config the root's sweep was recorded with, or None."""
-    ledger = open_ledger(root)
-    try:
-        recorded = ledger.get_meta("sweep_config")
-    finally:
-        ledger.close()
-    try:
-        config = json.loads(recorded) if recorded else None
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(config, dict):
+    config = recorded_config(root)
+    if config is None:
         return None
     search = config.get("search")
     return search if isinstance(search, dict) else None
+
+
+def builtin_values(record: RunRecord) -> dict[str, float]:
+    """What a search's constraint may bound whatever a run returns: its peak GPU memory (bytes; 0
+    where none was measured) and its duration (seconds)."""
+    found = {"gpu_peak": float(record.gpu_memory_peak or 0)}
+    length = duration(record)
+    if length is not None:
+        found["duration"] = length
+    return found
 
 
 def declared_objectives(root: str) -> tuple[list[tuple[str, str]], list[str]]:
@@ -416,11 +425,7 @@ def scored(root: str, *, stage: str | None = None) -> tuple[list[tuple[str, str]
         values = [objective(result, record.metrics_value, metric) for metric, _ in objectives]
         if any(value is None for value in values):
             continue
-        builtins = {"gpu_peak": float(record.gpu_memory_peak or 0)}
-        length = duration(record)
-        if length is not None:
-            builtins["duration"] = length
-        broken, missing = violations(search, result, record.metrics_value, builtins)
+        broken, missing = violations(search, result, record.metrics_value, builtin_values(record))
         row = row_of(root, record)
         row["objectives"] = values
         row["feasible"] = not missing and all(v <= 0 for v in broken)

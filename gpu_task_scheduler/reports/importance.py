@@ -140,13 +140,15 @@ def importance(
     quantile: float = 0.1,
     stage: str | None = None,
     seed: int = 0,
+    rows: Sequence[tuple[dict[str, Any], float]] | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``root``'s succeeded runs ranked by their importance for ``metric``.
 
     ``mode`` ("min" or "max"; default: what the config's early_stop or search declares) says which
     way is better (PED-ANOVA needs it). Returns ``metric``, ``mode``, ``evaluator``, ``runs`` (how
     many were used), ``parameters`` (``[{"name", "importance", "kind"}]``, most important first,
-    importances adding up to 1) and ``constant`` (parameters at one value in every run)."""
+    importances adding up to 1) and ``constant`` (parameters at one value in every run). ``rows``:
+    :func:`read_rows`'s, when the caller has read them already."""
     if evaluator not in EVALUATORS:
         raise ConfigError(f"unknown evaluator {evaluator!r}; choose {' or '.join(EVALUATORS)}")
     if not 0 < quantile < 1:
@@ -159,7 +161,7 @@ def importance(
             f"which way is {metric!r} better? Say --min or --max (the config's early_stop or search declares "
             "no mode for it)"
         )
-    rows = read_rows(root, metric, stage=stage)
+    rows = read_rows(root, metric, stage=stage) if rows is None else rows
     if len(rows) < MIN_RUNS:
         raise ConfigError(f"{len(rows)} succeeded run(s) have a number for {metric!r}; importance needs {MIN_RUNS}")
     try:
@@ -234,11 +236,17 @@ def format_importance(found: Mapping[str, Any]) -> str:
 
 
 def top_points(
-    root: str, metric: str, names: Sequence[str], *, stage: str | None = None, most: int = 5000
+    root: str,
+    metric: str,
+    names: Sequence[str],
+    *,
+    stage: str | None = None,
+    most: int = 5000,
+    rows: Sequence[tuple[dict[str, Any], float]] | None = None,
 ) -> dict[str, Any]:
     """What contour and slice plots of ``names`` draw: each succeeded run's values of them and its
     value of ``metric`` (at most ``most`` runs: the first in the sweep's order)."""
-    rows = read_rows(root, metric, stage=stage)[:most]
+    rows = (read_rows(root, metric, stage=stage) if rows is None else rows)[:most]
     return {
         "metric": metric,
         "names": list(names),
@@ -246,12 +254,17 @@ def top_points(
     }
 
 
-def chosen_params(root: str, metric: str, params: Sequence[str] | None, mode: str | None) -> list[str]:
+def chosen_params(
+    root: str,
+    metric: str,
+    params: Sequence[str] | None,
+    mode: str | None,
+    rows: Sequence[tuple[dict[str, Any], float]],
+) -> list[str]:
     """The two parameters a contour draws: ``params`` (checked), else the two most important."""
     if params:
         if len(set(params)) != 2:
             raise ConfigError("a contour needs two different parameters")
-        rows = read_rows(root, metric)
         known = sorted({name for row, _ in rows for name in row})
         for name in params:
             if name not in known:
@@ -261,7 +274,7 @@ def chosen_params(root: str, metric: str, params: Sequence[str] | None, mode: st
                     f"no run has the parameter {name!r}{did_you_mean(name, known)} Parameters: {', '.join(known)}."
                 )
         return list(params)
-    ranked = [p["name"] for p in importance(root, metric, mode=mode)["parameters"]]
+    ranked = [p["name"] for p in importance(root, metric, mode=mode, rows=rows)["parameters"]]
     if len(ranked) < 2:
         raise ConfigError(f"a contour needs two parameters that take several values; the runs have {len(ranked)}")
     return ranked[:2]
@@ -284,8 +297,9 @@ def plot_contour(
     interpolated between the runs (each run a dot), and a slice along each: the metric against it."""
     from .status import _pyplot, _save
 
-    names = chosen_params(root, metric, params, mode)
-    points = top_points(root, metric, names)["points"]
+    rows = read_rows(root, metric)  # once, for the ranking and the points
+    names = chosen_params(root, metric, params, mode, rows)
+    points = top_points(root, metric, names, rows=rows)["points"]
     xs, x_labels, x_log = _axis([values[0] for values, _ in points])
     ys, y_labels, y_log = _axis([values[1] for values, _ in points])
     zs = [value for _, value in points]

@@ -151,7 +151,10 @@ def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
         if not lacking:
             value = values[0] if len(values) == 1 else [v for v in values if v is not None]
         if search.constraints:
-            constraints, missing = violations(search, result, metrics, _builtins(record))
+            from ..results import builtin_values
+
+            builtins = builtin_values(record) if record is not None else {"gpu_peak": 0.0}
+            constraints, missing = violations(search, result, metrics, builtins)
             for key in missing:
                 logger.warning(
                     "%s gave no number for %r, which a constraint bounds%s: it counts as infeasible",
@@ -160,12 +163,3 @@ def _tell(sweep: Sweep, number: int, status: str, record: Any) -> None:
                     did_you_mean(key, [*map(str, given), *BUILTIN_VALUES]),
                 )
     sweep.searcher.tell(number, value, pruned=status == "pruned", constraints=constraints)
-
-
-def _builtins(record: Any) -> dict[str, float]:
-    """What a constraint may bound whatever a run returns: its peak GPU memory (bytes; 0 where none
-    was measured) and its duration (seconds)."""
-    found = {"gpu_peak": float(record.gpu_memory_peak or 0) if record is not None else 0.0}
-    if record is not None and isinstance(record.started_at, (int, float)) and isinstance(record.ended_at, (int, float)):
-        found["duration"] = float(record.ended_at - record.started_at)
-    return found

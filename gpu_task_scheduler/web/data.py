@@ -239,13 +239,16 @@ def importance(root: str, metric: str, mode: str) -> dict[str, Any]:
     ``metric`` (at most PARCOORDS_MOST) for a contour and slices; or ``{"problem"}``: why not (too
     few runs, no such metric, Optuna not installed), in words the page shows."""
     from ..reports.importance import importance as rank
-    from ..reports.importance import top_points
+    from ..reports.importance import read_rows, top_points
 
     try:
-        found = rank(root, metric, mode=mode)
+        rows = read_rows(root, metric)  # once, for the ranking and the points
+        found = rank(root, metric, mode=mode, rows=rows)
         names = [parameter["name"] for parameter in found["parameters"][:2]]
         found["names"] = names
-        found["points"] = top_points(root, metric, names, most=PARCOORDS_MOST)["points"] if len(names) == 2 else []
+        found["points"] = (
+            top_points(root, metric, names, most=PARCOORDS_MOST, rows=rows)["points"] if len(names) == 2 else []
+        )
     except ConfigError as error:
         return {"metric": metric, "mode": mode, "problem": str(error)}
     return found

@@ -45,13 +45,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, stopped_by_the_scheduler)
     state = os.path.join(os.environ.get("GTS_CHECKPOINT_DIR") or args.out, "state.json")
     done, loss = 0, 1.0
-    if os.environ.get("GTS_RESUME_STEP"):  # the state of the epoch it reported last
+    resume = os.environ.get("GTS_RESUME_STEP")
+    if resume:  # the state saved last: of the epoch it reported last, or of the one after it
         with open(state) as handle:
             saved = json.load(handle)
         done, loss = saved["epoch"], saved["loss"]
         print(f"resumes after epoch {done}", flush=True)
     epoch = done
     try:
+        if resume and done > float(resume):  # killed between that save and its report: reported now
+            report(done, loss=loss)
         for epoch in range(done + 1, args.epochs + 1):
             time.sleep(0.02)  # an epoch of training
             loss = loss_at(args.lr, args.width, epoch)

@@ -15,6 +15,17 @@ import time
 from gpu_task_scheduler import GPUTask
 
 
+def checked_resume(task, saved_step):
+    """The step a resumed attempt's checkpoint is of, checked as the checkpoint protocol (save, then
+    report) allows: the resume step (the last one reported), or the one after it when the attempt
+    was killed between its save and its report (that report is then made by the caller). Anything
+    else is a broken or mismatched checkpoint: an error, never a silent restart."""
+    assert saved_step in (task.resume_step, task.resume_step + 1), (
+        f"the checkpoint is of step {saved_step}, not of the resume step {task.resume_step} or the one after it"
+    )
+    return saved_step
+
+
 def journal(config, event, work_dir):
     path = config.get("journal")
     if path:
@@ -430,8 +441,10 @@ class ContractTask(GPUTask):
         saved = os.path.join(self.checkpoint_dir, "step")
         if config.get("checkpoint") and self.resume_step is not None:  # a copied one too (PBT): of that step
             with open(saved) as handle:
-                assert float(handle.read()) == self.resume_step, "the checkpoint is not of the resume step"
+                first = int(checked_resume(self, float(handle.read()))) + 1
             journal(config, f"resume{int(self.resume_step)}", self._work_dir)
+            if first - 1 > self.resume_step:  # the report a kill cut off
+                self.report(first - 1, loss=config.get("loss", 1 / (first - 1)))
         for step in range(first, config.get("report", 0) + 1):  # a run that reports as it trains
             journal(config, f"step{step}", self._work_dir)
             if config.get("checkpoint"):  # saved, then reported: the checkpoint protocol
@@ -531,12 +544,13 @@ class ResumingCurveTask(GPUTask):
         first = 1
         if self.resume_step is not None:
             with open(saved) as handle:
-                assert float(handle.read()) == self.resume_step, "the checkpoint is not of the resume step"
-            first = int(self.resume_step) + 1
+                first = int(checked_resume(self, float(handle.read()))) + 1
             journal(self._config, f"resume {int(self.resume_step)}", self._work_dir)
         else:
             journal(self._config, "start", self._work_dir)
         try:
+            if self.resume_step is not None and first - 1 > self.resume_step:
+                self.report(first - 1, loss=curve_value(self._config, first - 1))  # the report the kill cut off
             for step in range(first, self._config["steps"] + 1):
                 time.sleep(self._config.get("pause", 0))
                 journal(self._config, f"step{step}", self._work_dir)
@@ -686,9 +700,10 @@ class ScheduleTask(GPUTask):
         if self.resume_step is not None:
             with open(saved) as handle:
                 state = json.load(handle)
-            assert state["step"] == self.resume_step, "the checkpoint is not of the resume step"
-            done, score = int(state["step"]), state["score"]
+            done, score = int(checked_resume(self, state["step"])), state["score"]
             journal(self._config, f"resume {done} {lr!r}", self._work_dir)
+            if done > self.resume_step:  # the report a kill cut off
+                self.report(done, score=score)
         else:
             journal(self._config, f"start {lr!r}", self._work_dir)
         for step in range(done + 1, self._config["steps"] + 1):

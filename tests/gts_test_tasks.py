@@ -535,7 +535,15 @@ class ResumingCurveTask(GPUTask):
     """CurveTask's curve, trained as the checkpoint protocol asks: each step saves a checkpoint (the
     step, in ``step`` of its checkpoint folder), then reports; a resumed attempt goes on from
     ``self.resume_step``, after checking its checkpoint holds it. Journals ``start``/``resume N``,
-    each ``stepN``, ``paused`` (then lets Paused end it) and ``end``."""
+    each ``stepN``, ``paused`` (then lets Paused end it) and ``end``. With ``config["latency"]``, it
+    reports a second objective too: ``latency`` ``1 / decay`` (a fast learner is a slow model)."""
+
+    def metrics(self, step):
+        config = self._config
+        return {
+            "loss": curve_value(config, step),
+            **({"latency": 1 / config["decay"]} if config.get("latency") else {}),
+        }
 
     def main(self):
         from gpu_task_scheduler import Paused
@@ -550,14 +558,14 @@ class ResumingCurveTask(GPUTask):
             journal(self._config, "start", self._work_dir)
         try:
             if self.resume_step is not None and first - 1 > self.resume_step:
-                self.report(first - 1, loss=curve_value(self._config, first - 1))  # the report the kill cut off
+                self.report(first - 1, **self.metrics(first - 1))  # the report the kill cut off
             for step in range(first, self._config["steps"] + 1):
                 time.sleep(self._config.get("pause", 0))
                 journal(self._config, f"step{step}", self._work_dir)
                 with open(saved + ".new", "w") as handle:
                     handle.write(str(step))
                 os.replace(saved + ".new", saved)
-                self.report(step, loss=curve_value(self._config, step))
+                self.report(step, **self.metrics(step))
         except Paused:
             journal(self._config, "paused", self._work_dir)
             raise

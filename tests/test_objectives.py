@@ -244,7 +244,7 @@ def test_mo_asha_keeps_a_run_within_the_best_share_by_pareto_rank_and_crowding(v
     "extra, words",
     [
         ({"metric": "loss"}, "give objectives, or metric and mode for one, not both"),
-        ({"promotion": True}, "objectives (MO-ASHA) go with method asha without promotion"),
+        ({"method": "median"}, "unknown key 'objectives' in early_stop (method median)"),
         ({"objectives": {"loss": "min"}}, "two or more metric -> min or max"),
         ({"objectives": {"loss": "min", "latency": "fast"}}, "mode must be min"),
     ],

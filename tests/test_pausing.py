@@ -9,6 +9,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+import types
 
 import gts_test_tasks as tasks
 import pytest
@@ -19,12 +20,18 @@ from test_process_control import finish, launch
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler, Paused, RunStatus
 from gpu_task_scheduler.records.ledger import paused_cause
 from gpu_task_scheduler.tuning.stopping import Asha, Pausing, parse_early_stop
+from gpu_task_scheduler.tuning.trials import PAUSE, method_for
 
 ASHA = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 27, "reduction_factor": 3}
 PROMOTION = {**ASHA, "promotion": True}
 HYPERBAND = {**ASHA, "method": "hyperband"}
 CURVES = [{"start": [1.0], "floor": [0.1, 0.3, 0.5], "decay": [0.5, 0.8, 0.95]}]  # best: floor 0.1, decay 0.5
 BEST = "decay-0.5,floor-0.1,start-1.0,"
+# Two objectives (ResumingCurveTask with latency: 1 / decay): a fast learner is a slow model, and
+# the runs of floor 0.1 make the front at every rung.
+TWO = {"loss": "min", "latency": "min"}
+MO_HYPERBAND = {key: value for key, value in HYPERBAND.items() if key not in ("metric", "mode")} | {"objectives": TWO}
+MO_PROMOTION = {**MO_HYPERBAND, "method": "asha", "promotion": True}
 
 
 # --- the config ------------------------------------------------------------------------
@@ -60,6 +67,120 @@ def test_promotion_and_hyperband_are_pausing_methods_with_asha_keys(raw, kind, m
 def test_a_bad_pausing_method_is_refused_with_what_to_write(raw, words):
     with pytest.raises(ConfigError, match=words):
         parse_early_stop(raw)
+
+
+@pytest.mark.parametrize("raw, method", [(MO_PROMOTION, "asha"), (MO_HYPERBAND, "hyperband")])
+def test_the_pausing_methods_take_several_objectives(raw, method):
+    rule = parse_early_stop(raw)
+    assert type(rule) is Pausing and rule.method == method and rule.objectives == (("loss", "min"), ("latency", "min"))
+    assert rule.metric == "loss" and rule.metrics == ("loss", "latency")
+    assert "on min loss and min latency (by Pareto rank): runs pause at rungs" in rule.describe()
+    with pytest.raises(ConfigError, match="give objectives, or metric and mode for one, not both"):
+        parse_early_stop({**raw, "metric": "loss"})
+
+
+def _simulated(early_stop, configs):
+    """What the pausing method decides for these runs' curves, run to the end one at a time by a
+    plain loop (no processes): each run's status. Hyperband's brackets judge a rung once it is full,
+    so a sweep that begins every run before its first rung is full ends the same."""
+    rule = parse_early_stop(early_stop)
+    method = method_for(rule)
+    reached = {}
+
+    def train(run, after):
+        for step in range(int(after) + 1, 28):
+            reached[run] = step
+            rung = method.rung_reached(run, step)
+            values = tasks.ResumingCurveTask.metrics(types.SimpleNamespace(_config=configs[run]), step)
+            if rung is not None and method.report(run, rung, tuple(values[m] for m in rule.metrics)) == PAUSE:
+                return
+        method.ended(run)
+
+    for run in configs:
+        method.began(run, method.next(more_new=True).bracket)
+    method.close()
+    for run in configs:
+        train(run, 0)
+    while (decided := method.next(more_new=False)).kind == "resume":
+        method.resumed(decided.run)
+        train(decided.run, decided.step)
+    return {run: "succeeded" if reached[run] == 27 else "paused" for run in configs}
+
+
+def test_hyperband_on_two_objectives_pauses_and_promotes_a_sweep_as_its_method_decides(in_tmp, caplog):
+    """A sweep of Python runs reporting two objectives ends as the method decides on the same curves;
+    each value at a rung is recorded with every objective's value, and a paused run says them; a
+    second start replays the decisions (none differs) and runs nothing."""
+    root = in_tmp / "r"
+    config = _sweep(root, MO_HYPERBAND, slots=("cpu",) * 9, latency=True)  # every run begins before a rung fills
+    summary = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert summary.exit_code == 0, summary.report()
+    rows = ledger_rows(root)
+    configs = {name: {**json.loads(row["params"]), "latency": True} for name, row in rows.items()}
+    assert {name: row["status"] for name, row in rows.items()} == _simulated(MO_HYPERBAND, configs)
+    assert rows[BEST]["status"] == "succeeded" and "paused" in {row["status"] for row in rows.values()}
+    _no_step_twice(_steps(root))
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        told = db.execute("SELECT name, value, detail FROM trial_events WHERE kind = 'rung'").fetchall()
+    for name, value, detail in told:
+        objectives = json.loads(detail)["objectives"]
+        assert objectives == {"loss": pytest.approx(value), "latency": pytest.approx(1 / configs[name]["decay"])}
+    paused = next(row for row in rows.values() if row["status"] == "paused")
+    assert paused["cause"].startswith("paused at rung ") and ", latency " in paused["cause"]
+    caplog.clear()
+    again = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert again.outcomes == {} and len(again.skipped) == 9
+    assert "differ" not in caplog.text and "do not fit" not in caplog.text
+
+
+def test_a_two_objective_search_whose_runs_pause_by_pareto_rank_tells_each_run_once_with_both_values(in_tmp):
+    """A search of two objectives under two-objective Hyperband: exactly n_runs, each told its two
+    values once (a paused run: those it reported at the rung it paused at, BOHB-like)."""
+    optuna = pytest.importorskip("optuna")
+    root = in_tmp / "r"
+    space = [{"start": [1.0], "floor": {"uniform": [0.1, 0.5]}, "decay": {"uniform": [0.5, 0.95]}}]
+    config = make_config(
+        root,
+        space,
+        slots=("cpu",) * 3,
+        global_config={"steps": 27, "pause": 0.005, "journal": f"{root}.journal", "latency": True},
+    )
+    config["early_stop"] = MO_HYPERBAND
+    config["search"] = {"sampler": "tpe", "n_runs": 9, "seed": 3, "objectives": TWO}
+    summary = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert summary.exit_code == 0, summary.report()
+    rows = ledger_rows(root)
+    assert len(rows) == 9 and {row["status"] for row in rows.values()} == {"succeeded", "paused"}
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(root / ".gts" / "optuna.journal"))
+    )
+    study = optuna.load_study(study_name="gts", storage=storage)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.user_attrs["gts_run"] for t in complete) == sorted(rows)
+    for trial in complete:
+        row = rows[trial.user_attrs["gts_run"]]
+        metrics = json.loads(row["metrics"])
+        assert trial.values == pytest.approx([metrics["loss"]["last"], metrics["latency"]["last"]])
+        params = json.loads(row["params"])
+        assert metrics["latency"]["last"] == pytest.approx(1 / params["decay"])
+        assert (metrics["loss"]["step"] == 27) == (row["status"] == "succeeded")
+    _no_step_twice(_steps(root))
+
+
+def test_promotion_asha_on_two_objectives_trains_a_front_run_to_the_end_and_replays_the_same(in_tmp, caplog):
+    root = in_tmp / "r"
+    config = _sweep(root, MO_PROMOTION, latency=True)
+    summary = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert summary.exit_code == 0, summary.report()
+    statuses = {name: row["status"] for name, row in ledger_rows(root).items()}
+    assert set(statuses.values()) == {"succeeded", "paused"}
+    front = {name for name in statuses if "floor-0.1," in name}  # the front at every rung
+    assert {name for name, status in statuses.items() if status == "succeeded"} <= front
+    _no_step_twice(_steps(root))
+    caplog.clear()
+    again = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert again.outcomes == {} and len(again.skipped) == 9
+    assert "differ" not in caplog.text and "do not fit" not in caplog.text
 
 
 # --- sweeps that pause --------------------------------------------------------------------
@@ -358,7 +479,9 @@ def test_paused_is_a_base_exception_raised_by_report(tmp_path, monkeypatch):
 KILL_SEED = int(os.environ.get("GTS_KILL_SEED", "20261126"))
 
 
-@pytest.mark.parametrize("early_stop", [HYPERBAND, PROMOTION], ids=["hyperband", "promotion"])
+@pytest.mark.parametrize(
+    "early_stop", [HYPERBAND, PROMOTION, MO_HYPERBAND], ids=["hyperband", "promotion", "hyperband-two-objectives"]
+)
 def test_sigkill_at_random_moments_repeats_no_reported_step_and_tells_each_rung_once(
     in_tmp, no_leaked_processes, early_stop
 ):
@@ -370,7 +493,7 @@ def test_sigkill_at_random_moments_repeats_no_reported_step_and_tells_each_rung_
     rng = random.Random(KILL_SEED)
 
     def config(root):
-        return {**_sweep(root, early_stop, pause=0.03), "early_stop": early_stop}
+        return {**_sweep(root, early_stop, pause=0.03, latency="objectives" in early_stop), "early_stop": early_stop}
 
     once = launch(config(in_tmp / "once"), "ResumingCurveTask")
     assert once.wait(timeout=120) == 0, finish(once)
@@ -394,7 +517,7 @@ def test_sigkill_at_random_moments_repeats_no_reported_step_and_tells_each_rung_
     assert last.returncode == 0, output
     assert kills >= 4, f"only {kills} launches were killed; the sweep is too short"
     statuses = {name: row["status"] for name, row in ledger_rows(root).items()}
-    if early_stop is HYPERBAND:
+    if early_stop["method"] == "hyperband":
         assert statuses == expected
     else:
         assert set(statuses.values()) == {"succeeded", "paused"} and statuses[BEST] == "succeeded"

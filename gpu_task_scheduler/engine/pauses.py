@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..records import checkpoints
-from ..records.ledger import Ledger, paused_cause
+from ..records.ledger import Ledger, TrialEvent, paused_cause
 from ..records.paths import RunPaths
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule
@@ -50,6 +50,7 @@ class Pauses:
         self._ledger, self._root = ledger, root
         rules = {stage: rule for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)}
         population = sweep.search.n_runs if sweep.search is not None else sweep.size
+        self._rules = rules
         self._methods: dict[str | None, Method] = {
             stage: method_for(rule, population=population, slots=sweep.parallel) for stage, rule in rules.items()
         }
@@ -61,6 +62,7 @@ class Pauses:
             {
                 str(stage): [r.method, r.metric, r.mode, r.min_step, r.max_step, r.reduction_factor]
                 + ([repr(r.config)] if isinstance(r, PbtRule) else [])
+                + ([[list(objective) for objective in r.objectives]] if r.objectives else [])
                 for stage, r in rules.items()
             }
         )
@@ -118,11 +120,12 @@ class Pauses:
                 elif name not in self._stage_of or name in self._ended:
                     continue
                 elif event.kind == "rung":
-                    if event.step is None or event.value is None or event.rung is None:
+                    value = self._value_of(event)
+                    if event.step is None or value is None or event.rung is None:
                         skipped += 1
                     elif method.rung_reached(name, event.step) == event.rung:
                         late = bool((event.detail or {}).get("late"))
-                        if method.report(name, event.rung, event.value, event.step, late=late) != event.decision:
+                        if method.report(name, event.rung, value, event.step, late=late) != event.decision:
                             differed += 1  # the same events give the same decisions: changed by hand?
                 elif event.kind == "resumed":
                     if name in method.paused:
@@ -130,7 +133,7 @@ class Pauses:
                 elif event.kind == "ended":
                     method.ended(name)
                     self._ended.add(name)
-            except (ValueError, IndexError, KeyError):  # an event of another rule (its keys changed since)
+            except (ValueError, IndexError, KeyError, TypeError):  # an event of another rule (its keys changed since)
                 skipped += 1
         if differed:
             logger.warning(
@@ -144,6 +147,15 @@ class Pauses:
                 "they are left out",
                 skipped,
             )
+
+    def _value_of(self, event: TrialEvent) -> Any:
+        """A recorded value at a rung: several objectives' from the event's detail, in the rule's
+        order (the value column holds the first: what a reader of one number sees)."""
+        metrics = self._rules[event.stage].metrics
+        if len(metrics) == 1:
+            return event.value
+        recorded = (event.detail or {}).get("objectives")
+        return [recorded[metric] for metric in metrics] if isinstance(recorded, dict) else None
 
     # --- what the loop asks --------------------------------------------------------------
 
@@ -202,20 +214,29 @@ class Pauses:
         # with the attempt it starts, and a start after a kill before that copies it again).
         self._ledger.record_trial_event("resumed", stage=spec.stage, name=spec.name)
 
-    def reached(self, spec: RunSpec, step: float, value: float, *, late: bool = False) -> tuple[float, str] | None:
-        """``spec`` reported ``value`` at ``step``: the rung it records a value at and the method's
-        decision there (:data:`CONTINUE` or :data:`PAUSE`, written to the ledger, not committed), or
-        None when the step is at no new rung of it. ``late``: an earlier attempt's report, told after
-        the run went on past it (recorded so: a replay decides the same)."""
+    def reached(
+        self, spec: RunSpec, step: float, value: float | list[float], *, late: bool = False
+    ) -> tuple[float, str] | None:
+        """``spec`` reported ``value`` at ``step`` (several objectives: each one's): the rung it
+        records a value at and the method's decision there (:data:`CONTINUE` or :data:`PAUSE`,
+        written to the ledger, not committed), or None when the step is at no new rung of it.
+        ``late``: an earlier attempt's report, told after the run went on past it (recorded so: a
+        replay decides the same)."""
         method = self._methods.get(spec.stage)
         if method is None or spec.name not in self._stage_of or spec.name in self._ended:
             return None
         rung = method.rung_reached(spec.name, step)
         if rung is None:
             return None
-        decision = method.report(spec.name, rung, value, step, late=late)
-        detail = None
-        if isinstance(method, Pbt):
+        if isinstance(value, list):  # several objectives (population-based training judges one metric)
+            assert not isinstance(method, Pbt)
+            decision = method.report(spec.name, rung, tuple(value), step, late=late)
+        else:
+            decision = method.report(spec.name, rung, value, step, late=late)
+        detail: dict[str, Any] | None = None
+        if isinstance(value, list):
+            detail, value = {"objectives": dict(zip(self._rules[spec.stage].metrics, value, strict=True))}, value[0]
+        elif isinstance(method, Pbt):
             detail = self._population(method, spec, decision, step)
             if late:
                 detail = {**(detail or {}), "late": True}
@@ -249,9 +270,12 @@ class Pauses:
             return None
         return {"donor": exploit.donor, "step": exploit.step, "values": exploit.values, "changed": exploit.changed}
 
-    def pause_cause(self, name: str, rung: float, value: float) -> str:
+    def pause_cause(self, name: str, rung: float, value: float | list[float]) -> str:
         """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies."""
-        method = self._methods[self._stage_of[name]]
+        stage = self._stage_of[name]
+        method = self._methods[stage]
+        if isinstance(value, list):  # several objectives: each one's value there
+            return paused_cause(rung, dict(zip(self._rules[stage].metrics, value, strict=True)))
         if not isinstance(method, Pbt):
             return paused_cause(rung, value)
         exploit = method.exploit_of(name)

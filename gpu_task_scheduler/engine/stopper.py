@@ -39,6 +39,9 @@ LOOK_INTERVAL = 0.1
 LOOK_PER_RUN = 0.005
 
 
+Value = float | list[float]  # a run's value at a rung: the metric's, or (several objectives) each one's
+
+
 class _Watched(Record, frozen=False):
     spec: RunSpec
     rule: Rule
@@ -49,15 +52,13 @@ class _Watched(Record, frozen=False):
     last_step: float = float("-inf")  # a pausing method: the last step it reported (it waits at rungs past it)
     # A pausing method: what its earlier attempts reported up to the step it resumes from, not yet
     # told to the method (a kill -9 between a report and the look that reads it leaves such points).
-    backlog: tuple[tuple[float, float], ...] = ()
+    backlog: tuple[tuple[float, Value], ...] = ()
     resumed_at: float = float("-inf")  # a pausing method: the step this attempt went on from (points up to it are late)
     others: frozenset[str] = frozenset()  # the other metric names it reported (the reader keeps at most 100)
     steps_without: int = 0  # its reports at or past the rule's min_step without the metric
 
 
 logger = logging.getLogger("gpu_task_scheduler")
-
-Value = float | list[float]  # a run's value at a rung: the metric's, or (MO-ASHA) each objective's
 
 # A run that reports a close spelling of the rule's metric at this many steps past min_step, but
 # never the metric itself, is warned about at once (a typo); any other run that lacks it, at its end.
@@ -150,11 +151,7 @@ class Stopper:
             if resume_step is not None:
                 watched = self._watched[spec.name]
                 watched.last_step = watched.resumed_at = resume_step
-                watched.backlog = tuple(
-                    (step, metrics[rule.metric])
-                    for step, metrics in run_points(paths)
-                    if step <= resume_step and rule.metric in metrics
-                )
+                watched.backlog = tuple(_points(rule, (p for p in run_points(paths) if p[0] <= resume_step)))
                 if rule.method == "pbt":  # only its checkpoint's step: a snapshot taken now is of that one
                     watched.backlog = watched.backlog[-1:]
         else:
@@ -221,16 +218,9 @@ class Stopper:
     def _read(self, watched: _Watched, *, judge: bool) -> Verdict | None:
         reader, rule = watched.reader, watched.rule
         reader.read(LOOK_BYTES)
-        points = [(step, metrics[rule.metric]) for step, metrics in reader.points or () if rule.metric in metrics]
+        found = _points(rule, reader.points or ())
         if watched.backlog:  # the earlier attempts' points first (the method skips a rung it has a value at)
-            points[:0], watched.backlog = watched.backlog, ()
-        found: list[tuple[float, Value]] = list(points)
-        if isinstance(rule, Asha) and rule.objectives:  # MO-ASHA: a report of every objective is a point
-            found = [
-                (step, [metrics[m] for m in rule.metrics])
-                for step, metrics in reader.points or ()
-                if all(m in metrics for m in rule.metrics)
-            ]
+            found[:0], watched.backlog = watched.backlog, ()
         if found:
             watched.seen = True
         elif reader.points and not watched.seen:
@@ -246,9 +236,9 @@ class Stopper:
         if isinstance(rule, Asha):
             return self._asha(watched, rule, found, judge=judge)
         if isinstance(rule, Pausing):
-            return self._pausing(watched, rule, points)
-        assert isinstance(rule, Median)
-        return self._median(watched.spec, rule, points, judge=judge)
+            return self._pausing(watched, rule, found)
+        assert isinstance(rule, Median)  # one metric: its values are numbers
+        return self._median(watched.spec, rule, [(s, v) for s, v in found if not isinstance(v, list)], judge=judge)
 
     def _asha(
         self, watched: _Watched, rule: Asha, points: Iterable[tuple[float, Value]], *, judge: bool
@@ -284,7 +274,7 @@ class Stopper:
             watched.judged = rung
         return None
 
-    def _pausing(self, watched: _Watched, rule: Pausing, points: Iterable[tuple[float, float]]) -> Verdict | None:
+    def _pausing(self, watched: _Watched, rule: Pausing, points: Iterable[tuple[float, Value]]) -> Verdict | None:
         """Each value at a rung the run had none at goes to its method, which says whether it goes on;
         a run that goes on is told so up to the step it reported (report() waits at every rung of
         the rule, and a Hyperband bracket judges at some of them only)."""
@@ -294,7 +284,8 @@ class Stopper:
             decided = self.pauses.reached(watched.spec, step, value, late=step <= watched.resumed_at)
             if decided is not None and (decided[1] == PAUSE or decided[1] in PAUSING):
                 cause = self.pauses.pause_cause(watched.spec.name, decided[0], value)
-                return Verdict(True, step, value, cause, rung=decided[0], pause=True)
+                first = value[0] if isinstance(value, list) else value
+                return Verdict(True, step, first, cause, rung=decided[0], pause=True)
             if rule.crossed(watched.last_step, step):
                 watched.judged = step
             watched.last_step = max(watched.last_step, step)
@@ -320,10 +311,15 @@ class Stopper:
         return None
 
 
+def _points(rule: Rule, reports: Iterable[tuple[float, dict[str, float]]]) -> list[tuple[float, Value]]:
+    """The reports that are points of ``rule``: of its metric, or (several objectives) of every one."""
+    return [(step, value) for step, metrics in reports for value in (rule.value_in(metrics),) if value is not None]
+
+
 def _wanted(watched: _Watched) -> str:
     """The metric a run's reports lack: the rule's, or (MO-ASHA) the first objective it never reported."""
     rule = watched.rule
-    if isinstance(rule, Asha) and rule.objectives:
+    if rule.objectives:
         return next((m for m in rule.metrics if m not in watched.others), rule.metric)
     return rule.metric
 

@@ -114,7 +114,8 @@ CREATE TABLE IF NOT EXISTS verdicts (
 -- 'closed' (the sweep had no more new configurations; name NULL). Population-based training's
 -- decisions are 'continue', 'snapshot', 'exploit', 'yield' and 'snapshot+yield'; detail (JSON)
 -- holds a member's values at 'began', an exploit's donor, step and values, and 'late' for a report
--- told after the run went past it.
+-- told after the run went past it; with several objectives, each one's value at a 'rung' ("objectives", by
+-- metric; value holds the first).
 CREATE TABLE IF NOT EXISTS trial_events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, stage TEXT, name TEXT, kind TEXT NOT NULL,
     bracket INTEGER, rung REAL, step REAL, value REAL, decision TEXT, detail TEXT
@@ -334,9 +335,13 @@ def _json_dict(text: Any) -> dict[str, Any] | None:
 
 
 def paused_cause(rung: Any, value: Any) -> str:
-    """``paused at step 3 (loss 0.87 there), waiting for a promotion``."""
+    """``paused at rung 3 (0.87 there): resumed if it is promoted``; ``value`` several objectives'
+    (a dict): ``(loss 0.87, latency 12 there)``."""
     at = f"{rung:g}" if isinstance(rung, (int, float)) else str(rung)
     there = f" ({value:.4g} there)" if isinstance(value, (int, float)) else ""
+    if isinstance(value, dict) and value:
+        shown = ", ".join(f"{name} {v:.4g}" for name, v in value.items() if isinstance(v, (int, float)))
+        there = f" ({shown} there)"
     return f"paused at rung {at}{there}: resumed if it is promoted"
 
 
@@ -1148,11 +1153,13 @@ class Ledger:
     def pause_verdict(self, name: str) -> str | None:
         """Why ``name`` pauses, if the last word of a pausing method on it was to pause it."""
         rows = self._tuples(
-            "SELECT kind, decision, rung, value FROM trial_events WHERE name = ? ORDER BY seq DESC LIMIT 1", (name,)
+            "SELECT kind, decision, rung, value, detail FROM trial_events WHERE name = ? ORDER BY seq DESC LIMIT 1",
+            (name,),
         )
         if not rows or rows[0][0] != "rung" or rows[0][1] not in ("pause", "exploit", "yield", "snapshot+yield"):
             return None
-        return paused_cause(rows[0][2], rows[0][3])
+        several = (_json_dict(rows[0][4]) or {}).get("objectives")  # each objective's value there
+        return paused_cause(rows[0][2], several if isinstance(several, dict) else rows[0][3])
 
     def stop_verdict(self, name: str) -> str | None:
         """Why the early_stop rule stopped ``name``, if it did (and the run has not started again since)."""

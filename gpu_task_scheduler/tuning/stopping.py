@@ -6,6 +6,7 @@ A config names one rule per sweep (or per stage) with its ``early_stop`` key::
     early_stop: {method: median, metric: loss, mode: min, min_step: 5, min_runs: 3}
     early_stop: {method: asha, promotion: true, ...}     # pauses runs at rungs (trials.py)
     early_stop: {method: hyperband, ...}                 # the same keys as asha (trials.py)
+    early_stop: {method: asha, objectives: {loss: min, latency: max}, ...}  # several (any method but median)
 
 * :class:`Asha`: asynchronous successive halving, the stopping variant (Li et al.,
   MLSys 2020). Its rungs are the steps ``min_step * reduction_factor**k`` below
@@ -42,7 +43,7 @@ METHODS = ("asha", "median", "hyperband")
 _KEYS = {
     "asha": ("method", "metric", "mode", "objectives", "min_step", "max_step", "reduction_factor", "promotion"),
     "median": ("method", "metric", "mode", "min_step", "max_step", "min_runs"),
-    "hyperband": ("method", "metric", "mode", "min_step", "max_step", "reduction_factor"),
+    "hyperband": ("method", "metric", "mode", "objectives", "min_step", "max_step", "reduction_factor"),
 }
 
 
@@ -82,6 +83,28 @@ class Rule(Record):
     mode: str  # "min" or "max"
     min_step: float
     max_step: float | None
+    # Several objectives (ASHA's and the pausing methods'; Schmucker et al. 2021): (metric, mode)
+    # each, the first also ``metric`` and ``mode``; () for the one (metric, mode).
+    objectives: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics a report must hold for a value at a rung: the objectives', or the metric."""
+        return tuple(name for name, _ in self.objectives) or (self.metric,)
+
+    def value_in(self, metrics: Mapping[str, float]) -> float | list[float] | None:
+        """A report's value for the rule: the metric's, each objective's (all of them, or None)."""
+        if not self.objectives:
+            return metrics.get(self.metric)
+        if all(name in metrics for name, _ in self.objectives):
+            return [metrics[name] for name, _ in self.objectives]
+        return None
+
+    def judged_by(self) -> str:
+        """``min loss`` or ``min loss and min latency (by Pareto rank)``."""
+        if not self.objectives:
+            return f"{self.mode} {self.metric}"
+        return " and ".join(f"{mode} {name}" for name, mode in self.objectives) + " (by Pareto rank)"
 
     def worse(self, value: float, than: float) -> bool:
         return value > than if self.mode == "min" else value < than
@@ -128,13 +151,6 @@ def asha_rungs(min_step: float, max_step: float, factor: float) -> tuple[float, 
 
 class Asha(Rule):
     reduction_factor: float = 3.0
-    # Several objectives (MO-ASHA, Schmucker et al. 2021): (metric, mode) each; () for one (metric, mode).
-    objectives: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        """The metrics a report must hold for a value at a rung: the objectives', or the metric."""
-        return tuple(name for name, _ in self.objectives) or (self.metric,)
 
     def judge_several(
         self, rung: float, step: float, values: Sequence[float], others: Sequence[Sequence[float]]
@@ -191,13 +207,8 @@ class Asha(Rule):
 
     def describe(self) -> str:
         rungs = ", ".join(f"{r:g}" for r in self.rungs)
-        what = (
-            " and ".join(f"{mode} {name}" for name, mode in self.objectives) + " (by Pareto rank)"
-            if self.objectives
-            else f"{self.mode} {self.metric}"
-        )
         return (
-            f"ASHA on {what}: rungs at steps {rungs}, the best 1/{self.reduction_factor:g} "
+            f"ASHA on {self.judged_by()}: rungs at steps {rungs}, the best 1/{self.reduction_factor:g} "
             f"go on, none stopped at step {self.max_step:g} or later"
         )
 
@@ -249,6 +260,26 @@ def standing_of(last: int, points: Sequence[Sequence[float]]) -> tuple[int, int]
         rank += 1
 
 
+def pareto_order(points: Sequence[Sequence[float]]) -> list[int]:
+    """The indices of ``points`` (all objectives minimized) best first, as NSGA-II and MO-ASHA rank
+    them: by non-dominated front, within a front the more isolated first (a larger crowding
+    distance; the ends of a front first). Equally isolated points (the two ends of a front, whose
+    distance is infinite) go by the first objective, then the next (the objectives are listed in
+    the order they matter), then the lower index (the same order at every replay).
+
+    >>> pareto_order([[3, 3], [1, 4], [2, 2], [4, 1]])
+    [1, 3, 2, 0]
+    """
+    left, order = list(range(len(points))), []
+    while left:
+        front = _front_of(left, points)
+        distance = _crowding(front, points)
+        order += sorted(front, key=lambda i: (-distance[i], tuple(points[i]), i))
+        taken = set(front)
+        left = [i for i in left if i not in taken]
+    return order
+
+
 def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
@@ -281,7 +312,7 @@ class Pausing(Rule):
         else:
             what = "promotion ASHA"
         return (
-            f"{what} on {self.mode} {self.metric}: runs pause at rungs (steps {rungs}) and the best "
+            f"{what} on {self.judged_by()}: runs pause at rungs (steps {rungs}) and the best "
             f"1/{self.reduction_factor:g} of each rung resume, up to step {self.max_step:g}"
         )
 
@@ -377,11 +408,6 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pau
     if "objectives" in raw:
         if "metric" in raw or "mode" in raw:
             raise ConfigError(f"{where}: give objectives, or metric and mode for one, not both")
-        if method != "asha" or raw.get("promotion", False):
-            raise ConfigError(
-                f"{where}: objectives (MO-ASHA) go with method asha without promotion: runs stop at a rung "
-                "when others beat them there; the pausing methods judge one metric"
-            )
         goals = raw["objectives"]
         if not isinstance(goals, Mapping) or len(goals) < 2:
             raise ConfigError(f"{where}: objectives must be a dict of two or more metric -> min or max; got {goals!r}")
@@ -418,7 +444,7 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pau
                 "(e.g. 3) or min_step"
             ) from None
         if promotion or method == "hyperband":
-            return Pausing(**common, reduction_factor=factor, method=method)
+            return Pausing(**common, reduction_factor=factor, method=method, objectives=objectives)
         return Asha(**common, reduction_factor=factor, objectives=objectives)
     min_runs = raw.get("min_runs", 3)
     if not isinstance(min_runs, int) or isinstance(min_runs, bool) or not 1 <= min_runs <= 1_000_000:

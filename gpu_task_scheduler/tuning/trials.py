@@ -57,16 +57,61 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..recordclass import Record
-from .stopping import Pausing, asha_rungs
+from .stopping import Pausing, asha_rungs, pareto_order
 
 if TYPE_CHECKING:
     from .pbt import Pbt
 
 CONTINUE, PAUSE = "continue", "pause"
+
+# A run's value at a rung: its metric's, or (several objectives) each objective's, in their order.
+Value: TypeAlias = "float | tuple[float, ...]"
+
+
+class Ranking:
+    """How the values at a rung rank, best first: one metric's, the lower (``min``) or the higher
+    first; several objectives' by non-dominated front, then crowding distance (the more isolated
+    first), as MO-ASHA (Schmucker et al., 2021) and NSGA-II select. The run's name breaks ties, so
+    that a replay decides the same."""
+
+    def __init__(self, modes: Sequence[str]) -> None:
+        if not modes or any(mode not in ("min", "max") for mode in modes):
+            raise ValueError(f"mode must be 'min' or 'max'; got {', '.join(map(repr, modes)) or 'none'}")
+        self.signs = tuple(1.0 if mode == "min" else -1.0 for mode in modes)
+
+    @property
+    def several(self) -> bool:
+        return len(self.signs) > 1
+
+    def checked(self, value: Any) -> Value:
+        """``value`` as this ranking records it; ValueError for a value of the wrong shape (a
+        replayed event of another rule)."""
+        if not self.several:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            raise ValueError(f"a value of one metric is a number; got {value!r}")
+        if isinstance(value, (list, tuple)) and len(value) == len(self.signs):
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                return tuple(float(v) for v in value)
+        count = len(self.signs)
+        raise ValueError(f"a value of {count} objectives is a list of {count} numbers; got {value!r}")
+
+    def signed(self, value: Value) -> float:
+        """One metric's value, lower better."""
+        assert isinstance(value, float)
+        return self.signs[0] * value
+
+    def order(self, values: Mapping[str, Value]) -> list[str]:
+        """The runs of ``values``, best first."""
+        names = sorted(values)
+        if not self.several:
+            return sorted(names, key=lambda run: (self.signed(values[run]), run))
+        points = [[sign * v for sign, v in zip(self.signs, _vector(values[run]), strict=True)] for run in names]
+        return [names[i] for i in pareto_order(points)]
 
 
 class Next(Record):
@@ -80,7 +125,7 @@ class Next(Record):
 
 
 def _rung_at(
-    rungs: tuple[float, ...], values: list[dict[str, float]], run: str, step: float, max_step: float
+    rungs: tuple[float, ...], values: Sequence[Mapping[str, Value]], run: str, step: float, max_step: float
 ) -> float | None:
     """The highest of ``rungs`` at or below ``step`` if ``run`` has no value there yet (a run that
     reports sparsely is recorded at the highest rung it passed); None at or past ``max_step``."""
@@ -92,22 +137,38 @@ def _rung_at(
     return None
 
 
+def _vector(value: Value) -> tuple[float, ...]:
+    assert isinstance(value, tuple)
+    return value
+
+
 class _Bracket:
     """One successive-halving ladder: the values recorded at each of its rungs, and promotions."""
 
-    def __init__(self, rungs: tuple[float, ...], factor: float, lower_is_better: bool) -> None:
-        self.rungs, self.factor, self.lower = rungs, factor, lower_is_better
-        self.values: list[dict[str, float]] = [{} for _ in rungs]  # rung index -> run -> value there
-        # rung index -> (signed value, run), best first: kept sorted as values come (a promotion
-        # looks at the top of a rung at every decision; sorting it each time made a grid's decisions
-        # cost its size squared)
+    def __init__(self, rungs: tuple[float, ...], factor: float, ranking: Ranking) -> None:
+        self.rungs, self.factor, self.ranking = rungs, factor, ranking
+        self.values: list[dict[str, Value]] = [{} for _ in rungs]  # rung index -> run -> value there
+        # rung index -> (standing, run), best first: one metric's kept sorted as values come (a
+        # promotion looks at the top of a rung at every decision; sorting it each time made a grid's
+        # decisions cost its size squared); several objectives' ranked again at each value (a new
+        # point moves others between fronts), the standing a run's place
         self.ranked: list[list[tuple[float, str]]] = [[] for _ in rungs]
         self.promoted: list[set[str]] = [set() for _ in rungs]  # rung index -> runs promoted from it
 
-    def record(self, index: int, run: str, value: float) -> None:
+    def record(self, index: int, run: str, value: Value) -> None:
         """``run``'s value at rung ``index`` (once: the methods record a rung a run has no value at)."""
         self.values[index][run] = value
-        bisect.insort(self.ranked[index], (value if self.lower else -value, run))
+        if self.ranking.several:
+            self.ranked[index] = [(place, name) for place, name in enumerate(self.ranking.order(self.values[index]))]
+        else:
+            bisect.insort(self.ranked[index], (self.ranking.signed(value), run))
+
+    def standing(self, index: int, run: str) -> float:
+        """Where ``run`` stands at rung ``index``, lower better: its signed value, or its place among
+        several objectives' (which runs of other rungs' places do not compare with, nor need to)."""
+        if not self.ranking.several:
+            return self.ranking.signed(self.values[index][run])
+        return next(place for place, name in self.ranked[index] if name == run)
 
     def keep(self, index: int, complete: bool = False) -> int:
         """How many of rung ``index``'s best go on: ``floor(n / factor)``; ``complete`` (no run can
@@ -125,15 +186,22 @@ class PromotionAsha:
     """Asynchronous successive halving that pauses runs at rungs and promotes the best."""
 
     def __init__(
-        self, *, min_step: float, max_step: float, reduction_factor: float = 3.0, mode: str = "min", brackets: int = 1
+        self,
+        *,
+        min_step: float,
+        max_step: float,
+        reduction_factor: float = 3.0,
+        mode: str = "min",
+        brackets: int = 1,
+        objectives: Sequence[tuple[str, str]] = (),
     ) -> None:
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max'; got {mode!r}")
+        """``objectives``: several (metric, mode), ranked by Pareto front (``mode`` is then unused)."""
+        self.ranking = Ranking([way for _, way in objectives] or [mode])
         self.max_step, self.factor, self.mode = max_step, reduction_factor, mode
         rungs = asha_rungs(min_step, max_step, reduction_factor)
         # Bracket s starts at rung s (Hyperband); one bracket is ASHA. No bracket starts at max_step.
         self._brackets = [
-            _Bracket(rungs[s:], reduction_factor, mode == "min") for s in range(min(brackets, len(rungs) + 1))
+            _Bracket(rungs[s:], reduction_factor, self.ranking) for s in range(min(brackets, len(rungs) + 1))
         ]
         self._bracket_of: dict[str, int] = {}
         self._paused: dict[str, int] = {}  # run -> the rung index (in its bracket) it waits at
@@ -157,7 +225,7 @@ class PromotionAsha:
         bracket = self._brackets[self._bracket_of.get(run, 0)]
         return _rung_at(bracket.rungs, bracket.values, run, step, self.max_step)
 
-    def report(self, run: str, rung: float, value: float, step: float | None = None, *, late: bool = False) -> str:
+    def report(self, run: str, rung: float, value: Value, step: float | None = None, *, late: bool = False) -> str:
         """``run`` reached ``rung`` with ``value`` there (recorded before anything acts on it). It
         goes on (:data:`CONTINUE`) when it is promotable from there at once and no paused run is
         owed a promotion from a higher rung; otherwise it pauses (:data:`PAUSE`) and waits for
@@ -165,7 +233,7 @@ class PromotionAsha:
         number = self._bracket_of.get(run, 0)
         bracket = self._brackets[number]
         index = bracket.rungs.index(rung)
-        bracket.record(index, run, value)
+        bracket.record(index, run, self.ranking.checked(value))
         owed = self._owed()
         if run in bracket.promotable(index, self._complete(number, index, {})) and not (owed and owed[0][0] < -rung):
             bracket.promoted[index].add(run)
@@ -226,8 +294,9 @@ class PromotionAsha:
 
     def _owed(self) -> list[tuple[float, float, str, int, int]]:
         """The paused runs a promotion is owed to, first the one :meth:`next` resumes: the highest
-        rung step first, then the best value, then the name (so that the order is the same at every
-        replay): ``(-step, signed value, run, bracket, rung index)``."""
+        rung step first, then the best value (several objectives: the best place at its rung), then
+        the name (so that the order is the same at every replay): ``(-step, standing, run, bracket,
+        rung index)``."""
         owed = []
         known: dict[tuple[int, int], bool] = {}
         for number, bracket in enumerate(self._brackets):  # the top of each rung, not every paused run
@@ -235,8 +304,7 @@ class PromotionAsha:
                 complete = len(bracket.values[index]) < self.factor and self._complete(number, index, known)
                 for run in bracket.promotable(index, complete):
                     if self._paused.get(run) == index and self._bracket_of.get(run, 0) == number:
-                        value = bracket.values[index][run]
-                        owed.append((-step, value if self.mode == "min" else -value, run, number, index))
+                        owed.append((-step, bracket.standing(index, run), run, number, index))
         return sorted(owed)
 
 
@@ -244,10 +312,23 @@ class AsyncHyperband(PromotionAsha):
     """Brackets of promotion ASHA, bracket ``s`` starting at rung ``s`` (as many brackets as
     rungs, and one that runs each of its configurations to ``max_step``)."""
 
-    def __init__(self, *, min_step: float, max_step: float, reduction_factor: float = 3.0, mode: str = "min") -> None:
+    def __init__(
+        self,
+        *,
+        min_step: float,
+        max_step: float,
+        reduction_factor: float = 3.0,
+        mode: str = "min",
+        objectives: Sequence[tuple[str, str]] = (),
+    ) -> None:
         rungs = asha_rungs(min_step, max_step, reduction_factor)
         super().__init__(
-            min_step=min_step, max_step=max_step, reduction_factor=reduction_factor, mode=mode, brackets=len(rungs) + 1
+            min_step=min_step,
+            max_step=max_step,
+            reduction_factor=reduction_factor,
+            mode=mode,
+            brackets=len(rungs) + 1,
+            objectives=objectives,
         )
 
 
@@ -258,7 +339,7 @@ class _Ladder:
     def __init__(self, rungs: tuple[float, ...], size: int) -> None:
         self.rungs, self.size = rungs, size  # rungs: where it judges (its start first); size: runs it takes
         self.runs: list[str] = []
-        self.values: list[dict[str, float]] = [{} for _ in rungs]
+        self.values: list[dict[str, Value]] = [{} for _ in rungs]
         self.promoted: list[list[str] | None] = [None for _ in rungs]  # decided once the rung is full
         self.gone: set[str] = set()  # runs that ended before reaching a rung (failed, stopped)
         self.closed = False  # takes no more runs (full, or the sweep has no more configurations)
@@ -292,9 +373,17 @@ class Hyperband:
     shares (:meth:`_bracket_for_new`), and more than a round holds start the brackets again.
     """
 
-    def __init__(self, *, min_step: float, max_step: float, reduction_factor: float = 3.0, mode: str = "min") -> None:
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max'; got {mode!r}")
+    def __init__(
+        self,
+        *,
+        min_step: float,
+        max_step: float,
+        reduction_factor: float = 3.0,
+        mode: str = "min",
+        objectives: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """``objectives``: several (metric, mode), ranked by Pareto front (``mode`` is then unused)."""
+        self.ranking = Ranking([way for _, way in objectives] or [mode])
         self.max_step, self.factor, self.mode = max_step, reduction_factor, mode
         self._levels = asha_rungs(min_step, max_step, reduction_factor)  # the rungs; max_step is the end
         top = len(self._levels)  # s_max
@@ -318,13 +407,13 @@ class Hyperband:
         ladder = self._ladders[self._ladder_of[run]]
         return _rung_at(ladder.rungs, ladder.values, run, step, self.max_step)
 
-    def report(self, run: str, rung: float, value: float, step: float | None = None, *, late: bool = False) -> str:
+    def report(self, run: str, rung: float, value: Value, step: float | None = None, *, late: bool = False) -> str:
         """``run`` reached ``rung``: it pauses, unless its value completes the rung and puts it
         among the promoted (it goes on at once; the others promoted wait for :meth:`next`)."""
         number = self._ladder_of[run]
         ladder = self._ladders[number]
         index = ladder.rungs.index(rung)
-        ladder.values[index][run] = value
+        ladder.values[index][run] = self.ranking.checked(value)
         self._paused[run] = index
         self._judge(ladder, index)
         promoted = ladder.promoted[index]
@@ -354,10 +443,11 @@ class Hyperband:
         owed = []
         for number, ladder in enumerate(self._ladders):  # the runs promoted, not every paused run
             for index, promoted in enumerate(ladder.promoted):
-                for run in promoted or ():
+                for place, run in enumerate(promoted or ()):
                     if self._paused.get(run) == index and self._ladder_of[run] == number:
-                        value = ladder.values[index][run]
-                        owed.append((-ladder.rungs[index], value if self.mode == "min" else -value, run, index))
+                        # several objectives: its place among the promoted (best first)
+                        standing = place if self.ranking.several else self.ranking.signed(ladder.values[index][run])
+                        owed.append((-ladder.rungs[index], standing, run, index))
         if owed:
             _, _, run, index = min(owed)
             number = self._ladder_of[run]
@@ -406,10 +496,7 @@ class Hyperband:
         if ladder.promoted[index] is not None or not ladder.full(index):
             return
         values = ladder.values[index]
-        ranked = sorted(
-            (run for run in values if run not in ladder.gone),
-            key=lambda run: (values[run] if self.mode == "min" else -values[run], run),
-        )
+        ranked = self.ranking.order({run: value for run, value in values.items() if run not in ladder.gone})
         ladder.promoted[index] = ranked[: math.floor(len(ranked) / self.factor)] or ranked[:1]
 
 
@@ -426,4 +513,10 @@ def method_for(rule: Pausing, *, population: int = 0, slots: int = 0) -> Method:
         assert isinstance(rule, PbtRule)
         return Pbt(rule.config, population=population, slots=slots)
     kind = Hyperband if rule.method == "hyperband" else PromotionAsha
-    return kind(min_step=rule.min_step, max_step=rule.max_step, reduction_factor=rule.reduction_factor, mode=rule.mode)
+    return kind(
+        min_step=rule.min_step,
+        max_step=rule.max_step,
+        reduction_factor=rule.reduction_factor,
+        mode=rule.mode,
+        objectives=rule.objectives,
+    )

@@ -300,3 +300,27 @@ def test_hyperband_with_two_objectives_promotes_the_pareto_best_whatever_the_ord
         promoted.add(decided.run)
     assert promoted == {"a", "d"}  # the ends of the front a, b, d: floor(6 / 3) of them
     assert method.paused == {run: 1.0 for run in "bcef"}
+
+
+@pytest.mark.parametrize("dimensions", [2, 3])
+def test_the_fronts_are_the_non_dominated_ranks_also_with_ties_and_equal_points(dimensions):
+    """The fronts (two objectives: one sort and bisection; more: peeled) against the definition: a
+    point's rank is 0 when nothing dominates it, else one more than the highest rank of those that do."""
+    import random
+
+    from gpu_task_scheduler.tuning.stopping import fronts, pareto_order
+
+    def dominates(a, b):
+        return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
+
+    rng = random.Random(7)
+    for _ in range(300):
+        points = [[rng.randint(0, 5) for _ in range(dimensions)] for _ in range(rng.randint(1, 25))]
+        rank = {}
+        for i in sorted(range(len(points)), key=lambda i: sum(points[i])):  # dominators have smaller sums
+            rank[i] = max((rank[j] + 1 for j in rank if dominates(points[j], points[i])), default=0)
+        found = fronts(points)
+        assert [sorted(front) for front in found] == [
+            sorted(i for i in rank if rank[i] == r) for r in range(max(rank.values()) + 1)
+        ], points
+        assert sorted(pareto_order(points)) == list(range(len(points)))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -238,26 +238,61 @@ def _crowding(front: Sequence[int], points: Sequence[Sequence[float]]) -> dict[i
     return distance
 
 
+def fronts(points: Sequence[Sequence[float]], until: int | None = None) -> list[list[int]]:
+    """The indices of ``points`` (all objectives minimized) by non-dominated front, the first front
+    first (equal points share one); with more than two objectives, only down to the front that
+    holds ``until``, where one is given.
+
+    Two objectives take one sort (O(n log n), all fronts at once): in the order of the first
+    objective, a point joins the first front none of whose points dominates it, and a front's
+    points so far dominate it exactly when the lowest second objective among them is below the
+    point's (or equal to it at a lower first objective), so the fronts' lowest values, which grow
+    from front to front, are searched by bisection. More objectives peel a front at a time.
+
+    >>> fronts([[3, 3], [1, 4], [2, 2], [4, 1], [3, 3]]), fronts([[3, 3, 0], [1, 4, 0], [2, 2, 0], [4, 1, 0]])
+    ([[1, 2, 3], [0, 4]], [[1, 2, 3], [0]])
+    """
+    found: list[list[int]] = []
+    if points and len(points[0]) == 2:
+        lowest: list[tuple[float, float]] = []  # each front's lowest (second, first) objective so far
+        for i in sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i)):
+            x, y = points[i]
+            k = bisect_left(lowest, (y, x))  # the fronts before k each hold a point that dominates it
+            if k == len(lowest):
+                lowest.append((y, x))
+                found.append([i])
+            else:
+                lowest[k] = (y, x)
+                found[k].append(i)
+        return found
+    left = list(range(len(points)))
+    while left:
+        front = _front_of(left, points)
+        found.append(front)
+        if until in front:
+            break
+        taken = set(front)
+        left = [i for i in left if i not in taken]
+    return found
+
+
 def standing_of(last: int, points: Sequence[Sequence[float]]) -> tuple[int, int]:
     """Point ``last``'s non-dominated rank (0: the front) and how many points are strictly ahead of
     it: every point of a lower rank, and those of its own front that are more isolated (a larger
-    crowding distance). Fronts are peeled only down to its own.
+    crowding distance).
 
     >>> standing_of(3, [[3, 3], [1, 4], [2, 2], [4, 1]]), standing_of(2, [[3, 3], [1, 4], [2, 2], [4, 1]])
     ((0, 0), (0, 2))
     >>> standing_of(0, [[3, 3], [1, 4], [2, 2], [4, 1]])
     (1, 3)
     """
-    left, ahead, rank = list(range(len(points))), 0, 0
-    while True:
-        front = _front_of(left, points)
+    ahead = 0
+    for rank, front in enumerate(fronts(points, until=last)):
         if last in front:
             distance = _crowding(front, points)
             return rank, ahead + sum(1 for i in front if distance[i] > distance[last])
         ahead += len(front)
-        taken = set(front)
-        left = [i for i in left if i not in taken]
-        rank += 1
+    raise ValueError(f"no point {last} among {len(points)}")
 
 
 def pareto_order(points: Sequence[Sequence[float]]) -> list[int]:
@@ -270,13 +305,10 @@ def pareto_order(points: Sequence[Sequence[float]]) -> list[int]:
     >>> pareto_order([[3, 3], [1, 4], [2, 2], [4, 1]])
     [1, 3, 2, 0]
     """
-    left, order = list(range(len(points))), []
-    while left:
-        front = _front_of(left, points)
+    order: list[int] = []
+    for front in fronts(points):
         distance = _crowding(front, points)
         order += sorted(front, key=lambda i: (-distance[i], tuple(points[i]), i))
-        taken = set(front)
-        left = [i for i in left if i not in taken]
     return order
 
 

@@ -153,13 +153,16 @@ class _Bracket:
         # decisions cost its size squared); several objectives' ranked again at each value (a new
         # point moves others between fronts), the standing a run's place
         self.ranked: list[list[tuple[float, str]]] = [[] for _ in rungs]
+        self.places: list[dict[str, int]] = [{} for _ in rungs]  # several objectives: rung -> run -> place
         self.promoted: list[set[str]] = [set() for _ in rungs]  # rung index -> runs promoted from it
 
     def record(self, index: int, run: str, value: Value) -> None:
         """``run``'s value at rung ``index`` (once: the methods record a rung a run has no value at)."""
         self.values[index][run] = value
         if self.ranking.several:
-            self.ranked[index] = [(place, name) for place, name in enumerate(self.ranking.order(self.values[index]))]
+            order = self.ranking.order(self.values[index])
+            self.ranked[index] = [(place, name) for place, name in enumerate(order)]
+            self.places[index] = {name: place for place, name in enumerate(order)}
         else:
             bisect.insort(self.ranked[index], (self.ranking.signed(value), run))
 
@@ -168,7 +171,7 @@ class _Bracket:
         several objectives' (which runs of other rungs' places do not compare with, nor need to)."""
         if not self.ranking.several:
             return self.ranking.signed(self.values[index][run])
-        return next(place for place, name in self.ranked[index] if name == run)
+        return self.places[index][run]
 
     def keep(self, index: int, complete: bool = False) -> int:
         """How many of rung ``index``'s best go on: ``floor(n / factor)``; ``complete`` (no run can

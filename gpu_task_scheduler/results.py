@@ -24,6 +24,8 @@ from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.metrics import run_points
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 from .records.provenance import short
+from .tuning.stopping import dominates as dominates  # a run dominates another: the Pareto front's test
+from .tuning.stopping import fronts
 
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
 
@@ -433,25 +435,10 @@ def scored(root: str, *, stage: str | None = None) -> tuple[list[tuple[str, str]
     return objectives, found
 
 
-def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Whether ``a`` is at least as good as ``b`` in every objective and better in one (all minimized).
-
-    >>> dominates([1, 2], [1, 3]), dominates([1, 2], [1, 2]), dominates([0, 3], [1, 2])
-    (True, False, False)
-    """
-    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
-
-
 def front(points: Sequence[Sequence[float]]) -> list[int]:
     """The indices of the non-dominated points (all objectives minimized), in order of the first
     objective; a point equal to another on the front is on it too."""
-    order = sorted(range(len(points)), key=lambda i: tuple(points[i]))
-    kept: list[int] = []
-    for index in order:
-        if not any(dominates(points[other], points[index]) for other in kept):
-            kept = [other for other in kept if not dominates(points[index], points[other])]
-            kept.append(index)
-    return sorted(kept, key=lambda i: tuple(points[i]))
+    return sorted(fronts(points)[0], key=lambda i: tuple(points[i])) if points else []
 
 
 def pareto(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:

@@ -218,8 +218,8 @@ def _front_of(indices: Sequence[int], points: Sequence[Sequence[float]]) -> list
     point checked against the front so far only (equal points are both on it)."""
     kept: list[int] = []
     for i in sorted(indices, key=lambda i: tuple(points[i])):
-        if not any(_dominates(points[j], points[i]) for j in kept):
-            kept = [j for j in kept if not _dominates(points[i], points[j])]
+        if not any(dominates(points[j], points[i]) for j in kept):
+            kept = [j for j in kept if not dominates(points[i], points[j])]
             kept.append(i)
     return kept
 
@@ -312,7 +312,12 @@ def pareto_order(points: Sequence[Sequence[float]]) -> list[int]:
     return order
 
 
-def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether ``a`` is at least as good as ``b`` in every objective and better in one (all minimized).
+
+    >>> dominates([1, 2], [1, 3]), dominates([1, 2], [1, 2]), dominates([0, 3], [1, 2])
+    (True, False, False)
+    """
     return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 

@@ -697,11 +697,16 @@ class ScheduleTask(GPUTask):
     """examples/pbt_schedule.py as a GPUTask, for population-based training: each step adds a gain
     that is largest when ``lr`` is the best one for that step (which falls as it trains); saves its
     state, then reports ``score``; a resumed attempt checks its checkpoint is of the resume step.
-    Journals ``start LR`` or ``resume N LR`` (the lr this attempt trains with, from self._config)."""
+    Journals ``start LR`` or ``resume N LR`` (the lr this attempt trains with, from self._config).
+    With ``config["cost"]``, it reports a second objective too: ``cost``, its lr (a larger one costs
+    more)."""
 
     def main(self):
         import json
         import math
+
+        def report(step, score):
+            self.report(step, score=score, **({"cost": lr} if self._config.get("cost") else {}))
 
         lr, saved = self._config["lr"], os.path.join(self.checkpoint_dir, "state.json")
         done, score = 0, 0.0
@@ -711,7 +716,7 @@ class ScheduleTask(GPUTask):
             done, score = int(checked_resume(self, state["step"])), state["score"]
             journal(self._config, f"resume {done} {lr!r}", self._work_dir)
             if done > self.resume_step:  # the report a kill cut off
-                self.report(done, score=score)
+                report(done, score)
         else:
             journal(self._config, f"start {lr!r}", self._work_dir)
         for step in range(done + 1, self._config["steps"] + 1):
@@ -721,5 +726,5 @@ class ScheduleTask(GPUTask):
             with open(saved + ".new", "w") as handle:
                 json.dump({"step": step, "score": score}, handle)
             os.replace(saved + ".new", saved)
-            self.report(step, score=score)
+            report(step, score)
         return {"score": score, "lr": lr}

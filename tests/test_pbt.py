@@ -4,7 +4,7 @@ exploits another, how its values are explored, and that the same events decide t
 import pytest
 
 from gpu_task_scheduler import ConfigError
-from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOT, SNAPSHOT_YIELD, YIELD, Exploit, Pbt, parse_pbt
+from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOT, SNAPSHOT_YIELD, YIELD, Exploit, Pbt, parse_pbt, pbt_rule
 from gpu_task_scheduler.tuning.trials import CONTINUE, Next
 
 PBT = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2.0]}}
@@ -248,3 +248,48 @@ def test_a_late_report_keeps_no_snapshot_of_a_step_the_run_went_past():
     pbt = population([1.0, 2.0])
     assert pbt.report("m0", 4, 0.1, 4, late=True) == CONTINUE and not pbt.members["m0"].snapshots
     assert tell(pbt, "m1", 4, 0.9) == CONTINUE  # the bottom, with no snapshot to copy
+
+
+# --- several objectives: ranked by Pareto front, then crowding distance ----------------------
+
+TWO = {"loss": "min", "latency": "min"}
+
+
+def test_pbt_takes_several_objectives_instead_of_a_metric():
+    config = parse_pbt(
+        {key: value for key, value in PBT.items() if key not in ("metric", "mode")} | {"objectives": TWO}
+    )
+    assert config.objectives == (("loss", "min"), ("latency", "min")) and (config.metric, config.mode) == (
+        "loss",
+        "min",
+    )
+    assert "on min loss and min latency (by Pareto rank)" in pbt_rule(config).describe()
+    with pytest.raises(ConfigError, match="give objectives, or metric and mode for one, not both"):
+        parse_pbt({**PBT, "objectives": TWO})
+
+
+def mo_population(size, **keys):
+    pbt = Pbt(
+        parse_pbt(
+            {key: value for key, value in PBT.items() if key not in ("metric", "mode")} | {"objectives": TWO, **keys}
+        )
+    )
+    for number in range(size):
+        pbt.began(f"m{number}", 0, {"lr": 1.0})
+    return pbt
+
+
+def test_with_several_objectives_the_bottom_by_pareto_rank_copies_the_top():
+    """m0, m1 and m2 make the front (m0 and m2 its ends, m0 the better loss); m3 is dominated: the
+    bottom quarter is m3, the top m0; a member on the front goes on."""
+    pbt = mo_population(4)
+    for member, value in (("m0", (0.1, 9.0)), ("m1", (0.5, 5.0)), ("m2", (0.9, 1.0)), ("m3", (0.95, 9.5))):
+        pbt.members[member].last_value = value
+    assert pbt._quantiles() == (["m3"], ["m0"])
+    fresh = mo_population(4)
+    decisions = [tell(fresh, m, 4, v) for m, v in (("m0", (0.1, 9.0)), ("m1", (0.5, 5.0)), ("m2", (0.9, 1.0)))]
+    # m1 and m0 are the two ends of a front of two: equally isolated, m0 first by the first objective
+    assert decisions == [SNAPSHOT, EXPLOIT, CONTINUE]
+    assert tell(fresh, "m3", 4, (0.95, 9.5)) == EXPLOIT and fresh.exploit_of("m3").donor == "m0"
+    with pytest.raises(ValueError, match="value of 2 objectives"):
+        tell(fresh, "m0", 8, 0.1)

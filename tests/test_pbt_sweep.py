@@ -256,3 +256,38 @@ def test_a_searchs_first_n_runs_are_the_population(in_tmp):
     events = _events(root)
     assert sum(1 for event in events if event[1] == "began") == 4
     assert any(event[3] == "exploit" for event in events)
+
+
+def test_a_population_judged_by_two_objectives_copies_by_pareto_rank_and_replays_the_same(in_tmp, caplog):
+    """Members report a score to maximize and a cost (their lr) to minimize: each judgement is
+    recorded with both values, an exploit's member is ranked below its donor by Pareto rank there,
+    and a second start replays every decision (none differs) and runs nothing."""
+    root = in_tmp / "r"
+    config = _population(root)
+    config["global_config"]["cost"] = True
+    config["pbt"] = {key: value for key, value in config["pbt"].items() if key not in ("metric", "mode")}
+    config["pbt"]["objectives"] = {"score": "max", "cost": "min"}
+    summary = GPUTaskScheduler(config, tasks.ScheduleTask).start()
+    assert len(summary.succeeded) == 4 and not summary.failed
+    rungs = [event for event in _events(root) if event[1] == "rung"]
+    values = {}
+    for name, _, rung, _, detail in rungs:
+        objectives = json.loads(detail)["objectives"]
+        assert set(objectives) == {"score", "cost"}
+        values.setdefault(rung, {})[name] = (-objectives["score"], objectives["cost"])  # both minimized
+    exploits = [(name, rung, json.loads(detail)["donor"]) for name, _, rung, how, detail in rungs if how == "exploit"]
+    assert exploits, "no member copied another"
+    from gpu_task_scheduler.tuning.stopping import pareto_order
+
+    def ahead(donor, name, level):
+        table = values[level]
+        ranked = [sorted(table)[i] for i in pareto_order([table[n] for n in sorted(table)])]
+        return ranked.index(donor) < ranked.index(name)
+
+    for name, rung, donor in exploits:  # ranked at an interval up to its own, below its donor there
+        levels = [level for level in values if level <= rung and {name, donor} <= set(values[level])]
+        assert any(ahead(donor, name, level) for level in levels), (name, donor, rung, values)
+    caplog.clear()
+    again = GPUTaskScheduler(config, tasks.ScheduleTask).start()
+    assert again.outcomes == {} and len(again.skipped) == 4
+    assert "differ" not in caplog.text and "do not fit" not in caplog.text

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..records import checkpoints
-from ..records.ledger import Ledger, TrialEvent, paused_cause
+from ..records.ledger import Ledger, TrialEvent, paused_cause, value_words
 from ..records.paths import RunPaths
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule
@@ -228,18 +228,15 @@ class Pauses:
         rung = method.rung_reached(spec.name, step)
         if rung is None:
             return None
-        if isinstance(value, list):  # several objectives (population-based training judges one metric)
-            assert not isinstance(method, Pbt)
-            decision = method.report(spec.name, rung, tuple(value), step, late=late)
-        else:
-            decision = method.report(spec.name, rung, value, step, late=late)
-        detail: dict[str, Any] | None = None
-        if isinstance(value, list):
-            detail, value = {"objectives": dict(zip(self._rules[spec.stage].metrics, value, strict=True))}, value[0]
-        elif isinstance(method, Pbt):
-            detail = self._population(method, spec, decision, step)
+        decision = method.report(spec.name, rung, tuple(value) if isinstance(value, list) else value, step, late=late)
+        detail: dict[str, Any] = {}
+        if isinstance(value, list):  # several objectives: each one's (the value column holds the first)
+            detail["objectives"] = dict(zip(self._rules[spec.stage].metrics, value, strict=True))
+            value = value[0]
+        if isinstance(method, Pbt):
+            detail.update(self._population(method, spec, decision, step) or {})
             if late:
-                detail = {**(detail or {}), "late": True}
+                detail["late"] = True
         self._ledger.record_trial_event(
             "rung",
             stage=spec.stage,
@@ -248,7 +245,7 @@ class Pauses:
             step=step,
             value=value,
             decision=decision,
-            detail=detail,
+            detail=detail or None,
         )
         return rung, decision
 
@@ -274,10 +271,10 @@ class Pauses:
         """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies."""
         stage = self._stage_of[name]
         method = self._methods[stage]
-        if isinstance(value, list):  # several objectives: each one's value there
-            return paused_cause(rung, dict(zip(self._rules[stage].metrics, value, strict=True)))
+        # several objectives: each one's value there
+        there = dict(zip(self._rules[stage].metrics, value, strict=True)) if isinstance(value, list) else value
         if not isinstance(method, Pbt):
-            return paused_cause(rung, value)
+            return paused_cause(rung, there)
         exploit = method.exploit_of(name)
         if exploit is None:
             return (
@@ -286,7 +283,7 @@ class Pauses:
             )
         changed = ", ".join(f"{key} {how}" for key, how in sorted(exploit.changed.items())) or "its values kept"
         return (
-            f"exploits {exploit.donor} at step {exploit.step:g} ({value:.4g} at step {rung:g}, {changed}): "
+            f"exploits {exploit.donor} at step {exploit.step:g} ({value_words(there)} at step {rung:g}, {changed}): "
             "it resumes from a copy of that member's checkpoint"
         )
 

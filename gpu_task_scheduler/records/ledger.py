@@ -334,14 +334,21 @@ def _json_dict(text: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def value_words(value: Any) -> str:
+    """A value at a rung as a pause's cause says it: ``0.87``, or several objectives' (a dict)
+    ``loss 0.87, latency 12``; "" for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{name} {v:.4g}" for name, v in value.items() if isinstance(v, (int, float)))
+    return ""
+
+
 def paused_cause(rung: Any, value: Any) -> str:
-    """``paused at rung 3 (0.87 there): resumed if it is promoted``; ``value`` several objectives'
-    (a dict): ``(loss 0.87, latency 12 there)``."""
+    """``paused at rung 3 (0.87 there): resumed if it is promoted`` (``value``: see value_words)."""
     at = f"{rung:g}" if isinstance(rung, (int, float)) else str(rung)
-    there = f" ({value:.4g} there)" if isinstance(value, (int, float)) else ""
-    if isinstance(value, dict) and value:
-        shown = ", ".join(f"{name} {v:.4g}" for name, v in value.items() if isinstance(v, (int, float)))
-        there = f" ({shown} there)"
+    shown = value_words(value)
+    there = f" ({shown} there)" if shown else ""
     return f"paused at rung {at}{there}: resumed if it is promoted"
 
 

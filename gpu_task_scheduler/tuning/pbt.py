@@ -41,8 +41,8 @@ from typing import Any, TypeGuard
 from ..errors import ConfigError, unknown_key_message
 from ..recordclass import Record, field
 from .space import Distribution, parse_distribution
-from .stopping import Pausing, metric_and_mode
-from .trials import CONTINUE, Next
+from .stopping import Pausing, judged_by
+from .trials import CONTINUE, Next, Ranking, Value
 
 # PBT's decisions besides CONTINUE (trials.py): EXPLOIT, SNAPSHOT, and the same with a pause for
 # the member's turn (a population larger than its slots).
@@ -56,6 +56,7 @@ PBT_WAIT = 120.0
 KEYS = (
     "metric",
     "mode",
+    "objectives",
     "interval",
     "quantile",
     "perturb",
@@ -79,6 +80,9 @@ class PbtConfig(Record):
     resample_probability: float = 0.25
     keep: int = 0  # old checkpoints of the best member kept (the engine's)
     seed: int = 0
+    # Several objectives (metric, mode), ranked by Pareto front then crowding distance, as MO-PBT
+    # (Dushatskiy et al., 2023) and the pausing methods rank; the first is also metric and mode.
+    objectives: tuple[tuple[str, str], ...] = ()
 
 
 class Exploit(Record):
@@ -90,16 +94,16 @@ class Exploit(Record):
     step: float
     values: dict[str, Any]
     changed: dict[str, str] = field(default_factory=dict)
-    value: float | None = None  # the donor's value at ``step``
+    value: Value | None = None  # the donor's value at ``step``
 
 
 class Member(Record, frozen=False):
     values: dict[str, Any]
     last_step: float | None = None  # the step it was last judged at (or went on from, after an exploit)
-    last_value: float | None = None  # its value at its latest judgement
+    last_value: Value | None = None  # its value at its latest judgement
     judged_at: float = 0.0  # the multiple of interval it was last judged at (or the step it went on from)
     # (step, its value there, its values then): its checkpoints kept for the members that copy it
-    snapshots: list[tuple[float, float, dict[str, Any]]] = field(default_factory=list)
+    snapshots: list[tuple[float, Value, dict[str, Any]]] = field(default_factory=list)
     went_back: float | None = None  # the interval its last exploit went back from (to the one before)
     furthest: float = 0.0  # the furthest interval it was judged at
 
@@ -117,7 +121,7 @@ def parse_pbt(raw: Any, where: str = "pbt") -> PbtConfig | None:
     for key in raw:
         if key not in KEYS:
             raise ConfigError(unknown_key_message(where, key, KEYS))
-    metric, mode = metric_and_mode(raw, where)
+    metric, mode, objectives = judged_by(raw, where)
     interval = raw.get("interval")
     if not _number(interval) or interval <= 0:
         raise ConfigError(
@@ -167,6 +171,7 @@ def parse_pbt(raw: Any, where: str = "pbt") -> PbtConfig | None:
         resample_probability=probability,
         keep=keep,
         seed=seed,
+        objectives=objectives,
     )
 
 
@@ -207,11 +212,12 @@ class Pbt:
 
     def __init__(self, config: PbtConfig, *, population: int = 0, slots: int = 0) -> None:
         self.config = config
+        self.ranking = Ranking([way for _, way in config.objectives] or [config.mode])
         self.population, self.slots = population, slots
         self.members: dict[str, Member] = {}
         self._exploits: dict[str, Exploit] = {}  # decided, not yet resumed
         self._turns: dict[str, float] = {}  # members that wait for their turn, and the step they wait at
-        self._at: dict[float, dict[str, float]] = {}  # interval -> member -> its value there
+        self._at: dict[float, dict[str, Value]] = {}  # interval -> member -> its value there
         self._ended: set[str] = set()
         self._closed = False  # no more members will begin
 
@@ -233,13 +239,15 @@ class Pbt:
         boundary = math.floor(step / c.interval) * c.interval
         return boundary if boundary > state.judged_at and boundary > 0 else None
 
-    def report(self, run: str, rung: float, value: float, step: float | None = None, *, late: bool = False) -> str:
-        """``run`` reported ``value`` at ``step``, judged at ``rung`` (recorded before anything acts
-        on it): :data:`EXPLOIT` (it pauses; :meth:`exploit_of` says from what it resumes),
-        :data:`SNAPSHOT` (a top member: its checkpoint is kept as a donor's) or :data:`CONTINUE`.
-        ``late``: told after the run went on past ``step`` (an earlier attempt's report, read after a
-        restart): no snapshot of that step can be taken, so a top member goes on without one."""
+    def report(self, run: str, rung: float, value: Value, step: float | None = None, *, late: bool = False) -> str:
+        """``run`` reported ``value`` at ``step`` (several objectives: each one's), judged at ``rung``
+        (recorded before anything acts on it): :data:`EXPLOIT` (it pauses; :meth:`exploit_of` says
+        from what it resumes), :data:`SNAPSHOT` (a top member: its checkpoint is kept as a donor's)
+        or :data:`CONTINUE`. ``late``: told after the run went on past ``step`` (an earlier
+        attempt's report, read after a restart): no snapshot of that step can be taken, so a top
+        member goes on without one."""
         state = self.members[run]
+        value = self.ranking.checked(value)
         step = rung if step is None else step
         state.last_step, state.last_value, state.judged_at = step, value, rung
         decision = self._decide(run, state, rung, step, value)
@@ -259,7 +267,7 @@ class Pbt:
             return True  # members that have not begun
         return any(at < step for other, at in self._turns.items() if other != run)
 
-    def _decide(self, run: str, state: Member, rung: float, step: float, value: float) -> str:
+    def _decide(self, run: str, state: Member, rung: float, step: float, value: Value) -> str:
         self._at.setdefault(rung, {})[run] = value
         level = self._level(rung)
         if level is None:  # too few members there yet to rank it: kept as a donor, in case it is a top one
@@ -370,13 +378,10 @@ class Pbt:
         return ranked[0] if ranked else None
 
     def _ranked(self) -> list[str]:
-        sign = 1 if self.config.mode == "min" else -1
-        reported = [
-            (sign * m.last_value, name)
-            for name, m in self.members.items()
-            if m.last_value is not None and name not in self._ended
-        ]
-        return [name for _, name in sorted(reported)]
+        members = self.members.items()
+        return self.ranking.order(
+            {name: m.last_value for name, m in members if m.last_value is not None and name not in self._ended}
+        )
 
     def _level(self, rung: float) -> float | None:
         """The interval a member judged at ``rung`` is ranked at: the latest, up to ``rung``, that at
@@ -387,14 +392,11 @@ class Pbt:
         ready = [level for level, table in self._at.items() if level <= rung and len(table) >= need]
         return max(ready, default=None)
 
-    def _quantiles(self, values: Mapping[str, float] | None = None) -> tuple[list[str], list[str]]:
+    def _quantiles(self, values: Mapping[str, Value] | None = None) -> tuple[list[str], list[str]]:
         """The bottom and the top ``quantile`` of ``values`` (by member; else each member's value at
-        its latest judgement), best first within each, ties by name."""
-        if values is None:
-            ranked = self._ranked()
-        else:
-            sign = 1 if self.config.mode == "min" else -1
-            ranked = [name for _, name in sorted((sign * value, name) for name, value in values.items())]
+        its latest judgement), best first within each, ties by name (several objectives: ranked
+        by Pareto front, then crowding distance: trials.Ranking)."""
+        ranked = self._ranked() if values is None else self.ranking.order(values)
         if len(ranked) < 2:  # the first judged is the top of one: its snapshot is the first donor's
             return [], ranked
         size = min(max(1, math.ceil(len(ranked) * self.config.quantile)), len(ranked) // 2)
@@ -456,7 +458,7 @@ class PbtRule(Pausing):
             + [f"{key} drawn again" for key in sorted(c.resample)]
         )
         return (
-            f"population-based training on {c.mode} {c.metric}: every {c.interval:g} steps the bottom "
+            f"population-based training on {self.judged_by()}: every {c.interval:g} steps the bottom "
             f"{c.quantile:g} copy the top {c.quantile:g} ({changes}), up to step {c.max_step:g}"
         )
 
@@ -469,6 +471,7 @@ def pbt_rule(config: PbtConfig) -> PbtRule:
         max_step=config.max_step,
         method="pbt",
         pbt=config,
+        objectives=config.objectives,
     )
 
 

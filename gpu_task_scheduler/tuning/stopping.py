@@ -428,6 +428,22 @@ def metric_and_mode(raw: Mapping[str, Any], where: str) -> tuple[str, str]:
     return metric, mode
 
 
+def judged_by(raw: Mapping[str, Any], where: str) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """What a rule judges by: its ``metric`` and ``mode``, or several ``objectives`` (metric -> min
+    or max, the first also its metric and mode), checked."""
+    if "objectives" not in raw:
+        return (*metric_and_mode(raw, where), ())
+    if "metric" in raw or "mode" in raw:
+        raise ConfigError(f"{where}: give objectives, or metric and mode for one, not both")
+    goals = raw["objectives"]
+    if not isinstance(goals, Mapping) or len(goals) < 2:
+        raise ConfigError(f"{where}: objectives must be a dict of two or more metric -> min or max; got {goals!r}")
+    for name, way in goals.items():
+        metric_and_mode({"metric": name, "mode": way}, f"{where}: objectives")
+    objectives = tuple((str(name), str(way)) for name, way in goals.items())
+    return (*objectives[0], objectives)
+
+
 def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pausing | None:
     """The rule an ``early_stop`` value asks for (None for none); ConfigError with the fix otherwise."""
     if raw is None:
@@ -441,19 +457,7 @@ def parse_early_stop(raw: Any, where: str = "early_stop") -> Asha | Median | Pau
     for key in raw:
         if key not in _KEYS[method]:
             raise ConfigError(unknown_key_message(f"{where} (method {method})", key, _KEYS[method]))
-    objectives: tuple[tuple[str, str], ...] = ()
-    if "objectives" in raw:
-        if "metric" in raw or "mode" in raw:
-            raise ConfigError(f"{where}: give objectives, or metric and mode for one, not both")
-        goals = raw["objectives"]
-        if not isinstance(goals, Mapping) or len(goals) < 2:
-            raise ConfigError(f"{where}: objectives must be a dict of two or more metric -> min or max; got {goals!r}")
-        for name, way in goals.items():
-            metric_and_mode({"metric": name, "mode": way}, f"{where}: objectives")
-        objectives = tuple((str(name), str(way)) for name, way in goals.items())
-        metric, mode = objectives[0]
-    else:
-        metric, mode = metric_and_mode(raw, where)
+    metric, mode, objectives = judged_by(raw, where)
     min_step = raw.get("min_step", 1)
     if not _number(min_step) or min_step <= 0:
         raise ConfigError(f"{where}: min_step must be a number above 0; got {min_step!r}")

@@ -131,6 +131,19 @@ def test_hyperband_on_two_objectives_pauses_and_promotes_a_sweep_as_its_method_d
     again = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
     assert again.outcomes == {} and len(again.skipped) == 9
     assert "differ" not in caplog.text and "do not fit" not in caplog.text
+    # Values damaged by hand (an objective gone, a string, a list, no JSON) are left out, said once.
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        seqs = [seq for (seq,) in db.execute("SELECT seq FROM trial_events WHERE kind = 'rung' ORDER BY seq")]
+        damaged = [
+            '{"objectives": {"loss": 0.5}}',
+            '{"objectives": {"loss": "x", "latency": 1}}',
+            '{"objectives": [1, 2]}',
+        ]
+        for seq, detail in zip(seqs[-4:], [*damaged, "not json"], strict=True):
+            db.execute("UPDATE trial_events SET detail = ? WHERE seq = ?", (detail, seq))
+    caplog.clear()
+    third = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert third.exit_code == 0 and "4 recorded event(s) of the early_stop method do not fit it" in caplog.text
 
 
 def test_a_two_objective_search_whose_runs_pause_by_pareto_rank_tells_each_run_once_with_both_values(in_tmp):

@@ -550,24 +550,36 @@ def test_api_answers_are_computed_by_a_few_workers_and_shared(in_tmp, served, mo
     monkeypatch.setattr(web, "API_WORKERS", 2)
     root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a",))
     url, _ = served([root])
-    calls, running, most = [], [0], [0]
-    lock = threading.Lock()
-    real = web_data.parcoords
+    calls, running, most, arrived = [], [0], [0], [0]
+    ready = [lambda: arrived[0] >= 16]  # round 1: every request reached the view
+    changed = threading.Condition()
+    real, real_answer = web_data.parcoords, web.View.answer
+
+    def counted_answer(self, path, query):
+        with changed:
+            arrived[0] += 1
+            changed.notify_all()
+        return real_answer(self, path, query)
 
     def slow_parcoords(*args, **kwargs):
-        with lock:
+        """A slow aggregate: it ends once the round is ready (the others are asking while it
+        computes, or another computes with it), however loaded the machine is."""
+        with changed:
             calls.append(args)
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.2)  # a slow aggregate, not a wait for anything
-        with lock:
+            changed.notify_all()
+            assert changed.wait_for(ready[0], timeout=30), (arrived, most)
             running[0] -= 1
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(web.View, "answer", counted_answer)
     monkeypatch.setattr(web_data, "parcoords", slow_parcoords)
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda _: api(url, "/api/parcoords", root=0, metric="loss"), range(16)))
     assert all(status == 200 for status, _ in answers) and len(calls) == 1
+    # round 2: until a second computes at once and every request reached the view (none more may compute)
+    ready[0] = lambda: most[0] >= 2 and arrived[0] >= 16 + 8
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: api(url, "/api/parcoords", root=0, metric=f"m{i}"), range(8)))
     assert all(status == 200 for status, _ in answers) and len(calls) == 9 and most[0] == 2

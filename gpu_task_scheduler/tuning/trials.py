@@ -42,6 +42,11 @@ engine gives it a grid's configurations in a drawn order (``engine/pauses.Pauses
 Hyperband's synchronous brackets judge no run before all it is judged against are seen, so the
 grid's order changes nothing but which configuration lands in which bracket.
 
+With several objectives (``early_stop: {..., objectives: {loss: min, latency: min}}``), a value at
+a rung is each objective's, and a rung's "best" are the first of :class:`Ranking`'s order: by
+non-dominated front, then crowding distance, then the first objective (MO-ASHA's selection,
+Schmucker et al., 2021); ``bench/pausing_sim.py --objectives`` measures it.
+
 Given the same events in the same order, a method decides the same: the engine rebuilds one at
 each start by replaying what its ledger recorded (which run began in which bracket, each value
 at a rung, each promotion, each end, and when the sweep had no more new configurations:
@@ -75,8 +80,9 @@ Value: TypeAlias = "float | tuple[float, ...]"
 class Ranking:
     """How the values at a rung rank, best first: one metric's, the lower (``min``) or the higher
     first; several objectives' by non-dominated front, then crowding distance (the more isolated
-    first), as MO-ASHA (Schmucker et al., 2021) and NSGA-II select. The run's name breaks ties, so
-    that a replay decides the same."""
+    first), as MO-ASHA (Schmucker et al., 2021) and NSGA-II select, then by the first objective
+    (``stopping.pareto_order``). The run's name breaks what ties remain, so that a replay decides
+    the same."""
 
     def __init__(self, modes: Sequence[str]) -> None:
         if not modes or any(mode not in ("min", "max") for mode in modes):
@@ -167,8 +173,9 @@ class _Bracket:
             bisect.insort(self.ranked[index], (self.ranking.signed(value), run))
 
     def standing(self, index: int, run: str) -> float:
-        """Where ``run`` stands at rung ``index``, lower better: its signed value, or its place among
-        several objectives' (which runs of other rungs' places do not compare with, nor need to)."""
+        """Where ``run`` stands at rung ``index``, lower better: its signed value, or its place in the
+        rung's ranking by several objectives (two brackets' rungs at one step compare by place:
+        each one's best first)."""
         if not self.ranking.several:
             return self.ranking.signed(self.values[index][run])
         return self.places[index][run]

@@ -197,6 +197,11 @@ def test_the_page_and_the_report_mark_and_draw_the_front_gts_results_lists(in_tm
     view = data.pareto_view(root)
     assert view["objectives"] == [["f1", "min"], ["f2", "min"]] and len(view["runs"]) == 14
     assert {run["name"] for run in view["runs"] if run["rank"] == 0} == listed
+    feasible = [run for run in view["runs"] if run["feasible"]]
+    for run in feasible:  # its rank: one more than the highest rank of the runs that dominate it
+        above = [other["rank"] for other in feasible if dominates(other["values"], run["values"])]
+        assert run["rank"] == (max(above) + 1 if above else 0), (run, view)
+    assert max(run["rank"] for run in feasible) >= 1
     page = data.runs_page(root, limit=50)["runs"]
     assert {run["name"] for run in page if run["pareto"] == "front"} == listed
     assert report_data(root)["pareto"] == view

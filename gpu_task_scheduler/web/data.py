@@ -274,10 +274,12 @@ def _ledger_state(root: str) -> tuple[int, ...]:
 
 def pareto_view(root: str) -> dict[str, Any]:
     """A search of several objectives: ``{"objectives": [[metric, mode], ...], "runs": [{"name",
-    "values", "feasible", "rank"}]}`` (rank 0: on the feasible runs' front, 1: feasible, behind it;
-    infeasible runs have none), as ``gts results --pareto`` reads them; ``{"objectives": []}`` for
-    any other root. Worked out again only when the ledger changed (the page asks every second)."""
-    from ..results import front, scored, several_objectives
+    "values", "feasible", "rank"}]}`` (rank: the feasible run's non-dominated front among the
+    feasible runs, 0 the front ``gts results --pareto`` lists; infeasible runs have none);
+    ``{"objectives": []}`` for any other root. Worked out again only when the ledger changed (the
+    page asks every second)."""
+    from ..results import scored, several_objectives
+    from ..tuning.stopping import fronts
 
     state = _ledger_state(root)
     cached = _PARETO_CACHE.get(root)
@@ -289,10 +291,8 @@ def pareto_view(root: str) -> dict[str, Any]:
         rows = rows[:PARCOORDS_MOST]
         signs = [1.0 if mode == "min" else -1.0 for _, mode in objectives]
         feasible = [row for row in rows if row["feasible"]]
-        on_front = {
-            feasible[i]["name"]
-            for i in front([[sign * v for sign, v in zip(signs, row["objectives"], strict=True)] for row in feasible])
-        }
+        points = [[sign * v for sign, v in zip(signs, row["objectives"], strict=True)] for row in feasible]
+        rank_of = {feasible[i]["name"]: rank for rank, found in enumerate(fronts(points)) for i in found}
         view = {
             "objectives": [list(goal) for goal in objectives],
             "runs": [
@@ -300,7 +300,7 @@ def pareto_view(root: str) -> dict[str, Any]:
                     "name": r["name"],
                     "values": r["objectives"],
                     "feasible": r["feasible"],
-                    "rank": (0 if r["name"] in on_front else 1) if r["feasible"] else None,
+                    "rank": rank_of[r["name"]] if r["feasible"] else None,
                 }
                 for r in rows
             ],

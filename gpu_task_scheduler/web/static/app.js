@@ -407,7 +407,7 @@ function drawParcoords(data) {
 }
 
 // A search of several objectives: two of them as a scatter plot with the feasible runs' front as a
-// line; more, as parallel coordinates of the feasible runs, those on the front coloured apart.
+// line; more, as parallel coordinates of the feasible runs coloured by non-dominated rank (0: the front).
 function drawPareto(data) {
   $("pareto-section").hidden = data.objectives.length < 2;
   if (data.objectives.length < 2) return;

@@ -20,6 +20,11 @@ CONFIGS = list(itertools.product(LRS, WIDTHS))
 _data = None
 
 
+def size(width):
+    """The MLP's weights and biases: 64 inputs, ``width`` hidden units, 10 outputs."""
+    return 64 * width + width + width * 10 + 10
+
+
 def data():
     """(x_train, y_train, x_val, y_val), scaled to [0, 1], split 75/25 with a fixed seed."""
     global _data
@@ -93,6 +98,7 @@ class DigitsTask(GPUTask):  # type: ignore[misc,valid-type]
                 pickle.dump(model, handle)
             os.replace(path + ".new", path)
 
-        report = lambda e, v: self.report(e, loss=v)  # noqa: E731
+        # the model's size too, a second objective (bench/digits_pausing.py's *-two tools)
+        report = lambda e, v: self.report(e, loss=v, params=size(c["width"]))  # noqa: E731
         loss = train(c["lr"], c["width"], model, save, report, c.get("journal"), c.get("passes", 1), c.get("seed", 0))
         return {"loss": loss}

@@ -4,6 +4,12 @@ in three orders of the grid, in one invocation.
 
     python bench/digits_pausing.py [--slots 2] [--passes 10] [--tools grid,gts-asha,gts-promotion,gts-hyperband]
 
+The ``-two`` tools (``gts-promotion-two``, ``gts-hyperband-two``) judge by two objectives, the
+validation loss and the model's size (its weights: ``digits.size``), and every tool's row then
+gives the hypervolume of the final (loss, size) points of the runs trained to the last epoch over
+the grid's (reference point: the loss of a uniform guess among the 10 digits, ln 10, and 1.1x the
+largest model; 1.000: nothing of the trade-off lost).
+
 Every run trains for real (``partial_fit``, one epoch a step) on this machine's CPUs, and a paused
 run resumes from its pickled model. Printed per tool and order: the steps trained and their share
 of the grid's, steps trained twice (a resumed run that did not go on from its checkpoint), the
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -27,13 +34,17 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import digits  # noqa: E402
 from _common import grid_order  # noqa: E402
+from multi_objective_bench import hypervolume  # noqa: E402
 
 ASHA = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": digits.EPOCHS}
+TWO = {"method": "asha", "objectives": {"loss": "min", "params": "min"}, "min_step": 1, "max_step": digits.EPOCHS}
 TOOLS = {
     "grid": None,
     "gts-asha": ASHA,
     "gts-promotion": {**ASHA, "promotion": True},
     "gts-hyperband": {**ASHA, "method": "hyperband"},
+    "gts-promotion-two": {**TWO, "promotion": True},
+    "gts-hyperband-two": {**TWO, "method": "hyperband"},
 }
 
 
@@ -96,9 +107,9 @@ def main():
         f"digits: {len(digits.CONFIGS)} configurations x {digits.EPOCHS} steps of {args.passes} epochs ({total} "
         f"steps), {args.slots} slots"
     )
-    head = f"{'tool':<14} {'order':<11} {'steps':>6} {'share':>6} {'twice':>6} {'wall s':>7} {'best':>8}"
-    print(f"{head} {'/ grid':>7}")
-    grid_best = None
+    head = f"{'tool':<17} {'order':<11} {'steps':>6} {'share':>6} {'twice':>6} {'wall s':>7} {'best':>8}"
+    print(f"{head} {'/ grid':>7} {'hv/grid':>7}")
+    grid_best, grid_points = None, None
     for tool in args.tools.split(","):
         for order_name in ("ascending", "descending", "shuffled-1"):
             with tempfile.TemporaryDirectory(prefix="gts-digits-") as folder:
@@ -114,12 +125,18 @@ def main():
                 print(f"{tool} {order_name}: failed\n{done.stderr[-3000:]}")
                 continue
             r = json.loads(done.stdout.strip().splitlines()[-1])
+            points = [(loss, digits.size(int(key.split("/")[1]))) for key, loss in r["finals"].items()]
             if tool == "grid":
                 grid_best = r["best"] if grid_best is None else min(grid_best, r["best"])
+                grid_points = points if grid_points is None else grid_points
             ratio = f"{r['best'] / grid_best:.3f}" if grid_best else "-"
+            volume = "-"
+            if grid_points:
+                reference = (math.log(10), 1.1 * max(p[1] for p in grid_points))  # no worse than a guess
+                volume = f"{hypervolume(points, reference) / hypervolume(grid_points, reference):.3f}"
             print(
-                f"{tool:<14} {order_name:<11} {r['epochs']:>6} {r['epochs'] / total:>6.0%} {r['twice']:>6} "
-                f"{r['wall']:>7.1f} {r['best']:>8.4f} {ratio:>7}",
+                f"{tool:<17} {order_name:<11} {r['epochs']:>6} {r['epochs'] / total:>6.0%} {r['twice']:>6} "
+                f"{r['wall']:>7.1f} {r['best']:>8.4f} {ratio:>7} {volume:>7}",
                 flush=True,
             )
 

@@ -10,7 +10,8 @@ one learning rate is good for the whole run, and a run that lowers its learning 
 scores about twice what the best fixed one does.
 
 It keeps the checkpoint protocol: each step it saves its state in ``$GTS_CHECKPOINT_DIR`` by a
-rename (a kill leaves the old state or the new one), then reports that step; given
+rename (a kill leaves the old state or the new one), then reports that step (its score, and its
+learning rate: ``gts plot --curves lr`` draws each member's schedule); given
 ``$GTS_RESUME_STEP`` it loads that state, which must be of that step (a population-based training
 member resumes from a copy of another member's checkpoint: a half-copied or mismatched one is an
 error here, never a silent restart) or of the one after it (it was stopped between its save and
@@ -62,7 +63,7 @@ def main() -> None:
         with open(state) as handle:
             saved = json.load(handle)
         if saved["step"] == float(resume) + 1:  # saved, then stopped before its report: reported now
-            report(saved["step"], score=saved["score"])
+            report(saved["step"], score=saved["score"], lr=args.lr)
         elif saved["step"] != float(resume):
             sys.exit(f"the checkpoint is of step {saved['step']}, not of step {resume} it resumes from")
         done, score = int(saved["step"]), saved["score"]
@@ -73,7 +74,7 @@ def main() -> None:
         with open(state + ".new", "w") as handle:
             json.dump({"step": step, "score": score, "lr": args.lr}, handle)
         os.replace(state + ".new", state)  # saved first, then reported: the protocol
-        report(step, score=score)
+        report(step, score=score, lr=args.lr)  # the lr too: gts plot --curves lr draws the schedule
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "result.json"), "w") as handle:
         json.dump({"score": score, "lr": args.lr}, handle)

@@ -24,8 +24,8 @@ from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.metrics import run_points
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 from .records.provenance import short
-from .tuning.stopping import dominates as dominates  # a run dominates another: the Pareto front's test
-from .tuning.stopping import fronts
+from .tuning.pareto import dominates as dominates  # a run dominates another: the Pareto front's test
+from .tuning.pareto import fronts
 
 MAX_RESULT_FILE = 1 << 30  # a result file larger than this is not read into a table
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import wait_until
-from helpers import ledger_rows
+from helpers import ledger_rows, record_started
 
 from gpu_task_scheduler.cli.main import main as gts
 from gpu_task_scheduler.results import rows
@@ -651,14 +651,8 @@ def test_ranked_top_rows_are_the_sorted_rows_head(in_tmp):
     with Ledger(RootPaths(str(root))) as ledger:
         for index in range(60):
             name = f"run-{index},"
-            ledger.mark_running(
-                name=name,
-                run_index=index,
-                config_hash="h",
-                slot="cpu0",
-                token="t",
-                work_dir=str(root / name),
-                params=json.dumps({"lr": rng.choice([0.1, 0.2, 0.3]), "tag": rng.choice(["a", "b"])}),
+            record_started(
+                ledger, root, index, name, {"lr": rng.choice([0.1, 0.2, 0.3]), "tag": rng.choice(["a", "b"])}
             )
             kind = index % 6
             result = {

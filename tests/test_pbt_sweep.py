@@ -289,7 +289,7 @@ def test_a_population_judged_by_two_objectives_copies_by_pareto_rank_and_replays
         values.setdefault(rung, {})[name] = (-objectives["score"], objectives["cost"])  # both minimized
     exploits = [(name, rung, json.loads(detail)["donor"]) for name, _, rung, how, detail in rungs if how == "exploit"]
     assert exploits, "no member copied another"
-    from gpu_task_scheduler.tuning.stopping import pareto_order
+    from gpu_task_scheduler.tuning.pareto import pareto_order
 
     def ahead(donor, name, level):
         table = values[level]

@@ -308,7 +308,7 @@ def test_the_fronts_are_the_non_dominated_ranks_also_with_ties_and_equal_points(
     point's rank is 0 when nothing dominates it, else one more than the highest rank of those that do."""
     import random
 
-    from gpu_task_scheduler.tuning.stopping import fronts, pareto_order
+    from gpu_task_scheduler.tuning.pareto import fronts, pareto_order
 
     def dominates(a, b):
         return all(x <= y for x, y in zip(a, b, strict=True)) and a != b

@@ -66,7 +66,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..recordclass import Record
-from .stopping import Pausing, asha_rungs, pareto_order
+from .pareto import pareto_order
+from .stopping import Pausing, asha_rungs
 
 if TYPE_CHECKING:
     from .pbt import Pbt
@@ -81,7 +82,7 @@ class Ranking:
     """How the values at a rung rank, best first: one metric's, the lower (``min``) or the higher
     first; several objectives' by non-dominated front, then crowding distance (the more isolated
     first), as MO-ASHA (Schmucker et al., 2021) and NSGA-II select, then by the first objective
-    (``stopping.pareto_order``). The run's name breaks what ties remain, so that a replay decides
+    (``pareto.pareto_order``). The run's name breaks what ties remain, so that a replay decides
     the same."""
 
     def __init__(self, modes: Sequence[str]) -> None:

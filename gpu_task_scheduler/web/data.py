@@ -279,7 +279,7 @@ def pareto_view(root: str) -> dict[str, Any]:
     ``{"objectives": []}`` for any other root. Worked out again only when the ledger changed (the
     page asks every second)."""
     from ..results import scored, several_objectives
-    from ..tuning.stopping import fronts
+    from ..tuning.pareto import fronts
 
     state = _ledger_state(root)
     cached = _PARETO_CACHE.get(root)

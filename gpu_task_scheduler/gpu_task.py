@@ -58,10 +58,16 @@ class GPUTask:
         text = os.environ.get("GTS_RESUME_STEP", "")
         if not text:
             return None
+        step: float
         try:
-            return int(text)
+            step = int(text)
         except ValueError:
-            return float(text)
+            try:
+                step = float(text)
+            except ValueError:
+                return None
+        # nan, inf or a negative step is none a scheduler gives: a fresh start
+        return step if 0 <= step < float("inf") else None
 
     def report(self, step: float, **metrics: float) -> None:
         """Record metrics at ``step`` as the run trains (see ``gpu_task_scheduler.reporting``):

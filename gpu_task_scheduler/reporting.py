@@ -157,10 +157,13 @@ def _wait_at_a_rung(step: float, metrics: dict[str, float]) -> None:
 
 
 def _resume_step() -> float:
+    """The step this attempt goes on from; -inf for none (or for ``nan``, ``inf`` or a negative
+    step, which no scheduler gives: such a run would never wait at a rung again)."""
     try:
-        return float(os.environ.get(RESUME_ENV) or "-inf")
+        step = float(os.environ.get(RESUME_ENV) or "-inf")
     except ValueError:
         return float("-inf")
+    return step if math.isfinite(step) and step >= 0 else float("-inf")
 
 
 def _raise_if_told() -> None:

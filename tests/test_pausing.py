@@ -544,3 +544,36 @@ def test_sigkill_at_random_moments_repeats_no_reported_step_and_tells_each_rung_
         assert all(count == 1 for _, _, count in rungs)  # each value at a rung was told once
     again = launch(config(root), "ResumingCurveTask")
     assert "Sweep summary: 0 succeeded, 0 failed, 9 skipped" in finish(again, timeout=60)
+
+
+def test_damaged_trial_events_a_huge_bracket_or_a_name_out_of_the_root_are_left_out_with_a_message(in_tmp, caplog):
+    """A ``began`` event with a bracket of 10**12 once made brackets for ever at every start (and in
+    ``--dry-run``), deaf to Ctrl-C; an event naming ``../victim`` made the methods treat a folder
+    outside the root as a run. Both are left out of the replay, each said, and nothing outside moves."""
+    from gpu_task_scheduler import Sweep
+    from gpu_task_scheduler.engine.api import plan
+
+    root = in_tmp / "r"
+    config = _sweep(root, HYPERBAND)
+    assert GPUTaskScheduler(config, tasks.ResumingCurveTask).start().exit_code == 0
+    victim = in_tmp / "victim"
+    (victim / ".gts" / "snapshots" / "1").mkdir(parents=True)
+    (victim / ".gts" / "checkpoint").mkdir()
+    (victim / ".gts" / "checkpoint" / "keep").write_text("precious")
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        (seq,) = db.execute("SELECT min(seq) FROM trial_events WHERE kind = 'began'").fetchone()
+        db.execute("UPDATE trial_events SET bracket = ? WHERE seq = ?", (10**12, seq))
+        db.execute(
+            "INSERT INTO trial_events (kind, stage, name, bracket) SELECT kind, stage, '../victim', 0 "
+            "FROM trial_events WHERE seq = ?",
+            (seq,),
+        )
+    caplog.clear()
+    labels = {spec.name: decision.label for spec, decision in plan(Sweep(config))}  # --dry-run's reading
+    assert len(labels) == 9
+    assert "1 recorded event(s) of the early_stop method do not fit it" in caplog.text
+    assert "name 1 run(s) that cannot be run folders" in caplog.text and "../victim" in caplog.text
+    again = GPUTaskScheduler(config, tasks.ResumingCurveTask).start()
+    assert again.exit_code == 0
+    assert (victim / ".gts" / "checkpoint" / "keep").read_text() == "precious"
+    assert sorted(os.listdir(victim / ".gts")) == ["checkpoint", "snapshots"]

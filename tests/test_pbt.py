@@ -293,3 +293,129 @@ def test_with_several_objectives_the_bottom_by_pareto_rank_copies_the_top():
     assert tell(fresh, "m3", 4, (0.95, 9.5)) == EXPLOIT and fresh.exploit_of("m3").donor == "m0"
     with pytest.raises(ValueError, match="value of 2 objectives"):
         tell(fresh, "m0", 8, 0.1)
+
+
+# --- the copy rule: the weights a member copies are weights its donor earned, never worse than its own
+
+
+def test_a_donor_that_diverged_after_its_good_snapshot_offers_the_good_one_not_its_latest():
+    pbt = population([1.0, 2.0, 3.0, 4.0])
+    assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT  # too few to rank: kept
+    assert tell(pbt, "m0", 8, 2.4) == SNAPSHOT  # still too few at 8: kept, though it diverged
+    assert pbt.needed_snapshots("m0") == {4, 8}  # its latest, and its best (what it offers)
+    assert tell(pbt, "m1", 4, 0.5) == EXPLOIT  # ranked at 4 below m0
+    exploit = pbt.exploit_of("m1")
+    assert (exploit.donor, exploit.step, exploit.value) == ("m0", 4, 0.1)  # not step 8, recorded at 2.4
+
+
+def test_a_donor_offers_no_snapshot_of_the_weights_it_dropped_when_it_copied():
+    for seed in range(12):  # whichever donor a seed draws
+        pbt = population([1.0, 2.0, 3.0, 4.0], quantile=0.5, seed=seed)
+        assert tell(pbt, "m1", 4, 0.2) == SNAPSHOT  # m1's own weights at 4
+        assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT
+        assert tell(pbt, "m1", 8, 0.3) == EXPLOIT and pbt.exploit_of("m1").donor == "m0"
+        pbt.resumed("m1")  # m1 now has m0's weights of step 4: its snapshot of its own is of weights it dropped
+        assert pbt.members["m1"].snapshots == [] and pbt.needed_snapshots("m1") == set()
+        tell(pbt, "m2", 4, 0.9)
+        if tell(pbt, "m3", 4, 0.95) == EXPLOIT:  # m1 ranks in the top (by m0's value), yet offers nothing
+            assert pbt.exploit_of("m3").donor == "m0", seed
+
+
+def _events_of(pbt, reports):
+    """Feed ``reports`` ((member, step, value), in order) to ``pbt`` as the engine does, making each
+    exploit at once: the trial events the ledger would hold."""
+    from gpu_task_scheduler.records.ledger import TrialEvent
+
+    events = []
+    for member, step, value in reports:
+        if pbt.paused.get(member) is not None or step <= (pbt.members[member].last_step or 0):
+            continue
+        rung = pbt.rung_reached(member, step)
+        if rung is None:
+            continue
+        decision = pbt.report(member, rung, value, step)
+        detail = None
+        if decision == EXPLOIT:
+            exploit = pbt.exploit_of(member)
+            detail = {"donor": exploit.donor, "step": exploit.step}
+        events.append(TrialEvent("rung", None, member, None, rung, step, value, decision, detail))
+        if decision in (EXPLOIT, YIELD, SNAPSHOT_YIELD):
+            pbt.resumed(member)
+            events.append(TrialEvent("resumed", None, member, None, None, None, None, None))
+    return events
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_copy_in_random_populations_keeps_the_copy_rule(seed):
+    """Random populations whose members improve, stall or diverge (a loss that jumps to chance
+    and sticks), reporting in random orders: every exploit copies a snapshot its donor took in
+    its current lineage, recorded no worse than the copier's own value at that interval. (Before
+    the rule: stale copies and copies of diverged snapshots in most of these seeds.)"""
+    import random
+
+    from gpu_task_scheduler.records.lineage import copy_faults
+
+    rng = random.Random(seed)
+    size = rng.randint(3, 8)
+    pbt = population([rng.uniform(0.01, 2) for _ in range(size)], quantile=rng.choice([0.25, 0.5]), seed=seed)
+    curves = {}
+    for number in range(size):
+        diverge = rng.choice([None, rng.randint(5, 30)])
+        rate = rng.uniform(0.01, 0.2)
+        curves[f"m{number}"] = [
+            2.4 if diverge is not None and step >= diverge else 2.3 * (1 - rate) ** step for step in range(41)
+        ]
+    clock = {name: 0 for name in curves}
+    reports = []
+    for _ in range(size * 60):
+        name = rng.choice(sorted(curves))
+        clock[name] = min(39, clock[name] + rng.randint(1, 3))
+        reports.append((name, clock[name], curves[name][clock[name]] + rng.uniform(0, 0.05)))
+    events = _events_of(pbt, reports)
+    assert copy_faults(events, interval=4, value_of=lambda e: e.value, worse=lambda a, b: a > b) == []
+
+
+def test_the_audit_finds_a_stale_copy_and_a_copy_worse_than_the_copiers_own():
+    from gpu_task_scheduler.records.ledger import TrialEvent
+    from gpu_task_scheduler.records.lineage import copy_faults
+
+    def rung(name, step, value, decision, detail=None):
+        return TrialEvent("rung", None, name, None, step - step % 4, step, value, decision, detail)
+
+    resumed = TrialEvent("resumed", None, "d", None, None, None, None, None)
+    events = [
+        rung("d", 4, 0.2, "snapshot"),
+        rung("e", 4, 0.1, "snapshot"),
+        rung("d", 8, 0.3, "exploit", {"donor": "e", "step": 4}),
+        resumed,  # d dropped its own weights of step 4
+        rung("m", 4, 0.9, "exploit", {"donor": "d", "step": 4}),  # a stale copy
+        rung("e", 8, 2.4, "snapshot"),
+        rung("n", 8, 0.5, "exploit", {"donor": "e", "step": 8}),  # worse than n's own 0.5
+    ]
+    faults = copy_faults(events, interval=4, value_of=lambda e: e.value, worse=lambda a, b: a > b)
+    assert len(faults) == 2 and "not of its current lineage" in faults[0] and "worse than its own 0.5" in faults[1]
+
+
+def test_a_snapshot_that_could_not_be_taken_is_offered_to_no_member():
+    pbt = population([1.0, 2.0, 3.0, 4.0])
+    assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT
+    assert pbt.unsaved("m0", SNAPSHOT) == CONTINUE  # the copy failed: recorded as none
+    assert pbt.members["m0"].snapshots == [] and pbt.needed_snapshots("m0") == set()
+    assert tell(pbt, "m1", 4, 0.5) == CONTINUE  # bottom, but nothing to copy
+
+
+def test_a_perturbed_value_past_floats_range_is_kept_not_a_crash():
+    pbt = Pbt(parse_pbt({**PBT, "perturb": {"lr": [2.0]}}))
+    pbt.began("a", 0, {"lr": 10**400})
+    pbt.began("b", 0, {"lr": 1.0e308})
+    tell(pbt, "b", 4, 0.1)
+    assert tell(pbt, "a", 4, 0.9) == EXPLOIT  # a copies b: 1e308 x 2 is past float's range
+    exploit = pbt.exploit_of("a")
+    assert exploit.values == {"lr": 1.0e308} and exploit.changed == {"lr": "kept (x2 is out of range)"}
+    pbt.resumed("a")
+    pbt.began("c", 0, {"lr": 10**400})
+    pbt2 = Pbt(parse_pbt({**PBT, "perturb": {"lr": [2.0]}}))
+    pbt2.began("x", 0, {"lr": 10**400})
+    pbt2.began("y", 0, {"lr": 1})
+    tell(pbt2, "x", 4, 0.1)
+    assert tell(pbt2, "y", 4, 0.9) == EXPLOIT and pbt2.exploit_of("y").values == {"lr": 10**400}

@@ -32,7 +32,7 @@ from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger, SweepLock
 from ..records.metrics import latest
-from ..records.paths import RootPaths, RunPaths, atomic_write
+from ..records.paths import RootPaths, RunPaths, atomic_write, read_step
 from ..records.prior import settle_running
 from ..records.status import RunStatus
 from ..sweep.expand import Sweep
@@ -313,11 +313,7 @@ def last_step(paths: RunPaths) -> float | None:
     found = latest(paths.metrics)
     if found is not None:
         return found[0]
-    try:
-        with open(os.path.join(paths.meta, RESUMED_FROM), encoding="utf-8") as handle:
-            return float(handle.read(64))
-    except (OSError, ValueError):
-        return None
+    return read_step(os.path.join(paths.meta, RESUMED_FROM))
 
 
 def resume_from(item: Pending, paths: RunPaths) -> float | None:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..records import checkpoints
 from ..records.ledger import Ledger, TrialEvent, paused_cause, value_words
-from ..records.paths import RunPaths
+from ..records.paths import RunPaths, name_problem
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule
 from ..tuning.stopping import Pausing
@@ -103,6 +102,7 @@ class Pauses:
 
     def _replay(self) -> None:
         skipped = differed = 0
+        refused: set[str] = set()
         for event in self._ledger.trial_events():
             if event.kind == "closed":
                 for method in self._methods.values():
@@ -111,6 +111,9 @@ class Pauses:
             found, name = self._methods.get(event.stage), event.name
             if found is None or name is None:
                 continue  # its stage has no pausing method now
+            if name_problem(name) is not None:  # a damaged record: a member named '../victim', say
+                refused.add(name)
+                continue
             method = found
             try:
                 if event.kind == "began":
@@ -124,7 +127,8 @@ class Pauses:
                     if event.step is None or value is None or event.rung is None:
                         skipped += 1
                     elif method.rung_reached(name, event.step) == event.rung:
-                        late = bool((event.detail or {}).get("late"))
+                        # late, or a snapshot that could not be taken: no snapshot of that step
+                        late = bool((event.detail or {}).get("late") or (event.detail or {}).get("unsaved"))
                         if method.report(name, event.rung, value, event.step, late=late) != event.decision:
                             differed += 1  # the same events give the same decisions: changed by hand?
                 elif event.kind == "resumed":
@@ -140,6 +144,13 @@ class Pauses:
                 "%d recorded decision(s) of the early_stop method differ from what its recorded events decide now "
                 "(was the ledger changed by hand?): it goes on from what the events decide",
                 differed,
+            )
+        if refused:
+            logger.error(
+                "the ledger's trial_events name %d run(s) that cannot be run folders of this result root (%s): "
+                "their events are left out (was the ledger changed by hand?)",
+                len(refused),
+                "; ".join(str(name_problem(name)) for name in sorted(refused)[:3]),
             )
         if skipped:
             logger.warning(
@@ -234,7 +245,8 @@ class Pauses:
             detail["objectives"] = dict(zip(self._rules[spec.stage].metrics, value, strict=True))
             value = value[0]
         if isinstance(method, Pbt):
-            detail.update(self._population(method, spec, decision, step) or {})
+            decision, population = self._population(method, spec, decision, step)
+            detail.update(population)
             if late:
                 detail["late"] = True
         self._ledger.record_trial_event(
@@ -249,23 +261,43 @@ class Pauses:
         )
         return rung, decision
 
-    def _population(self, method: Pbt, spec: RunSpec, decision: str, step: float) -> dict[str, Any] | None:
+    def _population(self, method: Pbt, spec: RunSpec, decision: str, step: float) -> tuple[str, dict[str, Any]]:
         """What a PBT decision needs before it is recorded: a top member's snapshot (copied while it
-        waits in report(); recorded after, so that a recorded snapshot is whole), an exploit's detail."""
+        waits in report(); recorded after, so that a recorded snapshot is whole), an exploit's detail.
+        A snapshot that could not be taken is recorded as none (``unsaved``: the member goes on
+        without one, and no member copies it): the decision then, and the detail to record."""
         if decision in SNAPSHOTS:
             paths = RunPaths(spec.work_dir, None)
             try:
-                checkpoints.take_snapshot(paths, step)
-                checkpoints.collect(paths, method.needed_snapshots(spec.name))
+                copied = checkpoints.take_snapshot(paths, step)
             except OSError as error:
                 logger.warning(
-                    "%s: could not keep a snapshot of its checkpoint at step %g (%s)", spec.name, step, error
+                    "%s: could not keep a snapshot of its checkpoint at step %g (%s): no member copies it there",
+                    spec.name,
+                    step,
+                    error,
                 )
-            return None
+                return method.unsaved(spec.name, decision), {"unsaved": True}
+            if copied.skipped:
+                logger.warning(
+                    "%s: its snapshot of step %g leaves out %d entr%s that %s not a file, a folder or a link: %s",
+                    spec.name,
+                    step,
+                    len(copied.skipped),
+                    "y" if len(copied.skipped) == 1 else "ies",
+                    "is" if len(copied.skipped) == 1 else "are",
+                    ", ".join(copied.skipped[:5]),
+                )
+            try:
+                checkpoints.collect(paths, method.needed_snapshots(spec.name))
+            except OSError as error:
+                logger.warning("%s: could not remove its older snapshots (%s)", spec.name, error)
+            return decision, {}
         exploit = method.exploit_of(spec.name)
         if decision != EXPLOIT or exploit is None:
-            return None
-        return {"donor": exploit.donor, "step": exploit.step, "values": exploit.values, "changed": exploit.changed}
+            return decision, {}
+        detail = {"donor": exploit.donor, "step": exploit.step, "values": exploit.values, "changed": exploit.changed}
+        return decision, detail
 
     def pause_cause(self, name: str, rung: float, value: float | list[float]) -> str:
         """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies."""
@@ -311,18 +343,36 @@ class Pauses:
         exploit = method.exploit_of(spec.name) if isinstance(method, Pbt) else None
         if exploit is None:
             return None
-        donor = RunPaths(os.path.join(self._root, exploit.donor), None)
-        snapshot = checkpoints.snapshot_path(donor, exploit.step)
-        if not os.path.isdir(snapshot):
+        member = RunPaths(spec.work_dir, None)
+        try:
+            donor = RunPaths.recorded(self._root, exploit.donor)
+            copied = checkpoints.install(member, donor, exploit.step)
+        except FileNotFoundError:
             logger.warning(
-                "%s: the snapshot of %s at step %g it was to copy is gone (%s): it goes on from its own checkpoint",
+                "%s: the snapshot of %s at step %g it was to copy is gone: it goes on from its own checkpoint",
                 spec.name,
                 exploit.donor,
                 exploit.step,
-                snapshot,
             )
             return None
-        checkpoints.install(RunPaths(spec.work_dir, None), snapshot)
+        except OSError as error:  # a link or a non-folder planted on the way: nothing is copied
+            logger.warning(
+                "%s: the snapshot of %s at step %g was not copied (%s): it goes on from its own checkpoint",
+                spec.name,
+                exploit.donor,
+                exploit.step,
+                error,
+            )
+            return None
+        if copied.skipped:
+            logger.warning(
+                "%s: %d entr%s of %s's snapshot not copied (not a file, a folder or a link): %s",
+                spec.name,
+                len(copied.skipped),
+                "y" if len(copied.skipped) == 1 else "ies",
+                exploit.donor,
+                ", ".join(copied.skipped[:5]),
+            )
         return exploit.step
 
     def paused(self, spec: RunSpec) -> None:

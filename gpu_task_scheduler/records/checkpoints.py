@@ -1,16 +1,36 @@
-"""Population-based training's checkpoint copies: snapshots of a member's checkpoint folder, and a
-donor's snapshot put in place of a member's checkpoint, each whole or not at all.
+"""Every operation on a run's checkpoint folders, in one guarded place: population-based
+training's snapshots of a member's checkpoint, a donor's snapshot put in place of a member's
+checkpoint, each whole or not at all, and what is swept away after.
 
 * A *snapshot* (``<run>/.gts/snapshots/<step>``) is taken of a top member's checkpoint folder
   while the member waits in ``report()`` at an interval: it is copied to ``<step>.new`` and renamed.
   The ledger records the decision after the copy, so a recorded snapshot is always whole; a
-  kill -9 during the copy leaves a ``.new`` folder that nothing reads and the next one clears.
+  kill -9 during the copy leaves a ``.new`` folder that nothing reads and the next one clears. A
+  copy that fails removes its ``.new`` folder and raises: the caller records no snapshot.
 * An *exploit* puts a copy of the donor's snapshot in place of the member's checkpoint: copied to
   ``checkpoint.new``, then ``checkpoint`` is renamed to ``checkpoint.old``, ``checkpoint.new`` to
   ``checkpoint``, and ``checkpoint.old`` is removed. The ledger recorded the exploit before, and
   records the member's resumption (with its attempt) only after: a kill -9 at any moment leaves the
   exploit to be made again by the next start, from the snapshot it still keeps, and the member's
   checkpoint is the old one or the new one, never part of one.
+
+A checkpoint folder is the user's data and hostile at once: the run that writes it (or anyone who
+can write under the result root) may plant a symbolic link, a FIFO or a huge sparse file there, or
+swap a folder on the way for a link while a copy waits. So:
+
+* every folder is reached from the run folder one component at a time, each opened with
+  ``O_NOFOLLOW | O_DIRECTORY``, and everything below is created, renamed and removed relative to
+  those descriptors (``dir_fd``): a link planted anywhere on the way (``.gts``, ``snapshots``, the
+  checkpoint folder itself) makes the operation refuse with :class:`~.paths.UnsafePathError`
+  instead of reaching outside the root, however late it was planted;
+* a checkpoint folder that is a link is refused, never copied (a link to ``~/.ssh`` or to ``/``
+  would otherwise be copied into every member);
+* inside a checkpoint, a symbolic link is copied as a link (its text), never followed: a framework's
+  ``latest -> step-12`` keeps working, and nothing outside is read;
+* a FIFO, a socket or a device inside a checkpoint is never opened (opening a FIFO blocks until a
+  writer comes): it is left out of the copy, and the caller is told its name;
+* a file's holes are copied as holes (``SEEK_DATA``/``SEEK_HOLE``): a sparse 512 MiB file that takes
+  no disk space takes none in its copies either.
 
 Copies are copies, not hard links: a hard link shares the file itself, and a run that saves its
 checkpoint in place (``torch.save(state, path)`` truncates and rewrites the file) would then
@@ -22,13 +42,27 @@ costs no space there either; elsewhere it is a plain copy in the kernel.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import shutil
+import stat
+from collections.abc import Iterator
 
-from .paths import RunPaths, step_name
+from ..recordclass import Record, field
+from .paths import RunPaths, UnsafePathError, step_name
 
 SNAPSHOTS = "snapshots"
+CHECKPOINT = "checkpoint"
 _CHUNK = 1 << 30
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class Copied(Record, frozen=False):
+    """What a copy made: its folder, and the entries it left out (not a file, a folder or a link)."""
+
+    path: str
+    skipped: list[str] = field(default_factory=list)
 
 
 def snapshots_dir(paths: RunPaths) -> str:
@@ -39,61 +73,297 @@ def snapshot_path(paths: RunPaths, step: float) -> str:
     return os.path.join(snapshots_dir(paths), step_name(step))
 
 
-def _copy_file(source: str, target: str) -> str:
-    """Copy one file in the kernel (sharing blocks where the file system can), keeping its mode."""
+# --- reaching a folder without leaving the root --------------------------------------------------
+
+
+def _open_dir(name: str, dir_fd: int | None, shown: str) -> int:
+    """``name`` (relative to ``dir_fd``) opened as a folder, never through a symbolic link."""
     try:
-        with open(source, "rb") as src, open(target, "wb") as dst:
-            while os.copy_file_range(src.fileno(), dst.fileno(), _CHUNK):
-                pass
-    except OSError:  # not offered here (another file system, an old kernel): a plain copy
-        shutil.copyfile(source, target)
-    shutil.copymode(source, target)
-    return target
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            kind = "a symbolic link" if _is_link(name, dir_fd) else "not a folder"
+            raise UnsafePathError(
+                error.errno, f"is {kind}; a checkpoint's folders are used only as real folders", shown
+            ) from None
+        raise
 
 
-def _remove(path: str) -> None:
-    if os.path.islink(path) or os.path.isfile(path):
-        os.unlink(path)
-    elif os.path.isdir(path):
-        shutil.rmtree(path)
+def _is_link(name: str, dir_fd: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
-def _copy_tree(source: str, target: str) -> None:
-    _remove(target)
-    if os.path.isdir(source):
-        shutil.copytree(source, target, symlinks=True, copy_function=_copy_file)
-    else:  # a member that never saved anything: an empty checkpoint
-        os.makedirs(target)
+@contextlib.contextmanager
+def _walk(paths: RunPaths, *names: str, create: bool = False) -> Iterator[int]:
+    """A descriptor of ``<run>/.gts/<names...>``, each component opened with ``O_NOFOLLOW``
+    (``create``: the missing ones made)."""
+    fds = [_open_dir(paths.work_dir, None, paths.work_dir)]
+    try:
+        shown = paths.work_dir
+        for name in (os.path.basename(paths.meta), *names):
+            shown = os.path.join(shown, name)
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fds[-1])
+            fds.append(_open_dir(name, fds[-1], shown))
+        yield fds[-1]
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
 
 
-def take_snapshot(paths: RunPaths, step: float) -> str:
-    """Copy ``paths``' checkpoint folder to its snapshot of ``step`` (whole, or not at all)."""
+# --- copying, removing ---------------------------------------------------------------------------
+
+
+def _copy_data(src: int, dst: int, size: int) -> None:
+    """The data of ``src`` into ``dst``, its holes left holes (``dst`` is sized to ``size`` after)."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # no data past offset: the rest is a hole
+                break
+            if error.errno != errno.EINVAL:
+                raise
+            start = offset  # SEEK_DATA not offered: all of it is data
+            end = size
+        else:
+            end = os.lseek(src, start, os.SEEK_HOLE)
+        _copy_range(src, dst, start, min(end, size) - start)
+        offset = end
+    os.ftruncate(dst, size)
+
+
+def _copy_range(src: int, dst: int, start: int, count: int) -> None:
+    done = 0
+    while done < count:
+        try:
+            moved = os.copy_file_range(src, dst, min(_CHUNK, count - done), start + done, start + done)
+        except OSError as error:
+            if error.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            moved = _copy_by_reads(src, dst, start + done, count - done)
+        if moved == 0:  # the file shrank while it was copied
+            return
+        done += moved
+
+
+def _copy_by_reads(src: int, dst: int, start: int, count: int) -> int:
+    """A plain copy (another file system, an old kernel): what ``copy_file_range`` would do."""
+    done = 0
+    while done < count:
+        data = os.pread(src, min(1 << 20, count - done), start + done)
+        if not data:
+            break
+        written = 0
+        while written < len(data):
+            written += os.pwrite(dst, data[written:], start + done + written)
+        done += len(data)
+    return done
+
+
+def _copy_file(name: str, src_dir: int, dst_dir: int, shown: str, skipped: list[str]) -> None:
+    try:
+        src = os.open(name, _READ_FLAGS, dir_fd=src_dir)
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # swapped for a link since it was listed: left out
+            skipped.append(shown)
+            return
+        raise
+    try:
+        info = os.fstat(src)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or a device swapped in since it was listed
+            skipped.append(shown)
+            return
+        os.set_blocking(src, True)
+        dst = os.open(name, _WRITE_FLAGS, 0o600, dir_fd=dst_dir)
+        try:
+            _copy_data(src, dst, info.st_size)
+            os.fchmod(dst, stat.S_IMODE(info.st_mode))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_tree(src_dir: int, dst_dir: int, shown: str, skipped: list[str]) -> None:
+    """The entries of the folder ``src_dir`` into the (empty) folder ``dst_dir``."""
+    with os.scandir(src_dir) as entries:
+        listed = [(entry.name, entry.stat(follow_symlinks=False).st_mode) for entry in entries]
+    for name, mode in sorted(listed):
+        where = os.path.join(shown, name)
+        if stat.S_ISLNK(mode):
+            os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dst_dir)
+        elif stat.S_ISREG(mode):
+            _copy_file(name, src_dir, dst_dir, where, skipped)
+        elif stat.S_ISDIR(mode):
+            inner = _open_dir(name, src_dir, where)
+            try:
+                os.mkdir(name, stat.S_IMODE(os.fstat(inner).st_mode) | 0o700, dir_fd=dst_dir)
+                made = _open_dir(name, dst_dir, where)
+                try:
+                    _copy_tree(inner, made, where, skipped)
+                finally:
+                    os.close(made)
+            finally:
+                os.close(inner)
+        else:  # a FIFO, a socket, a device: never opened
+            skipped.append(where)
+
+
+def _remove(name: str, dir_fd: int) -> None:
+    """Remove ``name`` in ``dir_fd`` (a folder with all it holds), following no link."""
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    inner = _open_dir(name, dir_fd, name)
+    try:
+        with os.scandir(inner) as entries:
+            names = [entry.name for entry in entries]
+        for entry in names:
+            _remove(entry, inner)
+    finally:
+        os.close(inner)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _copy_into(src_dir: int | None, dst_parent: int, name: str, shown: str) -> list[str]:
+    """A copy of the folder ``src_dir`` (None: an empty one) made as ``name`` in ``dst_parent``
+    (anything there before is removed first; on a failure, the half-made copy too)."""
+    _remove(name, dst_parent)
+    os.mkdir(name, 0o700, dir_fd=dst_parent)
+    skipped: list[str] = []
+    try:
+        if src_dir is not None:
+            made = _open_dir(name, dst_parent, shown)
+            try:
+                _copy_tree(src_dir, made, shown, skipped)
+                os.fchmod(made, stat.S_IMODE(os.fstat(src_dir).st_mode) | 0o700)
+            finally:
+                os.close(made)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _remove(name, dst_parent)
+        raise
+    return skipped
+
+
+@contextlib.contextmanager
+def _checkpoint_of(paths: RunPaths, *names: str) -> Iterator[int | None]:
+    """A descriptor of the folder ``<run>/.gts/<names>`` (None when it is missing: a member that
+    never saved anything has an empty checkpoint). A link anywhere on the way is refused."""
+    *parents, last = names
+    with contextlib.ExitStack() as stack:
+        try:
+            parent = stack.enter_context(_walk(paths, *parents))
+            fd = _open_dir(last, parent, os.path.join(paths.meta, *names))
+        except FileNotFoundError:
+            yield None
+            return
+        stack.callback(os.close, fd)
+        yield fd
+
+
+# --- the operations ------------------------------------------------------------------------------
+
+
+def take_snapshot(paths: RunPaths, step: float) -> Copied:
+    """Copy ``paths``' checkpoint folder to its snapshot of ``step`` (whole, or not at all: on an
+    error nothing is left of it and the error is raised)."""
+    name = step_name(step)
     target = snapshot_path(paths, step)
-    os.makedirs(snapshots_dir(paths), exist_ok=True)
-    _copy_tree(paths.checkpoint, target + ".new")
-    _remove(target)
-    os.rename(target + ".new", target)
-    return target
+    with _checkpoint_of(paths, CHECKPOINT) as source, _walk(paths, SNAPSHOTS, create=True) as folder:
+        skipped = _copy_into(source, folder, name + ".new", target)
+        try:
+            _remove(name, folder)
+            os.rename(name + ".new", name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                _remove(name + ".new", folder)
+            raise
+    return Copied(target, skipped)
 
 
-def install(paths: RunPaths, snapshot: str) -> None:
-    """Put a copy of ``snapshot`` in place of ``paths``' checkpoint folder (see the module's text).
-    Made again from the start after a kill -9 at any point of it."""
-    checkpoint = paths.checkpoint
-    new, old = checkpoint + ".new", checkpoint + ".old"
-    _copy_tree(snapshot, new)
-    if os.path.lexists(checkpoint):
-        _remove(old)
-        os.rename(checkpoint, old)
-    os.rename(new, checkpoint)
-    _remove(old)
+def install(paths: RunPaths, donor: RunPaths, step: float) -> Copied:
+    """Put a copy of ``donor``'s snapshot of ``step`` in place of ``paths``' checkpoint folder (see
+    the module's text). Made again from the start after a kill -9 at any point of it.
+    FileNotFoundError: the snapshot is gone."""
+    with _checkpoint_of(donor, SNAPSHOTS, step_name(step)) as source:
+        if source is None:
+            raise FileNotFoundError(errno.ENOENT, "no such snapshot", snapshot_path(donor, step))
+        with _walk(paths) as meta:
+            skipped = _copy_into(source, meta, CHECKPOINT + ".new", paths.checkpoint)
+            new, old = CHECKPOINT + ".new", CHECKPOINT + ".old"
+            try:
+                os.stat(CHECKPOINT, dir_fd=meta, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                _remove(old, meta)
+                os.rename(CHECKPOINT, old, src_dir_fd=meta, dst_dir_fd=meta)
+            os.rename(new, CHECKPOINT, src_dir_fd=meta, dst_dir_fd=meta)
+            _remove(old, meta)
+    return Copied(paths.checkpoint, skipped)
 
 
 def collect(paths: RunPaths, keep: set[float]) -> None:
     """Remove ``paths``' snapshots but those of the steps in ``keep`` (and any left half-copied)."""
-    folder = snapshots_dir(paths)
     names = {step_name(step) for step in keep}
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.listdir(folder):
-            if entry not in names:
-                _remove(os.path.join(folder, entry))
+    try:
+        with _walk(paths, SNAPSHOTS) as folder:
+            with os.scandir(folder) as entries:
+                listed = [entry.name for entry in entries]
+            for entry in listed:
+                if entry not in names:
+                    _remove(entry, folder)
+    except FileNotFoundError:
+        return
+
+
+def set_aside(paths: RunPaths, attempt: int, keep: int) -> None:
+    """Set the checkpoint folder aside as ``.gts/logs/attempt-<attempt>-checkpoint`` (an attempt
+    that starts afresh finds it empty), and remove all but the ``keep`` newest set aside before."""
+    prefix, suffix = "attempt-", "-checkpoint"
+    with _walk(paths) as meta:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.basename(paths.old_logs), 0o755, dir_fd=meta)
+        logs = _open_dir(os.path.basename(paths.old_logs), meta, paths.old_logs)
+        try:
+            name = f"{prefix}{attempt}{suffix}"
+            _remove(name, logs)
+            os.rename(CHECKPOINT, name, src_dir_fd=meta, dst_dir_fd=logs)
+            sweep_set_aside(logs, keep)
+        finally:
+            os.close(logs)
+
+
+def sweep_set_aside(logs: int, keep: int) -> list[str]:
+    """Remove all but the ``keep`` newest (by attempt) checkpoints set aside in the folder ``logs``:
+    the names removed."""
+    found = []
+    with os.scandir(logs) as entries:
+        for entry in entries:
+            middle = entry.name[len("attempt-") : -len("-checkpoint")]
+            if entry.name.startswith("attempt-") and entry.name.endswith("-checkpoint") and middle.isdigit():
+                found.append((int(middle), entry.name))
+    removed = [name for _, name in sorted(found, reverse=True)[keep:]]
+    for name in removed:
+        _remove(name, logs)
+    return removed
+
+
+def clean_set_aside(paths: RunPaths, keep: int = 0) -> list[str]:
+    """Remove the run's checkpoints set aside by fresh attempts, but the ``keep`` newest: the names removed."""
+    try:
+        with _walk(paths, os.path.basename(paths.old_logs)) as logs:
+            return sweep_set_aside(logs, keep)
+    except FileNotFoundError:
+        return []

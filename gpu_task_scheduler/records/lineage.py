@@ -9,7 +9,8 @@ again as one fixed run (``gts results ROOT --best score --max --schedule``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..recordclass import Record, field
@@ -94,3 +95,55 @@ def schedule_text(lineage: Lineage, end: float | None = None) -> str:
         via = f"  (from {segment.donor})" if segment.donor else ""
         lines.append(f"{span}: {values}{via}")
     return "\n".join(lines)
+
+
+def copy_faults(
+    events: Iterable[TrialEvent],
+    *,
+    interval: float,
+    value_of: Callable[[TrialEvent], Any],
+    worse: Callable[[Any, Any], bool],
+) -> list[str]:
+    """Each exploit in ``events`` that broke population-based training's copy rule (tuning/pbt.py),
+    in words: a snapshot its donor did not take since it last copied a member itself (a lineage it
+    dropped), or one recorded worse than the copier's own value at that snapshot's interval (its
+    latest value, where it has none there). ``value_of``: an event's value (one metric's, or
+    several objectives'); ``worse(a, b)``: whether ``a`` is worse than ``b``. An audit of what the
+    ledger says happened, for tests, benchmarks and a user who wants to check a sweep."""
+    current: dict[str, dict[float, Any]] = {}  # member -> its snapshots of its current lineage
+    at: dict[tuple[str, float], Any] = {}  # (member, interval) -> its value there
+    latest: dict[str, Any] = {}
+    decided: dict[str, tuple[float, Any]] = {}  # exploits decided: the step and value copied
+    faults: list[str] = []
+    for event in events:
+        name = event.name
+        if name is None:
+            continue
+        if event.kind == "resumed" and name in decided:
+            went_on, copied = decided.pop(name)
+            current[name] = {}
+            latest[name] = copied
+            at[name, math.floor(went_on / interval) * interval] = copied
+            continue
+        if event.kind != "rung" or event.step is None or event.rung is None:
+            continue
+        value = value_of(event)
+        at[name, event.rung] = latest[name] = value
+        if event.decision in ("snapshot", "snapshot+yield"):
+            current.setdefault(name, {})[event.step] = value
+        elif event.decision == "exploit" and event.detail is not None:
+            donor, step = event.detail.get("donor"), event.detail.get("step")
+            if not isinstance(donor, str) or not isinstance(step, (int, float)) or isinstance(step, bool):
+                continue
+            kept = current.get(donor, {})
+            if step not in kept:
+                faults.append(f"{name} copied {donor}'s snapshot of step {step:g}, not of its current lineage")
+                continue
+            own = at.get((name, math.floor(step / interval) * interval), latest.get(name))
+            if own is not None and worse(kept[step], own):
+                faults.append(
+                    f"{name} copied {donor}'s snapshot of step {step:g}, recorded at {kept[step]!r}, "
+                    f"worse than its own {own!r}"
+                )
+            decided[name] = (float(step), kept[step])
+    return faults

@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import math
 import os
 import re
 import stat
@@ -154,6 +155,20 @@ def read_json(path: str, *, limit: int = MAX_RECORD_BYTES) -> Any | None:
         return json.loads(b"".join(chunks).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
+
+
+def read_step(path: str) -> float | None:
+    """The step written in ``path``: a finite number, 0 or more; None for anything else (missing, a
+    FIFO or a link, which are never opened blocking or followed, ``nan``, ``inf``, ``-3``)."""
+    try:
+        fd = open_regular(path)
+        try:
+            step = float(os.read(fd, 64))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return None
+    return step if math.isfinite(step) and step >= 0 else None
 
 
 def write_all(fd: int, data: bytes) -> None:

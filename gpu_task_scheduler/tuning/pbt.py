@@ -16,14 +16,25 @@ better than better ones behind it, and is never made to copy them. Measured on
 rule left the worst member uncopied for the whole sweep.) So ranked:
 
 * in the bottom ``quantile`` (at least one member, at most half of those ranked), it *exploits*:
-  it is to go on from a copy of the checkpoint of a member of the top ``quantile`` (the donor), at
-  the step of the donor's latest snapshot, with the donor's values *explored*:
+  it is to go on from a copy of a snapshot of a member of the top ``quantile`` (the donor), with
+  the donor's values *explored* (which snapshot: the copy rule below):
   each value listed in ``perturb`` multiplied by one of its factors, each listed in ``resample``
   drawn again from its distribution with probability ``resample_probability`` (default 1/4;
   otherwise kept, or perturbed if it is listed in ``perturb`` too);
 * in the top ``quantile``, or judged where too few are to rank it, a snapshot of its checkpoint is
   kept (the donors' copies are made from these);
 * otherwise it goes on as it is.
+
+The copy rule: the weights a member copies are weights its donor earned, never worse than its
+own. A donor offers only the snapshots of its *current lineage* (taken since it last copied a
+member itself: what it had before belongs to weights it dropped), and of those only its latest
+and its best (the two the engine keeps on disk). The copier takes the latest of these that is of
+the interval it may go back to or later, and was recorded at a value not worse than its own at
+that snapshot's interval (its latest value, if it has none there; several objectives: not
+dominated by it). A donor with no such snapshot is no donor, and a member with no donor goes on.
+(Before this rule, a member could copy its donor's snapshot from before the donor's own copy, of
+a lineage the donor no longer had, or a snapshot taken when the donor had diverged, long after
+the value that ranked it: healthy members were handed chance-level weights.)
 
 A member at or past ``max_step`` is never judged. Every random choice (the donor, the factor, a
 resample) is drawn from a generator seeded by the ``seed``, the member and the step, so that the
@@ -33,6 +44,7 @@ replays what its ledger recorded). Nothing here reads a clock or a file.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -102,14 +114,23 @@ class Member(Record, frozen=False):
     last_step: float | None = None  # the step it was last judged at (or went on from, after an exploit)
     last_value: Value | None = None  # its value at its latest judgement
     judged_at: float = 0.0  # the multiple of interval it was last judged at (or the step it went on from)
-    # (step, its value there, its values then): its checkpoints kept for the members that copy it
+    # (step, its value there, its values then): its snapshots since it last copied a member (its
+    # current lineage), oldest first; ``best``: the best of them (the first of equals)
     snapshots: list[tuple[float, Value, dict[str, Any]]] = field(default_factory=list)
+    best: tuple[float, Value, dict[str, Any]] | None = None
     went_back: float | None = None  # the interval its last exploit went back from (to the one before)
     furthest: float = 0.0  # the furthest interval it was judged at
 
 
 def _number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number within float's range (an int of 400 digits is none: arithmetic on it with
+    floats overflows)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def parse_pbt(raw: Any, where: str = "pbt") -> PbtConfig | None:
@@ -218,6 +239,7 @@ class Pbt:
         self._exploits: dict[str, Exploit] = {}  # decided, not yet resumed
         self._turns: dict[str, float] = {}  # members that wait for their turn, and the step they wait at
         self._at: dict[float, dict[str, Value]] = {}  # interval -> member -> its value there
+        self._levels: list[float] = []  # the intervals of _at, sorted
         self._ended: set[str] = set()
         self._closed = False  # no more members will begin
 
@@ -252,12 +274,34 @@ class Pbt:
         state.last_step, state.last_value, state.judged_at = step, value, rung
         decision = self._decide(run, state, rung, step, value)
         if late and decision == SNAPSHOT:
-            state.snapshots.pop()
+            self._forget_latest(state)
             decision = CONTINUE
         if decision != EXPLOIT and self._others_wait(run, step):
             self._turns[run] = step
             return SNAPSHOT_YIELD if decision == SNAPSHOT else YIELD
         return decision
+
+    def unsaved(self, run: str, decision: str) -> str:
+        """The snapshot ``decision`` keeps of ``run`` could not be taken: no member copies it (as a
+        late report's, :meth:`report`); the decision it is then (it goes on, or waits its turn)."""
+        self._forget_latest(self.members[run])
+        return YIELD if decision == SNAPSHOT_YIELD else CONTINUE
+
+    def _forget_latest(self, state: Member) -> None:
+        dropped = state.snapshots.pop()
+        if state.best is dropped:  # the best of those left (rare: only a late or unsaved one goes)
+            state.best = None
+            for kept in state.snapshots:
+                if state.best is None or self.ranking.worse(state.best[1], kept[1]):
+                    state.best = kept
+
+    def _keep(self, state: Member, step: float, value: Value) -> str:
+        """A snapshot of ``state`` at ``step`` is kept (a donor's)."""
+        kept = (step, value, dict(state.values))
+        state.snapshots.append(kept)
+        if state.best is None or self.ranking.worse(state.best[1], value):
+            state.best = kept
+        return SNAPSHOT
 
     def _others_wait(self, run: str, step: float) -> bool:
         """Whether members wait for a slot that are behind ``run`` at ``step`` (a crowded population)."""
@@ -268,20 +312,21 @@ class Pbt:
         return any(at < step for other, at in self._turns.items() if other != run)
 
     def _decide(self, run: str, state: Member, rung: float, step: float, value: Value) -> str:
-        self._at.setdefault(rung, {})[run] = value
+        if rung not in self._at:
+            self._at[rung] = {}
+            bisect.insort(self._levels, rung)
+        self._at[rung][run] = value
         level = self._level(rung)
         if level is None:  # too few members there yet to rank it: kept as a donor, in case it is a top one
-            state.snapshots.append((step, value, dict(state.values)))
-            return SNAPSHOT
+            return self._keep(state, step, value)
         table = self._at[level]
         if run not in table:  # it reached this interval by a copy, not at the one it is ranked at
             return CONTINUE
         bottom, top = self._quantiles(table)
         if run in top:
-            state.snapshots.append((step, value, dict(state.values)))
-            return SNAPSHOT
-        # A donor's latest snapshot may be of the interval it is ranked at (a member that ran ahead
-        # and is ranked where the others are may go back there), or the one before the furthest it
+            return self._keep(state, step, value)
+        # A donor's snapshot may be of the interval it is ranked at (a member that ran ahead and is
+        # ranked where the others are may go back there), or the one before the furthest it
         # reached, once: a member that went back so is judged there again, and then copies only a
         # snapshot of that interval or later (going back to a slow or ended donor again and again
         # could loop for ever).
@@ -290,17 +335,35 @@ class Pbt:
             since = state.furthest
         else:
             since = min(level, state.furthest - self.config.interval)
-        donors = [name for name in top if self.members[name].snapshots and self.members[name].snapshots[-1][0] >= since]
-        if run not in bottom or not donors:
+        if run not in bottom:
+            return CONTINUE
+        offers = {name: self._offer(name, run, since) for name in top}
+        donors = [name for name in top if offers[name] is not None]
+        if not donors:
             return CONTINUE
         # Seeded by the step as a float: a report's step may be 8 (its JSON line), its replay 8.0 (SQLite).
         rng = random.Random(f"{self.config.seed}/{run}/{float(step)!r}")
         donor = donors[rng.randrange(len(donors))]
-        at, there, values = self.members[donor].snapshots[-1]
+        offered = offers[donor]
+        assert offered is not None
+        at, there, values = offered
         explored, changed = self._explore(values, rng)
         self._exploits[run] = Exploit(run, donor, at, explored, changed, there)
         state.went_back = state.furthest if at < state.furthest else None
         return EXPLOIT
+
+    def _offer(self, donor: str, copier: str, since: float) -> tuple[float, Value, dict[str, Any]] | None:
+        """The snapshot ``copier`` would copy of ``donor`` (the copy rule, in the module's text), or None."""
+        state = self.members[donor]
+        offered = [snapshot for snapshot in (state.snapshots[-1:] + [state.best]) if snapshot is not None]
+        for step, value, values in sorted(offered, key=lambda snapshot: -snapshot[0]):
+            if step < since:
+                continue
+            interval = math.floor(step / self.config.interval) * self.config.interval
+            own = self._at.get(interval, {}).get(copier, self.members[copier].last_value)
+            if own is None or not self.ranking.worse(value, own):
+                return step, value, values
+        return None
 
     def resumed(self, run: str) -> None:
         """``run``'s exploit was made (it goes on from the donor's snapshot, with its new values), or
@@ -309,6 +372,7 @@ class Pbt:
             return
         exploit = self._exploits.pop(run)
         state = self.members[run]
+        state.snapshots, state.best = [], None  # of the weights it dropped: no member copies them now
         state.values = dict(exploit.values)
         state.last_step = state.judged_at = exploit.step
         state.last_value = exploit.value  # ranked as the member it copied until it is judged again
@@ -361,12 +425,13 @@ class Pbt:
         return None if state is None else dict(state.values)
 
     def needed_snapshots(self, run: str) -> set[float]:
-        """The steps of ``run``'s snapshots that must be kept: its latest (a donor's), those an exploit
-        not yet made copies, and the ``keep`` before the latest of the best member."""
+        """The steps of ``run``'s snapshots that must be kept: its latest and its best (what it offers
+        as a donor), those an exploit not yet made copies, and the ``keep`` before the latest of the
+        best member."""
         state = self.members.get(run)
         if state is None:
             return set()
-        needed = {step for step, _, _ in state.snapshots[-1:]}
+        needed = {step for step, _, _ in state.snapshots[-1:] + ([state.best] if state.best else [])}
         needed |= {e.step for e in self._exploits.values() if e.donor == run}
         if self.config.keep and run == self.best():
             needed |= {step for step, _, _ in state.snapshots[-1 - self.config.keep : -1]}
@@ -389,8 +454,12 @@ class Pbt:
         one step: a metric that grows as a run trains (an accuracy, a return) would otherwise rank
         a member that runs ahead above better ones that are behind, and never let it copy them."""
         need = max(2, math.ceil(len(self.members) / 2))
-        ready = [level for level, table in self._at.items() if level <= rung and len(table) >= need]
-        return max(ready, default=None)
+        # From the highest interval down (the latest is nearly always ready): not a scan of every
+        # interval at every report, which grew with the square of the intervals.
+        for index in range(bisect.bisect_right(self._levels, rung) - 1, -1, -1):
+            if len(self._at[self._levels[index]]) >= need:
+                return self._levels[index]
+        return None
 
     def _quantiles(self, values: Mapping[str, Value] | None = None) -> tuple[list[str], list[str]]:
         """The bottom and the top ``quantile`` of ``values`` (by member; else each member's value at
@@ -411,19 +480,30 @@ class Pbt:
             if key in c.resample and rng.random() < c.resample_probability:
                 explored[key] = c.resample[key].sample(rng)
                 changed[key] = "resampled"
-            elif key in c.perturb and _number(explored[key]):
+            elif key in c.perturb and isinstance(explored[key], (int, float)) and not isinstance(explored[key], bool):
                 factor = c.perturb[key][rng.randrange(len(c.perturb[key]))]
-                explored[key] = _scaled(explored[key], factor)
-                changed[key] = f"x{factor:g}"
+                scaled = _scaled(explored[key], factor)
+                if scaled is None:  # past float's range: kept
+                    changed[key] = f"kept (x{factor:g} is out of range)"
+                else:
+                    explored[key] = scaled
+                    changed[key] = f"x{factor:g}"
         return explored, changed
 
 
-def _scaled(value: float, factor: float) -> float:
-    """``value * factor``, an int kept an int (rounded, at least 1 away from 0 when it was)."""
+def _scaled(value: float, factor: float) -> float | None:
+    """``value * factor``, an int kept an int (rounded, at least 1 away from 0 when it was); None
+    when that is past float's range (an int of 400 digits, a float scaled to inf)."""
+    try:
+        product = value * factor
+    except OverflowError:
+        return None
+    if not math.isfinite(product):
+        return None
     if isinstance(value, int):
-        scaled = round(value * factor)
+        scaled = round(product)
         return scaled if scaled != 0 or value == 0 else (1 if value > 0 else -1)
-    return value * factor
+    return product
 
 
 class PbtRule(Pausing):

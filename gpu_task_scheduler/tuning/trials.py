@@ -66,7 +66,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..recordclass import Record
-from .pareto import pareto_order
+from .pareto import dominates, pareto_order
 from .stopping import Pausing, asha_rungs
 
 if TYPE_CHECKING:
@@ -111,6 +111,14 @@ class Ranking:
         """One metric's value, lower better."""
         assert isinstance(value, float)
         return self.signs[0] * value
+
+    def worse(self, value: Value, than: Value) -> bool:
+        """Whether ``value`` is worse than ``than``: one metric's, strictly; several objectives',
+        dominated by it (as good in every one and better in one)."""
+        if not self.several:
+            return self.signed(value) > self.signed(than)
+        signed = [[sign * v for sign, v in zip(self.signs, _vector(point), strict=True)] for point in (than, value)]
+        return dominates(signed[0], signed[1])
 
     def order(self, values: Mapping[str, Value]) -> list[str]:
         """The runs of ``values``, best first."""
@@ -225,7 +233,10 @@ class PromotionAsha:
     # --- what the engine tells it -------------------------------------------------------
 
     def began(self, run: str, bracket: int, config: Mapping[str, Any] | None = None) -> None:
-        """``run`` is a new configuration, started in ``bracket`` (as :meth:`next` said)."""
+        """``run`` is a new configuration, started in ``bracket`` (as :meth:`next` said); ValueError
+        for a bracket there is not (a damaged record replayed)."""
+        if not isinstance(bracket, int) or not 0 <= bracket < len(self._brackets):
+            raise ValueError(f"bracket {bracket!r} is not one of the {len(self._brackets)} bracket(s)")
         self._bracket_of[run] = bracket
         self._members[bracket].append(run)
         self._new += 1
@@ -406,6 +417,11 @@ class Hyperband:
         self._paused: dict[str, int] = {}  # run -> the rung index (of its ladder) it waits at
 
     def began(self, run: str, bracket: int, config: Mapping[str, Any] | None = None) -> None:
+        """``run`` began in ``bracket``. ValueError for a bracket the method cannot have given (a
+        damaged record replayed: a bracket of 10**12 would otherwise make brackets for ever): at
+        most one round past the brackets there are (:meth:`_bracket_for_new`)."""
+        if not isinstance(bracket, int) or not 0 <= bracket <= len(self._ladders) + len(self._shapes):
+            raise ValueError(f"bracket {bracket!r} is none Hyperband gives with {len(self._ladders)} bracket(s) begun")
         while len(self._ladders) <= bracket:
             rungs, size = self._shapes[len(self._ladders) % len(self._shapes)]
             self._ladders.append(_Ladder(rungs, size))

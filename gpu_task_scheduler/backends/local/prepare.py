@@ -20,6 +20,7 @@ from ...errors import install_hint
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...jsonable import to_jsonable
+from ...records import checkpoints
 from ...records.paths import RunPaths, atomic_write, open_regular, step_name, write_all
 from ...records.protocol import RunStart
 from ...reporting import CHECKPOINT_ENV, JUDGED_ENV, METRICS_ENV, PAUSE_ENV, PRUNE_ENV, RESUME_ENV, RUNGS_ENV
@@ -31,6 +32,9 @@ from .keeper import available as keeper_available
 # importable from the launcher's sys.path; appending keeps the child's own
 # import precedence unchanged.
 # The folder holding gpu_task_scheduler/ (os.path, not pathlib: 3 ms of a start).
+# The checkpoint folders that attempts which started afresh set aside (``.gts/logs/attempt-N-
+# checkpoint``) are kept for the newest this many; the older ones go (``gts clean`` removes the rest).
+KEEP_SET_ASIDE = 2
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))))
 _RUNNER_BOOT = (
     f"import sys; sys.path.append({_PACKAGE_PARENT!r}); "
@@ -324,12 +328,12 @@ def _rotate_log(paths: RunPaths, attempt: int, *, resumed: bool) -> None:
     ignores it, from its first step again). An attempt that starts afresh also finds the checkpoint
     folder of the one before kept aside; a resumed attempt goes on with it."""
     kept = [(paths.log, paths.old_log(attempt - 1)), (paths.metrics, paths.old_metrics(attempt - 1))]
-    if not resumed and _has_entries(paths.checkpoint):  # an empty one stays: nothing to keep aside
-        kept.append((paths.checkpoint, paths.old_checkpoint(attempt - 1)))
     for current, old in kept:
         if current and os.path.lexists(current):
             os.makedirs(paths.old_logs, exist_ok=True)
             os.replace(current, old)
+    if not resumed and _has_entries(paths.checkpoint):  # an empty one stays: nothing to keep aside
+        checkpoints.set_aside(paths, attempt - 1, KEEP_SET_ASIDE)
 
 
 def _has_entries(folder: str) -> bool:

@@ -75,6 +75,27 @@ def exploits_of(root, name):
         ledger.close()
 
 
+def copy_faults_of(root, judged="metric: score, mode: max"):
+    """Every exploit the ledger records that broke the copy rule (tuning/pbt.py): a snapshot of a
+    lineage its donor dropped, or one recorded worse than the copier's own value there."""
+    from gpu_task_scheduler.records.lineage import copy_faults
+    from gpu_task_scheduler.tuning.trials import Ranking
+
+    several = "objectives" in judged
+    ranking = Ranking(["max", "min"] if several else ["max"])
+
+    def value_of(event):
+        if not several:
+            return event.value
+        return tuple((event.detail or {}).get("objectives", {}).get(key) for key in ("score", "lr"))
+
+    ledger = Ledger.read_only(RootPaths(str(root)))
+    try:
+        return copy_faults(ledger.trial_events(), interval=4, value_of=value_of, worse=ranking.worse)
+    finally:
+        ledger.close()
+
+
 def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tmp):
     argv = _example(in_tmp)
     run = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
@@ -88,6 +109,7 @@ def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tm
     assert _executed_steps(root) <= 1.25 * 8 * 40
     exploits = [event for event in _events(root) if event[3] == "exploit"]
     assert exploits, "no member copied another"
+    assert copy_faults_of(root) == []  # each copy: the donor's current weights, no worse than the copier's
     for name, _, _, _, detail in exploits:  # a copied member went on with the donor's values, explored
         assert json.loads(detail)["donor"] in rows and name in rows
     again = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=60)
@@ -189,6 +211,7 @@ def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpo
         elif kind == "resumed":
             assert pending.pop(name, None) is not None, f"{name} resumed without an exploit"
     assert not pending, f"exploits never made: {pending}"
+    assert copy_faults_of(root, judged) == []  # through every kill and replay too
     if "objectives" in judged:  # each judgement recorded with both values
         told = [json.loads(detail or "{}") for _, kind, _, _, detail in _events(root) if kind == "rung"]
         assert told and all(set(found.get("objectives", ())) == {"score", "lr"} for found in told)

@@ -105,3 +105,35 @@ def test_untracked_files_such_as_results_do_not_make_the_code_dirty(repository):
     assert state["dirty"] is False and state["diff_sha256"] is None
     assert short({"git": state}) == state["commit"][:12] and collected.cache_info() is not None
     assert os.path.isdir(repository / ".git")
+
+
+def test_a_diff_git_cannot_read_is_recorded_as_not_known_never_as_clean(repository):
+    """git's diff fails (here a blob of the commit is gone from the object store): the code's state
+    is not known, so ``dirty`` is None, not False, and no hash stands for it."""
+    blob = subprocess.run(
+        ["git", "rev-parse", "HEAD:train.py"], cwd=str(repository), capture_output=True, text=True, check=True
+    ).stdout.strip()
+    os.remove(repository / ".git" / "objects" / blob[:2] / blob[2:])
+    state = git_state(str(repository))
+    assert state is not None and len(state["commit"]) == 40
+    assert state["dirty"] is None and state["diff_sha256"] is None
+
+
+def test_the_users_external_diff_tools_and_textconv_drivers_are_never_run(repository):
+    ran = repository / "ran"
+    tool = repository / "tool.sh"
+    tool.write_text(f'#!/bin/sh\necho ran >> {ran}\ncat "$@"\n')
+    tool.chmod(0o755)
+    git("config", "diff.external", str(tool), cwd=repository)
+    git("config", "diff.conv.textconv", str(tool), cwd=repository)
+    (repository / ".gitattributes").write_text("*.py diff=conv\n")
+    state = git_state(str(repository))
+    assert state["dirty"] is True and state["diff_sha256"]
+    assert not ran.exists()
+
+
+def test_a_table_says_when_uncommitted_changes_are_not_known():
+    commit = "3f2a9c1d4e5b" + "0" * 28
+    assert short({"git": {"commit": commit, "dirty": None}}) == "3f2a9c1d4e5b+dirty?"
+    assert short({"git": {"commit": commit, "dirty": False}}) == "3f2a9c1d4e5b"
+    assert short({"git": {"commit": commit}}) == "3f2a9c1d4e5b"

@@ -165,9 +165,12 @@ def test_another_site_and_other_machines_without_the_token_are_refused(in_tmp, s
     assert fetch(f"http://127.0.0.1:{port}/api/roots")[0] == 403
     assert fetch(f"http://127.0.0.1:{port}/api/roots?token=wrong")[0] == 403
     status, headers, _ = fetch(f"http://127.0.0.1:{port}/?token={token}")
-    assert status == 200 and "HttpOnly" in headers["Set-Cookie"]
-    cookie = headers["Set-Cookie"].split(";")[0]
-    assert fetch(f"http://127.0.0.1:{port}/api/roots", headers={"Cookie": cookie})[0] == 200
+    assert status == 200 and "Set-Cookie" not in headers  # a cookie would reach every port of the host
+    assert fetch(f"http://127.0.0.1:{port}/api/roots", headers={"X-GTS-Token": token})[0] == 200
+    assert fetch(f"http://127.0.0.1:{port}/api/roots", headers={"X-GTS-Token": "x" * len(token)})[0] == 403
+    assert fetch(f"http://127.0.0.1:{port}/api/roots", headers={"Cookie": f"gts_token={token}"})[0] == 403
+    assert fetch(f"http://127.0.0.1:{port}/")[0] == 403  # the page needs it; its code and style hold no data
+    assert fetch(f"http://127.0.0.1:{port}/static/app.js")[0] == 200
 
 
 @pytest.mark.parametrize(
@@ -252,6 +255,48 @@ def test_the_page_follows_a_live_sweep_and_shows_values_as_text(in_tmp, served, 
         if sweep.poll() is None:
             flag.write_text("")
             sweep.wait(timeout=60)
+
+
+def test_the_token_reaches_no_other_server_on_the_same_host_in_chromium(in_tmp, served, browser):
+    """Browsers scope cookies by host, not by port: a token kept in a cookie of 127.0.0.1:A went to
+    any server on 127.0.0.1 the user opened. The page keeps it in itself and sends it to its own
+    server only; a second server on another port, opened in the same browser, sees none of it."""
+    import http.server
+
+    root, _ = make_root(in_tmp, values=(0.1,), tags=("a",))
+    url, _ = served([root])
+    token = url.split("token=")[1]
+    seen = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(str(self.headers))
+            body = b"<html><body>another user's server</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    thread = threading.Thread(target=other.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 1", timeout=20_000)
+        assert browser.cookies() == []  # nothing a browser would send elsewhere
+        page.goto(f"http://127.0.0.1:{other.server_address[1]}/")
+        assert "another user's server" in page.inner_text("body")
+        page.goto(f"http://localhost:{other.server_address[1]}/")
+        assert len(seen) >= 2 and not any(token in headers for headers in seen), seen
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join(10)
 
 
 def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, served, browser):

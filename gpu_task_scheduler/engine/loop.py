@@ -137,6 +137,7 @@ class Scheduler:
                             self._starts.count_never_started(self._summary)
                     finally:
                         self._records.flush()
+                        self._records.record_provenance(wait=True)
                         self._running.kill_everything(self._records)
                         self._launcher.close()
                         self.inbox.close()

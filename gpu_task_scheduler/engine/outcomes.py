@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import GTSError
@@ -71,10 +72,12 @@ class Records:
         self.ledger, self.summary, self._hooks = ledger, summary, hooks
         self._skips: dict[str, int] = {}  # reason -> runs skipped for it, not yet reported
         self._skip_lines: list[str] = []  # their lines for scheduler.log, not yet written
-        # What made the runs (records/provenance.py): read once, after the first run started (two
-        # git calls must not delay it), and recorded then for the runs started before.
+        # What made the runs (records/provenance.py): read once, in a thread of its own started
+        # after the first run started (git must delay no start, nor the loop: a large diff takes
+        # seconds), and recorded for the runs started before as soon as it is read.
         self._made_with: dict[str, Any] | None = None
         self._unrecorded: list[RunSpec] = []
+        self._reading: tuple[threading.Thread, dict[str, Any]] | None = None
 
     def call(self, hook: str, *args: object) -> None:
         try:
@@ -151,7 +154,7 @@ class Records:
         if self._made_with is None:
             self._unrecorded.append(spec)
         else:
-            from ..records.provenance import of_run  # loaded by run_started already
+            from ..records.provenance import of_run  # loaded by the reading already
 
             provenance = of_run(spec.config, self._made_with)
         return self.ledger.mark_running(
@@ -170,15 +173,35 @@ class Records:
     def run_started(self, spec: RunSpec, slot: Slot) -> None:
         """``spec``'s process started: the hooks are told, and, the first time, what made the runs is
         read and recorded for those started so far (after their start, which it must not delay)."""
-        if self._unrecorded:
-            from ..records.provenance import collected, of_run  # here: a sweep that starts nothing reads no git
+        if self._reading is None:  # here: a sweep that starts nothing reads no git
+            from ..records.provenance import collected
 
-            if self._made_with is None:
-                self._made_with = collected(os.getcwd())
-            for started in self._unrecorded:
-                self.ledger.set_provenance(started.name, of_run(started.config, self._made_with))
-            self._unrecorded.clear()
+            found: dict[str, Any] = {}
+            folder = os.getcwd()
+            reader = threading.Thread(
+                target=lambda: found.setdefault("made_with", collected(folder)), name="gts-provenance", daemon=True
+            )
+            reader.start()
+            self._reading = (reader, found)
+        self.record_provenance()
         self.call("on_run_start", spec, slot)
+
+    def record_provenance(self, *, wait: bool = False) -> None:
+        """Record what made the runs started so far, once it has been read (``wait``: for it, at
+        the sweep's end; git's calls are bounded by records/provenance.GIT_SECONDS)."""
+        if self._reading is None or not self._unrecorded:
+            return
+        reader, found = self._reading
+        if wait:
+            reader.join()
+        if "made_with" not in found:
+            return
+        from ..records.provenance import of_run
+
+        self._made_with = found["made_with"]
+        for started in self._unrecorded:
+            self.ledger.set_provenance(started.name, of_run(started.config, self._made_with))
+        self._unrecorded.clear()
 
     def not_started(
         self,
@@ -255,6 +278,7 @@ class Records:
         """``reader``: its metrics file read in full, when it was read off the loop (engine/endreads.py);
         ``again``: the run is queued to run again in this start (a retry); ``usage``: what the attempt
         cost (its part not saved yet is added to the run's total here)."""
+        self.record_provenance()
         if ended.strays:
             logger.warning(
                 "%s left %d process(es) running outside its process group; stopped pid %s",

@@ -13,9 +13,14 @@ What it guards against:
   server every local user can reach 127.0.0.1, and a view shows every run's config, results and
   log. A request without it gets 403. ``--no-token`` turns that off, on a loopback address only.
   A token shorter than 16 characters (an empty one from an unset variable) is refused. The
-  token in the URL is kept in a cookie (HttpOnly, SameSite=Strict) so that links need not carry
-  it. The ``Host`` header must name this server (no DNS rebinding: a page of another site that
-  resolves its name to 127.0.0.1 gets 403).
+  token is never put in a cookie: browsers scope cookies by host, not by port, so a cookie of
+  127.0.0.1:8765 is sent to every server on 127.0.0.1, and another user's server on another port
+  that the user opens would receive it. The page (opened with ``?token=`` in its URL) keeps the
+  token in the page itself and sends it with each of its requests (the ``X-GTS-Token`` header,
+  which the browser sends to no other server); ``/api/`` answers only with it, or with
+  ``?token=`` for a script. The page's own code and style carry no data and are served to
+  anyone. The ``Host`` header must name this server (no DNS rebinding: a page of another site
+  that resolves its name to 127.0.0.1 gets 403).
 * **Paths.** No path from a request reaches the file system: static files are a fixed table,
   and a run's log, config or metrics are found by the run's name in the ledger (records/paths.py
   refuses a name that is not one folder under the root; links and FIFOs are not read). Logs are
@@ -51,12 +56,13 @@ from . import data
 logger = logging.getLogger("gpu_task_scheduler")
 
 DEFAULT_PORT = 8642  # not Ray's dashboard (8265), TensorBoard's (6006) nor Jupyter's (8888)
-COOKIE = "gts_token"
+TOKEN_HEADER = "X-GTS-Token"  # how the page sends its token with each request (never a cookie)
 _STATIC = {  # URL -> (file in this package's static/, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/app.css": ("app.css", "text/css; charset=utf-8"),
 }
+_PUBLIC = frozenset(("/static/app.js", "/static/app.css", "/static/plotly.min.js", "/favicon.ico"))  # no data
 _SECURITY_HEADERS = {
     # Scripts from here only (Plotly's too); Plotly writes its own <style>, hence 'unsafe-inline' for styles.
     "Content-Security-Policy": (
@@ -244,20 +250,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if host not in self.allowed_hosts:
             self._send(403, b"this server answers to its own address only\n", "text/plain; charset=utf-8")
             return
-        cookie: dict[str, str] = {}
-        if self.view.token is not None:
-            given = query["token"][-1] if query.get("token") else self._cookie(COOKIE)
+        path = parsed.path
+        # The page's own code and style hold no data: served to anyone. The page itself and every
+        # answer need the token (the page reads it from its URL and sends it with each request).
+        if self.view.token is not None and path not in _PUBLIC:
+            given = query["token"][-1] if query.get("token") else self.headers.get(TOKEN_HEADER)
             if given is None or not hmac.compare_digest(given.encode(), self.view.token.encode()):
                 self._send(403, b"a token is needed: open the URL gts serve printed\n", "text/plain; charset=utf-8")
                 return
-            if query.get("token"):
-                cookie["Set-Cookie"] = f"{COOKIE}={self.view.token}; HttpOnly; SameSite=Strict; Path=/"
-        path = parsed.path
         try:
             if path in _STATIC:
                 name, kind = _STATIC[path]
                 content = importlib.resources.files(__package__).joinpath("static").joinpath(name).read_bytes()
-                self._send(200, content, kind, cookie)
+                self._send(200, content, kind)
             elif path == "/static/plotly.min.js":
                 script = self.view.plotly()
                 if script is None:
@@ -276,13 +281,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._json(400, {"error": str(error)})
         except (GTSError, Busy) as error:  # the ledger cannot be read now (a sweep starting, a damaged file)
             self._json(503, {"error": str(error)})
-
-    def _cookie(self, name: str) -> str | None:
-        for part in (self.headers.get("Cookie") or "").split(";"):
-            key, _, value = part.strip().partition("=")
-            if key == name:
-                return value
-        return None
 
     def _json(self, code: int, value: Any) -> None:
         text = json.dumps(_finite(value), default=str, allow_nan=False, separators=(",", ":"))

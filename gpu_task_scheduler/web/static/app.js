@@ -100,10 +100,15 @@ function paramsOf(run) {
   return params;
 }
 
+// The token gts serve printed in the page's URL, kept in the page and sent with each request as a
+// header: never a cookie, which the browser would send to every server on this host, whatever its port.
+const TOKEN = new URLSearchParams(window.location.search).get("token");
+const AUTH = { credentials: "omit", headers: TOKEN ? { "X-GTS-Token": TOKEN } : {} };
+
 async function get(path, params) {
   if (REPORT) return answer(path, params);
   const query = new URLSearchParams({ root: String(state.root), ...(params || {}) });
-  const response = await fetch(`${path}?${query}`, { credentials: "same-origin" });
+  const response = await fetch(`${path}?${query}`, AUTH);
   const body = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
   if (!response.ok) throw new Error(body.error || response.statusText);
   return body;
@@ -543,7 +548,7 @@ async function refresh() {
 }
 
 async function start() {
-  const roots = REPORT ? { roots: [REPORT.root], charts: true } : await (await fetch("/api/roots", { credentials: "same-origin" })).json();
+  const roots = REPORT ? { roots: [REPORT.root], charts: true } : await (await fetch("/api/roots", AUTH)).json();
   state.charts = Boolean(roots.charts && window.Plotly);
   $("no-charts").hidden = state.charts;
   $("root").replaceChildren(...roots.roots.map((root, i) => { const o = text("option", root); o.value = String(i); return o; }));

@@ -835,6 +835,8 @@ class Ledger:
         numeric = "json_type({0}, {1}) IN ('integer', 'real')"
         if key == "result":  # a run whose main() returned a number
             return "CASE WHEN json_type(result) IN ('integer', 'real') THEN json_extract(result, '$') END", values
+        if '"' in key:  # SQLite's JSON paths cannot name such a key: found by json_each, unnested
+            return self._quoted_value_sql(key, result_key)
         paths = []
         for i, path in enumerate(_json_paths(result_key)):
             values[f"path{i}"] = path
@@ -854,6 +856,31 @@ class Ledger:
                 values["mpath"] = "$." + json.dumps(name) + "." + which
                 value += f"WHEN {numeric.format('metrics', ':mpath')} THEN json_extract(metrics, :mpath) "
         return value + "END", values
+
+    def _quoted_value_sql(self, key: str, result_key: str) -> tuple[str, dict[str, Any]]:
+        """:meth:`_value_sql` for a key that holds ``"`` (a metric named ``acc"top1``): the top-level
+        key of that name, looked up by ``json_each`` (no JSON path can name it)."""
+
+        def top(column: str, name: str, inner: str = "") -> tuple[str, str]:
+            value = f"json_extract(value, '$.{inner}')" if inner else "value"
+            kind = f"json_type(value, '$.{inner}')" if inner else "type"
+            where = f"FROM json_each({column}) WHERE key = {name}"
+            return f"(SELECT {value} {where})", f"(SELECT {kind} {where})"
+
+        values: dict[str, Any] = {"rkey": result_key, "pkey": key}
+        number, kind = top("result", ":rkey")
+        sql = f"CASE WHEN {kind} IS NOT NULL THEN CASE WHEN {kind} IN ('integer', 'real') THEN {number} END "
+        if not key.startswith("result."):
+            number, kind = top("params", ":pkey")
+            sql += f"WHEN {kind} IN ('integer', 'real') THEN {number} "
+            if key.startswith("metrics.") and "metrics" in self._columns():
+                name, _, which = key[len("metrics.") :].rpartition(".")
+                if which not in ("last", "min", "max") or not name:
+                    name, which = key[len("metrics.") :], "last"
+                values["mkey"] = name
+                number, kind = top("metrics", ":mkey", which)
+                sql += f"WHEN {kind} IN ('integer', 'real') THEN {number} "
+        return sql + "END", values
 
     # Orders of a page of runs that are columns of the table (any other key: a number, as ranked).
     _PAGE_ORDERS = {

@@ -164,7 +164,8 @@ def test_values_a_sweep_accepts_rank_without_a_crash_tiny_numbers_and_ints_past_
 
     tiny = [5e-324, 1e-320, 1e-315, 1e-310, 1e-305, 1e-300]
     huge = [10**400, 10**401, 10**402, 10**403, 10**404, 10**405]
-    rows = [({"eps": e, "big": b, "lr": 0.1 * (k + 1)}, float(k)) for k, (e, b) in enumerate(zip(tiny, huge, strict=True))]
+    pairs = enumerate(zip(tiny, huge, strict=True))
+    rows = [({"eps": e, "big": b, "lr": 0.1 * (k + 1)}, float(k)) for k, (e, b) in pairs]
     found = importance("unused", "loss", mode="min", rows=rows)
     assert {p["name"] for p in found["parameters"]} == {"eps", "big", "lr"}
     kinds = {p["name"]: p["kind"] for p in found["parameters"]}

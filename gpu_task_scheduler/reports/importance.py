@@ -121,7 +121,8 @@ def _bins(present: Sequence[float]) -> tuple[list[float], list[str]]:
     edges = sorted(set(edges))
     uppers = [*edges[1:], None]
     labels = [
-        f"{low:.4g} to {upper:.4g}" if upper is not None else f"{low:.4g} up" for low, upper in zip(edges, uppers)
+        f"{low:.4g} to {upper:.4g}" if upper is not None else f"{low:.4g} up"
+        for low, upper in zip(edges, uppers, strict=True)
     ]
     return edges, labels
 

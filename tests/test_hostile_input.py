@@ -207,3 +207,54 @@ def test_a_nested_spec_is_bounded_when_filled_in():
     assert fill("{a:{w}}", {"a": 1, "w": ">3"}) == "  1"
     with pytest.raises(ValueError, match="at most 10000"):
         fill("{a:{w}}", {"a": 1, "w": ">99999999999"})
+
+
+HUGE = 10**400  # YAML and JSON hold such an int; math.isfinite and float arithmetic overflow on it
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"scheduler_config": {"budget": {"gpu_hours": HUGE}}}, "budget.*a number > 0"),
+        ({"scheduler_config": {"timeout": HUGE}}, "timeout"),
+        (
+            {"pbt": {"metric": "loss", "mode": "min", "interval": HUGE, "max_step": 40, "perturb": {"a": [2]}}},
+            "interval",
+        ),
+        (
+            {"pbt": {"metric": "loss", "mode": "min", "interval": 4, "max_step": HUGE, "perturb": {"a": [2]}}},
+            "max_step",
+        ),
+        (
+            {"pbt": {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"a": [HUGE]}}},
+            "perturb",
+        ),
+        ({"early_stop": {"method": "asha", "metric": "loss", "mode": "min", "max_step": HUGE}}, "max_step"),
+    ],
+)
+def test_a_number_past_floats_range_is_refused_with_the_key_not_a_traceback(tmp_path, extra, words):
+    config = {"scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "r")}, "command": ["true"]}
+    config["test_config"] = [{"a": [1, 2]}]
+    for key, value in extra.items():
+        config[key] = {**config.get(key, {}), **value}
+    with pytest.raises(ConfigError, match=words):
+        Sweep(config)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("order", ["forward", "backward"])
+def test_a_when_chain_of_3000_keys_is_a_config_not_a_recursion_error(tmp_path, order):
+    space = {"k0": {"uniform": [0, 1]}}
+    steps = range(1, 3000) if order == "forward" else reversed(range(1, 3000))
+    for i in steps:
+        space[f"k{i}"] = {"uniform": [0, 1], "when": {f"k{i - 1}": [0.5]}}
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "r")},
+        "command": ["true"],
+        "search": {"sampler": "random", "n_runs": 2, "metric": "loss", "mode": "min"},
+        "test_config": [space],
+    }
+    assert Sweep(config).search.n_runs == 2
+    space["k0"] = {"uniform": [0, 1], "when": {"k2999": [0.5]}}  # and a cycle through all of them is said
+    with pytest.raises(ConfigError, match="cycle: k0 -> k2999 -> k2998"):
+        Sweep(config)

@@ -3,10 +3,12 @@
 import json
 import math
 import random
+import sys
 
 import pytest
 from helpers import ledger_rows, record_started
 
+from gpu_task_scheduler import GPUTaskScheduler
 from gpu_task_scheduler.cli.main import main as gts
 from gpu_task_scheduler.errors import ConfigError
 from gpu_task_scheduler.records.ledger import Ledger
@@ -205,3 +207,43 @@ def test_a_metric_whose_name_holds_a_double_quote_is_found(tmp_path, reported):
     root = plant(tmp_path, runs, metric='acc"top1', reported=reported)
     found = importance(root, 'acc"top1', mode="max")
     assert found["runs"] == 30 and found["parameters"][0]["name"] == "a"
+
+
+def test_a_dollar_sign_in_names_and_values_is_drawn_as_text_in_every_plot_mode(tmp_path):
+    """matplotlib reads ``$...$`` as a formula: ``tag$1`` once made --pareto, --contour and the
+    older plot modes die with ParseFatalException. A user's own figures keep their formulas."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    from gpu_task_scheduler.reports.importance import plot_contour
+    from gpu_task_scheduler.reports.status import plot_curves, plot_metric, plot_pareto, plot_timeline
+
+    root = tmp_path / "r"
+    command = (
+        "import json, os, sys\n"
+        "x, tag, folder = float(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
+        "with open(os.environ['GTS_METRICS_FILE'], 'a') as f:\n"
+        "    for step in (1, 2):\n"
+        "        f.write(json.dumps({'step': step, 'lo$s': x / step}) + '\\n')\n"
+        "json.dump({'lo$s': x, 'cost$': len(tag) / x}, open(os.path.join(folder, 'result.json'), 'w'))\n"
+    )
+    (tmp_path / "train.py").write_text(command)
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root)},
+        "command": [sys.executable, str(tmp_path / "train.py"), "{x$}", "{ta$g}", "{work_dir}"],
+        "test_config": [{"x$": {"uniform": [0.1, 0.5]}, "ta$g": ["$a$", "b$$", "c"]}],
+        "search": {"sampler": "random", "n_runs": 8, "seed": 1, "objectives": {"lo$s": "min", "cost$": "min"}},
+    }
+    summary = GPUTaskScheduler(config).start()
+    assert summary.ok and len(summary.succeeded) == 8
+    for plot, args in (
+        (plot_timeline, (str(root),)),
+        (plot_curves, (str(root), "lo$s", "ta$g")),
+        (plot_metric, (str(root), "lo$s", "x$")),
+        (plot_pareto, (str(root), "lo$s", "cost$")),
+        (plot_contour, (str(root), "lo$s")),
+    ):
+        output = tmp_path / f"{plot.__name__}.png"
+        extra = {"mode": "min"} if plot is plot_contour else {}
+        assert plot(*args, str(output), **extra) == str(output) and output.stat().st_size > 0
+    assert matplotlib.rcParams["text.parse_math"] is True  # only while gts draws

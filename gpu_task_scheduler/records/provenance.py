@@ -50,12 +50,10 @@ def git_state(folder: str) -> dict[str, Any] | None:
     # The user's external diff tools and textconv drivers are never run, and the diff is hashed as
     # it comes (a change of 300 MB once took 1.26 GB and 13.7 s held whole).
     digest = _diff_digest(["git", "diff", "HEAD", "--binary", "--no-ext-diff", "--no-textconv"], folder, env)
-    known = digest is not None
-    return {
-        "commit": head.stdout.decode("ascii", "replace").strip(),
-        "dirty": (digest[1] > 0) if known else None,
-        "diff_sha256": (digest[0] if digest[1] else None) if known else None,
-    }
+    commit = head.stdout.decode("ascii", "replace").strip()
+    if digest is None:
+        return {"commit": commit, "dirty": None, "diff_sha256": None}
+    return {"commit": commit, "dirty": digest[1] > 0, "diff_sha256": digest[0] if digest[1] else None}
 
 
 def _diff_digest(argv: list[str], folder: str, env: dict[str, str]) -> tuple[str, int] | None:

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, install_hint
+from ..finite import finite_number
+from .drawing import plain_text
 
 EVALUATORS = ("ped-anova", "fanova")
 ABSENT = "(absent)"  # the category of a run that lacks a parameter other runs have
@@ -73,12 +75,7 @@ def _choice(value: Any) -> Any:
 
 def _finite(value: Any) -> bool:
     """A number a float can hold (an int of 400 digits is none: it is a category here)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
+    return finite_number(value)
 
 
 def _numeric(values: Sequence[Any]) -> bool:
@@ -342,6 +339,7 @@ def _axis(values: Sequence[Any]) -> tuple[list[float], list[str] | None, bool]:
     return [float(labels.index(str(v))) for v in values], labels, False
 
 
+@plain_text
 def plot_contour(
     root: str, metric: str, output: str, *, params: Sequence[str] | None = None, mode: str | None = None
 ) -> str:

@@ -19,6 +19,7 @@ from ..records.ledger import RunStatus
 from ..records.metrics import describe, latest
 from ..records.paths import RunPaths, log_name_problem, name_problem
 from ..results import duration, escape_controls, open_ledger
+from .drawing import plain_text
 
 _COLORS = {
     "succeeded": "tab:green",
@@ -397,6 +398,7 @@ def _pyplot() -> Any:
     return pyplot
 
 
+@plain_text
 def plot_timeline(root: str, output: str) -> str:
     """Each run as a bar on its slot's row, over time; failures marked with a cross."""
     ledger = open_ledger(root)
@@ -487,6 +489,7 @@ def mean_curves(
     return table
 
 
+@plain_text
 def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: str | None = None) -> str:
     """What the runs reported of ``metric`` against the step, one line per run, coloured by the
     parameter ``by`` (a colour scale for numbers); a run that did not succeed ends in a cross; a
@@ -639,6 +642,7 @@ def metric_lines(root: str, metric: str, by: str) -> tuple[str, dict[str, list[d
     return key, groups
 
 
+@plain_text
 def plot_metric(root: str, metric: str, by: str, output: str) -> str:
     """The result (or last reported value) ``metric`` of the succeeded runs against parameter
     ``by``, one line per setting of the other swept parameters."""
@@ -667,6 +671,7 @@ def plot_metric(root: str, metric: str, by: str, output: str) -> str:
     return output
 
 
+@plain_text
 def plot_pareto(root: str, first: str, second: str, output: str) -> str:
     """``gts plot --pareto F1 F2``: every succeeded run by two of its search's objectives (feasible
     runs as dots, infeasible ones as crosses) and the Pareto front of the feasible ones as a line."""

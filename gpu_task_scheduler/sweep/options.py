@@ -10,13 +10,13 @@ What the user wrote stays available, with defaults filled in, as
 from __future__ import annotations
 
 import copy
-import math
 import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, did_you_mean, unknown_key_message
+from ..finite import finite_number
 from ..gpu.devices import Slot, normalize_gpu_entries, parse_memory, parse_slots
 from ..layout import log_name_problem
 from ..recordclass import Record, field
@@ -67,9 +67,7 @@ MAX_SECONDS = 365 * 24 * 3600
 def _seconds(allow_zero: bool) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         ok = (
-            isinstance(value, numbers.Real)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
+            finite_number(value)
             and (float(value) >= 0 if allow_zero else float(value) > 0)
             and float(value) <= MAX_SECONDS
         )
@@ -110,7 +108,7 @@ def _percent(value: Any) -> str | None:
 
 
 def _non_negative(value: Any) -> str | None:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and float(value) >= 0
+    ok = finite_number(value) and float(value) >= 0
     return None if ok else "a number >= 0"
 
 
@@ -127,8 +125,7 @@ def _budget(value: Any) -> str | None:
         if key not in BUDGET_KEYS:
             guess = did_you_mean(str(key), BUDGET_KEYS)[:-1]  # "; did you mean 'gpu_hours'" or ""
             return f"a dict of limits: {', '.join(BUDGET_KEYS)} ({key!r} is none of them{guess})"
-        ok = isinstance(limit, numbers.Real) and not isinstance(limit, bool) and math.isfinite(limit)
-        if not ok or float(limit) <= 0:
+        if not finite_number(limit) or float(limit) <= 0:
             return f"a dict of limits whose {key} is a number > 0"
     return None
 

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from ..errors import ConfigError, unknown_key_message
+from ..finite import finite_number
 from ..recordclass import Record, field
 from .space import Distribution, parse_distribution
 from .stopping import Pausing, judged_by
@@ -123,14 +124,7 @@ class Member(Record, frozen=False):
 
 
 def _number(value: Any) -> TypeGuard[float]:
-    """A finite number within float's range (an int of 400 digits is none: arithmetic on it with
-    floats overflows)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
+    return finite_number(value)
 
 
 def parse_pbt(raw: Any, where: str = "pbt") -> PbtConfig | None:

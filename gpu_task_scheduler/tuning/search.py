@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from ..errors import ConfigError, DamagedRecordError, install_hint, unknown_key_message
+from ..finite import finite_number
 from ..recordclass import Record
 from ..records.jsonlines import read_records
 from ..records.paths import name_problem, open_regular, write_all
@@ -217,7 +218,7 @@ def objective(result: Any, metrics: Mapping[str, Any], metric: str) -> float | N
     if value is None:
         reported = metrics.get(metric)
         value = reported.get("last") if isinstance(reported, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not finite_number(value):
         return None
     return float(value)
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..finite import finite_number
 from ..recordclass import Record
 
 KINDS = ("uniform", "loguniform", "int", "choice")
@@ -85,7 +86,7 @@ Distribution = Uniform | LogUniform | Int | Choice
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 def _whole(value: Any) -> bool:
@@ -234,23 +235,26 @@ def _ordered(space: dict[str, Distribution], where: str) -> dict[str, Distributi
                         f"{where}[{key!r}]: when {parent}: {value!r}, which {parent} never takes "
                         f"({describe({parent: space[parent]._replace(when=())})})"
                     )
+    # A depth-first order kept on a stack of its own, not Python's: a when chain of 3,000 keys is
+    # a config, not a RecursionError.
     ordered: dict[str, Distribution] = {}
-    visiting: list[str] = []
-
-    def visit(key: str) -> None:
-        if key in ordered:
-            return
-        if key in visiting:
-            cycle = visiting[visiting.index(key) :] + [key]
-            raise ConfigError(f"{where}: the when conditions form a cycle: {' -> '.join(cycle)}")
-        visiting.append(key)
-        for parent, _ in space[key].when:
-            visit(parent)
-        visiting.pop()
-        ordered[key] = space[key]
-
-    for key in space:
-        visit(key)
+    for start in space:
+        if start in ordered:
+            continue
+        visiting: list[str] = [start]
+        parents = [iter([parent for parent, _ in space[start].when])]
+        while parents:
+            step: str | None = next(parents[-1], None)
+            if step is None:
+                parents.pop()
+                key = visiting.pop()
+                ordered[key] = space[key]
+            elif step in visiting:
+                cycle = visiting[visiting.index(step) :] + [step]
+                raise ConfigError(f"{where}: the when conditions form a cycle: {' -> '.join(cycle)}")
+            elif step not in ordered:
+                visiting.append(step)
+                parents.append(iter([grand for grand, _ in space[step].when]))
     return ordered
 
 

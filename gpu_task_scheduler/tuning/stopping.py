@@ -37,6 +37,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError, unknown_key_message
+from ..finite import finite_number
 from ..recordclass import Record
 from .pareto import standing_of
 
@@ -307,7 +308,7 @@ class Median(Rule):
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 def metric_and_mode(raw: Mapping[str, Any], where: str) -> tuple[str, str]:

@@ -210,6 +210,7 @@ def test_a_nested_spec_is_bounded_when_filled_in():
 
 
 HUGE = 10**400  # YAML and JSON hold such an int; math.isfinite and float arithmetic overflow on it
+PBT = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"a": [2]}}
 
 
 @pytest.mark.parametrize(

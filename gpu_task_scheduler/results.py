@@ -9,6 +9,7 @@ key (``result.loss``); any other value is the ``result`` column.
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import math
@@ -221,7 +222,9 @@ def metric(row: dict[str, Any], key: str) -> float | None:
     return None
 
 
-_CONDITION = re.compile(r"^\s*(.+?)\s*(<=|>=|<|>)\s*(\S+)\s*$")
+# The key holds no comparison and no space, so that no part of the text is tried twice: a lazy
+# ``(.+?)\s*`` took 5 s over 20,000 spaces.
+_CONDITION = re.compile(r"\s*([^<>=\s]+)\s*(<=|>=|<|>)\s*([^\s<>=]+)\s*")
 _COMPARE = {
     "<=": lambda a, b: a <= b,
     ">=": lambda a, b: a >= b,
@@ -239,14 +242,16 @@ def gpu_hours_to(root: str, condition: str, *, stage: str | None = None) -> dict
     Returns ``condition``, ``reached`` (False: no run met it yet), ``run``, ``at`` (a Unix time),
     ``gpu_hours`` (spent by then; every GPU-hour recorded when not reached), ``total_gpu_hours``,
     ``runs_ended`` (runs that had ended by then), and ``best`` (the best value any run has, not reached)."""
-    match = _CONDITION.match(condition)
+    match = _CONDITION.fullmatch(condition)
     if match is None:
-        raise ConfigError(f"{condition!r} is no condition; write KEY<=VALUE (or <, >=, >), e.g. 'loss<=0.2'")
+        raise ConfigError(f"{condition[:80]!r} is no condition; write KEY<=VALUE (or <, >=, >), e.g. 'loss<=0.2'")
     key, op, text = match.groups()
     try:
         target = float(text)
     except ValueError:
         raise ConfigError(f"{condition!r}: {text!r} is not a number") from None
+    if not math.isfinite(target):  # nan compares false with everything: "never reached", said as a fact
+        raise ConfigError(f"{condition!r}: the value must be a finite number; got {text!r}")
     every = records(root, stage)
     reached: list[tuple[float, str]] = []
     values: list[float] = []
@@ -668,6 +673,20 @@ _LATEX_PATTERN = re.compile("|".join(re.escape(key) for key in _LATEX_SPECIAL))
 _HIDDEN = (".std", ".ci95", ".count")  # shown in their mean's cell, or not at all
 
 
+# What Markdown would read as markup in a table's cell: a backslash (``\|`` would end the cell),
+# the cell's bar, emphasis, code and links; and raw HTML, whose < > & become entities.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|])")
+
+
+def markdown_text(value: str) -> str:
+    r"""``value`` as plain text in a Markdown table's cell.
+
+    >>> print(markdown_text(r"a\|b <i>x</i> *c*"))
+    a\\\|b &lt;i&gt;x&lt;/i&gt; \*c\*
+    """
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(value, quote=False))
+
+
 class PaperColumn:
     """One column of a paper table: its header, the key of its number, and that of its spread."""
 
@@ -711,7 +730,7 @@ def format_paper(
     def text(value: str) -> str:
         value = escape_controls(value) if escape else value
         value = " ".join(value.splitlines())  # a row is one line
-        return _LATEX_PATTERN.sub(lambda m: _LATEX_SPECIAL[m.group()], value) if latex else value.replace("|", "\\|")
+        return _LATEX_PATTERN.sub(lambda m: _LATEX_SPECIAL[m.group()], value) if latex else markdown_text(value)
 
     def cell(row: dict[str, Any], column: PaperColumn) -> str:
         value = row.get(column.key)

@@ -100,7 +100,44 @@ def test_a_paper_table_bolds_the_best_where_the_way_is_known_and_escapes_what_la
     assert latex[4] == "a\\_1 & sgd \\& co & 0.5 $\\pm$ 0.1 & \\textbf{0.9} \\\\"
     assert latex[5] == "b|2 & adam & \\textbf{0.25} & 0.8 \\\\"
     markdown = results.format_paper(table, {"loss": "min"}, "markdown").splitlines()
-    assert markdown[2:] == ["| a_1 | sgd & co | 0.5 ± 0.1 | 0.9 |", "| b\\|2 | adam | **0.25** | 0.8 |"]
+    assert markdown[2:] == ["| a\\_1 | sgd &amp; co | 0.5 ± 0.1 | 0.9 |", "| b\\|2 | adam | **0.25** | 0.8 |"]
+
+
+def test_a_markdown_table_shows_every_value_as_text_in_its_own_cell():
+    """``\\|`` once ended a cell early (the backslash escaped, the bar not), and raw HTML went
+    through as HTML: rendered by Python-Markdown, each value is the text of its one cell."""
+    markdown = pytest.importorskip("markdown")
+    values = ["a\\|b", "<img src=x onerror=alert(1)>", "*bold* _it_ `code` [link](x)", "x\\", "&amp;"]
+    table = [{"name": f"r{k}", "tag": value, "result.loss": k} for k, value in enumerate(values)]
+    rendered = markdown.markdown(results.format_paper(table, {"loss": "min"}, "markdown"), extensions=["tables"])
+    import html.parser
+
+    class Cells(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.tags, self.text = [], [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.text = ""
+            else:
+                self.tags.append(tag)
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.rows[-1].append(self.text)
+                self.text = None
+
+        def handle_data(self, data):
+            if self.text is not None:
+                self.text += data
+
+    parsed = Cells()
+    parsed.feed(rendered)
+    assert [tag for tag in parsed.tags if tag not in ("table", "thead", "tbody")] == ["strong"]  # the best only
+    assert [row[1] for row in parsed.rows[1:]] == values and all(len(row) == 3 for row in parsed.rows)
 
 
 def test_the_same_from_gts_results(root, capsys):

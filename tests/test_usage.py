@@ -351,3 +351,41 @@ def test_status_results_and_gpu_hours_to_show_what_the_runs_cost(one_gpu, in_tmp
     for bad, words in [("i=1", "is no condition"), ("i<=x", "'x' is not a number"), ("ii<=1", "did you mean 'i'")]:
         refused = _gts("results", root, "--gpu-hours-to", bad)
         assert refused.returncode != 0 and words in refused.stderr, (bad, refused.stderr)
+
+
+def test_gpu_hours_to_counts_a_run_still_running_then_only_up_to_that_moment(tmp_path):
+    """A run that ran on past the moment the condition was first met counts the part of its
+    GPU-seconds up to that moment, by time, not all of them."""
+    import sqlite3
+
+    from helpers import record_started
+
+    from gpu_task_scheduler.errors import ConfigError
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.status import RunStatus
+    from gpu_task_scheduler.results import gpu_hours_to
+
+    root = tmp_path / "r"
+    planted = {  # name: (loss, started, ended, GPU-seconds)
+        "first": (0.1, 0.0, 100.0, 100.0),  # reaches loss <= 0.2 when it ends, at 100
+        "longer": (0.5, 50.0, 250.0, 200.0),  # ran 50 of its 200 s by then: 50 count
+        "later": (0.4, 150.0, 200.0, 40.0),  # began after: nothing counts
+    }
+    with Ledger(RootPaths(str(root))) as ledger:
+        for index, (name, (loss, *_)) in enumerate(planted.items()):
+            record_started(ledger, root, index, name, {"k": index})
+            ledger.finish(name, RunStatus.SUCCEEDED, result=json.dumps({"loss": loss}))
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        for name, (_, started, ended, seconds) in planted.items():
+            db.execute(
+                "UPDATE runs SET started_at = ?, ended_at = ?, gpu_seconds = ? WHERE name = ?",
+                (1e9 + started, 1e9 + ended, seconds, name),
+            )
+    found = gpu_hours_to(str(root), "loss<=0.2")
+    assert found["reached"] and found["run"] == "first" and found["runs_ended"] == 1
+    assert found["gpu_hours"] * 3600 == pytest.approx(100 + 50)
+    assert found["total_gpu_hours"] * 3600 == pytest.approx(340)
+    for bad in ("loss<=nan", "loss<=inf", "loss" + " " * 20000 + "<=x y"):
+        with pytest.raises(ConfigError):
+            gpu_hours_to(str(root), bad)

@@ -24,11 +24,26 @@ then: the checkpoint of the step just reported is the one the run resumes
 from (``GTS_RESUME_STEP``) if it is promoted; a command gets SIGTERM.
 
 Under ASHA, a report at one of its rungs waits (a moment, at most
-``RUNG_WAIT`` seconds) until the scheduler has judged it, so that a run
-the rule stops trains no further step: the scheduler reads the line, then
-writes ``pruned`` (the run stops) or the rung to ``GTS_JUDGED_FILE`` (it
-goes on). The wait looks at those two files every 5 ms: they may be on a
-shared file system, where no change notification reaches this machine.
+``RUNG_WAIT`` seconds; a pausing method's, ``PAUSE_WAIT``) until the scheduler
+has judged it, so that a run the rule stops trains no further step: the
+scheduler reads the line, then writes ``pruned`` (the run stops), the pause's
+cause to ``GTS_PAUSE_FILE`` (it pauses) or the rung to ``GTS_JUDGED_FILE`` (it
+goes on). The wait looks at those files every 5 ms: they may be on a shared
+file system, where no change notification reaches this machine.
+
+A command in any language gets the same wait by reporting through this module::
+
+    python -m gpu_task_scheduler.reporting STEP NAME=VALUE [NAME=VALUE ...]
+
+It appends the line as ``report()`` does, waits at a rung for the verdict, and
+exits 0 (train the next step) or :data:`STOP_EXIT` (paused or stopped early:
+exit now, saving nothing; the cause is on stderr). A command that writes its
+lines itself is told only by SIGTERM, which may come after it began the next
+step: that step is then trained again when the run resumes from the step it
+reported last. (The protocol the module follows, for a command that would
+rather follow it itself: after a line at a step of ``GTS_RUNGS``, wait until
+``GTS_JUDGED_FILE`` holds that step or more, or ``GTS_PAUSE_FILE`` or
+``GTS_PRUNE_FILE`` exists.)
 """
 
 from __future__ import annotations
@@ -51,6 +66,11 @@ RUNGS_ENV = "GTS_RUNGS"
 JUDGED_ENV = "GTS_JUDGED_FILE"
 PAUSE_ENV = "GTS_PAUSE_FILE"  # a pausing method only: the file in which the scheduler says why it pauses the run
 RUNG_WAIT = 5.0  # seconds report() waits at a rung for the verdict, at most (then it goes on)
+# A pausing method's: a run that went on past a rung and is then paused trains a step it may train
+# again, so it waits as long as a loaded scheduler may take to decide (it answers in milliseconds
+# when it is not loaded); a run whose scheduler died goes on after this.
+PAUSE_WAIT = 60.0
+STOP_EXIT = 3  # python -m gpu_task_scheduler.reporting: paused or stopped early, exit now
 _CAUSE_BYTES = 4096
 
 
@@ -200,3 +220,33 @@ def _check(name: str, value: object) -> None:
             f"report(): {name}={value!r} is not a finite number (a tensor? pass tensor.item(); a NaN? "
             "report it only when it is a number)"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpu_task_scheduler.reporting STEP NAME=VALUE ...``: :func:`report` for a command
+    in any language (see the module's text): 0, go on; :data:`STOP_EXIT`, paused or stopped early;
+    2, bad arguments."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m gpu_task_scheduler.reporting STEP NAME=VALUE [NAME=VALUE ...]"
+    try:
+        if not args or any("=" not in arg for arg in args[1:]):
+            raise ValueError("give a step, then NAME=VALUE pairs")
+        step = float(args[0])
+        metrics = {}
+        for arg in args[1:]:
+            name, _, text = arg.partition("=")
+            metrics[name] = float(text)
+        report(int(step) if step.is_integer() else step, **metrics)
+    except ValueError as error:
+        print(f"{usage}\n{error}", file=sys.stderr)
+        return 2
+    except (Paused, Pruned) as error:
+        print(f"{'paused' if isinstance(error, Paused) else 'pruned'}: {error}", file=sys.stderr)
+        return STOP_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,6 +3,7 @@ from ("save your checkpoint, then report that step"), after a failure, a kill -9
 or not at all (a fresh start)."""
 
 import json
+import os
 import sys
 
 import gts_test_tasks as tasks
@@ -151,3 +152,30 @@ def test_the_median_rule_sees_a_resumed_runs_whole_curve(in_tmp):
         stopper.watch(spec, RunPaths(spec.work_dir, None), resume_step=4)  # as a resumed attempt starts
         curve = stopper._curves[None]["fail_at-5,"]
         assert curve.last_step == 4 and curve.mean_up_to(4) == pytest.approx(sum(1 / k for k in range(1, 5)) / 4)
+
+
+def test_checkpoints_set_aside_by_fresh_attempts_are_bounded_and_gts_clean_removes_them(in_tmp, capsys):
+    """Each forced rerun sets the checkpoint before it aside: the newest two are kept per run (a
+    20 GB checkpoint under max_retries: 5 once kept 100 GB), and ``gts clean`` removes the rest."""
+    from gpu_task_scheduler.backends.local.prepare import KEEP_SET_ASIDE
+    from gpu_task_scheduler.cli.main import main as gts
+    from gpu_task_scheduler.records.ledger import SweepLock
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(root, [{"a": [1]}], global_config={"steps": 2, "journal": journal})
+    assert GPUTaskScheduler(config, tasks.CheckpointTask).start().ok
+    config["scheduler_config"]["force_rerun"] = True
+    for _ in range(4):
+        assert GPUTaskScheduler(config, tasks.CheckpointTask).start().ok
+    logs = root / "a-1," / ".gts" / "logs"
+    kept = sorted(name for name in os.listdir(logs) if name.endswith("-checkpoint"))
+    assert len(kept) == KEEP_SET_ASIDE == 2
+    with SweepLock(RootPaths(str(root))):  # a sweep running there: nothing is touched
+        assert gts(["clean", str(root)]) != 0
+    assert sorted(name for name in os.listdir(logs) if name.endswith("-checkpoint")) == kept
+    capsys.readouterr()
+    assert gts(["clean", str(root), "--keep", "1"]) == 0
+    assert [name for name in os.listdir(logs) if name.endswith("-checkpoint")] == [kept[-1]]
+    assert "removed 1 checkpoint(s) set aside by fresh attempts, of 1 run(s)" in capsys.readouterr().out
+    assert json.loads((root / "a-1," / ".gts" / "checkpoint" / "state.json").read_text())["step"] == 2

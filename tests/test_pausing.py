@@ -450,7 +450,14 @@ def test_a_command_is_paused_with_sigterm_and_resumed_from_its_last_reported_ste
     paused = summary.paused
     assert paused and all(o.signal == "SIGTERM" or o.exit_code is not None for o in paused)
     runs = _steps(root)
-    _no_step_twice(runs)
+    # Told only by SIGTERM, a command may have begun the next step (journaled, not reported) when
+    # it comes: it resumes after the step it reported last, so that one step may run again, never
+    # more (the test below: one that reports through the module runs none again).
+    for run, events in runs.items():
+        for index, event in enumerate(events):
+            if event.startswith("resume "):
+                before = [int(e[4:]) for e in events[:index] if e.startswith("step")]
+                assert int(event.split()[1]) in (before[-1], before[-1] - 1), (run, events)
     assert any(e.startswith("resume ") for e in runs["scale-0.5,"])
 
 
@@ -577,3 +584,53 @@ def test_damaged_trial_events_a_huge_bracket_or_a_name_out_of_the_root_are_left_
     assert again.exit_code == 0
     assert (victim / ".gts" / "checkpoint" / "keep").read_text() == "precious"
     assert sorted(os.listdir(victim / ".gts")) == ["checkpoint", "snapshots"]
+
+
+WAITING_COMMAND = (
+    "import os, subprocess, sys, time\n"
+    "first = int(os.environ['GTS_RESUME_STEP'] or 0) + 1\n"
+    "journal = open(sys.argv[2], 'a')\n"
+    "name = os.path.basename(os.environ['GTS_RUN_DIR'])\n"
+    "journal.write(('resume %d' % (first - 1) if first > 1 else 'start') + ' ' + name + '\\n'); journal.flush()\n"
+    "for step in range(first, 28):\n"
+    "    journal.write('step%d %s\\n' % (step, name)); journal.flush()\n"
+    "    loss = 0.1 + float(sys.argv[1]) * 0.8 ** step\n"
+    "    told = subprocess.run([sys.executable, '-m', 'gpu_task_scheduler.reporting', str(step), 'loss=%r' % loss])\n"
+    "    if told.returncode == 3:\n"
+    "        sys.exit(0)  # paused (or stopped): the step just reported is the one it resumes after\n"
+    "    time.sleep(0.01)\n"
+)
+
+
+@pytest.fixture
+def busy_machine():
+    """Every core kept busy by a spinning process (and one more), stopped after the test."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 2) + 1)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@pytest.mark.parametrize("early_stop", [PROMOTION, HYPERBAND], ids=["promotion", "hyperband"])
+def test_a_command_that_reports_through_the_module_waits_at_a_rung_and_trains_no_step_twice_under_load(
+    in_tmp, early_stop, busy_machine
+):
+    """A command is told of a pause by SIGTERM, which may come after it began the next step: that
+    step ran twice (steps 1, 2, 3, resumed at 2, 3 again). Reporting through
+    ``python -m gpu_task_scheduler.reporting``, it waits at each rung for the verdict, exits when
+    paused, and trains each step once, with every core busy."""
+    root = in_tmp / "r"
+    config = make_config(root, CURVES, slots=("cpu", "cpu"), grace_period=5)
+    script = in_tmp / "train.py"
+    script.write_text(WAITING_COMMAND)
+    config["command"] = [sys.executable, str(script), "{decay}", f"{root}.journal"]
+    config["early_stop"] = {**early_stop, "max_step": 9}
+    summary = GPUTaskScheduler(config).start()
+    assert summary.exit_code == 0 and summary.ok, summary.report()
+    assert summary.paused and all(o.status is RunStatus.PAUSED for o in summary.paused)
+    runs = _steps(root)
+    _no_step_twice(runs)
+    assert any(e.startswith("resume ") for events in runs.values() for e in events)

@@ -19,6 +19,7 @@ from .. import __version__
 from ..engine.logs import plain_console_logging
 from ..errors import ConfigError, GTSError, NoGpuError, SchedulerBusyError, TaskClassError
 from ..sweep.files import load_config
+from .clean import add_clean_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -1406,6 +1407,7 @@ _SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "importance": _importance_command,
     "serve": _serve_command,
     "report": _report_command,
+    "clean": lambda sub: add_clean_command(sub, _formatter),
 }
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from ..errors import ConfigError, unknown_key_message
 from ..finite import finite_number
 from ..recordclass import Record
+from ..reporting import PAUSE_WAIT
 from .pareto import standing_of
 
 METHODS = ("asha", "median", "hyperband")
@@ -233,8 +234,9 @@ class Pausing(Rule):
         return any(last < level <= step for level in self.rungs)
 
     def waits(self) -> dict[str, Any]:
-        """Where a run's report() waits for the scheduler's word (its ``GTS_RUNGS``, with the metric)."""
-        return {"steps": self.rungs}
+        """Where a run's report() waits for the scheduler's word (its ``GTS_RUNGS``, with the metric),
+        and how long at most (reporting.PAUSE_WAIT)."""
+        return {"steps": self.rungs, "wait": PAUSE_WAIT}
 
     def describe(self) -> str:
         rungs = ", ".join(f"{r:g}" for r in self.rungs)

@@ -297,3 +297,14 @@ def test_a_grid_with_mo_asha_prunes_the_runs_others_beat_at_a_rung_and_decides_s
     second = GPUTaskScheduler(config).start()
     (late,) = second.outcomes.values()
     assert late.status is RunStatus.PRUNED and "of the 6 runs at the rung" in ledger_rows(root)[late.name]["cause"]
+
+
+def test_mo_asha_lets_the_ceiling_of_n_over_the_factor_go_on():
+    """4 runs at a rung, reduction factor 3: ceil(4 / 3) = 2 go on, not floor(4 / 3) = 1."""
+    from gpu_task_scheduler.tuning.stopping import parse_early_stop
+
+    rule = parse_early_stop(MO_ASHA)
+    others = [[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]
+    assert rule.judge_several(1.0, 1.0, [0.15, 0.15], others).stop is False  # second of 4: goes on
+    assert rule.judge_several(1.0, 1.0, [0.25, 0.25], others).stop is True  # third of 4
+    assert "the best 2 go on" in rule.judge_several(1.0, 1.0, [0.25, 0.25], others).cause

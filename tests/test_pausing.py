@@ -634,3 +634,72 @@ def test_a_command_that_reports_through_the_module_waits_at_a_rung_and_trains_no
     runs = _steps(root)
     _no_step_twice(runs)
     assert any(e.startswith("resume ") for events in runs.values() for e in events)
+
+
+def _replayed_method(events, early_stop):
+    """A fresh method told ``events`` in order, as a start replays them; with the ``began``
+    events at which a promotion was owed (a new configuration started before a promoted run)."""
+    rule = parse_early_stop(early_stop)
+    method = method_for(rule, population=9, slots=1)
+    early = []
+    for kind, name, bracket, rung, step, value in events:
+        if kind == "closed":
+            method.close()
+        elif kind == "began":
+            if method.next(more_new=True).kind == "resume":
+                early.append(name)
+            method.began(name, bracket or 0)
+        elif kind == "rung" and method.rung_reached(name, step) == rung:
+            method.report(name, rung, value, step)
+        elif kind == "resumed":
+            method.resumed(name)
+        elif kind == "ended":
+            method.ended(name)
+    return method, early
+
+
+@pytest.mark.parametrize("early_stop", [PROMOTION, HYPERBAND], ids=["promotion", "hyperband"])
+def test_a_promoted_run_resumes_before_anything_new_starts(in_tmp, early_stop):
+    """Replayed in the order the ledger recorded them, no new configuration began while the
+    method owed a promotion: a grid larger than its slots would otherwise start every new run
+    first, and judge a promoted run's next rung against more runs than it was."""
+    root = in_tmp / "r"
+    summary = GPUTaskScheduler(_sweep(root, early_stop, slots=("cpu",)), tasks.ResumingCurveTask).start()
+    assert summary.exit_code == 0, summary.report()
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        events = db.execute("SELECT kind, name, bracket, rung, step, value FROM trial_events ORDER BY seq").fetchall()
+    assert any(kind == "resumed" for kind, *_ in events)
+    _, early = _replayed_method(events, early_stop)
+    assert early == []
+
+
+def test_a_promotion_is_written_to_trial_events_when_it_is_made(in_tmp):
+    """Once a promoted run resumes, its resumption is in trial_events (committed with its attempt):
+    a start after a kill then finds it no longer paused, and owes it nothing."""
+    from gpu_task_scheduler import Sweep
+    from gpu_task_scheduler.engine.pauses import Pauses
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+
+    root = in_tmp / "r"
+    sweep = Sweep(_sweep(root, PROMOTION))
+    specs = list(sweep)
+    with Ledger(RootPaths(str(root))) as ledger:
+        pauses = Pauses(sweep, ledger, root=str(root))
+        promoted = None
+        for spec, value in zip(specs, [0.1, 0.5, 0.9, 0.95, 0.8, 0.7], strict=False):  # the first is promoted later
+            pauses.began(spec)
+            rung, decision = pauses.reached(spec, 1, value)
+            if decision == PAUSE:
+                pauses.paused(spec)
+            if (owed := pauses.owed()) is not None:
+                promoted = owed
+                break
+        assert promoted is not None, "no run was promoted"
+        pauses.resumed(promoted)
+        ledger.commit()
+        again = Pauses(sweep, ledger, root=str(root))
+        assert again.paused_at(promoted.name) is None
+        for spec in specs:
+            again.paused(spec)
+        assert again.owed() is None or again.owed().name != promoted.name

@@ -419,3 +419,32 @@ def test_a_perturbed_value_past_floats_range_is_kept_not_a_crash():
     pbt2.began("y", 0, {"lr": 1})
     tell(pbt2, "x", 4, 0.1)
     assert tell(pbt2, "y", 4, 0.9) == EXPLOIT and pbt2.exploit_of("y").values == {"lr": 10**400}
+
+
+def test_the_schedule_of_a_member_that_copied_is_its_donors_values_up_to_the_copy():
+    """The weights a member ends with were trained with its donor's values up to the step it
+    copied at, then its own: --schedule gives those, not the member's own values before the copy."""
+    from gpu_task_scheduler.records.ledger import TrialEvent
+    from gpu_task_scheduler.records.lineage import lineages
+
+    def event(kind, name, **more):
+        fields = {"stage": None, "bracket": None, "rung": None, "step": None, "value": None, "decision": None}
+        return TrialEvent(kind, name=name, **{**fields, **more})
+
+    events = [
+        event("began", "a", detail={"values": {"lr": 1.0}}),
+        event("began", "b", detail={"values": {"lr": 2.0}}),
+        event("rung", "b", rung=4, step=4, value=0.1, decision="snapshot"),
+        event(
+            "rung",
+            "a",
+            rung=4,
+            step=4,
+            value=0.9,
+            decision="exploit",
+            detail={"donor": "b", "step": 4, "values": {"lr": 4.0}},
+        ),
+        event("resumed", "a"),
+    ]
+    schedule = lineages(events)["a"].schedule
+    assert [(s.step, s.values, s.donor) for s in schedule] == [(0.0, {"lr": 2.0}, None), (4.0, {"lr": 4.0}, "b")]

@@ -326,3 +326,30 @@ def test_a_population_judged_by_two_objectives_copies_by_pareto_rank_and_replays
     again = GPUTaskScheduler(config, tasks.ScheduleTask).start()
     assert again.outcomes == {} and len(again.skipped) == 4
     assert "differ" not in caplog.text and "do not fit" not in caplog.text
+
+
+def test_a_late_report_under_pbt_takes_no_snapshot_and_is_recorded_late(in_tmp):
+    """A report of an earlier attempt, told after the run went past it: its checkpoint is of a later
+    step than the one recorded, so no snapshot is taken for it (a donor's copy would resume from the
+    wrong step), and the event says so for the replay; an on-time report of the same takes one."""
+    from gpu_task_scheduler.engine.pauses import Pauses
+
+    root = in_tmp / "r"
+    config = make_config(root, [{"lr": [0.1, 0.2, 0.3]}], slots=("cpu",) * 3)
+    config["command"] = ["true"]
+    config["pbt"] = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2]}}
+    sweep = Sweep(config)
+    first, second, third = list(sweep)
+    for spec in (first, second):
+        os.makedirs(RunPaths(spec.work_dir, None).checkpoint)
+    with Ledger(RootPaths(str(root))) as ledger:
+        pauses = Pauses(sweep, ledger, root=str(root))
+        for spec in (first, second, third):
+            pauses.began(spec)
+        assert pauses.reached(first, 5, 0.1, late=True) == (4, "continue")
+        assert not os.path.exists(os.path.join(first.work_dir, ".gts", "snapshots"))
+        assert pauses.reached(second, 5, 0.05)[1].startswith("snapshot")  # the top of those at 4: kept
+        assert os.path.isdir(os.path.join(second.work_dir, ".gts", "snapshots", "5"))
+        ledger.commit()
+        told = {event.name: event.detail for event in ledger.trial_events() if event.kind == "rung"}
+    assert told[first.name] == {"late": True} and not (told[second.name] or {}).get("late")

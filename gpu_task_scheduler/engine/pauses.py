@@ -27,7 +27,7 @@ from typing import Any
 
 from ..records import checkpoints
 from ..records.ledger import Ledger, TrialEvent, paused_cause, value_words
-from ..records.paths import RunPaths, name_problem
+from ..records.paths import RunPaths, UnsafePathError, name_problem
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule
 from ..tuning.stopping import Pausing
@@ -355,7 +355,7 @@ class Pauses:
                 exploit.step,
             )
             return None
-        except OSError as error:  # a link or a non-folder planted on the way: nothing is copied
+        except UnsafePathError as error:  # a link or a non-folder planted on the way: nothing is copied
             logger.warning(
                 "%s: the snapshot of %s at step %g was not copied (%s): it goes on from its own checkpoint",
                 spec.name,

@@ -431,7 +431,6 @@ def test_the_schedule_of_a_member_that_copied_is_its_donors_values_up_to_the_cop
         fields = {"stage": None, "bracket": None, "rung": None, "step": None, "value": None, "decision": None}
         return TrialEvent(kind, name=name, **{**fields, **more})
 
-    copy = {"donor": "b", "step": 4, "values": {"lr": 4.0}}
     events = [
         event("began", "a", detail={"values": {"lr": 1.0}}),
         event("began", "b", detail={"values": {"lr": 2.0}}),

@@ -206,3 +206,16 @@ def test_checkpoints_set_aside_by_fresh_attempts_are_kept_for_the_newest_few_and
         "attempt-5-checkpoint",
     ]
     assert os.listdir(paths.old_logs) == [] and os.path.isdir(tmp_path / "root")
+
+
+def test_a_copy_given_up_stops_between_files_and_leaves_nothing(tmp_path):
+    paths = _member(tmp_path / "root", "m0", {f"part-{k}.pt": b"w" * 100 for k in range(5)})
+    asked = []
+
+    def cancelled():
+        asked.append(1)
+        return len(asked) > 2  # given up after two files
+
+    with pytest.raises(checkpoints.Cancelled):
+        checkpoints.take_snapshot(paths, 4, cancelled=cancelled)
+    assert os.listdir(paths.meta + "/snapshots") == []

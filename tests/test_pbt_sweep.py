@@ -348,8 +348,52 @@ def test_a_late_report_under_pbt_takes_no_snapshot_and_is_recorded_late(in_tmp):
             pauses.began(spec)
         assert pauses.reached(first, 5, 0.1, late=True) == (4, "continue")
         assert not os.path.exists(os.path.join(first.work_dir, ".gts", "snapshots"))
-        assert pauses.reached(second, 5, 0.05)[1].startswith("snapshot")  # the top of those at 4: kept
+        assert pauses.reached(second, 5, 0.05) == (4, "copying")  # the top of those at 4: kept, off the loop
+        assert pauses.copying
+        settled = pauses.settle(wait=True)
+        assert settled is not None and settled[3].startswith("snapshot") and not pauses.copying
         assert os.path.isdir(os.path.join(second.work_dir, ".gts", "snapshots", "5"))
         ledger.commit()
         told = {event.name: event.detail for event in ledger.trial_events() if event.kind == "rung"}
     assert told[first.name] == {"late": True} and not (told[second.name] or {}).get("late")
+
+
+def test_the_loop_stays_responsive_while_a_snapshot_is_copied(in_tmp, monkeypatch, no_leaked_processes):
+    """A checkpoint of many GB takes seconds to copy. The copy runs off the loop: here it never
+    ends, and a stop asked meanwhile still stops the sweep at once, with nothing recorded of the
+    snapshot that was never whole."""
+    import threading
+    import time
+
+    from gpu_task_scheduler.records import checkpoints
+    from gpu_task_scheduler.records.control import request_stop
+
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(paths, step, cancelled=None):
+        entered.set()
+        release.wait(120)
+        raise OSError("the copy was given up")
+
+    monkeypatch.setattr(checkpoints, "take_snapshot", stuck)
+    root = in_tmp / "r"
+    asked = []
+
+    def stop_when_copying():
+        if entered.wait(60):
+            asked.append(time.monotonic())
+            request_stop(str(root), "now")
+
+    stopper = threading.Thread(target=stop_when_copying)
+    stopper.start()
+    try:
+        summary = GPUTaskScheduler(_population(root), tasks.ScheduleTask).start()
+        ended = time.monotonic()
+    finally:
+        release.set()
+        stopper.join(60)
+    assert asked and entered.is_set(), "no snapshot was taken"
+    assert ended - asked[0] < 10, f"the stop took {ended - asked[0]:.1f} s while a snapshot was copied"
+    assert summary.exit_code != 0 and not summary.succeeded
+    events = _events(root)
+    assert not any(decision and decision.startswith("snapshot") for _, _, _, decision, _ in events)

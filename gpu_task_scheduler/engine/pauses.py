@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..records import checkpoints
 from ..records.ledger import Ledger, TrialEvent, paused_cause, value_words
@@ -39,6 +40,23 @@ DRAW_SEED = 20261126  # the order promotion ASHA draws a grid's configurations i
 KEYS_META = "trial_method_keys"  # the ledger's meta key for the keys of the methods its trial_events are of
 
 
+COPYING = "copying"  # a top member's snapshot is being copied: its decision is recorded once it is whole
+
+
+class _Copying(NamedTuple):
+    spec: RunSpec
+    method: Pbt
+    rung: float
+    step: float
+    value: float  # what the value column records (the first objective's)
+    original: Any  # what the run reported (several objectives: each one's)
+    decision: str
+    detail: dict[str, Any]
+    thread: threading.Thread
+    found: dict[str, Any]  # "copied": what the copy made, or "error"
+    cancel: threading.Event  # set: the copy is given up (it stops between files, leaving nothing)
+
+
 class Pauses:
     def __init__(
         self, sweep: Sweep, ledger: Ledger, *, afresh: bool = False, read_only: bool = False, root: str = ""
@@ -46,7 +64,8 @@ class Pauses:
         """``afresh``: every run starts again from step 0 (force_rerun): the history goes.
         ``read_only``: to say what a start would do (``--dry-run``), writing nothing. ``root``: the
         result root (population-based training copies checkpoints between its runs' folders)."""
-        self._ledger, self._root = ledger, root
+        self._ledger, self._root, self._read_only = ledger, root, read_only
+        self._copying: _Copying | None = None  # a top member's snapshot being copied (population-based training)
         rules = {stage: rule for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)}
         population = sweep.search.n_runs if sweep.search is not None else sweep.size
         self._rules = rules
@@ -241,14 +260,25 @@ class Pauses:
             return None
         decision = method.report(spec.name, rung, tuple(value) if isinstance(value, list) else value, step, late=late)
         detail: dict[str, Any] = {}
+        told = value
         if isinstance(value, list):  # several objectives: each one's (the value column holds the first)
             detail["objectives"] = dict(zip(self._rules[spec.stage].metrics, value, strict=True))
             value = value[0]
+        if isinstance(method, Pbt) and decision in SNAPSHOTS and not self._read_only:
+            self._copy(spec, method, rung, step, (value, told), decision, detail)
+            return rung, COPYING
         if isinstance(method, Pbt):
-            decision, population = self._population(method, spec, decision, step)
-            detail.update(population)
+            exploit = method.exploit_of(spec.name)
+            if decision == EXPLOIT and exploit is not None:
+                detail.update(donor=exploit.donor, step=exploit.step, values=exploit.values, changed=exploit.changed)
             if late:
                 detail["late"] = True
+        self._record_rung(spec, rung, step, value, decision, detail)
+        return rung, decision
+
+    def _record_rung(
+        self, spec: RunSpec, rung: float, step: float, value: float, decision: str, detail: dict[str, Any]
+    ) -> None:
         self._ledger.record_trial_event(
             "rung",
             stage=spec.stage,
@@ -259,45 +289,95 @@ class Pauses:
             decision=decision,
             detail=detail or None,
         )
-        return rung, decision
 
-    def _population(self, method: Pbt, spec: RunSpec, decision: str, step: float) -> tuple[str, dict[str, Any]]:
-        """What a PBT decision needs before it is recorded: a top member's snapshot (copied while it
-        waits in report(); recorded after, so that a recorded snapshot is whole), an exploit's detail.
-        A snapshot that could not be taken is recorded as none (``unsaved``: the member goes on
-        without one, and no member copies it): the decision then, and the detail to record."""
-        if decision in SNAPSHOTS:
-            paths = RunPaths(spec.work_dir, None)
+    # --- a top member's snapshot, copied off the loop ---------------------------------------
+
+    def _copy(
+        self,
+        spec: RunSpec,
+        method: Pbt,
+        rung: float,
+        step: float,
+        value: tuple[float, Any],
+        decision: str,
+        detail: dict[str, Any],
+    ) -> None:
+        """Copy ``spec``'s checkpoint to its snapshot of ``step`` in a thread of its own: a checkpoint
+        of many GB must not hold the loop (runs starting and ending, Ctrl-C) for the seconds it
+        takes. The member waits in report() meanwhile; the decision is recorded once the copy is
+        whole (:meth:`settle`), so that a recorded snapshot is always whole."""
+        paths = RunPaths(spec.work_dir, None)
+        found: dict[str, Any] = {}
+
+        cancel = threading.Event()
+
+        def copy() -> None:
             try:
-                copied = checkpoints.take_snapshot(paths, step)
-            except OSError as error:
-                logger.warning(
-                    "%s: could not keep a snapshot of its checkpoint at step %g (%s): no member copies it there",
-                    spec.name,
-                    step,
-                    error,
-                )
-                return method.unsaved(spec.name, decision), {"unsaved": True}
+                found["copied"] = checkpoints.take_snapshot(paths, step, cancelled=cancel.is_set)
+            except BaseException as error:  # said, and recorded as no snapshot, by settle()
+                found["error"] = error
+
+        thread = threading.Thread(target=copy, name=f"gts-snapshot-{spec.name}", daemon=True)
+        thread.start()
+        self._copying = _Copying(spec, method, rung, step, value[0], value[1], decision, detail, thread, found, cancel)
+
+    def abandon(self, name: str) -> None:
+        """``name`` ended (stopped, killed) while its snapshot was copied: the copy is given up (it
+        stops between files and leaves nothing; the loop does not wait for it) and recorded as no
+        snapshot, before the run's end, as a replay will read it."""
+        if self._copying is not None and self._copying.spec.name == name:
+            self._copying.cancel.set()
+            self.settle()
+
+    @property
+    def copying(self) -> bool:
+        """Whether a snapshot is being copied: until it is whole, population-based training decides
+        nothing more and nothing starts (no copy of a member's checkpoint runs beside it)."""
+        return self._copying is not None
+
+    def settle(self, *, wait: bool = False) -> tuple[RunSpec, float, float, str, Any] | None:
+        """The snapshot being copied, once it is whole (``wait``: for it), its decision recorded:
+        ``(spec, rung, step, decision, value)``; None while it is copied, or when none is. A copy
+        that failed is recorded as no snapshot (``unsaved``: the member goes on without one, and no
+        member copies it)."""
+        copying = self._copying
+        if copying is None:
+            return None
+        if wait:
+            copying.thread.join()
+        if copying.thread.is_alive() and not copying.cancel.is_set():
+            return None
+        self._copying = None
+        spec, name, decision, detail = copying.spec, copying.spec.name, copying.decision, dict(copying.detail)
+        paths = RunPaths(spec.work_dir, None)
+        copied = None if copying.cancel.is_set() else copying.found.get("copied")
+        if copied is None:
+            logger.warning(
+                "%s: could not keep a snapshot of its checkpoint at step %g (%s): no member copies it there",
+                name,
+                copying.step,
+                copying.found.get("error"),
+            )
+            decision = copying.method.unsaved(name, decision)
+            detail["unsaved"] = True
+        else:
             if copied.skipped:
+                count = len(copied.skipped)
                 logger.warning(
                     "%s: its snapshot of step %g leaves out %d entr%s that %s not a file, a folder or a link: %s",
-                    spec.name,
-                    step,
-                    len(copied.skipped),
-                    "y" if len(copied.skipped) == 1 else "ies",
-                    "is" if len(copied.skipped) == 1 else "are",
+                    name,
+                    copying.step,
+                    count,
+                    "y" if count == 1 else "ies",
+                    "is" if count == 1 else "are",
                     ", ".join(copied.skipped[:5]),
                 )
             try:
-                checkpoints.collect(paths, method.needed_snapshots(spec.name))
+                checkpoints.collect(paths, copying.method.needed_snapshots(name))
             except OSError as error:
-                logger.warning("%s: could not remove its older snapshots (%s)", spec.name, error)
-            return decision, {}
-        exploit = method.exploit_of(spec.name)
-        if decision != EXPLOIT or exploit is None:
-            return decision, {}
-        detail = {"donor": exploit.donor, "step": exploit.step, "values": exploit.values, "changed": exploit.changed}
-        return decision, detail
+                logger.warning("%s: could not remove its older snapshots (%s)", name, error)
+        self._record_rung(spec, copying.rung, copying.step, copying.value, decision, detail)
+        return spec, copying.rung, copying.step, decision, copying.original
 
     def pause_cause(self, name: str, rung: float, value: float | list[float]) -> str:
         """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies."""

@@ -47,6 +47,8 @@ class Starts:
         can start now (none is left for now, or the next one waits for room). A paused run its
         method promotes comes first."""
         queue = self.queue
+        if self._pauses is not None and self._pauses.copying:  # a snapshot is copied: nothing beside it
+            return None
         while True:
             promoted = self._pauses.owed() if self._pauses is not None else None
             if promoted is not None:

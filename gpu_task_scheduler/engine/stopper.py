@@ -31,7 +31,7 @@ from ..records.metrics import MAX_METRICS, MetricsReader, run_points
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.stopping import Asha, Curve, Median, Pausing, Rule, Verdict
-from .pauses import PAUSE, PAUSING, Pauses
+from .pauses import COPYING, PAUSE, PAUSING, Pauses
 
 # Seconds between looks at the running runs' metrics files: 0.1, or 5 ms per watched run when
 # more run at once (at most 200 opens a second, also on a slow shared file system).
@@ -54,6 +54,7 @@ class _Watched(Record, frozen=False):
     # told to the method (a kill -9 between a report and the look that reads it leaves such points).
     backlog: tuple[tuple[float, Value], ...] = ()
     resumed_at: float = float("-inf")  # a pausing method: the step this attempt went on from (points up to it are late)
+    decided: Verdict | None = None  # a pausing method's verdict, reached when its snapshot was whole (not yet given)
     others: frozenset[str] = frozenset()  # the other metric names it reported (the reader keeps at most 100)
     steps_without: int = 0  # its reports at or past the rule's min_step without the metric
 
@@ -164,12 +165,26 @@ class Stopper:
     def look(self, name: str) -> Verdict | None:
         """Read what ``name`` reported since the last look; the verdict that stops it, if one does
         (written to the ledger, not yet committed)."""
+        self._settle_copy()
         watched = self._watched.get(name)
         if watched is None or watched.stopped:
             return None
-        verdict = self._read(watched, judge=name not in self._unjudged)
+        verdict, watched.decided = watched.decided, None  # a snapshot's decision, once it was whole
+        if verdict is None:
+            verdict = self._read(watched, judge=name not in self._unjudged)
         watched.stopped = verdict is not None
         return verdict
+
+    def _settle_copy(self, *, wait: bool = False) -> None:
+        """A top member's snapshot, once its copy is whole: its decision recorded (Pauses.settle)
+        and carried out as the decision it waited for (:meth:`_pausing`)."""
+        settled = self.pauses.settle(wait=wait)
+        if settled is None:
+            return
+        spec, rung, step, decision, value = settled
+        watched = self._watched.get(spec.name)
+        if watched is not None:
+            watched.decided = self._carried_out(watched, rung, step, decision, value)
 
     def take_judged(self, name: str) -> float | None:
         """The highest ASHA rung ``name`` went on from since the last call, to tell the run (a Python
@@ -185,6 +200,8 @@ class Stopper:
         median rule's curves), but nothing it reported can stop it now. What a run the rule
         stopped reported after that (until it saw it was stopped) counts for nothing: the rule's
         tables stay what they would be had it stopped at once."""
+        self._settle_copy()
+        self.pauses.abandon(name)  # its snapshot, if one is still copied: recorded as none, before its end
         watched = self._watched.pop(name, None)
         if watched is not None and not watched.stopped:  # a stopped run's last reports came too late
             self._read(watched, judge=False)
@@ -278,18 +295,41 @@ class Stopper:
         """Each value at a rung the run had none at goes to its method, which says whether it goes on;
         a run that goes on is told so up to the step it reported (report() waits at every rung of
         the rule, and a Hyperband bracket judges at some of them only)."""
-        for step, value in points:
+        points = list(points)
+        for index, (step, value) in enumerate(points):
+            if self.pauses.copying:  # told once the snapshot being copied is whole, in their order
+                watched.backlog = (*points[index:], *watched.backlog)
+                return None
             # A point of an earlier attempt is told late: the run trains past it already, so no
             # snapshot of its checkpoint can be of that step (population-based training).
             decided = self.pauses.reached(watched.spec, step, value, late=step <= watched.resumed_at)
-            if decided is not None and (decided[1] == PAUSE or decided[1] in PAUSING):
-                cause = self.pauses.pause_cause(watched.spec.name, decided[0], value)
-                first = value[0] if isinstance(value, list) else value
-                return Verdict(True, step, first, cause, rung=decided[0], pause=True)
-            if rule.crossed(watched.last_step, step):
-                watched.judged = step
-            watched.last_step = max(watched.last_step, step)
+            if decided is not None and decided[1] == COPYING:  # it waits in report() for the copy
+                watched.backlog = (*points[index + 1 :], *watched.backlog)
+                return None
+            if decided is not None:
+                verdict = self._carried_out(watched, decided[0], step, decided[1], value)
+                if verdict is not None:
+                    return verdict
+            else:
+                self._went_on(watched, step)
         return None
+
+    def _carried_out(self, watched: _Watched, rung: float, step: float, decision: str, value: Value) -> Verdict | None:
+        """A pausing method's decision at ``rung``: the verdict that pauses the run, or None (it goes on)."""
+        if decision == PAUSE or decision in PAUSING:
+            cause = self.pauses.pause_cause(watched.spec.name, rung, value)
+            first = value[0] if isinstance(value, list) else value
+            return Verdict(True, step, first, cause, rung=rung, pause=True)
+        self._went_on(watched, step)
+        return None
+
+    @staticmethod
+    def _went_on(watched: _Watched, step: float) -> None:
+        rule = watched.rule
+        assert isinstance(rule, Pausing)
+        if rule.crossed(watched.last_step, step):
+            watched.judged = step
+        watched.last_step = max(watched.last_step, step)
 
     def _median(
         self, spec: RunSpec, rule: Median, points: Iterable[tuple[float, float]], *, judge: bool

@@ -45,7 +45,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..recordclass import Record, field
 from .paths import RunPaths, UnsafePathError, step_name
@@ -56,6 +56,10 @@ _CHUNK = 1 << 30
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class Cancelled(OSError):
+    """A copy given up before it was whole (its half-made folder removed)."""
 
 
 class Copied(Record, frozen=False):
@@ -190,11 +194,15 @@ def _copy_file(name: str, src_dir: int, dst_dir: int, shown: str, skipped: list[
         os.close(src)
 
 
-def _copy_tree(src_dir: int, dst_dir: int, shown: str, skipped: list[str]) -> None:
+def _copy_tree(
+    src_dir: int, dst_dir: int, shown: str, skipped: list[str], cancelled: Callable[[], bool] | None = None
+) -> None:
     """The entries of the folder ``src_dir`` into the (empty) folder ``dst_dir``."""
     with os.scandir(src_dir) as entries:
         listed = [(entry.name, entry.stat(follow_symlinks=False).st_mode) for entry in entries]
     for name, mode in sorted(listed):
+        if cancelled is not None and cancelled():
+            raise Cancelled(errno.ECANCELED, "the copy was given up", shown)
         where = os.path.join(shown, name)
         if stat.S_ISLNK(mode):
             os.symlink(os.readlink(name, dir_fd=src_dir), name, dir_fd=dst_dir)
@@ -206,7 +214,7 @@ def _copy_tree(src_dir: int, dst_dir: int, shown: str, skipped: list[str]) -> No
                 os.mkdir(name, stat.S_IMODE(os.fstat(inner).st_mode) | 0o700, dir_fd=dst_dir)
                 made = _open_dir(name, dst_dir, where)
                 try:
-                    _copy_tree(inner, made, where, skipped)
+                    _copy_tree(inner, made, where, skipped, cancelled)
                 finally:
                     os.close(made)
             finally:
@@ -235,7 +243,9 @@ def _remove(name: str, dir_fd: int) -> None:
     os.rmdir(name, dir_fd=dir_fd)
 
 
-def _copy_into(src_dir: int | None, dst_parent: int, name: str, shown: str) -> list[str]:
+def _copy_into(
+    src_dir: int | None, dst_parent: int, name: str, shown: str, cancelled: Callable[[], bool] | None = None
+) -> list[str]:
     """A copy of the folder ``src_dir`` (None: an empty one) made as ``name`` in ``dst_parent``
     (anything there before is removed first; on a failure, the half-made copy too)."""
     _remove(name, dst_parent)
@@ -245,7 +255,7 @@ def _copy_into(src_dir: int | None, dst_parent: int, name: str, shown: str) -> l
         if src_dir is not None:
             made = _open_dir(name, dst_parent, shown)
             try:
-                _copy_tree(src_dir, made, shown, skipped)
+                _copy_tree(src_dir, made, shown, skipped, cancelled)
                 os.fchmod(made, stat.S_IMODE(os.fstat(src_dir).st_mode) | 0o700)
             finally:
                 os.close(made)
@@ -275,14 +285,17 @@ def _checkpoint_of(paths: RunPaths, *names: str) -> Iterator[int | None]:
 # --- the operations ------------------------------------------------------------------------------
 
 
-def take_snapshot(paths: RunPaths, step: float) -> Copied:
+def take_snapshot(paths: RunPaths, step: float, *, cancelled: Callable[[], bool] | None = None) -> Copied:
     """Copy ``paths``' checkpoint folder to its snapshot of ``step`` (whole, or not at all: on an
-    error nothing is left of it and the error is raised)."""
+    error nothing is left of it and the error is raised). ``cancelled``: asked between files, and
+    before the copy is put in place; true: the copy stops (:class:`Cancelled`), leaving nothing."""
     name = step_name(step)
     target = snapshot_path(paths, step)
     with _checkpoint_of(paths, CHECKPOINT) as source, _walk(paths, SNAPSHOTS, create=True) as folder:
-        skipped = _copy_into(source, folder, name + ".new", target)
+        skipped = _copy_into(source, folder, name + ".new", target, cancelled)
         try:
+            if cancelled is not None and cancelled():
+                raise Cancelled(errno.ECANCELED, "the copy was given up", target)
             _remove(name, folder)
             os.rename(name + ".new", name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:

@@ -1,8 +1,8 @@
 """Population-based training on a real workload: scikit-learn's digits with a small MLP
 (``digits.py``), 8 learning rates x 27 epochs, run as a grid and with gts's ``pbt``, in one
-invocation.
+invocation; and once more with a Ctrl-C a third of the way in, then the same command again.
 
-    python bench/digits_pbt.py [--slots 2] [--passes 3] [--repeats 3]
+    python bench/digits_pbt.py [--slots 2] [--passes 3] [--repeats 3] [--ctrl-c-after 20]
 
 Every run trains for real (``partial_fit``, ``passes`` epochs a step) on this machine's CPUs. With
 ``pbt: {metric: loss, mode: min, interval: 3, quantile: 0.25, perturb: {lr: [0.5, 2.0]},
@@ -11,7 +11,9 @@ the explored learning rate (set on the model's SGD optimizer). SGD with momentum
 a high learning rate early and reaches a lower loss at a low one late: the best learning rate
 falls as it trains. Printed: the best final validation loss over the grid's best (below 1: PBT's
 member beat every fixed learning rate), the epochs trained over the grid's, the copies made, the
-wall time, and the schedule the winner trained with. scikit-learn is installed into
+copies against PBT's copy rule (a snapshot of a lineage its donor dropped, or one recorded worse
+than the copier's own loss there: records/lineage.copy_faults; each is printed), the wall time,
+and the schedule the winner trained with. scikit-learn is installed into
 ``bench/.peers/`` when it does not import here.
 """
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import pickle
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -84,20 +87,40 @@ def one(tool, slots, passes, folder):
     summary = GPUTaskScheduler(config, DigitsPbtTask, live_status=False).start()
     wall = time.perf_counter() - start
     assert summary.ok, summary.report()
-    best = min(summary.succeeded, key=lambda outcome: outcome.result["loss"])
+    with sqlite3.connect(os.path.join(root, ".gts", "ledger.sqlite3")) as db:  # this start's and earlier ones'
+        results = [json.loads(text) for (text,) in db.execute("SELECT result FROM runs WHERE status = 'succeeded'")]
+    best_loss = min(result["loss"] for result in results)
     with open(journal) as handle:
         epochs = sum(1 for _ in handle)
-    copies, schedule = 0, ""
+    copies, faults, schedule = 0, [], ""
     if tool == "gts-pbt":
+        from gpu_task_scheduler.records.ledger import Ledger
+        from gpu_task_scheduler.records.lineage import copy_faults
+        from gpu_task_scheduler.records.paths import RootPaths
+
         with sqlite3.connect(os.path.join(root, ".gts", "ledger.sqlite3")) as db:
             copies = db.execute("SELECT COUNT(*) FROM trial_events WHERE decision = 'exploit'").fetchone()[0]
+        ledger = Ledger.read_only(RootPaths(root))
+        try:  # every copy against the rule: the donor's current weights, no worse than the copier's own
+            faults = copy_faults(
+                ledger.trial_events(), interval=PBT["interval"], value_of=lambda e: e.value, worse=lambda a, b: a > b
+            )
+        finally:
+            ledger.close()
         shown = subprocess.run(
             [sys.executable, "-m", "gpu_task_scheduler", "results", root, "--best", "loss", "--min", "--schedule"],
             capture_output=True,
             text=True,
         )
         schedule = shown.stdout.split("(population-based training):\n")[-1].strip()
-    return {"loss": best.result["loss"], "epochs": epochs, "copies": copies, "wall": wall, "schedule": schedule}
+    return {
+        "loss": best_loss,
+        "epochs": epochs,
+        "copies": copies,
+        "faults": faults,
+        "wall": wall,
+        "schedule": schedule,
+    }
 
 
 def main():
@@ -105,6 +128,7 @@ def main():
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ctrl-c-after", type=float, default=20.0, help="seconds before the Ctrl-C pass's Ctrl-C")
     parser.add_argument("--one", nargs=2, metavar=("TOOL", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -114,14 +138,23 @@ def main():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, HERE, os.environ.get("PYTHONPATH")) if p)}
     total = len(LRS) * digits.EPOCHS
     print(f"{len(LRS)} learning rates x {digits.EPOCHS} epochs ({total}), width {WIDTH}, {args.slots} slots")
-    head = f"{'tool':<8} {'repeat':>6} {'loss':>7} {'/ grid':>7} {'epochs':>7} {'share':>6} {'copies':>6}"
-    print(f"\n{head} {'wall s':>7}")
+    head = f"{'tool':<14} {'repeat':>6} {'loss':>7} {'/ grid':>7} {'epochs':>7} {'share':>6} {'copies':>6}"
+    print(f"\n{head} {'faults':>6} {'wall s':>7}")
     grid_loss = None
-    for tool in ("grid", "gts-pbt"):
+    for tool in ("grid", "gts-pbt", "gts-pbt+ctrl-c"):
         for repeat in range(1, (1 if tool == "grid" else args.repeats) + 1):
             with tempfile.TemporaryDirectory(prefix="gts-digits-pbt-") as folder:
                 argv = [sys.executable, __file__, "--slots", str(args.slots), "--passes", str(args.passes)]
-                done = subprocess.run([*argv, "--one", tool, folder], capture_output=True, text=True, env=env)
+                if tool.endswith("+ctrl-c"):  # Ctrl-C a third of the way in, then the same command again
+                    first = subprocess.Popen([*argv, "--one", "gts-pbt", folder], env=env, stdout=subprocess.DEVNULL)
+                    try:
+                        first.wait(timeout=args.ctrl_c_after)
+                    except subprocess.TimeoutExpired:
+                        first.send_signal(signal.SIGINT)
+                        first.wait()
+                done = subprocess.run(
+                    [*argv, "--one", tool.removesuffix("+ctrl-c"), folder], capture_output=True, text=True, env=env
+                )
             if done.returncode != 0:
                 print(f"{tool} {repeat}: failed\n{done.stderr[-3000:]}")
                 continue
@@ -129,10 +162,12 @@ def main():
             grid_loss = r["loss"] if tool == "grid" else grid_loss
             ratio = r["loss"] / grid_loss if grid_loss else float("nan")
             print(
-                f"{tool:<8} {repeat:>6} {r['loss']:>7.4f} {ratio:>7.3f} {r['epochs']:>7} {r['epochs'] / total:>6.0%} "
-                f"{r['copies']:>6} {r['wall']:>7.1f}",
+                f"{tool:<14} {repeat:>6} {r['loss']:>7.4f} {ratio:>7.3f} {r['epochs']:>7} {r['epochs'] / total:>6.0%} "
+                f"{r['copies']:>6} {len(r['faults']):>6} {r['wall']:>7.1f}",
                 flush=True,
             )
+            for fault in r["faults"]:
+                print(f"         a copy against the rule: {fault}")
             if r["schedule"]:
                 print("         " + r["schedule"].replace("\n", "\n         "))
 

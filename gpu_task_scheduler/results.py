@@ -347,15 +347,16 @@ def recorded_config(root: str) -> dict[str, Any] | None:
 
 
 def declared_modes(root: str) -> dict[str, str]:
-    """Each metric the recorded config's ``early_stop`` or ``search`` declares a ``mode`` for
-    (top level and stages): ``{"loss": "min"}``; a metric two declare differently is left out."""
+    """Each metric the recorded config's ``early_stop``, ``search`` or ``pbt`` declares a ``mode``
+    for (top level and stages; ``objectives`` too): ``{"loss": "min"}``; a metric two declare
+    differently is left out."""
     config = recorded_config(root)
     if config is None:
         return {}
     sections = [config, *(stage for stage in config.get("stages") or [] if isinstance(stage, dict))]
     found: dict[str, set[str]] = {}
     for section in sections:
-        for part in ("early_stop", "search"):
+        for part in ("early_stop", "search", "pbt"):
             declared = section.get(part)
             goals = declared.get("objectives") if isinstance(declared, dict) else None
             if isinstance(goals, dict):  # a search of several objectives

@@ -397,3 +397,25 @@ def test_the_loop_stays_responsive_while_a_snapshot_is_copied(in_tmp, monkeypatc
     assert summary.exit_code != 0 and not summary.succeeded
     events = _events(root)
     assert not any(decision and decision.startswith("snapshot") for _, _, _, decision, _ in events)
+
+
+def test_pbts_metric_and_mode_declare_which_way_is_better_as_early_stop_and_search_do(in_tmp, capsys):
+    """``gts results --best score`` and ``gts importance --metric score`` once asked for a mode the
+    config declared under ``pbt``; the page and the report opened on another metric."""
+    pytest.importorskip("optuna")
+    from gpu_task_scheduler.cli.main import main as gts
+    from gpu_task_scheduler.results import declared_modes
+    from gpu_task_scheduler.web.data import overview
+
+    root = in_tmp / "r"
+    summary = GPUTaskScheduler(_population(root), tasks.ScheduleTask).start()
+    assert summary.ok, summary.report()
+    assert declared_modes(str(root)) == {"score": "max"}
+    assert overview(str(root))["declared"] == [{"metric": "score", "mode": "max"}]
+    capsys.readouterr()
+    assert gts(["results", str(root), "--best", "score", "--format", "json"]) == 0
+    best = json.loads(capsys.readouterr().out)
+    scores = {o.name: o.result["score"] for o in summary.succeeded}
+    assert best[0]["name"] == max(scores, key=scores.get)
+    assert gts(["importance", str(root), "--metric", "score"]) == 0
+    assert "score (max, 4 runs)" in capsys.readouterr().out

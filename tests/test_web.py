@@ -868,3 +868,38 @@ def test_a_run_that_reported_millions_of_steps_costs_a_view_and_a_report_a_bound
     output = in_tmp / "report.html"
     assert gts(["report", root, "-o", str(output)]) == 0
     assert output.stat().st_size < 8 << 20
+
+
+TWO_METRICS = """import json, os, sys
+value = float(sys.argv[1])
+for step in range(1, 4):
+    with open(os.environ["GTS_METRICS_FILE"], "a") as metrics:
+        metrics.write(json.dumps({"step": step, "loss": value / step, "acc": 1 - value / step}) + "\\n")
+"""
+
+
+def test_a_root_that_declares_no_mode_opens_on_the_first_reported_metric_and_ticks_nothing_as_best(
+    in_tmp, served, browser
+):
+    """Reports of ``loss`` then ``acc``, no mode declared: the page once opened on ``acc`` (the
+    ledger sorts metric names) and ticked the five lowest accuracies as the best five."""
+    (in_tmp / "two.py").write_text(TWO_METRICS)
+    config = {
+        "scheduler_config": {"gpu": ["cpu"] * 2, "result_root_folder": "results"},
+        "command": [sys.executable, str(in_tmp / "two.py"), "{v}"],
+        "test_config": [{"v": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]}],
+    }
+    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    ran = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain"], cwd=str(in_tmp), timeout=120
+    )
+    assert ran.returncode == 0
+    url, _ = served([str(in_tmp / "results")])
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 7")
+    page.wait_for_function("document.getElementById('pc-metric').value !== ''", timeout=10_000)
+    assert page.input_value("#pc-metric") == "loss" and page.input_value("#curve-metric") == "loss"
+    seen = page.evaluate("state.tick")
+    page.wait_for_function(f"state.tick >= {seen + 2}", timeout=10_000)  # two refreshes after the choice
+    assert page.locator("#runs tbody input[type=checkbox]:checked").count() == 0

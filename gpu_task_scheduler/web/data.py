@@ -10,13 +10,14 @@ FIFO, a bounded tail).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from ..errors import ConfigError
 from ..records.ledger import RunRecord, RunStatus
 from ..records.metrics import run_curve
-from ..records.paths import RunPaths, UnsafePathError, read_json
+from ..records.paths import RunPaths, UnsafePathError, open_regular, read_json
 from ..reports.status import STALE, eta, running_is_stale, status
 from ..results import declared_modes, open_ledger, row_of
 
@@ -48,9 +49,43 @@ def overview(root: str) -> dict[str, Any]:
         "energy": report["energy"],
         "running": running,
         "failures": failures,
-        # What the charts open on: the metrics the config's early_stop or search judges by.
+        # What the charts open on: the metrics the config's early_stop, search or pbt judges by;
+        # where none is declared, the first metric of the runs' report lines (as written: the
+        # ledger keeps metrics sorted by name, which put acc before loss).
         "declared": [{"metric": name, "mode": mode} for name, mode in declared_modes(root).items()],
+        "first_reported": first_reported(root),
     }
+
+
+def first_reported(root: str, *, most: int = 20) -> str | None:
+    """The first metric named in the first report line of the first run (of the first ``most``, by
+    the sweep's order) that reported one: its first line's first key after ``step``."""
+    ledger = open_ledger(root)
+    try:
+        names = [record.name for record in ledger.page(key="index", limit=most)[1]]
+    finally:
+        ledger.close()
+    for name in names:
+        try:
+            paths = RunPaths.recorded(root, name)
+            fd = open_regular(paths.metrics)
+        except OSError:
+            continue
+        try:
+            head = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            line = json.loads(head.split(b"\n", 1)[0])
+        except ValueError:
+            continue
+        if isinstance(line, dict):
+            for key, value in line.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    return str(key)
+    return None
 
 
 def _entry(root: str, record: RunRecord, stale: bool, modes: dict[str, str] | None = None) -> dict[str, Any]:

@@ -264,9 +264,10 @@ async function drawLog() {
 
 // --- charts --------------------------------------------------------------------------------------
 
-// What the charts show on opening: the metric the config's early_stop or search declares, else the
-// first one the runs reported (a result, for the parallel coordinates, when none reported any); and
-// the best finished runs by it, ticked, until the user ticks runs of their own. A choice the user
+// What the charts show on opening: the metric the config's early_stop, search or pbt declares, else
+// the first one of the runs' report lines (a result, for the parallel coordinates, when none reported
+// any); and, where the config says which way is better, the best finished runs by it, ticked, until
+// the user ticks runs of their own (where it does not, nothing is ticked as best). A choice the user
 // typed is never replaced.
 const BEST_TICKED = 5;
 
@@ -274,7 +275,8 @@ async function chooseDefaults(overview) {
   if (!state.charts) return false;
   const declared = (overview.declared || [])[0];
   if (!state.chosen) {
-    const reported = state.reportedNames[0];
+    const first = overview.first_reported;
+    const reported = first && state.reportedNames.includes(first) ? first : state.reportedNames[0];
     const pcMetric = declared ? declared.metric : reported || state.metricNames[0];
     if (!pcMetric) return false;  // nothing reported yet: asked again at the next refresh
     state.chosen = true;
@@ -287,6 +289,8 @@ async function chooseDefaults(overview) {
     }
   }
   if (state.userTicked || state.ticked.size || !$("pc-metric").value) return false;
+  const way = (overview.declared || []).find((d) => d.metric === $("pc-metric").value.trim());
+  if (!way) return false;  // which way is better is not known: nothing is "the best"
   const best = await get("/api/parcoords", { metric: $("pc-metric").value.trim(), desc: $("pc-max").checked ? "1" : "0" });
   best.runs.slice(0, BEST_TICKED).forEach((run) => state.ticked.add(run.name));
   return state.ticked.size > 0;

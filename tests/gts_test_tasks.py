@@ -728,3 +728,21 @@ class ScheduleTask(GPUTask):
             os.replace(saved + ".new", saved)
             report(step, score)
         return {"score": score, "lr": lr}
+
+
+class ReportThenSaveTask(GPUTask):
+    """The checkpoint protocol reversed, as scripts get it wrong: each step reports, then saves. A
+    run paused at a report never saved that step, so resumed it trains that step again."""
+
+    def main(self):
+        saved = os.path.join(self.checkpoint_dir, "step")
+        first = 1
+        if self.resume_step is not None and os.path.exists(saved):
+            with open(saved) as handle:
+                first = int(handle.read()) + 1
+        for step in range(first, self._config["steps"] + 1):
+            time.sleep(self._config.get("pause", 0))
+            self.report(step, loss=curve_value(self._config, step))
+            with open(saved, "w") as handle:
+                handle.write(str(step))
+        return {"loss": curve_value(self._config, self._config["steps"])}

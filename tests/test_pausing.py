@@ -703,3 +703,29 @@ def test_a_promotion_is_written_to_trial_events_when_it_is_made(in_tmp):
         for spec in specs:
             again.paused(spec)
         assert again.owed() is None or again.owed().name != promoted.name
+
+
+@pytest.mark.parametrize("task", ["CurveTask", "ReportThenSaveTask"])
+def test_a_resumed_run_that_trains_again_what_its_checkpoint_holds_is_said_once(in_tmp, task, capsys):
+    """A run that never reads GTS_RESUME_STEP retrains from step 1 at every promotion; one that
+    reports before it saves retrains one step: each is said once, naming the run and the protocol,
+    in the log, `gts status` and the page (the ledger's notes)."""
+    from gpu_task_scheduler.cli.main import main as gts
+    from gpu_task_scheduler.web.data import overview
+
+    root = in_tmp / "r"
+    config = _sweep(root, PROMOTION, slots=("cpu",))
+    summary = GPUTaskScheduler(config, getattr(tasks, task)).start()
+    assert summary.exit_code == 0, summary.report()
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        resumed = {name for (name,) in db.execute("SELECT DISTINCT name FROM trial_events WHERE kind = 'resumed'")}
+    assert resumed, "no run was promoted"
+    notes = overview(str(root))["notes"]
+    assert set(notes) == resumed
+    assert all("again, and will at every resume" in note and "GTS_RESUME_STEP" in note for note in notes.values())
+    if task == "ReportThenSaveTask":  # one step again each time, not from the start
+        assert all(" again: it trained step " in note for note in notes.values())
+    capsys.readouterr()
+    assert gts(["status", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert all(f"note: {note}" in shown for note in notes.values())

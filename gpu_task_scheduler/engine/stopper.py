@@ -55,6 +55,7 @@ class _Watched(Record, frozen=False):
     backlog: tuple[tuple[float, Value], ...] = ()
     resumed_at: float = float("-inf")  # a pausing method: the step this attempt went on from (points up to it are late)
     decided: Verdict | None = None  # a pausing method's verdict, reached when its snapshot was whole (not yet given)
+    resume_checked: bool = False  # a resumed attempt's first report was checked against its resume step
     others: frozenset[str] = frozenset()  # the other metric names it reported (the reader keeps at most 100)
     steps_without: int = 0  # its reports at or past the rule's min_step without the metric
 
@@ -208,6 +209,26 @@ class Stopper:
             if not watched.seen:
                 self._warn_missing(watched, ended=True)
 
+    def _check_resume(self, watched: _Watched, first: float) -> None:
+        """A resumed attempt's first report at or before the step it went on from: it did not go
+        on from its checkpoint (it ignores GTS_RESUME_STEP, or reports before it saves), and trains
+        those steps again at every resume. Said once a run: in the log, `gts status` and the page."""
+        name, resumed = watched.spec.name, watched.resumed_at
+        if first > resumed:
+            return
+        span = f"steps {first:g} to {resumed:g}" if first < resumed else f"step {first:g}"
+        what = (
+            f"it trained {span} again, and will at every resume (does it load its checkpoint and go on from the "
+            "step after GTS_RESUME_STEP? does it report before it saves?)"
+        )
+        text = (
+            f"{name} resumed after step {resumed:g} (GTS_RESUME_STEP) but reported step {first:g} again: {what}. "
+            "The checkpoint protocol: save into GTS_CHECKPOINT_DIR, then report that step; on resume, load it "
+            "and train from the step after GTS_RESUME_STEP"
+        )
+        logger.warning("%s", text)
+        self._ledger.note(name, text)
+
     def _warn_missing(self, watched: _Watched, *, ended: bool) -> None:
         """Say once per stage that runs do not report the rule's metric: a misspelt ``metric`` must
         not leave a whole grid unjudged without a word."""
@@ -235,6 +256,9 @@ class Stopper:
     def _read(self, watched: _Watched, *, judge: bool) -> Verdict | None:
         reader, rule = watched.reader, watched.rule
         reader.read(LOOK_BYTES)
+        if reader.points and watched.resumed_at > float("-inf") and not watched.resume_checked:
+            watched.resume_checked = True
+            self._check_resume(watched, reader.points[0][0])
         found = _points(rule, reader.points or ())
         if watched.backlog:  # the earlier attempts' points first (the method skips a rung it has a value at)
             found[:0], watched.backlog = watched.backlog, ()

@@ -311,6 +311,9 @@ def pruned_cause(step: Any, cause: str) -> str:
 TRIAL_EVENT_KINDS = ("began", "rung", "resumed", "ended", "closed")
 
 
+NOTES_META, MAX_NOTES = "notes", 200  # the meta key of the runs' notes (Ledger.note), and how many are kept
+
+
 class TrialEvent(NamedTuple):
     kind: str
     stage: str | None
@@ -523,6 +526,26 @@ class Ledger:
 
     def set_meta(self, key: str, value: str) -> None:
         self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def note(self, name: str, text: str) -> None:
+        """A word about run ``name`` that ``gts status``, the page and the report show (one a run,
+        the latest; at most MAX_NOTES runs): what the scheduler saw that the user should know."""
+        notes = self.notes()
+        notes.pop(name, None)
+        notes[name] = text
+        while len(notes) > MAX_NOTES:
+            notes.pop(next(iter(notes)))
+        self.set_meta(NOTES_META, json.dumps(notes))
+
+    def notes(self) -> dict[str, str]:
+        """The runs' notes (:meth:`note`), oldest first; damaged ones are left out."""
+        try:
+            found = json.loads(self.get_meta(NOTES_META) or "{}")
+        except (ValueError, RecursionError):
+            return {}
+        if not isinstance(found, dict):
+            return {}
+        return {str(k): v for k, v in found.items() if isinstance(v, str)}
 
     def _record(self, row: sqlite3.Row) -> RunRecord:
         """A row as a RunRecord; columns of a newer version are left out, missing ones

@@ -157,6 +157,9 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     if on_slurm:  # gts run --detach: no scheduler, and its runs queued or running on Slurm
         scheduler["on_slurm"] = on_slurm
     report: dict[str, Any] = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts}
+    notes = ledger.notes()
+    if notes:  # what the scheduler saw of runs that the user should know (a resume that ignored its checkpoint)
+        report["notes"] = notes
     if stages:
         report["stages"] = stages
     report["mean_success_seconds"] = mean
@@ -288,6 +291,8 @@ def format_status(
     if report.get("gpu_seconds"):
         energy = f", {report['energy'] / 3.6e6:.4g} kWh" if report.get("energy") else ""
         lines.append(f"  spent: {report['gpu_seconds'] / 3600:.4g} GPU-hours{energy}")
+    for name, note in report.get("notes", {}).items():
+        lines.append(f"  note: {note}" if name in note else f"  note on {name}: {note}")
     if counts.get(STALE):
         lines.append(
             f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "

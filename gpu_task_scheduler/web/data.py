@@ -49,6 +49,7 @@ def overview(root: str) -> dict[str, Any]:
         "energy": report["energy"],
         "running": running,
         "failures": failures,
+        "notes": report.get("notes", {}),  # what the scheduler saw of runs that the user should know
         # What the charts open on: the metrics the config's early_stop, search or pbt judges by;
         # where none is declared, the first metric of the runs' report lines (as written: the
         # ledger keeps metrics sorted by name, which put acc before loss).

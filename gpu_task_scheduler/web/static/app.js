@@ -143,6 +143,8 @@ function drawOverview(o) {
   // What the runs cost, as `gts status` says it: GPU-hours over every attempt, and energy where counted.
   const energy = o.energy ? `, ${(o.energy / 3.6e6).toPrecision(4)} kWh` : "";
   $("cost").textContent = o.gpu_seconds ? `spent: ${(o.gpu_seconds / 3600).toPrecision(4)} GPU-hours${energy}` : "";
+  // What the scheduler saw of runs that the user should know (a resume that ignored its checkpoint).
+  $("notes").replaceChildren(...Object.values(o.notes || {}).map((note) => text("li", note)));
   const stages = $("stages");
   stages.replaceChildren(...Object.entries(o.stages).map(([stage, c]) =>
     text("div", `stage ${stage}: ` + Object.entries(c).map(([k, n]) => `${n} ${k}`).join(", "))));

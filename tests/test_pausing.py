@@ -729,3 +729,25 @@ def test_a_resumed_run_that_trains_again_what_its_checkpoint_holds_is_said_once(
     assert gts(["status", str(root)]) == 0
     shown = capsys.readouterr().out
     assert all(f"note: {note}" in shown for note in notes.values())
+
+
+def test_gts_retry_refuses_a_paused_run_with_the_reason_and_force_trains_it_from_step_0(in_tmp, capsys):
+    """``gts retry ROOT RUN`` on a paused run said "running 1 run(s) again", skipped it and exited 0."""
+    from gpu_task_scheduler.cli.main import main as gts
+
+    root = in_tmp / "r"
+    config = _sweep(root, PROMOTION)
+    assert GPUTaskScheduler(config, tasks.ResumingCurveTask).start().exit_code == 0
+    paused = sorted(name for name, row in ledger_rows(root).items() if row["status"] == "paused")
+    assert paused
+    capsys.readouterr()
+    assert gts(["retry", str(root), paused[0], "--task", "gts_test_tasks:ResumingCurveTask"]) == 2
+    said = capsys.readouterr()
+    assert "is paused (paused at rung" in said.err and "has not promoted it" in said.err
+    assert "running" not in said.out
+    assert gts(["retry", str(root), paused[0], "--force", "--task", "gts_test_tasks:ResumingCurveTask"]) == 0
+    assert f"running 1 run(s) again from step 0 (--force: their checkpoints are set aside): {paused[0]}" in (
+        capsys.readouterr().out
+    )
+    assert ledger_rows(root)[paused[0]]["status"] in ("succeeded", "paused")
+    assert _steps(root)[paused[0]].count("start") == 2  # from its first step again

@@ -547,6 +547,17 @@ def cmd_retry(args: argparse.Namespace) -> int:
             raise ConfigError(f"{record.name} succeeded; add --force to run it again")
         if record.status is RunStatus.RUNNING:
             raise ConfigError(f"{record.name} is recorded as running; stop its sweep first (gts stop)")
+        if record.status is RunStatus.PAUSED and not args.force:
+            # Refused, not resumed to its end: which paused run earns more steps is its method's
+            # decision, recorded and replayed (trial_events); steps given outside it would make the
+            # runs' steps and that history disagree, and a retry that went on past the rung would
+            # be paused again there at once.
+            raise ConfigError(
+                f"{record.name} is paused ({record.cause or 'at a rung'}): its early_stop method decides whether "
+                "it trains on, and has not promoted it. gts run CONFIG again resumes the paused runs the method "
+                "promotes; to train it outside the method, retry it with --force (from step 0: its checkpoint is "
+                "set aside), or run its config alone without early_stop"
+            )
         chosen[record.name] = record
     if not chosen:
         print("no run to retry", file=sys.stderr)
@@ -611,7 +622,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
             f"another scheduler is already running on {args.root!r} ({holder}); wait for it to finish or stop it first"
         )
     shown = ", ".join(sorted(in_sweep)[:10]) + (" ..." if len(in_sweep) > 10 else "")
-    print(f"running {len(in_sweep)} run(s) again: {shown}")
+    fresh = " from step 0 (--force: their checkpoints are set aside)" if args.force else ""
+    print(f"running {len(in_sweep)} run(s) again{fresh}: {shown}")
     code = _run_sweep(sweep, make_task, plain=args.plain)
     return code if code != EXIT_OK or not missing else EXIT_FAILED
 

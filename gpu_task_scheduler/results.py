@@ -105,14 +105,10 @@ def run_result(root: str, record: RunRecord) -> Any:
 
 
 def duration(record: RunRecord) -> float | None:
+    """The wall time the run held a slot, over all its attempts (a resumed or retried run's too)."""
     if record.started_at is None:
         return None
-    end = (
-        record.ended_at
-        if record.ended_at is not None
-        else (time.time() if record.status is RunStatus.RUNNING else None)
-    )
-    return None if end is None else end - record.started_at
+    return record.held_seconds(time.time())
 
 
 def rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
@@ -142,6 +138,8 @@ def row_of(root: str, record: RunRecord) -> dict[str, Any]:
         row["commit"] = commit
     if isinstance(record.gpu_seconds, (int, float)):  # what it cost, over all its attempts (gpu/usage.py)
         row["gpu_hours"] = record.gpu_seconds / 3600
+    elif (held := duration(record)) is not None:  # no GPU measured (CPU slots): the time it held its slots
+        row["slot_hours"] = held / 3600
     if isinstance(record.energy, (int, float)):
         row["energy_kwh"] = record.energy / 3.6e6
     return row
@@ -241,6 +239,8 @@ def gpu_hours_to(root: str, condition: str, *, stage: str | None = None) -> dict
 
     Returns ``condition``, ``reached`` (False: no run met it yet), ``run``, ``at`` (a Unix time),
     ``gpu_hours`` (spent by then; every GPU-hour recorded when not reached), ``total_gpu_hours``,
+    ``unit`` (``GPU-hours``; ``slot-hours`` where no GPU was measured: the wall time the runs' attempts
+    held their slots, CPU slots' cost, and what those two numbers then count),
     ``runs_ended`` (runs that had ended by then), and ``best`` (the best value any run has, not reached)."""
     match = _CONDITION.fullmatch(condition)
     if match is None:
@@ -271,22 +271,39 @@ def gpu_hours_to(root: str, condition: str, *, stage: str | None = None) -> dict
         problem = key_problem(root, key, stage=stage)
         if problem is not None:
             raise ConfigError(problem)
-    total = sum(r.gpu_seconds for r in every if isinstance(r.gpu_seconds, (int, float)))
-    found: dict[str, Any] = {"condition": f"{key} {op} {text}", "total_gpu_hours": total / 3600}
+    now = time.time()
+    # No GPU measured (CPU slots): what the runs cost is the time they held their slots, over all
+    # their attempts, and the answer says so (``unit``) instead of "after 0 GPU-hours".
+    measured = any(isinstance(r.gpu_seconds, (int, float)) and r.gpu_seconds > 0 for r in every)
+    unit = "GPU-hours" if measured else "slot-hours"
+    if measured:
+        total = sum(r.gpu_seconds for r in every if isinstance(r.gpu_seconds, (int, float)))
+    else:
+        total = sum(r.held_seconds(now) or 0.0 for r in every)
+    found: dict[str, Any] = {"condition": f"{key} {op} {text}", "unit": unit, "total_gpu_hours": total / 3600}
     if not reached:
         best = (min if op in ("<", "<=") else max)(values) if values else None
         return {**found, "reached": False, "gpu_hours": total / 3600, "best": best}
     at, name = min(reached)
     spent, ended = 0.0, 0
     for record in every:
-        seconds = record.gpu_seconds if isinstance(record.gpu_seconds, (int, float)) else 0.0
         start, end = record.started_at, record.ended_at
+        if not measured:  # each attempt's time on its slot up to the moment: none of it after
+            spans = [(s, e) for _, s, e in record.spans_value]
+            if start is not None and record.status is RunStatus.RUNNING:
+                spans.append((start, now))
+            elif start is not None and end is not None and not spans:  # recorded before spans were
+                spans.append((start, end))
+            spent += sum(max(0.0, min(e, at) - s) for s, e in spans)
+            ended += int(start is not None and end is not None and end <= at and start < at)
+            continue
+        seconds = record.gpu_seconds if isinstance(record.gpu_seconds, (int, float)) else 0.0
         if start is None or start >= at:
             continue
         if end is not None and end <= at:
             spent, ended = spent + seconds, ended + 1
         else:
-            last = (end if end is not None else time.time()) - start
+            last = (end if end is not None else now) - start
             spent += seconds * min(1.0, (at - start) / last) if last > 0 else 0.0
     return {**found, "reached": True, "run": name, "at": at, "gpu_hours": spent / 3600, "runs_ended": ended}
 

@@ -62,7 +62,7 @@ def test_run_a_command_sweep_then_status_and_results(command_sweep, in_tmp, caps
         (0.3, "x y", "succeeded", 0.09),
     ]
     assert gts(["results", str(root), "--format", "csv"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "name,lr,status,duration,result.loss,extra"
+    assert capsys.readouterr().out.splitlines()[0] == "name,lr,status,duration,result.loss,slot_hours,extra"
     assert gts(["results", str(root)]) == 0
     assert capsys.readouterr().out.splitlines()[0].split() == [
         "name",

@@ -148,7 +148,7 @@ def _ledger_with(root, sql):
     "sql,message",
     [
         ("UPDATE runs SET status = 'hibernating'", "status 'hibernating'.*newer version"),
-        ("UPDATE meta SET value = '12' WHERE key = 'schema_version'", "schema version 12.*newer version"),
+        ("UPDATE meta SET value = '13' WHERE key = 'schema_version'", "schema version 13.*newer version"),
         ("ALTER TABLE runs DROP COLUMN status", "no column status"),
     ],
 )
@@ -170,6 +170,7 @@ def test_a_ledger_this_version_cannot_read_says_why(tmp_path, sql, message):
         (2, ["gpu_leftover", "stage", "node", "program", "metrics"]),
         (3, ["stage", "node", "program", "metrics"]),
         (4, ["program", "metrics"]),
+        (11, ["slot_seconds", "spans"]),
     ],
 )
 def test_an_earlier_releases_ledger_is_upgraded_in_place(tmp_path, version, dropped):
@@ -179,7 +180,9 @@ def test_an_earlier_releases_ledger_is_upgraded_in_place(tmp_path, version, drop
     assert rows(str(root))[0]["status"] == "succeeded"  # read as it is
     summary = GPUTaskScheduler(make_config(root, [{"a": [1, 2]}]), tasks.RecordTask).start()
     assert summary.skipped == ["a-1,"] and len(summary.succeeded) == 1
-    assert {"result_file", "gpu_leftover", "stage", "node", "program", "metrics"} <= set(ledger_rows(root)["a-2,"])
+    assert {"result_file", "gpu_leftover", "stage", "node", "program", "metrics", "slot_seconds", "spans"} <= set(
+        ledger_rows(root)["a-2,"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -751,3 +751,43 @@ def test_gts_retry_refuses_a_paused_run_with_the_reason_and_force_trains_it_from
     )
     assert ledger_rows(root)[paused[0]]["status"] in ("succeeded", "paused")
     assert _steps(root)[paused[0]].count("start") == 2  # from its first step again
+
+
+def test_on_cpu_slots_a_sweep_says_what_its_runs_cost_in_slot_hours_across_their_attempts(in_tmp, capsys):
+    """No GPU measured: gts results had no cost column, --gpu-hours-to said "after 0 GPU-hours", a
+    resumed run's duration was its last attempt's and the timeline showed last attempts only."""
+    from gpu_task_scheduler.cli.main import main as gts
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.results import gpu_hours_to, rows
+    from gpu_task_scheduler.web.data import overview, timeline
+
+    root = in_tmp / "r"
+    assert GPUTaskScheduler(_sweep(root, PROMOTION, pause=0.01), tasks.ResumingCurveTask).start().exit_code == 0
+    ledger = Ledger.read_only(RootPaths(str(root)))
+    try:
+        records = {record.name: record for record in ledger.records()}
+    finally:
+        ledger.close()
+    resumed = [r for r in records.values() if len(r.spans_value) > 1]
+    assert resumed, "no run was resumed"
+    table = {row["name"]: row for row in rows(str(root))}
+    for record in resumed:
+        spans = record.spans_value
+        assert table[record.name]["duration"] == pytest.approx(sum(end - start for _, start, end in spans), abs=1e-3)
+        assert table[record.name]["duration"] > record.ended_at - record.started_at  # not the last attempt's
+    assert all("gpu_hours" not in row and row["slot_hours"] > 0 for row in table.values())
+    found = gpu_hours_to(str(root), "loss<=10")
+    assert found["reached"] and found["unit"] == "slot-hours" and found["gpu_hours"] > 0
+    drawn = timeline(str(root))["runs"]
+    assert sum(1 for bar in drawn if bar["name"] == resumed[0].name) == len(resumed[0].spans_value)
+    assert max(bar["end"] for bar in drawn) == pytest.approx(  # the whole sweep, not the last attempts'
+        max(r.ended_at for r in records.values()) - min(s for r in records.values() for _, s, _ in r.spans_value),
+        abs=1e-3,
+    )
+    assert overview(str(root))["slot_seconds"] > 0
+    capsys.readouterr()
+    assert gts(["status", str(root)]) == 0
+    assert "slot-hours (no GPU measured" in capsys.readouterr().out
+    assert gts(["results", str(root), "--gpu-hours-to", "loss<=10"]) == 0
+    assert "slot-hours" in capsys.readouterr().out

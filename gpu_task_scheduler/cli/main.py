@@ -831,6 +831,8 @@ def _print_gpu_hours_to(args: argparse.Namespace) -> int:
     if args.best or args.sort or args.average_over or args.lineage or args.top is not None:
         raise ConfigError("--gpu-hours-to answers one question; it goes with --stage and --format json only")
     found = gpu_hours_to(args.root, args.gpu_hours_to, stage=args.stage)
+    unit = found["unit"]
+    why = "" if unit == "GPU-hours" else " (no GPU was measured, as on CPU slots: the time the runs held their slots)"
     if args.format == "json":
         print(json.dumps(found, indent=1))
     elif found["reached"]:
@@ -839,13 +841,13 @@ def _print_gpu_hours_to(args: argparse.Namespace) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found["at"]))
         print(
             f"{found['condition']}: first reached by {found['run']}, which ended at {when}, after "
-            f"{found['gpu_hours']:.4g} GPU-hours ({found['runs_ended']} run(s) had ended; "
-            f"{found['total_gpu_hours']:.4g} GPU-hours recorded in all)"
+            f"{found['gpu_hours']:.4g} {unit} ({found['runs_ended']} run(s) had ended; "
+            f"{found['total_gpu_hours']:.4g} {unit} recorded in all){why}"
         )
     else:
         best = "" if found["best"] is None else f" (the best value: {found['best']:.6g})"
         print(
-            f"{found['condition']}: no run reached it{best}; {found['gpu_hours']:.4g} GPU-hours recorded in all",
+            f"{found['condition']}: no run reached it{best}; {found['gpu_hours']:.4g} {unit} recorded in all{why}",
             file=sys.stderr,
         )
     return EXIT_OK if found["reached"] else EXIT_FAILED

@@ -69,7 +69,10 @@ logger = logging.getLogger("gpu_task_scheduler")
 # 10: runs.gpu_seconds and runs.energy (what every attempt of a run cost: its share of the GPUs'
 #     busy time, and joules where the GPUs count energy; see gpu/usage.py).
 # 11: verdicts.objectives (JSON: a run's value of each objective at a rung, for MO-ASHA).
-SCHEMA_VERSION = 11
+# 12: runs.slot_seconds and runs.spans (the wall time every ended attempt held its slot, and each
+#     attempt's slot, start and end: a run's duration and timeline across its attempts, and what a
+#     sweep on CPU slots, where no GPU is measured, cost).
+SCHEMA_VERSION = 12
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN result_file TEXT",),
     2: ("ALTER TABLE runs ADD COLUMN gpu_leftover TEXT",),
@@ -81,6 +84,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     8: (),  # runs.provenance is added after the schema where the table lacks it
     9: (),  # runs.gpu_seconds and runs.energy are added after the schema where the table lacks them
     10: (),  # verdicts.objectives is added after the schema where the table lacks it
+    11: (),  # runs.slot_seconds and runs.spans are added after the schema where the table lacks them
 }
 # Seconds the runs of a killed scheduler get to end by themselves before a new one stops them.
 NATURAL_END = 2.0
@@ -98,7 +102,7 @@ CREATE TABLE IF NOT EXISTS runs (
     started_at REAL, ended_at REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, log_tail TEXT, result TEXT,
     gpu_memory_peak INTEGER, params TEXT, result_file TEXT, gpu_leftover TEXT, stage TEXT, node TEXT,
-    program TEXT, metrics TEXT, provenance TEXT, gpu_seconds REAL, energy REAL
+    program TEXT, metrics TEXT, provenance TEXT, gpu_seconds REAL, energy REAL, slot_seconds REAL, spans TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_index ON runs (run_index);
 -- The early_stop rule's word on a run, kept so that a restart decides as the sweep before it did:
@@ -153,6 +157,42 @@ class RunRecord(Record):
     provenance: str | None = None  # JSON: the code, environment and seed its last attempt ran with
     gpu_seconds: float | None = None  # its share of the GPUs' busy time, over all its attempts (gpu/usage.py)
     energy: float | None = None  # joules of its share of the GPUs' energy, where they count it
+    slot_seconds: float | None = None  # the wall time its ended attempts held their slots, added up
+    spans: str | None = None  # JSON: [[slot, start, end], ...] of its ended attempts (the latest MAX_SPANS)
+
+    @property
+    def spans_value(self) -> list[tuple[str, float, float]]:
+        """Its ended attempts' slots, starts and ends (empty when none, or damaged)."""
+        try:
+            value = json.loads(self.spans) if self.spans else []
+        except (ValueError, RecursionError):
+            return []
+        found = []
+        for span in value if isinstance(value, list) else ():
+            if isinstance(span, list) and len(span) == 3 and all(isinstance(t, (int, float)) for t in span[1:]):
+                found.append((str(span[0]), float(span[1]), float(span[2])))
+        return found
+
+    def attempt_spans(self, now: float, *, running: bool) -> list[tuple[str, float, float]]:
+        """Each attempt's slot, start and end, oldest first: the ended ones recorded (spans), then
+        the last one where it is not among them (``running``: it runs until ``now``)."""
+        spans = self.spans_value
+        # (SQLite's JSON keeps 15 digits of a time: to within 10 microseconds of started_at)
+        if self.started_at is None or (spans and abs(spans[-1][1] - self.started_at) < 1e-3):
+            return spans
+        end = self.ended_at if self.ended_at is not None else (now if running else self.started_at)
+        return [*spans, (self.slot or "?", self.started_at, max(end, self.started_at))]
+
+    def held_seconds(self, now: float) -> float | None:
+        """The wall time it held a slot, over all its attempts (a running one's until ``now``)."""
+        running = self.status is RunStatus.RUNNING and self.started_at is not None
+        current = max(0.0, now - self.started_at) if running and self.started_at is not None else 0.0
+        if isinstance(self.slot_seconds, (int, float)):
+            return self.slot_seconds + current
+        if self.started_at is None:
+            return None
+        end = self.ended_at if self.ended_at is not None else (now if running else None)
+        return None if end is None else end - self.started_at
 
     @property
     def metrics_value(self) -> dict[str, Any]:
@@ -242,7 +282,7 @@ STALE_CAUSE = (
     "nothing runs it; the next start runs it again"
 )
 _TIMES = {"started_at", "ended_at"}
-_REALS = {"gpu_seconds", "energy"}
+_REALS = {"gpu_seconds", "energy", "slot_seconds"}
 _JSON = {"result": "JSON", "params": "a JSON object", "provenance": "a JSON object"}
 
 
@@ -279,6 +319,8 @@ _OPTIONAL_COLUMNS = {
     "provenance",
     "gpu_seconds",
     "energy",
+    "slot_seconds",
+    "spans",
 }
 
 
@@ -289,6 +331,8 @@ _ADDED_COLUMNS = (
     ("runs", "gpu_seconds", "REAL"),
     ("runs", "energy", "REAL"),
     ("verdicts", "objectives", "TEXT"),
+    ("runs", "slot_seconds", "REAL"),
+    ("runs", "spans", "TEXT"),
 )
 
 
@@ -311,6 +355,7 @@ def pruned_cause(step: Any, cause: str) -> str:
 TRIAL_EVENT_KINDS = ("began", "rung", "resumed", "ended", "closed")
 
 
+MAX_SPANS = 200  # the attempts' spans a run keeps (its slot_seconds add up every one)
 NOTES_META, MAX_NOTES = "notes", 200  # the meta key of the runs' notes (Ledger.note), and how many are kept
 
 
@@ -714,6 +759,8 @@ class Ledger:
                 THEN datetime(CAST(started_at AS INTEGER), 'unixepoch', 'localtime') END,
             'duration', CASE WHEN typeof(started_at) NOT IN ('integer', 'real') OR (status = 'running' AND :stale)
                 THEN NULL
+                WHEN {self._number("slot_seconds")} IS NOT NULL THEN {self._number("slot_seconds")}
+                    + CASE WHEN status = 'running' THEN :now - started_at ELSE 0 END
                 WHEN typeof(ended_at) IN ('integer', 'real') THEN ended_at - started_at
                 WHEN status = 'running' THEN :now - started_at END,
             'exit', COALESCE(signal, CAST(exit_code AS TEXT)),
@@ -912,7 +959,7 @@ class Ledger:
         "status": "status",
         "stage": "stage",
         "started": "started_at",
-        "duration": "(ended_at - started_at)",
+        "duration": "COALESCE(slot_seconds, ended_at - started_at)",
         "attempts": "attempts",
         "slot": "slot",
         "node": "node",
@@ -951,6 +998,8 @@ class Ledger:
                 column = self._PAGE_ORDERS[key]
                 if column in ("stage", "node") and column not in self._columns():
                     column = "NULL"
+                if key == "duration" and "slot_seconds" not in self._columns():  # an older ledger, read as it is
+                    column = "(ended_at - started_at)"
             else:
                 column, more = self._value_sql(key)
                 values.update(more)
@@ -1084,6 +1133,19 @@ class Ledger:
             f"SELECT total({self._number('gpu_seconds')}), SUM({self._number('energy')}) FROM runs", ()
         )[0]
         return float(seconds), None if joules is None else float(joules)
+
+    def held_seconds(self, now: float) -> float:
+        """The wall time the root's runs held their slots, over all their attempts (the running ones'
+        until ``now``): what a sweep cost where no GPU is measured (CPU slots)."""
+        if "slot_seconds" not in self._columns():
+            return 0.0
+        ((seconds,),) = self._tuples(
+            f"""SELECT total(COALESCE({self._number("slot_seconds")}, 0)
+                 + CASE WHEN status = 'running' AND typeof(started_at) IN ('integer', 'real')
+                   THEN max(0, ? - started_at) ELSE 0 END) FROM runs""",
+            (now,),
+        )
+        return float(seconds)
 
     def provenances(self) -> dict[str, dict[str, Any]]:
         """Every run's provenance that is a JSON object (records/provenance.py), by name: one scan."""
@@ -1288,6 +1350,22 @@ class Ledger:
         if result is not None and len(result) > MAX_INLINE_RESULT:  # never let one run's result wedge the root
             cause = (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
             result = None
+        end = self._clock() if ended_at is None else ended_at
+        # The attempt that ends (one recorded running): its time on its slot is added up, and its
+        # span kept (the latest MAX_SPANS), so that a run's duration and timeline cover its attempts.
+        if "spans" in self._columns():
+            self._write(
+                f"""UPDATE runs SET
+                   slot_seconds = COALESCE({self._number("slot_seconds")}, 0) + max(0, ? - started_at),
+                   spans = json_insert(
+                       CASE WHEN json_valid(spans) AND json_type(spans) = 'array'
+                           AND json_array_length(spans) < {MAX_SPANS} THEN spans
+                       WHEN json_valid(spans) AND json_type(spans) = 'array' THEN json_remove(spans, '$[0]')
+                       ELSE '[]' END,
+                       '$[#]', json_array(COALESCE(slot, '?'), started_at, ?))
+                   WHERE name = ? AND status = 'running' AND typeof(started_at) IN ('integer', 'real')""",
+                (end, end, name),
+            )
         self._write(
             """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
                log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?,
@@ -1295,7 +1373,7 @@ class Ledger:
                WHERE name = ?""",
             (
                 status.value,
-                self._clock() if ended_at is None else ended_at,
+                end,
                 exit_code,
                 signal,
                 None if cause is None else cause[:MAX_TEXT],

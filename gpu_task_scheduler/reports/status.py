@@ -18,7 +18,7 @@ from ..layout import META
 from ..records.ledger import RunStatus
 from ..records.metrics import describe, latest
 from ..records.paths import RunPaths, log_name_problem, name_problem
-from ..results import duration, escape_controls, open_ledger
+from ..results import escape_controls, open_ledger
 from .drawing import plain_text
 
 _COLORS = {
@@ -165,6 +165,8 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     report["mean_success_seconds"] = mean
     seconds, joules = ledger.cost()
     report["gpu_seconds"], report["energy"] = seconds, joules  # over every attempt (gpu/usage.py)
+    # Where no GPU was measured (CPU slots): the time the runs held their slots, over every attempt.
+    report["slot_seconds"] = ledger.held_seconds(time.time() if running else 0.0) if not seconds else None
     if log_file is not None and log_name_problem(log_file) is not None:
         log_file = None  # changed by hand into a path out of the run folders: no log path is shown
     base = root if root == "/" else root.rstrip("/")
@@ -291,6 +293,11 @@ def format_status(
     if report.get("gpu_seconds"):
         energy = f", {report['energy'] / 3.6e6:.4g} kWh" if report.get("energy") else ""
         lines.append(f"  spent: {report['gpu_seconds'] / 3600:.4g} GPU-hours{energy}")
+    elif report.get("slot_seconds"):
+        lines.append(
+            f"  spent: {report['slot_seconds'] / 3600:.4g} slot-hours (no GPU measured: the time the runs held "
+            "their slots, every attempt)"
+        )
     for name, note in report.get("notes", {}).items():
         lines.append(f"  note: {note}" if name in note else f"  note on {name}: {note}")
     if counts.get(STALE):
@@ -414,14 +421,20 @@ def plot_timeline(root: str, output: str) -> str:
     if not records:
         raise GTSError(f"{root!r} has no started runs to plot")
     pyplot = _pyplot()
-    start = min(r.started_at or 0.0 for r in records)
-    slots = sorted({r.slot or "?" for r in records})
+    now = time.time()
+    # Each attempt a bar: a resumed or retried run's earlier attempts are where and when they ran.
+    bars = sorted(
+        (begin, end, slot, record)
+        for record in records
+        for slot, begin, end in record.attempt_spans(now, running=record.status is RunStatus.RUNNING)
+    )
+    start = min(begin for begin, *_ in bars)
+    slots = sorted({slot for _, _, slot, _ in bars})
     figure, axes = pyplot.subplots(figsize=(10, 1 + 0.5 * len(slots)))
     lanes: dict[str, list[float]] = {slot: [] for slot in slots}
-    for record in sorted(records, key=lambda r: r.started_at or 0.0):
-        slot = record.slot or "?"
-        begin = (record.started_at or start) - start
-        length = max(duration(record) or 0.0, 1e-3)
+    for first, last, slot, record in bars:
+        begin = first - start
+        length = max(last - first, 1e-3)
         # Runs sharing a GPU overlap: stack them in sub-lanes so every bar shows.
         ends = lanes[slot]
         lane = next((i for i, end in enumerate(ends) if end <= begin), len(ends))

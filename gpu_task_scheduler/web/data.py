@@ -47,6 +47,7 @@ def overview(root: str) -> dict[str, Any]:
         "mean_success_seconds": report["mean_success_seconds"],
         "gpu_seconds": report["gpu_seconds"],  # what every attempt cost (gpu/usage.py), as gts status says
         "energy": report["energy"],
+        "slot_seconds": report.get("slot_seconds"),  # no GPU measured (CPU slots): the slots' time instead
         "running": running,
         "failures": failures,
         "notes": report.get("notes", {}),  # what the scheduler saw of runs that the user should know
@@ -385,23 +386,26 @@ def timeline(root: str, *, most: int = TIMELINE_MOST) -> dict[str, Any]:
     started = [record for record in records if isinstance(record.started_at, (int, float))]
     if not started:
         return {"runs": [], "total": 0}
-    origin = min(record.started_at or 0.0 for record in started)
     now = time.time()
+    # Each attempt a bar: a resumed or retried run's earlier attempts are where and when they ran.
+    spans = {
+        record.name: record.attempt_spans(now, running=record.status is RunStatus.RUNNING and not stale)
+        for record in started
+    }
+    origin = min(start for found in spans.values() for _, start, _ in found)
     runs = []
     for record in reversed(started):
-        end = record.ended_at if isinstance(record.ended_at, (int, float)) else None
-        if end is None:
-            end = now if record.status is RunStatus.RUNNING and not stale else record.started_at
-        runs.append(
-            {
-                "name": record.name,
-                "slot": record.slot or "?",
-                "node": record.node,
-                "status": STALE if stale and record.status is RunStatus.RUNNING else record.status.value,
-                "start": (record.started_at or origin) - origin,
-                "end": (end or origin) - origin,
-            }
-        )
+        for slot, start, end in spans[record.name]:
+            runs.append(
+                {
+                    "name": record.name,
+                    "slot": slot,
+                    "node": record.node,
+                    "status": STALE if stale and record.status is RunStatus.RUNNING else record.status.value,
+                    "start": start - origin,
+                    "end": end - origin,
+                }
+            )
     return {"runs": runs, "total": total}
 
 

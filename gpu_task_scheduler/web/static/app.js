@@ -142,7 +142,8 @@ function drawOverview(o) {
   $("eta").textContent = o.eta !== null && o.scheduler.running ? `ETA ${clock(o.eta)}` : "";
   // What the runs cost, as `gts status` says it: GPU-hours over every attempt, and energy where counted.
   const energy = o.energy ? `, ${(o.energy / 3.6e6).toPrecision(4)} kWh` : "";
-  $("cost").textContent = o.gpu_seconds ? `spent: ${(o.gpu_seconds / 3600).toPrecision(4)} GPU-hours${energy}` : "";
+  $("cost").textContent = o.gpu_seconds ? `spent: ${(o.gpu_seconds / 3600).toPrecision(4)} GPU-hours${energy}`
+    : o.slot_seconds ? `spent: ${(o.slot_seconds / 3600).toPrecision(4)} slot-hours (no GPU measured: the time the runs held their slots)` : "";
   // What the scheduler saw of runs that the user should know (a resume that ignored its checkpoint).
   $("notes").replaceChildren(...Object.values(o.notes || {}).map((note) => text("li", note)));
   const stages = $("stages");

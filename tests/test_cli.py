@@ -70,6 +70,7 @@ def test_run_a_command_sweep_then_status_and_results(command_sweep, in_tmp, caps
         "status",
         "duration",
         "result.loss",
+        "slot_hours",
         "extra",
     ]
     manager_rows = ConfigManager(command_sweep).get_results()

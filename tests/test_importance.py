@@ -247,3 +247,28 @@ def test_a_dollar_sign_in_names_and_values_is_drawn_as_text_in_every_plot_mode(t
         extra = {"mode": "min"} if plot is plot_contour else {}
         assert plot(*args, str(output), **extra) == str(output) and output.stat().st_size > 0
     assert matplotlib.rcParams["text.parse_math"] is True  # only while gts draws
+
+
+def test_a_searchs_declared_log_scale_decides_the_scale_not_a_guess_from_values(tmp_path):
+    """``lr: {loguniform: [1e-3, 0.5]}`` sampled uniformly on its log scale looks linear to the guess
+    when most draws fall high: ranked and drawn on a linear 0 to 0.5 axis, most runs were squeezed
+    left. A search's declared distributions decide; the guess is for grids."""
+    from gpu_task_scheduler.reports.importance import _axis, declared_scales
+
+    root = tmp_path / "r"
+    (tmp_path / "train.py").write_text(
+        "import json, os, sys\n"
+        "lr, width = float(sys.argv[1]), float(sys.argv[2])\n"
+        "json.dump({'loss': abs(lr - 0.1) + width / 1000}, open(os.path.join(sys.argv[3], 'result.json'), 'w'))\n"
+    )
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root)},
+        "command": [sys.executable, str(tmp_path / "train.py"), "{lr}", "{width}", "{work_dir}"],
+        "test_config": [{"lr": {"loguniform": [0.3, 0.5]}, "width": {"uniform": [1, 1000]}}],
+        "search": {"sampler": "random", "n_runs": 8, "seed": 3, "metric": "loss", "mode": "min"},
+    }
+    assert GPUTaskScheduler(config).start().ok
+    assert declared_scales(str(root)) == {"lr": True, "width": False}
+    kinds = {p["name"]: p["kind"] for p in importance(str(root), "loss", mode="min")["parameters"]}
+    assert kinds == {"lr": "log range", "width": "range"}  # 0.3 to 0.5 spans no 100x: a guess says linear
+    assert _axis([0.3, 0.4, 0.5], True)[2] is True and _axis([0.3, 0.4, 0.5])[2] is False

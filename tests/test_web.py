@@ -347,6 +347,9 @@ def test_the_page_and_the_report_rank_the_parameters_as_gts_importance_does_and_
         page.wait_for_function("document.getElementById('contour').data?.[0]?.type === 'contour'", timeout=10_000)
         page.wait_for_function("document.getElementById('slices').data?.length === 2", timeout=10_000)
         assert "PED-ANOVA on 12 succeeded runs, loss (min)" in page.inner_text("#importance-note")
+        # each bar named on its axis (Plotly once left one of two unlabelled)
+        labels = [tick.text_content() for tick in page.locator("#importance .yaxislayer-above .ytick text").all()]
+        assert sorted(labels) == ["tag", "v"]
         assert errors == []
         page.close()
 

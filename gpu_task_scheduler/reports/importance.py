@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError, install_hint
+from ..errors import ConfigError, GTSError, install_hint
 from ..finite import finite_number
 from .drawing import plain_text
 
@@ -124,13 +124,44 @@ def _bins(present: Sequence[float]) -> tuple[list[float], list[str]]:
     return edges, labels
 
 
+def declared_scales(root: str) -> dict[str, bool]:
+    """Whether each key of the root's search space is on a log scale, as its config declares it
+    (``loguniform``, ``{int: ..., log: true}``: True; ``uniform``, ``int``: False); empty for a
+    grid, whose scale is guessed from its values (:func:`_log_scale`)."""
+    from ..results import recorded_config
+    from ..tuning.space import Int, LogUniform, Uniform, parse_distribution
+
+    try:
+        config = recorded_config(root) or {}
+    except GTSError:  # no result root there (rows given by the caller): every scale is guessed
+        return {}
+    if not isinstance(config.get("search"), dict):
+        return {}
+    found: dict[str, bool] = {}
+    blocks = config.get("test_config")
+    for block in blocks if isinstance(blocks, list) else ():
+        for key, value in block.items() if isinstance(block, dict) else ():
+            try:
+                distribution = parse_distribution(value, str(key), conditional=True)
+            except (ConfigError, TypeError, ValueError):
+                continue
+            if isinstance(distribution, LogUniform):
+                found[str(key)] = True
+            elif isinstance(distribution, (Uniform, Int)):
+                found[str(key)] = bool(getattr(distribution, "log", False))
+    return found
+
+
 def spaces(
     rows: Sequence[tuple[Mapping[str, Any], float]],
     metric: str,
     bins: dict[str, tuple[list[float], list[str]]] | None = None,
+    scales: Mapping[str, bool] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Each parameter's Optuna distribution, inferred from the runs' values; and the constant ones.
-    ``bins``: filled with the ranges of the numeric keys binned (:data:`MAX_CHOICES`)."""
+    ``bins``: filled with the ranges of the numeric keys binned (:data:`MAX_CHOICES`). ``scales``:
+    the keys whose scale a search declares (:func:`declared_scales`), log or not: a guess for the
+    others."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     bins = {} if bins is None else bins
@@ -143,7 +174,8 @@ def spaces(
         absent = len(present) < len(rows)
         if not absent and _numeric(present):
             low, high = min(present), max(present)
-            log = _log_scale(sorted(set(present)))
+            declared = (scales or {}).get(name)
+            log = _log_scale(sorted(set(present))) if declared is None else declared and low > 0
             if all(isinstance(v, int) for v in present):
                 found[name] = IntDistribution(int(low), int(high), log=log)
             else:
@@ -189,6 +221,7 @@ def importance(
     stage: str | None = None,
     seed: int = 0,
     rows: Sequence[tuple[dict[str, Any], float]] | None = None,
+    scales: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``root``'s succeeded runs ranked by their importance for ``metric``.
 
@@ -217,7 +250,7 @@ def importance(
     except ImportError:
         raise ConfigError(f"importance uses Optuna's evaluators: {install_hint('importance')}") from None
     bins: dict[str, tuple[list[float], list[str]]] = {}
-    found, constant = spaces(rows, metric, bins)
+    found, constant = spaces(rows, metric, bins, declared_scales(root) if scales is None else scales)
     result: dict[str, Any] = {
         "metric": metric,
         "mode": mode,
@@ -329,11 +362,14 @@ def chosen_params(
     return ranked[:2]
 
 
-def _axis(values: Sequence[Any]) -> tuple[list[float], list[str] | None, bool]:
-    """Positions on an axis: numbers as they are (log: spanning 100x, all positive), anything else
-    as the index of its category (with the categories' labels)."""
+def _axis(values: Sequence[Any], log: bool | None = None) -> tuple[list[float], list[str] | None, bool]:
+    """Positions on an axis: numbers as they are (``log``: as a search declares its scale; None:
+    guessed, spanning 100x, all positive), anything else as the index of its category (with the
+    categories' labels)."""
     if all(_finite(v) for v in values):
         distinct = sorted(set(values))
+        if log is not None:
+            return [float(v) for v in values], None, log and bool(distinct) and distinct[0] > 0
         return [float(v) for v in values], None, len(distinct) > 1 and _log_scale(distinct)
     labels = sorted({str(v) for v in values})
     return [float(labels.index(str(v))) for v in values], labels, False
@@ -350,8 +386,9 @@ def plot_contour(
     rows = read_rows(root, metric)  # once, for the ranking and the points
     names = chosen_params(root, metric, params, mode, rows)
     points = top_points(root, metric, names, rows=rows)["points"]
-    xs, x_labels, x_log = _axis([values[0] for values, _ in points])
-    ys, y_labels, y_log = _axis([values[1] for values, _ in points])
+    scales = declared_scales(root)
+    xs, x_labels, x_log = _axis([values[0] for values, _ in points], scales.get(names[0]))
+    ys, y_labels, y_log = _axis([values[1] for values, _ in points], scales.get(names[1]))
     zs = [value for _, value in points]
     pyplot = _pyplot()
     figure, (contour, left, right) = pyplot.subplots(1, 3, figsize=(15, 4.5))

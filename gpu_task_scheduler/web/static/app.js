@@ -456,7 +456,9 @@ function drawImportance(data) {
   $("importance-note").textContent = `${data.evaluator === "fanova" ? "fANOVA" : "PED-ANOVA"} on ${data.runs} succeeded runs, ${data.metric} (${data.mode})${constant}`;
   const ranked = data.parameters.slice().reverse();
   window.Plotly.react(charts[0], [{ type: "bar", orientation: "h", x: ranked.map((p) => p.importance), y: ranked.map((p) => plain(p.name)), hovertemplate: "%{y}: %{x:.3f}<extra></extra>" }],
-    { margin: { t: 10, l: 120 }, height: 60 + 24 * ranked.length, xaxis: { title: { text: "importance" }, range: [0, 1] } }, { displaylogo: false });
+    // Every bar named: a category axis with a label at each (Plotly thins labels it finds crowded).
+    { margin: { t: 10, l: 120 }, height: Math.max(140, 60 + 28 * ranked.length), xaxis: { title: { text: "importance" }, range: [0, 1] },
+      yaxis: { type: "category", dtick: 1, automargin: true } }, { displaylogo: false });
   if (data.names.length < 2) { window.Plotly.purge(charts[1]); window.Plotly.purge(charts[2]); return; }
   const kinds = data.names.map((name) => (data.parameters.find((p) => p.name === name) || {}).kind || "");
   const axis = (i) => ({ title: { text: plain(data.names[i]) }, type: kinds[i] === "category" ? "category" : kinds[i].startsWith("log") ? "log" : "linear" });

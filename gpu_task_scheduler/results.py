@@ -714,9 +714,13 @@ class PaperColumn:
         self.header, self.key, self.spread, self.mode = header, key, spread, mode
 
 
-def paper_columns(table: Sequence[dict[str, Any]], modes: dict[str, str]) -> list[PaperColumn]:
-    """The columns of :func:`format_paper`: an averaged result's mean and std in one column named
-    by the result (``loss`` for ``result.loss.mean``); ``modes``: the way each metric is better."""
+SPREADS = {"std": "std", "ci95": "95% CI"}  # what the ± of a paper table's averaged cell is, and its words
+
+
+def paper_columns(table: Sequence[dict[str, Any]], modes: dict[str, str], spread: str = "std") -> list[PaperColumn]:
+    """The columns of :func:`format_paper`: an averaged result's mean and its spread (``std``, or
+    ``ci95``: the half-width of the 95 % confidence interval of the mean) in one column named by
+    the result (``loss`` for ``result.loss.mean``); ``modes``: the way each metric is better."""
     names = columns(table)
     means = {name[: -len(".mean")] for name in names if name.endswith(".mean")}
     shown: list[PaperColumn] = []
@@ -725,19 +729,28 @@ def paper_columns(table: Sequence[dict[str, Any]], modes: dict[str, str]) -> lis
         if name.endswith(_HIDDEN) and name.rsplit(".", 1)[0] in means:
             continue
         header = base[len("result.") :] if base.startswith("result.") else base
-        spread = f"{base}.std" if name.endswith(".mean") else None
+        spread_key = f"{base}.{spread}" if name.endswith(".mean") else None
         mode = modes.get(header.removeprefix("metrics.")) if base.startswith(("result.", "metrics.")) else None
-        shown.append(PaperColumn(header, name, spread, mode))
+        shown.append(PaperColumn(header, name, spread_key, mode))
     return shown
 
 
 def format_paper(
-    table: Sequence[dict[str, Any]], modes: dict[str, str], kind: str = "markdown", *, escape: bool = False
+    table: Sequence[dict[str, Any]],
+    modes: dict[str, str],
+    kind: str = "markdown",
+    *,
+    escape: bool = False,
+    spread: str = "std",
 ) -> str:
     """The rows as a table for a paper or a README: ``kind`` ``markdown`` or ``latex`` (a booktabs
-    ``tabular``). An averaged result is one cell, ``mean ± std``; numbers to 4 significant digits;
-    in each result column whose way is known (``modes``: ``{"loss": "min"}``), the best in bold."""
-    shown = paper_columns(table, modes)
+    ``tabular``). An averaged result is one cell, ``mean ± std`` (``spread="ci95"``: ± the 95 %
+    confidence interval's half-width), and its header says which (``loss (mean ± std)``); numbers
+    to 4 significant digits; in each result column whose way is known (``modes``:
+    ``{"loss": "min"}``), the best in bold."""
+    if spread not in SPREADS:
+        raise ConfigError(f"the spread must be one of {', '.join(SPREADS)}; got {spread!r}")
+    shown = paper_columns(table, modes, spread)
     best: dict[str, float] = {}
     for column in shown:
         numbers = [v for row in table if (v := _number(row.get(column.key))) is not None]
@@ -763,7 +776,16 @@ def format_paper(
             return f"\\textbf{{{shown_value}}}" if latex else f"**{shown_value}**"
         return shown_value
 
-    headers = [text(column.header) for column in shown]
+    pm = "$\\pm$" if latex else "±"
+    spread_shown = {  # the columns whose cells show a spread: their header says what it is
+        column.key
+        for column in shown
+        if column.spread is not None and any(_number(row.get(column.spread)) is not None for row in table)
+    }
+    headers = [
+        text(column.header) + (f" (mean {pm} {text(SPREADS[spread])})" if column.key in spread_shown else "")
+        for column in shown
+    ]
     body = [[cell(row, column) for column in shown] for row in table]
     numeric = [any(_number(row.get(c.key)) is not None for row in table) for c in shown]
     if latex:

@@ -71,7 +71,7 @@ def test_a_paper_table_in_markdown_and_latex_gives_mean_and_std_in_one_cell(root
     assert main(["results", root, "--average-over", "seed", "--sort", "loss", "--format", "markdown"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == [
-        "| lr | runs | loss |",
+        "| lr | runs | loss (mean ± std) |",
         "|---:|---:|---:|",
         "| 0.1 | 3 | 3 ± 1 |",
         "| 0.2 | 3 | 4 ± 1 |",
@@ -81,7 +81,7 @@ def test_a_paper_table_in_markdown_and_latex_gives_mean_and_std_in_one_cell(root
     assert capsys.readouterr().out.splitlines() == [
         "\\begin{tabular}{rrr}",
         "\\toprule",
-        "lr & runs & loss \\\\",
+        "lr & runs & loss (mean $\\pm$ std) \\\\",
         "\\midrule",
         "0.1 & 3 & 3 $\\pm$ 1 \\\\",
         "0.2 & 3 & 4 $\\pm$ 1 \\\\",
@@ -90,13 +90,29 @@ def test_a_paper_table_in_markdown_and_latex_gives_mean_and_std_in_one_cell(root
     ]
 
 
+def test_a_paper_tables_plus_minus_says_what_it_is_and_can_be_the_95_interval_and_bold_said_on_the_line(root, capsys):
+    """``0.115 $\\pm$ 0.0066`` under a header of ``loss`` said neither what the ± was nor let the best
+    be bolded where the config declares no way."""
+    argv = ["results", root, "--average-over", "seed", "--sort", "loss", "--format", "markdown"]
+    assert main([*argv, "--spread", "ci95", "--bold", "loss=min"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == "| lr | runs | loss (mean ± 95% CI) |"
+    table = {row["lr"]: row for row in results.aggregate(root, "seed")}
+    assert lines[2] == f"| 0.1 | 3 | **3 ± {table[0.1]['result.loss.ci95']:.2g}** |" and "no best in bold" not in err
+    assert main([*argv, "--bold", "loss=lowest"]) == 2
+    assert "--bold takes KEY=min or KEY=max" in capsys.readouterr().err
+    assert main([*argv[:-1], "latex", "--spread", "ci95"]) == 0
+    assert "loss (mean $\\pm$ 95\\% CI)" in capsys.readouterr().out
+
+
 def test_a_paper_table_bolds_the_best_where_the_way_is_known_and_escapes_what_latex_reads():
     table = [
         {"name": "a_1", "opt": "sgd & co", "result.loss.mean": 0.5, "result.loss.std": 0.1, "result.acc.mean": 0.9},
         {"name": "b|2", "opt": "adam", "result.loss.mean": 0.25, "result.loss.std": None, "result.acc.mean": 0.8},
     ]
     latex = results.format_paper(table, {"loss": "min", "acc": "max"}, "latex").splitlines()
-    assert latex[2] == "name & opt & loss & acc \\\\"
+    assert latex[2] == "name & opt & loss (mean $\\pm$ std) & acc \\\\"
     assert latex[4] == "a\\_1 & sgd \\& co & 0.5 $\\pm$ 0.1 & \\textbf{0.9} \\\\"
     assert latex[5] == "b|2 & adam & \\textbf{0.25} & 0.8 \\\\"
     markdown = results.format_paper(table, {"loss": "min"}, "markdown").splitlines()

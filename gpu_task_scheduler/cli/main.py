@@ -813,7 +813,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         sys.stdout.write(format_csv(table))
     elif args.format in ("markdown", "latex"):
-        _print_paper(args.root, table, args.format)
+        _print_paper(args.root, table, args)
     else:
         from ..reports.status import duration_text
 
@@ -879,17 +879,23 @@ def _lineages(args: argparse.Namespace, table: list[dict[str, Any]]) -> str | No
     return schedule_text(found[table[0]["name"]])
 
 
-def _print_paper(root: str, table: list[dict[str, Any]], kind: str) -> None:
+def _print_paper(root: str, table: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """``--format markdown|latex``: the paper table, and which result columns have no best in bold."""
     from ..results import declared_modes, format_paper, paper_columns
 
     modes = declared_modes(root)
-    print(format_paper(table, modes, kind, escape=sys.stdout.isatty()) if table else "no runs recorded")
+    for said in args.bold or ():  # --bold loss=min: the way the user names, over the config's
+        key, _, way = said.partition("=")
+        if not key or way not in ("min", "max"):
+            raise ConfigError(f"--bold takes KEY=min or KEY=max (which way KEY is better), e.g. loss=min; got {said!r}")
+        modes[key.removeprefix("result.")] = way
+    shown = format_paper(table, modes, args.format, escape=sys.stdout.isatty(), spread=args.spread)
+    print(shown if table else "no runs recorded")
     unknown = [c.header for c in paper_columns(table, modes) if c.mode is None and c.key.startswith("result")]
     if unknown:
         print(
-            f"no best in bold in {', '.join(unknown[:10])}: the config declares no mode for it (an early_stop's or a "
-            "search's metric and mode say which way it is better)",
+            f"no best in bold in {', '.join(unknown[:10])}: the config declares no mode for it (an early_stop's, a "
+            "search's or pbt's metric and mode say which way it is better; or say it: --bold KEY=min)",
             file=sys.stderr,
         )
 
@@ -1258,6 +1264,20 @@ def _results_command(sub: Any) -> None:
         choices=["table", "csv", "json", "markdown", "latex"],
         default="table",
         help="markdown, latex: a table for a paper (mean ± std with --average-over, the best in bold)",
+    )
+    r.add_argument(
+        "--spread",
+        choices=["std", "ci95"],
+        default="std",
+        help="with --format markdown|latex and --average-over: what the ± is, the standard deviation (std) or "
+        "the 95%% confidence interval of the mean (ci95); the header says which",
+    )
+    r.add_argument(
+        "--bold",
+        action="append",
+        metavar="KEY=min|max",
+        help="with --format markdown|latex: bold the best KEY, the lowest (min) or highest (max); repeatable "
+        "(else the mode the config declares)",
     )
     r.add_argument("--sort", metavar="KEY", help="order by a result (loss finds result.loss) or a parameter")
     r.add_argument("--desc", action="store_true", help="largest first (with --best: the largest)")

@@ -272,3 +272,14 @@ def test_a_searchs_declared_log_scale_decides_the_scale_not_a_guess_from_values(
     kinds = {p["name"]: p["kind"] for p in importance(str(root), "loss", mode="min")["parameters"]}
     assert kinds == {"lr": "log range", "width": "range"}  # 0.3 to 0.5 spans no 100x: a guess says linear
     assert _axis([0.3, 0.4, 0.5], True)[2] is True and _axis([0.3, 0.4, 0.5])[2] is False
+
+
+def test_a_seed_is_left_out_of_the_ranking_and_said(tmp_path):
+    rng = random.Random(9)
+    runs = [({"lr": rng.random(), "seed": rng.randrange(5)}, 0.0) for _ in range(30)]
+    runs = [(params, params["lr"] + rng.gauss(0, 0.01)) for params, _ in runs]
+    found = importance(plant(tmp_path, runs), "loss", mode="min")
+    assert [p["name"] for p in found["parameters"]] == ["lr"] and found["left_out"] == ["seed"]
+    from gpu_task_scheduler.reports.importance import format_importance
+
+    assert "left out: seed (a seed is not a hyperparameter)" in format_importance(found)

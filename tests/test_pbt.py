@@ -448,3 +448,11 @@ def test_the_schedule_of_a_member_that_copied_is_its_donors_values_up_to_the_cop
     ]
     schedule = lineages(events)["a"].schedule
     assert [(s.step, s.values, s.donor) for s in schedule] == [(0.0, {"lr": 2.0}, None), (4.0, {"lr": 4.0}, "b")]
+
+
+def test_a_copy_made_again_at_the_same_step_is_listed_once_with_how_often():
+    from gpu_task_scheduler.records.lineage import Segment, copies_text
+
+    again = Segment(8.0, {"lr": 2.0}, "lr-1.0,", {"lr": "x2"})
+    other = Segment(12.0, {"lr": 1.0}, "lr-0.5,", {"lr": "x0.5"})
+    assert copies_text([again, again, other]) == "lr-1.0, at 8 (lr x2) twice; lr-0.5, at 12 (lr x0.5)"

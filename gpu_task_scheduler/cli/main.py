@@ -840,7 +840,7 @@ def _print_gpu_hours_to(args: argparse.Namespace) -> int:
 
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(found["at"]))
         print(
-            f"{found['condition']}: first reached by {found['run']}, which ended at {when}, after "
+            f"{found['condition']}: first reached by {found['run']} (it ended at {when}), after "
             f"{found['gpu_hours']:.4g} {unit} ({found['runs_ended']} run(s) had ended; "
             f"{found['total_gpu_hours']:.4g} {unit} recorded in all){why}"
         )

@@ -157,6 +157,10 @@ class Starts:
                 self._block(item.spec, "its dependencies never settled in this start")
         if not self.queue.taking:
             self._records.report_skips()
+            # A pausing method may still give an idle slot a promoted run while others run: the
+            # slot has finished only once nothing runs (it said so, then received a task).
+            if running and self._pauses is not None:
+                return False
             for slot in capacity.newly_idle():
                 if not queue_places:
                     logger.info("%s finished", slot.name)

@@ -176,8 +176,12 @@ class SweepSummary(Record, frozen=False):
             counts.append(f"{len(self.blocked)} blocked")
         if self.pruned:
             counts.append(f"{len(self.pruned)} stopped early")
-        if self.paused:
-            counts.append(f"{len(self.paused)} paused (not promoted)")
+        if self.paused:  # a PBT member waits for its turn or its copy, not for a promotion
+            turns = sum(1 for o in self.paused if (o.cause or "").startswith(("waits for its turn", "exploits")))
+            if len(self.paused) > turns:
+                counts.append(f"{len(self.paused) - turns} paused (not promoted)")
+            if turns:
+                counts.append(f"{turns} paused (population-based training: the next start resumes them)")
         counts.append(f"{len(self.skipped)} skipped")
         if self.detached:
             counts.append(f"{self.detached} left running on the cluster (detached)")

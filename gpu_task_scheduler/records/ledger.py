@@ -763,7 +763,7 @@ class Ledger:
                     + CASE WHEN status = 'running' THEN :now - started_at ELSE 0 END
                 WHEN typeof(ended_at) IN ('integer', 'real') THEN ended_at - started_at
                 WHEN status = 'running' THEN :now - started_at END,
-            'exit', COALESCE(signal, CAST(exit_code AS TEXT)),
+            'exit', CASE WHEN status = 'paused' THEN NULL ELSE COALESCE(signal, CAST(exit_code AS TEXT)) END,
             'attempts', CASE WHEN typeof(attempts) = 'integer' THEN attempts ELSE 0 END,
             'cause', CASE WHEN status = 'running' AND :stale THEN :stale_cause ELSE cause END,
             'log', CASE WHEN :log IS NOT NULL AND status != 'blocked' AND typeof(name) = 'text' AND name != ''

@@ -78,11 +78,19 @@ def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
 
 def copies_text(copies: Iterable[Segment]) -> str:
     """``lr-1.0, at 4 (lr x0.5); lr-0.37, at 16 (lr x2)`` (a lineage's exploits), or ``""``."""
-    texts = []
+    texts: list[list[Any]] = []  # [text, times]: a member sent back to a step it had copied at copies it again
     for s in copies:
         changed = ", ".join(f"{key} {how}" for key, how in sorted(s.changed.items()))
-        texts.append(f"{s.donor} at {s.step:g}" + (f" ({changed})" if changed else ""))
-    return "; ".join(texts)
+        text = f"{s.donor} at {s.step:g}" + (f" ({changed})" if changed else "")
+        if texts and texts[-1][0] == text:
+            texts[-1][1] += 1
+        else:
+            texts.append([text, 1])
+    return "; ".join(text if times == 1 else f"{text} {_times(times)}" for text, times in texts)
+
+
+def _times(count: int) -> str:
+    return {2: "twice", 3: "three times"}.get(count, f"{count} times")
 
 
 def schedule_text(lineage: Lineage, end: float | None = None) -> str:

@@ -34,11 +34,34 @@ from typing import Any
 
 from ..errors import ConfigError, GTSError, install_hint
 from ..finite import finite_number
+from ..records.status import RunStatus
 from .drawing import plain_text
 
 EVALUATORS = ("ped-anova", "fanova")
 ABSENT = "(absent)"  # the category of a run that lacks a parameter other runs have
 MIN_RUNS = 4
+NOT_HYPERPARAMETERS = frozenset(("seed",))  # keys left out of the ranking (said in its table)
+
+
+def _paused_words(root: str) -> str:
+    """Why a pausing method's root has few runs to rank: its paused runs are left out (their values
+    are of the rung they stopped at, earlier steps than the finished runs': not comparable)."""
+    from ..results import open_ledger
+
+    try:
+        ledger = open_ledger(root)
+    except GTSError:
+        return ""
+    try:
+        paused = ledger.counts().get(RunStatus.PAUSED, 0)
+    finally:
+        ledger.close()
+    if not paused:
+        return ""
+    return (
+        f" ({paused} paused run(s) are left out: their values are of the rung each paused at, earlier steps than "
+        "the finished runs', and ranking them together would rank how far a run trained)"
+    )
 
 
 def read_rows(root: str, metric: str, *, stage: str | None = None) -> list[tuple[dict[str, Any], float]]:
@@ -244,12 +267,18 @@ def importance(
         )
     rows = read_rows(root, metric, stage=stage) if rows is None else rows
     if len(rows) < MIN_RUNS:
-        raise ConfigError(f"{len(rows)} succeeded run(s) have a number for {metric!r}; importance needs {MIN_RUNS}")
+        raise ConfigError(
+            f"{len(rows)} succeeded run(s) have a number for {metric!r}; importance needs {MIN_RUNS}"
+            + _paused_words(root)
+        )
     try:
         import optuna
     except ImportError:
         raise ConfigError(f"importance uses Optuna's evaluators: {install_hint('importance')}") from None
     bins: dict[str, tuple[list[float], list[str]]] = {}
+    # A seed is no hyperparameter: what it "explains" is noise, and a sweep over seeds would rank it.
+    left_out = sorted({key for params, _ in rows for key in params if key in NOT_HYPERPARAMETERS})
+    rows = [({k: v for k, v in params.items() if k not in NOT_HYPERPARAMETERS}, value) for params, value in rows]
     found, constant = spaces(rows, metric, bins, declared_scales(root) if scales is None else scales)
     result: dict[str, Any] = {
         "metric": metric,
@@ -258,6 +287,7 @@ def importance(
         "runs": len(rows),
         "parameters": [],
         "constant": constant,
+        "left_out": left_out,
     }
     if not found:
         return result
@@ -314,6 +344,8 @@ def format_importance(found: Mapping[str, Any]) -> str:
         lines.append("  no parameter takes two values in these runs")
     if found["constant"]:
         lines.append(f"  constant in every run: {', '.join(found['constant'])}")
+    if found.get("left_out"):
+        lines.append(f"  left out: {', '.join(found['left_out'])} (a seed is not a hyperparameter)")
     return "\n".join(lines)
 
 

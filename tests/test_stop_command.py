@@ -117,3 +117,19 @@ def test_a_sweep_outside_the_main_thread_is_not_signalled(in_tmp, no_leaked_proc
         sweep.join(timeout=60)
     assert results and results[0].ok
     assert not (root / ".gts" / "control").exists()
+
+
+def test_a_run_stopped_before_its_first_report_is_not_said_to_report_no_metrics(in_tmp, no_leaked_processes, capsys):
+    """Interrupted before it reported anything, a run under early_stop was warned about as one that
+    "reported no metrics" (as a misspelt metric is): it had no chance to."""
+    root = in_tmp / "r"
+    config = make_config(root, [{"a": [1, 2]}], slots=("cpu", "cpu"), grace_period=5)
+    config["early_stop"] = {"method": "median", "metric": "loss", "mode": "min", "min_step": 1}
+    scheduler = launch(config)
+    wait_until(lambda: started(root, "a-1,", "a-2,"), message="both runs to start")
+    assert main(["stop", str(root), "--wait"]) == 0
+    output = finish(scheduler)
+    assert scheduler.returncode == 130, output
+    assert "reported no metrics" not in output
+    assert {row["status"] for row in ledger_rows(root).values()} == {"interrupted"}
+    assert not marked_pids(no_leaked_processes)

@@ -255,7 +255,8 @@ class Scheduler:
         active = self._running.get(key)
         assert active is not None
         if self._running.stopper is not None:
-            self._running.stopper.ended(active.spec.name)  # what it reported last counts for the others
+            # what it reported last counts for the others; one we stopped (Ctrl-C, a timeout) may not have reported yet
+            self._running.stopper.ended(active.spec.name, stopped=active.stopped is not None)
         if not self._end_reads.ready(key, active.paths):
             active.exited, active.deadline, active.term_at, active.kill_at = True, None, None, None
             return  # a long metrics file is read off the loop; its exit is posted again once it is

@@ -196,17 +196,19 @@ class Stopper:
         judged, watched.judged = watched.judged, None
         return judged
 
-    def ended(self, name: str) -> None:
+    def ended(self, name: str, *, stopped: bool = False) -> None:
         """The run ended: what it reported last still counts for the others (ASHA's rungs, the
         median rule's curves), but nothing it reported can stop it now. What a run the rule
         stopped reported after that (until it saw it was stopped) counts for nothing: the rule's
-        tables stay what they would be had it stopped at once."""
+        tables stay what they would be had it stopped at once. ``stopped``: the scheduler stopped
+        it (Ctrl-C, a timeout, a pause): one that had not reported yet is not said to report no
+        metrics."""
         self._settle_copy()
         self.pauses.abandon(name)  # its snapshot, if one is still copied: recorded as none, before its end
         watched = self._watched.pop(name, None)
         if watched is not None and not watched.stopped:  # a stopped run's last reports came too late
             self._read(watched, judge=False)
-            if not watched.seen:
+            if not watched.seen and not stopped:  # one stopped (interrupted) before its first report is no typo
                 self._warn_missing(watched, ended=True)
 
     def _check_resume(self, watched: _Watched, first: float) -> None:

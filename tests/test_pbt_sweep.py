@@ -419,3 +419,30 @@ def test_pbts_metric_and_mode_declare_which_way_is_better_as_early_stop_and_sear
     assert best[0]["name"] == max(scores, key=scores.get)
     assert gts(["importance", str(root), "--metric", "score"]) == 0
     assert "score (max, 4 runs)" in capsys.readouterr().out
+
+
+def test_a_dry_run_says_what_a_start_says_of_pbt_promotion_and_a_budget_on_cpu_slots(in_tmp, capsys):
+    from gpu_task_scheduler.cli.main import main as gts
+
+    (in_tmp / "p.yaml").write_text(
+        "scheduler_config: {gpu: [cpu, cpu], result_root_folder: r, budget: {gpu_hours: 1}}\n"
+        'command: ["true"]\n'
+        "test_config: [{lr: [0.1, 0.2, 0.3]}]\n"
+        "pbt: {metric: score, mode: max, interval: 4, max_step: 40, perturb: {lr: [0.5, 2]}}\n"
+    )
+    assert gts(["run", str(in_tmp / "p.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pbt: population-based training on max score: every 4 steps" in out
+    assert "a population of 3 on 2 slot(s); members take turns" in out
+    assert "no slot of this sweep has a GPU: it is never spent" in out
+    text = (
+        (in_tmp / "p.yaml")
+        .read_text()
+        .replace(
+            "pbt: {metric: score, mode: max, interval: 4, max_step: 40, perturb: {lr: [0.5, 2]}}",
+            "early_stop: {method: asha, promotion: true, metric: loss, mode: min, min_step: 1, max_step: 27}",
+        )
+    )
+    (in_tmp / "p.yaml").write_text(text)
+    assert gts(["run", str(in_tmp / "p.yaml"), "--dry-run"]) == 0
+    assert "in a drawn order (the same at every start), not as listed" in capsys.readouterr().out

@@ -247,8 +247,37 @@ def _dry_run(sweep: Any) -> int:
         summary += f"; and {size - decided:,} more runs not decided here (a dry run decides at most {DRY_DECIDED:,})"
     print(summary)
     _say_order_matters(sweep)
+    _say_what_decides(sweep)
     _say_who_runs(sweep.options.result_root_folder)
     return EXIT_OK
+
+
+def _say_what_decides(sweep: Any) -> None:
+    """What a real start says of the methods that decide which runs go on (population-based
+    training's population and interval, promotion ASHA's drawn order) and of a budget it can
+    never spend: a dry run says it too."""
+    from ..tuning.pbt import PbtRule
+    from ..tuning.stopping import Pausing
+
+    size = len(sweep)
+    for stage, rule in sweep.stopping.items():
+        where = "early_stop" if stage is None else f"stage {stage!r}'s early_stop"
+        if isinstance(rule, PbtRule):
+            count = len(sweep.options.slots or ())
+            on = f"{count} slot(s)" if count else "the machine's slots"
+            turns = "; members take turns" if count and size > count else ""
+            print(f"pbt: {rule.describe()}; a population of {size} on {on}{turns}")
+        elif isinstance(rule, Pausing):
+            drawn = (
+                "; it takes the grid's configurations in a drawn order (the same at every start), not as listed"
+                if rule.method == "asha" and sweep.search is None
+                else ""
+            )
+            print(f"{where}: {rule.describe()}{drawn}")
+    budget = sweep.options.budget
+    slots = sweep.options.slots
+    if budget is not None and budget.gpu_hours is not None and slots is not None and all(s.is_cpu for s in slots):
+        print("budget: gpu_hours counts GPU-hours, and no slot of this sweep has a GPU: it is never spent")
 
 
 def _say_order_matters(sweep: Any) -> None:

@@ -906,3 +906,28 @@ def test_a_root_that_declares_no_mode_opens_on_the_first_reported_metric_and_tic
     seen = page.evaluate("state.tick")
     page.wait_for_function(f"state.tick >= {seen + 2}", timeout=10_000)  # two refreshes after the choice
     assert page.locator("#runs tbody input[type=checkbox]:checked").count() == 0
+
+
+def test_without_webgl_the_page_says_the_parallel_coordinates_need_it(in_tmp, served, browser):
+    """Plotly's parallel coordinates draw with WebGL: a browser without it showed an empty box."""
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a",))
+    url, _ = served([root])
+    page = browser.new_page()
+    page.add_init_script(
+        "HTMLCanvasElement.prototype.getContext = ((get) => function (kind, ...rest) {"
+        " return kind.includes('webgl') ? null : get.call(this, kind, ...rest); })"
+        "(HTMLCanvasElement.prototype.getContext);"
+    )
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 2")
+    page.fill("#pc-metric", "loss")
+    page.dispatch_event("#pc-metric", "change")
+    page.wait_for_function("!document.getElementById('parcoords-note').hidden", timeout=10_000)
+    assert "need WebGL" in page.inner_text("#parcoords-note")
+    normal = browser.new_page()  # where WebGL is there, the note stays hidden and the chart draws
+    normal.goto(url)
+    normal.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 2")
+    normal.fill("#pc-metric", "loss")
+    normal.dispatch_event("#pc-metric", "change")
+    normal.wait_for_function("document.getElementById('parcoords').data?.[0]?.type === 'parcoords'", timeout=10_000)
+    assert normal.locator("#parcoords-note").is_hidden()

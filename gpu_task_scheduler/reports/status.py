@@ -596,6 +596,25 @@ def _copied_steps(root: str) -> dict[str, list[float]]:
         ledger.close()
 
 
+def group_label(params: dict[str, Any], groups: list[dict[str, Any]], by: str | None) -> str:
+    """A group's label: ``by`` first, then every other parameter that differs between the groups
+    (by ``lr`` alone, two groups of lr 0.3 that differ in their width were both ``lr=0.3``).
+
+    >>> groups = [{"params": {"lr": 0.3, "width": 64}}, {"params": {"lr": 0.3, "width": 128}}]
+    >>> [group_label(g["params"], groups, "lr") for g in groups]
+    ['lr=0.3, width=64', 'lr=0.3, width=128']
+    """
+    differ = [
+        key
+        for key in dict.fromkeys(k for g in groups for k in g["params"])
+        if key != by and len({json.dumps(g["params"].get(key), sort_keys=True, default=str) for g in groups}) > 1
+    ]
+    keys = ([by] if by else []) + differ
+    if not by and not differ:
+        keys = list(params)
+    return ", ".join(f"{key}={params.get(key)}" for key in keys) or "all runs"
+
+
 def _plot_mean_curves(
     root: str, runs: dict[str, list[dict[str, Any]]], metric: str, by: str | None, over: str, output: str, pyplot: Any
 ) -> str:
@@ -609,8 +628,7 @@ def _plot_mean_curves(
     colormap = pyplot.get_cmap("tab10")
     for number, group in enumerate(groups):
         color = colormap(number % 10)
-        named = {by: group["params"].get(by)} if by else group["params"]
-        label = ", ".join(f"{key}={value}" for key, value in named.items()) or "all runs"
+        label = group_label(group["params"], groups, by)
         axes.plot(group["steps"], group["mean"], color=color, linewidth=1.5, label=f"{label} (n={group['runs']})")
         axes.fill_between(group["steps"], group["low"], group["high"], color=color, alpha=0.2, linewidth=0)
     axes.set_xlabel("step")

@@ -338,6 +338,8 @@ function plain(value) {
 }
 
 function drawCurves(data, by) {
+  // A parameter every drawn run has at one value colours nothing apart: each run its own colour then.
+  if (by && new Set(data.runs.map((r) => JSON.stringify(r.params[by]))).size < 2) by = "";
   const numbers = data.runs.map((r) => r.params[by]).filter((v) => typeof v === "number");
   const low = Math.min(...numbers), high = Math.max(...numbers);
   const traces = data.runs.map((run) => {
@@ -392,8 +394,11 @@ function drawGroups(data, by) {
   const traces = [];
   data.groups.forEach((group, i) => {
     const color = `hsl(${Math.round((i * 137.5) % 360)}, 65%, 42%)`;
-    const named = by ? { [by]: group.params[by] } : group.params;
-    const label = Object.entries(named).map(([k, v]) => `${k}=${cell(v)}`).join(", ") || "all runs";
+    // by, then every other parameter that differs between the groups (reports/status.group_label)
+    const keys = [...new Set(data.groups.flatMap((g) => Object.keys(g.params)))];
+    const differ = keys.filter((k) => k !== by && new Set(data.groups.map((g) => JSON.stringify(g.params[k]))).size > 1);
+    const shown = by ? [by, ...differ] : differ.length ? differ : Object.keys(group.params);
+    const label = shown.map((k) => `${k}=${cell(group.params[k])}`).join(", ") || "all runs";
     traces.push({ x: group.steps, y: group.low, type: "scatter", mode: "lines", line: { width: 0, color }, hoverinfo: "skip", showlegend: false });
     traces.push({ x: group.steps, y: group.high, type: "scatter", mode: "lines", line: { width: 0, color }, fill: "tonexty", fillcolor: color.replace("hsl", "hsla").replace(")", ", 0.2)"), hoverinfo: "skip", showlegend: false });
     traces.push({ x: group.steps, y: group.mean, type: "scatter", mode: "lines", line: { color, width: 2 }, name: plain(`${label} (n=${group.runs})`) });
@@ -403,7 +408,14 @@ function drawGroups(data, by) {
   $("schedules").hidden = true;
 }
 
+// Plotly draws parallel coordinates with WebGL: where the browser has none, the page says so.
+const WEBGL = (() => {
+  try { const canvas = document.createElement("canvas"); return !!(canvas.getContext("webgl") || canvas.getContext("experimental-webgl")); } catch (error) { return false; }
+})();
+
 function drawParcoords(data) {
+  $("parcoords-note").hidden = WEBGL;
+  if (!WEBGL) return;
   if (!data.runs.length) { window.Plotly.purge($("parcoords")); return; }
   const dimensions = data.params.map((param) => {
     const values = data.runs.map((run) => run.params[param]);

@@ -422,8 +422,9 @@ def _told(root, sampler):
     return {name: value for name, (_, value) in states.items()}
 
 
-COMMAND = (
-    "import json, os, sys, time\n"
+# A command's start and its steps as the journal sees them (its report follows, one way or another).
+COMMAND_STEPS = (
+    "import json, os, subprocess, sys, time\n"
     "first = int(os.environ['GTS_RESUME_STEP'] or 0) + 1\n"
     "journal = open(sys.argv[2], 'a')\n"
     "name = os.path.basename(os.environ['GTS_RUN_DIR'])\n"
@@ -431,7 +432,9 @@ COMMAND = (
     "for step in range(first, 28):\n"
     "    journal.write('step%d %s\\n' % (step, name)); journal.flush()\n"
     "    loss = 0.1 + float(sys.argv[1]) * 0.8 ** step\n"
-    "    with open(os.environ['GTS_METRICS_FILE'], 'a') as m:\n"
+)
+COMMAND = (
+    COMMAND_STEPS + "    with open(os.environ['GTS_METRICS_FILE'], 'a') as m:\n"
     "        m.write(json.dumps({'step': step, 'loss': loss}) + '\\n')\n"
     "    time.sleep(0.03)\n"
 )
@@ -587,15 +590,8 @@ def test_damaged_trial_events_a_huge_bracket_or_a_name_out_of_the_root_are_left_
 
 
 WAITING_COMMAND = (
-    "import os, subprocess, sys, time\n"
-    "first = int(os.environ['GTS_RESUME_STEP'] or 0) + 1\n"
-    "journal = open(sys.argv[2], 'a')\n"
-    "name = os.path.basename(os.environ['GTS_RUN_DIR'])\n"
-    "journal.write(('resume %d' % (first - 1) if first > 1 else 'start') + ' ' + name + '\\n'); journal.flush()\n"
-    "for step in range(first, 28):\n"
-    "    journal.write('step%d %s\\n' % (step, name)); journal.flush()\n"
-    "    loss = 0.1 + float(sys.argv[1]) * 0.8 ** step\n"
-    "    told = subprocess.run([sys.executable, '-m', 'gpu_task_scheduler.reporting', str(step), 'loss=%r' % loss])\n"
+    COMMAND_STEPS + "    told = subprocess.run([sys.executable, '-m', 'gpu_task_scheduler.reporting',\n"
+    "                           str(step), 'loss=%r' % loss])\n"
     "    if told.returncode == 3:\n"
     "        sys.exit(0)  # paused (or stopped): the step just reported is the one it resumes after\n"
     "    time.sleep(0.01)\n"

@@ -137,3 +137,52 @@ def test_a_table_says_when_uncommitted_changes_are_not_known():
     assert short({"git": {"commit": commit, "dirty": None}}) == "3f2a9c1d4e5b+dirty?"
     assert short({"git": {"commit": commit, "dirty": False}}) == "3f2a9c1d4e5b"
     assert short({"git": {"commit": commit}}) == "3f2a9c1d4e5b"
+
+
+def test_reading_what_made_the_runs_holds_up_no_run(in_tmp, monkeypatch):
+    """git's diff of a large change took 13.7 s in the loop, and a 0.1 s run was recorded as 13.8 s.
+    Read in a thread of its own: here it takes until the first run has ended, and the runs go on
+    meanwhile; each is still recorded with it."""
+    import threading
+    import time
+
+    import gts_test_tasks as tasks
+    from conftest import wait_until
+    from helpers import make_config
+
+    from gpu_task_scheduler import GPUTaskScheduler
+    from gpu_task_scheduler.records import provenance
+
+    root = in_tmp / "r"
+    ended = threading.Event()
+    real = provenance.collected
+
+    def slow(folder):
+        ended.wait(60)  # until a run has ended (the test's watcher says so)
+        return real(folder)
+
+    monkeypatch.setattr(provenance, "collected", slow)
+
+    def a_run_ended():
+        rows = ledger_rows(root) if (root / ".gts" / "ledger.sqlite3").exists() else {}
+        return ended.is_set() or any(row["status"] == "succeeded" for row in rows.values())
+
+    def watch():
+        try:
+            wait_until(a_run_ended, timeout=60, message="a run to end while git is read")
+        finally:
+            ended.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        started = time.monotonic()
+        summary = GPUTaskScheduler(make_config(root, [{"a": [1, 2, 3]}]), tasks.RecordTask).start()
+        took = time.monotonic() - started
+    finally:
+        ended.set()
+        watcher.join()
+    assert summary.ok and took < 30, took
+    rows = ledger_rows(root)
+    assert all(json.loads(row["provenance"])["python"] for row in rows.values())
+    assert all(row["ended_at"] - row["started_at"] < 10 for row in rows.values())

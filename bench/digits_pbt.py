@@ -146,7 +146,12 @@ def main():
             with tempfile.TemporaryDirectory(prefix="gts-digits-pbt-") as folder:
                 argv = [sys.executable, __file__, "--slots", str(args.slots), "--passes", str(args.passes)]
                 if tool.endswith("+ctrl-c"):  # Ctrl-C a third of the way in, then the same command again
-                    first = subprocess.Popen([*argv, "--one", "gts-pbt", folder], env=env, stdout=subprocess.DEVNULL)
+                    first = subprocess.Popen(
+                        [*argv, "--one", "gts-pbt", folder],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
                     try:
                         first.wait(timeout=args.ctrl_c_after)
                     except subprocess.TimeoutExpired:

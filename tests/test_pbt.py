@@ -456,3 +456,35 @@ def test_a_copy_made_again_at_the_same_step_is_listed_once_with_how_often():
     again = Segment(8.0, {"lr": 2.0}, "lr-1.0,", {"lr": "x2"})
     other = Segment(12.0, {"lr": 1.0}, "lr-0.5,", {"lr": "x0.5"})
     assert copies_text([again, again, other]) == "lr-1.0, at 8 (lr x2) twice; lr-0.5, at 12 (lr x0.5)"
+
+
+def test_a_report_looks_at_a_bounded_number_of_intervals_however_many_there_were():
+    """Each report once scanned every interval recorded (8 members x 4,000 intervals: 10 s in the
+    loop, again at every start's replay); it looks down from the latest instead."""
+
+    class Counted(dict):
+        looked = 0
+
+        def __getitem__(self, key):
+            Counted.looked += 1
+            return super().__getitem__(key)
+
+        def items(self):
+            for item in super().items():
+                Counted.looked += 1
+                yield item
+
+    pbt = Pbt(parse_pbt({**PBT, "interval": 1, "max_step": 3000}))
+    pbt._at = Counted()
+    for number in range(8):
+        pbt.began(f"m{number}", 0, {"lr": 1.0 + number})
+    for step in range(1, 2000):
+        for number in range(8):
+            name = f"m{number}"
+            if pbt.paused.get(name) is not None:
+                pbt.resumed(name)
+            if tell(pbt, name, step, (number + 1) / step) == EXPLOIT:
+                pbt.resumed(name)
+        if step == 1990:
+            Counted.looked = 0
+    assert Counted.looked < 8 * 10 * 20  # the last 10 intervals' reports: a few tables each, not 2,000

@@ -742,7 +742,7 @@ def test_gts_retry_refuses_a_paused_run_with_the_reason_and_force_trains_it_from
     assert "is paused (paused at rung" in said.err and "has not promoted it" in said.err
     assert "running" not in said.out
     assert gts(["retry", str(root), paused[0], "--force", "--task", "gts_test_tasks:ResumingCurveTask"]) == 0
-    assert f"running 1 run(s) again from step 0 (--force: their checkpoints are set aside): {paused[0]}" in (
+    assert f"running 1 run(s) again: {paused[0]} (--force: from step 0, their checkpoints set aside)" in (
         capsys.readouterr().out
     )
     assert ledger_rows(root)[paused[0]]["status"] in ("succeeded", "paused")
@@ -784,6 +784,6 @@ def test_on_cpu_slots_a_sweep_says_what_its_runs_cost_in_slot_hours_across_their
     assert overview(str(root))["slot_seconds"] > 0
     capsys.readouterr()
     assert gts(["status", str(root)]) == 0
-    assert "slot-hours (no GPU measured" in capsys.readouterr().out
+    assert "slot-hours (no GPU measured)" in capsys.readouterr().out
     assert gts(["results", str(root), "--gpu-hours-to", "loss<=10"]) == 0
     assert "slot-hours" in capsys.readouterr().out

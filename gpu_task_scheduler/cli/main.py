@@ -651,8 +651,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
             f"another scheduler is already running on {args.root!r} ({holder}); wait for it to finish or stop it first"
         )
     shown = ", ".join(sorted(in_sweep)[:10]) + (" ..." if len(in_sweep) > 10 else "")
-    fresh = " from step 0 (--force: their checkpoints are set aside)" if args.force else ""
-    print(f"running {len(in_sweep)} run(s) again{fresh}: {shown}")
+    fresh = " (--force: from step 0, their checkpoints set aside)" if args.force else ""
+    print(f"running {len(in_sweep)} run(s) again: {shown}{fresh}")
     code = _run_sweep(sweep, make_task, plain=args.plain)
     return code if code != EXIT_OK or not missing else EXIT_FAILED
 

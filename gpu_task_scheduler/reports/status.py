@@ -294,10 +294,7 @@ def format_status(
         energy = f", {report['energy'] / 3.6e6:.4g} kWh" if report.get("energy") else ""
         lines.append(f"  spent: {report['gpu_seconds'] / 3600:.4g} GPU-hours{energy}")
     elif report.get("slot_seconds"):
-        lines.append(
-            f"  spent: {report['slot_seconds'] / 3600:.4g} slot-hours (no GPU measured: the time the runs held "
-            "their slots, every attempt)"
-        )
+        lines.append(f"  spent: {report['slot_seconds'] / 3600:.4g} slot-hours (no GPU measured)")
     for name, note in report.get("notes", {}).items():
         lines.append(f"  note: {note}" if name in note else f"  note on {name}: {note}")
     if counts.get(STALE):

@@ -66,6 +66,7 @@ class Pauses:
         result root (population-based training copies checkpoints between its runs' folders)."""
         self._ledger, self._root, self._read_only = ledger, root, read_only
         self._copying: _Copying | None = None  # a top member's snapshot being copied (population-based training)
+        self._ends_after_copy: list[str] = []  # members that ended meanwhile: told once its decision is recorded
         rules = {stage: rule for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)}
         population = sweep.search.n_runs if sweep.search is not None else sweep.size
         self._rules = rules
@@ -377,6 +378,9 @@ class Pauses:
             except OSError as error:
                 logger.warning("%s: could not remove its older snapshots (%s)", name, error)
         self._record_rung(spec, copying.rung, copying.step, copying.value, decision, detail)
+        ends, self._ends_after_copy = self._ends_after_copy, []
+        for ended in ends:
+            self.ended(ended)
         return spec, copying.rung, copying.step, decision, copying.original
 
     def pause_cause(self, name: str, rung: float, value: float | list[float]) -> str:
@@ -461,8 +465,13 @@ class Pauses:
             self._specs[spec.name] = spec
 
     def ended(self, name: str) -> None:
-        """``name`` ended for good (succeeded, failed, stopped, blocked): it waits for nothing."""
+        """``name`` ended for good (succeeded, failed, stopped, blocked): it waits for nothing.
+        While another member's snapshot is copied, its end is told after that member's decision
+        is recorded: the method then sees them in the order a replay of the ledger will."""
         if name not in self._stage_of or name in self._ended:
+            return
+        if self._copying is not None and self._copying.spec.name != name:
+            self._ends_after_copy.append(name)
             return
         stage = self._stage_of[name]
         self._methods[stage].ended(name)

@@ -259,7 +259,9 @@ def test_averages_read_by_sqlite_equal_the_plain_python_ones_whatever_the_result
         assert mine["runs"] == row["runs"]
         assert {k for k in mine if k.endswith(".count")} == {k for k in row if k.endswith(".count")}
         for column, value in row.items():
-            if column.endswith((".mean", ".std")):
+            if column.endswith((".mean", ".std")) and value is None:  # one member: no std (approx(None) is
+                assert mine[column] is None, column  # a TypeError from pytest 9.2 on)
+            elif column.endswith((".mean", ".std")):
                 assert mine[column] == pytest.approx(value, rel=1e-12), column
             elif column.endswith(".count"):
                 assert mine[column] == value

@@ -57,6 +57,20 @@ class _Copying(NamedTuple):
     cancel: threading.Event  # set: the copy is given up (it stops between files, leaving nothing)
 
 
+def _say_left_out(what: str, skipped: list[str]) -> None:
+    """Warn of the entries a checkpoint copy left out (records/checkpoints.py), if any."""
+    if skipped:
+        count = len(skipped)
+        logger.warning(
+            "%s leaves out %d entr%s that %s not a file, a folder or a link: %s",
+            what,
+            count,
+            "y" if count == 1 else "ies",
+            "is" if count == 1 else "are",
+            ", ".join(skipped[:5]),
+        )
+
+
 class Pauses:
     def __init__(
         self, sweep: Sweep, ledger: Ledger, *, afresh: bool = False, read_only: bool = False, root: str = ""
@@ -309,7 +323,6 @@ class Pauses:
         whole (:meth:`settle`), so that a recorded snapshot is always whole."""
         paths = RunPaths(spec.work_dir, None)
         found: dict[str, Any] = {}
-
         cancel = threading.Event()
 
         def copy() -> None:
@@ -353,26 +366,17 @@ class Pauses:
         paths = RunPaths(spec.work_dir, None)
         copied = None if copying.cancel.is_set() else copying.found.get("copied")
         if copied is None:
+            why = "it ended first" if copying.cancel.is_set() else copying.found.get("error")
             logger.warning(
                 "%s: could not keep a snapshot of its checkpoint at step %g (%s): no member copies it there",
                 name,
                 copying.step,
-                copying.found.get("error"),
+                why,
             )
             decision = copying.method.unsaved(name, decision)
             detail["unsaved"] = True
         else:
-            if copied.skipped:
-                count = len(copied.skipped)
-                logger.warning(
-                    "%s: its snapshot of step %g leaves out %d entr%s that %s not a file, a folder or a link: %s",
-                    name,
-                    copying.step,
-                    count,
-                    "y" if count == 1 else "ies",
-                    "is" if count == 1 else "are",
-                    ", ".join(copied.skipped[:5]),
-                )
+            _say_left_out(f"{name}: its snapshot of step {copying.step:g}", copied.skipped)
             try:
                 checkpoints.collect(paths, copying.method.needed_snapshots(name))
             except OSError as error:
@@ -448,15 +452,7 @@ class Pauses:
                 error,
             )
             return None
-        if copied.skipped:
-            logger.warning(
-                "%s: %d entr%s of %s's snapshot not copied (not a file, a folder or a link): %s",
-                spec.name,
-                len(copied.skipped),
-                "y" if len(copied.skipped) == 1 else "ies",
-                exploit.donor,
-                ", ".join(copied.skipped[:5]),
-            )
+        _say_left_out(f"{spec.name}: its copy of {exploit.donor}'s snapshot", copied.skipped)
         return exploit.step
 
     def paused(self, spec: RunSpec) -> None:

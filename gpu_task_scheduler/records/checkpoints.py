@@ -344,39 +344,39 @@ def collect(paths: RunPaths, keep: set[float]) -> None:
 def set_aside(paths: RunPaths, attempt: int, keep: int) -> None:
     """Set the checkpoint folder aside as ``.gts/logs/attempt-<attempt>-checkpoint`` (an attempt
     that starts afresh finds it empty), and remove all but the ``keep`` newest set aside before."""
-    prefix, suffix = "attempt-", "-checkpoint"
     with _walk(paths) as meta:
         with contextlib.suppress(FileExistsError):
             os.mkdir(os.path.basename(paths.old_logs), 0o755, dir_fd=meta)
         logs = _open_dir(os.path.basename(paths.old_logs), meta, paths.old_logs)
         try:
-            name = f"{prefix}{attempt}{suffix}"
+            name = os.path.basename(paths.old_checkpoint(attempt))
             _remove(name, logs)
             os.rename(CHECKPOINT, name, src_dir_fd=meta, dst_dir_fd=logs)
-            sweep_set_aside(logs, keep)
+            _keep_newest(paths, logs, keep)
         finally:
             os.close(logs)
-
-
-def sweep_set_aside(logs: int, keep: int) -> list[str]:
-    """Remove all but the ``keep`` newest (by attempt) checkpoints set aside in the folder ``logs``:
-    the names removed."""
-    found = []
-    with os.scandir(logs) as entries:
-        for entry in entries:
-            middle = entry.name[len("attempt-") : -len("-checkpoint")]
-            if entry.name.startswith("attempt-") and entry.name.endswith("-checkpoint") and middle.isdigit():
-                found.append((int(middle), entry.name))
-    removed = [name for _, name in sorted(found, reverse=True)[keep:]]
-    for name in removed:
-        _remove(name, logs)
-    return removed
 
 
 def clean_set_aside(paths: RunPaths, keep: int = 0) -> list[str]:
     """Remove the run's checkpoints set aside by fresh attempts, but the ``keep`` newest: the names removed."""
     try:
         with _walk(paths, os.path.basename(paths.old_logs)) as logs:
-            return sweep_set_aside(logs, keep)
+            return _keep_newest(paths, logs, keep)
     except FileNotFoundError:
         return []
+
+
+def _keep_newest(paths: RunPaths, logs: int, keep: int) -> list[str]:
+    """Remove all but the ``keep`` newest (by attempt) checkpoints set aside in the folder ``logs``
+    (named as ``paths.old_checkpoint`` names them): the names removed."""
+    prefix, _, suffix = os.path.basename(paths.old_checkpoint(0)).partition("0")
+    found = []
+    with os.scandir(logs) as entries:
+        for entry in entries:
+            middle = entry.name[len(prefix) : len(entry.name) - len(suffix)]
+            if entry.name.startswith(prefix) and entry.name.endswith(suffix) and middle.isdigit():
+                found.append((int(middle), entry.name))
+    removed = [name for _, name in sorted(found, reverse=True)[keep:]]
+    for name in removed:
+        _remove(name, logs)
+    return removed

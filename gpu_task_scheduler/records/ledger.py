@@ -504,7 +504,7 @@ class Ledger:
     _batches = 0  # open batch() blocks
     _pending = False  # a transaction is open with writes not yet committed
 
-    def _write(self, sql: str, params: tuple) -> None:
+    def _write(self, sql: str, params: tuple[Any, ...] | Mapping[str, Any]) -> None:
         try:
             if not self._pending:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -1350,42 +1350,43 @@ class Ledger:
         if result is not None and len(result) > MAX_INLINE_RESULT:  # never let one run's result wedge the root
             cause = (cause or "") + f"result of {len(result):,} bytes not kept in the ledger"
             result = None
-        end = self._clock() if ended_at is None else ended_at
         # The attempt that ends (one recorded running): its time on its slot is added up, and its
         # span kept (the latest MAX_SPANS), so that a run's duration and timeline cover its attempts.
-        if "spans" in self._columns():
-            self._write(
-                f"""UPDATE runs SET
-                   slot_seconds = COALESCE({self._number("slot_seconds")}, 0) + max(0, ? - started_at),
-                   spans = json_insert(
-                       CASE WHEN json_valid(spans) AND json_type(spans) = 'array'
-                           AND json_array_length(spans) < {MAX_SPANS} THEN spans
-                       WHEN json_valid(spans) AND json_type(spans) = 'array' THEN json_remove(spans, '$[0]')
-                       ELSE '[]' END,
-                       '$[#]', json_array(COALESCE(slot, '?'), started_at, ?))
-                   WHERE name = ? AND status = 'running' AND typeof(started_at) IN ('integer', 'real')""",
-                (end, end, name),
-            )
+        # One statement: SQLite reads every column of the row as it was before the UPDATE.
+        ends = "status = 'running' AND typeof(started_at) IN ('integer', 'real')"
+        spans = f"""CASE WHEN json_valid(spans) AND json_type(spans) = 'array'
+                       AND json_array_length(spans) < {MAX_SPANS} THEN spans
+                   WHEN json_valid(spans) AND json_type(spans) = 'array' THEN json_remove(spans, '$[0]')
+                   ELSE '[]' END"""
+        attempt = (
+            f""", slot_seconds = CASE WHEN {ends}
+                 THEN COALESCE({self._number("slot_seconds")}, 0) + max(0, :end - started_at) ELSE slot_seconds END,
+               spans = CASE WHEN {ends}
+                 THEN json_insert({spans}, '$[#]', json_array(COALESCE(slot, '?'), started_at, :end)) ELSE spans END"""
+            if "spans" in self._columns()
+            else ""
+        )
         self._write(
-            """UPDATE runs SET status = ?, ended_at = ?, exit_code = ?, signal = ?, cause = ?,
-               log_tail = ?, result = ?, gpu_memory_peak = ?, pid = COALESCE(?, pid), result_file = ?,
-               gpu_leftover = ?, metrics = COALESCE(?, metrics)
-               WHERE name = ?""",
-            (
-                status.value,
-                end,
-                exit_code,
-                signal,
-                None if cause is None else cause[:MAX_TEXT],
-                None if log_tail is None else log_tail[-MAX_TEXT:],
-                result,
-                gpu_memory_peak,
-                pid,
-                result_file,
-                None if gpu_leftover is None else gpu_leftover[:MAX_TEXT],
-                None if metrics is None else metrics[:MAX_TEXT],
-                name,
-            ),
+            f"""UPDATE runs SET status = :status, ended_at = :end, exit_code = :exit_code, signal = :signal,
+               cause = :cause, log_tail = :log_tail, result = :result, gpu_memory_peak = :peak,
+               pid = COALESCE(:pid, pid), result_file = :result_file, gpu_leftover = :leftover,
+               metrics = COALESCE(:metrics, metrics){attempt}
+               WHERE name = :name""",
+            {
+                "status": status.value,
+                "end": self._clock() if ended_at is None else ended_at,
+                "exit_code": exit_code,
+                "signal": signal,
+                "cause": None if cause is None else cause[:MAX_TEXT],
+                "log_tail": None if log_tail is None else log_tail[-MAX_TEXT:],
+                "result": result,
+                "peak": gpu_memory_peak,
+                "pid": pid,
+                "result_file": result_file,
+                "leftover": None if gpu_leftover is None else gpu_leftover[:MAX_TEXT],
+                "metrics": None if metrics is None else metrics[:MAX_TEXT],
+                "name": name,
+            },
         )
 
     def adopt(

@@ -9,7 +9,6 @@ key (``result.loss``); any other value is the ``result`` column.
 from __future__ import annotations
 
 import csv
-import html
 import io
 import json
 import math
@@ -25,6 +24,7 @@ from .records.ledger import Ledger, RunRecord, RunStatus
 from .records.metrics import run_points
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 from .records.provenance import short
+from .textcells import latex_text, markdown_text
 from .tuning.pareto import dominates as dominates  # a run dominates another: the Pareto front's test
 from .tuning.pareto import fronts
 
@@ -675,34 +675,7 @@ def format_table(table: Sequence[dict[str, Any]], names: list[str] | None = None
 
 # --- paper-ready tables ------------------------------------------------------------------
 
-_LATEX_SPECIAL = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-}
-_LATEX_PATTERN = re.compile("|".join(re.escape(key) for key in _LATEX_SPECIAL))
 _HIDDEN = (".std", ".ci95", ".count")  # shown in their mean's cell, or not at all
-
-
-# What Markdown would read as markup in a table's cell: a backslash (``\|`` would end the cell),
-# the cell's bar, emphasis, code and links; and raw HTML, whose < > & become entities.
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|])")
-
-
-def markdown_text(value: str) -> str:
-    r"""``value`` as plain text in a Markdown table's cell.
-
-    >>> print(markdown_text(r"a\|b <i>x</i> *c*"))
-    a\\\|b &lt;i&gt;x&lt;/i&gt; \*c\*
-    """
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(value, quote=False))
 
 
 class PaperColumn:
@@ -761,7 +734,7 @@ def format_paper(
     def text(value: str) -> str:
         value = escape_controls(value) if escape else value
         value = " ".join(value.splitlines())  # a row is one line
-        return _LATEX_PATTERN.sub(lambda m: _LATEX_SPECIAL[m.group()], value) if latex else markdown_text(value)
+        return latex_text(value) if latex else markdown_text(value)
 
     def cell(row: dict[str, Any], column: PaperColumn) -> str:
         value = row.get(column.key)

@@ -1,0 +1,141 @@
+"""The run's side of the protocol, shared by every framework callback: what to report, where to
+save, what to resume from, and what the run is told.
+
+A callback saves its framework's checkpoint under :func:`checkpoint_path` (by a rename, so that a
+kill leaves the old checkpoint or the new one, never half of one), then calls
+:meth:`RunSide.report`, which says whether training goes on. A paused or pruned run ends its
+training loop cleanly: ``main()`` returns (or the command exits) and the scheduler records it
+``paused`` or ``pruned``, never ``failed``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from .. import reporting
+
+
+def in_sweep() -> bool:
+    """Whether this process is a run of a sweep (the scheduler set ``GTS_METRICS_FILE``)."""
+    return bool(os.environ.get(reporting.METRICS_ENV))
+
+
+def checkpoint_dir() -> str | None:
+    """The run's checkpoint folder (``GTS_CHECKPOINT_DIR``), created if missing; None outside a sweep."""
+    folder = os.environ.get(reporting.CHECKPOINT_ENV)
+    if not folder or not in_sweep():
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def checkpoint_path(name: str) -> str | None:
+    """Where a framework's checkpoint named ``name`` lives in the run's checkpoint folder."""
+    folder = checkpoint_dir()
+    return None if folder is None else os.path.join(folder, name)
+
+
+def resume_step() -> float | None:
+    """The step this attempt goes on from (``GTS_RESUME_STEP``), or None on a fresh start."""
+    step = reporting._resume_step()
+    return step if in_sweep() and step >= 0 else None
+
+
+def say(message: str) -> None:
+    """One line in the run's log (its stderr), whatever logging the framework set up."""
+    print(f"gpu_task_scheduler: {message}", file=sys.stderr, flush=True)
+
+
+def numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics ``report()`` takes: finite scalars, from floats, ints, NumPy scalars and one-element
+    tensors (``float()`` reads each); strings, lists, booleans and NaNs are left out."""
+    found: dict[str, float] = {}
+    for name, value in metrics.items():
+        if isinstance(value, (bool, str, bytes)) or value is None:
+            continue
+        size = getattr(value, "numel", None) or getattr(value, "size", None)
+        if size is not None and not isinstance(value, (int, float)):
+            count = size() if callable(size) else size
+            if count != 1:
+                continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            found[str(name)] = number
+    return found
+
+
+class RunSide:
+    """One run's protocol state for a framework callback.
+
+    ``framework`` names it in the log; ``resume_hint`` tells a user who forgot the resume call
+    what to write."""
+
+    def __init__(self, framework: str, resume_hint: str) -> None:
+        self.framework, self.resume_hint = framework, resume_hint
+        self.active = in_sweep()
+        self.stopped: str | None = None  # "paused" or "pruned", once report() said so
+        self.cause: str | None = None
+        self._last = -math.inf
+
+    def check_resumed(self, resumed: bool) -> None:
+        """Say so in the run's log when the scheduler gave a step to go on from and the framework
+        was not given the checkpoint: the run then trains again from scratch."""
+        step = resume_step()
+        if step is None or resumed:
+            return
+        say(
+            f"this attempt should go on from step {step:g} (GTS_RESUME_STEP) but {self.framework} was not "
+            f"given the run's checkpoint, so it trains again from the start: {self.resume_hint}"
+        )
+
+    def report(self, step: float, metrics: Mapping[str, Any]) -> bool:
+        """Report ``metrics`` at ``step`` (after saving its checkpoint): True to train on, False when the
+        scheduler paused or stopped the run (its cause is in :attr:`cause`, and in the run's log)."""
+        if not self.active or self.stopped is not None:
+            return self.stopped is None
+        found = numbers(metrics)
+        if not found or step <= self._last:  # nothing to report, or a step reported already
+            return True
+        self._last = step
+        try:
+            reporting.report(int(step) if float(step).is_integer() else step, **found)
+        except reporting.Paused as told:
+            self.stopped, self.cause = "paused", str(told)
+        except reporting.Pruned as told:
+            self.stopped, self.cause = "pruned", str(told)
+        else:
+            return True
+        say(f"{self.stopped}: {self.cause}; {self.framework} ends its training here")
+        return False
+
+
+def saved(path: str) -> str:
+    """Where to write the checkpoint that :func:`commit` puts at ``path``: beside it, with the same
+    ending (frameworks choose the format by it), so that a kill leaves the old one or the new one."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, ".new-" + name)
+
+
+def commit(path: str) -> None:
+    """Put the checkpoint written whole at ``saved(path)`` in place of ``path``."""
+    os.replace(saved(path), path)
+
+
+def resumable(name: str) -> str | None:
+    """The checkpoint ``name`` to resume from: its path when the scheduler gave a step to go on from
+    and the file is there; None on a fresh start (said in the log when a checkpoint was expected)."""
+    path = checkpoint_path(name)
+    step = resume_step()
+    if path is None or step is None:
+        return None
+    if os.path.exists(path):
+        return path
+    say(f"this attempt should go on from step {step:g} but there is no checkpoint {path}: it starts afresh")
+    return None

@@ -1,0 +1,70 @@
+"""The Lightning callback's hooks, for either import path (``lightning.pytorch`` or
+``pytorch_lightning``): ``integrations/lightning.py`` and ``integrations/pytorch_lightning.py``
+give them the base class of the Lightning the script imports, whose ``Trainer`` checks it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import RunSide, checkpoint_path, commit, resumable, saved
+
+CHECKPOINT = "lightning.ckpt"
+UNITS = ("epoch", "step")
+HINT = "pass ckpt_path=resume_from() to trainer.fit() (from gpu_task_scheduler.integrations.lightning)"
+
+
+def resume_from() -> str | None:
+    """For ``trainer.fit(model, ckpt_path=resume_from())``: the run's checkpoint when this attempt
+    goes on from one (a paused run promoted, an interrupted one resumed), else None (a fresh start)."""
+    return resumable(CHECKPOINT)
+
+
+class LightningHooks:
+    """Report the logged metrics at each epoch's end, after saving the trainer's checkpoint into the
+    run's checkpoint folder; end ``fit()`` cleanly when the run is paused or pruned.
+
+    ``unit``: what a step is, ``"epoch"`` (epochs done, counted from 1, reported at each epoch's
+    end, after its validation) or ``"step"`` (the trainer's ``global_step``, reported at each
+    validation's end: for validation every N batches). Under DDP
+    rank 0 saves and reports, and every rank stops together."""
+
+    def __init__(self, unit: str = "epoch") -> None:
+        super().__init__()
+        if unit not in UNITS:
+            raise ValueError(f"GTSCallback(unit={unit!r}): give one of {', '.join(map(repr, UNITS))}")
+        self.unit = unit
+        self.run = RunSide("Lightning", HINT)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            self.run.check_resumed(trainer.ckpt_path is not None)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        # Callbacks hear this before the module's own hook: the epoch's training metrics and its
+        # validation's (run before it) are both in trainer.callback_metrics.
+        if self.unit == "epoch":
+            self._save_and_report(trainer, trainer.current_epoch + 1)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.unit == "step" and not trainer.sanity_checking:
+            self._save_and_report(trainer, trainer.global_step)
+
+    def _save_and_report(self, trainer: Any, step: int) -> None:
+        path = checkpoint_path(CHECKPOINT)
+        if path is None or self.run.stopped is not None:
+            return
+        trainer.save_checkpoint(saved(path))  # every rank takes part; rank 0 writes
+        # Every rank reads the metrics: those logged with sync_dist are reduced across ranks then.
+        metrics = dict(trainer.callback_metrics)
+        go_on = True
+        if trainer.is_global_zero:
+            commit(path)
+            go_on = self.run.report(step, metrics)
+        if not trainer.strategy.broadcast(go_on, src=0):
+            trainer.should_stop = True
+            self.run.stopped = self.run.stopped or "stopped"
+
+    @property
+    def stopped(self) -> str | None:
+        """``"paused"`` or ``"pruned"`` once the scheduler ended this run's training (rank 0)."""
+        return self.run.stopped

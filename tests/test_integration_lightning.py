@@ -1,0 +1,76 @@
+"""The Lightning callback, against real Lightning on the CPU: a pause and a resume give the
+uninterrupted run's numbers, no epoch is trained twice, a pruned fit ends cleanly, and a forgotten
+resume call is said in the log."""
+
+import logging
+import os
+import sys
+
+import pytest
+
+lightning = pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
+
+from gpu_task_scheduler import reporting  # noqa: E402
+from gpu_task_scheduler.integrations.lightning import GTSCallback, resume_from  # noqa: E402
+
+from run_side import RunSide  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples.integrations import lightning as example  # noqa: E402
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    return RunSide(tmp_path, monkeypatch)
+
+
+def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(run):
+    whole = example.train(0.1, 8, 6)  # by hand: the callback does nothing
+    assert whole["epochs"] == 6 and not os.path.exists(run.metrics(1))
+    run.attempt_at(pause_at=2)
+    first = example.train(0.1, 8, 6)
+    assert first["epochs"] == 2 and run.steps() == [1, 2]
+    assert reporting.paused_cause() == "paused at rung 2"
+    run.attempt_at(resume=2)
+    second = example.train(0.1, 8, 6)
+    assert run.steps() == [3, 4, 5, 6]  # each epoch trained (and reported) once
+    assert second["val_loss"] == pytest.approx(whole["val_loss"], rel=1e-6)
+    assert {"val_loss", "train_loss"} <= set(run.lines()[-1])
+
+
+def test_a_pruned_fit_ends_cleanly(run):
+    run.attempt_at(prune_at=1)
+    result = example.train(0.1, 8, 6)
+    assert result["epochs"] == 1 and run.steps() == [1]
+    assert reporting.pruned_cause() == "pruned at step 1"
+
+
+def test_a_forgotten_resume_call_is_said_in_the_log(run, capfd):
+    run.attempt_at(pause_at=1)
+    example.train(0.1, 8, 3)
+    run.attempt_at(resume=1)
+    assert resume_from() == os.path.join(run.folder, "checkpoint", "lightning.ckpt")
+    trainer = lightning.Trainer(
+        max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, callbacks=[GTSCallback()]
+    )
+    trainer.fit(example.Regressor(0.1, 8), *example.loaders())  # no ckpt_path
+    said = capfd.readouterr().err
+    assert "was not given the run's checkpoint, so it trains again from the start" in said
+    assert "pass ckpt_path=resume_from() to trainer.fit()" in said
+
+
+def test_a_step_unit_reports_the_global_step_at_each_validation(run):
+    run.attempt_at()
+    trainer = lightning.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        val_check_interval=4,
+        callbacks=[GTSCallback(unit="step")],
+    )
+    trainer.fit(example.Regressor(0.1, 8), *example.loaders())
+    assert run.steps() == [4, 8, 12, 16]
+    with pytest.raises(ValueError, match="GTSCallback\\(unit='batch'\\)"):
+        GTSCallback(unit="batch")

@@ -1,0 +1,101 @@
+"""Each framework's example sweep (examples/integrations/<framework>.yaml) run by ``gts run``, for
+real, on the CPU: 8 configurations under promotion ASHA run to the end, train at most half the
+grid's steps, keep the configuration the whole grid finds best (with the numbers the whole grid
+gives it, though it was paused and resumed), report no step twice, and a second ``gts run``
+trains nothing. Lightning's also runs as a DDP command (2 processes, gloo), paused and resumed."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from helpers import ledger_rows
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+# The framework each example needs, and the metric its sweep ranks by.
+FRAMEWORKS = {"lightning": "lightning"}
+
+
+def gts(*args, cwd=REPO):
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def reported(run_dir):
+    """Every step the run reported, over all its attempts, in order."""
+    files = sorted(glob.glob(os.path.join(run_dir, ".gts", "logs", "attempt-*-metrics.jsonl")))
+    files.append(os.path.join(run_dir, ".gts", "metrics.jsonl"))
+    lines = []
+    for path in files:
+        if os.path.exists(path):
+            with open(path) as handle:
+                lines += [json.loads(line) for line in handle]
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+def test_the_example_sweep_under_promotion_asha(name, tmp_path):
+    pytest.importorskip(FRAMEWORKS[name], reason="the integrations extra: pip install -e '.[integrations]'")
+    example = __import__(f"examples.integrations.{name}", fromlist=["train"])
+    config_file = os.path.join("examples", "integrations", f"{name}.yaml")
+    with open(os.path.join(REPO, config_file)) as handle:
+        config = yaml.safe_load(handle)
+    rule = config["early_stop"]
+    assert rule["method"] == "asha" and rule["promotion"] is True
+    root = str(tmp_path / "root")
+    gts("run", config_file, f"scheduler_config.result_root_folder={root}", "--plain")
+    rows = ledger_rows(root)
+    assert len(rows) >= 8 and {row["status"] for row in rows.values()} <= {"succeeded", "paused"}
+    steps = {run: [line["step"] for line in reported(row["work_dir"])] for run, row in rows.items()}
+    assert all(len(s) == len(set(s)) and s == sorted(s) for s in steps.values()), steps  # no step trained twice
+    assert sum(map(len, steps.values())) <= len(rows) * rule["max_step"] / 2
+    # The whole grid, trained by hand (where the callback does nothing): its best is the one kept.
+    whole = {
+        run: example.train(**{**config.get("global_config", {}), **json.loads(row["params"])})[rule["metric"]]
+        for run, row in rows.items()
+    }
+    best = min(whole, key=whole.get) if rule["mode"] == "min" else max(whole, key=whole.get)
+    assert rows[best]["status"] == "succeeded" and rows[best]["attempts"] >= 2  # paused, then promoted
+    kept = reported(rows[best]["work_dir"])[-1]
+    assert kept["step"] == rule["max_step"] and kept[rule["metric"]] == pytest.approx(whole[best], rel=1e-5)
+    attempts = {run: row["attempts"] for run, row in rows.items()}
+    again = gts("run", config_file, f"scheduler_config.result_root_folder={root}", "--plain")
+    assert "0 succeeded, 0 failed" in again and {run: r["attempts"] for run, r in ledger_rows(root).items()} == attempts
+
+
+def test_a_lightning_ddp_command_is_paused_and_resumed(tmp_path):
+    pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
+    root, by_hand = tmp_path / "root", tmp_path / "by-hand"
+    script = os.path.join(REPO, "examples", "integrations", "lightning.py")
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root)},
+        "command": [sys.executable, script, "--lr", "{lr}", "--width", "8", "--epochs", "4"]
+        + ["--devices", "2", "--out", "{work_dir}"],
+        "test_config": [{"lr": [0.1, 0.003]}],
+        "early_stop": {"method": "asha", "promotion": True, "metric": "val_loss", "mode": "min"}
+        | {"min_step": 2, "max_step": 4, "reduction_factor": 2},
+    }
+    with open(tmp_path / "ddp.yaml", "w") as handle:
+        yaml.safe_dump(config, handle)
+    gts("run", str(tmp_path / "ddp.yaml"), "--plain")
+    rows = ledger_rows(root)
+    resumed = [row for row in rows.values() if row["status"] == "succeeded"]
+    assert len(resumed) == 1 and resumed[0]["attempts"] == 2
+    assert [line["step"] for line in reported(resumed[0]["work_dir"])] == [1, 2, 3, 4]
+    os.mkdir(by_hand)
+    subprocess.run(
+        [sys.executable, script, "--lr", "0.1", "--width", "8", "--epochs", "4", "--devices", "2"]
+        + ["--out", str(by_hand)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    with open(by_hand / "result.json") as handle, open(os.path.join(resumed[0]["work_dir"], "result.json")) as kept:
+        assert json.load(kept)["val_loss"] == pytest.approx(json.load(handle)["val_loss"], rel=1e-5)

@@ -17,7 +17,7 @@ from helpers import ledger_rows
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The framework each example needs, and the metric its sweep ranks by.
-FRAMEWORKS = {"lightning": "lightning"}
+FRAMEWORKS = {"lightning": "lightning", "xgboost": "xgboost", "lightgbm": "lightgbm"}
 
 
 def gts(*args, cwd=REPO):

@@ -14,10 +14,11 @@ import pytest
 import yaml
 from helpers import ledger_rows
 
+os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras 3 on PyTorch, where TensorFlow is not installed
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The framework each example needs, and the metric its sweep ranks by.
-FRAMEWORKS = {"lightning": "lightning", "xgboost": "xgboost", "lightgbm": "lightgbm"}
+FRAMEWORKS = {"lightning": "lightning", "xgboost": "xgboost", "lightgbm": "lightgbm", "keras": "keras"}
 
 
 def gts(*args, cwd=REPO):

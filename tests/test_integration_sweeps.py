@@ -5,6 +5,7 @@ gives it, though it was paused and resumed), report no step twice, and a second 
 trains nothing. Lightning's also runs as a DDP command (2 processes, gloo), paused and resumed."""
 
 import glob
+import inspect
 import json
 import os
 import subprocess
@@ -18,7 +19,13 @@ os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras 3 on PyTorch, where Ten
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The framework each example needs, and the metric its sweep ranks by.
-FRAMEWORKS = {"lightning": "lightning", "xgboost": "xgboost", "lightgbm": "lightgbm", "keras": "keras"}
+FRAMEWORKS = {
+    "lightning": "lightning",
+    "xgboost": "xgboost",
+    "lightgbm": "lightgbm",
+    "keras": "keras",
+    "transformers": "accelerate",
+}
 
 
 def gts(*args, cwd=REPO):
@@ -58,8 +65,9 @@ def test_the_example_sweep_under_promotion_asha(name, tmp_path):
     assert all(len(s) == len(set(s)) and s == sorted(s) for s in steps.values()), steps  # no step trained twice
     assert sum(map(len, steps.values())) <= len(rows) * rule["max_step"] / 2
     # The whole grid, trained by hand (where the callback does nothing): its best is the one kept.
+    by_hand = {"out": str(tmp_path / "by-hand")} if "out" in inspect.signature(example.train).parameters else {}
     whole = {
-        run: example.train(**{**config.get("global_config", {}), **json.loads(row["params"])})[rule["metric"]]
+        run: example.train(**config.get("global_config", {}), **json.loads(row["params"]), **by_hand)[rule["metric"]]
         for run, row in rows.items()
     }
     best = min(whole, key=whole.get) if rule["mode"] == "min" else max(whole, key=whole.get)

@@ -1,0 +1,96 @@
+"""The Hugging Face ``Trainer``: one callback, and the checkpoint to resume from.
+
+::
+
+    from gpu_task_scheduler.integrations.transformers import GTSCallback, resume_from
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=valid, callbacks=[GTSCallback()])
+    trainer.train(resume_from_checkpoint=resume_from())
+
+At each evaluation the callback has the Trainer save a checkpoint (``control.should_save``), then
+reports the evaluation's metrics (``eval_loss``, ...) once it is saved: at the epoch with
+``eval_strategy="epoch"``, else at the global step. A paused or pruned run's training ends there
+(``control.should_training_stop``); the run is recorded ``paused`` or ``pruned``.
+
+In a sweep the Trainer's ``output_dir`` becomes the run's checkpoint folder (the log says so): that
+is where every checkpoint the run may resume from must be, and where population-based training
+copies one from. Outside a sweep it is left as it is. ``save_total_limit`` bounds what it holds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .common import RunSide, checkpoint_dir, resume_step, say
+
+__all__ = ["GTSCallback", "resume_from"]
+
+HINT = "pass resume_from_checkpoint=resume_from() to trainer.train() (from gpu_task_scheduler.integrations.transformers)"
+FOLDER = re.compile(r"checkpoint-(\d+)")
+STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint folder holding it is whole
+
+
+def resume_from() -> str | None:
+    """For ``trainer.train(resume_from_checkpoint=resume_from())``: the run's newest whole checkpoint
+    when this attempt goes on from one, else None (a fresh start)."""
+    folder, step = checkpoint_dir(), resume_step()
+    if folder is None or step is None:
+        return None
+    whole = {
+        int(match.group(1)): os.path.join(folder, name)
+        for name in os.listdir(folder)
+        if (match := FOLDER.fullmatch(name)) and os.path.isfile(os.path.join(folder, name, STATE))
+    }
+    if not whole:
+        say(f"this attempt should go on from step {step:g} but {folder} holds no whole Trainer checkpoint: it starts afresh")
+        return None
+    return whole[max(whole)]
+
+
+class GTSCallback(TrainerCallback):
+    """Save, then report, at each evaluation; stop training when the run is paused or pruned."""
+
+    def __init__(self) -> None:
+        self.run = RunSide("the Trainer", HINT)
+        self._pending: tuple[float, dict[str, Any]] | None = None
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = checkpoint_dir()
+        if folder is None:
+            return
+        if str(getattr(args, "save_strategy", "")).lower().endswith("best"):
+            raise ValueError(
+                'GTSCallback saves a checkpoint at each evaluation, before it reports it: save_strategy="best" '
+                "would skip those saves (use save_total_limit to bound what is kept)"
+            )
+        if os.path.abspath(args.output_dir) != os.path.abspath(folder):
+            say(f"the Trainer's output_dir is the run's checkpoint folder {folder} (instead of {args.output_dir})")
+            args.output_dir = folder
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self.run.check_resumed(state.global_step > 0)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        if checkpoint_dir() is None or self.run.stopped is not None:
+            return
+        by_epoch = str(getattr(args, "eval_strategy", "")).lower().endswith("epoch")
+        step = round(state.epoch) if by_epoch and state.epoch is not None else state.global_step
+        self._pending = (step, dict(metrics or {}))
+        control.should_save = True  # saved right after this evaluation; reported once saved (on_save)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None or not state.is_world_process_zero:
+            return
+        if not self.run.report(*pending):
+            control.should_training_stop = True
+
+    @property
+    def stopped(self) -> str | None:
+        """``"paused"`` or ``"pruned"`` once the scheduler ended this run's training."""
+        return self.run.stopped

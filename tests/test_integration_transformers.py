@@ -1,0 +1,65 @@
+"""The Hugging Face Trainer callback, against the real Trainer on the CPU with a tiny BERT built from
+its config: a pause and a resume give the uninterrupted run's numbers, no epoch is trained twice, a
+pruned run ends cleanly, the output folder is the run's checkpoint folder, a forgotten resume is
+said in the log, and save_strategy="best" is refused."""
+
+import os
+import sys
+
+import pytest
+from run_side import RunSide
+
+pytest.importorskip("transformers", reason="the integrations extra: pip install -e '.[integrations]'")
+pytest.importorskip("accelerate", reason="the integrations extra: pip install -e '.[integrations]'")
+
+from gpu_task_scheduler import reporting  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples.integrations import transformers as example  # noqa: E402
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    return RunSide(tmp_path, monkeypatch)
+
+
+def test_a_paused_and_resumed_training_gives_the_uninterrupted_numbers(run, tmp_path):
+    whole = example.train(3e-3, 16, 5, str(tmp_path / "by-hand"))
+    run.attempt_at(pause_at=2)
+    first = example.train(3e-3, 16, 5, str(tmp_path / "out"))
+    assert first["epochs"] == 2 and run.steps() == [1, 2]
+    assert reporting.paused_cause() == "paused at rung 2"
+    checkpoints = os.path.join(run.folder, "checkpoint")
+    assert os.listdir(checkpoints) == ["checkpoint-16"] and not (tmp_path / "out" / "checkpoint-16").exists()
+    run.attempt_at(resume=2)
+    second = example.train(3e-3, 16, 5, str(tmp_path / "out"))
+    assert run.steps() == [3, 4, 5] and second["epochs"] == 5  # each epoch trained once
+    assert second["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-4)
+    assert run.lines()[-1]["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-4)
+
+
+def test_a_pruned_training_ends_cleanly(run, tmp_path):
+    run.attempt_at(prune_at=1)
+    assert example.train(3e-3, 16, 5, str(tmp_path))["epochs"] == 1 and run.steps() == [1]
+    assert reporting.pruned_cause() == "pruned at step 1"
+
+
+def test_a_forgotten_resume_is_said_and_save_best_refused(run, tmp_path, capfd, monkeypatch):
+    run.attempt_at(pause_at=1)
+    example.train(3e-3, 16, 3, str(tmp_path))
+    run.attempt_at(resume=1)
+    monkeypatch.setattr(example, "resume_from", lambda: None)
+    example.train(3e-3, 16, 2, str(tmp_path))
+    said = capfd.readouterr().err
+    assert "was not given the run's checkpoint, so it trains again from the start" in said
+    assert "pass resume_from_checkpoint=resume_from() to trainer.train()" in said
+    from transformers import Trainer, TrainingArguments
+
+    from gpu_task_scheduler.integrations.transformers import GTSCallback
+
+    args = TrainingArguments(output_dir=str(tmp_path), eval_strategy="epoch", save_strategy="best", use_cpu=True)
+    args.metric_for_best_model = "loss"
+    tiny = example.BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+    model = example.BertForSequenceClassification(tiny)
+    with pytest.raises(ValueError, match='save_strategy="best"'):
+        Trainer(model=model, args=args, eval_dataset=example.Sequences(8, seed=1), callbacks=[GTSCallback()])

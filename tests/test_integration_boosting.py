@@ -13,7 +13,10 @@ from gpu_task_scheduler import reporting
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the example's train() arguments for one configuration, and its metric
-CASES = {"xgboost": ({"eta": 0.3, "max_depth": 4}, "valid-rmse"), "lightgbm": ({"learning_rate": 0.3, "num_leaves": 15}, "valid-l2")}
+CASES = {
+    "xgboost": ({"eta": 0.3, "max_depth": 4}, "valid-rmse"),
+    "lightgbm": ({"learning_rate": 0.3, "num_leaves": 15}, "valid-l2"),
+}
 
 
 @pytest.fixture(params=sorted(CASES))

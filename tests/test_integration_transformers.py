@@ -59,7 +59,9 @@ def test_a_forgotten_resume_is_said_and_save_best_refused(run, tmp_path, capfd, 
 
     args = TrainingArguments(output_dir=str(tmp_path), eval_strategy="epoch", save_strategy="best", use_cpu=True)
     args.metric_for_best_model = "loss"
-    tiny = example.BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+    tiny = example.BertConfig(
+        vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+    )
     model = example.BertForSequenceClassification(tiny)
     with pytest.raises(ValueError, match='save_strategy="best"'):
         Trainer(model=model, args=args, eval_dataset=example.Sequences(8, seed=1), callbacks=[GTSCallback()])

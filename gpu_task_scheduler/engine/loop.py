@@ -254,9 +254,7 @@ class Scheduler:
     def _on_exit(self, key: int) -> None:
         active = self._running.get(key)
         assert active is not None
-        if self._running.stopper is not None:
-            # what it reported last counts for the others; one we stopped (Ctrl-C, a timeout) may not have reported yet
-            self._running.stopper.ended(active.spec.name, stopped=active.stopped is not None)
+        self._running.exiting(active)
         if not self._end_reads.ready(key, active.paths):
             active.exited, active.deadline, active.term_at, active.kill_at = True, None, None, None
             return  # a long metrics file is read off the loop; its exit is posted again once it is

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # imported where a sweep has early_stop rules (they and their
     from ..records.ledger import Ledger
     from ..sweep.expand import Sweep
     from .budget import BudgetWatch
+    from .feeds import Feeds
     from .stopper import Stopper
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -87,6 +88,7 @@ class Running:
         self._options, self._clock, self._summary = options, clock, summary
         self._active: dict[int, Active] = {}
         self.stopper: Stopper | None = None  # the sweep's early_stop rules at work (none without)
+        self.feeds: Feeds | None = None  # the runs' TensorBoard folders read as their metrics (metrics: tensorboard)
         self._next_look: float | None = None
         self.level = 0
         self.draining = False  # `gts stop --drain`, or the budget is spent: no new runs; the running ones finish
@@ -102,6 +104,10 @@ class Running:
             from .stopper import Stopper
 
             self.stopper = Stopper(sweep, ledger, root)
+        if sweep.tensorboard is not None:
+            from .feeds import Feeds
+
+            self.feeds = Feeds(sweep.tensorboard)
         capacity.save_usage_to(ledger.add_usage)
         budget = self._options.budget
         if budget is not None and budget.gpu_hours is not None:
@@ -115,8 +121,18 @@ class Running:
 
     def add(self, key: int, active: Active) -> None:
         self._active[key] = active
+        if self.feeds is not None:  # before the stopper looks: what it reads comes from there
+            self.feeds.watch(active.spec, active.paths)
         if self.stopper is not None:
             self.stopper.watch(active.spec, active.paths, active.resume_step)
+
+    def exiting(self, active: Active) -> None:
+        """``active``'s process ended: what it reported last (its event files' last records, fed now)
+        counts for the others; one we stopped (Ctrl-C, a timeout) may not have reported yet."""
+        if self.feeds is not None:
+            self.feeds.finish(active.spec.name)
+        if self.stopper is not None:
+            self.stopper.ended(active.spec.name, stopped=active.stopped is not None)
 
     def get(self, key: int) -> Active | None:
         return self._active.get(key)

@@ -55,11 +55,15 @@ class GTSCallback(keras.callbacks.Callback):
             return
         saved_epochs = checkpoints(folder)
         if not saved_epochs:
-            say(f"this attempt should go on from step {step:g} but {folder} holds no Keras checkpoint: it starts afresh")
+            say(
+                f"this attempt should go on from step {step:g} but {folder} holds no Keras checkpoint: it starts afresh"
+            )
             return
         epoch = max(saved_epochs)
         if not self.model.built:
-            raise ValueError("GTSCallback resumes the model: build it before fit() (call it on a batch, or give it an Input)")
+            raise ValueError(
+                "GTSCallback resumes the model: build it before fit() (call it on a batch, or give it an Input)"
+            )
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)  # so that its state loads too
         self.model.load_weights(saved_epochs[epoch])

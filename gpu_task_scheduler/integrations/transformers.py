@@ -29,7 +29,9 @@ from .common import RunSide, checkpoint_dir, resume_step, say
 
 __all__ = ["GTSCallback", "resume_from"]
 
-HINT = "pass resume_from_checkpoint=resume_from() to trainer.train() (from gpu_task_scheduler.integrations.transformers)"
+HINT = (
+    "pass resume_from_checkpoint=resume_from() to trainer.train() (from gpu_task_scheduler.integrations.transformers)"
+)
 FOLDER = re.compile(r"checkpoint-(\d+)")
 STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint folder holding it is whole
 
@@ -46,7 +48,9 @@ def resume_from() -> str | None:
         if (match := FOLDER.fullmatch(name)) and os.path.isfile(os.path.join(folder, name, STATE))
     }
     if not whole:
-        say(f"this attempt should go on from step {step:g} but {folder} holds no whole Trainer checkpoint: it starts afresh")
+        say(
+            f"this attempt should go on from step {step:g} but {folder} holds no whole Trainer checkpoint: it starts afresh"
+        )
         return None
     return whole[max(whole)]
 

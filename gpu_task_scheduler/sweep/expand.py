@@ -32,6 +32,7 @@ from .stages import Dependencies, Stage, parse_stages
 if TYPE_CHECKING:  # imported where a config has a search or early_stop (7 ms a start without one)
     from ..tuning.search import Search, Searcher, Trial
     from ..tuning.space import Distribution  # and its space's distributions (1.5 ms)
+    from ..records.tensorboard import TensorBoardSource
     from ..tuning.stopping import Rule
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -51,6 +52,7 @@ TOP_LEVEL_KEYS = (
     "early_stop",
     "search",
     "pbt",
+    "metrics",
 )
 
 
@@ -356,6 +358,8 @@ class Sweep:
         self.pbt_raw = copy.deepcopy(raw.get("pbt"))
         if self.pbt_raw is not None:
             self._take_pbt()
+        self.metrics_raw = copy.deepcopy(raw.get("metrics"))
+        self.tensorboard = self._metrics_source()
         self.rerun_pruned = False  # `gts retry --pruned`: runs stopped early run again (to their end)
         self.unjudged: frozenset[str] = frozenset()  # runs the early_stop rule leaves alone in this start
         self._has_test_config = raw.get("test_config") is not None
@@ -433,6 +437,24 @@ class Sweep:
             for index, block in enumerate(stage.blocks):
                 for value in block.get(key, ()):
                     parse_memory(value, f"{where}test_config[{index}][{key!r}]")
+
+    def _metrics_source(self) -> TensorBoardSource | None:
+        """The ``metrics`` section: the runs' TensorBoard folders, read as their metric stream."""
+        from ..records.tensorboard import parse_metrics
+
+        keys = {key for stage in self.stages for key in stage.global_config} | {k for b in self.blocks for k in b}
+        source = parse_metrics(self.metrics_raw, keys | set(self.space))
+        if source is None:
+            return None
+        from ..tuning.stopping import Pausing
+
+        if any(isinstance(rule, Pausing) for rule in self.stopping.values()):
+            raise ConfigError(
+                "metrics: tensorboard feeds runs that never wait for a verdict, so they can be stopped early but not "
+                "paused at a step: use early_stop's method asha (without promotion) or median, or report() from the "
+                "script (gpu_task_scheduler.integrations has callbacks that do)"
+            )
+        return source
 
     def _check_commands(self) -> None:
         """Each command template against the keys of the runs it runs (``{dep_dir}``: in a stage whose
@@ -560,6 +582,7 @@ class Sweep:
             **(self.task_record or {}),  # none: `gts retry --task` names it
             **({"early_stop": self.early_stop_raw} if self.early_stop_raw is not None else {}),
             **({"pbt": self.pbt_raw} if self.pbt_raw is not None else {}),
+            **({"metrics": self.metrics_raw} if self.metrics_raw is not None else {}),
         }
         if self.staged:
             del config["test_config"]

@@ -1,0 +1,91 @@
+"""The running runs' TensorBoard folders fed into their metrics files, by a thread of their own.
+
+A run whose config says ``metrics: {tensorboard: ...}`` gets an ``EventFeed``
+(``records/tensorboard.py``) when it starts. A thread looks at every fed run each
+:data:`INTERVAL` seconds, reading at most a bounded number of events a run, so the loop never
+waits on an event file; a record reaches the metrics file (and so early stopping) within about
+``INTERVAL`` plus the stopper's look of reaching the disk. When a run ends its feed has one last
+look (bounded too) before the stopper's last read, so what it logged last counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from ..records.paths import RunPaths
+from ..records.tensorboard import EventFeed, TensorBoardSource
+from ..sweep.expand import RunSpec
+
+INTERVAL = 0.25  # seconds between looks at the fed runs' event files
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+
+class _Fed:
+    def __init__(self, feed: EventFeed) -> None:
+        self.feed, self.lock, self.warned = feed, threading.Lock(), False
+
+
+class Feeds:
+    def __init__(self, source: TensorBoardSource) -> None:
+        self._source = source
+        self._fed: dict[str, _Fed] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, spec: RunSpec, paths: RunPaths) -> None:
+        """``spec``'s attempt started: its TensorBoard folder is fed into its metrics file from now on."""
+        from ..sweep.templates import fill
+
+        values = {**spec.config, "work_dir": spec.work_dir, "run_name": spec.name, "run_index": spec.index}
+        try:
+            folder = fill(self._source.folder, values)
+        except (KeyError, IndexError, AttributeError, ValueError) as error:
+            logger.warning(
+                "%s: metrics: tensorboard %r cannot be filled in (%s)", spec.name, self._source.folder, error
+            )
+            return
+        folder = os.path.join(os.getcwd(), folder)  # a relative one, as the run sees it: from the launcher's folder
+        with self._lock:
+            self._fed[spec.name] = _Fed(EventFeed(folder, self._source, paths.metrics))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gts-tensorboard", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def finish(self, name: str) -> None:
+        """``name`` ended: one last look at its event files, then it is fed no more."""
+        with self._lock:
+            fed = self._fed.pop(name, None)
+        if fed is None:
+            return
+        with fed.lock:
+            self._look(name, fed)
+            fed.feed.close()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(INTERVAL)
+            self._wake.clear()
+            with self._lock:
+                fed = list(self._fed.items())
+                if not fed:
+                    self._thread = None
+                    return
+            for name, one in fed:
+                with one.lock:
+                    if self._fed.get(name) is one:  # not finished meanwhile
+                        self._look(name, one)
+
+    @staticmethod
+    def _look(name: str, fed: _Fed) -> None:
+        try:
+            fed.feed.look()
+        except OSError as error:  # its metrics file could not be written: said once
+            fed.feed.problem = fed.feed.problem or f"its metrics file could not be written: {error}"
+        if fed.feed.problem and not fed.warned:
+            fed.warned = True
+            logger.warning("%s: metrics: tensorboard: %s", name, fed.feed.problem)

@@ -10,10 +10,10 @@ import pytest
 
 lightning = pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
 
+from run_side import RunSide  # noqa: E402
+
 from gpu_task_scheduler import reporting  # noqa: E402
 from gpu_task_scheduler.integrations.lightning import GTSCallback, resume_from  # noqa: E402
-
-from run_side import RunSide  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from examples.integrations import lightning as example  # noqa: E402

@@ -18,7 +18,7 @@ from __future__ import annotations
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # only the older package
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment,no-redef,unused-ignore]
 
 from .lightning_hooks import LightningHooks, resume_from
 

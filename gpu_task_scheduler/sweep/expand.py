@@ -30,9 +30,9 @@ from .options import SchedulerOptions, parse_scheduler_config
 from .stages import Dependencies, Stage, parse_stages
 
 if TYPE_CHECKING:  # imported where a config has a search or early_stop (7 ms a start without one)
+    from ..records.tensorboard import TensorBoardSource
     from ..tuning.search import Search, Searcher, Trial
     from ..tuning.space import Distribution  # and its space's distributions (1.5 ms)
-    from ..records.tensorboard import TensorBoardSource
     from ..tuning.stopping import Rule
 
 logger = logging.getLogger("gpu_task_scheduler")

@@ -48,9 +48,7 @@ def resume_from() -> str | None:
         if (match := FOLDER.fullmatch(name)) and os.path.isfile(os.path.join(folder, name, STATE))
     }
     if not whole:
-        say(
-            f"this attempt should go on from step {step:g} but {folder} holds no whole Trainer checkpoint: it starts afresh"
-        )
+        say(f"this attempt goes on from step {step:g} but {folder} holds no whole Trainer checkpoint: a fresh start")
         return None
     return whole[max(whole)]
 

@@ -20,6 +20,7 @@ from ..engine.logs import plain_console_logging
 from ..errors import ConfigError, GTSError, NoGpuError, SchedulerBusyError, TaskClassError
 from ..sweep.files import load_config
 from .clean import add_clean_command
+from .export import add_export_command
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -1471,6 +1472,7 @@ _SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "serve": _serve_command,
     "report": _report_command,
     "clean": lambda sub: add_clean_command(sub, _formatter),
+    "export": lambda sub: add_export_command(sub, _formatter),
 }
 
 

@@ -51,6 +51,24 @@ setup(
         "web": ["plotly>=5.0"],
         # The documentation site (mkdocs.yml, docs/): `mkdocs serve`, or `mkdocs build --strict` as CI does.
         "docs": ["mkdocs>=1.5", "mkdocs-material>=9.0"],
+        # metrics: {tensorboard: ...} (a run's event files as its metrics) and gts export --to tensorboard:
+        # TensorBoard's own event-file loader and summaries (no TensorFlow needed).
+        "tensorboard": ["tensorboard>=2.12"],
+        # gts export --to mlflow URI / --to wandb: the trackers' own clients.
+        "mlflow": ["mlflow>=2.10"],
+        "wandb": ["wandb>=0.17"],
+        # The frameworks the callbacks of gpu_task_scheduler.integrations (and examples/integrations/)
+        # work with; a script's own framework is what it needs, and nothing here is imported before
+        # its module is. PyTorch comes with Lightning; Keras 3 runs on it (KERAS_BACKEND=torch).
+        "integrations": [
+            "lightning>=2.0",
+            "transformers>=4.41",
+            "accelerate>=1.1",
+            "keras>=3.0",
+            "xgboost>=2.0",
+            "lightgbm>=4.0",
+            "tensorboard>=2.12",
+        ],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2.1",
@@ -72,6 +90,18 @@ setup(
             # .ci/run builds the documentation site strictly: a broken link or page fails CI.
             "mkdocs>=1.5",
             "mkdocs-material>=9.0",
+            # The integrations' tests train real models on the CPU (tests/test_integration_*.py) and
+            # read exports back with each tracker's own reader (tests/test_export.py). XGBoost's CPU
+            # package: the same module, without the NVIDIA libraries.
+            "lightning>=2.0",
+            "transformers>=4.41",
+            "accelerate>=1.1",
+            "keras>=3.0",
+            "xgboost-cpu>=2.0",
+            "lightgbm>=4.0",
+            "tensorboard>=2.12",
+            "mlflow>=2.10",
+            "wandb>=0.17",
         ],
     },
     entry_points={"console_scripts": ["gts = gpu_task_scheduler.cli:main"]},

@@ -1,8 +1,9 @@
 """Each framework's example sweep (examples/integrations/<framework>.yaml) run by ``gts run``, for
-real, on the CPU: 8 configurations under promotion ASHA run to the end, train at most half the
-grid's steps, keep the configuration the whole grid finds best (with the numbers the whole grid
-gives it, though it was paused and resumed), report no step twice, and a second ``gts run``
-trains nothing. Lightning's also runs as a DDP command (2 processes, gloo), paused and resumed."""
+real, on the CPU, its scheduler killed (SIGKILL) once a run is paused: the next ``gts run`` takes
+the 8 configurations under promotion ASHA to the end, training at most half the grid's steps, keeps
+the configuration the whole grid finds best (with the numbers the whole grid gives it, also where
+it was paused and resumed), reports no step twice, and a second ``gts run`` trains nothing.
+Lightning's also runs as a DDP command (2 processes, gloo), paused and resumed."""
 
 import glob
 import inspect
@@ -13,9 +14,13 @@ import sys
 
 import pytest
 import yaml
+from conftest import wait_until
 from helpers import ledger_rows
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras 3 on PyTorch, where TensorFlow is not installed
+# The sweeps train real models in every run's process: one at a time (one worker), so that two of
+# them never share the 2 cores of a CI machine with each other as well as with the rest.
+pytestmark = pytest.mark.xdist_group("frameworks")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The framework each example needs, and the metric its sweep ranks by.
@@ -48,17 +53,21 @@ def reported(run_dir):
     return lines
 
 
-@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
-def test_the_example_sweep_under_promotion_asha(name, tmp_path):
+def example_sweep(name):
+    """The example's module, its config file (relative to the repository) and its config."""
     pytest.importorskip(FRAMEWORKS[name], reason="the integrations extra: pip install -e '.[integrations]'")
     example = __import__(f"examples.integrations.{name}", fromlist=["train"])
     config_file = os.path.join("examples", "integrations", f"{name}.yaml")
     with open(os.path.join(REPO, config_file)) as handle:
         config = yaml.safe_load(handle)
+    assert config["early_stop"]["method"] == "asha" and config["early_stop"]["promotion"] is True
+    return example, config_file, config
+
+
+def check_the_sweep(example, config, root, tmp_path):
+    """Every run paused or succeeded, no step reported twice, at most half the grid's steps trained,
+    and the best of the whole grid kept, with the numbers the whole grid gives it."""
     rule = config["early_stop"]
-    assert rule["method"] == "asha" and rule["promotion"] is True
-    root = str(tmp_path / "root")
-    gts("run", config_file, f"scheduler_config.result_root_folder={root}", "--plain")
     rows = ledger_rows(root)
     assert len(rows) >= 8 and {row["status"] for row in rows.values()} <= {"succeeded", "paused"}
     steps = {run: [line["step"] for line in reported(row["work_dir"])] for run, row in rows.items()}
@@ -71,9 +80,35 @@ def test_the_example_sweep_under_promotion_asha(name, tmp_path):
         for run, row in rows.items()
     }
     best = min(whole, key=whole.get) if rule["mode"] == "min" else max(whole, key=whole.get)
-    assert rows[best]["status"] == "succeeded" and rows[best]["attempts"] >= 2  # paused, then promoted
-    kept = reported(rows[best]["work_dir"])[-1]
-    assert kept["step"] == rule["max_step"] and kept[rule["metric"]] == pytest.approx(whole[best], rel=1e-5)
+    assert rows[best]["status"] == "succeeded"
+    for run, row in rows.items():  # those paused and promoted too: as if trained without a pause
+        if row["status"] == "succeeded":
+            kept = reported(row["work_dir"])[-1]
+            assert kept["step"] == rule["max_step"] and kept[rule["metric"]] == pytest.approx(whole[run], rel=1e-5)
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+def test_the_example_sweep_killed_while_runs_are_paused_ends_as_a_whole_one(name, tmp_path):
+    """The scheduler is killed (SIGKILL) once a run is paused and another runs: the next `gts run`
+    loses nothing and trains no reported step again, and the sweep ends as one never killed would."""
+    example, config_file, config = example_sweep(name)
+    root = str(tmp_path / "root")
+    argv = [sys.executable, "-m", "gpu_task_scheduler", "run", config_file]
+    argv += [f"scheduler_config.result_root_folder={root}", "--plain"]
+    scheduler = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ledger = os.path.join(root, ".gts", "ledger.sqlite3")
+
+        def statuses():
+            return {row["status"] for row in ledger_rows(root).values()} if os.path.exists(ledger) else set()
+
+        wait_until(lambda: {"paused", "running"} <= statuses(), timeout=120, message="a paused run and a running one")
+    finally:
+        scheduler.kill()  # its runs end with it (their lifeline)
+        scheduler.wait()
+    gts("run", config_file, f"scheduler_config.result_root_folder={root}", "--plain")
+    rows = check_the_sweep(example, config, root, tmp_path)
     attempts = {run: row["attempts"] for run, row in rows.items()}
     again = gts("run", config_file, f"scheduler_config.result_root_folder={root}", "--plain")
     assert "0 succeeded, 0 failed" in again and {run: r["attempts"] for run, r in ledger_rows(root).items()} == attempts

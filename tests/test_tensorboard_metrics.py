@@ -130,6 +130,7 @@ def test_a_pausing_method_is_refused_with_tensorboard_metrics(tmp_path):
     assert Sweep(config).tensorboard.folder == "{work_dir}/tb"
 
 
+@pytest.mark.xdist_group("frameworks")  # a sweep of Lightning runs: one at a time with the others
 def test_an_unmodified_lightning_script_is_stopped_early_from_its_event_files(tmp_path):
     pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
     config_file = os.path.join("examples", "integrations", "tensorboard_lightning.yaml")

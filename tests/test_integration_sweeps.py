@@ -143,3 +143,34 @@ def test_a_lightning_ddp_command_is_paused_and_resumed(tmp_path):
     )
     with open(by_hand / "result.json") as handle, open(os.path.join(resumed[0]["work_dir"], "result.json")) as kept:
         assert json.load(kept)["val_loss"] == pytest.approx(json.load(handle)["val_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["keras", "lightgbm", "transformers", "xgboost"])
+def test_the_example_as_a_command_is_paused_and_resumed(name, tmp_path):
+    """The same script as a `command:` (Lightning's: the DDP test above), one slot: the first
+    configuration (the better at the rung) is paused there, then promoted once the second is judged,
+    and resumed from its checkpoint to the end, with the numbers it has trained without a pause."""
+    example, _, config = example_sweep(name)
+    first, second = config["test_config"][0]
+    values = {first: [config["test_config"][0][first][0], config["test_config"][0][first][-1]]}
+    values[second] = config["test_config"][0][second][:1]
+    keys = [*config.get("global_config", {}), first, second]
+    config["command"] = [sys.executable, os.path.join(REPO, "examples", "integrations", f"{name}.py")]
+    config["command"] += [part for key in keys for part in (f"--{key.replace('_', '-')}", f"{{{key}}}")]
+    config["command"] += ["--out", "{work_dir}"]
+    del config["task"]
+    config["test_config"] = [values]
+    config["early_stop"]["reduction_factor"] = 2
+    config["scheduler_config"] = {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "root")}
+    with open(tmp_path / "command.yaml", "w") as handle:
+        yaml.safe_dump(config, handle)
+    gts("run", str(tmp_path / "command.yaml"), "--plain")
+    rows = sorted(ledger_rows(tmp_path / "root").values(), key=lambda row: row["run_index"])
+    assert [(row["status"], row["attempts"]) for row in rows] == [("succeeded", 2), ("paused", 1)]
+    steps = [line["step"] for line in reported(rows[0]["work_dir"])]
+    assert steps == sorted(set(steps)) and steps[-1] == config["early_stop"]["max_step"]  # no step trained twice
+    by_hand = {"out": str(tmp_path / "by-hand")} if "out" in inspect.signature(example.train).parameters else {}
+    whole = example.train(**config.get("global_config", {}), **json.loads(rows[0]["params"]), **by_hand)
+    metric = config["early_stop"]["metric"]
+    with open(os.path.join(rows[0]["work_dir"], "result.json")) as handle:
+        assert json.load(handle)[metric] == pytest.approx(whole[metric], rel=1e-5)

@@ -80,7 +80,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--width", type=int, required=True)
-    parser.add_argument("--epochs", type=int, default=9)
+    parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import reporting
@@ -139,3 +139,20 @@ def resumable(name: str) -> str | None:
         return path
     say(f"this attempt should go on from step {step:g} but there is no checkpoint {path}: it starts afresh")
     return None
+
+
+def rounds_left(name: str, num_boost_round: int, model_key: str, done: Callable[[str], int]) -> dict[str, Any]:
+    """A boosting library's ``train()`` arguments: ``num_boost_round`` alone on a fresh start; when the
+    attempt goes on from the checkpoint ``name``, the rounds left to reach it and the checkpoint as
+    ``model_key`` (``done(path)``: how many rounds it holds)."""
+    path = resumable(name)
+    if path is None:
+        return {"num_boost_round": num_boost_round}
+    return {"num_boost_round": max(0, num_boost_round - done(path)), model_key: path}
+
+
+def rounds(every: Any) -> int:
+    """A callback's ``every``: a whole number of rounds, 1 or more (ValueError otherwise)."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"GTSCallback(every={every!r}): give a whole number of rounds, 1 or more")
+    return every

@@ -20,7 +20,7 @@ from typing import Any
 
 import lightgbm
 
-from .common import RunSide, checkpoint_path, commit, resumable, saved
+from .common import RunSide, checkpoint_path, commit, rounds, rounds_left, saved
 
 __all__ = ["GTSCallback", "resume"]
 
@@ -31,11 +31,11 @@ HINT = "pass **resume(num_boost_round=N) to lightgbm.train() (from gpu_task_sche
 def resume(num_boost_round: int) -> dict[str, Any]:
     """``lightgbm.train``'s ``num_boost_round`` (the rounds left to reach it) and ``init_model`` (the
     run's saved booster) when this attempt goes on from a checkpoint; else ``num_boost_round`` alone."""
-    path = resumable(CHECKPOINT)
-    if path is None:
-        return {"num_boost_round": num_boost_round}
-    done = lightgbm.Booster(model_file=path).current_iteration()
-    return {"num_boost_round": max(0, num_boost_round - done), "init_model": path}
+    return rounds_left(CHECKPOINT, num_boost_round, "init_model", _rounds_in)
+
+
+def _rounds_in(path: str) -> int:
+    return int(lightgbm.Booster(model_file=path).current_iteration())
 
 
 class GTSCallback:
@@ -45,9 +45,7 @@ class GTSCallback:
     before_iteration = False
 
     def __init__(self, every: int = 1) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"GTSCallback(every={every!r}): give a whole number of rounds, 1 or more")
-        self.every = every
+        self.every = rounds(every)
         self.run = RunSide("LightGBM", HINT)
         self._told = False
 

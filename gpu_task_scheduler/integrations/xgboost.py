@@ -22,7 +22,7 @@ from typing import Any
 
 import xgboost
 
-from .common import RunSide, checkpoint_path, commit, resumable, saved
+from .common import RunSide, checkpoint_path, commit, rounds, rounds_left, saved
 
 __all__ = ["GTSCallback", "resume"]
 
@@ -33,11 +33,11 @@ HINT = "pass **resume(num_boost_round=N) to xgboost.train() (from gpu_task_sched
 def resume(num_boost_round: int) -> dict[str, Any]:
     """``xgboost.train``'s ``num_boost_round`` (the rounds left to reach it) and ``xgb_model`` (the
     run's saved booster) when this attempt goes on from a checkpoint; else ``num_boost_round`` alone."""
-    path = resumable(CHECKPOINT)
-    if path is None:
-        return {"num_boost_round": num_boost_round}
-    done = xgboost.Booster(model_file=path).num_boosted_rounds()
-    return {"num_boost_round": max(0, num_boost_round - done), "xgb_model": path}
+    return rounds_left(CHECKPOINT, num_boost_round, "xgb_model", _rounds_in)
+
+
+def _rounds_in(path: str) -> int:
+    return int(xgboost.Booster(model_file=path).num_boosted_rounds())
 
 
 def latest(evals_log: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -57,9 +57,7 @@ class GTSCallback(xgboost.callback.TrainingCallback):
 
     def __init__(self, every: int = 1) -> None:
         super().__init__()
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"GTSCallback(every={every!r}): give a whole number of rounds, 1 or more")
-        self.every = every
+        self.every = rounds(every)
         self.run = RunSide("XGBoost", HINT)
         self._log: Any = {}
 

@@ -2,10 +2,37 @@
 scheduler gives a run, and the scheduler's word (pause or stop at a step) written where it would
 write it, so that the real ``report()`` raises ``Paused`` or ``Pruned`` there."""
 
+import importlib
 import json
 import os
+import sys
+
+import pytest
 
 from gpu_task_scheduler import reporting
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Each process of a framework test trains on one thread: two runs (or a run and the other pytest
+# worker) share 2 cores, and a tiny model gains nothing from more.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def framework(name, needs=None):
+    """The example ``examples/integrations/<name>.py``, imported when a test first needs it (not when
+    tests are collected: importing Lightning, Keras or Transformers takes seconds); skipped where its
+    framework is not installed."""
+    if name == "keras":
+        os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras 3 on PyTorch, where TensorFlow is not installed
+    pytest.importorskip(needs or name, reason="the integrations extra: pip install -e '.[integrations]'")
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+    return importlib.import_module(f"examples.integrations.{name}")
 
 
 class RunSide:

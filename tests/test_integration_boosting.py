@@ -3,15 +3,12 @@ uninterrupted run's booster and numbers, no round is trained twice, a pruned run
 ``every`` reports every N rounds and the last, and a forgotten resume is said in the log."""
 
 import importlib
-import os
-import sys
 
 import pytest
-from run_side import RunSide
+from run_side import RunSide, framework
 
 from gpu_task_scheduler import reporting
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the example's train() arguments for one configuration, and its metric
 CASES = {
     "xgboost": ({"eta": 0.3, "max_depth": 4}, "valid-rmse"),
@@ -21,8 +18,7 @@ CASES = {
 
 @pytest.fixture(params=sorted(CASES))
 def case(request, tmp_path, monkeypatch):
-    pytest.importorskip(request.param, reason="the integrations extra: pip install -e '.[integrations]'")
-    example = importlib.import_module(f"examples.integrations.{request.param}")
+    example = framework(request.param)
     integration = importlib.import_module(f"gpu_task_scheduler.integrations.{request.param}")
     params, metric = CASES[request.param]
     return example, integration, params, metric, RunSide(tmp_path, monkeypatch)

@@ -3,18 +3,16 @@ the uninterrupted run's numbers, no epoch is trained twice, the checkpoint outli
 and a pruned fit ends cleanly."""
 
 import os
-import sys
 
 import pytest
-from run_side import RunSide
+from run_side import RunSide, framework
 
-os.environ.setdefault("KERAS_BACKEND", "torch")
-keras = pytest.importorskip("keras", reason="the integrations extra: pip install -e '.[integrations]'")
+from gpu_task_scheduler import reporting
 
-from gpu_task_scheduler import reporting  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples.integrations import keras as example  # noqa: E402
+@pytest.fixture(scope="module")
+def example():
+    return framework("keras")
 
 
 @pytest.fixture
@@ -22,7 +20,7 @@ def run(tmp_path, monkeypatch):
     return RunSide(tmp_path, monkeypatch)
 
 
-def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(run):
+def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(example, run):
     whole = example.train(0.1, 32, 6)
     run.attempt_at(pause_at=2)
     first = example.train(0.1, 32, 6)
@@ -36,7 +34,7 @@ def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(run):
     assert {"loss", "val_loss"} <= set(run.lines()[-1])
 
 
-def test_a_pruned_fit_ends_cleanly(run):
+def test_a_pruned_fit_ends_cleanly(example, run):
     run.attempt_at(prune_at=1)
     assert example.train(0.1, 32, 6)["epochs"] == 1 and run.steps() == [1]
     assert reporting.pruned_cause() == "pruned at step 1"

@@ -4,19 +4,16 @@ resume call is said in the log."""
 
 import logging
 import os
-import sys
 
 import pytest
+from run_side import RunSide, framework
 
-lightning = pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
+from gpu_task_scheduler import reporting
 
-from run_side import RunSide  # noqa: E402
 
-from gpu_task_scheduler import reporting  # noqa: E402
-from gpu_task_scheduler.integrations.lightning import GTSCallback, resume_from  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples.integrations import lightning as example  # noqa: E402
+@pytest.fixture(scope="module")
+def example():
+    return framework("lightning")
 
 
 @pytest.fixture
@@ -25,7 +22,7 @@ def run(tmp_path, monkeypatch):
     return RunSide(tmp_path, monkeypatch)
 
 
-def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(run):
+def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(example, run):
     whole = example.train(0.1, 8, 6)  # by hand: the callback does nothing
     assert whole["epochs"] == 6 and not os.path.exists(run.metrics(1))
     run.attempt_at(pause_at=2)
@@ -39,19 +36,21 @@ def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(run):
     assert {"val_loss", "train_loss"} <= set(run.lines()[-1])
 
 
-def test_a_pruned_fit_ends_cleanly(run):
+def test_a_pruned_fit_ends_cleanly(example, run):
     run.attempt_at(prune_at=1)
     result = example.train(0.1, 8, 6)
     assert result["epochs"] == 1 and run.steps() == [1]
     assert reporting.pruned_cause() == "pruned at step 1"
 
 
-def test_a_forgotten_resume_call_is_said_in_the_log(run, capfd):
+def test_a_forgotten_resume_call_is_said_in_the_log(example, run, capfd):
+    from gpu_task_scheduler.integrations.lightning import GTSCallback, resume_from
+
     run.attempt_at(pause_at=1)
     example.train(0.1, 8, 3)
     run.attempt_at(resume=1)
     assert resume_from() == os.path.join(run.folder, "checkpoint", "lightning.ckpt")
-    trainer = lightning.Trainer(
+    trainer = example.L.Trainer(
         max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, callbacks=[GTSCallback()]
     )
     trainer.fit(example.Regressor(0.1, 8), *example.loaders())  # no ckpt_path
@@ -60,9 +59,11 @@ def test_a_forgotten_resume_call_is_said_in_the_log(run, capfd):
     assert "pass ckpt_path=resume_from() to trainer.fit()" in said
 
 
-def test_a_step_unit_reports_the_global_step_at_each_validation(run):
+def test_a_step_unit_reports_the_global_step_at_each_validation(example, run):
+    from gpu_task_scheduler.integrations.lightning import GTSCallback
+
     run.attempt_at()
-    trainer = lightning.Trainer(
+    trainer = example.L.Trainer(
         max_epochs=2,
         logger=False,
         enable_checkpointing=False,

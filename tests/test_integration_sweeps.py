@@ -16,8 +16,8 @@ import pytest
 import yaml
 from conftest import wait_until
 from helpers import ledger_rows
+from run_side import ONE_THREAD, framework
 
-os.environ.setdefault("KERAS_BACKEND", "torch")  # Keras 3 on PyTorch, where TensorFlow is not installed
 # The sweeps train real models in every run's process: one at a time (one worker), so that two of
 # them never share the 2 cores of a CI machine with each other as well as with the rest.
 pytestmark = pytest.mark.xdist_group("frameworks")
@@ -35,7 +35,12 @@ FRAMEWORKS = {
 
 def gts(*args, cwd=REPO):
     done = subprocess.run(
-        [sys.executable, "-m", "gpu_task_scheduler", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "gpu_task_scheduler", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **ONE_THREAD},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
@@ -55,8 +60,7 @@ def reported(run_dir):
 
 def example_sweep(name):
     """The example's module, its config file (relative to the repository) and its config."""
-    pytest.importorskip(FRAMEWORKS[name], reason="the integrations extra: pip install -e '.[integrations]'")
-    example = __import__(f"examples.integrations.{name}", fromlist=["train"])
+    example = framework(name, needs=FRAMEWORKS[name])
     config_file = os.path.join("examples", "integrations", f"{name}.yaml")
     with open(os.path.join(REPO, config_file)) as handle:
         config = yaml.safe_load(handle)
@@ -96,7 +100,9 @@ def test_the_example_sweep_killed_while_runs_are_paused_ends_as_a_whole_one(name
     root = str(tmp_path / "root")
     argv = [sys.executable, "-m", "gpu_task_scheduler", "run", config_file]
     argv += [f"scheduler_config.result_root_folder={root}", "--plain"]
-    scheduler = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scheduler = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ONE_THREAD}
+    )
     try:
         ledger = os.path.join(root, ".gts", "ledger.sqlite3")
 

@@ -4,18 +4,16 @@ pruned run ends cleanly, the output folder is the run's checkpoint folder, a for
 said in the log, and save_strategy="best" is refused."""
 
 import os
-import sys
 
 import pytest
-from run_side import RunSide
+from run_side import RunSide, framework
 
-pytest.importorskip("transformers", reason="the integrations extra: pip install -e '.[integrations]'")
-pytest.importorskip("accelerate", reason="the integrations extra: pip install -e '.[integrations]'")
+from gpu_task_scheduler import reporting
 
-from gpu_task_scheduler import reporting  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples.integrations import transformers as example  # noqa: E402
+@pytest.fixture(scope="module")
+def example():
+    return framework("transformers", needs="accelerate")
 
 
 @pytest.fixture
@@ -23,7 +21,7 @@ def run(tmp_path, monkeypatch):
     return RunSide(tmp_path, monkeypatch)
 
 
-def test_a_paused_and_resumed_training_gives_the_uninterrupted_numbers(run, tmp_path):
+def test_a_paused_and_resumed_training_gives_the_uninterrupted_numbers(example, run, tmp_path):
     whole = example.train(3e-3, 16, 5, str(tmp_path / "by-hand"))
     run.attempt_at(pause_at=2)
     first = example.train(3e-3, 16, 5, str(tmp_path / "out"))
@@ -38,13 +36,13 @@ def test_a_paused_and_resumed_training_gives_the_uninterrupted_numbers(run, tmp_
     assert run.lines()[-1]["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-4)
 
 
-def test_a_pruned_training_ends_cleanly(run, tmp_path):
+def test_a_pruned_training_ends_cleanly(example, run, tmp_path):
     run.attempt_at(prune_at=1)
     assert example.train(3e-3, 16, 5, str(tmp_path))["epochs"] == 1 and run.steps() == [1]
     assert reporting.pruned_cause() == "pruned at step 1"
 
 
-def test_a_forgotten_resume_is_said_and_save_best_refused(run, tmp_path, capfd, monkeypatch):
+def test_a_forgotten_resume_is_said_and_save_best_refused(example, run, tmp_path, capfd, monkeypatch):
     run.attempt_at(pause_at=1)
     example.train(3e-3, 16, 3, str(tmp_path))
     run.attempt_at(resume=1)

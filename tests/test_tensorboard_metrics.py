@@ -11,9 +11,9 @@ import threading
 
 import pytest
 from helpers import ledger_rows
+from run_side import ONE_THREAD
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e '.[tensorboard]'")
-torch_tb = pytest.importorskip("torch.utils.tensorboard", reason="PyTorch's SummaryWriter writes the test's files")
 
 import numpy as np  # noqa: E402
 
@@ -29,11 +29,17 @@ def lines(path):
         return [json.loads(line) for line in handle]
 
 
+@pytest.fixture(scope="module")
+def torch_tb():
+    """PyTorch's SummaryWriter writes the test's files (imported when first needed: PyTorch takes seconds)."""
+    return pytest.importorskip("torch.utils.tensorboard", reason="PyTorch's SummaryWriter writes the test's files")
+
+
 def feed(folder, metrics, tags=None, **kwargs):
     return EventFeed(str(folder), TensorBoardSource(str(folder), tags), str(metrics), **kwargs)
 
 
-def test_both_forms_of_a_scalar_are_fed_as_the_run_writes_them(tmp_path):
+def test_both_forms_of_a_scalar_are_fed_as_the_run_writes_them(torch_tb, tmp_path):
     fed = feed(tmp_path / "tb", tmp_path / "metrics.jsonl")
     assert fed.look() == 0  # no folder yet
     writer = torch_tb.SummaryWriter(str(tmp_path / "tb" / "version_0"))
@@ -53,7 +59,7 @@ def test_both_forms_of_a_scalar_are_fed_as_the_run_writes_them(tmp_path):
     ]
 
 
-def test_tags_an_earlier_attempts_files_and_steps_that_go_back(tmp_path):
+def test_tags_an_earlier_attempts_files_and_steps_that_go_back(torch_tb, tmp_path):
     old = torch_tb.SummaryWriter(str(tmp_path / "tb" / "old"))
     old.add_scalar("val_loss", 9.0, 50)
     old.close()
@@ -76,7 +82,7 @@ def test_tags_an_earlier_attempts_files_and_steps_that_go_back(tmp_path):
     ]  # nothing of the earlier attempt's file
 
 
-def test_a_look_is_bounded_and_links_and_fifos_are_left_alone(tmp_path):
+def test_a_look_is_bounded_and_links_and_fifos_are_left_alone(torch_tb, tmp_path):
     outside = tmp_path / "outside"
     writer = torch_tb.SummaryWriter(str(outside))
     writer.add_scalar("secret", 1.0, 1)
@@ -144,6 +150,7 @@ def test_an_unmodified_lightning_script_is_stopped_early_from_its_event_files(tm
         check=True,
         capture_output=True,
         timeout=300,
+        env={**os.environ, **ONE_THREAD},
     )
     rows = ledger_rows(root)
     pruned = [row for row in rows.values() if row["status"] == "pruned"]

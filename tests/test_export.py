@@ -179,3 +179,27 @@ def test_bad_targets_are_refused(sweep, tmp_path):
         text=True,
     )
     assert done.returncode != 0 and "holds the export of another root" in done.stderr
+
+
+def test_a_pbt_members_lineage_is_exported(tmp_path):
+    mlflow = pytest.importorskip("mlflow", reason="pip install mlflow")
+    from gpu_task_scheduler.records.lineage import lineages
+    from gpu_task_scheduler.results import open_ledger
+
+    root = str(tmp_path / "root")
+    gts("run", "configs/pbt.yaml", f"scheduler_config.result_root_folder={root}", "--plain", cwd=REPO)
+    uri = f"sqlite:///{tmp_path / 'pbt.db'}"
+    gts("export", root, "--to", "mlflow", uri, cwd=tmp_path)
+    ledger = open_ledger(root)
+    try:
+        copies = {name: lineage.own[1:] for name, lineage in lineages(ledger.trial_events()).items()}
+    finally:
+        ledger.close()
+    mlflow.set_tracking_uri(uri)
+    table = mlflow.search_runs(experiment_names=["gts: root"])
+    members = table[table["tags.gts.parent"] != "true"]
+    assert len(members) == 8 and any(copies.values())
+    for _, member in members.iterrows():
+        made = copies.get(member["tags.gts.run"], [])
+        expected = "; ".join(f"step {s.step:g}: copied {s.donor}" for s in made) if made else None
+        assert (member.get("tags.gts.lineage") if isinstance(member.get("tags.gts.lineage"), str) else None) == expected

@@ -87,12 +87,28 @@ class GTSCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         pending, self._pending = self._pending, None
-        if pending is None or not state.is_world_process_zero:
+        if pending is None:
             return
-        if not self.run.report(*pending):
+        go_on = self.run.report(*pending) if state.is_world_process_zero else True
+        if not _agreed(go_on):  # every process stops with the first (it alone reports)
             control.should_training_stop = True
+            self.run.stopped = self.run.stopped or "stopped"
 
     @property
     def stopped(self) -> str | None:
         """``"paused"`` or ``"pruned"`` once the scheduler ended this run's training."""
         return self.run.stopped
+
+
+def _agreed(go_on: bool) -> bool:
+    """The first process's word, in every process of a distributed run (each calls this at the same
+    save); a process's own where it runs alone."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return go_on
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return go_on
+    word = [go_on]
+    dist.broadcast_object_list(word, src=0)
+    return bool(word[0])

@@ -446,3 +446,18 @@ def test_a_dry_run_says_what_a_start_says_of_pbt_promotion_and_a_budget_on_cpu_s
     (in_tmp / "p.yaml").write_text(text)
     assert gts(["run", str(in_tmp / "p.yaml"), "--dry-run"]) == 0
     assert "in a drawn order (the same at every start), not as listed" in capsys.readouterr().out
+
+
+def test_a_snapshot_left_half_copied_by_a_kill_is_cleared_at_the_next_start(in_tmp):
+    """A kill -9 while a member's snapshot was copied leaves ``<step>.new``; the member may take no
+    snapshot after it (the sweep ends), so the next start clears it, and keeps the whole ones."""
+    argv = _example(in_tmp, seconds="0")
+    subprocess.run(argv, cwd=str(in_tmp), check=True, capture_output=True, timeout=180)
+    root = in_tmp / "results" / "pbt"
+    snapshots = [root / name / ".gts" / "snapshots" for name in sorted(os.listdir(root)) if name.startswith("lr-")]
+    kept = {folder: sorted(os.listdir(folder)) for folder in snapshots if folder.exists()}
+    for folder in snapshots:
+        (folder / "12.new" / "weights").mkdir(parents=True)
+    subprocess.run(argv, cwd=str(in_tmp), check=True, capture_output=True, timeout=180)
+    assert all(not (folder / "12.new").exists() for folder in snapshots)
+    assert {folder: sorted(os.listdir(folder)) for folder in kept} == kept

@@ -114,6 +114,18 @@ class Pauses:
             self._replay()
         if self._methods and not read_only and recorded != keys:
             ledger.set_meta(KEYS_META, keys)
+        if root and not read_only:
+            self._clear_unfinished_snapshots()
+
+    def _clear_unfinished_snapshots(self) -> None:
+        """Population-based training: the snapshots a killed scheduler left half-copied, removed."""
+        for name, stage in self._stage_of.items():
+            if not isinstance(self._rules.get(stage), PbtRule):
+                continue
+            try:
+                checkpoints.clear_unfinished(RunPaths.recorded(self._root, name))
+            except OSError as error:  # UnsafePathError too: a link planted where snapshots go
+                logger.warning("%s: could not remove a snapshot left half-copied (%s)", name, error)
 
     def __bool__(self) -> bool:
         return bool(self._methods)

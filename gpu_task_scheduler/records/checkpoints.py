@@ -5,7 +5,7 @@ checkpoint, each whole or not at all, and what is swept away after.
 * A *snapshot* (``<run>/.gts/snapshots/<step>``) is taken of a top member's checkpoint folder
   while the member waits in ``report()`` at an interval: it is copied to ``<step>.new`` and renamed.
   The ledger records the decision after the copy, so a recorded snapshot is always whole; a
-  kill -9 during the copy leaves a ``.new`` folder that nothing reads and the next one clears. A
+  kill -9 during the copy leaves a ``.new`` folder that nothing reads and the next start clears. A
   copy that fails removes its ``.new`` folder and raises: the caller records no snapshot.
 * An *exploit* puts a copy of the donor's snapshot in place of the member's checkpoint: copied to
   ``checkpoint.new``, then ``checkpoint`` is renamed to ``checkpoint.old``, ``checkpoint.new`` to
@@ -337,6 +337,19 @@ def collect(paths: RunPaths, keep: set[float]) -> None:
             for entry in listed:
                 if entry not in names:
                     _remove(entry, folder)
+    except FileNotFoundError:
+        return
+
+
+def clear_unfinished(paths: RunPaths) -> None:
+    """Remove what a kill -9 left of ``paths``' snapshots being copied (``<step>.new``: nothing reads
+    them, and a member whose next snapshot is not taken would keep them): at a start, when no copy runs."""
+    try:
+        with _walk(paths, SNAPSHOTS) as folder:
+            with os.scandir(folder) as entries:
+                unfinished = [entry.name for entry in entries if entry.name.endswith(".new")]
+            for name in unfinished:
+                _remove(name, folder)
     except FileNotFoundError:
         return
 

@@ -52,7 +52,7 @@ def say(message: str) -> None:
 
 def numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The metrics ``report()`` takes: finite scalars, from floats, ints, NumPy scalars and one-element
-    tensors (``float()`` reads each); strings, lists, booleans and NaNs are left out."""
+    arrays and tensors; strings, lists, booleans, larger tensors and NaNs are left out."""
     found: dict[str, float] = {}
     for name, value in metrics.items():
         if isinstance(value, (bool, str, bytes)) or value is None:
@@ -62,6 +62,8 @@ def numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
             count = size() if callable(size) else size
             if count != 1:
                 continue
+            item = getattr(value, "item", None)  # a one-element array or tensor: its element
+            value = item() if callable(item) else value
         try:
             number = float(value)
         except (TypeError, ValueError):

@@ -1,7 +1,7 @@
-"""TensorBoard event files as a run's metric stream (records/tensorboard.py, engine/feeds.py):
-both forms of a scalar are read with TensorBoard's own loader, a look is bounded, an earlier
-attempt's files, links and FIFOs are left alone, steps never go back, the config is checked, and an
-unmodified Lightning script that logs to TensorBoard is stopped early by ASHA."""
+"""TensorBoard event files as a run's metric stream (sweep/metrics_source.py, records/tensorboard.py,
+engine/feeds.py): both forms of a scalar are read with TensorBoard's own loader, a look is bounded,
+an earlier attempt's files, links and FIFOs are left alone, steps never go back, the config is
+checked, and an unmodified Lightning script that logs to TensorBoard is stopped early by ASHA."""
 
 import json
 import os
@@ -18,8 +18,9 @@ pytest.importorskip("tensorboard", reason="the tensorboard extra: pip install -e
 import numpy as np  # noqa: E402
 
 from gpu_task_scheduler.errors import ConfigError  # noqa: E402
-from gpu_task_scheduler.records.tensorboard import EventFeed, TensorBoardSource, parse_metrics  # noqa: E402
+from gpu_task_scheduler.records.tensorboard import EventFeed  # noqa: E402
 from gpu_task_scheduler.sweep.expand import Sweep  # noqa: E402
+from gpu_task_scheduler.sweep.metrics_source import TensorBoardSource, parse_metrics  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +37,7 @@ def torch_tb():
 
 
 def feed(folder, metrics, tags=None, **kwargs):
-    return EventFeed(str(folder), TensorBoardSource(str(folder), tags), str(metrics), **kwargs)
+    return EventFeed(str(folder), TensorBoardSource(str(folder), tags).wants, str(metrics), **kwargs)
 
 
 def test_both_forms_of_a_scalar_are_fed_as_the_run_writes_them(torch_tb, tmp_path):

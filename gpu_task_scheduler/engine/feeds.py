@@ -1,7 +1,7 @@
 """The running runs' TensorBoard folders fed into their metrics files, by a thread of their own.
 
-A run whose config says ``metrics: {tensorboard: ...}`` gets an ``EventFeed``
-(``records/tensorboard.py``) when it starts. A thread looks at every fed run each
+A run whose config says ``metrics: {tensorboard: ...}`` (``sweep/metrics_source.py``) gets an
+``EventFeed`` (``records/tensorboard.py``) when it starts. A thread looks at every fed run each
 :data:`INTERVAL` seconds, reading at most a bounded number of events a run, so the loop never
 waits on an event file; a record reaches the metrics file (and so early stopping) within about
 ``INTERVAL`` plus the stopper's look of reaching the disk. When a run ends its feed has one last
@@ -15,8 +15,9 @@ import os
 import threading
 
 from ..records.paths import RunPaths
-from ..records.tensorboard import EventFeed, TensorBoardSource
+from ..records.tensorboard import EventFeed
 from ..sweep.expand import RunSpec
+from ..sweep.metrics_source import TensorBoardSource
 
 INTERVAL = 0.25  # seconds between looks at the fed runs' event files
 
@@ -50,7 +51,7 @@ class Feeds:
             return
         folder = os.path.join(os.getcwd(), folder)  # a relative one, as the run sees it: from the launcher's folder
         with self._lock:
-            self._fed[spec.name] = _Fed(EventFeed(folder, self._source, paths.metrics))
+            self._fed[spec.name] = _Fed(EventFeed(folder, self._source.wants, paths.metrics))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="gts-tensorboard", daemon=True)
                 self._thread.start()

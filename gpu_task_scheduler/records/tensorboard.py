@@ -1,6 +1,7 @@
 """A run's TensorBoard event files as its metric stream, with no change to its code.
 
-The config names a folder per run (``metrics: {tensorboard: '{work_dir}/lightning_logs'}``); the
+The config names a folder per run (``metrics: {tensorboard: '{work_dir}/lightning_logs'}``, read
+by ``sweep/metrics_source.py``); the
 event files found under it, at any depth, are read with TensorBoard's own loader
 (``tensorboard.backend.event_processing.event_file_loader``) as the run writes them, and each
 scalar becomes a line of the run's metrics file (``{"step": 12, "val_loss": 0.23}``, the tag as the
@@ -27,67 +28,19 @@ an exact step: such a config is refused.
 
 from __future__ import annotations
 
-import fnmatch
 import json
+import math
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError
 from .paths import open_regular
 
 MAX_EVENTS = 20_000  # events of one run read in one look
 MAX_ENTRIES = 10_000  # folder entries walked in one look
 EVENTS_NAME = "tfevents"  # every TensorBoard writer puts it in its files' names: events.out.tfevents.<time>.<host>...
-KEYS = ("tensorboard", "tags")
-
-
-class TensorBoardSource:
-    """The ``metrics:`` section: the folder template, and the tags kept (glob patterns; None: all)."""
-
-    def __init__(self, folder: str, tags: tuple[str, ...] | None) -> None:
-        self.folder, self.tags = folder, tags
-
-    def wants(self, tag: str) -> bool:
-        return self.tags is None or any(fnmatch.fnmatchcase(tag, pattern) for pattern in self.tags)
-
-
-def parse_metrics(raw: Any, known_keys: set[str]) -> TensorBoardSource | None:
-    """The config's ``metrics`` section; ConfigError for anything else than what it may say."""
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"metrics must be a mapping such as {{tensorboard: '{{work_dir}}/logs'}}; got {raw!r}")
-    unknown = sorted(set(map(str, raw)) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"metrics: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(KEYS)}")
-    folder = raw.get("tensorboard")
-    if not isinstance(folder, str) or not folder.strip():
-        raise ConfigError(
-            f"metrics: tensorboard must name each run's TensorBoard folder, such as '{{work_dir}}/lightning_logs'; "
-            f"got {folder!r}"
-        )
-    from ..sweep.commands import BUILTINS
-    from ..sweep.templates import check_fields
-
-    check_fields(folder, known_keys | set(BUILTINS), what="metrics: tensorboard")
-    tags = raw.get("tags")
-    if tags is not None:
-        if isinstance(tags, str):
-            tags = [tags]
-        if not isinstance(tags, list) or not tags or not all(isinstance(t, str) and t for t in tags):
-            raise ConfigError(f"metrics: tags must be a list of tag names or patterns (val_* say); got {tags!r}")
-        tags = tuple(tags)
-    try:
-        import tensorboard.backend.event_processing.event_file_loader  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            "metrics: tensorboard reads event files with TensorBoard's own loader: pip install tensorboard "
-            "(or the extra: pip install 'gts-sweep[tensorboard]')"
-        ) from None
-    return TensorBoardSource(folder, tags)
 
 
 def scalar(value: Any) -> float | None:
@@ -128,9 +81,10 @@ class EventFeed:
     """One attempt's TensorBoard folder, fed into its metrics file a look at a time."""
 
     def __init__(
-        self, folder: str, source: TensorBoardSource, metrics_path: str, *, started: float | None = None
+        self, folder: str, wants: Callable[[str], bool], metrics_path: str, *, started: float | None = None
     ) -> None:
-        self.folder, self.source, self.metrics_path = folder, source, metrics_path
+        """``wants(tag)``: whether a scalar of that tag is fed (the config's ``tags``)."""
+        self.folder, self.wants, self.metrics_path = folder, wants, metrics_path
         # Files last written before this attempt started are an earlier attempt's (a second off: clocks).
         self._since = (time.time() if started is None else started) - 1.0
         self._files: dict[str, _File | None] = {}  # None: left alone (an earlier attempt's, or unreadable)
@@ -150,9 +104,8 @@ class EventFeed:
                     budget -= 1
                     for value in event.summary.value:
                         number = scalar(value)
-                        if number is not None and self.source.wants(value.tag) and number == number:
-                            if abs(number) != float("inf"):
-                                found.setdefault(float(event.step), {})[value.tag] = number
+                        if number is not None and math.isfinite(number) and self.wants(value.tag):
+                            found.setdefault(float(event.step), {})[value.tag] = number
                     if budget <= 0:
                         break
             except Exception as error:  # a corrupt record: what came before it is fed

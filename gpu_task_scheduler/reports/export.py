@@ -67,11 +67,8 @@ def gather(root: str) -> list[ExportedRun]:
         paths = run_folder(root, record)
         curve = run_points(paths) if paths.unsafe(records_only=True) is None else []
         result = run_result(root, record)
-        finals = {
-            f"result.{key}" if not key.startswith("result") else key: float(value)
-            for key, value in flatten(result if isinstance(result, dict) else {"result": result}).items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        }
+        columns = flatten(result, "result.") if isinstance(result, dict) else {"result": result}
+        finals = {key: float(value) for key, value in columns.items() if _number(value) and math.isfinite(value)}
         for name, summary in record.metrics_value.items():
             if isinstance(summary, dict) and isinstance(summary.get("last"), (int, float)):
                 finals[name] = float(summary["last"])

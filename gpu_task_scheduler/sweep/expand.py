@@ -25,12 +25,12 @@ from ..gpu.devices import parse_memory
 from ..jsonable import to_jsonable
 from ..recordclass import Record
 from .files import ConfigSource, load_config
+from .metrics_source import metrics_source
 from .naming import NameRegistry, folder_name, value_text
 from .options import SchedulerOptions, parse_scheduler_config
 from .stages import Dependencies, Stage, parse_stages
 
 if TYPE_CHECKING:  # imported where a config has a search or early_stop (7 ms a start without one)
-    from ..records.tensorboard import TensorBoardSource
     from ..tuning.search import Search, Searcher, Trial
     from ..tuning.space import Distribution  # and its space's distributions (1.5 ms)
     from ..tuning.stopping import Rule
@@ -359,7 +359,7 @@ class Sweep:
         if self.pbt_raw is not None:
             self._take_pbt()
         self.metrics_raw = copy.deepcopy(raw.get("metrics"))
-        self.tensorboard = self._metrics_source()
+        self.tensorboard = metrics_source(self.metrics_raw, self.stages, self.space, self.stopping.values())
         self.rerun_pruned = False  # `gts retry --pruned`: runs stopped early run again (to their end)
         self.unjudged: frozenset[str] = frozenset()  # runs the early_stop rule leaves alone in this start
         self._has_test_config = raw.get("test_config") is not None
@@ -437,24 +437,6 @@ class Sweep:
             for index, block in enumerate(stage.blocks):
                 for value in block.get(key, ()):
                     parse_memory(value, f"{where}test_config[{index}][{key!r}]")
-
-    def _metrics_source(self) -> TensorBoardSource | None:
-        """The ``metrics`` section: the runs' TensorBoard folders, read as their metric stream."""
-        from ..records.tensorboard import parse_metrics
-
-        keys = {key for stage in self.stages for key in stage.global_config} | {k for b in self.blocks for k in b}
-        source = parse_metrics(self.metrics_raw, keys | set(self.space))
-        if source is None:
-            return None
-        from ..tuning.stopping import Pausing
-
-        if any(isinstance(rule, Pausing) for rule in self.stopping.values()):
-            raise ConfigError(
-                "metrics: tensorboard feeds runs that never wait for a verdict, so they can be stopped early but not "
-                "paused at a step: use early_stop's method asha (without promotion) or median, or report() from the "
-                "script (gpu_task_scheduler.integrations has callbacks that do)"
-            )
-        return source
 
     def _check_commands(self) -> None:
         """Each command template against the keys of the runs it runs (``{dep_dir}``: in a stage whose

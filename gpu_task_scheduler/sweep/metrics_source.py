@@ -67,13 +67,16 @@ def metrics_source(
     search's ``space``); ConfigError also when runs fed from TensorBoard would be judged by a pausing
     method (``rules``: the stages' early_stop rules): they never wait for a verdict, so they can be
     stopped, not paused at a step."""
+    if raw is None:
+        return None  # a start without the section does nothing more (and imports no early_stop rule)
     stages = list(stages)
     keys = {key for stage in stages for key in stage.global_config}
     keys |= {key for stage in stages for block in stage.blocks for key in block}
     source = parse_metrics(raw, keys | set(space))
+    assert source is not None
     from ..tuning.stopping import Pausing
 
-    if source is not None and any(isinstance(rule, Pausing) for rule in rules):
+    if any(isinstance(rule, Pausing) for rule in rules):
         raise ConfigError(
             "metrics: tensorboard feeds runs that never wait for a verdict, so they can be stopped early but not "
             "paused at a step: use early_stop's method asha (without promotion) or median, or report() from the "

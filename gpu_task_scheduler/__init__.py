@@ -25,7 +25,7 @@ _EXPORTS = {
     "Pruned": "reporting",
     "Paused": "reporting",
     "Ledger": "records.ledger",
-    "RunRecord": "records.ledger",
+    "RunRecord": "records.ledger.record",
     "RunStatus": "records.status",
     "RunOutcome": "engine.summary",
     "SweepSummary": "engine.summary",
@@ -76,7 +76,8 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time 
     from .gpu_task import GPUTask  # noqa: F401
     from .gpu_task_scheduler import GPUTaskScheduler  # noqa: F401
     from .lazy import lazy_import  # noqa: F401
-    from .records.ledger import Ledger, RunRecord  # noqa: F401
+    from .records.ledger import Ledger  # noqa: F401
+    from .records.ledger.record import RunRecord  # noqa: F401
     from .records.status import RunStatus  # noqa: F401
     from .reporting import Paused, Pruned, report  # noqa: F401
     from .sweep.expand import RunSpec, Sweep  # noqa: F401

@@ -20,10 +20,12 @@ from typing import Any
 
 from .errors import ConfigError, GTSError, closest, did_you_mean, install_hint
 from .layout import RESULT_FILE
-from .records.ledger import Ledger, RunRecord, RunStatus
+from .records.ledger import Ledger
+from .records.ledger.record import RunRecord
 from .records.metrics import run_points
 from .records.paths import RootPaths, RunPaths, UnsafePathError, read_json
 from .records.provenance import short
+from .records.status import RunStatus
 from .textcells import latex_text, markdown_text
 from .tuning.pareto import dominates as dominates  # a run dominates another: the Pareto front's test
 from .tuning.pareto import fronts

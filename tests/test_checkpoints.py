@@ -159,7 +159,7 @@ def test_checkpoints_set_aside_by_fresh_attempts_are_bounded_and_gts_clean_remov
     20 GB checkpoint under max_retries: 5 once kept 100 GB), and ``gts clean`` removes the rest."""
     from gpu_task_scheduler.backends.local.prepare import KEEP_SET_ASIDE
     from gpu_task_scheduler.cli.main import main as gts
-    from gpu_task_scheduler.records.ledger import SweepLock
+    from gpu_task_scheduler.records.ledger.lock import SweepLock
     from gpu_task_scheduler.records.paths import RootPaths
 
     root, journal = in_tmp / "r", str(in_tmp / "journal")

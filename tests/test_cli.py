@@ -461,10 +461,11 @@ def test_every_subcommand_has_help_with_an_example(command):
 
 def test_a_command_parses_and_helps_alike_whether_its_parser_is_built_alone_or_with_all(capsys):
     """main() builds only the subcommand it runs; what that parser says and takes is the same."""
-    from gpu_task_scheduler.cli.main import _SUBCOMMANDS, build_parser
+    from gpu_task_scheduler.cli.commands import COMMANDS
+    from gpu_task_scheduler.cli.main import build_parser
 
-    assert list(_SUBCOMMANDS)[:3] == ["run", "queue", "grid"]  # gts --help lists them in this order
-    for name in _SUBCOMMANDS:
+    assert list(COMMANDS)[:3] == ["run", "queue", "grid"]  # gts --help lists them in this order
+    for name in COMMANDS:
         helps = []
         for parser in (build_parser(), build_parser(name)):
             with pytest.raises(SystemExit):

@@ -143,7 +143,7 @@ def test_a_records_folder_in_use_through_another_root_stops_a_second_scheduler(t
     import fcntl
 
     from gpu_task_scheduler import SchedulerBusyError
-    from gpu_task_scheduler.records.ledger import SweepLock
+    from gpu_task_scheduler.records.ledger.lock import SweepLock
     from gpu_task_scheduler.records.paths import RootPaths
 
     (tmp_path / "a" / ".gts").mkdir(parents=True)

@@ -15,7 +15,7 @@ from gpu_task_scheduler.engine.decide import (
 )
 from gpu_task_scheduler.engine.loop import Scheduler
 from gpu_task_scheduler.gpu.placement import WHOLE_GPU
-from gpu_task_scheduler.records.ledger import KnownRun
+from gpu_task_scheduler.records.ledger.record import KnownRun
 from gpu_task_scheduler.records.prior import Prior
 from gpu_task_scheduler.records.protocol import Outcome
 from gpu_task_scheduler.records.status import RunStatus

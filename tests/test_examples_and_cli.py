@@ -436,10 +436,10 @@ def test_the_readme_is_short_and_leads_with_what_a_newcomer_needs():
 
 
 def test_every_gts_subcommand_is_in_the_documentation():
-    from gpu_task_scheduler.cli.main import _SUBCOMMANDS
+    from gpu_task_scheduler.cli.commands import COMMANDS
 
     cli = _documents()["docs/cli.md"]
-    for name in _SUBCOMMANDS:
+    for name in COMMANDS:
         assert f"`gts {name}" in cli, name
 
 

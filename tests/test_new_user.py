@@ -404,7 +404,7 @@ def test_retry_finds_the_task_file_the_ledger_recorded_wherever_it_is_started(in
 
 
 def test_retry_imports_no_recorded_file_that_others_may_write(in_tmp, capsys):
-    from gpu_task_scheduler.cli.main import _find_recorded_tasks
+    from gpu_task_scheduler.cli.commands.retry import _find_recorded_tasks
 
     shared = in_tmp / "shared"
     shared.mkdir()

@@ -18,7 +18,7 @@ from helpers import ledger_rows, make_config
 from test_process_control import finish, launch
 
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler, Paused, RunStatus
-from gpu_task_scheduler.records.ledger import paused_cause
+from gpu_task_scheduler.records.ledger.trials import paused_cause
 from gpu_task_scheduler.tuning.stopping import Asha, Pausing, parse_early_stop
 from gpu_task_scheduler.tuning.trials import PAUSE, method_for
 

@@ -324,7 +324,7 @@ def test_a_donor_offers_no_snapshot_of_the_weights_it_dropped_when_it_copied():
 def _events_of(pbt, reports):
     """Feed ``reports`` ((member, step, value), in order) to ``pbt`` as the engine does, making each
     exploit at once: the trial events the ledger would hold."""
-    from gpu_task_scheduler.records.ledger import TrialEvent
+    from gpu_task_scheduler.records.ledger.trials import TrialEvent
 
     events = []
     for member, step, value in reports:
@@ -376,7 +376,7 @@ def test_every_copy_in_random_populations_keeps_the_copy_rule(seed):
 
 
 def test_the_audit_finds_a_stale_copy_and_a_copy_worse_than_the_copiers_own():
-    from gpu_task_scheduler.records.ledger import TrialEvent
+    from gpu_task_scheduler.records.ledger.trials import TrialEvent
     from gpu_task_scheduler.records.lineage import copy_faults
 
     def rung(name, step, value, decision, detail=None):
@@ -424,7 +424,7 @@ def test_a_perturbed_value_past_floats_range_is_kept_not_a_crash():
 def test_the_schedule_of_a_member_that_copied_is_its_donors_values_up_to_the_copy():
     """The weights a member ends with were trained with its donor's values up to the step it
     copied at, then its own: --schedule gives those, not the member's own values before the copy."""
-    from gpu_task_scheduler.records.ledger import TrialEvent
+    from gpu_task_scheduler.records.ledger.trials import TrialEvent
     from gpu_task_scheduler.records.lineage import lineages
 
     def event(kind, name, **more):

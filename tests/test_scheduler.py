@@ -12,7 +12,7 @@ from helpers import journal_lines, ledger_rows, make_config
 
 from gpu_task_scheduler import GPUTaskScheduler, RunsFailedError, RunStatus, SchedulerBusyError
 from gpu_task_scheduler.records import known
-from gpu_task_scheduler.records.ledger import SweepLock
+from gpu_task_scheduler.records.ledger.lock import SweepLock
 from gpu_task_scheduler.records.paths import RootPaths, read_json
 
 

@@ -149,7 +149,8 @@ def test_gpus_on_the_command_line_as_simple_gpu_scheduler_means_them(in_tmp, arg
         "scheduler_config: {gpu: [cpu], scheduler_log_file_path: null}\ntest_config: [{a: [1]}]\ncommand: ['true']\n"
     )
     from gpu_task_scheduler import ConfigManager
-    from gpu_task_scheduler.cli.main import _config_among_gpus, _run_config, build_parser
+    from gpu_task_scheduler.cli.commands.run import _config_among_gpus, _run_config
+    from gpu_task_scheduler.cli.main import build_parser
 
     args = build_parser().parse_args(["run", "s.yaml", *argv, "--dry-run"])
     _config_among_gpus(args)

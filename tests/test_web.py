@@ -634,7 +634,8 @@ def test_api_answers_are_computed_by_a_few_workers_and_shared(in_tmp, served, mo
 
 
 def test_an_override_after_serve_stays_an_override(in_tmp):
-    from gpu_task_scheduler.cli.main import _serve_port, build_parser
+    from gpu_task_scheduler.cli.commands.run import _serve_port
+    from gpu_task_scheduler.cli.main import build_parser
 
     for argv, port, overrides in [
         (["run", "s.yaml", "--serve"], 8642, []),

@@ -52,12 +52,12 @@ class Regressor(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
 
 
-def train(lr, width, epochs, devices=1):
+def train(lr, width, epochs, devices=1, accelerator="cpu"):
     L.seed_everything(0, verbose=False)
     model = Regressor(lr, width)
     trainer = L.Trainer(
         max_epochs=epochs,
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         logger=False,
@@ -73,7 +73,8 @@ def train(lr, width, epochs, devices=1):
 
 class LightningTask(GPUTask):
     def main(self):
-        return train(self.config["lr"], self.config["width"], self.config["epochs"])
+        config = self.config
+        return train(config["lr"], config["width"], config["epochs"], accelerator=config.get("accelerator", "cpu"))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ what it spent).
 
 Across a kill -9 the ledger keeps each running run's GPU-seconds up to the
 last look (every ``gpu_poll_interval`` while runs hold GPUs). A run the kill
-left running gets a moment to end by itself (records/ledger.py: NATURAL_END)
+left running gets a moment to end by itself (records/ledger/lock.py: NATURAL_END)
 before the next start stops it; what it spends after that last look is not
 recorded. So a kill, like the end of the budget, may overshoot it by what the
 runs running then spend.

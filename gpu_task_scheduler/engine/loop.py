@@ -30,7 +30,8 @@ from ..gpu.placement import Need
 from ..records.control import CONTROL_SIGNAL, taking_requests
 from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
-from ..records.ledger import Ledger, SweepLock
+from ..records.ledger import Ledger
+from ..records.ledger.lock import SweepLock
 from ..records.metrics import latest
 from ..records.paths import RootPaths, RunPaths, atomic_write, read_step
 from ..records.prior import settle_running

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ..records import checkpoints
-from ..records.ledger import Ledger, TrialEvent, paused_cause, value_words
+from ..records.ledger import Ledger
+from ..records.ledger.trials import TrialEvent, paused_cause, value_words
 from ..records.paths import RunPaths, UnsafePathError, name_problem
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule

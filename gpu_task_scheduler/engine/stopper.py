@@ -26,7 +26,8 @@ from collections.abc import Iterable
 
 from ..errors import closest, did_you_mean
 from ..recordclass import Record
-from ..records.ledger import Ledger, pruned_cause
+from ..records.ledger import Ledger
+from ..records.ledger.trials import pruned_cause
 from ..records.metrics import MAX_METRICS, MetricsReader, run_points
 from ..records.paths import RunPaths, UnsafePathError
 from ..sweep.expand import RunSpec, Sweep

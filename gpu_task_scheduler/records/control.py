@@ -17,7 +17,7 @@ import stat
 from collections.abc import Iterator
 
 from ..errors import ConfigError, GTSError
-from .ledger import scheduler_process
+from .ledger.lock import scheduler_process
 from .paths import RootPaths, atomic_write, open_regular
 
 CONTROL_SIGNAL = signal.SIGUSR1

@@ -17,7 +17,8 @@ import os
 import time
 from collections.abc import Callable
 
-from .ledger import KnownRun, Ledger
+from .ledger import Ledger
+from .ledger.record import KnownRun
 from .paths import RunPaths, read_json
 
 # Ledger rows read per query; a window holds only a few strings per run.

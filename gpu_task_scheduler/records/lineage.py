@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..recordclass import Record, field
-from .ledger import TrialEvent
+from .ledger.trials import TrialEvent
 
 
 class Segment(Record):

@@ -3,7 +3,7 @@
 ::
 
     <result_root>/
-        .gts/ledger.sqlite3      the record of every run (see ledger.py)
+        .gts/ledger.sqlite3      the record of every run (see records/ledger/)
         .gts/lock                held by the running scheduler
         <run folder>/
             worker.log           the run's stdout and stderr (``log_file``)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..errors import DamagedRecordError
 from .known import RootIndex
 from .lease import LeaseTerms, wait_all_over
-from .ledger import KnownRun, Ledger
+from .ledger import Ledger
+from .ledger.record import KnownRun
 from .metrics import read_all
 from .paths import RunPaths, name_problem
 from .protocol import Outcome

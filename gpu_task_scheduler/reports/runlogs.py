@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ..errors import ConfigError, GTSError
-from ..records.ledger import RunRecord, RunStatus, scheduler_state
+from ..records.ledger.lock import scheduler_state
+from ..records.ledger.record import RunRecord
 from ..records.paths import RunPaths, UnsafePathError, open_regular
+from ..records.status import RunStatus
 from ..results import open_ledger
 
 FOLLOW_POLL = 0.1  # seconds between looks at a followed log

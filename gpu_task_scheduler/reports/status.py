@@ -15,9 +15,9 @@ from typing import Any
 from ..errors import ConfigError, GTSError, did_you_mean, install_hint
 from ..gpu.devices import format_memory
 from ..layout import META
-from ..records.ledger import RunStatus
 from ..records.metrics import describe, latest
 from ..records.paths import RunPaths, log_name_problem, name_problem
+from ..records.status import RunStatus
 from ..results import escape_controls, open_ledger
 from .drawing import plain_text
 
@@ -122,7 +122,7 @@ def write_status_json(root: str, write: Callable[[str], object]) -> None:
 def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., Iterator[str]]]:
     """The report without its runs, how many runs are recorded, and the runs' entries (JSON text,
     ``Ledger.status_entries`` bound to this root)."""
-    from ..records.ledger import scheduler_state
+    from ..records.ledger.lock import scheduler_state
 
     tally, mean = ledger.tally()
     total_text = ledger.get_meta("sweep_runs")
@@ -179,7 +179,7 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
 def running_is_stale(root: str) -> bool:
     """Whether the runs this root records as running are stale: no scheduler holds the root, and
     no detached sweep's tasks run them on Slurm. The web view asks the same as ``gts status``."""
-    from ..records.ledger import scheduler_state
+    from ..records.ledger.lock import scheduler_state
 
     return scheduler_state(root)[0] is False and not detached_on_slurm(root)
 

@@ -15,9 +15,10 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
-from ..records.ledger import RunRecord, RunStatus
+from ..records.ledger.record import RunRecord
 from ..records.metrics import run_curve
 from ..records.paths import RunPaths, UnsafePathError, open_regular, read_json
+from ..records.status import RunStatus
 from ..reports.status import STALE, eta, running_is_stale, status
 from ..results import declared_modes, open_ledger, row_of
 

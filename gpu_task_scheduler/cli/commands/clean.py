@@ -14,13 +14,15 @@ import argparse
 import os
 from typing import Any
 
+from ..shared import formatter
 
-def cmd_clean(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..records import checkpoints
-    from ..records.ledger import SweepLock
-    from ..records.paths import RootPaths, RunPaths, name_problem
-    from ..results import open_ledger
+
+def run(args: argparse.Namespace) -> int:
+    from ...errors import ConfigError
+    from ...records import checkpoints
+    from ...records.ledger.lock import SweepLock
+    from ...records.paths import RootPaths, RunPaths, name_problem
+    from ...results import open_ledger
 
     if args.keep < 0:
         raise ConfigError(f"--keep must be 0 or more; got {args.keep}")
@@ -42,7 +44,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_clean_command(sub: Any, formatter: Any) -> None:
+def add(sub: Any) -> None:
     clean = sub.add_parser(
         "clean",
         help="remove the checkpoints that attempts which started afresh set aside",
@@ -51,4 +53,4 @@ def add_clean_command(sub: Any, formatter: Any) -> None:
     )
     clean.add_argument("root", help="the result root")
     clean.add_argument("--keep", type=int, default=0, metavar="N", help="keep each run's newest N (default 0)")
-    clean.set_defaults(handler=cmd_clean)
+    clean.set_defaults(handler=run)

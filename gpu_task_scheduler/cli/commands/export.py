@@ -7,13 +7,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..shared import formatter
+
 TARGETS = ("tensorboard", "mlflow", "wandb")
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..reports import export
-    from ..results import open_ledger
+def run(args: argparse.Namespace) -> int:
+    from ...errors import ConfigError
+    from ...reports import export
+    from ...results import open_ledger
 
     open_ledger(args.root).close()  # a result root, or a clear error
     target, where = args.to[0], args.to[1:]
@@ -35,7 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_export_command(sub: Any, formatter: Any) -> None:
+def add(sub: Any) -> None:
     command = sub.add_parser(
         "export",
         help="export a sweep to TensorBoard, MLflow or W&B (again: only what is new)",
@@ -49,4 +51,4 @@ def add_export_command(sub: Any, formatter: Any) -> None:
     command.add_argument(
         "--to", nargs="+", required=True, metavar="TARGET", help="tensorboard DIR, mlflow URI or wandb [DIR]"
     )
-    command.set_defaults(handler=cmd_export)
+    command.set_defaults(handler=run)

@@ -6,7 +6,7 @@ from setuptools import find_packages, setup
 # project with the same import package. The import package stays gpu_task_scheduler (the drop-in).
 with open("README.md", encoding="utf-8") as handle:
     long_description = handle.read()
-with open("gpu_task_scheduler/__init__.py", encoding="utf-8") as handle:
+with open("gpu_task_scheduler/version.py", encoding="utf-8") as handle:
     version = re.search(r'^__version__ = "([^"]+)"', handle.read(), re.M).group(1)
 
 setup(

@@ -8,7 +8,7 @@ SQLite, YAML or the NVML bindings.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"  # the one place the version is written (setup.py reads it)
+from .version import __version__ as __version__  # written in version.py alone (setup.py reads it)
 
 _EXPORTS = {
     "ConfigManager": "config_manager",

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_task_scheduler.backends.local.reaper import Reaper
 from gpu_task_scheduler.engine.hooks import Inbox
-from gpu_task_scheduler.sweep.expand import NOT_READY
+from gpu_task_scheduler.sweep.spec import NOT_READY
 from gpu_task_scheduler.sweep.stream import StreamSweep
 
 needs_pidfd = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds here")

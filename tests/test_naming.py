@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_task_scheduler import ConfigManager, Sweep
-from gpu_task_scheduler.sweep.expand import config_hash, params_text
 from gpu_task_scheduler.sweep.naming import MAX_NAME_BYTES, NameRegistry, config_string, folder_name, safe_folder_name
+from gpu_task_scheduler.sweep.spec import config_hash, params_text
 
 
 def original_name(

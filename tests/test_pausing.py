@@ -19,8 +19,9 @@ from test_process_control import finish, launch
 
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler, Paused, RunStatus
 from gpu_task_scheduler.records.ledger.trials import paused_cause
+from gpu_task_scheduler.tuning.base import PAUSE
+from gpu_task_scheduler.tuning.methods import method_for
 from gpu_task_scheduler.tuning.stopping import Asha, Pausing, parse_early_stop
-from gpu_task_scheduler.tuning.trials import PAUSE, method_for
 
 ASHA = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 27, "reduction_factor": 3}
 PROMOTION = {**ASHA, "promotion": True}

@@ -4,8 +4,8 @@ exploits another, how its values are explored, and that the same events decide t
 import pytest
 
 from gpu_task_scheduler import ConfigError
+from gpu_task_scheduler.tuning.base import CONTINUE, Next
 from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOT, SNAPSHOT_YIELD, YIELD, Exploit, Pbt, parse_pbt, pbt_rule
-from gpu_task_scheduler.tuning.trials import CONTINUE, Next
 
 PBT = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2.0]}}
 

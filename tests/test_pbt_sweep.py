@@ -79,7 +79,7 @@ def copy_faults_of(root, judged="metric: score, mode: max"):
     """Every exploit the ledger records that broke the copy rule (tuning/pbt.py): a snapshot of a
     lineage its donor dropped, or one recorded worse than the copier's own value there."""
     from gpu_task_scheduler.records.lineage import copy_faults
-    from gpu_task_scheduler.tuning.trials import Ranking
+    from gpu_task_scheduler.tuning.base import Ranking
 
     several = "objectives" in judged
     ranking = Ranking(["max", "min"] if several else ["max"])

@@ -14,8 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .. import __version__
 from ..errors import ConfigError, GTSError, TaskClassError
+from ..version import __version__
 from .commands import COMMANDS, add_command
 from .shared import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Parser, formatter, root_of
 

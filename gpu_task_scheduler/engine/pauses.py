@@ -31,9 +31,11 @@ from ..records.ledger import Ledger
 from ..records.ledger.trials import TrialEvent, paused_cause, value_words
 from ..records.paths import RunPaths, UnsafePathError, name_problem
 from ..sweep.expand import RunSpec, Sweep
+from ..tuning.base import CONTINUE, PAUSE
+from ..tuning.methods import Method, method_for
 from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule
 from ..tuning.stopping import Pausing
-from ..tuning.trials import CONTINUE, PAUSE, Method, PromotionAsha, method_for
+from ..tuning.trials import PromotionAsha
 
 logger = logging.getLogger("gpu_task_scheduler")
 

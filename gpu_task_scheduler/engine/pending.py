@@ -19,8 +19,9 @@ from ..gpu.devices import format_memory
 from ..gpu.placement import Need, WholeGpu
 from ..records.ledger import Ledger
 from ..records.status import RunStatus
-from ..sweep.expand import NOT_READY, RunSpec, Sweep
+from ..sweep.expand import Sweep
 from ..sweep.options import SchedulerOptions
+from ..sweep.spec import NOT_READY, RunSpec
 from .decide import Classified, Next, after_exit
 
 logger = logging.getLogger("gpu_task_scheduler")

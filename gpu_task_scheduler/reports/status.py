@@ -196,7 +196,7 @@ def detached_on_slurm(root: str) -> int:
     asked = _slurm_answers.get(root)
     if asked is not None and time.monotonic() - asked[0] < SLURM_ASKED_EVERY:
         return asked[1]
-    from ..backends.slurm.launcher import live_tasks
+    from ..backends.slurm.live import live_tasks
 
     try:
         live = len(live_tasks(root))
@@ -205,7 +205,7 @@ def detached_on_slurm(root: str) -> int:
         live = 0
     _slurm_answers[root] = (time.monotonic(), live)
     return live
-    from ..backends.slurm.launcher import live_tasks
+    from ..backends.slurm.live import live_tasks
 
     try:
         return len(live_tasks(root))

@@ -10,19 +10,45 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import did_you_mean
 from ..layout import META
 from ..tuning.search import BUILTIN_VALUES, objective, open_searcher, spent_message, violations
 from ..tuning.space import complete
 from .naming import NameRegistry
+from .spec import NOT_READY, Foreign, RunSpec
 
 if TYPE_CHECKING:
-    from .expand import Foreign, RunSpec, Sweep
+    from ..tuning.search import Search, Searcher, Trial
+    from ..tuning.space import Distribution
+    from .options import SchedulerOptions
 
 logger = logging.getLogger("gpu_task_scheduler")
+
+
+class Sweep(Protocol):
+    """What a search's runs need of their sweep (sweep/expand.py's ``Sweep``, which calls this
+    module): written out here, so that this module depends on nothing of the one that uses it."""
+
+    options: SchedulerOptions
+    search: Search | None
+    searcher: Searcher | None
+    space: dict[str, Distribution]
+    selected: frozenset[str] | None
+    parallel: int
+    live: bool
+    trial_of: dict[str, int]
+    twins: dict[str, list[int]]
+    asked: int
+    in_flight: int
+    waiting: set[str]
+    lookup: Callable[[str], Any]
+
+    def trial_run(self, trial: Trial, registry: NameRegistry, foreign: Foreign | None) -> RunSpec: ...
+
+    def followers(self, run: RunSpec, registry: NameRegistry, foreign: Foreign | None) -> Iterator[RunSpec]: ...
 
 
 def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
@@ -30,8 +56,6 @@ def search_runs(sweep: Sweep, foreign: Foreign | None) -> Iterator[RunSpec]:
     engine runs the sweep (``sweep.live``), new ones: at most ``sweep.parallel`` unsettled at a
     time, and ``n_runs`` trials in all, over every start. A trial that asks for values an earlier
     trial has (a small discrete space) runs nothing: it is told what its twin is told."""
-    from .expand import NOT_READY
-
     search = sweep.search
     assert search is not None
     meta = os.path.join(sweep.options.result_root_folder, META)  # the root's records (records/paths.py)

@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from ..digest import sha256_hex
-from .expand import NOT_READY, Foreign, RunSpec, Sweep, params_text
+from .expand import Sweep
 from .naming import short_hash
+from .spec import NOT_READY, Foreign, RunSpec, params_text
 
 _EOF = object()
 

@@ -53,9 +53,9 @@ from typing import Any, TypeGuard
 from ..errors import ConfigError, unknown_key_message
 from ..finite import finite_number
 from ..recordclass import Record, field
+from .base import CONTINUE, Next, Ranking, Value
 from .space import Distribution, parse_distribution
 from .stopping import Pausing, judged_by
-from .trials import CONTINUE, Next, Ranking, Value
 
 # PBT's decisions besides CONTINUE (trials.py): EXPLOIT, SNAPSHOT, and the same with a pause for
 # the member's turn (a population larger than its slots).

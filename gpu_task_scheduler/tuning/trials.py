@@ -63,80 +63,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any
 
-from ..recordclass import Record
-from .pareto import dominates, pareto_order
-from .stopping import Pausing, asha_rungs
-
-if TYPE_CHECKING:
-    from .pbt import Pbt
-
-CONTINUE, PAUSE = "continue", "pause"
-
-# A run's value at a rung: its metric's, or (several objectives) each objective's, in their order.
-Value: TypeAlias = "float | tuple[float, ...]"
-
-
-class Ranking:
-    """How the values at a rung rank, best first: one metric's, the lower (``min``) or the higher
-    first; several objectives' by non-dominated front, then crowding distance (the more isolated
-    first), as MO-ASHA (Schmucker et al., 2021) and NSGA-II select, then by the first objective
-    (``pareto.pareto_order``). The run's name breaks what ties remain, so that a replay decides
-    the same."""
-
-    def __init__(self, modes: Sequence[str]) -> None:
-        if not modes or any(mode not in ("min", "max") for mode in modes):
-            raise ValueError(f"mode must be 'min' or 'max'; got {', '.join(map(repr, modes)) or 'none'}")
-        self.signs = tuple(1.0 if mode == "min" else -1.0 for mode in modes)
-
-    @property
-    def several(self) -> bool:
-        return len(self.signs) > 1
-
-    def checked(self, value: Any) -> Value:
-        """``value`` as this ranking records it; ValueError for a value of the wrong shape (a
-        replayed event of another rule)."""
-        if not self.several:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            raise ValueError(f"a value of one metric is a number; got {value!r}")
-        if isinstance(value, (list, tuple)) and len(value) == len(self.signs):
-            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-                return tuple(float(v) for v in value)
-        count = len(self.signs)
-        raise ValueError(f"a value of {count} objectives is a list of {count} numbers; got {value!r}")
-
-    def signed(self, value: Value) -> float:
-        """One metric's value, lower better."""
-        assert isinstance(value, float)
-        return self.signs[0] * value
-
-    def worse(self, value: Value, than: Value) -> bool:
-        """Whether ``value`` is worse than ``than``: one metric's, strictly; several objectives',
-        dominated by it (as good in every one and better in one)."""
-        if not self.several:
-            return self.signed(value) > self.signed(than)
-        signed = [[sign * v for sign, v in zip(self.signs, _vector(point), strict=True)] for point in (than, value)]
-        return dominates(signed[0], signed[1])
-
-    def order(self, values: Mapping[str, Value]) -> list[str]:
-        """The runs of ``values``, best first."""
-        names = sorted(values)
-        if not self.several:
-            return sorted(names, key=lambda run: (self.signed(values[run]), run))
-        points = [[sign * v for sign, v in zip(self.signs, _vector(values[run]), strict=True)] for run in names]
-        return [names[i] for i in pareto_order(points)]
-
-
-class Next(Record):
-    """What a free slot runs: ``"resume"`` run ``run`` from ``step`` (its checkpoint) up to the next
-    rung, a ``"new"`` configuration (in ``bracket``), or ``"none"`` (wait for a running run)."""
-
-    kind: str
-    run: str | None = None
-    step: float | None = None
-    bracket: int = 0
+from .base import CONTINUE, PAUSE, Next, Ranking, Value
+from .stopping import asha_rungs
 
 
 def _rung_at(
@@ -150,11 +80,6 @@ def _rung_at(
         if rungs[index] <= step:
             return None if run in values[index] else rungs[index]
     return None
-
-
-def _vector(value: Value) -> tuple[float, ...]:
-    assert isinstance(value, tuple)
-    return value
 
 
 class _Bracket:
@@ -525,25 +450,3 @@ class Hyperband:
         values = ladder.values[index]
         ranked = self.ranking.order({run: value for run, value in values.items() if run not in ladder.gone})
         ladder.promoted[index] = ranked[: math.floor(len(ranked) / self.factor)] or ranked[:1]
-
-
-Method: TypeAlias = "PromotionAsha | Hyperband | Pbt"
-
-
-def method_for(rule: Pausing, *, population: int = 0, slots: int = 0) -> Method:
-    """The pausing method an ``early_stop`` rule names (``stopping.parse_early_stop`` checked it),
-    or population-based training (the ``pbt`` config) of ``population`` members on ``slots``."""
-    assert rule.max_step is not None
-    if rule.method == "pbt":
-        from .pbt import Pbt, PbtRule  # pbt.py builds on this module
-
-        assert isinstance(rule, PbtRule)
-        return Pbt(rule.config, population=population, slots=slots)
-    kind = Hyperband if rule.method == "hyperband" else PromotionAsha
-    return kind(
-        min_step=rule.min_step,
-        max_step=rule.max_step,
-        reduction_factor=rule.reduction_factor,
-        mode=rule.mode,
-        objectives=rule.objectives,
-    )

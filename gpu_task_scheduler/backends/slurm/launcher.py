@@ -55,7 +55,6 @@ from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchEr
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
-from ...proctree import wait_gone
 from ...recordclass import Record, field
 from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write, read_json
@@ -67,12 +66,13 @@ from ..supervisor import log_line, remote_run
 from . import commands, throttle
 from . import task as task_module
 from .commands import TaskState
+from .live import live_tasks
+from .resources import Resources
 
 logger = logging.getLogger("gpu_task_scheduler")
 
 EVENT_EVERY = 0.2  # seconds between two listings of the events folder
 END_LAG = 2  # squeue looks after a task's end before its missing end file means it is lost (a late NFS view)
-SIGNAL_LEAD_MIN = 60.0  # Slurm sends --signal with a resolution of a minute
 REAP_WAIT = 120.0  # seconds a killed attempt's end is waited for when the sweep is given up
 CLOSE_WAIT = 60.0  # seconds the sweep's end waits for Slurm to be done with its tasks
 SETTLE = 5.0  # ... of which a task that ended may stay listed before it is cancelled
@@ -115,6 +115,7 @@ class SlurmLauncher(BaseLauncher):
     def __init__(self, task: type[GPUTask] | TaskFactory, options: SchedulerOptions, *, detach: bool = False) -> None:
         self._make_task = class_factory(task) if isinstance(task, type) else task
         self._o, self._s = options, options.slurm or SlurmOptions()  # (None unless backend slurm)
+        self._asks = Resources(options)  # what each task asks Slurm for
         self._detach = detach
         self._root = os.path.abspath(options.result_root_folder)
         self._folder = os.path.join(self._root, META, "slurm")
@@ -159,11 +160,11 @@ class SlurmLauncher(BaseLauncher):
         missing = commands.missing_commands()
         if missing:
             raise GTSError(f"backend: slurm needs Slurm's commands on PATH; not found: {', '.join(missing)}")
-        self._gpus_per_run()  # slots of different sizes: an error now, before anything is written
+        self._asks.gpus_per_run()  # slots of different sizes: an error now, before anything is written
         return [Slot(f"slurm{index}", ()) for index in range(self._s.max_queued)]
 
     def slot_gpus(self, slot: Slot) -> float:
-        return float(self._gpus_per_run())
+        return float(self._asks.gpus_per_run())
 
     def open(self, lock_fd: int) -> None:
         """Check what Slurm and the file system must offer (before anything is submitted), then
@@ -176,7 +177,7 @@ class SlurmLauncher(BaseLauncher):
         )
         if problem is not None:
             raise GTSError(problem)
-        commands.test_submission(self._resources())
+        commands.test_submission(self._asks.sbatch_args())
         config = commands.show_config()
         self._array_size = commands.max_array_size(config)
         memory = commands.memory_problem(config, mem=self._s.mem, extra=self._s.extra)
@@ -190,7 +191,7 @@ class SlurmLauncher(BaseLauncher):
             "Slurm: partition %s; %s at once; %s per run",
             self._s.partition or "(the default)",
             self._s.max_parallel or "as many as Slurm allows",
-            ", ".join(self._per_run()) or "Slurm's defaults",
+            ", ".join(self._asks.per_run()) or "Slurm's defaults",
         )
 
     def close(self) -> None:
@@ -313,8 +314,8 @@ class SlurmLauncher(BaseLauncher):
             "events": self._events,
             "lease_every": self._o.lease_interval,
             "time": self._s.time,
-            "time_seconds": self._time_seconds(),
-            "signal_lead": self._signal_lead(),
+            "time_seconds": self._asks.time_seconds(),
+            "signal_lead": self._asks.signal_lead(),
         }
         batch_file = os.path.join(folder, "batch.json")
         atomic_write(batch_file, json.dumps(record).encode())
@@ -334,7 +335,7 @@ class SlurmLauncher(BaseLauncher):
             "--open-mode=append",
             f"--chdir={folder}",
             *(["--hold"] if held else []),
-            *self._resources(),
+            *self._asks.sbatch_args(),
         ]
         job = commands.submit(args, script)
         self.submissions += 1
@@ -360,65 +361,6 @@ class SlurmLauncher(BaseLauncher):
             return 0, False
         share = min(size, throttle.free(self._array_states(), budget))
         return (share, False) if share else (1, True)
-
-    def _resources(self) -> list[str]:
-        """The sbatch arguments every task of the sweep gets."""
-        s = self._s
-        args = [f"--partition={s.partition}"] if s.partition else []
-        for flag, value in (("account", s.account), ("qos", s.qos), ("constraint", s.constraint), ("mem", s.mem)):
-            if value:
-                args.append(f"--{flag}={value}")
-        args += self._per_run_args()
-        if self._time_seconds():
-            args.append(f"--signal=B:TERM@{int(self._signal_lead())}")
-        return args + list(s.extra)
-
-    def _per_run_args(self) -> list[str]:
-        args = []
-        gpus = self._gpus_per_run()
-        if gpus:
-            args.append(f"--gres=gpu:{gpus}")
-        if self._s.cpus_per_run:
-            args.append(f"--cpus-per-task={self._s.cpus_per_run}")
-        time_text = self._time_text()
-        if time_text:
-            args.append(f"--time={time_text}")
-        return args
-
-    def _per_run(self) -> list[str]:
-        return [arg.lstrip("-") for arg in self._per_run_args()]
-
-    def _gpus_per_run(self) -> int:
-        if self._s.gpus_per_run is not None:
-            return self._s.gpus_per_run
-        slots = self._o.slots
-        if slots is None:
-            return 1
-        sizes = {len(slot.gpu_ids) for slot in slots}
-        if len(sizes) > 1:
-            raise GTSError(
-                "backend slurm: the sweep's slots have different numbers of GPUs; say how many each run "
-                "gets with slurm: {gpus_per_run: N}"
-            )
-        return sizes.pop()
-
-    def _time_seconds(self) -> float | None:
-        """Slurm's time limit per run: ``time``, or the sweep's timeout with room for its grace period."""
-        if self._s.time_seconds is not None:
-            return self._s.time_seconds
-        if self._o.timeout is not None:
-            return 60.0 * math.ceil((self._o.timeout + self._o.grace_period + 120.0) / 60.0)
-        return None
-
-    def _time_text(self) -> str | None:
-        if self._s.time is not None:
-            return self._s.time
-        seconds = self._time_seconds()
-        return None if seconds is None else str(int(seconds // 60))
-
-    def _signal_lead(self) -> float:
-        """How long before the time limit the supervisor hears of it: the grace period and a margin."""
-        return max(SIGNAL_LEAD_MIN, math.ceil(self._o.grace_period + 30.0))
 
     # --- stopping -----------------------------------------------------------------------
 
@@ -750,40 +692,6 @@ class SlurmLauncher(BaseLauncher):
         if self._adoptable:
             found = len(self._adoptable)
             logger.info("Slurm: %d run(s) of an earlier start are still queued or running: followed", found)
-
-
-def live_tasks(root: str, *, settled: bool = False) -> list[tuple[dict[str, Any], TaskState]]:
-    """The attempts handed to Slurm from this root (``.gts/slurm/``) that are still queued or running
-    there, with their states (none when Slurm cannot be asked). ``settled``: once the submissions
-    still in flight on this machine have been answered (a start that follows what is live)."""
-    folder = os.path.join(root, META, "slurm")
-    batches: dict[str, tuple[str, list[Any]]] = {}  # job name -> (batch, its runs)
-    try:
-        listed = os.listdir(folder)
-    except OSError:
-        return []
-    for batch in listed:
-        record = read_json(os.path.join(folder, batch, "batch.json"))
-        if isinstance(record, dict) and isinstance(record.get("job_name"), str):
-            batches[record["job_name"]] = (batch, record.get("runs") or [])
-    if not batches or commands.missing_commands():
-        return []
-    # An array an earlier start was still submitting when it was killed is waited for, so that it
-    # is followed, not submitted a second time beside it (sbatch outlives the scheduler that ran it).
-    in_flight = commands.submissions_in_flight(batches) if settled else []
-    if in_flight:
-        logger.info("Slurm: waiting for %d submission(s) of an earlier start to be answered", len(in_flight))
-        wait_gone(in_flight, timeout=commands.CALL_TIMEOUT + 5)
-    found = []
-    # By the arrays' names, not their ids: a scheduler killed right after sbatch answered never wrote the id.
-    for name, tasks in commands.states_by_name(batches).items():
-        batch, runs = batches[name]
-        for task, state in tasks.items():
-            job, _, index = task.partition("_")
-            run = runs[int(index)] if index.isascii() and index.isdigit() and int(index) < len(runs) else None
-            if state.live and isinstance(run, dict) and isinstance(run.get("name"), str):
-                found.append(({**run, "job": job, "index": int(index), "batch": batch}, state))
-    return found
 
 
 class SlurmHandle:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from ... import __version__
 from ...errors import LedgerError
+from ...version import __version__
 
 # 1: the first release. 2: runs.result_file (results too large to keep in the ledger).
 # 3: runs.gpu_leftover (GPU memory a run's processes still held after it ended).

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from ... import __version__
 from ...errors import LedgerError
+from ...version import __version__
 from ..paths import RootPaths, ledger_path_problem, root_records_problem
 from ..status import RunStatus
 from .record import _FIELDS, _STATUSES, KnownRun, RunRecord, _field_problem

@@ -19,7 +19,8 @@ from test_process_control import finish, launch, started
 
 from gpu_task_scheduler import GPUTaskScheduler
 from gpu_task_scheduler.backends import supervisor
-from gpu_task_scheduler.cli.main import _run_config, build_parser, main
+from gpu_task_scheduler.cli.commands.run import _run_config
+from gpu_task_scheduler.cli.main import build_parser, main
 from gpu_task_scheduler.errors import ConfigError
 from gpu_task_scheduler.sweep.expand import Sweep
 

@@ -88,6 +88,14 @@ def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
         time.sleep(interval)
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pytest.ini): two workers per core. The tests mostly wait on the processes they
+    start (a run's sleep, a grace period, a Ray node's heartbeat): one worker per core left the 2
+    cores of a CI machine half idle (1.1 cores busy on average), two per core keep them busy. The
+    Ray and Slurm tests and the framework sweeps still run one at a time (their xdist groups)."""
+    return 2 * len(os.sched_getaffinity(0))
+
+
 @pytest.fixture(autouse=True)
 def own_reservations_dir(tmp_path_factory, monkeypatch):
     """Each test's schedulers share GPU reservations among themselves only (the fake GPUs of

@@ -29,7 +29,13 @@ def test_a_paused_and_resumed_training_gives_the_uninterrupted_numbers(example, 
     assert reporting.paused_cause() == "paused at rung 2"
     checkpoints = os.path.join(run.folder, "checkpoint")
     assert os.listdir(checkpoints) == ["checkpoint-16"] and not (tmp_path / "out" / "checkpoint-16").exists()
+    # What a kill in the middle of the Trainer's next save leaves: a newer folder without its
+    # trainer_state.json (written last). The resume takes the newest whole one.
+    os.mkdir(os.path.join(checkpoints, "checkpoint-24"))
+    with open(os.path.join(checkpoints, "checkpoint-24", "model.safetensors"), "wb") as handle:
+        handle.write(b"half")
     run.attempt_at(resume=2)
+    assert example.resume_from() == os.path.join(checkpoints, "checkpoint-16")
     second = example.train(3e-3, 16, 5, str(tmp_path / "out"))
     assert run.steps() == [3, 4, 5] and second["epochs"] == 5  # each epoch trained once
     assert second["eval_loss"] == pytest.approx(whole["eval_loss"], rel=1e-4)

@@ -601,11 +601,19 @@ WAITING_COMMAND = (
 
 @pytest.fixture
 def busy_machine():
-    """Every core kept busy by a spinning process (and one more), stopped after the test."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 2) + 1)]
+    """The test and every process it starts confined to one core, which two spinning processes keep
+    busy: the sweep sees a loaded machine (its runs get a third of a core each), and the tests that
+    run beside it (pytest-xdist) keep the other cores. Stopped, and the core set restored, after."""
+    cores = os.sched_getaffinity(0)
+    one = {max(cores)}
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
+        for spinner in spinners:
+            os.sched_setaffinity(spinner.pid, one)
+        os.sched_setaffinity(0, one)  # this thread: the sweep's threads and processes inherit it
         yield
     finally:
+        os.sched_setaffinity(0, cores)
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
@@ -618,7 +626,7 @@ def test_a_command_that_reports_through_the_module_waits_at_a_rung_and_trains_no
     """A command is told of a pause by SIGTERM, which may come after it began the next step: that
     step ran twice (steps 1, 2, 3, resumed at 2, 3 again). Reporting through
     ``python -m gpu_task_scheduler.reporting``, it waits at each rung for the verdict, exits when
-    paused, and trains each step once, with every core busy."""
+    paused, and trains each step once, with its core busy."""
     root = in_tmp / "r"
     config = make_config(root, CURVES, slots=("cpu", "cpu"), grace_period=5)
     script = in_tmp / "train.py"

@@ -146,7 +146,7 @@ def test_an_unmodified_lightning_script_is_stopped_early_from_its_event_files(tm
     root = str(tmp_path / "root")
     subprocess.run(
         [sys.executable, "-m", "gpu_task_scheduler", "run", config_file, f"scheduler_config.result_root_folder={root}"]
-        + ["--plain"],
+        + ["lr=0.1,0.003", "--plain"],  # half the example's grid: the two slow ones are judged against the fast
         cwd=REPO,
         check=True,
         capture_output=True,
@@ -155,7 +155,7 @@ def test_an_unmodified_lightning_script_is_stopped_early_from_its_event_files(tm
     )
     rows = ledger_rows(root)
     pruned = [row for row in rows.values() if row["status"] == "pruned"]
-    assert len(rows) == 8 and len(pruned) >= 4
+    assert len(rows) == 4 and len(pruned) >= 2
     for row in rows.values():
         summary = json.loads(row["metrics"])
         assert set(summary) == {"val_loss", "train_loss"}  # the tags kept

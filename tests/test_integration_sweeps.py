@@ -18,10 +18,10 @@ from conftest import wait_until
 from helpers import ledger_rows
 from run_side import ONE_THREAD, framework
 
-# The sweeps train real models in every run's process: the example sweeps one at a time (one
-# worker, with the TensorBoard sweep), and the commands one at a time in another, so that no more
-# than two of them share the 2 cores of a CI machine with each other as well as with the rest.
-SWEEPS, COMMANDS = pytest.mark.xdist_group("frameworks"), pytest.mark.xdist_group("framework-commands")
+# The sweeps train real models in every run's process: one at a time (one worker, with the
+# TensorBoard sweep), so that two of them never share the 2 cores of a CI machine with each other
+# as well as with the rest (two groups side by side made the suite slower, not faster).
+SWEEPS = COMMANDS = pytest.mark.xdist_group("frameworks")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The framework each example needs, and the metric its sweep ranks by.

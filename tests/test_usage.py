@@ -325,7 +325,10 @@ def test_status_results_and_gpu_hours_to_show_what_the_runs_cost(one_gpu, in_tmp
     assert GPUTaskScheduler(config, tasks.FakeGpuTask, nvml=fake_nvml).start().ok
     rows = ledger_rows(root)
     seconds = {name: row["gpu_seconds"] for name, row in rows.items()}
-    assert all(value > 0.3 for value in seconds.values()), seconds
+    # Each held its GPU for a while, and never longer than it held its slot: its GPU time runs from
+    # the scheduler's look as it starts to its look as it ends (how much of the 0.3 s hold that
+    # covers depends on how soon the scheduler looks, on a loaded machine).
+    assert all(0 < value <= rows[name]["slot_seconds"] + 0.05 for name, value in seconds.items()), (seconds, rows)
 
     status = _gts("status", root)
     assert f"spent: {sum(seconds.values()) / 3600:.4g} GPU-hours" in status.stdout, status.stdout

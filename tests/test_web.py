@@ -197,25 +197,34 @@ def test_gts_serve_refuses_a_folder_that_is_no_result_root(in_tmp, capsys):
 # --- the page, in a real browser ---------------------------------------------------------------
 
 
-@pytest.fixture
-def browser():
+@pytest.fixture(scope="module")
+def chromium():
     """Chromium driven by Playwright (the system's chromium: Playwright's own download is not
-    needed); the test skips, saying why, where none can be had."""
+    needed), one for the module's tests (each gets a context of its own); they skip, saying why,
+    where none can be had. Started before any test's fixtures, so no test's process mark is on it."""
     playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (test extra)")
     executable = os.environ.get("GTS_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if executable is None:
         pytest.skip("no Chromium here (apt-get install chromium, or GTS_CHROMIUM=/path/to/chrome)")
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        # Playwright evaluates its waits' predicates as strings, which the page's CSP (no eval)
-        # forbids: the tests' context lets them through. The page itself never needs eval, and
-        # what it shows as text is checked without the CSP's help.
-        context = browser.new_context(bypass_csp=True)
         try:
-            yield context
+            yield browser
         finally:
-            context.close()
             browser.close()
+
+
+@pytest.fixture
+def browser(chromium):
+    """A fresh browser context (its own cookies, storage and pages) for one test."""
+    # Playwright evaluates its waits' predicates as strings, which the page's CSP (no eval)
+    # forbids: the tests' context lets them through. The page itself never needs eval, and
+    # what it shows as text is checked without the CSP's help.
+    context = chromium.new_context(bypass_csp=True)
+    try:
+        yield context
+    finally:
+        context.close()
 
 
 def test_the_page_follows_a_live_sweep_and_shows_values_as_text(in_tmp, served, browser, no_leaked_processes):

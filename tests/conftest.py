@@ -91,15 +91,6 @@ def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
         time.sleep(interval)
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` (pytest.ini): one worker per core. Two per core kept the 2 cores of a CI machine
-    busier (436 to 523 s instead of ~600), but under that load the test Slurm lost the batch steps it
-    had just launched (4 at once, without a word in slurmd's log) in 2 runs of 3, and
-    test_slurm.py's kill battery then waited for runs that would never end: a suite that fails one
-    run in three is slower than one that passes."""
-    return len(os.sched_getaffinity(0))
-
-
 @pytest.fixture(autouse=True)
 def own_reservations_dir(tmp_path_factory, monkeypatch):
     """Each test's schedulers share GPU reservations among themselves only (the fake GPUs of

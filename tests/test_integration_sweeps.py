@@ -21,7 +21,7 @@ from run_side import ONE_THREAD, framework
 # The sweeps train real models in every run's process: one at a time (one worker, with the
 # TensorBoard sweep), so that two of them never share the 2 cores of a CI machine with each other
 # as well as with the rest (two groups side by side made the suite slower, not faster).
-SWEEPS = COMMANDS = pytest.mark.xdist_group("frameworks")
+pytestmark = pytest.mark.xdist_group("frameworks")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The framework each example needs, and the metric its sweep ranks by.
@@ -100,7 +100,6 @@ def check_the_sweep(example, config, root, tmp_path, runs):
 KILLED = ["lightgbm", "lightning", "xgboost"]
 
 
-@SWEEPS
 @pytest.mark.parametrize("name", KILLED)
 def test_the_example_sweep_killed_while_runs_are_paused_ends_as_a_whole_one(name, tmp_path):
     """The scheduler is killed (SIGKILL) once a run is paused and another runs: the next `gts run`
@@ -134,7 +133,6 @@ def test_the_example_sweep_killed_while_runs_are_paused_ends_as_a_whole_one(name
     assert "0 succeeded, 0 failed" in again and {run: r["attempts"] for run, r in ledger_rows(root).items()} == attempts
 
 
-@COMMANDS
 def test_a_lightning_ddp_command_is_paused_and_resumed(tmp_path):
     pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
     root, by_hand = tmp_path / "root", tmp_path / "by-hand"
@@ -166,7 +164,6 @@ def test_a_lightning_ddp_command_is_paused_and_resumed(tmp_path):
         assert json.load(kept)["val_loss"] == pytest.approx(json.load(handle)["val_loss"], rel=1e-5)
 
 
-@COMMANDS
 @pytest.mark.parametrize("name", ["keras", "lightgbm", "transformers", "xgboost"])
 def test_the_example_as_a_command_is_paused_and_resumed(name, tmp_path):
     """The same script as a `command:` (Lightning's: the DDP test above), one slot: the first

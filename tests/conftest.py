@@ -207,35 +207,54 @@ def ray_instance():
 
 # Slurm: that worker starts one Slurm cluster of its own (slurm_cluster.py: one node, 4 GPUs as GRES)
 # for all of them.
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """The tests' own one-node Slurm cluster, found by clients through SLURM_CONF; every job of it
-    is cancelled and its daemons stopped (by their pids) at the end."""
+def _started_cluster(tmp_path_factory, nodes):
     from slurm_cluster import SlurmCluster, why_not
 
     reason = why_not()
     if reason is not None:
         pytest.skip(reason)
     mark = os.environ.pop(MARK, None)  # the daemons outlive the test that happened to start them
-    cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm")))
+    cluster = SlurmCluster(str(tmp_path_factory.mktemp(f"slurm{nodes}")), nodes)
     try:
         cluster.start()
     finally:
         if mark is not None:
             os.environ[MARK] = mark
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = cluster.conf
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The tests' own one-node Slurm cluster; every job of it is cancelled and its daemons stopped
+    (by their pids) at the end. A test that uses it finds it through SLURM_CONF."""
+    cluster = _started_cluster(tmp_path_factory, 1)
     yield cluster
     cluster.stop()
-    if previous is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = previous
+
+
+@pytest.fixture(scope="session")
+def slurm_pool_cluster(tmp_path_factory):
+    """A Slurm cluster of two nodes (gts0, gts1: two slurmd on this machine) for the pools' tests."""
+    cluster = _started_cluster(tmp_path_factory, 2)
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture
-def slurm(slurm_cluster):
-    """The cluster, with no job of an earlier test left in it (none may be: each test checks)."""
+def slurm(slurm_cluster, monkeypatch):
+    """The one-node cluster, with no job of an earlier test left in it (none may be: each test checks)."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.conf)
+    yield from _no_jobs_left(slurm_cluster)
+
+
+@pytest.fixture
+def slurm_pool(slurm_pool_cluster, monkeypatch):
+    """The two-node cluster, as ``slurm`` is the one-node one."""
+    monkeypatch.setenv("SLURM_CONF", slurm_pool_cluster.conf)
+    yield from _no_jobs_left(slurm_pool_cluster)
+
+
+def _no_jobs_left(slurm_cluster):
     yield slurm_cluster
     left = slurm_cluster.jobs()
     if left:  # what they wait for, and the node's state: the reason is in Slurm, not in the test

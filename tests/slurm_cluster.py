@@ -1,13 +1,19 @@
-"""A one-node Slurm cluster of the tests' own: munged, slurmctld and slurmd on this machine, with
-four GPUs declared as GRES on dummy character devices (Slurm then sets CUDA_VISIBLE_DEVICES per
-job). Needs Debian's slurm-wlm and root (slurmd runs jobs as their users); the Slurm tests skip
-with the reason where it cannot start.
+"""A Slurm cluster of the tests' own: munged, slurmctld and one slurmd per node on this machine,
+each node with four GPUs declared as GRES on dummy character devices (Slurm then sets
+CUDA_VISIBLE_DEVICES per job). Needs Debian's slurm-wlm and root (slurmd runs jobs as their users);
+the Slurm tests skip with the reason where it cannot start.
+
+Several nodes on one machine: each node is a slurmd of its own, started with ``slurmd -N NAME``
+(Debian's Slurm is built with multiple-slurmd support), with ``NodeHostname`` this machine,
+``NodeAddr`` 127.0.0.1 and a port of its own; its spool, pid and log files are per node through
+``%n`` in their paths. Jobs see their node in ``SLURMD_NODENAME``; ``scontrol update
+NodeName=... State=DOWN`` takes one node down (its steps killed) while the other runs on.
 
 Everything lives in a folder of its own (config, state, spool, pid files) on free ports, so it
 does not touch a cluster this machine may belong to; clients find it through SLURM_CONF. It is
 stopped by the pids it started (every job of it cancelled first), never by name.
 
-As a script, for a look by hand: ``python tests/slurm_cluster.py DIR`` starts one and prints
+As a script, for a look by hand: ``python tests/slurm_cluster.py DIR [NODES]`` starts one and prints
 the SLURM_CONF to export; Ctrl-C stops it.
 """
 
@@ -59,10 +65,12 @@ def _sbin(name: str) -> str:
 
 
 class SlurmCluster:
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, nodes: int = 1) -> None:
         self.folder = os.path.abspath(folder)
         self.conf = os.path.join(self.folder, "slurm.conf")
         self.host = socket.gethostname().split(".")[0]
+        # One node: this machine's name, as on a workstation; several: gts0, gts1, ...
+        self.nodes = [self.host] if nodes == 1 else [f"gts{index}" for index in range(nodes)]
         self.env = dict(os.environ, SLURM_CONF=self.conf)
         self._munged: int | None = None
 
@@ -74,20 +82,25 @@ class SlurmCluster:
             if not os.path.exists(device):
                 os.mknod(device, 0o600 | 0o020000, os.makedev(195, index))
         d = self.folder
+        several = len(self.nodes) > 1
+        nodes = ",".join(self.nodes)
+        per_node = "/%n" if several else ""
+        for node in self.nodes if several else ():
+            os.makedirs(os.path.join(d, "spool", node), exist_ok=True)
         lines = [
             f"ClusterName=gts{os.getpid()}",
             f"SlurmctldHost={self.host}",
             f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            *([] if several else [f"SlurmdPort={_free_port()}"]),
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
             f"StateSaveLocation={d}/state",
-            f"SlurmdSpoolDir={d}/spool",
+            f"SlurmdSpoolDir={d}/spool{per_node}",
             f"SlurmctldPidFile={d}/slurmctld.pid",
-            f"SlurmdPidFile={d}/slurmd.pid",
+            f"SlurmdPidFile={d}/slurmd{'-%n' if several else ''}.pid",
             f"SlurmctldLogFile={d}/log/slurmctld.log",
-            f"SlurmdLogFile={d}/log/slurmd.log",
+            f"SlurmdLogFile={d}/log/slurmd{'-%n' if several else ''}.log",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
@@ -102,13 +115,15 @@ class SlurmCluster:
             "KillWait=5",
             "ReturnToService=2",
             "MpiDefault=none",
-            f"NodeName={self.host} CPUs=8 RealMemory=8000 Gres=gpu:{GPUS} State=UNKNOWN",
-            f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
         ]
+        for node in self.nodes:
+            where = f" NodeHostname={self.host} NodeAddr=127.0.0.1 Port={_free_port()}" if several else ""
+            lines.append(f"NodeName={node}{where} CPUs=8 RealMemory=8000 Gres=gpu:{GPUS} State=UNKNOWN")
+        lines.append(f"PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP")
         with open(self.conf, "w", encoding="ascii") as handle:
             handle.write("\n".join(lines) + "\n")
         with open(os.path.join(self.folder, "gres.conf"), "w", encoding="ascii") as handle:
-            handle.write(f"AutoDetect=off\nNodeName={self.host} Name=gpu File={d}/gpus/gpu[0-{GPUS - 1}]\n")
+            handle.write(f"AutoDetect=off\nNodeName={nodes} Name=gpu File={d}/gpus/gpu[0-{GPUS - 1}]\n")
 
     def _start_munged(self) -> None:
         if _munged_running():
@@ -126,11 +141,13 @@ class SlurmCluster:
         self._write_config()
         self._start_munged()
         subprocess.run([_sbin("slurmctld"), "-f", self.conf], check=True, env=self.env)
-        subprocess.run([_sbin("slurmd"), "-f", self.conf], check=True, env=self.env)
+        for node in self.nodes:
+            named = ["-N", node] if len(self.nodes) > 1 else []
+            subprocess.run([_sbin("slurmd"), "-f", self.conf, *named], check=True, env=self.env)
         deadline = time.monotonic() + timeout
         while True:
-            state = self.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
-            if state in ("idle", "mixed", "allocated"):
+            state = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
+            if len(state) == len(self.nodes) and all(s in ("idle", "mixed", "allocated") for s in state):
                 return
             if time.monotonic() > deadline:
                 self.stop()
@@ -154,9 +171,15 @@ class SlurmCluster:
         while self.jobs() and time.monotonic() < deadline:
             time.sleep(0.2)
 
+    def set_node(self, node: str, state: str, reason: str = "a test") -> None:
+        """``DOWN`` (its jobs' steps there are killed) or ``RESUME``."""
+        args = [f"NodeName={node}", f"State={state}"] + ([f"Reason={reason}"] if state != "RESUME" else [])
+        self.run("scontrol", "update", *args)
+
     def logs(self) -> str:
         texts = []
-        for name in ("slurmctld.log", "slurmd.log"):
+        daemons = ["slurmd.log"] if len(self.nodes) == 1 else [f"slurmd-{node}.log" for node in self.nodes]
+        for name in ["slurmctld.log", *daemons]:
             try:
                 with open(os.path.join(self.folder, "log", name), encoding="utf-8", errors="replace") as handle:
                     texts.append(f"--- {name}\n" + "".join(handle.readlines()[-30:]))
@@ -168,7 +191,8 @@ class SlurmCluster:
         try:
             self.cancel_all()
         finally:
-            for name in ("slurmd.pid", "slurmctld.pid"):
+            names = ["slurmd.pid"] if len(self.nodes) == 1 else [f"slurmd-{node}.pid" for node in self.nodes]
+            for name in [*names, "slurmctld.pid"]:
                 _stop(_pid(os.path.join(self.folder, name)))
             if self._munged is not None:
                 _stop(self._munged)
@@ -198,7 +222,7 @@ if __name__ == "__main__":
     reason = why_not()
     if reason:
         sys.exit(reason)
-    cluster = SlurmCluster(sys.argv[1])
+    cluster = SlurmCluster(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     cluster.start()
     print(f"export SLURM_CONF={cluster.conf}", flush=True)
     try:

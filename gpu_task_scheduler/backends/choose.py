@@ -21,7 +21,12 @@ def launcher_for(
     ``detach``: the runs handed to Slurm stay there when the sweep returns (Slurm only)."""
     if detach and options.backend != "slurm":
         raise GTSError("--detach needs backend slurm: only Slurm's runs outlive the scheduler that started them")
-    if options.backend == "slurm":
+    if options.backend == "slurm" and options.slurm is not None and options.slurm.pool is not None:
+        from .slurm.pool import PoolLauncher
+
+        with PoolLauncher(task, options, detach=detach) as pool:
+            yield pool
+    elif options.backend == "slurm":
         from .slurm.launcher import SlurmLauncher
 
         with SlurmLauncher(task, options, detach=detach) as slurm:

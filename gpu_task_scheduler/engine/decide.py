@@ -131,6 +131,7 @@ class ExitFacts(NamedTuple):
     log_tail: str
     unstoppable: tuple[int, ...] = ()
     lost: str | None = None  # the launcher lost it with its machine (Ended.lost)
+    handed_back: bool = False  # ... on schedule: it goes on elsewhere, not counted (Ended.handed_back)
 
 
 class Classified(NamedTuple):
@@ -141,6 +142,7 @@ class Classified(NamedTuple):
     result: Any = None
     oom: str | None = None  # the out-of-memory message found in the log
     lost: bool = False  # ended because its machine went away: run again elsewhere
+    handed_back: bool = False  # ... on schedule (a pool's time limit): not counted as a retry
 
 
 def describe_returncode(returncode: int) -> tuple[int | None, str | None]:
@@ -206,14 +208,15 @@ def classify(facts: ExitFacts) -> Classified:
     if facts.unstoppable:
         note = "processes it started could not be stopped: pid " + ", ".join(map(str, facts.unstoppable))
         cause = f"{cause}; {note}" if cause else note
-    return Classified(status, cause, exit_code, signal_name, result, oom, lost)
+    return Classified(status, cause, exit_code, signal_name, result, oom, lost, lost and facts.handed_back)
 
 
 # --- what happens next ----------------------------------------------------------
 
 
 class Next(NamedTuple):
-    # "done", "retry" (queued again now), "lost" (queued again now: its machine went away) or
+    # "done", "retry" (queued again now), "lost" (queued again now: its machine went away),
+    # "handback" (queued again now, not counted: its machine was taken back on schedule) or
     # "defer" (after every other run, with `need`)
     action: str
     need: Need = None
@@ -231,11 +234,15 @@ def after_exit(
     stopping: bool,
     lost_retries: int = 0,
     max_lost_retries: int = 0,
+    handbacks: int = 0,
 ) -> Next:
     """``tries``: attempts made so far (this one included); ``oom_retries``: out-of-memory retries so far;
-    ``lost_retries``: attempts run again because their machine went away."""
+    ``lost_retries``: attempts run again because their machine went away; ``handbacks``: ... because
+    it was taken back on schedule."""
     if ended.status is RunStatus.SUCCEEDED or stopping:
         return Next("done")
+    if ended.handed_back:
+        return Next("handback")
     if ended.lost:
         return Next("lost") if lost_retries < max_lost_retries else Next("done")
     if ended.oom is not None:
@@ -243,6 +250,7 @@ def after_exit(
             return Next("done")
         grown = max(reserved if isinstance(reserved, int) else 0, peak or 0)
         return Next("defer", int(grown * OOM_GROWTH) if grown > 0 else WHOLE_GPU)
-    if ended.status in (RunStatus.FAILED, RunStatus.TIMED_OUT) and tries - oom_retries - lost_retries <= max_retries:
+    counted = tries - oom_retries - lost_retries - handbacks
+    if ended.status in (RunStatus.FAILED, RunStatus.TIMED_OUT) and counted <= max_retries:
         return Next("retry")
     return Next("done")

@@ -59,6 +59,9 @@ class Ended(NamedTuple):
     lost: str | None = None  # the launcher lost the attempt (its machine went away): how, in words
     # The cluster stopped it (its time limit: TIMED_OUT; cancelled there: INTERRUPTED), and why in words.
     stopped: tuple[RunStatus, str] | None = None
+    # The cluster took its machine back on schedule (a pool allocation's time limit): the attempt
+    # stopped at its last checkpoint and goes on from its last reported step, not counted as a retry.
+    handed_back: bool = False
 
 
 class Handle(Protocol):

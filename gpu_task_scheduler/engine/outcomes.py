@@ -63,6 +63,7 @@ def read_exit(
         log_tail=tail,
         unstoppable=ended.unstoppable,
         lost=ended.lost,
+        handed_back=ended.handed_back,
     )
     return Exit(facts, outcome, tail, folder_problem)
 

@@ -36,6 +36,7 @@ class Pending:
         "tries",
         "oom_retries",
         "lost_retries",
+        "handbacks",
         "need",
         "decided",
         "waiting_on",
@@ -48,6 +49,7 @@ class Pending:
         self.tries = 0  # attempts of this run in this start()
         self.oom_retries = 0
         self.lost_retries = 0  # attempts run again because their machine went away
+        self.handbacks = 0  # ... because it was taken back on schedule (a pool allocation's time limit)
         self.need: Need = None  # the memory estimate raised after an out-of-memory failure
         self.decided = False  # before_run() said it runs (asked once, also when it waits for dependencies)
         self.waiting_on: set[str] | None = None  # while parked: the runs it still waits for
@@ -175,6 +177,7 @@ class RunQueue:
             stopping=stopping,
             lost_retries=item.lost_retries,
             max_lost_retries=options.node_failure_retries,
+            handbacks=item.handbacks,
         )
 
     def requeue(self, item: Pending, step: Next, options: SchedulerOptions) -> bool:
@@ -202,6 +205,10 @@ class RunQueue:
                 item.lost_retries,
                 max_lost_retries,
             )
+            self._retry.append(item)
+        elif step.action == "handback":
+            item.handbacks += 1
+            logger.info("%s goes on from its last reported step in another allocation", spec.name)
             self._retry.append(item)
         elif step.action == "retry":
             logger.info("%s will be retried (attempt %d of %d)", spec.name, item.tries + 1, max_retries + 1)

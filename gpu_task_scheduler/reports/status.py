@@ -16,7 +16,7 @@ from ..errors import ConfigError, GTSError, did_you_mean, install_hint
 from ..gpu.devices import format_memory
 from ..layout import META
 from ..records.metrics import describe, latest
-from ..records.paths import RunPaths, log_name_problem, name_problem
+from ..records.paths import RunPaths, log_name_problem, name_problem, read_json
 from ..records.status import RunStatus
 from ..results import escape_controls, open_ledger
 from .drawing import plain_text
@@ -157,6 +157,9 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     if on_slurm:  # gts run --detach: no scheduler, and its runs queued or running on Slurm
         scheduler["on_slurm"] = on_slurm
     report: dict[str, Any] = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts}
+    pool = read_json(os.path.join(root, META, "slurm", "pool", "state.json"))
+    if isinstance(pool, dict) and not pool.get("over") and running:
+        report["pool"] = pool  # a Slurm pool's allocations, as its driver last wrote them
     notes = ledger.notes()
     if notes:  # what the scheduler saw of runs that the user should know (a resume that ignored its checkpoint)
         report["notes"] = notes
@@ -203,15 +206,25 @@ def detached_on_slurm(root: str) -> int:
     except GTSError as error:
         logger.warning("cannot ask Slurm about the runs of %s: %s", root, error)
         live = 0
+    from ..backends.slurm.poolfiles import PoolFiles
+
+    live += PoolFiles(root).live_attempts()  # a detached pool's: queued, or run by an agent that beats
     _slurm_answers[root] = (time.monotonic(), live)
     return live
-    from ..backends.slurm.live import live_tasks
 
-    try:
-        return len(live_tasks(root))
-    except GTSError as error:
-        logger.warning("cannot ask Slurm about the runs of %s: %s", root, error)
-        return 0
+
+def pool_lines(pool: dict[str, Any], width: int = 80) -> list[str]:
+    """A Slurm pool as ``gts status`` shows it: its allocations, their nodes, slots and runs."""
+    allocations = [a for a in pool.get("allocations") or [] if isinstance(a, dict)]
+    lines = [f"  pool: {len(allocations)} allocation(s) up, {pool.get('submissions', 0)} submitted by this start"]
+    for allocation in allocations:
+        lines.append(f"    job {allocation.get('job')} {allocation.get('state')} on {allocation.get('nodes') or '-'}")
+        for agent in allocation.get("agents") or []:
+            slots, running = agent.get("slots") or [], agent.get("running") or []
+            draining = " draining" if agent.get("draining") else ""
+            text = f"      {agent.get('node')}: {len(running)}/{len(slots)} busy{draining}: " + " ".join(running)
+            lines.append(text if len(text) <= width else text[: width - 1] + "…")
+    return lines
 
 
 CAUSE_SHOWN = 60  # characters of a cause in the table (--verbose, --json: all of it)
@@ -295,6 +308,8 @@ def format_status(
         lines.append(f"  spent: {report['gpu_seconds'] / 3600:.4g} GPU-hours{energy}")
     elif report.get("slot_seconds"):
         lines.append(f"  spent: {report['slot_seconds'] / 3600:.4g} slot-hours (no GPU measured)")
+    if isinstance(report.get("pool"), dict):
+        lines += pool_lines(report["pool"])
     for name, note in report.get("notes", {}).items():
         lines.append(f"  note: {note}" if name in note else f"  note on {name}: {note}")
     if counts.get(STALE):

@@ -23,6 +23,19 @@ _NAME = re.compile(r"^[A-Za-z0-9_.,:+@-]+$")  # partition, account, qos: no spac
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.:+@-]+$")
 
 
+class PoolOptions(Record):
+    """``slurm: {pool: {...}}``: the sweep's runs go to a few allocations of whole nodes, where an agent
+    per node runs them as a local sweep would (``backends/slurm/pool.py``), not one array task each."""
+
+    nodes: int = 1  # nodes per allocation
+    allocations: int = 1  # allocation jobs at once
+    time: str | None = None  # each allocation's time limit (sbatch --time); None: the partition's
+    time_seconds: float | None = None
+    gpus_per_node: int = 0  # GPUs each allocation asks for on each node (--gres=gpu:N); 0: none
+    slots_per_node: int | None = None  # runs at once on a node without GPUs (None: its CPUs' worth, at most 8)
+    idle_exit: float = 30.0  # seconds an agent with nothing to run waits for more before its node is let go
+
+
 class SlurmOptions(Record):
     partition: str | None = None
     max_parallel: int | None = None  # runs at once across the sweep (the arrays' throttles); None: as Slurm allows
@@ -39,6 +52,7 @@ class SlurmOptions(Record):
     max_queued: int = 1000  # attempts handed to Slurm at once (queued or running)
     poll_interval: float = 5.0  # seconds between two looks at squeue (slurmctld is shared: at most twice a second)
     job_name: str = "gts"
+    pool: PoolOptions | None = None  # None: one array task per run
 
 
 def parse_time(value: Any) -> float:
@@ -85,8 +99,41 @@ def parse_slurm_options(raw: Any) -> SlurmOptions:
         elif key == "time":
             values["time_seconds"] = parse_time(value)
             value = str(value)
+        elif key == "pool":
+            value = _parse_pool(value)
         values[key] = value
     return SlurmOptions(**values)
+
+
+def _parse_pool(raw: Any) -> PoolOptions:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"scheduler_config['slurm']['pool'] must be a dict (nodes, allocations, time); got {raw!r}")
+    fields = {name for name in PoolOptions._fields if name != "time_seconds"}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ConfigError(unknown_key_message("scheduler_config['slurm']['pool']", key, sorted(fields)))
+        if value is None:
+            continue
+        if key in ("nodes", "allocations", "slots_per_node"):
+            ok = _int(value) and value >= 1
+            problem = None if ok else "an integer >= 1"
+        elif key == "gpus_per_node":
+            problem = None if _int(value) and value >= 0 else "an integer >= 0"
+        elif key == "idle_exit":
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= float(value) <= 86400
+            problem = None if ok else "seconds between 0 and 86400"
+            value = float(value) if ok else value
+        else:  # time
+            try:
+                values["time_seconds"] = parse_time(value)
+                problem, value = None, str(value)
+            except ValueError as error:
+                problem = str(error)
+        if problem is not None:
+            raise ConfigError(f"scheduler_config['slurm']['pool'][{key!r}] must be {problem}; got {value!r}")
+        values[key] = value
+    return PoolOptions(**values)
 
 
 def _problem(key: str, value: Any) -> str | None:

@@ -118,6 +118,25 @@ def states_by_name(names: Iterable[str]) -> dict[str, dict[str, TaskState]]:
     return found
 
 
+def jobs_named(name: str) -> dict[str, TaskState]:
+    """The jobs (not arrays) with this name that slurmctld still knows, by job id, with the nodes
+    each runs on (``%N``, compressed: ``gn[0-1]``)."""
+    out = call(["squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i|%T|%N|%r"], what="squeue")
+    found = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0].isdigit():
+            found[parts[0]] = TaskState(parts[1], parts[2], parts[3])
+    return found
+
+
+def hostnames(nodes: str) -> list[str]:
+    """``gn[0-1]`` as ``["gn0", "gn1"]`` (``scontrol show hostnames``)."""
+    if not nodes or nodes in ("(null)", "n/a"):
+        return []
+    return call(["scontrol", "show", "hostnames", nodes], what="scontrol show hostnames").split()
+
+
 def parse_states(out: str) -> dict[str, TaskState]:
     found = {}
     for line in out.splitlines():
@@ -203,8 +222,9 @@ def memory_problem(config: Mapping[str, str], *, mem: str | None, extra: Sequenc
 
 
 def partition_nodes(partition: str | None) -> list[str]:
-    """The host names of the partition's nodes (the default partition's without one)."""
-    argv = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
+    """The host names of the partition's nodes (NodeHostname: several nodes may share one; the default
+    partition's without one)."""
+    argv = ["sinfo", "-h", "-N", "-o", "%n"] + (["-p", partition] if partition else [])
     if shutil.which("sinfo") is None:
         return []
     return sorted(set(call(argv, what="sinfo").split()))

@@ -49,7 +49,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
 from ...errors import GTSError
@@ -694,12 +694,16 @@ class SlurmLauncher(BaseLauncher):
             logger.info("Slurm: %d run(s) of an earlier start are still queued or running: followed", found)
 
 
+class _Requests(Protocol):
+    def request(self, token: str, signal_name: str) -> None: ...
+
+
 class SlurmHandle:
-    """One attempt as a task of a Slurm job array."""
+    """One attempt as a task of a Slurm job array (or in a pool, see ``pool.py``)."""
 
     def __init__(
         self,
-        launcher: SlurmLauncher,
+        launcher: _Requests,
         token: str,
         *,
         pid: int,

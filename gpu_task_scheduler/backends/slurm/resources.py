@@ -18,15 +18,19 @@ class Resources:
 
     def sbatch_args(self) -> list[str]:
         """The sbatch arguments every task of the sweep gets."""
+        args = self.placement_args() + self.per_run_args()
+        if self.time_seconds():
+            args.append(f"--signal=B:TERM@{int(self.signal_lead())}")
+        return args + list(self._s.extra)
+
+    def placement_args(self) -> list[str]:
+        """Where every job of the sweep goes: its partition, account, QOS, constraint and memory."""
         s = self._s
         args = [f"--partition={s.partition}"] if s.partition else []
         for flag, value in (("account", s.account), ("qos", s.qos), ("constraint", s.constraint), ("mem", s.mem)):
             if value:
                 args.append(f"--{flag}={value}")
-        args += self.per_run_args()
-        if self.time_seconds():
-            args.append(f"--signal=B:TERM@{int(self.signal_lead())}")
-        return args + list(s.extra)
+        return args
 
     def per_run_args(self) -> list[str]:
         args = []

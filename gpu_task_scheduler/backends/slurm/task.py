@@ -90,9 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     return supervise(run, batch, events, signalled)
 
 
-def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signalled: threading.Event) -> int:
-    node = socket.gethostname().split(".")[0]
-    job = f"{os.environ.get('SLURM_ARRAY_JOB_ID', '?')}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
+def supervise(
+    run: dict[str, Any],
+    batch: dict[str, Any],
+    events: Events,
+    signalled: threading.Event,
+    *,
+    killed: threading.Event = KILLED,
+    node: str | None = None,
+    job: str | None = None,
+    gpus: str | None = None,
+    slot: str | None = None,
+    on_started: Callable[[int], None] | None = None,
+) -> int:
+    """Run the attempt ``run`` to its end (or until ``signalled``; ``killed``: at once) and write its
+    start and end to ``events``. A pool's agent (``agent.py``) supervises several attempts at once in
+    threads of its own: it names the node, the job, the GPUs, and hears of the run's pid
+    (``on_started``); an array task takes them from Slurm's environment."""
+    node = node or socket.gethostname().split(".")[0]
+    job = job or f"{os.environ.get('SLURM_ARRAY_JOB_ID', '?')}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
     problem = cannot_run(run, node)
     if problem is not None:
         events.write("end", {"lost": problem})
@@ -114,13 +130,16 @@ def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signal
         return 0
     started = time.monotonic()
     try:
-        handle, ended = start_run(run, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        handle, ended = start_run(run, os.environ.get("CUDA_VISIBLE_DEVICES", "") if gpus is None else gpus)
     except OSError as error:  # as locally: the run fails, and its log says why
         log_line(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
         lease.release()
         events.write("end", {"returncode": 127, "strays": [], "unstoppable": [], "node": node})
         return 1
-    events.write("start", {"node": node, "pid": handle.pid, "job": job, "at": time.time()})
+    if on_started is not None:
+        on_started(handle.pid)
+    where = {"node": node, "pid": handle.pid, "job": job, "at": time.time()}
+    events.write("start", where if slot is None else {**where, "slot": slot})
     fenced: list[str] = []
     given_up = "the scheduler gave this attempt up (Slurm requeued its job, or lost its node)"
     threading.Thread(
@@ -134,6 +153,7 @@ def supervise(run: dict[str, Any], batch: dict[str, Any], events: Events, signal
     stopping = threading.Thread(
         target=_stop_on_signal,
         args=(signalled, handle, ended, terms, lambda: succeeded_before.append(_succeeded(paths, run["token"]))),
+        kwargs={"killed": killed},
         daemon=True,
     )
     stopping.start()
@@ -189,17 +209,23 @@ def _cut_short(paths: RunPaths, log: str | None) -> None:
 
 
 def _stop_on_signal(
-    signalled: threading.Event, handle: Any, ended: threading.Event, terms: LeaseTerms, on_signal: Callable[[], Any]
+    signalled: threading.Event,
+    handle: Any,
+    ended: threading.Event,
+    terms: LeaseTerms,
+    on_signal: Callable[[], Any],
+    *,
+    killed: threading.Event = KILLED,
 ) -> None:
     """SIGTERM to this supervisor: stop the run, SIGKILL it when the grace period ends."""
     signalled.wait()
     on_signal()  # at once: whether the run had recorded its success before
     if ended.is_set():
         return
-    if not KILLED.is_set():
+    if not killed.is_set():
         handle.stop()
         stopped = time.monotonic()
-        while not ended.wait(max(0.01, min(0.2, terms.grace_period))) and not KILLED.is_set():
+        while not ended.wait(max(0.01, min(0.2, terms.grace_period))) and not killed.is_set():
             if time.monotonic() - stopped >= terms.grace_period:
                 break
     if not ended.is_set():

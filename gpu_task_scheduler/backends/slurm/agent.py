@@ -1,0 +1,289 @@
+"""One node of a Slurm pool: takes the sweep's attempts from the shared queue and runs them here.
+
+``python -m gpu_task_scheduler.backends.slurm.agent ROOT`` is what each
+node of a pool allocation runs (one ``srun`` step per node, started by the
+allocation's batch script, see ``pool.py``). The agent:
+
+* finds its slots as a local sweep does: one per GPU (or group of
+  ``gpus_per_run``) of those Slurm gave the job on this node, several runs per
+  GPU by memory through NVML (:class:`~...gpu.capacity.Capacity`: declared or
+  learned needs, ``max_runs_per_gpu``), or ``slots_per_node`` without GPUs;
+* takes the oldest attempt in ``queue/`` while a slot can place it, by renaming
+  its entry into ``claimed/`` (one winner per entry, see ``poolfiles.py``);
+* supervises each in a thread of its own, exactly as an array task does
+  (``task.supervise``: the lease, the outcome file, the start and end events);
+* relays the driver's ``stop`` and ``kill`` words to the attempt they name;
+* beats: ``beat.json`` every second says it lives, and what runs where;
+* drains on Slurm's warning of the time limit (``drain/JOB``, or SIGUSR1 or
+  SIGTERM to itself): starts nothing more, marks each attempt ``drained``
+  (handed back: it goes on from its last reported step in another allocation)
+  and stops it with the grace period, through the same path as ``gts stop``;
+* ends when drained, when the driver closed the pool, or after ``idle_exit``
+  seconds with nothing to run: its node is let go.
+
+A SIGKILL of the agent ends its runs too (their lifeline, as locally); their
+leases then expire, and the driver hands their runs to another node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from ...gpu.capacity import Capacity
+from ...gpu.devices import Slot
+from ...gpu.placement import Need
+from ...records.paths import atomic_write_json, read_json
+from ...sweep.options import SchedulerOptions
+from .poolfiles import AGENT_BEAT, PoolFiles, token_of
+from .task import Events, supervise
+
+logger = logging.getLogger("gpu_task_scheduler")
+TICK = 0.05  # seconds between two looks at the queue and the driver's words
+
+
+class _Running:
+    def __init__(self, token: str, name: str, entry: str, slot: int, need: Need) -> None:
+        self.token, self.name, self.entry, self.slot, self.need = token, name, entry, slot, need
+        self.signalled, self.killed = threading.Event(), threading.Event()
+        self.started = threading.Event()
+        self.pid = 0
+        self.taken = False  # counted by the capacity (once its pid is known)
+        self.since = time.monotonic()
+        self.thread: threading.Thread | None = None
+
+
+class Agent:
+    def __init__(self, files: PoolFiles, settings: dict[str, Any], options: SchedulerOptions) -> None:
+        self.files, self.settings = files, settings
+        self.job = os.environ.get("SLURM_JOB_ID", "0")
+        self.node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        restarts = os.environ.get("SLURM_RESTART_COUNT") or "0"
+        self.id = f"{self.job}.{restarts}.{self.node}.{uuid.uuid4().hex[:6]}"
+        self.options = _node_options(options, settings)
+        self.capacity = Capacity(self.options)
+        self.draining = threading.Event()
+        self.running: dict[str, _Running] = {}
+        self.started = 0
+        self._beats = 0
+        self._idle_since = time.monotonic()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        os.makedirs(self.files.claimed(self.id), exist_ok=True)
+        next_beat = 0.0
+        drained_sent = False
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._beat()
+                    next_beat = now + AGENT_BEAT
+                if os.path.exists(self.files.drain(self.job)):
+                    self.draining.set()
+                self._reap()
+                self._relay()
+                if self.draining.is_set():
+                    if not drained_sent:
+                        self._drain()
+                        drained_sent = True
+                    if not self.running:
+                        return 0
+                elif os.path.exists(self.files.closed) and not self.running:
+                    return 0
+                elif not self._claim() and not self.running:
+                    if now - self._idle_since >= float(self.settings.get("idle_exit", 30.0)):
+                        return 0
+                else:
+                    self._idle_since = now
+                time.sleep(TICK)
+        finally:
+            self._beat(final=True)
+            self.capacity.close()
+
+    def _beat(self, *, final: bool = False) -> None:
+        self._beats += 1
+        record = {
+            "id": self.id,
+            "node": self.node,
+            "job": self.job,
+            "n": self._beats,
+            "at": time.time(),
+            "pid": os.getpid(),
+            "slots": [{"name": slot.name, "gpus": list(slot.gpu_ids)} for slot in self.capacity.slots],
+            "running": {
+                r.token: {"name": r.name, "slot": self.capacity.slots[r.slot].name} for r in self.running.values()
+            },
+            "started": self.started,
+            "draining": self.draining.is_set(),
+            "over": final,
+        }
+        with contextlib.suppress(OSError):
+            atomic_write_json(self.files.beat(self.id), record, durable=False)
+
+    # --- taking attempts -------------------------------------------------------------------
+
+    def _claim(self) -> bool:
+        """Take what the slots can place now, oldest first; whether anything was taken."""
+        try:
+            entries = sorted(name for name in os.listdir(self.files.queue) if token_of(name))
+        except OSError:
+            return False
+        took = False
+        for entry in entries:
+            run = read_json(os.path.join(self.files.queue, entry))
+            if not isinstance(run, dict):
+                continue  # being written, or withdrawn meanwhile
+            need = self.capacity.need(_config_of(run))
+            placement = self.capacity.place(str(run.get("name", "")), need)
+            if placement.view is None:
+                return took  # no room: the oldest waits first (the queue keeps the engine's order)
+            claim = os.path.join(self.files.claimed(self.id), entry)
+            try:
+                os.rename(os.path.join(self.files.queue, entry), claim)
+            except OSError:
+                continue  # another agent took it, or the driver withdrew it
+            self._start(run, entry, placement.view.index, need)
+            took = True
+        return took
+
+    def _start(self, run: dict[str, Any], entry: str, slot_index: int, need: Need) -> None:
+        token = str(run["token"])
+        attempt = _Running(token, str(run.get("name", "")), entry, slot_index, need)
+        gpus = self.capacity.slots[slot_index].cuda_visible_devices
+        events = Events(self.files.events, token, 0)
+        batch = {"lease_every": self.settings["lease_every"]}
+
+        def started(pid: int) -> None:
+            attempt.pid = pid
+            attempt.started.set()
+
+        def body() -> None:
+            try:
+                supervise(
+                    run,
+                    batch,
+                    events,
+                    attempt.signalled,
+                    killed=attempt.killed,
+                    node=self.node,
+                    job=self.job,
+                    gpus=gpus,
+                    slot=self.capacity.slots[slot_index].name,
+                    on_started=started,
+                )
+            except Exception as error:  # its end must still be written: the driver waits on it
+                events.write("end", {"lost": f"the agent on {self.node} could not run it: {error!r}"})
+            finally:
+                attempt.started.set()
+
+        attempt.thread = threading.Thread(target=body, name=f"gts-run-{token[:8]}", daemon=True)
+        self.running[token] = attempt
+        attempt.thread.start()
+        # The capacity counts the run by its process group, which exists once its process does: the
+        # next placement must see it (a start takes milliseconds; the lease comes first).
+        if attempt.started.wait(10.0) and attempt.pid > 0:
+            self.capacity.take(slot_index, attempt.pid, need, attempt.name)
+            attempt.taken = True
+        self.started += 1
+
+    def _reap(self) -> None:
+        for token, attempt in list(self.running.items()):
+            if attempt.thread is None or attempt.thread.is_alive():
+                continue
+            if attempt.taken:
+                released = self.capacity.release(attempt.slot, attempt.pid, time.monotonic() - attempt.since)
+                if released.peak:
+                    self.capacity.learn(released.peak)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.files.claimed(self.id), attempt.entry))
+            with contextlib.suppress(OSError):  # the driver's word that it gave the attempt up, now heard
+                os.unlink(self.files.event(token, "abandoned"))
+            del self.running[token]
+        if self.running:
+            self.capacity.measure()  # NVML: what the runs use (their peaks teach the next placements)
+
+    # --- the driver's words, and the end of the allocation ------------------------------------
+
+    def _relay(self) -> None:
+        if not self.running:
+            return
+        try:
+            listed = set(os.listdir(self.files.events))
+        except OSError:
+            return
+        for token, attempt in self.running.items():
+            if f"{token}.kill" in listed:
+                attempt.killed.set()
+                attempt.signalled.set()
+            elif f"{token}.stop" in listed:
+                attempt.signalled.set()
+
+    def _drain(self) -> None:
+        """The allocation ends soon: each attempt is marked handed back, then stopped with the grace
+        period (a run saves at its checkpoints: it goes on from its last reported step)."""
+        for token, attempt in self.running.items():
+            with contextlib.suppress(OSError):
+                atomic_write_json(self.files.event(token, "drained"), {"node": self.node, "job": self.job})
+            attempt.signalled.set()
+        self._beat()
+
+
+def _node_options(options: SchedulerOptions, settings: dict[str, Any]) -> SchedulerOptions:
+    """The sweep's options with this node's slots: the GPUs Slurm gave the job here, in groups of
+    ``gpus_per_run``; without GPUs, ``slots_per_node`` of them. The GPUs are the allocation's own, so
+    no reservations are shared with other sweeps."""
+    visible = [gpu for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    per_run = max(1, int(settings.get("gpus_per_run") or 1))
+    if settings.get("gpus_per_node") and visible:
+        slots = [
+            Slot(f"gpu{','.join(visible[first : first + per_run])}", tuple(visible[first : first + per_run]))
+            for first in range(0, len(visible) - per_run + 1, per_run)
+        ]
+    else:
+        count = settings.get("slots_per_node") or min(8, os.cpu_count() or 1)
+        slots = [Slot(f"cpu{index}", ()) for index in range(int(count))]
+    return options._replace(slots=tuple(slots), share_gpu_reservations=False)
+
+
+def _config_of(run: dict[str, Any]) -> dict[str, Any]:
+    """The run's config (what a declared memory need reads), or nothing when it cannot be read."""
+    config = read_json(str(run.get("config_file", "")))
+    return config if isinstance(config, dict) else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    files = PoolFiles(args[0])  # the result root
+    settings = read_json(files.settings)
+    try:
+        with open(files.options, "rb") as handle:
+            options = pickle.load(handle)
+    except (OSError, pickle.UnpicklingError, EOFError) as error:
+        print(f"gpu_task_scheduler: this node cannot read the pool's options ({error})", file=sys.stderr)
+        return 2
+    if not isinstance(settings, dict):
+        print(f"gpu_task_scheduler: this node cannot read {files.settings}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    agent = Agent(files, settings, options)
+    for signum in (signal.SIGUSR1, signal.SIGTERM):  # the time limit's warning, scancel: drain
+        signal.signal(signum, lambda *_: agent.draining.set())
+    return agent.run()
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

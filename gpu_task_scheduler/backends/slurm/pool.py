@@ -1,0 +1,690 @@
+"""The driver's side of a Slurm pool (``slurm: {pool: {nodes, allocations, time}}``): a few
+allocations of whole nodes run the sweep's runs, packed as a local sweep packs them.
+
+* **Where the driver lives.** Here, where ``gts run`` runs (the login side), as for
+  job arrays: it is the ledger's one writer. SQLite over NFS or Lustre loses
+  data when two hosts write one database, so no node ever opens the ledger;
+  nodes only write files of their own (beats, claims, events), each written
+  whole (``atomic_write``) and read by the driver alone. A driver inside the
+  first allocation would die with that allocation (its time limit, a
+  requeue) and take the sweep's bookkeeping with it; the login side outlives
+  every allocation, and ``gts status`` on any login node reads the ledger that
+  one process writes.
+* **Handing runs over.** The engine starts attempts on the pool's places (up to
+  ``max_queued``); each flush writes them into the shared queue
+  (``poolfiles.py``), in the engine's order. No job and no job step per run:
+  an agent per node (``agent.py``) takes what its slots can place.
+* **Allocations.** While attempts wait, ``allocations`` jobs of ``nodes`` nodes each
+  are kept queued or running (one more is submitted for each that ends or is
+  warned of its time limit); an agent whose queue stays empty for
+  ``idle_exit`` seconds ends, and an allocation ends with its last agent.
+  ``--no-kill``: a node lost takes its own agent, not the allocation.
+* **Following.** As for job arrays, the events folder tells starts and ends; one
+  ``squeue`` per ``poll_interval`` for the pool's jobs and the agents' beats tell
+  what no file tells. An attempt whose agent's allocation ended, was
+  requeued, or whose agent fell silent is given up: its ``abandoned`` file,
+  its lease waited for (``records/lease.py``), then the engine runs it again
+  (``node_failure_retries``); an attempt stopped because its allocation reached
+  its time limit (or was cancelled) is *handed back*: it goes on from its
+  last reported step in another allocation, not counted as a retry.
+* **Stopping.** A queued attempt is withdrawn (its entry deleted: the rename
+  that would take it then fails); a running one gets the driver's word
+  (``TOKEN.stop`` / ``TOKEN.kill``), which its agent relays.
+* **Adopting.** A later start (after ``--detach``, or a driver that died) follows
+  the attempts still queued, and those claimed by agents of live allocations;
+  those of allocations that are gone are given up (their leases waited for)
+  before anything runs again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import shlex
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
+from ...errors import GTSError
+from ...gpu.devices import Slot
+from ...gpu_task import GPUTask
+from ...recordclass import Record
+from ...records.lease import LeaseTerms, wait_all_over, wait_over
+from ...records.paths import atomic_write, atomic_write_json, read_json
+from ...sweep.options import SchedulerOptions
+from ...sweep.slurm import PoolOptions, SlurmOptions
+from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
+from ..supervisor import log_line, remote_run
+from . import commands
+from .commands import TaskState
+from .launcher import EVENT_EVERY, REAP_WAIT, SlurmHandle, _running_for
+from .poolfiles import PoolFiles, entry_name, job_of, token_of
+from .resources import Resources
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+CLOSE_WAIT = 60.0  # seconds the sweep's end waits for its allocations to end by themselves
+MISSING_LOOKS = 2  # looks an attempt may be neither queued, claimed nor ended (an end being written)
+HOLD = 1.0  # seconds a failed end is held before it counts: was it Slurm's doing (a cancel, a requeue)?
+
+
+class _Attempt(Record, frozen=False):
+    handle: SlurmHandle
+    run: dict[str, Any]
+    entry: str = ""  # its queue entry's name; "" until flushed
+    placed: bool = False  # its start event was read
+    agent: str | None = None  # the agent that claimed it
+    job: str | None = None  # the allocation it runs in (its start event's)
+    missing: int = 0
+    held: dict[str, Any] | None = None  # a failed end, until the pool's state says whose doing it was
+    held_at: float = 0.0
+    asked: str | None = None
+    sent: bool = False
+
+
+class _Beat(Record, frozen=False):
+    record: dict[str, Any]
+    changed: float  # when its count last changed (this clock)
+
+
+class PoolLauncher(BaseLauncher):
+    def __init__(self, task: type[GPUTask] | TaskFactory, options: SchedulerOptions, *, detach: bool = False) -> None:
+        self._make_task = class_factory(task) if isinstance(task, type) else task
+        self._o, self._s = options, options.slurm or SlurmOptions()
+        self._p: PoolOptions = self._s.pool or PoolOptions()
+        self._asks = Resources(options)
+        self._detach = detach
+        self._files = PoolFiles(options.result_root_folder)
+        self._lock = threading.RLock()
+        self._attempts: dict[str, _Attempt] = {}  # token -> attempt, while the engine follows it
+        self._new: list[_Attempt] = []
+        self._adoptable: dict[str, tuple[str, dict[str, Any], str]] = {}  # name -> (token, run, entry)
+        self._beats: dict[str, _Beat] = {}
+        self._allocations: dict[str, TaskState] = {}
+        self._ids = iter(range(1, 1 << 62))
+        self._seq = 0
+        self._wake = threading.Event()
+        self._closing = False
+        self._follower: threading.Thread | None = None
+        self._next_look = 0.0
+        self._said: str | None = None
+        self._name = ""
+        self._script = ""
+        self.submissions = 0  # sbatch calls (the tests and the benchmark count them)
+        self.abilities = Abilities(
+            cluster_slots=True, batches=True, queue_places=True, adopts=True, runs_at_once=self.pool_slots()
+        )
+
+    def __enter__(self) -> PoolLauncher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end_following()
+
+    # --- the sweep ------------------------------------------------------------------
+
+    def pool_slots(self) -> int:
+        """Runs the pool runs at once when every allocation runs (without packing)."""
+        per_node = self._p.slots_per_node or 8
+        if self._p.gpus_per_node:
+            per_node = max(1, self._p.gpus_per_node // max(1, self._asks.gpus_per_run())) * self._o.max_runs_per_gpu
+        return per_node * self._p.nodes * self._p.allocations
+
+    def slots(self, options: SchedulerOptions) -> list[Slot]:
+        missing = commands.missing_commands()
+        if missing:
+            raise GTSError(f"backend: slurm needs Slurm's commands on PATH; not found: {', '.join(missing)}")
+        return [Slot(f"pool{index}", ()) for index in range(self._s.max_queued)]
+
+    def slot_gpus(self, slot: Slot) -> float:
+        return float(self._asks.gpus_per_run()) if self._p.gpus_per_node else 0.0
+
+    def job_args(self) -> list[str]:
+        """What each allocation asks Slurm for (``--dry-run`` shows them)."""
+        p = self._p
+        args = [f"--nodes={p.nodes}", "--ntasks-per-node=1", "--no-kill"]
+        args += self._asks.placement_args()
+        if p.gpus_per_node:
+            args.append(f"--gres=gpu:{p.gpus_per_node}")
+        if self._s.cpus_per_run:
+            slots = self.pool_slots() // (p.nodes * p.allocations)
+            args.append(f"--cpus-per-task={self._s.cpus_per_run * slots}")
+        if p.time:
+            args.append(f"--time={p.time}")
+            args.append(f"--signal=B:USR1@{int(self._asks.signal_lead())}")
+        return args + list(self._s.extra)
+
+    def open(self, lock_fd: int) -> None:
+        problem = commands.shared_root_problem(
+            self._files.root,
+            commands.file_system_of(self._files.root),
+            commands.partition_nodes(self._s.partition),
+            socket.gethostname(),
+        )
+        if problem is not None:
+            raise GTSError(problem)
+        commands.test_submission(self.job_args())
+        self._files.make()
+        settings = read_json(self._files.settings)
+        pool = settings.get("pool") if isinstance(settings, dict) else None
+        pool = pool if isinstance(pool, str) and pool.isalnum() else uuid.uuid4().hex[:10]
+        self._name = f"{self._s.job_name}.pool.{pool}"
+        record = {
+            "pool": pool,
+            "lease_every": self._o.lease_interval,
+            "idle_exit": self._p.idle_exit,
+            "gpus_per_node": self._p.gpus_per_node,
+            "gpus_per_run": self._asks.gpus_per_run(),
+            "slots_per_node": self._p.slots_per_node,
+        }
+        with open(self._files.options + ".tmp", "wb") as handle:
+            pickle.dump(self._o, handle)
+        os.replace(self._files.options + ".tmp", self._files.options)
+        atomic_write_json(self._files.settings, record)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._files.closed)
+        self._script = self._write_script()
+        self._adopt()
+        self._follower = threading.Thread(target=self._follow, name="gts-slurm-pool", daemon=True)
+        self._follower.start()
+        logger.info(
+            "Slurm pool: %d allocation(s) of %d node(s)%s, up to %d run(s) at once",
+            self._p.allocations,
+            self._p.nodes,
+            f", {self._p.time} each" if self._p.time else "",
+            self.pool_slots(),
+        )
+
+    def _write_script(self) -> str:
+        """The allocations' batch script: an agent per node, each started again if it dies (not when
+        its node is gone), until the job is warned of its time limit."""
+        drain = shlex.quote(self._files.drains) + '/"$SLURM_JOB_ID"'
+        entry = "-m gpu_task_scheduler.backends.slurm.agent"
+        agent = f"{shlex.quote(sys.executable)} {entry} {shlex.quote(self._files.root)}"
+        gres = f" --gres=gpu:{self._p.gpus_per_node}" if self._p.gpus_per_node else ""
+        lines = [
+            "#!/bin/bash",
+            "# gpu_task_scheduler: a pool allocation; one agent per node runs the sweep's runs.",
+            *self._s.setup,
+            f"trap 'touch {drain}' USR1 TERM",
+            "agent() {",
+            "  local tries=0",
+            f"  while [ ! -e {drain} ]; do",
+            f'    srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" --kill-on-bad-exit=0{gres} {agent} && return 0',
+            "    tries=$((tries + 1)); [ $tries -ge 3 ] && return 1",
+            "    sleep 1",
+            "  done",
+            "}",
+            'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do agent "$node" & done',
+            'while [ -n "$(jobs -pr)" ]; do wait; done',
+        ]
+        path = os.path.join(self._files.jobs, f"{self._name}.sh")
+        atomic_write(path, ("\n".join(lines) + "\n").encode())
+        return path
+
+    def close(self) -> None:
+        """The sweep is over: agents end once idle, and nothing of the pool stays queued (unless the
+        sweep was detached: its agents run on through what is queued)."""
+        if self._detach:
+            self._end_following()
+            return
+        with contextlib.suppress(OSError):
+            atomic_write(self._files.closed, b"")
+        self._give_up_leftovers()
+        self._end_following()
+        deadline = time.monotonic() + CLOSE_WAIT
+        live: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                self._allocations = commands.jobs_named(self._name)
+            except GTSError as error:
+                logger.warning("cannot read the pool's Slurm jobs at the sweep's end: %s", error)
+                return
+            live = [job for job, state in self._allocations.items() if state.live]
+            if not live:
+                break
+            time.sleep(0.2)
+        if live:
+            logger.info("Slurm pool: cancelling %d allocation(s) still up at the sweep's end", len(live))
+            with contextlib.suppress(GTSError):
+                commands.cancel(live)
+        self._read_beats()
+        self._write_state(final=True)
+        for agent in _listdir(self._files.agents):  # their allocations are over: their folders go
+            if job_of(agent) not in live:
+                _remove_agent(self._files, agent)
+        if not live:  # no agent is left to hear a word: the "abandoned" ones of agents that died go too
+            for name in _listdir(self._files.events):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self._files.events, name))
+
+    def _give_up_leftovers(self) -> None:
+        """Attempts an earlier start left that this one did not follow: withdrawn from the queue, or
+        given up where an agent runs them."""
+        with self._lock:
+            leftovers, self._adoptable = list(self._adoptable.values()), {}
+        for token, _run, entry in leftovers:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self._files.queue, entry))
+            with contextlib.suppress(OSError):
+                atomic_write(self._files.event(token, "abandoned"), b"")
+
+    def _end_following(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._follower is not None and self._follower is not threading.current_thread():
+            self._follower.join(timeout=30)
+
+    def live_attempt(self, name: str) -> str | None:
+        with self._lock:
+            found = self._adoptable.get(name)
+            return None if found is None else found[0]
+
+    # --- adopting ---------------------------------------------------------------------
+
+    def _adopt(self) -> None:
+        """What an earlier start left: queued attempts and those claimed by agents of live allocations
+        are followed; the claims of allocations that are gone are given up, and their leases waited
+        for, before anything runs again."""
+        try:
+            self._allocations = commands.jobs_named(self._name)
+        except GTSError as error:
+            raise GTSError(f"cannot read the pool's Slurm jobs: {error}") from error
+        for entry in _listdir(self._files.queue):
+            run = read_json(os.path.join(self._files.queue, entry))
+            self._seq = max(self._seq, int(entry.split(".")[0]))
+            if token_of(entry) and isinstance(run, dict) and isinstance(run.get("name"), str):
+                self._adoptable[run["name"]] = (str(run["token"]), run, entry)
+        stale: list[tuple[str, str]] = []
+        for agent in _listdir(self._files.agents):
+            state = self._allocations.get(job_of(agent))
+            alive = state is not None and state.live and state.state not in ("PENDING", "REQUEUED")
+            claimed = self._files.claimed(agent)
+            for entry in _listdir(claimed):
+                run = read_json(os.path.join(claimed, entry))
+                if not (token_of(entry) and isinstance(run, dict) and isinstance(run.get("name"), str)):
+                    continue
+                self._seq = max(self._seq, int(entry.split(".")[0]))
+                if alive:
+                    self._adoptable[run["name"]] = (str(run["token"]), run, entry)
+                else:
+                    with contextlib.suppress(OSError):
+                        atomic_write(self._files.event(str(run["token"]), "abandoned"), b"")
+                    stale.append((str(run["lease"]), str(run["token"])))
+            if not alive:
+                _remove_agent(self._files, agent)
+        followed = {token for token, _run, _entry in self._adoptable.values()}
+        for name in _listdir(self._files.events):  # words and ends of attempts no one follows now
+            if name.partition(".")[0] not in followed:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self._files.events, name))
+        if stale:
+            logger.info("Slurm pool: waiting for %d attempt(s) of ended allocations to be over", len(stale))
+            wait_all_over(stale, LeaseTerms(self._o.lease_interval, self._o.grace_period))
+        if self._adoptable:
+            found = len(self._adoptable)
+            logger.info("Slurm pool: %d run(s) of an earlier start are still queued or running: followed", found)
+
+    # --- starting ---------------------------------------------------------------------
+
+    def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> SlurmHandle:
+        with self._lock:
+            adopted = self._adoptable.pop(attempt.spec.name, None)
+        if adopted is not None and adopted[0] == attempt.token:
+            handle = self._handle(attempt, adopted[1], on_exit, on_placed)
+            with self._lock:
+                self._attempts[attempt.token] = _Attempt(handle, adopted[1], entry=adopted[2])
+            self._wake.set()
+            return handle
+        try:
+            launch = prepare_attempt(attempt, self._make_task)
+        except (LaunchError, OSError) as error:
+            log_launch_failure(attempt.paths, error)
+            raise
+        run = {**remote_run(attempt, launch, self._o.grace_period), "name": attempt.spec.name}
+        handle = self._handle(attempt, run, on_exit, on_placed)
+        with self._lock:
+            task = _Attempt(handle, run)
+            self._attempts[attempt.token] = task
+            self._new.append(task)
+        return handle
+
+    def _handle(
+        self, attempt: Attempt, run: dict[str, Any], on_exit: Callable[[], None], on_placed: Any
+    ) -> SlurmHandle:
+        return SlurmHandle(
+            self,
+            attempt.token,
+            pid=-next(self._ids),
+            reports_outcome=run["reports_outcome"],
+            on_exit=on_exit,
+            on_placed=on_placed,
+        )
+
+    def flush(self) -> None:
+        """Queue the attempts started since the last flush, in the order they started."""
+        with self._lock:
+            new, self._new = self._new, []
+        for task in new:
+            self._seq += 1
+            entry = entry_name(self._seq, task.handle.token)
+            try:
+                atomic_write(os.path.join(self._files.queue, entry), json.dumps(task.run).encode(), durable=False)
+            except OSError as error:
+                log_line(task.run["log"], f"gpu_task_scheduler: could not queue the run in the pool: {error}\n")
+                self._finish(task, Ended(returncode=1))
+                continue
+            task.entry = entry
+        if new and self._detach:  # the driver returns now: the allocations must be asked for first
+            self._look()
+        elif new:
+            self._next_look = 0.0  # allocations for them now
+            self._wake.set()
+
+    # --- stopping -----------------------------------------------------------------------
+
+    def request(self, token: str, signal_name: str) -> None:
+        with self._lock:
+            task = self._attempts.get(token)
+            if task is not None and task.asked != "KILL":
+                task.asked, task.sent = signal_name, False
+        self._wake.set()
+
+    def _send_requests(self) -> None:
+        with self._lock:
+            asked = [task for task in self._attempts.values() if task.asked and not task.sent]
+        for task in asked:
+            code = -15 if task.asked == "TERM" else -9
+            if not task.entry:  # never queued
+                with self._lock:
+                    self._new = [other for other in self._new if other is not task]
+                self._finish(task, Ended(returncode=code))
+                continue
+            try:
+                os.unlink(os.path.join(self._files.queue, task.entry))
+            except FileNotFoundError:  # an agent has it: its word
+                try:
+                    atomic_write(self._files.event(task.handle.token, "stop" if task.asked == "TERM" else "kill"), b"")
+                except OSError as error:
+                    logger.warning("could not ask a pool agent to stop %s: %s (tried again)", task.run["name"], error)
+                    continue
+            else:  # withdrawn: it never starts
+                self._finish(task, Ended(returncode=code))
+            task.sent = True
+
+    # --- following ----------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        while not self._closing:
+            try:
+                self._send_requests()
+                self._read_events()
+                if time.monotonic() >= self._next_look:
+                    self._next_look = time.monotonic() + self._s.poll_interval
+                    self._look()
+            except Exception:  # never let the following thread die: the engine waits on it
+                logger.exception("following the Slurm pool failed; trying again")
+            self._wake.wait(EVENT_EVERY)
+            self._wake.clear()
+
+    def _read_events(self) -> None:
+        names = _listdir(self._files.events)
+        with self._lock:
+            tasks = dict(self._attempts)
+        for name in names:
+            token, _, kind = name.partition(".")
+            task = tasks.get(token)
+            if task is None or kind not in ("0.start", "0.end"):
+                continue
+            record = read_json(os.path.join(self._files.events, name))
+            if not isinstance(record, dict) or task.handle.has_exited() or task.handle.fencing or task.held:
+                continue
+            if kind == "0.start":
+                if not task.placed:
+                    task.placed = True
+                    task.job = str(record.get("job")) if record.get("job") is not None else None
+                    slot = f" {record['slot']}" if isinstance(record.get("slot"), str) else ""
+                    node = f"{record.get('node', '?')}{slot} (pool job {record.get('job', '?')})"
+                    task.handle.node = node
+                    if task.handle.on_placed is not None:
+                        task.handle.on_placed(node, int(record.get("pid") or 0), _running_for(record.get("at")))
+            elif "lost" in record:
+                self._lose(task, str(record["lost"]), wait=task.placed or bool(record.get("signalled")))
+            elif os.path.exists(self._files.event(token, "drained")) and not task.asked:
+                self._finish(task, self._ended(record, handed_back=True))
+            elif record.get("returncode") != 0 and not task.asked and not record.get("fenced"):
+                # A cancel or a requeue of the allocation signals every process of it: the run's
+                # SIGTERM can come before its agent's drain. Held until the next look says.
+                task.held, task.held_at = record, time.monotonic()
+                self._next_look = min(self._next_look, task.held_at + HOLD)
+            else:
+                self._finish(task, self._ended(record))
+
+    def _ended(self, record: dict[str, Any], *, handed_back: bool = False) -> Ended:
+        fenced = record.get("fenced")
+        lost = f"its pool agent was cut off from the scheduler: {fenced}" if fenced else None
+        if handed_back:
+            lost = "its allocation reached its time limit (or was cancelled): handed back"
+        return Ended(
+            returncode=int(record.get("returncode", -9)),
+            strays=tuple(record.get("strays") or ()),
+            unstoppable=tuple(record.get("unstoppable") or ()),
+            lost=lost,
+            handed_back=handed_back,
+        )
+
+    def _look(self) -> None:
+        """One squeue for the pool's jobs and a read of the agents' beats: attempts whose agent is
+        gone are given up; allocations are kept as the queue needs them."""
+        try:
+            states = commands.jobs_named(self._name)
+        except GTSError as error:
+            if self._said != str(error):
+                logger.warning("cannot read the pool's Slurm jobs (%s); trying again", error)
+                self._said = str(error)
+            return
+        self._said = None
+        self._allocations = states
+        self._read_beats()
+        claims: dict[str, str] = {}
+        for agent in self._beats:
+            for entry in _listdir(self._files.claimed(agent)):
+                token = token_of(entry)
+                if token:
+                    claims[token] = agent
+        self._read_events()  # ends written before the listing count first
+        queued = set(_listdir(self._files.queue))
+        with self._lock:
+            tasks = [task for task in self._attempts.values() if task.entry]
+        for task in tasks:
+            if task.handle.has_exited() or task.handle.fencing:
+                continue
+            if task.held is not None:
+                self._failed_or_handed_back(task, states)
+                continue
+            claimer = claims.get(task.handle.token)
+            if claimer is not None:
+                task.agent, task.missing = claimer, 0
+                why = self._agent_gone(claimer, states)
+                if why is not None:
+                    beat = self._beats[claimer].record
+                    self._lose(task, why, handed_back=bool(beat.get("draining")))
+            elif task.entry in queued:
+                task.missing = 0
+            else:
+                task.missing += 1
+                if task.missing >= MISSING_LOOKS:
+                    self._lose(task, "its queue entry and its claim are gone without an end")
+        self._keep_allocations(states, bool(queued))
+        self._write_state()
+
+    def _failed_or_handed_back(self, task: _Attempt, states: dict[str, TaskState]) -> None:
+        """A run that failed without being asked to stop: its own failure, unless its allocation was
+        being drained (handed back) or Slurm cancelled, requeued or lost it (lost: it runs again)."""
+        assert task.held is not None
+        if time.monotonic() - task.held_at < HOLD:
+            return
+        job = job_of(task.agent) if task.agent else task.job
+        draining = any(
+            beat.record.get("draining") and beat.record.get("node") == task.handle.node.split()[0]
+            for agent, beat in self._beats.items()
+            if job_of(agent) == job and task.handle.node
+        )
+        if os.path.exists(self._files.event(task.handle.token, "drained")) or draining:
+            self._finish(task, self._ended(task.held, handed_back=True))
+            return
+        state = states.get(job) if job else None
+        if job is not None and (state is None or state.state != "RUNNING"):
+            words = "is no longer known to Slurm" if state is None else state.state
+            self._finish(
+                task, Ended(returncode=int(task.held.get("returncode", -9)), lost=f"its allocation {job} {words}")
+            )
+            return
+        self._finish(task, self._ended(task.held))
+
+    def _read_beats(self) -> None:
+        now = time.monotonic()
+        agents = _listdir(self._files.agents)
+        for agent in agents:
+            record = read_json(self._files.beat(agent))
+            if not isinstance(record, dict):
+                record = {"n": -1}
+            known = self._beats.get(agent)
+            if known is None or known.record.get("n") != record.get("n"):
+                self._beats[agent] = _Beat(record, now)
+        for agent in set(self._beats) - set(agents):
+            del self._beats[agent]
+
+    def silence(self) -> float:
+        """Seconds without a beat after which an agent counts as gone (a stalled machine, a cut-off
+        node): longer than a lease's period, so that its runs have stopped by then."""
+        return 10.0 + LeaseTerms(self._o.lease_interval, self._o.grace_period).period
+
+    def _agent_gone(self, agent: str, states: dict[str, TaskState]) -> str | None:
+        job = job_of(agent)
+        state = states.get(job)
+        beat = self._beats[agent]
+        node = beat.record.get("node", "?")
+        if state is None or not state.live:
+            return f"its allocation {job} {'is no longer known to Slurm' if state is None else 'ended ' + state.state}"
+        if state.state in ("PENDING", "REQUEUED"):
+            return f"Slurm requeued its allocation {job}"
+        if beat.record.get("over"):
+            return f"its agent on {node} ended before the run's end was written"
+        silent = time.monotonic() - beat.changed
+        if silent >= self.silence():
+            return f"its agent on {node} (allocation {job}) has been silent for {silent:.0f}s"
+        return None
+
+    def _keep_allocations(self, states: dict[str, TaskState], queued: bool) -> None:
+        """While attempts wait in the queue, keep ``allocations`` jobs queued or running (one warned of
+        its time limit no longer counts: its runs are being handed back)."""
+        if not queued or self._closing:
+            return
+        live = [
+            job
+            for job, state in states.items()
+            if state.live and state.state != "COMPLETING" and not os.path.exists(self._files.drain(job))
+        ]
+        for _ in range(self._p.allocations - len(live)):
+            try:
+                job = commands.submit(
+                    [f"--job-name={self._name}", f"--output={self._files.jobs}/%j.out", *self.job_args()], self._script
+                )
+            except GTSError as error:
+                logger.error("could not submit a pool allocation to Slurm: %s (tried again)", error)
+                return
+            self.submissions += 1
+            states[job] = TaskState("PENDING", "", "")
+            logger.info("Slurm pool: submitted allocation %s (%d node(s))", job, self._p.nodes)
+
+    def _write_state(self, *, final: bool = False) -> None:
+        """The pool as ``gts status`` shows it: each allocation, its agents, their slots and runs."""
+        allocations = []
+        for job, state in sorted(self._allocations.items(), key=lambda item: int(item[0])):
+            if not state.live and not final:
+                continue
+            agents = [
+                {
+                    "node": beat.record.get("node"),
+                    "slots": [slot.get("name") for slot in beat.record.get("slots") or []],
+                    "running": sorted(run.get("name", "?") for run in (beat.record.get("running") or {}).values()),
+                    "draining": bool(beat.record.get("draining")),
+                }
+                for agent, beat in sorted(self._beats.items())
+                if job_of(agent) == job and not beat.record.get("over")
+            ]
+            allocations.append({"job": job, "state": state.state, "nodes": state.node, "agents": agents})
+        record = {"at": time.time(), "over": final, "submissions": self.submissions, "allocations": allocations}
+        with contextlib.suppress(OSError):
+            atomic_write_json(self._files.state, record, durable=False)
+
+    # --- ends ---------------------------------------------------------------------------
+
+    def _lose(self, task: _Attempt, why: str, *, wait: bool = True, handed_back: bool = False) -> None:
+        """Give the attempt up: withdrawn if still queued, else its agent stops it; its lease is
+        waited for, then it ends (lost, or handed back)."""
+        task.handle.fencing = True
+        terms = LeaseTerms(self._o.lease_interval, self._o.grace_period)
+
+        def fence() -> None:
+            how = "it had not started"
+            withdrawn = False
+            try:
+                atomic_write(self._files.event(task.handle.token, "abandoned"), b"", durable=True)
+                if task.entry:
+                    os.unlink(os.path.join(self._files.queue, task.entry))
+                    withdrawn = True
+            except OSError:
+                pass
+            if wait and not withdrawn:
+                how = wait_over(task.run["lease"], task.handle.token, terms)
+            if withdrawn:  # no agent will ever see it: its word can go
+                with contextlib.suppress(OSError):
+                    os.unlink(self._files.event(task.handle.token, "abandoned"))
+            self._finish(task, Ended(returncode=-9, lost=f"{why}; given up, {how}", handed_back=handed_back))
+
+        threading.Thread(target=fence, name=f"gts-pool-fence-{task.handle.token[:8]}", daemon=True).start()
+
+    def _finish(self, task: _Attempt, ended: Ended) -> None:
+        handle = task.handle
+        with self._lock:
+            if handle.has_exited():
+                return
+            self._attempts.pop(handle.token, None)
+            handle.ended = ended
+            handle.over.set()
+        # Not its "abandoned" word: the agent that may still hold it deletes that once it let it go.
+        for kind in ("0.start", "0.end", "stop", "kill", "drained"):
+            with contextlib.suppress(OSError):
+                os.unlink(self._files.event(handle.token, kind))
+        handle.on_exit()
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _remove_agent(files: PoolFiles, agent: str) -> None:
+    """An agent of an allocation that is over: its folder goes (files stay few)."""
+    folder = os.path.join(files.agents, agent)
+    for entry in _listdir(files.claimed(agent)):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(files.claimed(agent), entry))
+    for path in (files.claimed(agent), files.beat(agent), folder):
+        with contextlib.suppress(OSError):
+            os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
+
+
+__all__ = ["REAP_WAIT", "PoolLauncher"]

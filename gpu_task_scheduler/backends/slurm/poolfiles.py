@@ -1,0 +1,102 @@
+"""Where a Slurm pool's driver and its agents meet: files under the result root, no port.
+
+``<root>/.gts/slurm/pool/``:
+
+* ``pool.json``: what every agent needs (the events folder, the lease terms, the
+  pool's id that names its jobs), and ``options.pickle``, the sweep's options
+  (the agents place runs by them as a local sweep would);
+* ``queue/SEQ.TOKEN.json``: an attempt waiting for a node, in the order the engine
+  started it. An agent takes one by renaming it into its own ``claimed/``: a
+  rename is atomic on every POSIX file system (NFS and Lustre included), so
+  exactly one agent, or the driver withdrawing it, wins;
+* ``agents/AGENT/``: one agent's ``beat.json`` (its node, slots and runs,
+  rewritten every second) and ``claimed/`` (its attempts until their end was
+  written);
+* ``jobs/NAME.sh``: the batch script of the allocations, ``drain/JOB``: the
+  job was warned of its time limit (its batch script writes it on Slurm's
+  ``--signal=B:USR1``), ``closed``: the sweep needs no more nodes;
+* ``state.json``: the pool as the driver last saw it (``gts status`` reads it).
+
+An attempt's start and end go to ``events/`` as an array task's do
+(``task.py``), with two more kinds there: ``TOKEN.stop`` and ``TOKEN.kill``
+(the driver's word to the agent that runs it) and ``TOKEN.drained`` (the agent
+stopped it because its allocation ends: the attempt is handed back, not lost).
+
+Per run nothing stays here: its queue entry moves to a claim, which the agent
+deletes once the end is written, and the driver deletes the events once it has
+read the end. A pool of thousands of runs leaves only the run folders' own files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ...records.paths import META, read_json
+
+AGENT_BEAT = 1.0  # seconds between two heartbeats of an agent
+
+
+class PoolFiles:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.folder = os.path.join(self.root, META, "slurm", "pool")
+        self.settings = os.path.join(self.folder, "pool.json")
+        self.options = os.path.join(self.folder, "options.pickle")
+        self.queue = os.path.join(self.folder, "queue")
+        self.agents = os.path.join(self.folder, "agents")
+        self.jobs = os.path.join(self.folder, "jobs")
+        self.drains = os.path.join(self.folder, "drain")
+        self.events = os.path.join(self.folder, "events")
+        self.closed = os.path.join(self.folder, "closed")
+        self.state = os.path.join(self.folder, "state.json")
+
+    def make(self) -> None:
+        for folder in (self.queue, self.agents, self.jobs, self.drains, self.events):
+            os.makedirs(folder, exist_ok=True)
+
+    def claimed(self, agent: str) -> str:
+        return os.path.join(self.agents, agent, "claimed")
+
+    def beat(self, agent: str) -> str:
+        return os.path.join(self.agents, agent, "beat.json")
+
+    def drain(self, job: str) -> str:
+        return os.path.join(self.drains, job)
+
+    def event(self, token: str, kind: str) -> str:
+        return os.path.join(self.events, f"{token}.{kind}")
+
+    def live_attempts(self, silence: float = 60.0) -> int:
+        """Attempts queued, or claimed by an agent that beat within ``silence`` seconds (its node's
+        clock): what a detached pool still runs, without asking Slurm."""
+        try:
+            count = sum(1 for name in os.listdir(self.queue) if token_of(name))
+            agents = os.listdir(self.agents)
+        except OSError:
+            return 0
+        for agent in agents:
+            beat = read_json(self.beat(agent))
+            if isinstance(beat, dict) and not beat.get("over") and time.time() - float(beat.get("at") or 0) < silence:
+                try:
+                    count += sum(1 for name in os.listdir(self.claimed(agent)) if token_of(name))
+                except OSError:
+                    pass
+        return count
+
+
+def entry_name(seq: int, token: str) -> str:
+    return f"{seq:09d}.{token}.json"
+
+
+def token_of(entry: str) -> str | None:
+    """The attempt's token in a queue entry's name, or None for a name that is no entry."""
+    parts = entry.split(".")
+    if len(parts) == 3 and parts[0].isdigit() and parts[2] == "json" and parts[1]:
+        return parts[1]
+    return None
+
+
+def job_of(agent: str) -> str:
+    """The allocation an agent runs in: its id is ``JOB.RESTARTS.NODE.NONCE``."""
+    return agent.split(".", 1)[0]

@@ -1,0 +1,30 @@
+"""A run of the pool tests as a command: ``python stepping_command.py RUN STEPS SECONDS JOURNAL``.
+
+It goes on from ``GTS_RESUME_STEP`` (the checkpoint protocol: the last step it reported), trains
+each step for SECONDS, reports it, then appends ``step RUN N NODE`` to the journal; after its last
+step, ``end RUN NODE``. The journal is what must happen exactly once: each run's end, each step
+after the one it went on from."""
+
+import os
+import sys
+import time
+
+from gpu_task_scheduler import reporting
+
+
+def main(run, steps, seconds, journal):
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    resumed = int(float(os.environ.get("GTS_RESUME_STEP") or 0))
+    with open(journal, "a") as handle:
+        handle.write(f"start {run} {resumed} {node}\n")
+    for step in range(resumed + 1, int(steps) + 1):
+        time.sleep(float(seconds))
+        reporting.report(step, loss=1.0 / step)
+        with open(journal, "a") as handle:
+            handle.write(f"step {run} {step} {node}\n")
+    with open(journal, "a") as handle:
+        handle.write(f"end {run} {node}\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,255 @@
+"""Slurm pools (``slurm: {pool: {...}}``) against a real Slurm of two nodes (conftest.slurm_pool:
+two slurmd on this machine, gts0 and gts1), and the pool's pure parts.
+
+Each run here is ``stepping_command.py``: it journals its start (and the step it went on from),
+each step after reporting it, and its end, with its node. What must hold after every fault: each
+run ends exactly once, no step is trained twice after it was reported, every run succeeded, and
+nothing is left in Slurm's queue or the pool's folders.
+
+The fault battery runs one seed per fault in the suite; ``GTS_POOL_SEEDS=5`` runs five."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import wait_until
+from helpers import journal_lines, ledger_rows
+from test_process_control import finish
+
+from gpu_task_scheduler.backends.slurm.pool import PoolLauncher
+from gpu_task_scheduler.backends.slurm.poolfiles import PoolFiles, job_of
+from gpu_task_scheduler.errors import ConfigError
+from gpu_task_scheduler.sweep.options import parse_scheduler_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+pool_only = pytest.mark.xdist_group("clusters")
+SEEDS = range(int(os.environ.get("GTS_POOL_SEEDS", "1")))
+
+
+def write_sweep(folder, runs, steps, seconds, *, pool=None, **scheduler):
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu"],
+            "result_root_folder": str(folder / "results"),
+            "backend": "slurm",
+            "grace_period": 2,
+            "lease_interval": 0.5,
+            "node_failure_retries": 0,  # a lost run fails: the faults below must hand runs back or adopt them
+            "max_retries": 0,
+            "slurm": {"poll_interval": 0.5, "pool": {"nodes": 2, "slots_per_node": 2, "idle_exit": 2, **(pool or {})}},
+            **scheduler,
+        },
+        "command": [
+            sys.executable,
+            os.path.join(HERE, "stepping_command.py"),
+            "{i}",
+            str(steps),
+            str(seconds),
+            str(folder / "journal"),
+        ],
+        "test_config": [{"i": list(range(runs))}],
+    }
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def gts(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def journal(folder):
+    """Per run: its starts (the step each went on from), its steps in order, its ends, its nodes."""
+    runs = {}
+    for line in journal_lines(folder / "journal"):
+        word, run, *rest = line.split()
+        entry = runs.setdefault(run, {"starts": [], "steps": [], "ends": 0, "nodes": set()})
+        if word == "start":
+            entry["starts"].append(int(rest[0]))
+        elif word == "step":
+            entry["steps"].append(int(rest[0]))
+        else:
+            entry["ends"] += 1
+        entry["nodes"].add(rest[-1])
+    return runs
+
+
+def check_exactly_once(folder, runs, steps):
+    """Every run ended once, having trained each step at most once, its last one last; the ledger
+    says succeeded; nothing of the pool is left behind."""
+    found = journal(folder)
+    assert sorted(found) == sorted(map(str, range(runs))), found
+    for run, entry in found.items():
+        assert entry["ends"] == 1, (run, entry)
+        assert entry["steps"] == sorted(set(entry["steps"])) and entry["steps"][-1] == steps, (run, entry)
+    rows = ledger_rows(folder / "results")
+    assert {row["status"] for row in rows.values()} == {"succeeded"}, {n: r["status"] for n, r in rows.items()}
+    files = PoolFiles(str(folder / "results"))
+    assert os.listdir(files.queue) == [] and os.listdir(files.events) == [], "pool files left behind"
+    assert all(os.listdir(files.claimed(agent)) == [] for agent in os.listdir(files.agents))
+    return found, rows
+
+
+def allocations(cluster, state="RUNNING"):
+    return cluster.run("squeue", "-h", "-t", state, "-o", "%i").stdout.split()
+
+
+def steps_reported(folder, least):
+    return sum(len(entry["steps"]) >= least for entry in journal(folder).values())
+
+
+# --- the pool's pure parts ------------------------------------------------------------------
+
+
+def _options(pool, **slurm):
+    return parse_scheduler_config(
+        {"gpu": ["cpu"], "result_root_folder": "/tmp/r", "backend": "slurm", "slurm": {"pool": pool, **slurm}}
+    )
+
+
+@pytest.mark.quick
+def test_each_allocation_asks_for_its_nodes_its_gpus_and_the_warning_before_its_time_limit():
+    launcher = PoolLauncher(
+        type("T", (), {}), _options({"nodes": 3, "allocations": 2, "time": "4:00:00", "gpus_per_node": 4})
+    )
+    args = launcher.job_args()
+    assert "--nodes=3" in args and "--no-kill" in args and "--gres=gpu:4" in args and "--time=4:00:00" in args
+    assert "--signal=B:USR1@60" in args  # the grace period and a margin, at least Slurm's minute
+    assert launcher.pool_slots() == 4 * 3 * 2  # one run per GPU unless max_runs_per_gpu packs more
+    no_time = PoolLauncher(type("T", (), {}), _options({"nodes": 1, "slots_per_node": 5}, partition="cpu")).job_args()
+    assert "--partition=cpu" in no_time and not any(arg.startswith(("--signal", "--time", "--gres")) for arg in no_time)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("pool", "words"),
+    [
+        ({"nodes": 0}, "'nodes'] must be an integer >= 1"),
+        ({"nodes": 2, "allocation": 1}, "unknown key 'allocation'"),
+        ({"time": "forever"}, "a Slurm time"),
+        ({"gpus_per_node": -1}, "an integer >= 0"),
+        ({"idle_exit": True}, "seconds between 0 and 86400"),
+        ("two nodes", "must be a dict"),
+    ],
+)
+def test_a_pool_key_that_slurm_would_not_take_is_refused_before_anything_is_submitted(pool, words):
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        _options(pool)
+
+
+# --- on the real Slurm ---------------------------------------------------------------------
+
+
+@pool_only
+def test_a_pool_runs_every_run_once_on_both_nodes_with_one_job(slurm_pool, in_tmp, no_leaked_processes):
+    """16 runs through one allocation of 2 nodes, 2 slots each: every run once, on both nodes, at
+    most 4 at once, one sbatch for the whole sweep; `gts status` shows the pool while it runs."""
+    path = write_sweep(in_tmp, 16, 2, 0.2)
+    process = gts("run", path, "--plain")
+    wait_until(lambda: steps_reported(in_tmp, 1) >= 2, timeout=60, message="runs to start")
+    status = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "status", str(in_tmp / "results")],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    found, _ = check_exactly_once(in_tmp, 16, 2)
+    assert set().union(*(entry["nodes"] for entry in found.values())) == {"gts0", "gts1"}
+    assert output.count("Slurm pool: submitted allocation") == 1, output
+    assert "pool: 1 allocation" in status and "gts0" in status and "gts1" in status, status
+    assert slurm_pool.jobs() == []
+    assert os.listdir(PoolFiles(str(in_tmp / "results")).agents) == []  # the allocation ended: its agents' folders went
+
+
+@pool_only
+def test_the_time_limit_warning_hands_running_runs_back_and_they_go_on_from_their_last_step(
+    slurm_pool, in_tmp, no_leaked_processes
+):
+    """Slurm's warning before the time limit (--signal=B:USR1, sent here by scancel --batch): the
+    agents start nothing more and stop their runs; each goes on from its last reported step in a
+    second allocation. No run fails, none is counted as a retry (max_retries and
+    node_failure_retries are 0)."""
+    path = write_sweep(in_tmp, 4, 8, 0.3, pool={"slots_per_node": 2})
+    process = gts("run", path, "--plain")
+    wait_until(lambda: steps_reported(in_tmp, 2) == 4, timeout=60, message="every run to report 2 steps")
+    (job,) = allocations(slurm_pool)
+    slurm_pool.run("scancel", "--signal=USR1", "--batch", job)
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    found, rows = check_exactly_once(in_tmp, 4, 8)
+    assert output.count("Slurm pool: submitted allocation") == 2, output
+    for run, entry in found.items():
+        first, second = entry["starts"]  # handed back once, gone on from its last reported step
+        assert first == 0 and second >= 2 and entry["steps"][0] == 1, (run, entry)
+        assert rows[f"i-{run},"]["attempts"] == 2
+
+
+FAULTS = ["scancel", "requeue", "node-down", "agent-sigkill", "driver-sigkill"]
+
+
+@pool_only
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("fault", FAULTS)
+def test_every_run_ends_once_through_a_fault_at_a_random_moment(slurm_pool, in_tmp, no_leaked_processes, fault, seed):
+    """8 runs of 6 steps through one allocation of 2 nodes; at a random moment (after 1 to 4 steps of
+    the first runs): the whole allocation cancelled, requeued, a node set DOWN, an agent SIGKILLed,
+    or the driver SIGKILLed and `gts run` started again. Lost runs run again (node_failure_retries
+    2), and every run still ends exactly once, none trains a reported step twice."""
+    rng = random.Random(f"{fault}-{seed}")
+    path = write_sweep(in_tmp, 8, 6, 0.25, node_failure_retries=2)
+    process = gts("run", path, "--plain")
+    moment = rng.randint(1, 4)
+    wait_until(lambda: steps_reported(in_tmp, moment) >= 1, timeout=60, message=f"a run at step {moment}")
+    (job,) = wait_until(lambda: allocations(slurm_pool), timeout=30, message="the allocation")
+    files = PoolFiles(str(in_tmp / "results"))
+    outputs = []
+    try:
+        if fault == "scancel":
+            slurm_pool.run("scancel", job)
+        elif fault == "requeue":
+            slurm_pool.run("scontrol", "requeue", job)
+        elif fault == "node-down":
+            slurm_pool.set_node(rng.choice(["gts0", "gts1"]), "DOWN")
+        elif fault == "agent-sigkill":
+            agents = [agent for agent in os.listdir(files.agents) if job_of(agent) == job]
+            beat = json.loads(open(files.beat(rng.choice(sorted(agents)))).read())
+            os.kill(beat["pid"], signal.SIGKILL)
+        else:
+            process.kill()
+            outputs.append(finish(process))
+            process = gts("run", path, "--plain")
+        outputs.append(finish(process, timeout=180))
+    finally:
+        for node in ("gts0", "gts1"):
+            state = slurm_pool.run("sinfo", "-h", "-n", node, "-o", "%T", check=False).stdout.strip()
+            if "down" in state or "drain" in state:
+                slurm_pool.set_node(node, "RESUME")
+    assert process.returncode == 0, "\n".join(outputs)
+    check_exactly_once(in_tmp, 8, 6)
+    assert slurm_pool.jobs() == []
+
+
+@pool_only
+def test_a_detached_pool_runs_on_and_a_later_start_follows_it(slurm_pool, in_tmp, no_leaked_processes):
+    """`gts run --detach`: the driver returns once the runs are queued and an allocation asked for;
+    the agents run through the queue; `gts run` again follows what still runs and records every run
+    once."""
+    path = write_sweep(in_tmp, 6, 4, 0.25)
+    process = gts("run", path, "--plain", "--detach")
+    first = finish(process, timeout=60)
+    assert process.returncode == 0 and "Slurm pool: submitted allocation" in first, first
+    wait_until(lambda: steps_reported(in_tmp, 1) >= 1, timeout=60, message="a run to report")
+    again = gts("run", path, "--plain")
+    output = finish(again, timeout=120)
+    assert again.returncode == 0, first + output
+    check_exactly_once(in_tmp, 6, 4)
+    assert slurm_pool.jobs() == []

@@ -2,8 +2,9 @@
 
 It goes on from ``GTS_RESUME_STEP`` (the checkpoint protocol: the last step it reported), trains
 each step for SECONDS, reports it, then appends ``step RUN N NODE`` to the journal; after its last
-step, ``end RUN NODE``. The journal is what must happen exactly once: each run's end, each step
-after the one it went on from."""
+step, ``end RUN TIME NODE``. The journal is what must happen exactly once: each run's end, each
+step after the one it went on from. With ``GPU_BYTES`` in its environment it first holds that
+much memory of its first GPU in the fake NVML (``fake_nvml.allocate``), as a CUDA run would."""
 
 import os
 import sys
@@ -15,15 +16,20 @@ from gpu_task_scheduler import reporting
 def main(run, steps, seconds, journal):
     node = os.environ.get("SLURMD_NODENAME", "?")
     resumed = int(float(os.environ.get("GTS_RESUME_STEP") or 0))
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if os.environ.get("GPU_BYTES"):
+        import fake_nvml
+
+        fake_nvml.allocate(gpus.split(",")[0], int(os.environ["GPU_BYTES"]))
     with open(journal, "a") as handle:
-        handle.write(f"start {run} {resumed} {node}\n")
+        handle.write(f"start {run} {resumed} {time.time()} {gpus or '-'} {node}\n")
     for step in range(resumed + 1, int(steps) + 1):
         time.sleep(float(seconds))
         reporting.report(step, loss=1.0 / step)
         with open(journal, "a") as handle:
             handle.write(f"step {run} {step} {node}\n")
     with open(journal, "a") as handle:
-        handle.write(f"end {run} {node}\n")
+        handle.write(f"end {run} {time.time()} {node}\n")
 
 
 if __name__ == "__main__":

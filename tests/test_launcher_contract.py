@@ -26,6 +26,7 @@ from test_process_control import finish
 from gpu_task_scheduler.backends.local.launcher import LocalLauncher
 from gpu_task_scheduler.backends.ray.launcher import RayLauncher
 from gpu_task_scheduler.backends.slurm.launcher import SlurmLauncher
+from gpu_task_scheduler.backends.slurm.pool import PoolLauncher
 from gpu_task_scheduler.engine.hooks import Hooks, Inbox
 from gpu_task_scheduler.engine.launcher import Attempt
 from gpu_task_scheduler.engine.loop import Scheduler
@@ -48,7 +49,7 @@ class SignalOnStart(Hooks):
     def on_run_start(self, spec, slot):
         self.started.append(os.path.join(spec.work_dir, "ready"))
         if len(self.started) == self.runs:
-            if self.scheduler.options.backend == "slurm":  # submitted once the engine's pass is over: not here
+            if self.scheduler.options.backend == "slurm":  # queued once the engine's pass is over: not here
                 threading.Thread(target=self._signal, daemon=True).start()
             else:
                 self._signal()
@@ -60,10 +61,10 @@ class SignalOnStart(Hooks):
 
 
 def run_sweep(backend, config, hooks=None):
-    if backend in ("ray", "slurm"):
-        config["scheduler_config"]["backend"] = backend
-    if backend == "slurm":
-        config["scheduler_config"]["slurm"] = {"poll_interval": 0.5}
+    if backend in ("ray", "slurm", "pool"):
+        config["scheduler_config"]["backend"] = "slurm" if backend == "pool" else backend
+    if backend in ("slurm", "pool"):
+        config["scheduler_config"]["slurm"] = {"poll_interval": 0.5, **POOL.get(backend, {})}
     sweep = Sweep(config)
     if backend == "fake":
         world = FakeWorld()
@@ -72,8 +73,8 @@ def run_sweep(backend, config, hooks=None):
     elif backend == "ray":
         launcher = RayLauncher(tasks.ContractTask, sweep.options)
         scheduler = Scheduler(sweep, launcher, inbox=Inbox(), hooks=hooks)
-    elif backend == "slurm":
-        launcher = SlurmLauncher(tasks.ContractTask, sweep.options)
+    elif backend in ("slurm", "pool"):
+        launcher = (PoolLauncher if backend == "pool" else SlurmLauncher)(tasks.ContractTask, sweep.options)
         scheduler = Scheduler(sweep, launcher, inbox=Inbox(), hooks=hooks)
     else:
         launcher = LocalLauncher(tasks.ContractTask, grace_period=sweep.options.grace_period)
@@ -90,7 +91,10 @@ BACKENDS = [
     "fake",
     pytest.param("ray", marks=[pytest.mark.xdist_group("clusters")]),
     pytest.param("slurm", marks=[pytest.mark.xdist_group("clusters")]),
+    pytest.param("pool", marks=[pytest.mark.xdist_group("clusters")]),
 ]
+# The pool: one allocation of the two-node test Slurm, two slots a node (conftest.slurm_pool).
+POOL = {"pool": {"pool": {"nodes": 2, "slots_per_node": 2, "idle_exit": 2}}}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -99,6 +103,8 @@ def backend(request):
         request.getfixturevalue("ray_instance")
     if request.param == "slurm":
         request.getfixturevalue("slurm")
+    if request.param == "pool":
+        request.getfixturevalue("slurm_pool")
     return request.param
 
 
@@ -110,8 +116,10 @@ def test_one_run(backend, tmp_path):
 
 
 def test_many_runs_share_the_slots_one_run_each(backend, tmp_path):
-    if backend == "slurm":
-        pytest.skip("Slurm's slots are places in its queue; max_parallel across arrays: test_slurm.py")
+    if backend in ("slurm", "pool"):
+        pytest.skip(
+            "Slurm's slots are places in its queue (max_parallel: test_slurm.py; a pool's nodes: test_slurm_pool.py)"
+        )
     root = tmp_path / "r"
     summary = run_sweep(backend, make_config(root, [{"i": list(range(6)), "seconds": [0.2]}], slots=("cpu", "cpu")))
     assert len(summary.succeeded) == 6 and summary.ok
@@ -270,8 +278,10 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
     launcher = world or LocalLauncher(tasks.ContractTask, grace_period=1)
     if backend == "ray":
         launcher = RayLauncher(tasks.ContractTask, sweep.options)
-    if backend == "slurm":
-        launcher = SlurmLauncher(tasks.ContractTask, Sweep(make_config(tmp_path / "r", [{}], backend="slurm")).options)
+    if backend in ("slurm", "pool"):
+        config = make_config(tmp_path / "r", [{}], backend="slurm")
+        config["scheduler_config"]["slurm"] = {"poll_interval": 0.5, **POOL.get(backend, {})}
+        launcher = (PoolLauncher if backend == "pool" else SlurmLauncher)(tasks.ContractTask, Sweep(config).options)
     os.makedirs(sweep.options.result_root_folder)
     root = os.open(tmp_path, os.O_RDONLY)
     try:
@@ -290,7 +300,7 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
         os.close(root)
         if backend == "ray":
             launcher.shutdown()
-        if backend == "slurm":
+        if backend in ("slurm", "pool"):
             launcher.close()
 
 

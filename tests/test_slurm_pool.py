@@ -70,13 +70,15 @@ def journal(folder):
     runs = {}
     for line in journal_lines(folder / "journal"):
         word, run, *rest = line.split()
-        entry = runs.setdefault(run, {"starts": [], "steps": [], "ends": 0, "nodes": set()})
+        entry = runs.setdefault(run, {"starts": [], "steps": [], "ends": 0, "nodes": set(), "spans": []})
         if word == "start":
             entry["starts"].append(int(rest[0]))
+            entry["spans"].append([float(rest[1]), None, rest[2], rest[-1]])  # start, end, GPUs, node
         elif word == "step":
             entry["steps"].append(int(rest[0]))
         else:
             entry["ends"] += 1
+            entry["spans"][-1][1] = float(rest[0])
         entry["nodes"].add(rest[-1])
     return runs
 
@@ -191,6 +193,28 @@ def test_the_time_limit_warning_hands_running_runs_back_and_they_go_on_from_thei
         first, second = entry["starts"]  # handed back once, gone on from its last reported step
         assert first == 0 and second >= 2 and entry["steps"][0] == 1, (run, entry)
         assert rows[f"i-{run},"]["attempts"] == 2
+
+
+@pool_only
+def test_small_runs_share_a_gpu_of_a_pool_node_by_memory(slurm_pool, in_tmp, no_leaked_processes, monkeypatch):
+    """A node of 1 GPU of 8 GiB (the fake NVML), runs of 2 GiB declared, max_runs_per_gpu 4, the
+    512 MiB margin: three runs share the GPU at once, as on a local machine, never four."""
+    import fake_nvml
+
+    table = in_tmp / "nvml.json"
+    fake_nvml.write_state(str(table), [{"name": "Fake GPU", "total": 8 * fake_nvml.GiB}])
+    monkeypatch.setenv(fake_nvml.ENV, str(table))
+    monkeypatch.setenv("GPU_BYTES", str(2 * fake_nvml.GiB))
+    path = write_sweep(in_tmp, 6, 3, 0.3, pool={"nodes": 1, "gpus_per_node": 1}, gpu_memory="2GiB", max_runs_per_gpu=4)
+    process = gts("run", path, "--plain")
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    found, _ = check_exactly_once(in_tmp, 6, 3)
+    spans = [span for entry in found.values() for span in entry["spans"]]
+    assert {span[2] for span in spans} == {"0"}  # the one GPU Slurm gave the job
+    moments = sorted([(start, 1) for start, _, _, _ in spans] + [(end, -1) for _, end, _, _ in spans])
+    at_once = max(sum(change for _, change in moments[: index + 1]) for index in range(len(moments)))
+    assert at_once == 3, spans
 
 
 FAULTS = ["scancel", "requeue", "node-down", "agent-sigkill", "driver-sigkill"]

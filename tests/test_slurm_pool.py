@@ -146,6 +146,29 @@ def test_a_pool_key_that_slurm_would_not_take_is_refused_before_anything_is_subm
         _options(pool)
 
 
+@pytest.mark.quick
+def test_a_dry_run_says_how_many_jobs_a_start_submits_and_what_each_asks_for(in_tmp):
+    pool = write_sweep(in_tmp, 5, 1, 0.1, pool={"time": "1:00:00", "allocations": 2})
+    said = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", pool, "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "slurm pool: 2 allocation job(s) of 2 node(s) for the 5 run(s), up to 8 at once" in said, said
+    assert "--nodes=2 --ntasks-per-node=1 --no-kill --time=1:00:00 --signal=B:USR1@60" in said
+    config = yaml.safe_load(pool.read_text())
+    del config["scheduler_config"]["slurm"]["pool"]
+    pool.write_text(yaml.safe_dump(config))
+    said = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", pool, "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "slurm: 5 job array task(s) in at least 1 array(s)" in said and "one per run" in said, said
+
+
 # --- on the real Slurm ---------------------------------------------------------------------
 
 
@@ -193,6 +216,26 @@ def test_the_time_limit_warning_hands_running_runs_back_and_they_go_on_from_thei
         first, second = entry["starts"]  # handed back once, gone on from its last reported step
         assert first == 0 and second >= 2 and entry["steps"][0] == 1, (run, entry)
         assert rows[f"i-{run},"]["attempts"] == 2
+
+
+@pool_only
+def test_a_node_left_with_nothing_to_run_is_given_back_while_the_other_works(slurm_pool, in_tmp, no_leaked_processes):
+    """One run, two nodes, idle_exit 1 s: the agent with nothing to run ends, and its node leaves the
+    allocation (scontrol update NodeList=) while the run goes on on the other; the node that runs
+    the batch script goes with the job."""
+    path = write_sweep(in_tmp, 1, 12, 0.5, pool={"slots_per_node": 1, "idle_exit": 1})
+    process = gts("run", path, "--plain")
+    wait_until(lambda: steps_reported(in_tmp, 1), timeout=60, message="the run to report")
+    (node,) = journal(in_tmp)["0"]["nodes"]
+    (job,) = allocations(slurm_pool)
+    nodes = lambda: slurm_pool.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()  # noqa: E731
+    if node == "gts0":  # the batch script's node: gts1 is given back
+        wait_until(lambda: nodes() == "gts0", timeout=30, message="gts1 to leave the allocation")
+    else:
+        assert nodes() == "gts[0-1]"
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    check_exactly_once(in_tmp, 1, 12)
 
 
 @pool_only

@@ -132,11 +132,7 @@ class PoolLauncher(BaseLauncher):
     # --- the sweep ------------------------------------------------------------------
 
     def pool_slots(self) -> int:
-        """Runs the pool runs at once when every allocation runs (without packing)."""
-        per_node = self._p.slots_per_node or 8
-        if self._p.gpus_per_node:
-            per_node = max(1, self._p.gpus_per_node // max(1, self._asks.gpus_per_run())) * self._o.max_runs_per_gpu
-        return per_node * self._p.nodes * self._p.allocations
+        return pool_slots(self._o)
 
     def slots(self, options: SchedulerOptions) -> list[Slot]:
         missing = commands.missing_commands()
@@ -148,19 +144,7 @@ class PoolLauncher(BaseLauncher):
         return float(self._asks.gpus_per_run()) if self._p.gpus_per_node else 0.0
 
     def job_args(self) -> list[str]:
-        """What each allocation asks Slurm for (``--dry-run`` shows them)."""
-        p = self._p
-        args = [f"--nodes={p.nodes}", "--ntasks-per-node=1", "--no-kill"]
-        args += self._asks.placement_args()
-        if p.gpus_per_node:
-            args.append(f"--gres=gpu:{p.gpus_per_node}")
-        if self._s.cpus_per_run:
-            slots = self.pool_slots() // (p.nodes * p.allocations)
-            args.append(f"--cpus-per-task={self._s.cpus_per_run * slots}")
-        if p.time:
-            args.append(f"--time={p.time}")
-            args.append(f"--signal=B:USR1@{int(self._asks.signal_lead())}")
-        return args + list(self._s.extra)
+        return job_args(self._o)
 
     def open(self, lock_fd: int) -> None:
         problem = commands.shared_root_problem(
@@ -205,8 +189,11 @@ class PoolLauncher(BaseLauncher):
 
     def _write_script(self) -> str:
         """The allocations' batch script: an agent per node, each started again if it dies (not when
-        its node is gone), until the job is warned of its time limit."""
+        its node is gone), until the job is warned of its time limit. A node whose agent ended by
+        itself (nothing left to run) is given back to Slurm at once, as disBatch does: the job
+        shrinks to the nodes still working (the batch script's own node goes with the job)."""
         drain = shlex.quote(self._files.drains) + '/"$SLURM_JOB_ID"'
+        lock = shlex.quote(self._files.jobs) + '/"$SLURM_JOB_ID".lock'
         entry = "-m gpu_task_scheduler.backends.slurm.agent"
         agent = f"{shlex.quote(sys.executable)} {entry} {shlex.quote(self._files.root)}"
         gres = f" --gres=gpu:{self._p.gpus_per_node}" if self._p.gpus_per_node else ""
@@ -214,17 +201,33 @@ class PoolLauncher(BaseLauncher):
             "#!/bin/bash",
             "# gpu_task_scheduler: a pool allocation; one agent per node runs the sweep's runs.",
             *self._s.setup,
+            'echo "gpu_task_scheduler: allocation $SLURM_JOB_ID started $(date +%s.%N) on $SLURM_JOB_NODELIST"',
             f"trap 'touch {drain}' USR1 TERM",
+            "release() {",
+            '  [ "$1" = "$SLURMD_NODENAME" ] && return 0',
+            "  (",
+            "    flock 9",
+            '    left=$(squeue -h -j "$SLURM_JOB_ID" -o %N)',
+            '    nodes=$(scontrol show hostnames "$left" | grep -vx "$1" | paste -sd, -)',
+            '    [ -n "$nodes" ] && scontrol update JobId="$SLURM_JOB_ID" NodeList="$nodes" >/dev/null',
+            '    rm -f slurm_job_"$SLURM_JOB_ID"_resize.*',  # what scontrol writes for a resized job's shell
+            f"  ) 9>{lock}",
+            "}",
             "agent() {",
             "  local tries=0",
             f"  while [ ! -e {drain} ]; do",
-            f'    srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" --kill-on-bad-exit=0{gres} {agent} && return 0',
+            f'    if srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" --kill-on-bad-exit=0{gres} {agent}; then',
+            '      release "$1"',
+            "      return 0",
+            "    fi",
             "    tries=$((tries + 1)); [ $tries -ge 3 ] && return 1",
             "    sleep 1",
             "  done",
             "}",
             'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do agent "$node" & done',
             'while [ -n "$(jobs -pr)" ]; do wait; done',
+            f"rm -f {lock}",
+            'echo "gpu_task_scheduler: allocation $SLURM_JOB_ID ended $(date +%s.%N)"',
         ]
         path = os.path.join(self._files.jobs, f"{self._name}.sh")
         atomic_write(path, ("\n".join(lines) + "\n").encode())
@@ -596,9 +599,8 @@ class PoolLauncher(BaseLauncher):
         ]
         for _ in range(self._p.allocations - len(live)):
             try:
-                job = commands.submit(
-                    [f"--job-name={self._name}", f"--output={self._files.jobs}/%j.out", *self.job_args()], self._script
-                )
+                where = [f"--output={self._files.jobs}/%j.out", f"--chdir={self._files.jobs}"]
+                job = commands.submit([f"--job-name={self._name}", *where, *self.job_args()], self._script)
             except GTSError as error:
                 logger.error("could not submit a pool allocation to Slurm: %s (tried again)", error)
                 return
@@ -667,6 +669,31 @@ class PoolLauncher(BaseLauncher):
             with contextlib.suppress(OSError):
                 os.unlink(self._files.event(handle.token, kind))
         handle.on_exit()
+
+
+def pool_slots(options: SchedulerOptions) -> int:
+    """Runs a pool runs at once when every allocation runs (at most ``max_runs_per_gpu`` a GPU; CPU
+    slots: ``slots_per_node``, else up to 8 a node)."""
+    pool = (options.slurm or SlurmOptions()).pool or PoolOptions()
+    per_node = pool.slots_per_node or 8
+    if pool.gpus_per_node:
+        per_node = max(1, pool.gpus_per_node // max(1, Resources(options).gpus_per_run())) * options.max_runs_per_gpu
+    return per_node * pool.nodes * pool.allocations
+
+
+def job_args(options: SchedulerOptions) -> list[str]:
+    """What each allocation asks Slurm for (``--dry-run`` shows them): its nodes, one agent each, its
+    GPUs on each, its time limit and the warning before it."""
+    slurm = options.slurm or SlurmOptions()
+    pool, asks = slurm.pool or PoolOptions(), Resources(options)
+    args = [f"--nodes={pool.nodes}", "--ntasks-per-node=1", "--no-kill", *asks.placement_args()]
+    if pool.gpus_per_node:
+        args.append(f"--gres=gpu:{pool.gpus_per_node}")
+    if slurm.cpus_per_run:
+        args.append(f"--cpus-per-task={slurm.cpus_per_run * pool_slots(options) // (pool.nodes * pool.allocations)}")
+    if pool.time:
+        args += [f"--time={pool.time}", f"--signal=B:USR1@{int(asks.signal_lead())}"]
+    return args + list(slurm.extra)
 
 
 def _listdir(folder: str) -> list[str]:

@@ -125,6 +125,7 @@ def _dry_run(sweep: Any) -> int:
     print(summary)
     _say_order_matters(sweep)
     _say_what_decides(sweep)
+    _say_what_slurm_gets(sweep, counts.get("run", 0))
     _say_who_runs(sweep.options.result_root_folder)
     return EXIT_OK
 
@@ -155,6 +156,29 @@ def _say_what_decides(sweep: Any) -> None:
     slots = sweep.options.slots
     if budget is not None and budget.gpu_hours is not None and slots is not None and all(s.is_cpu for s in slots):
         print("budget: gpu_hours counts GPU-hours, and no slot of this sweep has a GPU: it is never spent")
+
+
+def _say_what_slurm_gets(sweep: Any, runs: int) -> None:
+    """Backend slurm: how many jobs a start would submit, and what each asks for."""
+    slurm = sweep.options.slurm if sweep.options.backend == "slurm" else None
+    if slurm is None or not runs:
+        return
+    if slurm.pool is not None:
+        from ...backends.slurm.pool import job_args, pool_slots
+
+        print(
+            f"slurm pool: {slurm.pool.allocations} allocation job(s) of {slurm.pool.nodes} node(s) for the {runs} "
+            f"run(s), up to {pool_slots(sweep.options)} at once (one more for each that ends while runs wait); "
+            f"each: sbatch {' '.join(job_args(sweep.options))}"
+        )
+        return
+    from ...backends.slurm.resources import Resources
+
+    arrays = -(-runs // min(slurm.max_queued, 1001))
+    print(
+        f"slurm: {runs} job array task(s) in at least {arrays} array(s) (up to {slurm.max_queued} queued at once), "
+        f"one per run; each: sbatch {' '.join(Resources(sweep.options).sbatch_args())}"
+    )
 
 
 def _say_order_matters(sweep: Any) -> None:

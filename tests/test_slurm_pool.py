@@ -191,6 +191,9 @@ def test_a_pool_runs_every_run_once_on_both_nodes_with_one_job(slurm_pool, in_tm
     assert set().union(*(entry["nodes"] for entry in found.values())) == {"gts0", "gts1"}
     assert output.count("Slurm pool: submitted allocation") == 1, output
     assert "pool: 1 allocation" in status and "gts0" in status and "gts1" in status, status
+    from gpu_task_scheduler.web.data import overview  # the page and the report show what status shows
+
+    assert overview(str(in_tmp / "results"))["pool"] == ["pool: over; 1 allocation(s) submitted by its last start"]
     assert slurm_pool.jobs() == []
     assert os.listdir(PoolFiles(str(in_tmp / "results")).agents) == []  # the allocation ended: its agents' folders went
 

@@ -358,14 +358,14 @@ class Records:
             logger.info("%s stopped task %s early (%s)", slot.name, spec.test_config_string, record.describe())
         elif end.status is RunStatus.PAUSED:
             logger.info("%s paused task %s (%s)", slot.name, spec.test_config_string, record.describe())
-        elif end.status is RunStatus.INTERRUPTED:  # the sweep was stopped: no failure (the summary agrees)
+        elif end.status is RunStatus.INTERRUPTED and not again:  # the sweep was stopped: no failure
             logger.warning(
                 "%s stopped task %s (%s); it runs again at the next start",
                 slot.name,
                 spec.test_config_string,
                 record.describe(),
             )
-        elif again:  # what follows says how it runs again
+        elif again:  # what follows says how it runs again (its machine went away: on another)
             logger.warning(
                 "%s: attempt %d of task %s ended (%s)", slot.name, attempts, spec.test_config_string, record.describe()
             )

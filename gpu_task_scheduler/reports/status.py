@@ -158,8 +158,8 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
         scheduler["on_slurm"] = on_slurm
     report: dict[str, Any] = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts}
     pool = read_json(os.path.join(root, META, "slurm", "pool", "state.json"))
-    if isinstance(pool, dict) and not pool.get("over") and running:
-        report["pool"] = pool  # a Slurm pool's allocations, as its driver last wrote them
+    if isinstance(pool, dict) and (running or pool.get("over")):
+        report["pool"] = pool  # a Slurm pool's allocations, as its driver last wrote them (or at its end)
     notes = ledger.notes()
     if notes:  # what the scheduler saw of runs that the user should know (a resume that ignored its checkpoint)
         report["notes"] = notes
@@ -216,6 +216,8 @@ def detached_on_slurm(root: str) -> int:
 def pool_lines(pool: dict[str, Any], width: int = 80) -> list[str]:
     """A Slurm pool as ``gts status`` shows it: its allocations, their nodes, slots and runs."""
     allocations = [a for a in pool.get("allocations") or [] if isinstance(a, dict)]
+    if pool.get("over"):
+        return [f"  pool: over; {pool.get('submissions', 0)} allocation(s) submitted by its last start"]
     lines = [f"  pool: {len(allocations)} allocation(s) up, {pool.get('submissions', 0)} submitted by this start"]
     for allocation in allocations:
         lines.append(f"    job {allocation.get('job')} {allocation.get('state')} on {allocation.get('nodes') or '-'}")

@@ -19,7 +19,7 @@ from ..records.ledger.record import RunRecord
 from ..records.metrics import run_curve
 from ..records.paths import RunPaths, UnsafePathError, open_regular, read_json
 from ..records.status import RunStatus
-from ..reports.status import STALE, eta, running_is_stale, status
+from ..reports.status import STALE, eta, pool_lines, running_is_stale, status
 from ..results import declared_modes, open_ledger, row_of
 
 PAGE_MOST = 500  # runs one page may ask for
@@ -52,6 +52,8 @@ def overview(root: str) -> dict[str, Any]:
         "running": running,
         "failures": failures,
         "notes": report.get("notes", {}),  # what the scheduler saw of runs that the user should know
+        # A Slurm pool's allocations, nodes, slots and runs, as gts status shows them.
+        "pool": [line.strip() for line in pool_lines(report["pool"], width=200)] if "pool" in report else [],
         # What the charts open on: the metrics the config's early_stop, search or pbt judges by;
         # where none is declared, the first metric of the runs' report lines (as written: the
         # ledger keeps metrics sorted by name, which put acc before loss).

@@ -202,6 +202,7 @@ class PoolLauncher(BaseLauncher):
             "# gpu_task_scheduler: a pool allocation; one agent per node runs the sweep's runs.",
             *self._s.setup,
             'echo "gpu_task_scheduler: allocation $SLURM_JOB_ID started $(date +%s.%N) on $SLURM_JOB_NODELIST"',
+            f"rm -f {drain}",  # a requeued job starts afresh: its earlier start's warning is over
             f"trap 'touch {drain}' USR1 TERM",
             "release() {",
             '  [ "$1" = "$SLURMD_NODENAME" ] && return 0',
@@ -252,6 +253,10 @@ class PoolLauncher(BaseLauncher):
                 logger.warning("cannot read the pool's Slurm jobs at the sweep's end: %s", error)
                 return
             live = [job for job, state in self._allocations.items() if state.live]
+            queued = [job for job in live if self._allocations[job].state in ("PENDING", "REQUEUED")]
+            if queued:  # not started (or requeued): nothing of the sweep runs there
+                with contextlib.suppress(GTSError):
+                    commands.cancel(queued)
             if not live:
                 break
             time.sleep(0.2)

@@ -146,6 +146,8 @@ function drawOverview(o) {
     : o.slot_seconds ? `spent: ${(o.slot_seconds / 3600).toPrecision(4)} slot-hours (no GPU measured: the time the runs held their slots)` : "";
   // What the scheduler saw of runs that the user should know (a resume that ignored its checkpoint).
   $("notes").replaceChildren(...Object.values(o.notes || {}).map((note) => text("li", note)));
+  // A Slurm pool: its allocations, their nodes, slots and runs (as `gts status` shows them).
+  $("pool").replaceChildren(...(o.pool || []).map((line) => text("li", line)));
   const stages = $("stages");
   stages.replaceChildren(...Object.entries(o.stages).map(([stage, c]) =>
     text("div", `stage ${stage}: ` + Object.entries(c).map(([k, n]) => `${n} ${k}`).join(", "))));

@@ -72,6 +72,7 @@ class Agent:
         self.options = _node_options(options, settings)
         self.capacity = Capacity(self.options)
         self.draining = threading.Event()
+        self._wake = threading.Event()  # a run's thread ended, or a signal came: look now
         self.running: dict[str, _Running] = {}
         self.started = 0
         self._beats = 0
@@ -106,7 +107,8 @@ class Agent:
                         return 0
                 else:
                     self._idle_since = now
-                time.sleep(TICK)
+                self._wake.wait(TICK)
+                self._wake.clear()
         finally:
             self._beat(final=True)
             self.capacity.close()
@@ -186,6 +188,7 @@ class Agent:
                 events.write("end", {"lost": f"the agent on {self.node} could not run it: {error!r}"})
             finally:
                 attempt.started.set()
+                self._wake.set()  # its slot is free: the loop takes the next run now
 
         attempt.thread = threading.Thread(target=body, name=f"gts-run-{token[:8]}", daemon=True)
         self.running[token] = attempt
@@ -277,8 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     agent = Agent(files, settings, options)
+    def drain(*_: object) -> None:
+        agent.draining.set()
+        agent._wake.set()
+
     for signum in (signal.SIGUSR1, signal.SIGTERM):  # the time limit's warning, scancel: drain
-        signal.signal(signum, lambda *_: agent.draining.set())
+        signal.signal(signum, drain)
     return agent.run()
 
 

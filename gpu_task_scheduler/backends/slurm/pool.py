@@ -169,7 +169,10 @@ class PoolLauncher(BaseLauncher):
             "gpus_per_run": self._asks.gpus_per_run(),
             "slots_per_node": self._p.slots_per_node,
         }
-        with open(self._files.options + ".tmp", "wb") as handle:
+        # The sweep's options as the agents read them (this user's only: they may hold a notify_email
+        # password, and an agent runs what it unpickles).
+        fd = os.open(self._files.options + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
             pickle.dump(self._o, handle)
         os.replace(self._files.options + ".tmp", self._files.options)
         atomic_write_json(self._files.settings, record)
@@ -270,9 +273,10 @@ class PoolLauncher(BaseLauncher):
             if job_of(agent) not in live:
                 _remove_agent(self._files, agent)
         if not live:  # no agent is left to hear a word: the "abandoned" ones of agents that died go too
-            for name in _listdir(self._files.events):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self._files.events, name))
+            for folder in (self._files.events, self._files.drains):
+                for name in _listdir(folder):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(folder, name))
 
     def _give_up_leftovers(self) -> None:
         """Attempts an earlier start left that this one did not follow: withdrawn from the queue, or

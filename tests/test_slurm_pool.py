@@ -116,7 +116,6 @@ def _options(pool, **slurm):
     )
 
 
-@pytest.mark.quick
 def test_each_allocation_asks_for_its_nodes_its_gpus_and_the_warning_before_its_time_limit():
     launcher = PoolLauncher(
         type("T", (), {}), _options({"nodes": 3, "allocations": 2, "time": "4:00:00", "gpus_per_node": 4})
@@ -129,7 +128,6 @@ def test_each_allocation_asks_for_its_nodes_its_gpus_and_the_warning_before_its_
     assert "--partition=cpu" in no_time and not any(arg.startswith(("--signal", "--time", "--gres")) for arg in no_time)
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize(
     ("pool", "words"),
     [
@@ -146,7 +144,6 @@ def test_a_pool_key_that_slurm_would_not_take_is_refused_before_anything_is_subm
         _options(pool)
 
 
-@pytest.mark.quick
 def test_a_dry_run_says_how_many_jobs_a_start_submits_and_what_each_asks_for(in_tmp):
     pool = write_sweep(in_tmp, 5, 1, 0.1, pool={"time": "1:00:00", "allocations": 2})
     said = subprocess.run(

@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     agent = Agent(files, settings, options)
+
     def drain(*_: object) -> None:
         agent.draining.set()
         agent._wake.set()

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shlex
 import socket
@@ -49,9 +48,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
+from ...engine.launcher import Abilities, Attempt, Ended, OnPlaced
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
@@ -60,20 +59,17 @@ from ...records.lease import LeaseTerms, wait_over
 from ...records.paths import META, atomic_write, read_json
 from ...records.status import RunStatus
 from ...sweep.options import SchedulerOptions
-from ...sweep.slurm import SlurmOptions
-from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
-from ..supervisor import log_line, remote_run
+from ..local.prepare import TaskFactory
+from ..supervisor import log_line
 from . import commands, throttle
 from . import task as task_module
 from .commands import TaskState
+from .following import Following, SlurmHandle, _running_for
 from .live import live_tasks
-from .resources import Resources
 
 logger = logging.getLogger("gpu_task_scheduler")
 
-EVENT_EVERY = 0.2  # seconds between two listings of the events folder
 END_LAG = 2  # squeue looks after a task's end before its missing end file means it is lost (a late NFS view)
-REAP_WAIT = 120.0  # seconds a killed attempt's end is waited for when the sweep is given up
 CLOSE_WAIT = 60.0  # seconds the sweep's end waits for Slurm to be done with its tasks
 SETTLE = 5.0  # ... of which a task that ended may stay listed before it is cancelled
 
@@ -98,29 +94,15 @@ class _Task(Record, frozen=False):
         return f"{self.job}_{self.index}"
 
 
-def _running_for(started_at: object) -> float:
-    """Seconds since a task's start event's ``at`` (the node's clock; 0 when there is none, or when
-    the clocks disagree so that it reads as in the future): an attempt a restarted scheduler follows
-    keeps the clock its timeout counts on. Clocks a cluster keeps in step (NTP) differ by far less
-    than a timeout; a node clock ahead of this one shortens it by as much."""
-    if isinstance(started_at, bool) or not isinstance(started_at, (int, float)) or not math.isfinite(started_at):
-        return 0.0
-    return max(0.0, time.time() - started_at)
-
-
-class SlurmLauncher(BaseLauncher):
+class SlurmLauncher(Following):
     """Runs each attempt as a task of a Slurm job array; a context manager (nothing to release
     but the thread that follows the tasks)."""
 
     def __init__(self, task: type[GPUTask] | TaskFactory, options: SchedulerOptions, *, detach: bool = False) -> None:
-        self._make_task = class_factory(task) if isinstance(task, type) else task
-        self._o, self._s = options, options.slurm or SlurmOptions()  # (None unless backend slurm)
-        self._asks = Resources(options)  # what each task asks Slurm for
-        self._detach = detach
+        super().__init__(task, options, detach=detach)
         self._root = os.path.abspath(options.result_root_folder)
         self._folder = os.path.join(self._root, META, "slurm")
         self._events = os.path.join(self._folder, "events")
-        self._lock = threading.RLock()
         self._tasks: dict[str, _Task] = {}  # token -> task, while the engine follows it
         self._new: list[_Task] = []  # started since the last flush
         self._arrays: dict[str, list[_Task]] = {}  # job -> its tasks by index (submission order)
@@ -129,13 +111,7 @@ class SlurmLauncher(BaseLauncher):
         # run name -> (token, its batch entry, its task's state) of an earlier start's live attempts
         self._adoptable: dict[str, tuple[str, dict[str, Any], TaskState]] = {}
         self._states: dict[str, TaskState] = {}
-        self._ids = iter(range(1, 1 << 62))
-        self._wake = threading.Event()
-        self._closing = False
-        self._follower: threading.Thread | None = None
-        self._next_look = 0.0
         self._array_size = 1001
-        self._said: str | None = None  # the last error squeue gave (said once)
         self._waiting_words = ""  # why tasks wait in Slurm's queue, as last logged
         self.submissions = 0  # sbatch calls that queued runs (the tests count them)
         # Its slots are places in Slurm's queue, handed over as job arrays at each flush; attempts a
@@ -150,9 +126,6 @@ class SlurmLauncher(BaseLauncher):
 
     def __enter__(self) -> SlurmLauncher:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._end_following()
 
     # --- the sweep ------------------------------------------------------------------
 
@@ -185,8 +158,7 @@ class SlurmLauncher(BaseLauncher):
             logger.warning("%s", memory)
         os.makedirs(self._events, exist_ok=True)
         self._find_live_tasks()
-        self._follower = threading.Thread(target=self._follow, name="gts-slurm", daemon=True)
-        self._follower.start()
+        self._start_following("gts-slurm")
         logger.info(
             "Slurm: partition %s; %s at once; %s per run",
             self._s.partition or "(the default)",
@@ -230,21 +202,9 @@ class SlurmLauncher(BaseLauncher):
         if live:
             logger.warning("Slurm still lists tasks of the sweep %gs after its end: %s", CLOSE_WAIT, live[:10])
 
-    def _end_following(self) -> None:
-        self._closing = True
-        self._wake.set()
-        if self._follower is not None and self._follower is not threading.current_thread():
-            self._follower.join(timeout=30)
-
-    def live_attempt(self, name: str) -> str | None:
-        with self._lock:
-            found = self._adoptable.get(name)
-            return None if found is None else found[0]
-
     # --- starting ---------------------------------------------------------------------
 
     def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> SlurmHandle:
-        paths = attempt.paths
         with self._lock:
             adopted = self._adoptable.pop(attempt.spec.name, None)
         if adopted is not None and adopted[0] == attempt.token:
@@ -261,30 +221,13 @@ class SlurmLauncher(BaseLauncher):
                     self._throttles[run["job"]] = (self._s.max_parallel, held)
             self._wake.set()
             return handle
-        try:
-            launch = prepare_attempt(attempt, self._make_task)
-        except (LaunchError, OSError) as error:
-            log_launch_failure(paths, error)
-            raise
-        run = {**remote_run(attempt, launch, self._o.grace_period), "name": attempt.spec.name}
+        run = self._prepared(attempt)
         handle = self._handle(attempt, run, on_exit, on_placed)
         with self._lock:
             task = _Task(handle, run)
             self._tasks[attempt.token] = task
             self._new.append(task)
         return handle
-
-    def _handle(
-        self, attempt: Attempt, run: dict[str, Any], on_exit: Callable[[], None], on_placed: Any
-    ) -> SlurmHandle:
-        return SlurmHandle(
-            self,
-            attempt.token,
-            pid=-next(self._ids),
-            reports_outcome=run["reports_outcome"],
-            on_exit=on_exit,
-            on_placed=on_placed,
-        )
 
     def flush(self) -> None:
         """Submit the attempts started since the last flush: one array per MaxArraySize of them."""
@@ -421,19 +364,6 @@ class SlurmLauncher(BaseLauncher):
                 task.ran = True  # RUNNING, or on its way (CONFIGURING) or out (COMPLETING)
 
     # --- following ----------------------------------------------------------------------
-
-    def _follow(self) -> None:
-        while not self._closing:
-            try:
-                self._send_requests()
-                self._read_events()
-                if time.monotonic() >= self._next_look:
-                    self._next_look = time.monotonic() + self._s.poll_interval
-                    self._look()
-            except Exception:  # never let the following thread die: the engine waits on it
-                logger.exception("following the sweep's Slurm tasks failed; trying again")
-            self._wake.wait(EVENT_EVERY)
-            self._wake.clear()
 
     def _read_events(self) -> None:
         try:
@@ -692,51 +622,6 @@ class SlurmLauncher(BaseLauncher):
         if self._adoptable:
             found = len(self._adoptable)
             logger.info("Slurm: %d run(s) of an earlier start are still queued or running: followed", found)
-
-
-class _Requests(Protocol):
-    def request(self, token: str, signal_name: str) -> None: ...
-
-
-class SlurmHandle:
-    """One attempt as a task of a Slurm job array (or in a pool, see ``pool.py``)."""
-
-    def __init__(
-        self,
-        launcher: _Requests,
-        token: str,
-        *,
-        pid: int,
-        reports_outcome: bool,
-        on_exit: Callable[[], None],
-        on_placed: OnPlaced | None,
-    ) -> None:
-        self.pid = pid  # none here: its process runs on a node
-        self.token = token
-        self.reports_outcome = reports_outcome
-        self.on_exit, self.on_placed = on_exit, on_placed
-        self.node: str | None = None
-        self.ended: Ended | None = None
-        self.fencing = False  # given up: its end comes once its lease is over
-        self.over = threading.Event()  # set with ``ended``
-        self._launcher = launcher
-
-    def stop(self) -> None:
-        self._launcher.request(self.token, "TERM")
-
-    def kill(self) -> None:
-        self._launcher.request(self.token, "KILL")
-
-    def has_exited(self) -> bool:
-        return self.ended is not None
-
-    def reap(self) -> Ended:
-        """Its end; called before the exit report only when the engine gives up on the sweep (it
-        killed the attempt): waits for the kill to be heard of, within bounds."""
-        if not self.over.wait(timeout=REAP_WAIT):
-            return Ended(returncode=-9, lost=f"no end heard from Slurm within {REAP_WAIT:g}s of killing it")
-        assert self.ended is not None
-        return self.ended
 
 
 def _by_array(tasks: list[_Task]) -> list[str]:

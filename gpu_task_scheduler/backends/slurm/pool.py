@@ -52,7 +52,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
+from ...engine.launcher import Abilities, Attempt, Ended, OnPlaced
 from ...errors import GTSError
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
@@ -61,11 +61,11 @@ from ...records.lease import LeaseTerms, wait_all_over, wait_over
 from ...records.paths import atomic_write, atomic_write_json, read_json
 from ...sweep.options import SchedulerOptions
 from ...sweep.slurm import PoolOptions, SlurmOptions
-from ..local.prepare import TaskFactory, class_factory, log_launch_failure, prepare_attempt
-from ..supervisor import log_line, remote_run
+from ..local.prepare import TaskFactory
+from ..supervisor import log_line
 from . import commands
 from .commands import TaskState
-from .launcher import EVENT_EVERY, REAP_WAIT, SlurmHandle, _running_for
+from .following import Following, SlurmHandle, _running_for
 from .poolfiles import PoolFiles, entry_name, job_of, token_of
 from .resources import Resources
 
@@ -95,27 +95,19 @@ class _Beat(Record, frozen=False):
     changed: float  # when its count last changed (this clock)
 
 
-class PoolLauncher(BaseLauncher):
+class PoolLauncher(Following):
+    following = "the Slurm pool"
+
     def __init__(self, task: type[GPUTask] | TaskFactory, options: SchedulerOptions, *, detach: bool = False) -> None:
-        self._make_task = class_factory(task) if isinstance(task, type) else task
-        self._o, self._s = options, options.slurm or SlurmOptions()
+        super().__init__(task, options, detach=detach)
         self._p: PoolOptions = self._s.pool or PoolOptions()
-        self._asks = Resources(options)
-        self._detach = detach
         self._files = PoolFiles(options.result_root_folder)
-        self._lock = threading.RLock()
         self._attempts: dict[str, _Attempt] = {}  # token -> attempt, while the engine follows it
         self._new: list[_Attempt] = []
         self._adoptable: dict[str, tuple[str, dict[str, Any], str]] = {}  # name -> (token, run, entry)
         self._beats: dict[str, _Beat] = {}
         self._allocations: dict[str, TaskState] = {}
-        self._ids = iter(range(1, 1 << 62))
         self._seq = 0
-        self._wake = threading.Event()
-        self._closing = False
-        self._follower: threading.Thread | None = None
-        self._next_look = 0.0
-        self._said: str | None = None
         self._name = ""
         self._script = ""
         self.submissions = 0  # sbatch calls (the tests and the benchmark count them)
@@ -125,9 +117,6 @@ class PoolLauncher(BaseLauncher):
 
     def __enter__(self) -> PoolLauncher:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._end_following()
 
     # --- the sweep ------------------------------------------------------------------
 
@@ -180,8 +169,7 @@ class PoolLauncher(BaseLauncher):
             os.unlink(self._files.closed)
         self._script = self._write_script()
         self._adopt()
-        self._follower = threading.Thread(target=self._follow, name="gts-slurm-pool", daemon=True)
-        self._follower.start()
+        self._start_following("gts-slurm-pool")
         logger.info(
             "Slurm pool: %d allocation(s) of %d node(s)%s, up to %d run(s) at once",
             self._p.allocations,
@@ -289,17 +277,6 @@ class PoolLauncher(BaseLauncher):
             with contextlib.suppress(OSError):
                 atomic_write(self._files.event(token, "abandoned"), b"")
 
-    def _end_following(self) -> None:
-        self._closing = True
-        self._wake.set()
-        if self._follower is not None and self._follower is not threading.current_thread():
-            self._follower.join(timeout=30)
-
-    def live_attempt(self, name: str) -> str | None:
-        with self._lock:
-            found = self._adoptable.get(name)
-            return None if found is None else found[0]
-
     # --- adopting ---------------------------------------------------------------------
 
     def _adopt(self) -> None:
@@ -356,30 +333,13 @@ class PoolLauncher(BaseLauncher):
                 self._attempts[attempt.token] = _Attempt(handle, adopted[1], entry=adopted[2])
             self._wake.set()
             return handle
-        try:
-            launch = prepare_attempt(attempt, self._make_task)
-        except (LaunchError, OSError) as error:
-            log_launch_failure(attempt.paths, error)
-            raise
-        run = {**remote_run(attempt, launch, self._o.grace_period), "name": attempt.spec.name}
+        run = self._prepared(attempt)
         handle = self._handle(attempt, run, on_exit, on_placed)
         with self._lock:
             task = _Attempt(handle, run)
             self._attempts[attempt.token] = task
             self._new.append(task)
         return handle
-
-    def _handle(
-        self, attempt: Attempt, run: dict[str, Any], on_exit: Callable[[], None], on_placed: Any
-    ) -> SlurmHandle:
-        return SlurmHandle(
-            self,
-            attempt.token,
-            pid=-next(self._ids),
-            reports_outcome=run["reports_outcome"],
-            on_exit=on_exit,
-            on_placed=on_placed,
-        )
 
     def flush(self) -> None:
         """Queue the attempts started since the last flush, in the order they started."""
@@ -433,19 +393,6 @@ class PoolLauncher(BaseLauncher):
             task.sent = True
 
     # --- following ----------------------------------------------------------------------
-
-    def _follow(self) -> None:
-        while not self._closing:
-            try:
-                self._send_requests()
-                self._read_events()
-                if time.monotonic() >= self._next_look:
-                    self._next_look = time.monotonic() + self._s.poll_interval
-                    self._look()
-            except Exception:  # never let the following thread die: the engine waits on it
-                logger.exception("following the Slurm pool failed; trying again")
-            self._wake.wait(EVENT_EVERY)
-            self._wake.clear()
 
     def _read_events(self) -> None:
         names = _listdir(self._files.events)
@@ -721,6 +668,3 @@ def _remove_agent(files: PoolFiles, agent: str) -> None:
     for path in (files.claimed(agent), files.beat(agent), folder):
         with contextlib.suppress(OSError):
             os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
-
-
-__all__ = ["REAP_WAIT", "PoolLauncher"]

@@ -20,6 +20,7 @@ import yaml
 from conftest import wait_until
 from helpers import journal_lines, ledger_rows
 from test_process_control import finish
+from test_slurm import gts
 
 from gpu_task_scheduler.backends.slurm.pool import PoolLauncher
 from gpu_task_scheduler.backends.slurm.poolfiles import PoolFiles, job_of
@@ -57,12 +58,6 @@ def write_sweep(folder, runs, steps, seconds, *, pool=None, **scheduler):
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def gts(*args):
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpu_task_scheduler", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
 
 
 def journal(folder):
@@ -145,24 +140,18 @@ def test_a_pool_key_that_slurm_would_not_take_is_refused_before_anything_is_subm
 
 
 def test_a_dry_run_says_how_many_jobs_a_start_submits_and_what_each_asks_for(in_tmp):
+    def dry_run(path):
+        argv = [sys.executable, "-m", "gpu_task_scheduler", "run", path, "--dry-run"]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
     pool = write_sweep(in_tmp, 5, 1, 0.1, pool={"time": "1:00:00", "allocations": 2})
-    said = subprocess.run(
-        [sys.executable, "-m", "gpu_task_scheduler", "run", pool, "--dry-run"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    said = dry_run(pool)
     assert "slurm pool: 2 allocation job(s) of 2 node(s) for the 5 run(s), up to 8 at once" in said, said
     assert "--nodes=2 --ntasks-per-node=1 --no-kill --time=1:00:00 --signal=B:USR1@60" in said
     config = yaml.safe_load(pool.read_text())
     del config["scheduler_config"]["slurm"]["pool"]
     pool.write_text(yaml.safe_dump(config))
-    said = subprocess.run(
-        [sys.executable, "-m", "gpu_task_scheduler", "run", pool, "--dry-run"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    said = dry_run(pool)
     assert "slurm: 5 job array task(s) in at least 1 array(s)" in said and "one per run" in said, said
 
 

@@ -11,6 +11,7 @@ The fault battery runs one seed per fault in the suite; ``GTS_POOL_SEEDS=5`` run
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -225,6 +226,27 @@ def test_a_node_left_with_nothing_to_run_is_given_back_while_the_other_works(slu
     output = finish(process, timeout=120)
     assert process.returncode == 0, output
     check_exactly_once(in_tmp, 1, 12)
+
+
+@pool_only
+def test_gts_pool_grows_the_pool_of_a_running_sweep(slurm_pool, in_tmp, no_leaked_processes):
+    """One allocation of one node; `gts pool ROOT --allocations 2` from another shell: a second
+    allocation is submitted at once, and the runs spread over both."""
+    path = write_sweep(in_tmp, 12, 4, 0.3, pool={"nodes": 1, "slots_per_node": 2})
+    process = gts("run", path, "--plain")
+    wait_until(lambda: steps_reported(in_tmp, 1) >= 1, timeout=60, message="a run to report")
+    asked = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "pool", str(in_tmp / "results"), "--allocations", "2"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert asked.returncode == 0 and "to keep 2 allocation(s)" in asked.stdout, asked.stdout + asked.stderr
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    found, _ = check_exactly_once(in_tmp, 12, 4)
+    assert output.count("Slurm pool: submitted allocation") == 2, output
+    assert len(set(re.findall(r"\(pool job (\d+)\)", output))) == 2, output  # runs ran in both
 
 
 @pool_only

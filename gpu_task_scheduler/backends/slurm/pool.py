@@ -74,6 +74,10 @@ logger = logging.getLogger("gpu_task_scheduler")
 CLOSE_WAIT = 60.0  # seconds the sweep's end waits for its allocations to end by themselves
 MISSING_LOOKS = 2  # looks an attempt may be neither queued, claimed nor ended (an end being written)
 HOLD = 1.0  # seconds a failed end is held before it counts: was it Slurm's doing (a cancel, a requeue)?
+# Seconds an allocation whose every agent has ended may stay up before it is cancelled: its batch
+# script ends a moment after its agents. (With the tests' Slurm 22.05 a step's slurmstepd now and
+# then died after its agent had ended, and srun waited for it for good, keeping the job RUNNING.)
+SETTLE = 5.0
 
 
 class _Attempt(Record, frozen=False):
@@ -108,6 +112,7 @@ class PoolLauncher(Following):
         self._beats: dict[str, _Beat] = {}
         self._allocations: dict[str, TaskState] = {}
         self._seq = 0
+        self._asked = self._p.allocations  # the size gts pool asked for, as last logged
         self._name = ""
         self._script = ""
         self.submissions = 0  # sbatch calls (the tests and the benchmark count them)
@@ -165,8 +170,9 @@ class PoolLauncher(Following):
             pickle.dump(self._o, handle)
         os.replace(self._files.options + ".tmp", self._files.options)
         atomic_write_json(self._files.settings, record)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._files.closed)
+        for stale in (self._files.closed, self._files.target):  # a new start: the config's size again
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
         self._script = self._write_script()
         self._adopt()
         self._start_following("gts-slurm-pool")
@@ -245,9 +251,11 @@ class PoolLauncher(Following):
                 return
             live = [job for job, state in self._allocations.items() if state.live]
             queued = [job for job in live if self._allocations[job].state in ("PENDING", "REQUEUED")]
-            if queued:  # not started (or requeued): nothing of the sweep runs there
+            self._read_beats()
+            done = queued + self._finished(self._allocations)  # nothing of the sweep runs there
+            if done:
                 with contextlib.suppress(GTSError):
-                    commands.cancel(queued)
+                    commands.cancel(done)
             if not live:
                 break
             time.sleep(0.2)
@@ -255,6 +263,7 @@ class PoolLauncher(Following):
             logger.info("Slurm pool: cancelling %d allocation(s) still up at the sweep's end", len(live))
             with contextlib.suppress(GTSError):
                 commands.cancel(live)
+            live = []  # cancelled: their agents hear no more words
         self._read_beats()
         self._write_state(final=True)
         for agent in _listdir(self._files.agents):  # their allocations are over: their folders go
@@ -482,6 +491,16 @@ class PoolLauncher(Following):
                 task.missing += 1
                 if task.missing >= MISSING_LOOKS:
                     self._lose(task, "its queue entry and its claim are gone without an end")
+        finished = self._finished(states)
+        if finished:
+            words = ", ".join(finished)
+            logger.info("Slurm pool: allocation(s) %s ended their agents but not their job; cancelling", words)
+            try:
+                commands.cancel(finished)
+            except GTSError as error:
+                logger.warning("could not cancel finished pool allocations: %s", error)
+            for job in finished:
+                states.pop(job, None)
         self._keep_allocations(states, bool(queued))
         self._write_state()
 
@@ -508,6 +527,27 @@ class PoolLauncher(Following):
             )
             return
         self._finish(task, self._ended(task.held))
+
+    def _finished(self, states: dict[str, TaskState]) -> list[str]:
+        """Running allocations whose every node's agent ended by itself (nothing left to run, or
+        drained) over SETTLE seconds ago: nothing of the sweep runs there any more."""
+        now, found = time.monotonic(), []
+        for job, state in states.items():
+            if state.state != "RUNNING":
+                continue
+            beats = [beat for agent, beat in self._beats.items() if job_of(agent) == job]
+            over = {beat.record.get("node") for beat in beats if beat.record.get("over")}
+            if not over or any(not beat.record.get("over") for beat in beats):
+                continue
+            if any(now - beat.changed < SETTLE for beat in beats):
+                continue
+            try:
+                nodes = commands.hostnames(state.node)
+            except GTSError:
+                continue
+            if nodes and over.issuperset(nodes):
+                found.append(job)
+        return found
 
     def _read_beats(self) -> None:
         now = time.monotonic()
@@ -553,7 +593,7 @@ class PoolLauncher(Following):
             for job, state in states.items()
             if state.live and state.state != "COMPLETING" and not os.path.exists(self._files.drain(job))
         ]
-        for _ in range(self._p.allocations - len(live)):
+        for _ in range(self._target() - len(live)):
             try:
                 where = [f"--output={self._files.jobs}/%j.out", f"--chdir={self._files.jobs}"]
                 job = commands.submit([f"--job-name={self._name}", *where, *self.job_args()], self._script)
@@ -563,6 +603,19 @@ class PoolLauncher(Following):
             self.submissions += 1
             states[job] = TaskState("PENDING", "", "")
             logger.info("Slurm pool: submitted allocation %s (%d node(s))", job, self._p.nodes)
+
+    def _target(self) -> int:
+        """How many allocations to keep: what ``gts pool --allocations`` last asked, else the config's."""
+        try:
+            with open(self._files.target, encoding="ascii") as handle:
+                text = handle.read(32).strip()
+        except (OSError, UnicodeDecodeError):
+            return self._p.allocations
+        asked = int(text) if text.isdigit() and 1 <= int(text) <= 10_000 else self._p.allocations
+        if asked != self._asked:
+            logger.info("Slurm pool: keeping %d allocation(s) while runs wait (gts pool)", asked)
+            self._asked = asked
+        return asked
 
     def _write_state(self, *, final: bool = False) -> None:
         """The pool as ``gts status`` shows it: each allocation, its agents, their slots and runs."""

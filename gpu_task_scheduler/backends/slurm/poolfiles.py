@@ -15,7 +15,8 @@
 * ``jobs/NAME.sh``: the batch script of the allocations, ``drain/JOB``: the
   job was warned of its time limit (its batch script writes it on Slurm's
   ``--signal=B:USR1``), ``closed``: the sweep needs no more nodes;
-* ``state.json``: the pool as the driver last saw it (``gts status`` reads it).
+* ``state.json``: the pool as the driver last saw it (``gts status`` reads it);
+  ``allocations``: how many allocations ``gts pool`` asked the driver to keep.
 
 An attempt's start and end go to ``events/`` as an array task's do
 (``task.py``), with two more kinds there: ``TOKEN.stop`` and ``TOKEN.kill``
@@ -50,6 +51,7 @@ class PoolFiles:
         self.events = os.path.join(self.folder, "events")
         self.closed = os.path.join(self.folder, "closed")
         self.state = os.path.join(self.folder, "state.json")
+        self.target = os.path.join(self.folder, "allocations")  # `gts pool --allocations K`: the pool's size now
 
     def make(self) -> None:
         for folder in (self.queue, self.agents, self.jobs, self.drains, self.events):

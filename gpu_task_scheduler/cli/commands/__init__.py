@@ -13,6 +13,7 @@ COMMANDS = (
     "status",
     "retry",
     "stop",
+    "pool",
     "logs",
     "gpus",
     "results",

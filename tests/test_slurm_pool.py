@@ -250,25 +250,31 @@ def test_gts_pool_grows_the_pool_of_a_running_sweep(slurm_pool, in_tmp, no_leake
 
 
 @pool_only
-def test_small_runs_share_a_gpu_of_a_pool_node_by_memory(slurm_pool, in_tmp, no_leaked_processes, monkeypatch):
-    """A node of 1 GPU of 8 GiB (the fake NVML), runs of 2 GiB declared, max_runs_per_gpu 4, the
-    512 MiB margin: three runs share the GPU at once, as on a local machine, never four."""
+@pytest.mark.parametrize("need", ["declared", "learned"])
+def test_small_runs_share_a_gpu_of_a_pool_node_by_memory(slurm_pool, in_tmp, no_leaked_processes, monkeypatch, need):
+    """A node of 1 GPU of 8 GiB (the fake NVML), runs of 2 GiB, max_runs_per_gpu 4, the 512 MiB
+    margin: three runs share the GPU at once, as on a local machine, never four. Declared
+    (gpu_memory), or learned: the first run has the GPU to itself until its peak is measured."""
     import fake_nvml
 
     table = in_tmp / "nvml.json"
     fake_nvml.write_state(str(table), [{"name": "Fake GPU", "total": 8 * fake_nvml.GiB}])
     monkeypatch.setenv(fake_nvml.ENV, str(table))
     monkeypatch.setenv("GPU_BYTES", str(2 * fake_nvml.GiB))
-    path = write_sweep(in_tmp, 6, 3, 0.3, pool={"nodes": 1, "gpus_per_node": 1}, gpu_memory="2GiB", max_runs_per_gpu=4)
+    declared = {"gpu_memory": "2GiB"} if need == "declared" else {}
+    path = write_sweep(in_tmp, 7, 3, 0.3, pool={"nodes": 1, "gpus_per_node": 1}, max_runs_per_gpu=4, **declared)
     process = gts("run", path, "--plain")
     output = finish(process, timeout=120)
     assert process.returncode == 0, output
-    found, _ = check_exactly_once(in_tmp, 6, 3)
+    found, _ = check_exactly_once(in_tmp, 7, 3)
     spans = [span for entry in found.values() for span in entry["spans"]]
     assert {span[2] for span in spans} == {"0"}  # the one GPU Slurm gave the job
     moments = sorted([(start, 1) for start, _, _, _ in spans] + [(end, -1) for _, end, _, _ in spans])
     at_once = max(sum(change for _, change in moments[: index + 1]) for index in range(len(moments)))
     assert at_once == 3, spans
+    if need == "learned":
+        first, second = sorted(spans)[:2]
+        assert second[0] >= first[1], spans  # alone until what it used was known
 
 
 FAULTS = ["scancel", "requeue", "node-down", "agent-sigkill", "driver-sigkill"]

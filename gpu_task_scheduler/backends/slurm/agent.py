@@ -49,6 +49,7 @@ from .task import Events, supervise
 
 logger = logging.getLogger("gpu_task_scheduler")
 TICK = 0.05  # seconds between two looks at the queue and the driver's words
+PEAKS_KEPT = 100  # the latest GPU memory peaks an agent's beat tells the pool's later agents
 
 
 class _Running:
@@ -71,6 +72,10 @@ class Agent:
         self.id = f"{self.job}.{restarts}.{self.node}.{uuid.uuid4().hex[:6]}"
         self.options = _node_options(options, settings)
         self.capacity = Capacity(self.options)
+        # The GPU memory peaks runs were seen to use, here and by the pool's other agents (their
+        # beats): a new allocation packs by what earlier ones learned, not from one run per GPU.
+        self.peaks: list[int] = []
+        self.capacity.learned_before(_peaks_seen(files))
         self.draining = threading.Event()
         self._wake = threading.Event()  # a run's thread ended, or a signal came: look now
         self.running: dict[str, _Running] = {}
@@ -127,6 +132,7 @@ class Agent:
                 r.token: {"name": r.name, "slot": self.capacity.slots[r.slot].name} for r in self.running.values()
             },
             "started": self.started,
+            "peaks": self.peaks,
             "draining": self.draining.is_set(),
             "over": final,
         }
@@ -208,6 +214,7 @@ class Agent:
                 released = self.capacity.release(attempt.slot, attempt.pid, time.monotonic() - attempt.since)
                 if released.peak:
                     self.capacity.learn(released.peak)
+                    self.peaks = [*self.peaks[-(PEAKS_KEPT - 1) :], released.peak]
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.files.claimed(self.id), attempt.entry))
             with contextlib.suppress(OSError):  # the driver's word that it gave the attempt up, now heard
@@ -257,6 +264,21 @@ def _node_options(options: SchedulerOptions, settings: dict[str, Any]) -> Schedu
         count = settings.get("slots_per_node") or min(8, os.cpu_count() or 1)
         slots = [Slot(f"cpu{index}", ()) for index in range(int(count))]
     return options._replace(slots=tuple(slots), share_gpu_reservations=False)
+
+
+def _peaks_seen(files: PoolFiles) -> list[int]:
+    """The GPU memory peaks the pool's agents (this allocation's and earlier ones') have told."""
+    peaks: list[int] = []
+    try:
+        agents = os.listdir(files.agents)
+    except OSError:
+        return peaks
+    for agent in agents:
+        beat = read_json(files.beat(agent))
+        told = beat.get("peaks") if isinstance(beat, dict) else None
+        if isinstance(told, list):
+            peaks += [peak for peak in told if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0]
+    return peaks
 
 
 def _config_of(run: dict[str, Any]) -> dict[str, Any]:

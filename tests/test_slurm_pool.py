@@ -254,7 +254,8 @@ def test_gts_pool_grows_the_pool_of_a_running_sweep(slurm_pool, in_tmp, no_leake
 def test_small_runs_share_a_gpu_of_a_pool_node_by_memory(slurm_pool, in_tmp, no_leaked_processes, monkeypatch, need):
     """A node of 1 GPU of 8 GiB (the fake NVML), runs of 2 GiB, max_runs_per_gpu 4, the 512 MiB
     margin: three runs share the GPU at once, as on a local machine, never four. Declared
-    (gpu_memory), or learned: the first run has the GPU to itself until its peak is measured."""
+    (gpu_memory), or learned: the first run has the GPU to itself until its peak is measured. Each
+    run's peak reaches the ledger."""
     import fake_nvml
 
     table = in_tmp / "nvml.json"
@@ -266,7 +267,9 @@ def test_small_runs_share_a_gpu_of_a_pool_node_by_memory(slurm_pool, in_tmp, no_
     process = gts("run", path, "--plain")
     output = finish(process, timeout=120)
     assert process.returncode == 0, output
-    found, _ = check_exactly_once(in_tmp, 7, 3)
+    found, rows = check_exactly_once(in_tmp, 7, 3)
+    # What each used at most, measured by its agent on its node, is in the ledger as a local run's is.
+    assert {row["gpu_memory_peak"] for row in rows.values()} == {2 * fake_nvml.GiB}, rows
     spans = [span for entry in found.values() for span in entry["spans"]]
     assert {span[2] for span in spans} == {"0"}  # the one GPU Slurm gave the job
     moments = sorted([(start, 1) for start, _, _, _ in spans] + [(end, -1) for _, end, _, _ in spans])

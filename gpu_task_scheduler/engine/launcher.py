@@ -62,6 +62,7 @@ class Ended(NamedTuple):
     # The cluster took its machine back on schedule (a pool allocation's time limit): the attempt
     # stopped at its last checkpoint and goes on from its last reported step, not counted as a retry.
     handed_back: bool = False
+    gpu_peak: int | None = None  # the GPU memory it was seen to use at most, where its machine measured it
 
 
 class Handle(Protocol):

@@ -266,6 +266,7 @@ class Scheduler:
         released = capacity.release(active.slot_index, handle.pid, duration)  # before reaping
         reserved, peak = released.reserved, released.peak
         ended = handle.reap()
+        peak = peak or ended.gpu_peak  # measured on its node (a Slurm pool's agent), not here
         leftovers = capacity.left_behind(handle.pid, active.spec.name)
         exit = read_exit(
             active.paths, active.token, ended, reports_outcome=handle.reports_outcome, stopped=active.stopped

@@ -57,6 +57,9 @@ class _Running:
         self.token, self.name, self.entry, self.slot, self.need = token, name, entry, slot, need
         self.signalled, self.killed = threading.Event(), threading.Event()
         self.started = threading.Event()
+        self.ending = threading.Event()  # its processes are gone: the loop releases its slot
+        self.released = threading.Event()  # ... and has measured its peak
+        self.peak: int | None = None
         self.pid = 0
         self.taken = False  # counted by the capacity (once its pid is known)
         self.since = time.monotonic()
@@ -176,6 +179,12 @@ class Agent:
             attempt.pid = pid
             attempt.started.set()
 
+        def ended() -> dict[str, Any]:  # the run's GPU memory peak goes with its end, to the ledger
+            attempt.ending.set()
+            self._wake.set()
+            attempt.released.wait(5.0)
+            return {"gpu_peak": attempt.peak} if attempt.peak else {}
+
         def body() -> None:
             try:
                 supervise(
@@ -189,6 +198,7 @@ class Agent:
                     gpus=gpus,
                     slot=self.capacity.slots[slot_index].name,
                     on_started=started,
+                    on_ended=ended,
                 )
             except Exception as error:  # its end must still be written: the driver waits on it
                 events.write("end", {"lost": f"the agent on {self.node} could not run it: {error!r}"})
@@ -206,15 +216,24 @@ class Agent:
             attempt.taken = True
         self.started += 1
 
+    def _release(self, attempt: _Running) -> None:
+        """Its slot is free again: what it was seen to use at most is learned, and told."""
+        if attempt.taken and not attempt.released.is_set():
+            released = self.capacity.release(attempt.slot, attempt.pid, time.monotonic() - attempt.since)
+            if released.peak:
+                attempt.peak = released.peak
+                self.capacity.learn(released.peak)
+                self.peaks = [*self.peaks[-(PEAKS_KEPT - 1) :], released.peak]
+        attempt.released.set()
+
     def _reap(self) -> None:
+        for attempt in self.running.values():
+            if attempt.ending.is_set():
+                self._release(attempt)
         for token, attempt in list(self.running.items()):
             if attempt.thread is None or attempt.thread.is_alive():
                 continue
-            if attempt.taken:
-                released = self.capacity.release(attempt.slot, attempt.pid, time.monotonic() - attempt.since)
-                if released.peak:
-                    self.capacity.learn(released.peak)
-                    self.peaks = [*self.peaks[-(PEAKS_KEPT - 1) :], released.peak]
+            self._release(attempt)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.files.claimed(self.id), attempt.entry))
             with contextlib.suppress(OSError):  # the driver's word that it gave the attempt up, now heard

@@ -441,7 +441,9 @@ class PoolLauncher(Following):
         lost = f"its pool agent was cut off from the scheduler: {fenced}" if fenced else None
         if handed_back:
             lost = "its allocation reached its time limit (or was cancelled): handed back"
+        peak = record.get("gpu_peak")
         return Ended(
+            gpu_peak=peak if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0 else None,
             returncode=int(record.get("returncode", -9)),
             strays=tuple(record.get("strays") or ()),
             unstoppable=tuple(record.get("unstoppable") or ()),

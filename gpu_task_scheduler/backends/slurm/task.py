@@ -102,11 +102,13 @@ def supervise(
     gpus: str | None = None,
     slot: str | None = None,
     on_started: Callable[[int], None] | None = None,
+    on_ended: Callable[[], dict[str, Any]] | None = None,
 ) -> int:
     """Run the attempt ``run`` to its end (or until ``signalled``; ``killed``: at once) and write its
     start and end to ``events``. A pool's agent (``agent.py``) supervises several attempts at once in
     threads of its own: it names the node, the job, the GPUs, and hears of the run's pid
-    (``on_started``); an array task takes them from Slurm's environment."""
+    (``on_started``), and adds what it measured of the run to its end (``on_ended``: its GPU memory
+    peak); an array task takes them from Slurm's environment."""
     node = node or socket.gethostname().split(".")[0]
     job = job or f"{os.environ.get('SLURM_ARRAY_JOB_ID', '?')}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
     problem = cannot_run(run, node)
@@ -177,6 +179,7 @@ def supervise(
             "fenced": fenced[0] if fenced else None,
             "signalled": signalled.is_set(),
             "limit": limit,
+            **(on_ended() if on_ended is not None else {}),
         },
     )
     code = result.returncode

@@ -48,7 +48,11 @@ from .poolfiles import AGENT_BEAT, PoolFiles, token_of
 from .task import Events, supervise
 
 logger = logging.getLogger("gpu_task_scheduler")
-TICK = 0.05  # seconds between two looks at the queue and the driver's words
+TICK = 0.05  # seconds between two turns of the agent's loop (its runs' ends wake it at once)
+# Seconds between two looks at the shared files when nothing wakes the agent: the queue, the driver's
+# words, the warning of the time limit. On NFS or Lustre each look costs the metadata server a
+# listing or a stat, from every node: a run's end wakes the agent for the next run at once instead.
+LOOK = 0.25
 PEAKS_KEPT = 100  # the latest GPU memory peaks an agent's beat tells the pool's later agents
 
 
@@ -90,33 +94,38 @@ class Agent:
 
     def run(self) -> int:
         os.makedirs(self.files.claimed(self.id), exist_ok=True)
-        next_beat = 0.0
+        next_beat = next_look = 0.0
         drained_sent = False
         try:
             while True:
                 now = time.monotonic()
+                woken = self._wake.is_set()
+                self._wake.clear()
                 if now >= next_beat:
                     self._beat()
                     next_beat = now + AGENT_BEAT
-                if os.path.exists(self.files.drain(self.job)):
-                    self.draining.set()
+                look = now >= next_look
+                if look:
+                    next_look = now + LOOK
+                    if os.path.exists(self.files.drain(self.job)):
+                        self.draining.set()
+                    self._relay()
                 self._reap()
-                self._relay()
                 if self.draining.is_set():
                     if not drained_sent:
                         self._drain()
                         drained_sent = True
                     if not self.running:
                         return 0
-                elif os.path.exists(self.files.closed) and not self.running:
+                elif look and not self.running and os.path.exists(self.files.closed):
                     return 0
-                elif not self._claim() and not self.running:
-                    if now - self._idle_since >= float(self.settings.get("idle_exit", 30.0)):
-                        return 0
-                else:
+                elif (look or woken) and self._has_room() and self._claim():
                     self._idle_since = now
+                elif self.running:
+                    self._idle_since = now
+                elif now - self._idle_since >= float(self.settings.get("idle_exit", 30.0)):
+                    return 0
                 self._wake.wait(TICK)
-                self._wake.clear()
         finally:
             self._beat(final=True)
             self.capacity.close()
@@ -143,6 +152,12 @@ class Agent:
             atomic_write_json(self.files.beat(self.id), record, durable=False)
 
     # --- taking attempts -------------------------------------------------------------------
+
+    def _has_room(self) -> bool:
+        """Whether a slot may take one more run (without NVML's word: at most max_runs_per_gpu a GPU
+        slot, one a CPU slot), so that a full node does not list the queue at all."""
+        most = sum(self.options.max_runs_per_gpu if slot.gpu_ids else 1 for slot in self.capacity.slots)
+        return len(self.running) < most
 
     def _claim(self) -> bool:
         """Take what the slots can place now, oldest first; whether anything was taken."""

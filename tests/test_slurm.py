@@ -422,6 +422,9 @@ def test_slurm_times_and_options_are_checked():
         parse_scheduler_config({"gpu": "all", "slurm": {"partition": "gpu; rm -rf /"}})
     options = parse_scheduler_config({"gpu": "all", "backend": "slurm", "slurm": {"setup": "module load cuda"}})
     assert options.slurm.setup == ("module load cuda",) and options.slurm.max_queued == 1000
+    assert options.slurm.start_timeout == 300.0  # a supervisor says it started within a second of its setup
+    with pytest.raises(ConfigError, match=r"\['start_timeout'\] must be seconds between 5 and 86400"):
+        parse_scheduler_config({"gpu": "all", "slurm": {"start_timeout": 1}})
     extra = ["--exclusive=user", "--mem-per-cpu=100M", "--time-min=5", "-x", "node13"]  # flags the backend leaves alone
     options = parse_scheduler_config({"gpu": "all", "slurm": {"job_name": "gts-mine", "extra": extra}})
     assert options.slurm.extra == tuple(extra) and options.slurm.job_name == "gts-mine"
@@ -770,3 +773,21 @@ def test_a_given_up_attempt_ends_only_once_its_lease_is_over(tmp_path, monkeypat
     result = handle.reap()
     assert result.lost is not None and "its processes ended" in result.lost
     assert json.loads(open(handle_lease).read())["state"] == "released"
+
+
+@slurm_only
+def test_a_task_whose_supervisor_never_starts_is_given_up_after_start_timeout(slurm, in_tmp, no_leaked_processes):
+    """A task Slurm runs whose supervisor never says it started (here its setup line hangs, as when
+    slurmd loses a batch step) is given up after `start_timeout`: cancelled, recorded as lost with
+    the reason, and nothing is left in Slurm's queue."""
+    path = write_sweep(in_tmp, 1, 0.1, setup=["sleep 600"], start_timeout=5)
+    config = yaml.safe_load(path.read_text())
+    config["scheduler_config"]["node_failure_retries"] = 0
+    path.write_text(yaml.safe_dump(config))
+    process = gts("run", path, "--plain")
+    output = finish(process, timeout=90)
+    assert process.returncode != 0 and "its supervisor never started" in output, output
+    (row,) = ledger_rows(in_tmp / "results").values()
+    assert row["status"] == "interrupted" and "never started" in row["cause"], row
+    assert journal_lines(in_tmp / "journal") == []
+    assert slurm.jobs() == []

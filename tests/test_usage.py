@@ -300,7 +300,9 @@ def test_a_budget_killed_twice_is_never_overshot_by_more_than_the_runs_running(o
     ran = 0.0
     for start, end in attempts:
         if end is None:  # killed: it ran until the kill after its start
-            end = min(kill for kill in kills if kill >= start)
+            # (None after it: its scheduler was killed as its interpreter started, and its first line
+            # came after that kill; the keeper then killed it at once, so it ran no time to speak of.)
+            end = min((kill for kill in kills if kill >= start), default=start)
         ran += end - start
     # A run the kill left running ends by itself (engine: NATURAL_END) after the last look saved its
     # GPU-seconds: each kill and the last start may each overshoot by the one run running then. The

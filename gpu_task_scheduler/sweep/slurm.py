@@ -52,6 +52,9 @@ class SlurmOptions(Record):
     max_queued: int = 1000  # attempts handed to Slurm at once (queued or running)
     poll_interval: float = 5.0  # seconds between two looks at squeue (slurmctld is shared: at most twice a second)
     job_name: str = "gts"
+    # Seconds Slurm may run a job (an array task, a pool's allocation) before its supervisor or agents
+    # say they started: after that its batch step counts as lost, and the job is given up.
+    start_timeout: float = 300.0
     pool: PoolOptions | None = None  # None: one array task per run
 
 
@@ -94,7 +97,7 @@ def parse_slurm_options(raw: Any) -> SlurmOptions:
             continue
         if key in ("setup", "extra"):
             value = (value,) if isinstance(value, str) else tuple(value)
-        elif key == "poll_interval":
+        elif key in ("poll_interval", "start_timeout"):
             value = float(value)
         elif key == "time":
             values["time_seconds"] = parse_time(value)
@@ -169,6 +172,9 @@ def _problem(key: str, value: Any) -> str | None:
     if key == "poll_interval":
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.5 <= float(value) <= 3600
         return None if ok else "seconds between 0.5 and 3600"
+    if key == "start_timeout":
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 5 <= float(value) <= 86400
+        return None if ok else "seconds between 5 and 86400"
     return None
 
 

@@ -85,6 +85,7 @@ class _Task(Record, frozen=False):
     placed: int = -1  # the incarnation (restart count) whose start was seen; -1: not started
     gone_looks: int = 0  # squeue looks since its task was seen over without an end file
     ran: bool = False  # squeue saw it started (a later PENDING is a requeue)
+    running_since: float | None = None  # when squeue first said RUNNING (this clock), until its start is read
     held_end: dict[str, Any] | None = None  # a failed run's end, until squeue says whether Slurm killed it
     asked: str | None = None  # "TERM" or "KILL" once the engine asked
     sent: set[str] = field(default_factory=set)
@@ -466,6 +467,7 @@ class SlurmLauncher(Following):
                     waiting[state.reason] = waiting.get(state.reason, 0) + 1
                 else:
                     task.ran = True
+                    self._started_or_lost(task, state)
                 continue
             task.gone_looks += 1
             if task.gone_looks < END_LAG:
@@ -474,6 +476,24 @@ class SlurmLauncher(Following):
         self._say_waiting(waiting)
         if self._s.max_parallel:
             self._apply_throttles()
+
+    def _started_or_lost(self, task: _Task, state: TaskState) -> None:
+        """A task Slurm runs whose supervisor has not said it started within ``start_timeout`` is
+        given up (and its run runs again): slurmd lost its batch step. (Seen with the tests' Slurm
+        22.05 under load: "Launching batch job" and never "done with job", the task RUNNING for good,
+        nothing of it running.) The supervisor says so within a second of its setup lines."""
+        if task.placed >= 0 or state.state != "RUNNING":
+            task.running_since = None
+            return
+        now = time.monotonic()
+        if task.running_since is None:
+            task.running_since = now
+        elif now - task.running_since >= self._s.start_timeout:
+            self._lose(
+                task,
+                f"Slurm has run its job {task.name} for {self._s.start_timeout:g}s and its supervisor never "
+                "started (slurmd lost its batch step, or the setup lines hang)",
+            )
 
     def _cancel_lingering(self, states: dict[str, TaskState]) -> None:
         """A task whose attempt's end was heard leaves Slurm's list within moments; one still listed

@@ -113,6 +113,7 @@ class PoolLauncher(Following):
         self._allocations: dict[str, TaskState] = {}
         self._seq = 0
         self._asked = self._p.allocations  # the size gts pool asked for, as last logged
+        self._running_since: dict[str, float] = {}  # allocations RUNNING with no agent's beat yet
         self._name = ""
         self._script = ""
         self.submissions = 0  # sbatch calls (the tests and the benchmark count them)
@@ -493,10 +494,10 @@ class PoolLauncher(Following):
                 task.missing += 1
                 if task.missing >= MISSING_LOOKS:
                     self._lose(task, "its queue entry and its claim are gone without an end")
-        finished = self._finished(states)
+        finished = self._finished(states) + self._silent(states)
         if finished:
             words = ", ".join(finished)
-            logger.info("Slurm pool: allocation(s) %s ended their agents but not their job; cancelling", words)
+            logger.info("Slurm pool: allocation(s) %s run no agent (ended, or never started); cancelling", words)
             try:
                 commands.cancel(finished)
             except GTSError as error:
@@ -529,6 +530,25 @@ class PoolLauncher(Following):
             )
             return
         self._finish(task, self._ended(task.held))
+
+    def _silent(self, states: dict[str, TaskState]) -> list[str]:
+        """Allocations Slurm has run for ``start_timeout`` seconds from which no agent has beaten:
+        slurmd lost their batch step (or the setup lines hang). Cancelled, they are replaced."""
+        now, found = time.monotonic(), []
+        beating = {job_of(agent) for agent in self._beats}
+        for job, state in states.items():
+            if state.state != "RUNNING" or job in beating:
+                self._running_since.pop(job, None)
+                continue
+            since = self._running_since.setdefault(job, now)
+            if now - since >= self._s.start_timeout:
+                logger.warning(
+                    "Slurm pool: allocation %s has run for %gs and no agent of it started; giving it up",
+                    job,
+                    self._s.start_timeout,
+                )
+                found.append(job)
+        return found
 
     def _finished(self, states: dict[str, TaskState]) -> list[str]:
         """Running allocations whose every node's agent ended by itself (nothing left to run, or

@@ -46,7 +46,8 @@ def write_sweep(folder, runs, seconds, **slurm):
             "backend": "slurm",
             "grace_period": 2,
             "lease_interval": 0.5,
-            "slurm": {"poll_interval": 0.5, **slurm},
+            # start_timeout: a batch step slurmd lost under load is given up in time for the test.
+            "slurm": {"poll_interval": 0.5, "start_timeout": 30, **slurm},
         },
         "command": journal_command(folder / "journal", seconds),
         "test_config": [{"i": list(range(runs))}],

@@ -43,7 +43,11 @@ def write_sweep(folder, runs, steps, seconds, *, pool=None, **scheduler):
             "lease_interval": 0.5,
             "node_failure_retries": 0,  # a lost run fails: the faults below must hand runs back or adopt them
             "max_retries": 0,
-            "slurm": {"poll_interval": 0.5, "pool": {"nodes": 2, "slots_per_node": 2, "idle_exit": 2, **(pool or {})}},
+            "slurm": {
+                "poll_interval": 0.5,
+                "start_timeout": 30,  # an allocation whose batch step slurmd lost is replaced in time
+                "pool": {"nodes": 2, "slots_per_node": 2, "idle_exit": 2, **(pool or {})},
+            },
             **scheduler,
         },
         "command": [

@@ -19,7 +19,7 @@ from test_process_control import finish
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler
 from gpu_task_scheduler.records.ledger import Ledger
 from gpu_task_scheduler.records.lineage import lineages
-from gpu_task_scheduler.records.metrics import run_points
+from gpu_task_scheduler.records.metrics import attempt_files, read_all, run_points
 from gpu_task_scheduler.records.paths import RootPaths, RunPaths
 from gpu_task_scheduler.sweep.expand import Sweep
 
@@ -163,17 +163,18 @@ def test_a_population_larger_than_its_slots_takes_turns_and_every_member_gets_th
     assert _executed_steps(root) <= 1.25 * 8 * 40
 
 
+@pytest.mark.parametrize("seed", [KILL_SEED, KILL_SEED + 1])
 @pytest.mark.parametrize(
     "judged", ["metric: score, mode: max", "objectives: {score: max, lr: min}"], ids=["score", "two-objectives"]
 )
 def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpoint_by_half(
-    in_tmp, no_leaked_processes, judged
+    in_tmp, no_leaked_processes, judged, seed
 ):
     """Killed again and again (the scheduler and, by its process group, its runs' parent), the sweep
     ends with every member trained to max_step; each exploit decided is made once (resumed once);
     and every resumed member found a whole checkpoint of the step it resumed from (the example
     exits with an error otherwise), with no copy left half-made."""
-    rng = random.Random(KILL_SEED)
+    rng = random.Random(seed)
     argv = _example(in_tmp, seconds="0.05", judged=judged)
     root, kills = in_tmp / "results" / "pbt", 0
     for _ in range(12):
@@ -215,6 +216,81 @@ def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpo
     if "objectives" in judged:  # each judgement recorded with both values
         told = [json.loads(detail or "{}") for _, kind, _, _, detail in _events(root) if kind == "rung"]
         assert told and all(set(found.get("objectives", ())) == {"score", "lr"} for found in told)
+
+
+KILL_POINTS = ["decided", "owed", "installed", "set-aside", "committed", "prepared"]  # tests/pbt_kill_driver.py
+
+
+def _pending_exploit(root, name):
+    """``name``'s latest exploit decided (``(index among its exploits, detail)``)."""
+    exploits = [
+        json.loads(detail) for who, kind, _, decision, detail in _events(root) if who == name and decision == "exploit"
+    ]
+    return len(exploits) - 1, exploits[-1]
+
+
+def _first_lines(root, name):
+    """The first line each of ``name``'s attempts reported (step, lr), over its kept metrics files."""
+    firsts = []
+    for path in attempt_files(RunPaths(str(root / name), None)):
+        points = read_all(path, keep_points=True).points
+        if points:
+            firsts.append((points[0][0], points[0][1]["lr"]))
+    return firsts
+
+
+def test_a_kill_at_each_point_of_an_exploit_leaves_a_member_that_resumes_from_the_checkpoint_it_holds(
+    in_tmp, no_leaked_processes
+):
+    """gts killed (SIGKILL) at each point between an exploit's decision and the member's next start
+    (engine/pauses.py lists them), one after another in one sweep: each member so interrupted ends
+    the sweep having resumed from the donor's step with the exploit's values (the example exits with
+    an error when its checkpoint is not of the step it resumes from), and its lineage holds that
+    exploit once."""
+    argv = _example(in_tmp, seconds="0.02", slots=4)
+    root, note = in_tmp / "results" / "pbt", in_tmp / "killed.json"
+    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_kill_driver.py")
+    killed = []
+    for point in KILL_POINTS:
+        process = subprocess.Popen(
+            [sys.executable, driver, point, str(note), *argv[3:]],
+            cwd=str(in_tmp),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        output = finish(process, timeout=120)
+        wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10, message="the runs to die")
+        assert process.returncode == -9, f"the sweep ended before an exploit reached {point}:\n{output}"
+        name = json.loads(note.read_text())["name"]
+        killed.append((point, name, *_pending_exploit(root, name)))
+    last = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
+    assert last.returncode == 0, last.stdout + last.stderr
+    rows = ledger_rows(root)
+    assert {row["status"] for row in rows.values()} == {"succeeded"}, rows
+    found = lineages_of(root)
+    for point, name, index, exploit in killed:
+        made = found[name].exploits[index]
+        assert (made.donor, made.step, made.values) == (exploit["donor"], exploit["step"], exploit["values"]), point
+        assert sum(1 for s in found[name].exploits if (s.donor, s.step) == (made.donor, made.step)) == 1, point
+        # an attempt went on from the donor's step with the exploit's values
+        assert (exploit["step"] + 1, exploit["values"]["lr"]) in _first_lines(root, name), (point, name, exploit)
+    pending = {}
+    for name, kind, rung, decision, _ in _events(root):
+        if decision == "exploit":
+            assert name not in pending, f"{name} exploited again before it resumed"
+            pending[name] = rung
+        elif kind == "resumed":
+            pending.pop(name, None)
+    assert not pending, f"exploits never made: {pending}"
+    assert copy_faults_of(root) == []
+
+
+def lineages_of(root):
+    ledger = Ledger.read_only(RootPaths(str(root)))
+    try:
+        return lineages(ledger.trial_events())
+    finally:
+        ledger.close()
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,9 @@ from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger
 from ..records.ledger.lock import SweepLock
-from ..records.metrics import latest
-from ..records.paths import RootPaths, RunPaths, atomic_write, read_step
+from ..records.paths import RootPaths, RunPaths
 from ..records.prior import settle_running
+from ..records.resume import last_step, note_resume
 from ..records.status import RunStatus
 from ..sweep.expand import Sweep
 from .changes import settle_changes
@@ -303,21 +303,6 @@ class Scheduler:
     # --- stopping -----------------------------------------------------------------
 
 
-RESUMED_FROM = "resumed-from"  # in a run's .gts: the step its current attempt went on from
-
-
-def last_step(paths: RunPaths) -> float | None:
-    """The last step the run reported (its metrics file's last good line), or, when its last
-    attempt reported nothing, the step that attempt went on from (a resumed attempt killed before
-    its first report must not make the next one start again from step 0); None: from step 0."""
-    if paths.unsafe() is not None:
-        return None
-    found = latest(paths.metrics)
-    if found is not None:
-        return found[0]
-    return read_step(os.path.join(paths.meta, RESUMED_FROM))
-
-
 def resume_from(item: Pending, paths: RunPaths) -> float | None:
     """The step ``item``'s attempt about to start goes on from, recorded in its folder (None: from
     step 0): an attempt that goes on from an earlier one's checkpoint, the step that one reported
@@ -328,18 +313,3 @@ def resume_from(item: Pending, paths: RunPaths) -> float | None:
     item.resume_step = None  # a later attempt of it goes on from its own last step
     note_resume(paths, step)
     return step
-
-
-def note_resume(paths: RunPaths, step: float | None) -> None:
-    """Record the step the attempt about to start goes on from (none: it starts afresh)."""
-    marker = os.path.join(paths.meta, RESUMED_FROM)
-    try:
-        if step is None:
-            os.unlink(marker)
-        elif paths.unsafe() is None:
-            os.makedirs(paths.meta, exist_ok=True)
-            atomic_write(marker, repr(float(step)).encode(), durable=False)
-    except FileNotFoundError:
-        pass
-    except OSError as error:
-        logger.warning("%s: could not record the step it resumes from (%s)", paths.work_dir, error)

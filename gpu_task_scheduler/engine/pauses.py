@@ -15,6 +15,31 @@ so that a start after a kill -9 goes on with the decisions the one before it mad
 A paused run holds no slot: its process ended, its checkpoint folder stays. The engine asks
 :meth:`Pauses.owed` whenever a slot is free, and resumes what it names before it starts anything
 new. A paused run that the method never promotes stays ``paused``, as a pruned run stays pruned.
+
+Population-based training's exploit, in the order it is made, and what a kill -9 at each point
+leaves (``tests/test_pbt_sweep.py`` kills the scheduler at each one, ``tests/pbt_kill_driver.py``):
+
+1. *decided*: the member reported at an interval; the ``rung`` event with the decision, the donor,
+   the donor's step and the member's new values is committed before the member is told. Killed
+   before the commit, nothing was decided: the member runs again from its last step and reports
+   there again. Killed after, the replay makes the same exploit pending.
+2. *owed*: the member is told to pause, its process ends, and a slot is free. An attempt killed
+   with the scheduler before its pause was recorded is settled, and the pending exploit makes the
+   member owed all the same.
+3. *installed*: the donor's snapshot is put in place of the member's checkpoint
+   (``records/checkpoints.install``: whole or not at all). Killed during or after it, no ``resumed``
+   event is committed: the exploit is still pending, and the next start makes it again from the
+   snapshot, which the method keeps until then (``Pbt.needed_snapshots``).
+4. *set aside*: the member's metrics file, which ends at its own step, is kept aside as its last
+   attempt's, and the donor's step is written as where it goes on (``records/resume.go_on_from``).
+   Killed after it: as after 3 (a second time moves nothing).
+5. *committed*: the member's new attempt and the ``resumed`` event, in one transaction. Killed
+   after it, the exploit is made (the replay has it no more) and the member's attempt was
+   interrupted: it is run again from ``records/resume.last_step``, which finds no metrics file of
+   its own and reads the donor's step (before step 4 moved it, it read the member's own last step
+   and resumed the donor's weights at it).
+6. *prepared*: the launcher rotates the log and starts the process; its first report makes the
+   metrics file the new attempt's, whose last step the checkpoint holds.
 """
 
 from __future__ import annotations
@@ -30,6 +55,7 @@ from ..records import checkpoints
 from ..records.ledger import Ledger
 from ..records.ledger.trials import TrialEvent, paused_cause, value_words
 from ..records.paths import RunPaths, UnsafePathError, name_problem
+from ..records.resume import go_on_from
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.base import CONTINUE, PAUSE
 from ..tuning.methods import Method, method_for
@@ -441,7 +467,10 @@ class Pauses:
 
     def resuming(self, spec: RunSpec) -> float | None:
         """``spec``, named by :meth:`owed`, is about to resume: the step it resumes from if that is
-        not its own last one (an exploit's: the donor's snapshot is put in place of its checkpoint)."""
+        not its own last one (an exploit's: the donor's snapshot is put in place of its checkpoint,
+        and its metrics file kept aside, so that the donor's step is the one record of where it
+        goes on: records/resume.py). OSError: the exploit could not be made now (it is made again
+        at the next try, from the snapshot it keeps)."""
         method = self._methods[spec.stage]
         exploit = method.exploit_of(spec.name) if isinstance(method, Pbt) else None
         if exploit is None:
@@ -468,6 +497,8 @@ class Pauses:
             )
             return None
         _say_left_out(f"{spec.name}: its copy of {exploit.donor}'s snapshot", copied.skipped)
+        record = self._ledger.get(spec.name)
+        go_on_from(member, exploit.step, record.attempts if record is not None else 0)
         return exploit.step
 
     def paused(self, spec: RunSpec) -> None:

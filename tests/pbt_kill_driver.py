@@ -1,7 +1,7 @@
 """``gts`` that kills itself (SIGKILL, as ``kill -9`` would) at one named point of a population-based
 training exploit, the first time this start reaches it with an exploit whose donor's step is not the
-member's own last step (the one that resumes from a step its own records do not say): a test holds the moment exactly, with no
-sleep to guess it by.
+member's own last step (the one that resumes from a step its own records do not say): a test holds
+the moment exactly, with no sleep to guess it by.
 
     python pbt_kill_driver.py POINT NOTE run configs/pbt.yaml --plain
 

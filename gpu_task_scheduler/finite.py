@@ -24,3 +24,26 @@ def finite_number(value: Any) -> TypeGuard[float]:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+MAX_STEP = 2**53  # the largest step: every whole number up to it is exact in a float, and fits the trackers' int64
+
+
+def step_problem(value: Any) -> str | None:
+    """Why ``value`` is no step (None: it is one). A step is a number from 0 to :data:`MAX_STEP`
+    (an epoch may be fractional): what a float holds exactly, and what TensorBoard, MLflow and W&B
+    store. Steps are refused where they enter (``report()``, the metrics file's reader, the
+    TensorBoard feed), so nothing past them meets a step it cannot store.
+
+    >>> step_problem(3), step_problem(0.5), step_problem(2**53)
+    (None, None, None)
+    >>> step_problem(-1), step_problem(1e300), step_problem(float("nan")), step_problem(True)
+    ('it is below 0', 'it is above 2**53', 'it is not a finite number', 'it is not a finite number')
+    """
+    if not finite_number(value):
+        return "it is not a finite number"
+    if value < 0:
+        return "it is below 0"
+    if value > MAX_STEP:
+        return "it is above 2**53"
+    return None

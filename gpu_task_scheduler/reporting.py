@@ -53,6 +53,8 @@ import math
 import os
 import time
 
+from .finite import step_problem
+
 METRICS_ENV = "GTS_METRICS_FILE"
 PRUNE_ENV = "GTS_PRUNE_FILE"
 # The checkpoint protocol: a folder that lasts across a run's attempts, and the step an attempt
@@ -108,7 +110,10 @@ def report(step: float, **metrics: float) -> None:
     scheduler would skip is an error here, where it can be fixed.
     """
     path = os.environ.get(METRICS_ENV)
-    _check("step", step)
+    problem = step_problem(step)
+    if problem is not None:
+        shown = repr(step) if len(repr(step)) <= 40 else f"{repr(step)[:20]}... ({len(repr(step))} characters)"
+        raise ValueError(f"report(): step={shown} is no step: {problem} (a step is a number from 0 to 2**53)")
     for name, value in metrics.items():
         _check(name, value)
     if not path:
@@ -237,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         metrics = {}
         for arg in args[1:]:
             name, _, text = arg.partition("=")
+            if name == "step":
+                raise ValueError("'step' is the first argument, not a metric's name: give another name")
+            if not name:
+                raise ValueError(f"{arg!r}: give the metric's name before '='")
             metrics[name] = float(text)
         report(int(step) if step.is_integer() else step, **metrics)
     except ValueError as error:

@@ -82,8 +82,56 @@ def test_report_outside_a_sweep_does_nothing_and_refuses_what_would_be_skipped(m
     with pytest.raises(ValueError, match="step"):
         report(None, loss=1.0)
     monkeypatch.setenv("GTS_METRICS_FILE", str(tmp_path / "m.jsonl"))
+    for step, why in (
+        (1e300, "above 2\\*\\*53"),
+        (2**63, "above 2\\*\\*53"),
+        (-1, "below 0"),
+        (float("inf"), "finite"),
+    ):
+        with pytest.raises(ValueError, match=f"is no step: it is .*{why}"):
+            report(step, loss=1.0)
+    assert not (tmp_path / "m.jsonl").exists()  # nothing written of a step refused
     report(2.5, loss=1)
-    assert (tmp_path / "m.jsonl").read_text() == '{"step": 2.5, "loss": 1}\n'
+    report(2**53, loss=1)  # the largest step
+    assert (tmp_path / "m.jsonl").read_text() == '{"step": 2.5, "loss": 1}\n{"step": 9007199254740992, "loss": 1}\n'
+
+
+@pytest.mark.parametrize(
+    "argv, code, words",
+    [
+        (["10", "step=1"], 2, "'step' is the first argument"),
+        (["1e300", "loss=1"], 2, "above 2**53"),
+        (["-3", "loss=1"], 2, "below 0"),
+        (["3", "=1"], 2, "give the metric's name"),
+        (["3", "loss"], 2, "NAME=VALUE"),
+        (["3", "loss=x"], 2, "could not convert"),
+        ([], 2, "give a step"),
+    ],
+)
+def test_the_reporting_module_answers_bad_arguments_with_exit_2_and_a_message(
+    monkeypatch, tmp_path, capsys, argv, code, words
+):
+    from gpu_task_scheduler.reporting import main
+
+    monkeypatch.setenv("GTS_METRICS_FILE", str(tmp_path / "m.jsonl"))
+    assert main(argv) == code
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.mark.parametrize("told", ["GTS_PAUSE_FILE", "GTS_PRUNE_FILE"])
+def test_the_reporting_module_exits_3_when_the_run_is_paused_or_stopped_early(monkeypatch, tmp_path, capsys, told):
+    from gpu_task_scheduler import reporting
+
+    monkeypatch.setenv("GTS_METRICS_FILE", str(tmp_path / "m.jsonl"))
+    monkeypatch.setenv(told, str(tmp_path / "told"))
+    monkeypatch.setattr(reporting, "_paused", None)
+    monkeypatch.setattr(reporting, "_pruned", None)
+    assert reporting.main(["1", "loss=0.5"]) == 0  # not told yet: go on
+    (tmp_path / "told").write_text("at rung 1")
+    assert reporting.main(["2", "loss=0.25"]) == 3
+    assert ("paused" if told == "GTS_PAUSE_FILE" else "pruned") in capsys.readouterr().err
+    assert reporting.STOP_EXIT == 3
 
 
 BAD_LINES = {
@@ -94,6 +142,8 @@ BAD_LINES = {
     "a value that is not a number": b'{"step": 3, "loss": "low"}',
     "NaN": b'{"step": 3, "loss": NaN}',
     "a step going back": b'{"step": 1, "loss": 0.3}',
+    "a step above 2**53": b'{"step": 1e300, "loss": 0.3}',
+    "a step below 0": b'{"step": -3, "loss": 0.3}',
     "a megabyte line": b'{"step": 3, "pad": "' + b"x" * (1 << 20) + b'"}',
 }
 

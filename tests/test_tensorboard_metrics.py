@@ -1,8 +1,9 @@
 """TensorBoard event files as a run's metric stream (sweep/metrics_source.py, records/tensorboard.py,
-engine/feeds.py): both forms of a scalar are read with TensorBoard's own loader, a look is bounded,
+engine/feeds.py): both forms of a scalar are read as TensorBoard's Event records, a look is bounded,
 an earlier attempt's files, links and FIFOs are left alone, steps never go back, the config is
 checked, and an unmodified Lightning script that logs to TensorBoard is stopped early by ASHA."""
 
+import errno
 import json
 import os
 import subprocess
@@ -106,6 +107,120 @@ def test_a_look_is_bounded_and_links_and_fifos_are_left_alone(torch_tb, tmp_path
         pass
     steps = [line["step"] for line in lines(tmp_path / "metrics.jsonl")]
     assert steps == list(range(1, 101)) and all("secret" not in line for line in lines(tmp_path / "metrics.jsonl"))
+
+
+def _event_file(path, events):
+    """An event file of ``(step, {tag: value})`` events, written as TFRecords (no writer holds it)."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from gpu_task_scheduler.records.tensorboard import masked_crc32c
+
+    with open(path, "wb") as handle:
+        for step, values in events:
+            summary = summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in values.items()]
+            )
+            body = event_pb2.Event(wall_time=1.0, step=step, summary=summary).SerializeToString()
+            header = len(body).to_bytes(8, "little")
+            handle.write(header + masked_crc32c(header).to_bytes(4, "little"))
+            handle.write(body + masked_crc32c(body).to_bytes(4, "little"))
+
+
+def _open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_run_with_1500_event_files_holds_no_descriptor_between_looks_and_loses_nothing(tmp_path, monkeypatch):
+    """A run that wrote 1,500 event files (more than the usual limit of 1,024 descriptors) is fed
+    whole, and the feed holds no descriptor between looks; a look that finds no descriptor left
+    says so and the next one feeds what it could not read."""
+    from gpu_task_scheduler.records import tensorboard
+
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    for index in range(1500):
+        _event_file(folder / f"events.out.tfevents.{index:05d}", [(index, {"loss": index / 1000})])
+    fed = feed(folder, tmp_path / "metrics.jsonl")
+    real_open, opened = tensorboard.open_regular, []
+
+    def open_regular(path):  # the scheduler out of descriptors at the 50th file the feed opens
+        opened.append(path)
+        if len(opened) == 50:
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return real_open(path)
+
+    monkeypatch.setattr(tensorboard, "open_regular", open_regular)
+    before = _open_descriptors()
+    assert fed.look() == 0  # undone: feeding the others now would leave the refused files' steps behind
+    assert _open_descriptors() == before
+    said = fed.said()
+    assert len(opened) == 50 and len(said) == 1 and "no descriptor left" in said[0]
+    assert fed.look() == 1500
+    assert _open_descriptors() == before and fed.said() == [] and fed.left_out == 0
+    assert [line["step"] for line in lines(tmp_path / "metrics.jsonl")] == list(range(1500))
+
+
+def test_a_file_read_at_an_offset_goes_on_with_the_records_written_since(tmp_path):
+    """A record half written at a look is read whole at the next; a record that fails its checksum
+    ends what is read of that file, said once, and what came before it is fed."""
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    path = folder / "events.out.tfevents.1"
+    _event_file(path, [(1, {"loss": 0.5}), (2, {"loss": 0.25})])
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-7])  # the second record not yet all written
+    fed = feed(folder, tmp_path / "metrics.jsonl")
+    assert fed.look() == 1
+    path.write_bytes(whole)
+    assert fed.look() == 1
+    _event_file(tmp_path / "more", [(3, {"loss": 0.125}), (4, {"loss": 0.0625})])
+    more = bytearray((tmp_path / "more").read_bytes())
+    more[-6] ^= 0xFF  # the fourth record's body damaged
+    path.write_bytes(whole + bytes(more))
+    assert fed.look() == 1
+    assert any("fails its checksum" in said for said in fed.said())
+    _event_file(tmp_path / "later", [(5, {"loss": 0.03})])
+    path.write_bytes(whole + bytes(more) + (tmp_path / "later").read_bytes())
+    assert fed.look() == 0  # nothing more of a broken file
+    assert [line["step"] for line in lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_the_events_step_is_the_step_and_steps_that_are_none_are_left_out(tmp_path):
+    """A scalar tagged ``step`` is fed as ``step_tag`` (the line's step stays the event's); an event
+    whose step is below 0 or above 2**53 is left out; each said once."""
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    events = [(step, {"step": 100 - step, "loss": 1 / (step + 1)}) for step in range(4)]
+    events += [(-1, {"loss": 9.0}), (2**62, {"loss": 9.0}), (4, {"loss": 0.2})]
+    _event_file(folder / "events.out.tfevents.1", events)
+    fed = feed(folder, tmp_path / "metrics.jsonl")
+    assert fed.look() == 5
+    fed_lines = lines(tmp_path / "metrics.jsonl")
+    assert [line["step"] for line in fed_lines] == [0, 1, 2, 3, 4]
+    assert [line.get("step_tag") for line in fed_lines] == [100, 99, 98, 97, None]
+    said = fed.said()
+    assert len(said) == 2 and fed.bad_steps == 2
+    assert any("'step' is fed as 'step_tag'" in words for words in said)
+    assert any("is left out: it is below 0" in words for words in said)
+
+
+def test_scalars_logged_just_before_a_run_ended_reach_its_metrics_file(tmp_path, monkeypatch):
+    """The feed's last look comes with the run's end, not at the thread's next look."""
+    from gpu_task_scheduler.engine import feeds as feeds_module
+    from gpu_task_scheduler.records.paths import RunPaths
+
+    monkeypatch.setattr(feeds_module, "INTERVAL", 3600.0)  # the thread's looks never come in this test
+    run_dir = tmp_path / "run"
+    (run_dir / ".gts").mkdir(parents=True)
+    source = TensorBoardSource("{work_dir}/tb", None)
+    feeds = feeds_module.Feeds(source)
+    spec = type("Spec", (), {"config": {}, "work_dir": str(run_dir), "name": "run", "index": 0})()
+    paths = RunPaths(str(run_dir), None)
+    feeds.watch(spec, paths)
+    (run_dir / "tb").mkdir()
+    _event_file(run_dir / "tb" / "events.out.tfevents.1", [(7, {"loss": 0.5})])
+    feeds.finish("run")
+    assert lines(paths.metrics) == [{"step": 7, "loss": 0.5}]
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ logger = logging.getLogger("gpu_task_scheduler")
 
 class _Fed:
     def __init__(self, feed: EventFeed) -> None:
-        self.feed, self.lock, self.warned = feed, threading.Lock(), False
+        self.feed, self.lock = feed, threading.Lock()
 
 
 class Feeds:
@@ -86,7 +86,6 @@ class Feeds:
         try:
             fed.feed.look()
         except OSError as error:  # its metrics file could not be written: said once
-            fed.feed.problem = fed.feed.problem or f"its metrics file could not be written: {error}"
-        if fed.feed.problem and not fed.warned:
-            fed.warned = True
-            logger.warning("%s: metrics: tensorboard: %s", name, fed.feed.problem)
+            fed.feed.failed_to_write(error)
+        for problem in fed.feed.said():
+            logger.warning("%s: metrics: tensorboard: %s", name, problem)

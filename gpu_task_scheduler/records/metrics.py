@@ -11,7 +11,8 @@ the result root. :class:`MetricsReader` reads what is new since its last
 read, at most ``MAX_READ`` bytes at a time, through ``open_regular`` (never a
 link, never blocking on a FIFO), and skips every line that is not such an
 object: not JSON, no numeric ``step``, a step lower than the one before, a
-value that is not a finite number, a line over ``MAX_LINE`` bytes. It keeps
+value that is not a finite number, a step that is none (``finite.step_problem``: below 0 or above
+2**53), a line over ``MAX_LINE`` bytes. It keeps
 only a summary per metric (its last value and step, its lowest and highest),
 for at most ``MAX_METRICS`` metrics, so neither a long run nor a malicious
 one can fill the scheduler's memory. The first bad line is remembered, in
@@ -26,6 +27,7 @@ import os
 import re
 from typing import Any
 
+from ..finite import step_problem
 from .paths import RunPaths, UnsafePathError, open_regular
 
 MAX_LINE = 64 << 10  # bytes of one line; a longer one is skipped
@@ -46,6 +48,8 @@ def parse_line(line: bytes) -> tuple[float, dict[str, float]] | str:
     'it has no numeric "step"'
     >>> parse_line(b'{"step": 1, "loss": "low"}')
     "its value of 'loss' is not a finite number"
+    >>> parse_line(b'{"step": 1e300, "loss": 0.5}')
+    'its step is no step: it is above 2**53'
     """
     try:
         record = json.loads(line)
@@ -56,6 +60,9 @@ def parse_line(line: bytes) -> tuple[float, dict[str, float]] | str:
     step = record.pop("step", None)
     if not _number(step):
         return 'it has no numeric "step"'
+    problem = step_problem(step)
+    if problem is not None:
+        return f"its step is no step: {problem}"
     for key, value in record.items():
         if not _number(value):
             return f"its value of {key!r} is not a finite number"

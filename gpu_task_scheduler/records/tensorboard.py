@@ -1,23 +1,36 @@
 """A run's TensorBoard event files as its metric stream, with no change to its code.
 
 The config names a folder per run (``metrics: {tensorboard: '{work_dir}/lightning_logs'}``, read
-by ``sweep/metrics_source.py``); the
-event files found under it, at any depth, are read with TensorBoard's own loader
-(``tensorboard.backend.event_processing.event_file_loader``) as the run writes them, and each
-scalar becomes a line of the run's metrics file (``{"step": 12, "val_loss": 0.23}``, the tag as the
-metric's name), which early stopping, ``gts status``, the web view and the results read as they
-read the lines ``report()`` writes. Both the old form of a scalar (``simple_value``: PyTorch's
-``SummaryWriter``, tensorboardX, Lightning) and the new one (a scalar tensor: TensorFlow 2, Keras)
-are read.
+by ``sweep/metrics_source.py``); the event files found under it, at any depth, are read as the run
+writes them, and each scalar becomes a line of the run's metrics file (``{"step": 12, "val_loss":
+0.23}``, the tag as the metric's name), which early stopping, ``gts status``, the web view and the
+results read as they read the lines ``report()`` writes. Both the old form of a scalar
+(``simple_value``: PyTorch's ``SummaryWriter``, tensorboardX, Lightning) and the new one (a scalar
+tensor: TensorFlow 2, Keras) are read.
+
+An event file is a sequence of TFRecords (a length, its CRC-32C, the ``Event`` protocol buffer,
+its CRC-32C), each parsed with TensorBoard's own ``Event`` message. They are read here, not
+through TensorBoard's ``EventFileLoader``, because that loader can only read a file from its start
+through a descriptor it keeps open: a run that wrote 1,500 event files held 1,500 descriptors in
+the scheduler, and under the usual limit of 1,024 the scalars of it and of other runs were lost.
+Here a file is opened for one look and closed after it, and the next look goes on at the offset
+of the first record not read, so a run holds no descriptor between looks, however many files it
+writes.
 
 What keeps it safe and bounded:
 
-* the folder is walked without following links, over at most :data:`MAX_ENTRIES` entries a look;
-  an event file is opened with ``open_regular`` (never a link, never blocking on a FIFO) and read
-  through that descriptor, so a file swapped for a FIFO cannot hang the reader;
-* one look reads at most :data:`MAX_EVENTS` events of a run: a run that writes faster is fed a
-  look or two late, instead of holding the scheduler;
+* the folder is walked without following links (a linked folder inside it is not fed), over at
+  most :data:`MAX_ENTRIES` entries a look; an event file is opened with ``open_regular`` (never a
+  link, never blocking on a FIFO), and a file replaced by another is read from its start;
+* one look reads at most :data:`MAX_EVENTS` events and :data:`MAX_READ` bytes of a file: a run that
+  writes faster is fed a look or two late, instead of holding the scheduler; a record of over
+  :data:`MAX_RECORD` bytes (an image, a histogram: never a scalar) is passed over unread;
+* a record whose checksum fails ends what is read of that file (said once): what came before it
+  is fed;
 * event files last written before the attempt started are an earlier attempt's, left alone;
+* the event's step is the step: an event whose step is none (below 0 or above 2**53:
+  ``finite.step_problem``) is left out, and a scalar tagged ``step`` (the name a metrics line keeps
+  for its step) is fed as ``step_tag``; each said once;
 * an event whose step is below one already fed (a second writer behind the first) is left out,
   since a metrics file's steps never go back.
 
@@ -28,19 +41,55 @@ an exact step: such a config is refused.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import stat
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from .paths import open_regular
+from ..finite import step_problem
+from .paths import open_regular, write_all
 
 MAX_EVENTS = 20_000  # events of one run read in one look
 MAX_ENTRIES = 10_000  # folder entries walked in one look
+MAX_READ = 4 << 20  # bytes of one file read in one look
+MAX_RECORD = 1 << 20  # a record larger than this is passed over unread (a scalar event takes ~100 bytes)
 EVENTS_NAME = "tfevents"  # every TensorBoard writer puts it in its files' names: events.out.tfevents.<time>.<host>...
+RESERVED = {"step": "step_tag"}  # a tag named as a metrics line's own key is fed under another name
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1  # the Castagnoli polynomial, reflected
+        table.append(crc)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC-32C, rotated and offset ("masked").
+
+    >>> hex(masked_crc32c(b"123456789"))  # its CRC-32C is 0xe3069283, the check value
+    '0xc78ab0e5'
+    """
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+class DataLoss(ValueError):
+    """A record of an event file failed its checksum, or is not an ``Event``."""
 
 
 def scalar(value: Any) -> float | None:
@@ -64,17 +113,67 @@ def scalar(value: Any) -> float | None:
 
 
 class _File:
-    """One event file, read through a descriptor of our own (the loader opens ``/proc/self/fd/N``:
-    the same file, whatever the path becomes)."""
+    """One event file: where the next look goes on (the offset of its first record not read), and
+    which file it is (a file replaced by another is read from its start). No descriptor is kept."""
 
     def __init__(self, path: str) -> None:
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        self.path = path
+        self.offset = 0
+        self.identity: tuple[int, int] | None = None
+        self.broken = False  # a record failed its checksum: nothing more of it is read
 
-        self.fd = open_regular(path)
-        self.loader = EventFileLoader(f"/proc/self/fd/{self.fd}")
+    def records(self, budget: int) -> Iterator[bytes]:
+        """The whole records written since the last look (at most ``budget``, and what
+        :data:`MAX_READ` bytes hold), each an ``Event``'s bytes, checked. OSError: it cannot be
+        opened now (tried again at the next look); DataLoss: it is broken from here."""
+        if self.broken:
+            return
+        fd = open_regular(self.path)
+        try:
+            info = os.fstat(fd)
+            if self.identity != (info.st_dev, info.st_ino) or info.st_size < self.offset:
+                self.identity, self.offset = (info.st_dev, info.st_ino), 0  # another file, or rewritten
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            data = _read(fd, min(MAX_READ, info.st_size - self.offset))
+        finally:
+            os.close(fd)
+        at = 0
+        while budget > 0 and len(data) - at >= 12:
+            header = data[at : at + 8]
+            if struct.unpack("<I", data[at + 8 : at + 12])[0] != masked_crc32c(header):
+                self.broken = True
+                raise DataLoss(f"{self.path}: a record's length fails its checksum at byte {self.offset}")
+            (length,) = struct.unpack("<Q", header)
+            end = at + 12 + length + 4
+            if length > MAX_RECORD:  # passed over unchecked, once it is all written
+                if end <= len(data):
+                    self.offset, at = self.offset + end - at, end
+                    continue
+                if self.offset + (end - at) <= info.st_size:
+                    self.offset += end - at  # the next look reads on after it
+                return
+            if end > len(data):
+                return  # not all written yet: read at the next look
+            body = data[at + 12 : at + 12 + length]
+            if struct.unpack("<I", data[end - 4 : end])[0] != masked_crc32c(body):
+                self.broken = True
+                raise DataLoss(f"{self.path}: a record fails its checksum at byte {self.offset}")
+            at = end
+            self.offset += 12 + length + 4
+            budget -= 1
+            yield body
 
-    def close(self) -> None:
-        os.close(self.fd)
+
+def _read(fd: int, count: int) -> bytes:
+    """``count`` bytes from ``fd`` (fewer at its end)."""
+    parts, left = [], count
+    while left > 0:
+        part = os.read(fd, left)
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 class EventFeed:
@@ -90,32 +189,72 @@ class EventFeed:
         self._files: dict[str, _File | None] = {}  # None: left alone (an earlier attempt's, or unreadable)
         self._last_step = float("-inf")
         self.left_out = 0  # events below a step already fed
-        self.problem: str | None = None
+        self.bad_steps = 0  # events whose step is none (below 0 or above 2**53)
+        self.renamed: set[str] = set()  # tags fed under another name (RESERVED)
+        self._unwritten: list[str] = []  # lines a failed write left: written first at the next look
+        self.news: list[str] = []  # problems not said yet (said())
+        self._said: set[str] = set()
 
     def look(self, budget: int = MAX_EVENTS) -> int:
-        """Feed what was written since the last look (at most ``budget`` events); the lines written."""
+        """Feed what was written since the last look (at most ``budget`` events); the lines written.
+
+        A look that runs out of descriptors (or memory) is undone: its files are read again at the
+        next look from where they were, since feeding the others' later steps now would leave the
+        unread ones' earlier steps behind for good (a metrics file's steps never go back)."""
+        from tensorboard.compat.proto.event_pb2 import Event
+
         self._discover()
         found: dict[float, dict[str, float]] = {}
+        read: list[tuple[_File, int, tuple[int, int] | None]] = []  # each file read, and where it was
         for file in self._files.values():
-            if file is None or budget <= 0:
+            if file is None or file.broken or budget <= 0:
                 continue
+            read.append((file, file.offset, file.identity))
             try:
-                for event in file.loader.Load():
+                for record in file.records(budget):
                     budget -= 1
-                    for value in event.summary.value:
-                        number = scalar(value)
-                        if number is not None and math.isfinite(number) and self.wants(value.tag):
-                            found.setdefault(float(event.step), {})[value.tag] = number
-                    if budget <= 0:
-                        break
-            except Exception as error:  # a corrupt record: what came before it is fed
-                self._note(f"an event file could not be read further: {error}")
+                    try:
+                        event = Event.FromString(record)
+                    except Exception as error:  # protobuf's DecodeError: checked bytes of no Event
+                        file.broken = True
+                        raise DataLoss(f"{file.path}: a record is no event ({error})") from None
+                    self._take(event, found)
+            except DataLoss as error:  # what came before it is fed
+                self._note(f"an event file could not be read further: {error}", "broken")
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                    for was, offset, identity in read:
+                        was.offset, was.identity = offset, identity
+                    self._note(f"no descriptor left to read {file.path} ({error}): its look is made again later", "fds")
+                    return 0
+                if not isinstance(error, FileNotFoundError):  # gone: nothing more to read of it
+                    self._note(f"{file.path} is not read ({error})", "unread")
         return self._write(found)
 
+    def _take(self, event: Any, found: dict[float, dict[str, float]]) -> None:
+        """The scalars of ``event`` that are fed, into ``found`` (by step)."""
+        if not event.summary.value:
+            return
+        problem = step_problem(event.step)
+        if problem is not None:
+            self.bad_steps += 1
+            self._note(
+                f"an event at step {event.step} is left out: {problem} (a step is a number from 0 to 2**53)", "step"
+            )
+            return
+        for value in event.summary.value:
+            number = scalar(value)
+            if number is None or not math.isfinite(number) or not self.wants(value.tag):
+                continue
+            tag = RESERVED.get(value.tag, value.tag)
+            if tag != value.tag and value.tag not in self.renamed:
+                self.renamed.add(value.tag)
+                self._note(
+                    f"the scalar tagged {value.tag!r} is fed as {tag!r} (a metrics line's {value.tag!r} is its step)"
+                )
+            found.setdefault(float(event.step), {})[tag] = number
+
     def close(self) -> None:
-        for file in self._files.values():
-            if file is not None:
-                file.close()
         self._files.clear()
 
     def _discover(self) -> None:
@@ -130,24 +269,24 @@ class EventFeed:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
                         elif EVENTS_NAME in entry.name and entry.path not in self._files:
-                            self._files[entry.path] = self._open(entry)
+                            self._files[entry.path] = self._known(entry)
                         if entries >= MAX_ENTRIES:
                             break
             except OSError:
                 continue  # not there yet, or gone
 
-    def _open(self, entry: os.DirEntry[str]) -> _File | None:
+    def _known(self, entry: os.DirEntry[str]) -> _File | None:
         try:
             info = entry.stat(follow_symlinks=False)
-            if not stat.S_ISREG(info.st_mode) or info.st_mtime < self._since:
-                return None
-            return _File(entry.path)
         except OSError as error:
-            self._note(f"{entry.path} is not read: {error}")
+            self._note(f"{entry.path} is not read: {error}", "stat")
             return None
+        if not stat.S_ISREG(info.st_mode) or info.st_mtime < self._since:
+            return None
+        return _File(entry.path)
 
     def _write(self, found: dict[float, dict[str, float]]) -> int:
-        lines = []
+        lines = self._unwritten
         for step in sorted(found):
             if step < self._last_step:
                 self.left_out += len(found[step])
@@ -155,15 +294,32 @@ class EventFeed:
             self._last_step = step
             shown: float | int = int(step) if step.is_integer() else step
             lines.append(json.dumps({"step": shown, **found[step]}) + "\n")
+        self._unwritten = []
         if lines:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(self.metrics_path, flags, 0o644)
             try:
-                os.write(fd, "".join(lines).encode())
-            finally:
-                os.close(fd)
+                fd = os.open(
+                    self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+                )
+                try:
+                    write_all(fd, "".join(lines).encode())
+                finally:
+                    os.close(fd)
+            except OSError:
+                self._unwritten = lines  # written at the next look: what was read is not read again
+                raise
         return len(lines)
 
-    def _note(self, problem: str) -> None:
-        if self.problem is None:
-            self.problem = problem
+    def failed_to_write(self, error: OSError) -> None:
+        self._note(f"its metrics file could not be written ({error}): tried again at the next look", "write")
+
+    def _note(self, problem: str, kind: str | None = None) -> None:
+        """Say ``problem`` once per ``kind`` of problem (by default, its words) of this feed."""
+        kind = problem if kind is None else kind
+        if kind not in self._said:
+            self._said.add(kind)
+            self.news.append(problem)
+
+    def said(self) -> list[str]:
+        """The problems found since the last call, each kind once per feed."""
+        news, self.news = self.news, []
+        return news

@@ -203,3 +203,152 @@ def test_a_pbt_members_lineage_is_exported(tmp_path):
         made = copies.get(member["tags.gts.run"], [])
         expected = "; ".join(f"step {s.step:g}: copied {s.donor}" for s in made) if made else None
         assert (member.get("tags.gts.lineage") if isinstance(member.get("tags.gts.lineage"), str) else None) == expected
+
+
+RAW_METRICS = """import json, os, sys
+lines = [{"step": 1, "acc@1": 0.5, "loss": 2.0}, {"step": 1.5, "loss": 1.5}, {"step": 1e300, "loss": 9.0},
+         {"step": 2, "acc@1": 0.75, "loss": 1.0}]
+if sys.argv[1] == "bad":
+    lines.insert(0, {"step": 2**63, "loss": 9.0})
+with open(os.environ["GTS_METRICS_FILE"], "a") as handle:  # written by hand, as any language can
+    handle.write("".join(json.dumps(line) + "\\n" for line in lines))
+"""
+
+
+@pytest.fixture(scope="module")
+def hostile_root(tmp_path_factory):
+    """A root whose path holds ', " and \\, whose runs report a metric named acc@1, a fractional step,
+    and steps of 1e300 and 2**63 (written to the metrics file by hand, past report())."""
+    folder = tmp_path_factory.mktemp("hostile")
+    (folder / "raw.py").write_text(RAW_METRICS)
+    root = folder / 'it\'s a "root" \\ here'
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root)},
+        "command": [sys.executable, str(folder / "raw.py"), "{kind}"],
+        "test_config": [{"kind": ["bad", "good", "fine"]}],
+    }
+    with open(folder / "sweep.yaml", "w") as handle:
+        yaml.safe_dump(config, handle)
+    gts("run", "sweep.yaml", "--plain", cwd=folder)
+    return folder, str(root)
+
+
+def export(root, *target, cwd):
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "export", root, "--to", *target],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, done.stderr
+
+
+def test_mlflow_takes_hostile_names_steps_and_roots_and_a_second_export_adds_nothing(hostile_root):
+    """A metric MLflow refuses (acc@1) is exported under a name it takes, the same every time, with
+    the original in a tag; a fractional step is left out and said; steps above 2**53 never reach the
+    export; a root whose path holds ', " and \\ is found again (its second export adds nothing)."""
+    mlflow = pytest.importorskip("mlflow", reason="pip install mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from gpu_task_scheduler.reports.export import mlflow_name
+
+    folder, root = hostile_root
+    uri = f"sqlite:///{folder / 'hostile.db'}"
+    out, err = export(root, "mlflow", uri, cwd=folder)
+    assert "3 new run(s)" in out
+    assert "not exported: MLflow's steps are whole numbers" in err and "at step 1.5" in err
+    assert export(root, "mlflow", uri, cwd=folder)[0].startswith("0 new run(s), 0 new step(s), 0 new state(s)")
+    mlflow.set_tracking_uri(uri)
+    table = mlflow.search_runs(search_all_experiments=True)
+    assert len(table) == 4  # one parent and three runs: nothing exported twice
+    client, mapped = MlflowClient(uri), mlflow_name("acc@1")
+    assert mapped != "acc@1" and mlflow_name("acc@1") == mapped
+    for name in ("kind-bad,", "kind-good,", "kind-fine,"):
+        child = table[table["tags.gts.run"] == name].iloc[0]
+        assert child[f"tags.gts.name.{mapped}"] == "acc@1"
+        assert [(m.step, m.value) for m in client.get_metric_history(child["run_id"], mapped)] == [(1, 0.5), (2, 0.75)]
+        assert [m.step for m in client.get_metric_history(child["run_id"], "loss")] == [1, 2]
+
+
+def test_tensorboard_leaves_out_what_it_cannot_store_and_goes_on(hostile_root, tmp_path):
+    pytest.importorskip("tensorboard", reason="pip install tensorboard")
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from gpu_task_scheduler.records.tensorboard import scalar
+
+    folder, root = hostile_root
+    target = tmp_path / "tb"
+    out, err = export(root, "tensorboard", str(target), cwd=folder)
+    assert "3 new run(s), 6 new step(s)" in out
+    assert "TensorBoard's steps are whole numbers" in err
+    for name in ("kind-bad,", "kind-good,", "kind-fine,"):
+        steps = {
+            (event.step, value.tag)
+            for path in glob.glob(str(target / name / "*tfevents*"))
+            for event in EventFileLoader(path).Load()
+            for value in event.summary.value
+            if value.tag == "acc@1" and scalar(value) is not None
+        }
+        assert (1, "acc@1") in steps and (2, "acc@1") in steps
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b'{"root": "%s", "runs": {"kind-bad,": "x", "kind-good,": {"step": "2", "status": null}}}', b"{not json", b"fifo"],
+    ids=["entries", "json", "fifo"],
+)
+def test_a_damaged_or_hostile_export_record_starts_afresh_with_a_message(hostile_root, tmp_path, damage):
+    folder, root = hostile_root
+    target = tmp_path / "wb"
+    target.mkdir()
+    record = target / "gts-export.json"
+    if damage == b"fifo":
+        os.mkfifo(record)  # never opened blocking: the export does not wait for a writer
+    else:
+        record.write_bytes(damage.replace(b"%s", json.dumps(root)[1:-1].encode()))
+    out, err = export(root, "tensorboard", str(target), cwd=folder)
+    assert "gts export:" in err and ("damaged" in err or "not an export's record" in err)
+    assert "3 new run(s)" in out  # each run whose record was damaged, or missing, exported afresh
+    saved = json.loads(record.read_text())
+    assert set(saved["runs"]) >= {"kind-bad,", "kind-good,", "kind-fine,"}
+    assert all(saved["runs"][name]["step"] == 2 for name in ("kind-bad,", "kind-good,", "kind-fine,"))
+
+
+def test_hparams_sessions_are_written_once_a_run_ended_with_its_final_status(tmp_path):
+    """No session while a run is running; the first export that finds it ended writes it, with a
+    failure status for a failed run."""
+    pytest.importorskip("tensorboard", reason="pip install tensorboard")
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.status import RunStatus
+    from gpu_task_scheduler.reports.export import to_tensorboard
+
+    root = tmp_path / "root"
+    (root / "a,").mkdir(parents=True)
+    with Ledger(RootPaths(str(root))) as ledger:
+        ledger.mark_running(name="a,", run_index=0, config_hash="h", slot="cpu0", token="t", work_dir=str(root / "a,"))
+    target = tmp_path / "tb"
+
+    def ends():
+        found = []
+        for path in glob.glob(str(target / "a," / "*tfevents*")):
+            for event in EventFileLoader(path).Load():
+                for value in event.summary.value:
+                    if value.tag == metadata.SESSION_END_INFO_TAG:
+                        data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                        found.append(data.session_end_info.status)
+        return found
+
+    to_tensorboard(str(root), str(target))
+    assert ends() == []  # running: no session yet
+    with Ledger(RootPaths(str(root))) as ledger:
+        ledger.finish("a,", RunStatus.FAILED, exit_code=1, cause="the command failed")
+    to_tensorboard(str(root), str(target))
+    assert ends() == [api_pb2.STATUS_FAILURE]
+    to_tensorboard(str(root), str(target))
+    assert ends() == [api_pb2.STATUS_FAILURE]  # written once

@@ -25,13 +25,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from typing import Any
 
 from ..errors import ConfigError
+from ..finite import step_problem
 from ..recordclass import Record
 from ..records.metrics import Point, run_points
-from ..records.paths import atomic_write_json
+from ..records.paths import atomic_write_json, read_json
 from ..records.provenance import short
 from ..records.status import RunStatus
 
@@ -122,25 +124,33 @@ def _number(value: Any) -> bool:
 
 
 class _State:
-    """What each run was exported with, in an export folder (written whole, by a rename)."""
+    """What each run was exported with, in an export folder (written whole, by a rename). Read as
+    hostile: never a link or a FIFO (read through ``read_json``, which never blocks), every entry's
+    shape checked; a damaged record, or a damaged entry of one run, starts that export afresh, said."""
 
-    def __init__(self, folder: str, root: str) -> None:
+    def __init__(self, folder: str, root: str, counts: Counts) -> None:
         self.path = os.path.join(folder, STATE_FILE)
         self.root = os.path.abspath(root)
-        try:
-            with open(self.path) as handle:
-                saved = json.load(handle)
-        except FileNotFoundError:
-            saved = {"root": self.root, "runs": {}}
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"{self.path} cannot be read ({error}): export to another folder") from None
+        saved: Any = read_json(self.path) if os.path.lexists(self.path) else {"root": self.root, "runs": {}}
         if not isinstance(saved, dict) or not isinstance(saved.get("runs"), dict):
-            raise ConfigError(f"{self.path} is not an export's record: export to another folder")
+            counts.note(f"{self.path} is not an export's record (damaged, or not a file): the export starts afresh")
+            saved = {"root": self.root, "runs": {}}
         if saved.get("root") != self.root:
             raise ConfigError(
                 f"{folder} holds the export of another root ({saved.get('root')}): export to another folder"
             )
-        self.runs: dict[str, dict[str, Any]] = saved["runs"]
+        self.runs: dict[str, dict[str, Any]] = {}
+        damaged = []
+        for name, entry in saved["runs"].items():
+            if _entry_problem(name, entry) is None:
+                self.runs[name] = entry
+            else:
+                damaged.append(name)
+        if damaged:
+            counts.note(
+                f"{self.path}: the record of {len(damaged)} run(s) is damaged ({', '.join(damaged[:3])}): "
+                "they are exported afresh"
+            )
 
     def of(self, name: str) -> dict[str, Any]:
         return self.runs.setdefault(name, {"step": None, "status": None, "session": False})
@@ -149,14 +159,53 @@ class _State:
         atomic_write_json(self.path, {"root": self.root, "runs": self.runs})
 
 
+def _entry_problem(name: str, entry: Any) -> str | None:
+    """Why a run's entry of ``gts-export.json`` is damaged (None: it is whole).
+
+    >>> _entry_problem("a,", {"step": 3, "status": "succeeded", "session": True})
+    >>> _entry_problem("a,", "x"), _entry_problem("a,", {"step": "3", "status": None, "session": False})
+    ('not a mapping', 'a step that is none')
+    """
+    if not isinstance(entry, dict):
+        return "not a mapping"
+    if name == "":  # the experiment's own entry (TensorBoard's HParams summary)
+        return None if isinstance(entry.get("experiment"), str) else "no experiment"
+    if entry.get("step") is not None and step_problem(entry.get("step")) is not None:
+        return "a step that is none"
+    if not isinstance(entry.get("status"), (str, type(None))) or not isinstance(entry.get("session", False), bool):
+        return "a status or session of another kind"
+    if "id" in entry and not (isinstance(entry["id"], str) and entry["id"].isascii() and entry["id"].isalnum()):
+        return "an id of another kind"
+    return None
+
+
 def new_points(run: ExportedRun, after: float | None) -> list[Point]:
     """The run's points past the step exported last."""
     return [point for point in run.curve if after is None or point[0] > after]
 
 
 class Counts:
+    """What an export added, and what it could not export (each kind said once, with examples)."""
+
     def __init__(self) -> None:
         self.runs = self.points = self.states = 0
+        self.notes: list[str] = []
+        self._left: dict[str, list[str]] = {}  # why -> the points left out for it
+
+    def note(self, words: str) -> None:
+        self.notes.append(words)
+
+    def leave_out(self, why: str, what: str) -> None:
+        """A value the tracker cannot store, left out (``why``: the kind, said once)."""
+        self._left.setdefault(why, []).append(what)
+
+    def said(self) -> list[str]:
+        """Every note, and each kind of value left out with how many and the first few."""
+        left = [
+            f"{len(items)} value(s) not exported: {why} ({', '.join(items[:3])}{', ...' if len(items) > 3 else ''})"
+            for why, items in self._left.items()
+        ]
+        return [*self.notes, *left]
 
     def __str__(self) -> str:
         return f"{self.runs} new run(s), {self.points} new step(s), {self.states} new state(s)"
@@ -177,7 +226,8 @@ def to_tensorboard(root: str, folder: str) -> Counts:
         raise ConfigError("gts export --to tensorboard needs TensorBoard: pip install tensorboard") from None
     runs = gather(root)
     os.makedirs(folder, exist_ok=True)
-    state, counts = _State(folder, root), Counts()
+    counts = Counts()
+    state = _State(folder, root, counts)
     statuses = {
         "succeeded": api_pb2.STATUS_SUCCESS,
         "failed": api_pb2.STATUS_FAILURE,
@@ -217,10 +267,11 @@ def to_tensorboard(root: str, folder: str) -> Counts:
             if done["step"] is None and done["status"] is None:
                 counts.runs += 1
             for step, values in new_points(run, done["step"]):
-                if not float(step).is_integer():
-                    continue  # TensorBoard's steps are whole numbers
-                write(where, [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()], step)
                 done["step"] = step
+                if not float(step).is_integer():
+                    counts.leave_out("TensorBoard's steps are whole numbers", f"{run.name} at step {step:g}")
+                    continue
+                write(where, [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()], step)
                 counts.points += 1
             last = done["step"] if done["step"] is not None else 0
             if not run.running and not done["session"]:
@@ -266,62 +317,124 @@ def to_mlflow(root: str, uri: str) -> Counts:
     """Export ``root`` to the MLflow tracking store ``uri`` (``sqlite:///sweep.db``, a folder, a server)."""
     try:
         from mlflow.entities import Metric, Param, RunTag
+        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
     except ImportError:
         raise ConfigError("gts export --to mlflow needs MLflow: pip install mlflow") from None
     runs = gather(root)
     client, counts = MlflowClient(tracking_uri=uri), Counts()
     absolute = os.path.abspath(root)
+    root_id = _root_id(absolute)
     name = f"gts: {sweep_name(root)}"
     experiment = client.get_experiment_by_name(name)
     experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(name)
-    found = client.search_runs(
-        [experiment_id], filter_string=f"tags.`gts.root` = '{_quoted(absolute)}'", max_results=50000
-    )
+    found = _mlflow_runs_of(client, experiment_id, absolute, root_id)
     parent = next((r for r in found if r.data.tags.get("gts.parent") == "true"), None)
     if parent is None:
-        parent = client.create_run(
-            experiment_id, run_name=sweep_name(root), tags={"gts.root": absolute, "gts.parent": "true"}
-        )
+        tags = {"gts.root": absolute, "gts.root_id": root_id, "gts.parent": "true"}
+        parent = client.create_run(experiment_id, run_name=sweep_name(root), tags=tags)
     children = {r.data.tags.get("gts.run"): r for r in found if r.data.tags.get("gts.parent") != "true"}
     finished = {"succeeded": "FINISHED", "failed": "FAILED", "timed_out": "FAILED"}
     for run in runs:
-        child = children.get(run.name)
-        if child is None:
-            tags = {"gts.root": absolute, "gts.run": run.name, "mlflow.parentRunId": parent.info.run_id}
-            child = client.create_run(experiment_id, run_name=run.name, tags=tags)
-            params = [Param(k, _text(v)) for k, v in run.params.items()]
-            for at in range(0, len(params), 100):
-                client.log_batch(child.info.run_id, params=params[at : at + 100])
-            counts.runs += 1
-        run_id, tags_now = child.info.run_id, child.data.tags
-        after = float(tags_now["gts.exported_step"]) if "gts.exported_step" in tags_now else None
-        points = new_points(run, after)
-        stamp = int(time.time() * 1000)
-        batch = [
-            Metric(k, v, stamp, int(step))
-            for step, values in points
-            if float(step).is_integer()
-            for k, v in values.items()
-        ]
-        for at in range(0, len(batch), 1000):
-            client.log_batch(run_id, metrics=batch[at : at + 1000])
-        counts.points += len(points)
-        new_tags = {k: v for k, v in run.tags.items() if tags_now.get(k) != v}
-        if points:
-            new_tags["gts.exported_step"] = repr(points[-1][0])
-        if new_tags:
-            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in new_tags.items()])
-        if tags_now.get("gts.status") != run.status:
-            counts.states += 1
-            if not run.running:
-                client.set_terminated(run_id, status=finished.get(run.status, "KILLED"))
+        try:
+            child = children.get(run.name)
+            if child is None:
+                tags = {"gts.root": absolute, "gts.root_id": root_id, "gts.run": run.name}
+                child = client.create_run(
+                    experiment_id, run_name=run.name, tags={**tags, "mlflow.parentRunId": parent.info.run_id}
+                )
+                params = [Param(mlflow_name(k), _text(v)[:6000]) for k, v in run.params.items()]
+                for at in range(0, len(params), 100):
+                    client.log_batch(child.info.run_id, params=params[at : at + 100])
+                counts.runs += 1
+            run_id, tags_now = child.info.run_id, child.data.tags
+            after = _exported_step(tags_now.get("gts.exported_step"))
+            points = new_points(run, after)
+            stamp = int(time.time() * 1000)
+            batch: list[Any] = []
+            for step, values in points:
+                if not float(step).is_integer():
+                    counts.leave_out("MLflow's steps are whole numbers", f"{run.name} at step {step:g}")
+                    continue
+                batch.extend(Metric(mlflow_name(k), v, stamp, int(step)) for k, v in values.items())
+            for at in range(0, len(batch), 1000):
+                client.log_batch(run_id, metrics=batch[at : at + 1000])
+            counts.points += len(points)
+            new_tags = {k: v for k, v in run.tags.items() if tags_now.get(k) != v}
+            names = {k for k in run.params} | {k for _, values in run.curve for k in values}
+            for original in sorted(names):  # a name MLflow refuses: the original kept beside it
+                mapped = mlflow_name(original)
+                if mapped != original and tags_now.get(f"gts.name.{mapped}") != original:
+                    new_tags[f"gts.name.{mapped}"] = original[:5000]
+            if points:
+                new_tags["gts.exported_step"] = repr(points[-1][0])
+            if new_tags:
+                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in new_tags.items()])
+            if tags_now.get("gts.status") != run.status:
+                counts.states += 1
+                if not run.running:
+                    client.set_terminated(run_id, status=finished.get(run.status, "KILLED"))
+        except MlflowException as error:  # this run only: the others are exported, and it is tried again next time
+            counts.note(f"{run.name}: not exported to MLflow ({str(error).splitlines()[0][:300]})")
     client.set_terminated(parent.info.run_id, status="RUNNING" if any(r.running for r in runs) else "FINISHED")
     return counts
 
 
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
+def _root_id(absolute: str) -> str:
+    """A root's id in MLflow's tags: hex digits, which a filter string holds as they are (no quoting
+    in MLflow's filter language holds a value with both ``'`` and ``"``)."""
+    from ..digest import sha256_hex
+
+    return sha256_hex(absolute)[:32]
+
+
+def _mlflow_runs_of(client: Any, experiment_id: str, absolute: str, root_id: str) -> list[Any]:
+    """The runs an earlier export of the root made: by its id, or, for an export made before roots
+    had ids, by its path where a filter can hold it; each checked against the path itself."""
+    found = client.search_runs([experiment_id], filter_string=f"tags.`gts.root_id` = '{root_id}'", max_results=50000)
+    if not found:
+        quote = "'" if "'" not in absolute else '"' if '"' not in absolute else None
+        if quote is not None:
+            where = f"tags.`gts.root` = {quote}{absolute}{quote}"
+            found = client.search_runs([experiment_id], filter_string=where, max_results=50000)
+    return [run for run in found if run.data.tags.get("gts.root") == absolute]
+
+
+_MLFLOW_NAME = re.compile(r"[A-Za-z0-9_.\- /]+")  # what every MLflow store takes (a Windows one: no colon)
+
+
+def mlflow_name(name: str) -> str:
+    """``name`` as MLflow takes it: unchanged if it can, else each other character as ``_`` and a
+    digest of the original after it, the same every time (so a second export adds nothing) and
+    never another name's.
+
+    >>> mlflow_name("val/loss"), mlflow_name("acc@1"), mlflow_name("../up")
+    ('val/loss', 'acc_1-71dfc155', '_._up-8c722b8a')
+    """
+    if _MLFLOW_NAME.fullmatch(name) and len(name) <= 200 and not _mlflow_path_problem(name):
+        return name
+    from ..digest import sha256_hex
+
+    # No '/' and no leading '.': nothing a path would change
+    shown = re.sub(r"^\.|[^A-Za-z0-9_.\- ]", "_", name)[:190] or "_"
+    return f"{shown}-{sha256_hex(name)[:8]}"
+
+
+def _mlflow_path_problem(name: str) -> bool:
+    """MLflow stores a name as a path: one that a path would change (``a//b``, ``./a``, ``..``) is refused."""
+    import posixpath
+
+    normal = posixpath.normpath(name)
+    return normal != name or normal == "." or normal.startswith(("..", "/"))
+
+
+def _exported_step(text: Any) -> float | None:
+    """The step an earlier export reached, from its tag (None: none, or a tag that is no step)."""
+    try:
+        step = float(text)
+    except (TypeError, ValueError):
+        return None
+    return step if step_problem(step) is None else None
 
 
 def _text(value: Any) -> str:
@@ -339,7 +452,8 @@ def to_wandb(root: str, folder: str) -> Counts:
         raise ConfigError("gts export --to wandb needs W&B: pip install wandb") from None
     runs = gather(root)
     os.makedirs(folder, exist_ok=True)
-    state, counts = _State(folder, root), Counts()
+    counts = Counts()
+    state = _State(folder, root, counts)
     group = sweep_name(root)
     try:
         for run in runs:

@@ -5,6 +5,7 @@ what is new."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..shared import formatter
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         folder = where[0] if where else "."
         counts = export.to_wandb(args.root, folder)
         print(f"{counts}; upload them with: wandb sync {folder}/wandb/offline-run-*")
+    for words in counts.said():
+        print(f"gts export: {words}", file=sys.stderr)
     return 0
 
 

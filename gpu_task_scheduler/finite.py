@@ -47,3 +47,17 @@ def step_problem(value: Any) -> str | None:
     if value > MAX_STEP:
         return "it is above 2**53"
     return None
+
+
+def ascii_int(text: str, *, most: int = 18) -> int | None:
+    """The whole number ``text`` spells in ASCII digits (at most ``most`` of them), or None: the one
+    rule for a number read back from a name or a file the product did not write alone (a folder
+    name, a queue entry, a count in a file, Slurm's answers). ``str.isdigit`` is no such rule: it is
+    true of ``'²'`` and ``'٣'``, and ``int('²')`` raises.
+
+    >>> ascii_int("12"), ascii_int("²"), ascii_int("٣"), ascii_int(""), ascii_int("-1"), ascii_int("1" * 19)
+    (12, None, None, None, None, None)
+    """
+    if 0 < len(text) <= most and text.isascii() and text.isdigit():
+        return int(text)
+    return None

@@ -28,6 +28,8 @@ import signal
 import time
 from collections.abc import Container, Iterable
 
+from .finite import ascii_int
+
 TOKEN_ENV = "GTS_RUN_TOKEN"
 _PROC = "/proc"
 
@@ -86,7 +88,7 @@ def _pids(above: int = 0, upto: int | None = None) -> Iterable[int]:
     if upto is not None and above > 0 and 0 <= upto - above <= _RANGE_LOOKUP:
         return range(above + 1, upto + 1)
     try:
-        return [pid for pid in (int(entry) for entry in os.listdir(_PROC) if entry.isdigit()) if pid > above]
+        return [pid for pid in map(ascii_int, os.listdir(_PROC)) if pid is not None and pid > above]
     except OSError:
         return []
 

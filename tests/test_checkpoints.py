@@ -179,3 +179,24 @@ def test_checkpoints_set_aside_by_fresh_attempts_are_bounded_and_gts_clean_remov
     assert [name for name in os.listdir(logs) if name.endswith("-checkpoint")] == [kept[-1]]
     assert "removed 1 checkpoint(s) set aside by fresh attempts, of 1 run(s)" in capsys.readouterr().out
     assert json.loads((root / "a-1," / ".gts" / "checkpoint" / "state.json").read_text())["step"] == 2
+
+
+@pytest.mark.parametrize("odd", ["attempt-²-checkpoint", "attempt-٣-checkpoint", "attempt--1-checkpoint"])
+def test_a_folder_named_like_a_set_aside_checkpoint_but_not_one_is_left_alone_said(in_tmp, capsys, caplog, odd):
+    """A name read back from a folder is parsed by one rule (ASCII digits): ``'²'.isdigit()`` is
+    true and ``int('²')`` fails, which crashed a run's fresh retry and ``gts clean`` at every start."""
+    from gpu_task_scheduler.cli.main import main as gts
+
+    root, journal = in_tmp / "r", str(in_tmp / "journal")
+    config = make_config(root, [{"a": [1]}], global_config={"steps": 2, "journal": journal})
+    assert GPUTaskScheduler(config, tasks.CheckpointTask).start().ok
+    logs = root / "a-1," / ".gts" / "logs"
+    (logs / odd).mkdir(parents=True)
+    (logs / odd / "keep").write_text("the user's")
+    config["scheduler_config"]["force_rerun"] = True
+    for _ in range(3):  # fresh attempts, each setting its checkpoint aside
+        assert GPUTaskScheduler(config, tasks.CheckpointTask).start().ok
+    assert f"{odd} left alone: not a checkpoint set aside by gts" in caplog.text
+    assert gts(["clean", str(root)]) == 0
+    assert (logs / odd / "keep").read_text() == "the user's"
+    assert sorted(name for name in os.listdir(logs) if name.endswith("-checkpoint")) == [odd]

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from ..finite import ascii_int
 from ..recordclass import Record, field
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -135,8 +136,9 @@ class GpuMonitor:
         handle = self._handles.get(gpu_id)
         if handle is None:
             nvml = self._nvml
-            if gpu_id.isdigit():
-                handle = nvml.nvmlDeviceGetHandleByIndex(int(gpu_id))
+            index = ascii_int(gpu_id)
+            if index is not None:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
             else:
                 handle = nvml.nvmlDeviceGetHandleByUUID(gpu_id)
             self._handles[gpu_id] = handle
@@ -174,7 +176,7 @@ class GpuMonitor:
         after = nvml.nvmlDeviceGetMemoryInfo(handle)
         memory = after if int(after.free) <= int(before.free) else before
         return GpuState(
-            index=int(gpu_id) if gpu_id.isdigit() else None,
+            index=ascii_int(gpu_id),
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             name=_text(nvml.nvmlDeviceGetName(handle)),
             total_memory=int(memory.total),

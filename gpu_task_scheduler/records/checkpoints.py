@@ -43,12 +43,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 from collections.abc import Callable, Iterator
 
+from ..finite import ascii_int
 from ..recordclass import Record, field
 from .paths import RunPaths, UnsafePathError, step_name
+
+logger = logging.getLogger("gpu_task_scheduler")
 
 SNAPSHOTS = "snapshots"
 CHECKPOINT = "checkpoint"
@@ -383,12 +387,20 @@ def _keep_newest(paths: RunPaths, logs: int, keep: int) -> list[str]:
     """Remove all but the ``keep`` newest (by attempt) checkpoints set aside in the folder ``logs``
     (named as ``paths.old_checkpoint`` names them): the names removed."""
     prefix, _, suffix = os.path.basename(paths.old_checkpoint(0)).partition("0")
-    found = []
+    found, odd = [], []
     with os.scandir(logs) as entries:
         for entry in entries:
-            middle = entry.name[len(prefix) : len(entry.name) - len(suffix)]
-            if entry.name.startswith(prefix) and entry.name.endswith(suffix) and middle.isdigit():
-                found.append((int(middle), entry.name))
+            if not (entry.name.startswith(prefix) and entry.name.endswith(suffix)):
+                continue
+            attempt = ascii_int(entry.name[len(prefix) : len(entry.name) - len(suffix)])
+            if attempt is None:
+                odd.append(entry.name)
+            else:
+                found.append((attempt, entry.name))
+    if odd:  # not one of ours (ours are attempt-N-checkpoint, N in ASCII digits): left alone
+        logger.warning(
+            "%s: %s left alone: not a checkpoint set aside by gts", paths.old_logs, ", ".join(sorted(odd)[:3])
+        )
     removed = [name for _, name in sorted(found, reverse=True)[keep:]]
     for name in removed:
         _remove(name, logs)

@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 
 from ...errors import GTSError
+from ...finite import ascii_int
 from ...recordclass import Record
 
 CALL_TIMEOUT = 60.0  # seconds one call of a Slurm command may take (slurmctld can be slow, never forever)
@@ -64,7 +65,7 @@ def submissions_in_flight(job_names: Iterable[str]) -> list[int]:
     wanted = {f"--job-name={name}".encode() for name in job_names}
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
+        if ascii_int(entry) is None:
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
@@ -80,7 +81,7 @@ def submit(args: Sequence[str], script: str) -> str:
     """Submit a batch script; the job's id."""
     out = call(["sbatch", "--parsable", *args, script], what="sbatch refused the sweep's runs")
     job = out.strip().splitlines()[-1].split(";")[0] if out.strip() else ""
-    if not job.isdigit():
+    if ascii_int(job) is None:
         raise GTSError(f"sbatch answered {out.strip()!r}, not a job id")
     return job
 
@@ -125,7 +126,7 @@ def jobs_named(name: str) -> dict[str, TaskState]:
     found = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 4 and parts[0].isdigit():
+        if len(parts) == 4 and ascii_int(parts[0]) is not None:
             found[parts[0]] = TaskState(parts[1], parts[2], parts[3])
     return found
 
@@ -192,7 +193,8 @@ def show_config() -> dict[str, str]:
 def max_array_size(config: Mapping[str, str]) -> int:
     """Slurm's MaxArraySize: an array's task indexes are below it."""
     value = config.get("MaxArraySize", "")
-    return int(value) if value.isdigit() else 1001
+    number = ascii_int(value)
+    return number if number is not None else 1001
 
 
 _DEFAULT_MEMORY = ("DefMemPerCPU", "DefMemPerNode", "DefMemPerGPU")

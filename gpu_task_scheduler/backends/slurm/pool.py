@@ -54,6 +54,7 @@ from typing import Any
 
 from ...engine.launcher import Abilities, Attempt, Ended, OnPlaced
 from ...errors import GTSError
+from ...finite import ascii_int
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...recordclass import Record
@@ -633,7 +634,8 @@ class PoolLauncher(Following):
                 text = handle.read(32).strip()
         except (OSError, UnicodeDecodeError):
             return self._p.allocations
-        asked = int(text) if text.isdigit() and 1 <= int(text) <= 10_000 else self._p.allocations
+        number = ascii_int(text)
+        asked = number if number is not None and 1 <= number <= 10_000 else self._p.allocations
         if asked != self._asked:
             logger.info("Slurm pool: keeping %d allocation(s) while runs wait (gts pool)", asked)
             self._asked = asked

@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import time
 
+from ...finite import ascii_int
 from ...records.paths import META, read_json
 
 AGENT_BEAT = 1.0  # seconds between two heartbeats of an agent
@@ -94,7 +95,7 @@ def entry_name(seq: int, token: str) -> str:
 def token_of(entry: str) -> str | None:
     """The attempt's token in a queue entry's name, or None for a name that is no entry."""
     parts = entry.split(".")
-    if len(parts) == 3 and parts[0].isdigit() and parts[2] == "json" and parts[1]:
+    if len(parts) == 3 and ascii_int(parts[0]) is not None and parts[2] == "json" and parts[1]:
         return parts[1]
     return None
 

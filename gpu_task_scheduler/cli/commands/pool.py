@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from ...finite import ascii_int
 from ..shared import EXIT_OK, formatter, root_of
 
 
@@ -28,9 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _at_least_one(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    number = ascii_int(text)
+    if number is None or number < 1:
         raise argparse.ArgumentTypeError(f"an integer >= 1, not {text!r}")
-    return int(text)
+    return number
 
 
 def add(sub: Any) -> None:

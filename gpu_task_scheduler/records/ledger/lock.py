@@ -15,6 +15,7 @@ import signal
 import time
 
 from ...errors import LedgerError, SchedulerBusyError
+from ...finite import ascii_int
 from ..paths import RootPaths, open_regular, root_records_problem
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -211,8 +212,8 @@ def scheduler_process(root: str) -> tuple[bool | None, int | None, str]:
     wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     for line in table:
         fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted and fields[4].isdigit():
-            pid = int(fields[4])  # held; by a live scheduler, or only by its leftovers
+        pid = ascii_int(fields[4]) if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted else None
+        if pid is not None:  # held; by a live scheduler, or only by its leftovers
             return _pid_alive(pid), pid, holder
     return False, None, holder
 
@@ -220,9 +221,8 @@ def scheduler_process(root: str) -> tuple[bool | None, int | None, str]:
 def _parse_holder(text: str) -> tuple[int | None, str | None]:
     """``pid 12 on host h`` -> ``(12, 'h')``."""
     parts = text.split()
-    if len(parts) == 5 and parts[0] == "pid" and parts[2:4] == ["on", "host"] and parts[1].isdigit():
-        return int(parts[1]), parts[4]
-    return None, None
+    pid = ascii_int(parts[1]) if len(parts) == 5 and parts[0] == "pid" and parts[2:4] == ["on", "host"] else None
+    return (pid, parts[4]) if pid is not None else (None, None)
 
 
 def _pid_alive(pid: int) -> bool:

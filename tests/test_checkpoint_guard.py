@@ -219,3 +219,26 @@ def test_a_copy_given_up_stops_between_files_and_leaves_nothing(tmp_path):
     with pytest.raises(checkpoints.Cancelled):
         checkpoints.take_snapshot(paths, 4, cancelled=cancelled)
     assert os.listdir(paths.meta + "/snapshots") == []
+
+
+def test_a_checkpoint_nested_990_folders_deep_is_refused_with_a_reason_and_removed_whole(tmp_path):
+    """Copying it would hold two descriptors a level and recurse past Python's limit (a
+    RecursionError made every snapshot of it 'unsaved' with no word why): it is refused, saying so,
+    leaving nothing; and removing such a folder (an old checkpoint, a set-aside one) works at any depth."""
+    member = _member(tmp_path / "root", "m,", {"weights.pt": b"w"})
+    deep = member.checkpoint
+    for _ in range(990):  # os.makedirs recurses once a level
+        deep = os.path.join(deep, "d")
+        os.mkdir(deep)
+    with open(os.path.join(deep, "leaf"), "w") as handle:
+        handle.write("x")
+    with pytest.raises(checkpoints.TooDeep, match="nested deeper than 100 folders"):
+        checkpoints.take_snapshot(member, 4)
+    assert not os.path.exists(os.path.join(member.meta, "snapshots", "4.new"))
+    assert os.listdir(os.path.join(member.meta, "snapshots")) == []
+    checkpoints.set_aside(member, 1, keep=0)  # a fresh attempt: the old checkpoint set aside, none kept
+    assert not os.path.exists(member.old_checkpoint(1)) and not os.path.exists(member.checkpoint)
+    shallow = _member(tmp_path / "root", "n,", {"weights.pt": b"w"})
+    os.makedirs(os.path.join(shallow.checkpoint, *["d"] * checkpoints.MAX_DEPTH))
+    checkpoints.take_snapshot(shallow, 4)  # as deep as a copy goes: copied
+    assert os.path.isdir(os.path.join(shallow.meta, "snapshots", "4", *["d"] * checkpoints.MAX_DEPTH))

@@ -29,6 +29,8 @@ swap a folder on the way for a link while a copy waits. So:
   ``latest -> step-12`` keeps working, and nothing outside is read;
 * a FIFO, a socket or a device inside a checkpoint is never opened (opening a FIFO blocks until a
   writer comes): it is left out of the copy, and the caller is told its name;
+* a checkpoint that nests folders deeper than ``MAX_DEPTH`` (100) is not copied, and the copy says
+  so (a copy holds two descriptors a level); removing one works at any depth (a loop, not a recursion);
 * a file's holes are copied as holes (``SEEK_DATA``/``SEEK_HOLE``): a sparse 512 MiB file that takes
   no disk space takes none in its copies either.
 
@@ -60,6 +62,13 @@ _CHUNK = 1 << 30
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+MAX_DEPTH = 100  # folders in folders a copy goes down: past it, the copy is refused (TooDeep), not half made
+
+
+class TooDeep(OSError):
+    """A checkpoint nests folders deeper than :data:`MAX_DEPTH`: it is not copied."""
 
 
 class Cancelled(OSError):
@@ -199,9 +208,17 @@ def _copy_file(name: str, src_dir: int, dst_dir: int, shown: str, skipped: list[
 
 
 def _copy_tree(
-    src_dir: int, dst_dir: int, shown: str, skipped: list[str], cancelled: Callable[[], bool] | None = None
+    src_dir: int,
+    dst_dir: int,
+    shown: str,
+    skipped: list[str],
+    cancelled: Callable[[], bool] | None = None,
+    depth: int = 0,
 ) -> None:
-    """The entries of the folder ``src_dir`` into the (empty) folder ``dst_dir``."""
+    """The entries of the folder ``src_dir`` into the (empty) folder ``dst_dir``; :class:`TooDeep`
+    for folders nested deeper than :data:`MAX_DEPTH` (each level holds two descriptors)."""
+    if depth > MAX_DEPTH:
+        raise TooDeep(errno.EMLINK, f"nested deeper than {MAX_DEPTH} folders, not copied", shown)
     with os.scandir(src_dir) as entries:
         listed = [(entry.name, entry.stat(follow_symlinks=False).st_mode) for entry in entries]
     for name, mode in sorted(listed):
@@ -218,7 +235,7 @@ def _copy_tree(
                 os.mkdir(name, stat.S_IMODE(os.fstat(inner).st_mode) | 0o700, dir_fd=dst_dir)
                 made = _open_dir(name, dst_dir, where)
                 try:
-                    _copy_tree(inner, made, where, skipped, cancelled)
+                    _copy_tree(inner, made, where, skipped, cancelled, depth + 1)
                 finally:
                     os.close(made)
             finally:
@@ -228,7 +245,8 @@ def _copy_tree(
 
 
 def _remove(name: str, dir_fd: int) -> None:
-    """Remove ``name`` in ``dir_fd`` (a folder with all it holds), following no link."""
+    """Remove ``name`` in ``dir_fd`` (a folder with all it holds), following no link. A loop, not
+    a recursion: a folder nested 990 deep (a run may write one) is removed like any other."""
     try:
         mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
     except FileNotFoundError:
@@ -237,14 +255,33 @@ def _remove(name: str, dir_fd: int) -> None:
         os.unlink(name, dir_fd=dir_fd)
         return
     inner = _open_dir(name, dir_fd, name)
+    opened = [(dir_fd, name, inner, _names(inner))]  # the folders on the way down, each with what is left in it
     try:
-        with os.scandir(inner) as entries:
-            names = [entry.name for entry in entries]
-        for entry in names:
-            _remove(entry, inner)
+        while opened:
+            parent, folder, fd, left = opened[-1]
+            if not left:
+                opened.pop()
+                os.close(fd)
+                os.rmdir(folder, dir_fd=parent)
+                continue
+            entry = left.pop()
+            try:
+                mode = os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(mode):
+                below = _open_dir(entry, fd, entry)
+                opened.append((fd, entry, below, _names(below)))
+            else:
+                os.unlink(entry, dir_fd=fd)
     finally:
-        os.close(inner)
-    os.rmdir(name, dir_fd=dir_fd)
+        for _, _, fd, _ in opened:
+            os.close(fd)
+
+
+def _names(folder: int) -> list[str]:
+    with os.scandir(folder) as entries:
+        return [entry.name for entry in entries]
 
 
 def _copy_into(

@@ -31,7 +31,7 @@ from gpu_task_scheduler.records.paths import RunPaths
 from gpu_task_scheduler.records.resume import last_step
 from gpu_task_scheduler.tuning.pbt import EXPLOIT
 
-POINT, NOTE = sys.argv[1], sys.argv[2]
+POINT = NOTE = ""  # set by main()
 decided: list[str] = []  # the member whose exploit this start decided first
 exploiting: list[str] = []  # the member whose exploit this start is making
 
@@ -64,9 +64,6 @@ def _decided(args, kwargs, result):
     return None
 
 
-after(pauses.Pauses, "reached", "", _decided)
-after(Ledger, "commit", "decided", lambda args, kwargs, result: decided[0] if decided else None)
-
 original_resuming = pauses.Pauses.resuming
 
 
@@ -79,15 +76,17 @@ def resuming(self, spec):
     return original_resuming(self, spec)
 
 
-pauses.Pauses.resuming = resuming
-after(checkpoints, "install", "installed", lambda args, kwargs, result: exploiting[0] if exploiting else None)
-after(pauses, "go_on_from", "set-aside", lambda args, kwargs, result: exploiting[0] if exploiting else None)
-after(Ledger, "mark_running", "committed", lambda args, kwargs, result: _if_member(kwargs["name"]))
-after(prepare, "_prepare_folder", "prepared", lambda args, kwargs, result: _if_member(args[0].name))
-
-
 def _if_member(name):
     return name if exploiting and name == exploiting[0] else None
 
 
-sys.exit(main(sys.argv[3:]))
+if __name__ == "__main__":  # imported (pytest's doctest collection), it changes nothing
+    POINT, NOTE = sys.argv[1], sys.argv[2]
+    after(pauses.Pauses, "reached", "", _decided)
+    after(Ledger, "commit", "decided", lambda args, kwargs, result: decided[0] if decided else None)
+    pauses.Pauses.resuming = resuming
+    after(checkpoints, "install", "installed", lambda args, kwargs, result: exploiting[0] if exploiting else None)
+    after(pauses, "go_on_from", "set-aside", lambda args, kwargs, result: exploiting[0] if exploiting else None)
+    after(Ledger, "mark_running", "committed", lambda args, kwargs, result: _if_member(kwargs["name"]))
+    after(prepare, "_prepare_folder", "prepared", lambda args, kwargs, result: _if_member(args[0].name))
+    sys.exit(main(sys.argv[3:]))

@@ -242,3 +242,24 @@ def test_a_checkpoint_nested_990_folders_deep_is_refused_with_a_reason_and_remov
     os.makedirs(os.path.join(shallow.checkpoint, *["d"] * checkpoints.MAX_DEPTH))
     checkpoints.take_snapshot(shallow, 4)  # as deep as a copy goes: copied
     assert os.path.isdir(os.path.join(shallow.meta, "snapshots", "4", *["d"] * checkpoints.MAX_DEPTH))
+
+
+def test_a_snapshot_given_up_after_its_last_file_before_it_is_put_in_place_leaves_nothing(tmp_path):
+    """``cancelled`` is asked once a file (two files here, so twice) and once more before the
+    rename: given up at that last moment, the whole copy is gone and no snapshot is in place; an
+    earlier snapshot of the same step stays as it was."""
+    paths = _member(tmp_path / "root", "m0", {"a.pt": b"1", "b.pt": b"2"})
+    checkpoints.take_snapshot(paths, 8)  # an earlier one, which a given-up copy must not touch
+    asked = []
+
+    def cancelled():
+        asked.append(True)
+        return len(asked) == 3  # not between files: only before the copy is put in place
+
+    with pytest.raises(checkpoints.Cancelled):
+        checkpoints.take_snapshot(paths, 4, cancelled=cancelled)
+    assert len(asked) == 3
+    assert sorted(os.listdir(os.path.join(paths.meta, "snapshots"))) == ["8"]
+    with pytest.raises(checkpoints.Cancelled):  # given up again over the snapshot of 8 being taken anew
+        checkpoints.take_snapshot(paths, 8, cancelled=lambda: True)
+    assert sorted(os.listdir(os.path.join(paths.meta, "snapshots", "8"))) == ["a.pt", "b.pt"]

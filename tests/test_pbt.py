@@ -488,3 +488,57 @@ def test_a_report_looks_at_a_bounded_number_of_intervals_however_many_there_were
         if step == 1990:
             Counted.looked = 0
     assert Counted.looked < 8 * 10 * 20  # the last 10 intervals' reports: a few tables each, not 2,000
+
+
+def _donor_with(pbt, name, snapshots):
+    """``name`` keeps snapshots of ``(step, value)``, in order (each as a top member's would be)."""
+    state = pbt.members[name]
+    for step, value in snapshots:
+        pbt._keep(state, step, value)
+
+
+@pytest.mark.parametrize(
+    "own, copied",
+    [
+        ({4: 0.5, 8: 0.5, 12: 0.5}, 12),  # each offered one passes: the latest
+        ({4: 0.5, 8: 0.5, 12: 0.15}, 4),  # the latest is worse than the copier's own there: the best, never 8
+        ({4: 0.05, 8: 0.5, 12: 0.15}, None),  # neither passes: 8 (in between) is never offered
+    ],
+)
+def test_a_donor_offers_its_latest_and_its_best_snapshot_and_the_copier_takes_the_latest_that_passes(own, copied):
+    pbt = population([1.0, 2.0])
+    _donor_with(pbt, "m0", [(4, 0.1), (8, 0.3), (12, 0.2)])  # best at 4, latest at 12, 8 in between
+    for interval, value in own.items():
+        pbt._at.setdefault(interval, {})["m1"] = value
+    offered = pbt._offer("m0", "m1", since=0)
+    assert (offered[0] if offered else None) == copied
+
+
+@pytest.mark.parametrize(
+    "snapshot, own, copied",
+    [
+        ((0.3, 1.0), (0.2, 2.0), True),  # worse on loss, better on latency: not dominated, copied
+        ((0.3, 3.0), (0.2, 2.0), False),  # worse on both: dominated, not copied
+        ((0.2, 2.0), (0.2, 2.0), True),  # equal: not worse
+    ],
+)
+def test_with_several_objectives_worse_means_dominated(snapshot, own, copied):
+    pbt = mo_population(2)
+    _donor_with(pbt, "m0", [(4, snapshot)])
+    pbt._at.setdefault(4, {})["m1"] = own
+    assert (pbt._offer("m0", "m1", since=0) is not None) == copied
+
+
+def test_only_the_snapshots_still_needed_are_kept():
+    """The latest and the best of each lineage, those a decided exploit copies, and ``keep`` more
+    before the latest of the best member; no other."""
+    pbt = population([1.0, 2.0, 3.0, 4.0], keep=1)
+    _donor_with(pbt, "m0", [(4, 0.1), (8, 0.3), (12, 0.25), (16, 0.2)])  # best 4, latest 16
+    _donor_with(pbt, "m1", [(4, 0.6), (8, 0.7), (12, 0.8)])
+    pbt.members["m0"].last_value, pbt.members["m1"].last_value = 0.2, 0.8  # m0 is the best member
+    assert pbt.needed_snapshots("m0") == {4, 12, 16}  # best, latest, and keep=1 before the latest
+    assert pbt.needed_snapshots("m1") == {4, 12}  # its best and latest only (not the best member)
+    pbt._exploits["m2"] = Exploit("m2", "m1", 8, {"lr": 1.0})  # decided, not yet made: its snapshot stays
+    assert pbt.needed_snapshots("m1") == {4, 8, 12}
+    pbt.resumed("m2")
+    assert pbt.needed_snapshots("m1") == {4, 12}

@@ -539,3 +539,36 @@ def test_a_snapshot_left_half_copied_by_a_kill_is_cleared_at_the_next_start(in_t
     subprocess.run(argv, cwd=str(in_tmp), check=True, capture_output=True, timeout=180)
     assert all(not (folder / "12.new").exists() for folder in snapshots)
     assert {folder: sorted(os.listdir(folder)) for folder in kept} == kept
+
+
+def test_a_snapshot_that_failed_is_recorded_unsaved_and_no_member_copies_it_after_a_restart(in_tmp, monkeypatch):
+    """The first snapshot's copy fails (a full disk, say) and the sweep is stopped then: the next
+    start replays it as no snapshot, and no member ever copies that member's weights of that step."""
+    from gpu_task_scheduler.records import checkpoints
+    from gpu_task_scheduler.records.control import request_stop
+
+    root = in_tmp / "r"
+    real, failed = checkpoints.take_snapshot, []
+
+    def failing(paths, step, cancelled=None):
+        if not failed:
+            failed.append((os.path.basename(paths.work_dir), float(step)))
+            request_stop(str(root), "now")
+            raise OSError(28, "No space left on device")
+        return real(paths, step, cancelled=cancelled)
+
+    monkeypatch.setattr(checkpoints, "take_snapshot", failing)
+    GPUTaskScheduler(_population(root), tasks.ScheduleTask).start()
+    assert failed, "no snapshot was taken"
+    monkeypatch.setattr(checkpoints, "take_snapshot", real)
+    summary = GPUTaskScheduler(_population(root), tasks.ScheduleTask).start()
+    assert summary.exit_code == 0, summary.report()
+    (member, step) = failed[0]
+    recorded = [
+        json.loads(detail or "{}")
+        for name, kind, rung, decision, detail in _events(root)
+        if name == member and kind == "rung" and decision in ("continue", "yield") and rung is not None
+    ]
+    assert any(found.get("unsaved") for found in recorded), recorded
+    copied = [json.loads(detail) for _, _, _, decision, detail in _events(root) if decision == "exploit"]
+    assert all((found["donor"], float(found["step"])) != (member, step) for found in copied), copied

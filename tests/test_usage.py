@@ -394,3 +394,28 @@ def test_gpu_hours_to_counts_a_run_still_running_then_only_up_to_that_moment(tmp
     for bad in ("loss<=nan", "loss<=inf", "loss" + " " * 20000 + "<=x y"):
         with pytest.raises(ConfigError):
             gpu_hours_to(str(root), bad)
+
+
+def test_a_running_runs_held_time_and_spans_include_its_current_attempt(tmp_path):
+    """Its ended attempts (10 s) and the one running since 100 s (until now, 130 s): 40 s, in the
+    run's record, in the root's total and in its spans."""
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.status import RunStatus
+
+    now = [0.0]
+    with Ledger(RootPaths(str(tmp_path)), clock=lambda: now[0]) as ledger:
+        ledger.mark_running(name="a,", run_index=0, config_hash="h", slot="cpu0", token="t1", work_dir="a,")
+        now[0] = 10.0
+        ledger.finish("a,", RunStatus.INTERRUPTED, cause="stopped")
+        now[0] = 100.0
+        ledger.mark_running(name="a,", run_index=0, config_hash="h", slot="cpu1", token="t2", work_dir="a,")
+        record = ledger.get("a,")
+        assert record is not None and record.status is RunStatus.RUNNING
+        assert record.held_seconds(130.0) == 40.0
+        assert ledger.held_seconds(130.0) == 40.0
+        assert record.attempt_spans(130.0, running=True) == [("cpu0", 0.0, 10.0), ("cpu1", 100.0, 130.0)]
+        now[0] = 150.0
+        ledger.finish("a,", RunStatus.SUCCEEDED)
+        ended = ledger.get("a,")
+        assert ended.held_seconds(1000.0) == 60.0 and ledger.held_seconds(1000.0) == 60.0

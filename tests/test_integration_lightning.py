@@ -75,3 +75,23 @@ def test_a_step_unit_reports_the_global_step_at_each_validation(example, run):
     assert run.steps() == [4, 8, 12, 16]
     with pytest.raises(ValueError, match="GTSCallback\\(unit='batch'\\)"):
         GTSCallback(unit="batch")
+
+
+def test_the_checkpoint_of_a_step_is_in_place_before_that_step_is_reported(example, run, monkeypatch):
+    """The protocol: save, then report. At each report, the run's checkpoint is the one of the epoch
+    just reported (a pause there resumes from it)."""
+    import torch
+
+    run.attempt_at()
+    reported = reporting.report  # the run side's: writes the metrics line
+    seen = []
+
+    def report(step, **metrics):
+        path = os.path.join(run.folder, "checkpoint", "lightning.ckpt")
+        saved = torch.load(path, weights_only=False) if os.path.exists(path) else None
+        seen.append((step, None if saved is None else saved["epoch"]))
+        reported(step, **metrics)
+
+    monkeypatch.setattr(reporting, "report", report)
+    example.train(0.1, 8, 3)
+    assert seen == [(1, 0), (2, 1), (3, 2)]  # the epoch just trained (Lightning counts from 0)

@@ -69,3 +69,21 @@ def test_a_forgotten_resume_is_said_and_save_best_refused(example, run, tmp_path
     model = example.BertForSequenceClassification(tiny)
     with pytest.raises(ValueError, match='save_strategy="best"'):
         Trainer(model=model, args=args, eval_dataset=example.Sequences(8, seed=1), callbacks=[GTSCallback()])
+
+
+def test_resume_from_gives_the_newest_whole_checkpoint_of_several(run):
+    """By step number (checkpoint-100 is newer than checkpoint-20), whole ones only (a folder without
+    trainer_state.json was cut off by a kill in the Trainer's save)."""
+    pytest.importorskip("transformers", reason="the frameworks extra")
+    from gpu_task_scheduler.integrations.transformers import resume_from
+
+    run.attempt_at(resume=100)
+    checkpoints = os.path.join(run.folder, "checkpoint")
+    for step, whole in ((8, True), (20, True), (100, True), (120, False)):
+        os.makedirs(os.path.join(checkpoints, f"checkpoint-{step}"))
+        if whole:
+            with open(os.path.join(checkpoints, f"checkpoint-{step}", "trainer_state.json"), "w") as handle:
+                handle.write("{}")
+    assert resume_from() == os.path.join(checkpoints, "checkpoint-100")
+    run.attempt_at()  # a fresh start: no checkpoint to go on from
+    assert resume_from() is None

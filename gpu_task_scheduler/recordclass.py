@@ -46,7 +46,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from typing_extensions import Self, dataclass_transform
+    from typing import Self, dataclass_transform
 else:
 
     def dataclass_transform(**_: Any) -> Any:  # for type checkers only

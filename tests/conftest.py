@@ -13,6 +13,9 @@ MARK = "GTS_TEST_MARK"
 # suite behaves the same on a machine with GPUs; test_real_gpu.py passes the real bindings in.
 TESTS = os.path.dirname(os.path.abspath(__file__))
 os.environ["GTS_NVML_MODULE"] = "fake_nvml"
+# A process the tests start that hangs is sent SIGABRT before it is killed (finish() in
+# test_process_control.py): with this, it prints every thread's stack first, so a hang says where.
+os.environ["PYTHONFAULTHANDLER"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
 
 # Imported only by runs on a machine with PyTorch (test_real_gpu.py); not a module to collect.

@@ -56,7 +56,14 @@ def _pid(path: str) -> int | None:
 
 
 def _munged_running() -> bool:
-    found = subprocess.run(["pgrep", "-x", "munged"], capture_output=True, check=False)
+    """Whether a munged answers (it encodes a credential). Not whether one is listed: a munged that
+    is stopping, or a zombie not yet reaped, is listed by pgrep; taking it for a live one left the
+    next test Slurm with none (its nodes never registered: "Munge encode failed"), and one that
+    exits after another started removes that one's socket."""
+    try:
+        found = subprocess.run([_sbin("munge"), "-n"], capture_output=True, check=False, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
     return found.returncode == 0
 
 
@@ -208,8 +215,10 @@ def _stop(pid: int | None, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    return  # exited; only not reaped yet
+        except (OSError, IndexError):
             return
         time.sleep(0.1)
     try:

@@ -54,9 +54,13 @@ def finish(process, timeout=30):
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        pytest.fail(f"the scheduler did not stop in {timeout}s:\n{output.decode()}")
+        process.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER (conftest.py): its threads' stacks first
+        try:
+            output, _ = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+        pytest.fail(f"the scheduler did not stop in {timeout}s (its stacks at the end):\n{output.decode()}")
     return output.decode()
 
 

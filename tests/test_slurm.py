@@ -226,8 +226,12 @@ def test_a_task_slurm_still_lists_after_its_run_ended_is_cancelled(tmp_path, mon
         start = {"node": "node1", "pid": 42, "job": f"7_{index}", "incarnation": 0}
         (events / f"token{index}.0.start").write_text(json.dumps(start))
     (events / "token0.0.end").write_text(json.dumps({"returncode": 0, "strays": [], "unstoppable": []}))
-    launcher._look()  # its end is read; Slurm lists it a moment longer, as it does
-    assert ended == [0] and cancelled == []
+    # Its end is read, and held until Slurm's list says the run was not requeued (it lists it a
+    # moment longer, as it does): taken once it was seen END_LAG looks more.
+    for _ in range(slurm_launcher.END_LAG + 1):
+        launcher._look()
+        assert cancelled == []
+    assert ended == [0]
     launcher._ended["7_0"] -= slurm_launcher.SETTLE  # SETTLE seconds later, still listed
     launcher._look()
     assert cancelled == [["7_0"]]

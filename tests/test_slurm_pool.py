@@ -128,6 +128,51 @@ def test_each_allocation_asks_for_its_nodes_its_gpus_and_the_warning_before_its_
     assert "--partition=cpu" in no_time and not any(arg.startswith(("--signal", "--time", "--gres")) for arg in no_time)
 
 
+class _Handle:
+    """What the driver's requests touch of an attempt's handle."""
+
+    def __init__(self, token):
+        import threading
+
+        self.token, self.ended, self.over = token, None, threading.Event()
+
+    def has_exited(self):
+        return self.ended is not None
+
+    def on_exit(self):
+        pass
+
+
+def test_a_kill_asked_while_the_stop_is_written_is_sent_too(tmp_path, monkeypatch):
+    """Two Ctrl-C within a millisecond: the second (KILL) comes while the driver writes the first's
+    word (TERM) for the agent that holds the run. It was lost (a flag set after the write), and a
+    run that traps SIGTERM ran out its grace period; now the next round writes the kill."""
+    from gpu_task_scheduler.backends.slurm import pool as pool_module
+    from gpu_task_scheduler.backends.slurm.pool import _Attempt
+
+    launcher = PoolLauncher(type("T", (), {}), _options({"nodes": 1}, poll_interval=0.5))
+    launcher._files = PoolFiles(str(tmp_path))
+    os.makedirs(launcher._files.events)
+    os.makedirs(launcher._files.queue)
+    task = _Attempt(_Handle("t0"), {"name": "a,"}, entry="000000001.t0.json")  # claimed: not in the queue
+    launcher._attempts["t0"] = task
+    real, written = pool_module.atomic_write, []
+
+    def write(path, data, **kwargs):
+        written.append(os.path.basename(path))
+        real(path, data, **kwargs)
+        if len(written) == 1:
+            launcher.request("t0", "KILL")  # the second signal, in the window
+
+    monkeypatch.setattr(pool_module, "atomic_write", write)
+    launcher.request("t0", "TERM")
+    launcher._send_requests()
+    launcher._send_requests()
+    assert written == ["t0.stop", "t0.kill"]
+    launcher._send_requests()
+    assert written == ["t0.stop", "t0.kill"]  # each word once
+
+
 @pytest.mark.parametrize(
     ("pool", "words"),
     [

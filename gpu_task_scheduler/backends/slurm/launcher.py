@@ -52,11 +52,12 @@ from typing import Any
 
 from ...engine.launcher import Abilities, Attempt, Ended, OnPlaced
 from ...errors import GTSError
+from ...finite import ascii_int
 from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...recordclass import Record, field
 from ...records.lease import LeaseTerms, wait_over
-from ...records.paths import META, atomic_write, read_json
+from ...records.paths import META, RunPaths, atomic_write, read_json
 from ...records.status import RunStatus
 from ...sweep.options import SchedulerOptions
 from ..local.prepare import TaskFactory
@@ -86,7 +87,7 @@ class _Task(Record, frozen=False):
     gone_looks: int = 0  # squeue looks since its task was seen over without an end file
     ran: bool = False  # squeue saw it started (a later PENDING is a requeue)
     running_since: float | None = None  # when squeue first said RUNNING (this clock), until its start is read
-    held_end: dict[str, Any] | None = None  # a failed run's end, until squeue says whether Slurm killed it
+    held_end: dict[str, Any] | None = None  # an end with no signal seen, until squeue says whether Slurm killed it
     asked: str | None = None  # "TERM" or "KILL" once the engine asked
     sent: set[str] = field(default_factory=set)
 
@@ -378,16 +379,18 @@ class SlurmLauncher(Following):
             task = tasks.get(token)
             if task is None or rest == "abandoned":
                 continue
-            incarnation, _, kind = rest.partition(".")
-            if not (incarnation.isascii() and incarnation.isdigit()) or kind not in ("start", "end"):
+            text, _, kind = rest.partition(".")
+            incarnation = ascii_int(text)
+            if incarnation is None or kind not in ("start", "end"):
                 continue
-            self._on_event(task, int(incarnation), kind, read_json(os.path.join(self._events, name)))
+            self._on_event(task, incarnation, kind, read_json(os.path.join(self._events, name)))
 
     def _on_event(self, task: _Task, incarnation: int, kind: str, record: Any) -> None:
         if not isinstance(record, dict) or task.handle.has_exited() or task.handle.fencing:
             return
         if kind == "start":
             if incarnation > task.placed >= 0:  # requeued: its earlier start is over
+                self._cut_short(task)
                 self._lose(task, f"Slurm requeued its job {task.name} (a preemption, or its node failed)")
             elif task.placed < 0:
                 task.placed = incarnation
@@ -404,11 +407,13 @@ class SlurmLauncher(Following):
         if record.get("signalled") and not task.asked and not record.get("limit"):
             self._lose(task, f"Slurm stopped its job {task.name} (a preemption, a requeue, or a cancel outside gts)")
             return
-        if record.get("returncode") != 0 and not task.asked and not record.get("limit"):
-            # A run that failed may have been killed by Slurm (a requeue signals every process of the
-            # job, the run's SIGTERM can come before its supervisor's): squeue says, at once. Held
-            # until then, also when its end file is read again (each look reads the files first:
-            # the end was recorded unchecked before).
+        if not task.asked and not record.get("limit"):
+            # A run may have ended because Slurm signalled it (a requeue or a preemption signals
+            # every process of the job, and the run's SIGTERM can come before its supervisor's, which
+            # then saw none): it failed, or it saved on SIGTERM and exited 0, recording a success of
+            # a run cut short. squeue says, at once. Held until then, also when its end file is read
+            # again (each look reads the files first: the end was recorded unchecked before). A
+            # success was once taken at once: a run requeued 1.2 s in was recorded succeeded.
             if task.held_end is None:
                 task.held_end = record
                 self._next_look = 0.0
@@ -454,7 +459,7 @@ class SlurmLauncher(Following):
             if task.handle.has_exited() or task.handle.fencing:
                 continue
             state = states.get(task.name)
-            if task.held_end is not None:  # a failed run: was it Slurm's doing?
+            if task.held_end is not None:  # its end: was it Slurm's doing?
                 self._failed_or_lost(task, state)
                 continue
             if state is not None and state.live:
@@ -462,6 +467,7 @@ class SlurmLauncher(Following):
                 queued = state.state in ("PENDING", "REQUEUED")
                 # Requeued: queued again once started (BeginTime: Slurm's delay before a requeued job).
                 if queued and (task.placed >= 0 or task.ran or state.reason == "BeginTime"):
+                    self._cut_short(task)
                     self._lose(task, f"Slurm requeued its job {task.name} (a preemption, or its node failed)")
                 elif queued:
                     waiting[state.reason] = waiting.get(state.reason, 0) + 1
@@ -518,18 +524,27 @@ class SlurmLauncher(Following):
                 logger.warning("could not cancel Slurm tasks whose run ended: %s", error)
 
     def _failed_or_lost(self, task: _Task, state: TaskState | None) -> None:
-        """A run ended with a failure that its supervisor did not see a signal for: Slurm's state of
-        its task says whether Slurm requeued, preempted or cancelled it (lost: it runs again) or
-        the run failed by itself."""
+        """A run ended with no signal its supervisor saw: Slurm's state of its task says whether
+        Slurm requeued, preempted or cancelled it (lost: it runs again, a success it recorded set
+        aside) or the run ended by itself."""
         assert task.held_end is not None
         killed = ("PENDING", "REQUEUED", "PREEMPTED", "NODE_FAIL", "CANCELLED", "BOOT_FAIL")
         if state is not None and state.state in killed:
             why = "requeued" if state.state in ("PENDING", "REQUEUED") else state.state.lower().replace("_", " ")
+            self._cut_short(task)
             self._lose(task, f"Slurm {why} its job {task.name} while its run ran")
         elif state is not None and state.live and task.gone_looks < END_LAG:
             task.gone_looks += 1  # still finishing: look again
         else:
             self._end(task, task.held_end)
+
+    def _cut_short(self, task: _Task) -> None:
+        """Slurm took the job down while its run ran: a success the run recorded is of a run cut
+        short (it saved on SIGTERM and exited 0), set aside so that it runs again. One recorded
+        just before Slurm's signal is set aside too: running it again is the safe side."""
+        paths = RunPaths(task.run["work_dir"], None)
+        if task_module.succeeded(paths, task.handle.token):
+            task_module.cut_short(paths, task.run["log"])
 
     def _ended_without_end_file(self, task: _Task, state: TaskState | None) -> None:
         words = "is no longer known to Slurm" if state is None else f"ended {state.state}"

@@ -92,7 +92,7 @@ class _Attempt(Record, frozen=False):
     held: dict[str, Any] | None = None  # a failed end, until the pool's state says whose doing it was
     held_at: float = 0.0
     asked: str | None = None
-    sent: bool = False
+    sent: str | None = None  # the request last written for its agent (TERM, KILL)
 
 
 class _Beat(Record, frozen=False):
@@ -357,15 +357,20 @@ class PoolLauncher(Following):
         with self._lock:
             new, self._new = self._new, []
         for task in new:
-            self._seq += 1
-            entry = entry_name(self._seq, task.handle.token)
+            # Its entry is named before the file is written, under the lock _send_requests reads it
+            # by: a stop asked meanwhile finds it queued (its word waits for the agent that takes
+            # it), never "not queued" while the file appears (it ran with no one to stop it).
+            with self._lock:
+                asked, self._seq = task.asked, self._seq + 1
+                entry = task.entry = entry_name(self._seq, task.handle.token) if asked is None else ""
+            if asked is not None:  # stopped before it was queued: it never starts
+                self._finish(task, Ended(returncode=-15 if asked == "TERM" else -9))
+                continue
             try:
                 atomic_write(os.path.join(self._files.queue, entry), json.dumps(task.run).encode(), durable=False)
             except OSError as error:
                 log_line(task.run["log"], f"gpu_task_scheduler: could not queue the run in the pool: {error}\n")
                 self._finish(task, Ended(returncode=1))
-                continue
-            task.entry = entry
         if new and self._detach:  # the driver returns now: the allocations must be asked for first
             self._look()
         elif new:
@@ -378,14 +383,17 @@ class PoolLauncher(Following):
         with self._lock:
             task = self._attempts.get(token)
             if task is not None and task.asked != "KILL":
-                task.asked, task.sent = signal_name, False
+                task.asked = signal_name
         self._wake.set()
 
     def _send_requests(self) -> None:
+        # Each task with what it was asked, read once under the lock: a KILL asked while its TERM is
+        # being written is sent at the next round (a 'sent' flag set after the write lost it, and
+        # a run that traps SIGTERM then ran out its grace period after the second Ctrl-C).
         with self._lock:
-            asked = [task for task in self._attempts.values() if task.asked and not task.sent]
-        for task in asked:
-            code = -15 if task.asked == "TERM" else -9
+            asked = [(task, task.asked) for task in self._attempts.values() if task.asked and task.sent != task.asked]
+        for task, word in asked:
+            code = -15 if word == "TERM" else -9
             if not task.entry:  # never queued
                 with self._lock:
                     self._new = [other for other in self._new if other is not task]
@@ -395,13 +403,15 @@ class PoolLauncher(Following):
                 os.unlink(os.path.join(self._files.queue, task.entry))
             except FileNotFoundError:  # an agent has it: its word
                 try:
-                    atomic_write(self._files.event(task.handle.token, "stop" if task.asked == "TERM" else "kill"), b"")
+                    atomic_write(self._files.event(task.handle.token, "stop" if word == "TERM" else "kill"), b"")
                 except OSError as error:
                     logger.warning("could not ask a pool agent to stop %s: %s (tried again)", task.run["name"], error)
                     continue
             else:  # withdrawn: it never starts
                 self._finish(task, Ended(returncode=code))
-            task.sent = True
+            task.sent = word
+            if task.asked != word:
+                self._wake.set()  # asked again meanwhile: the next round sends it
 
     # --- following ----------------------------------------------------------------------
 

@@ -154,7 +154,7 @@ def supervise(
     succeeded_before: list[bool] = []  # whether the run had recorded its success when a SIGTERM came
     stopping = threading.Thread(
         target=_stop_on_signal,
-        args=(signalled, handle, ended, terms, lambda: succeeded_before.append(_succeeded(paths, run["token"]))),
+        args=(signalled, handle, ended, terms, lambda: succeeded_before.append(succeeded(paths, run["token"]))),
         kwargs={"killed": killed},
         daemon=True,
     )
@@ -168,8 +168,8 @@ def supervise(
         near = batch["time_seconds"] - batch["signal_lead"] - LIMIT_SLACK
         if time.monotonic() - started >= near:
             limit = f"stopped at Slurm's time limit (time: {batch['time']})"
-    if signalled.is_set() and not any(succeeded_before) and _succeeded(paths, run["token"]):
-        _cut_short(paths, run["log"])
+    if signalled.is_set() and not any(succeeded_before) and succeeded(paths, run["token"]):
+        cut_short(paths, run["log"])
     events.write(
         "end",
         {
@@ -186,7 +186,7 @@ def supervise(
     return code if 0 <= code < 256 else 128 + (-code if code < 0 else 1)
 
 
-def _succeeded(paths: RunPaths, token: str) -> bool:
+def succeeded(paths: RunPaths, token: str) -> bool:
     """Whether this attempt's outcome file records its success."""
     if paths.unsafe(records_only=True) is not None:
         return False
@@ -194,7 +194,7 @@ def _succeeded(paths: RunPaths, token: str) -> bool:
     return outcome is not None and outcome.succeeded
 
 
-def _cut_short(paths: RunPaths, log: str | None) -> None:
+def cut_short(paths: RunPaths, log: str | None) -> None:
     """The run recorded its success only after Slurm's SIGTERM reached the job: a requeue or a
     preemption signals every process of it, and a run that saves a checkpoint on SIGTERM and exits 0
     (or a wrapper not yet signalled when its command did) is a run cut short, not one that ended. Its

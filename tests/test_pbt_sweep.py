@@ -572,3 +572,95 @@ def test_a_snapshot_that_failed_is_recorded_unsaved_and_no_member_copies_it_afte
     assert any(found.get("unsaved") for found in recorded), recorded
     copied = [json.loads(detail) for _, _, _, decision, detail in _events(root) if decision == "exploit"]
     assert all((found["donor"], float(found["step"])) != (member, step) for found in copied), copied
+
+
+def _three_members(root):
+    config = make_config(root, [{"lr": [0.1, 0.2, 0.3]}], slots=("cpu",) * 3)
+    config["command"] = ["true"]
+    config["pbt"] = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2]}}
+    sweep = Sweep(config)
+    for spec in sweep:
+        os.makedirs(RunPaths(spec.work_dir, None).checkpoint)
+        with open(os.path.join(RunPaths(spec.work_dir, None).checkpoint, "w.pt"), "wb") as handle:
+            handle.write(b"w")
+    return sweep
+
+
+def _held_copy(monkeypatch):
+    """take_snapshot that copies, then waits until released before it puts the copy in place."""
+    import threading
+
+    from gpu_task_scheduler.records import checkpoints
+
+    real, entered, release = checkpoints.take_snapshot, threading.Event(), threading.Event()
+
+    def held(paths, step, cancelled=None):
+        def asked():
+            entered.set()
+            release.wait(30)
+            return cancelled is not None and cancelled()
+
+        return real(paths, step, cancelled=asked)
+
+    monkeypatch.setattr(checkpoints, "take_snapshot", held)
+    return entered, release
+
+
+def test_a_member_that_ends_during_its_own_snapshots_copy_gives_it_up_and_no_snapshot_comes_before_its_end(
+    in_tmp, monkeypatch
+):
+    import threading
+
+    from gpu_task_scheduler.engine.pauses import Pauses
+
+    root = in_tmp / "r"
+    sweep = _three_members(root)
+    first, second, third = list(sweep)
+    entered, release = _held_copy(monkeypatch)
+    with Ledger(RootPaths(str(root))) as ledger:
+        pauses = Pauses(sweep, ledger, root=str(root))
+        for spec in (first, second, third):
+            pauses.began(spec)
+        assert pauses.reached(first, 4, 0.1) == (4, "copying")
+        assert entered.wait(30)
+        pauses.abandon(first.name)  # it ended (stopped, killed) while its snapshot was copied
+        pauses.ended(first.name)
+        release.set()
+        assert not pauses.copying
+        for thread in threading.enumerate():  # the given-up copy, as it clears what it made
+            if thread.name == f"gts-snapshot-{first.name}":
+                thread.join(30)
+        ledger.commit()
+        events = [(e.kind, e.name, e.decision, e.detail) for e in ledger.trial_events() if e.name == first.name]
+    snapshots = os.path.join(first.work_dir, ".gts", "snapshots")
+    assert not os.path.exists(snapshots) or os.listdir(snapshots) == []  # nothing left of the copy
+    kinds = [kind for kind, *_ in events]
+    assert kinds[-2:] == ["rung", "ended"]  # the no-snapshot decision, then its end
+    assert events[-2][2] == "continue" and events[-2][3].get("unsaved")
+
+
+def test_an_end_told_while_another_members_snapshot_is_copied_is_recorded_after_that_decision(
+    in_tmp, monkeypatch, caplog
+):
+    from gpu_task_scheduler.engine.pauses import Pauses
+
+    root = in_tmp / "r"
+    sweep = _three_members(root)
+    first, second, third = list(sweep)
+    entered, release = _held_copy(monkeypatch)
+    with Ledger(RootPaths(str(root))) as ledger:
+        pauses = Pauses(sweep, ledger, root=str(root))
+        for spec in (first, second, third):
+            pauses.began(spec)
+        assert pauses.reached(first, 4, 0.1) == (4, "copying")
+        assert entered.wait(30)
+        pauses.ended(third.name)  # another member ends meanwhile
+        release.set()
+        settled = pauses.settle(wait=True)
+        assert settled is not None and settled[3].startswith("snapshot")
+        ledger.commit()
+        order = [(e.kind, e.name) for e in ledger.trial_events() if e.kind in ("rung", "ended")]
+        assert order == [("rung", first.name), ("ended", third.name)]
+        caplog.clear()
+        Pauses(sweep, ledger, root=str(root))  # a restart replays the same decisions
+    assert "differ" not in caplog.text and "do not fit" not in caplog.text

@@ -3,6 +3,7 @@ the example sweep of configs/pbt.yaml beats its best fixed learning rate within 
 runs nothing again, and survives kill -9 at random moments with each exploit made once and no
 checkpoint half-copied."""
 
+import contextlib
 import json
 import os
 import random
@@ -606,23 +607,30 @@ def _held_copy(monkeypatch):
     return entered, release
 
 
+@contextlib.contextmanager
+def _first_members_snapshot_held(root, monkeypatch):
+    """Three members began; the first reported at its interval and its snapshot is being copied,
+    held before it is put in place until ``release`` is set: ``(sweep, ledger, pauses, release)``."""
+    from gpu_task_scheduler.engine.pauses import Pauses
+
+    sweep = _three_members(root)
+    entered, release = _held_copy(monkeypatch)
+    with Ledger(RootPaths(str(root))) as ledger:
+        pauses = Pauses(sweep, ledger, root=str(root))
+        for spec in sweep:
+            pauses.began(spec)
+        assert pauses.reached(next(iter(sweep)), 4, 0.1) == (4, "copying")
+        assert entered.wait(30)
+        yield sweep, ledger, pauses, release
+
+
 def test_a_member_that_ends_during_its_own_snapshots_copy_gives_it_up_and_no_snapshot_comes_before_its_end(
     in_tmp, monkeypatch
 ):
     import threading
 
-    from gpu_task_scheduler.engine.pauses import Pauses
-
-    root = in_tmp / "r"
-    sweep = _three_members(root)
-    first, second, third = list(sweep)
-    entered, release = _held_copy(monkeypatch)
-    with Ledger(RootPaths(str(root))) as ledger:
-        pauses = Pauses(sweep, ledger, root=str(root))
-        for spec in (first, second, third):
-            pauses.began(spec)
-        assert pauses.reached(first, 4, 0.1) == (4, "copying")
-        assert entered.wait(30)
+    with _first_members_snapshot_held(in_tmp / "r", monkeypatch) as (sweep, ledger, pauses, release):
+        first = next(iter(sweep))
         pauses.abandon(first.name)  # it ended (stopped, killed) while its snapshot was copied
         pauses.ended(first.name)
         release.set()
@@ -645,15 +653,8 @@ def test_an_end_told_while_another_members_snapshot_is_copied_is_recorded_after_
     from gpu_task_scheduler.engine.pauses import Pauses
 
     root = in_tmp / "r"
-    sweep = _three_members(root)
-    first, second, third = list(sweep)
-    entered, release = _held_copy(monkeypatch)
-    with Ledger(RootPaths(str(root))) as ledger:
-        pauses = Pauses(sweep, ledger, root=str(root))
-        for spec in (first, second, third):
-            pauses.began(spec)
-        assert pauses.reached(first, 4, 0.1) == (4, "copying")
-        assert entered.wait(30)
+    with _first_members_snapshot_held(root, monkeypatch) as (sweep, ledger, pauses, release):
+        first, _, third = list(sweep)
         pauses.ended(third.name)  # another member ends meanwhile
         release.set()
         settled = pauses.settle(wait=True)

@@ -60,7 +60,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
     # The tests of an xdist group run one after another in one worker (--dist loadgroup): first, so
     # that each group's chain (minutes) runs beside the other tests, not after those collected before it.
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    # In the "clusters" group, every Ray test before every Slurm test: the Slurm tests stop the shared
+    # Ray instance (see ray_instance), which then starts once, not once per test.
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None, not _uses_ray(item)))
+
+
+def _uses_ray(item):
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "ray" in item.path.name or "ray" in params.values()
 
 
 def marked_pids(mark):
@@ -185,27 +192,46 @@ def smtp_server():
 
 
 # Ray and Slurm: the tests that use either run in one pytest worker (xdist_group "clusters", with
-# --dist loadgroup), never side by side: with Ray's tests running in another process, the test
-# Slurm lost the slurmstepd of 2 of 19 batch steps (killed from outside, without a word in slurmd's
-# log; this machine's pid_max is 32768, and the likeliest killer is a pid Ray had recorded, reused).
-# Ray: that worker starts one Ray instance of 4 declared GPUs for all of them, on this machine only.
+# --dist loadgroup), never side by side, and never with a Ray instance of the tests alive while a
+# Slurm test runs. A raylet SIGKILLs a worker by the pid it recorded, also once the worker is gone
+# ("Failed to send exit request to worker ... Killing it using SIGKILL instead", 11 times in one
+# day's raylet logs here); with pid_max 32768 and the thousands of processes a suite run starts,
+# that pid may be another process by then. Seen: the test Slurm lost the slurmstepd of 2 of 19 batch
+# steps, killed from outside without a word in slurmd's log, and a Slurm run ended by SIGKILL before
+# it wrote a line (test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it[slurm]).
+# So the Ray tests run first (pytest_collection_modifyitems) and the Slurm fixtures stop Ray.
+# Ray: one instance of 4 declared GPUs for the Ray tests, on this machine only.
 RAY_GPUS = 4
+_RAY = []  # the ray module, while the tests' instance is up
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_instance():
-    """A Ray instance shared by the tests of this worker: the Ray launcher uses a connection the
-    program already has (and leaves it open). Stopped with ray.shutdown(), never `ray stop`."""
+    """A Ray instance shared by the tests of this worker (started by the first that needs it): the
+    Ray launcher uses a connection the program already has (and leaves it open). Stopped with
+    ray.shutdown(), never `ray stop`: at the end, or when a Slurm test comes."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    mark = os.environ.pop(MARK, None)  # Ray's processes outlive the test that happened to start them
-    try:
-        ray.init(address="local", num_cpus=2, num_gpus=RAY_GPUS, include_dashboard=False, log_to_driver=False)
-    finally:
-        if mark is not None:
-            os.environ[MARK] = mark
-    yield ray
-    ray.shutdown()
+    if not _RAY:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        mark = os.environ.pop(MARK, None)  # Ray's processes outlive the test that happened to start them
+        try:
+            ray.init(address="local", num_cpus=2, num_gpus=RAY_GPUS, include_dashboard=False, log_to_driver=False)
+        finally:
+            if mark is not None:
+                os.environ[MARK] = mark
+        _RAY.append(ray)
+    return ray
+
+
+def _stop_ray():
+    if _RAY:
+        _RAY.pop().shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_stopped_at_the_end():
+    yield
+    _stop_ray()
 
 
 # Slurm: that worker starts one Slurm cluster of its own (slurm_cluster.py: one node, 4 GPUs as GRES)
@@ -216,6 +242,7 @@ def _started_cluster(tmp_path_factory, nodes):
     reason = why_not()
     if reason is not None:
         pytest.skip(reason)
+    _stop_ray()
     mark = os.environ.pop(MARK, None)  # the daemons outlive the test that happened to start them
     cluster = SlurmCluster(str(tmp_path_factory.mktemp(f"slurm{nodes}")), nodes)
     try:
@@ -246,6 +273,7 @@ def slurm_pool_cluster(tmp_path_factory):
 @pytest.fixture
 def slurm(slurm_cluster, monkeypatch):
     """The one-node cluster, with no job of an earlier test left in it (none may be: each test checks)."""
+    _stop_ray()
     monkeypatch.setenv("SLURM_CONF", slurm_cluster.conf)
     yield from _no_jobs_left(slurm_cluster)
 
@@ -253,6 +281,7 @@ def slurm(slurm_cluster, monkeypatch):
 @pytest.fixture
 def slurm_pool(slurm_pool_cluster, monkeypatch):
     """The two-node cluster, as ``slurm`` is the one-node one."""
+    _stop_ray()
     monkeypatch.setenv("SLURM_CONF", slurm_pool_cluster.conf)
     yield from _no_jobs_left(slurm_pool_cluster)
 

@@ -9,7 +9,8 @@ Several nodes on one machine: each node is a slurmd of its own, started with ``s
 ``%n`` in their paths. Jobs see their node in ``SLURMD_NODENAME``; ``scontrol update
 NodeName=... State=DOWN`` takes one node down (its steps killed) while the other runs on.
 
-Everything lives in a folder of its own (config, state, spool, pid files) on free ports, so it
+Everything lives in a folder of its own (config, state, spool, pid files, and munged's socket
+and key: a munged of its own) on free ports, so it
 does not touch a cluster this machine may belong to; clients find it through SLURM_CONF. It is
 stopped by the pids it started (every job of it cancelled first), never by name.
 
@@ -55,18 +56,6 @@ def _pid(path: str) -> int | None:
         return None
 
 
-def _munged_running() -> bool:
-    """Whether a munged answers (it encodes a credential). Not whether one is listed: a munged that
-    is stopping, or a zombie not yet reaped, is listed by pgrep; taking it for a live one left the
-    next test Slurm with none (its nodes never registered: "Munge encode failed"), and one that
-    exits after another started removes that one's socket."""
-    try:
-        found = subprocess.run([_sbin("munge"), "-n"], capture_output=True, check=False, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return found.returncode == 0
-
-
 def _sbin(name: str) -> str:
     return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin") or name
 
@@ -80,6 +69,8 @@ class SlurmCluster:
         self.nodes = [self.host] if nodes == 1 else [f"gts{index}" for index in range(nodes)]
         self.env = dict(os.environ, SLURM_CONF=self.conf)
         self._munged: int | None = None
+        self._munge_folder = os.path.join(self.folder, "munge")
+        self._munge_socket = os.path.join(self._munge_folder, "socket")
 
     def _write_config(self) -> None:
         for sub in ("state", "spool", "log", "gpus"):
@@ -102,6 +93,7 @@ class SlurmCluster:
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
+            f"AuthInfo=socket={self._munge_socket}",
             f"StateSaveLocation={d}/state",
             f"SlurmdSpoolDir={d}/spool{per_node}",
             f"SlurmctldPidFile={d}/slurmctld.pid",
@@ -133,16 +125,24 @@ class SlurmCluster:
             handle.write(f"AutoDetect=off\nNodeName={nodes} Name=gpu File={d}/gpus/gpu[0-{GPUS - 1}]\n")
 
     def _start_munged(self) -> None:
-        if _munged_running():
-            return  # this machine's: used as it is, never stopped by us
-        for folder in ("/etc/munge", "/var/lib/munge", "/var/log/munge", "/run/munge"):
-            os.makedirs(folder, exist_ok=True)
-            shutil.chown(folder, "munge", "munge")
-        if not os.path.exists("/etc/munge/munge.key"):
-            subprocess.run([_sbin("mungekey"), "--create"], check=True, capture_output=True)
-            shutil.chown("/etc/munge/munge.key", "munge", "munge")
-        subprocess.run(["su", "-s", "/bin/sh", "munge", "-c", f"{_sbin('munged')} --force"], check=True)
-        self._munged = _pid("/run/munge/munged.pid")
+        """A munged of this cluster's own, on a socket in its folder (AuthInfo=socket=...): never the
+        machine's /run/munge one, which another test run on this machine (or its end) may start, stop
+        or take over. Once a test Slurm shared it, and its socket was gone under a running test
+        ("Munge encode failed: Failed to access /run/munge/munge.socket.2")."""
+        folder = self._munge_folder  # as root, as every client of it is (the daemons, the tests' jobs)
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        key = os.path.join(folder, "munge.key")
+        if not os.path.exists(key):
+            subprocess.run([_sbin("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
+        options = [
+            f"--socket={self._munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={folder}/munged.pid",
+            f"--seed-file={folder}/munged.seed",
+            f"--log-file={folder}/munged.log",
+        ]
+        subprocess.run([_sbin("munged"), "--force", *options], check=True, capture_output=True)
+        self._munged = _pid(os.path.join(folder, "munged.pid"))
 
     def start(self, timeout: float = 60.0) -> None:
         self._write_config()

@@ -173,6 +173,67 @@ def test_a_kill_asked_while_the_stop_is_written_is_sent_too(tmp_path, monkeypatc
     assert written == ["t0.stop", "t0.kill"]  # each word once
 
 
+def _returns_at_once(call):
+    """call()'s value, or a failure if it blocks (a plain open() of a FIFO does, for good)."""
+    import threading
+
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "it blocked"
+    return result[0]
+
+
+def _release(fifo):
+    """A reader blocked on the FIFO (a failing run of these tests) gets its writer, and goes."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def test_what_lies_where_the_driver_reads_the_pools_size_never_blocks_it(tmp_path, caplog):
+    """S1: a FIFO at .gts/slurm/pool/allocations hung the driver for good (a plain open()): runs
+    ended unheard and no signal stopped it. The size file is read regular-only, never through a
+    link; what cannot be read is said once, and the config's size holds."""
+    launcher = PoolLauncher(type("T", (), {}), _options({"nodes": 1, "allocations": 3}))
+    files = launcher._files = PoolFiles(str(tmp_path))
+    files.make()
+    launcher._most = 4  # the partition's nodes over the allocation's (open() asks sinfo)
+    os.mkfifo(files.target)
+    try:
+        assert _returns_at_once(launcher._target) == 3
+    finally:
+        _release(files.target)
+    assert _returns_at_once(launcher._target) == 3
+    assert caplog.text.count("is not a regular file") == 1 and files.target in caplog.text, caplog.text
+    os.unlink(files.target)
+    (tmp_path / "two").write_text("2\n")
+    os.symlink(tmp_path / "two", files.target)
+    assert launcher._target() == 3 and "is a symbolic link" in caplog.text
+    os.unlink(files.target)
+    for text, size in (("2\n", 2), ("5\n", 3), ("0\n", 3), ("4", 4)):
+        (tmp_path / "asked").write_text(text)
+        os.replace(tmp_path / "asked", files.target)
+        assert launcher._target() == size, text
+    assert "'5' is no number of allocations from 1 to 4" in caplog.text
+
+
+def test_an_agent_refuses_options_that_are_no_regular_file_at_once(tmp_path, capsys):
+    from gpu_task_scheduler.backends.slurm import agent
+
+    files = PoolFiles(str(tmp_path))
+    files.make()
+    (tmp_path / ".gts" / "slurm" / "pool" / "pool.json").write_text("{}")
+    os.mkfifo(files.options)
+    try:
+        assert _returns_at_once(lambda: agent.main([str(tmp_path)])) == 2
+    finally:
+        _release(files.options)
+    assert "cannot read the pool's options" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("pool", "words"),
     [
@@ -284,6 +345,13 @@ def test_gts_pool_grows_the_pool_of_a_running_sweep(slurm_pool, in_tmp, no_leake
     path = write_sweep(in_tmp, 12, 4, 0.3, pool={"nodes": 1, "slots_per_node": 2})
     process = gts("run", path, "--plain")
     wait_until(lambda: steps_reported(in_tmp, 1) >= 1, timeout=60, message="a run to report")
+    too_many = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "pool", str(in_tmp / "results"), "--allocations", "99999"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert too_many.returncode == 2 and "the pool can use 1 to 2 allocation(s)" in too_many.stderr, too_many.stderr
     asked = subprocess.run(
         [sys.executable, "-m", "gpu_task_scheduler", "pool", str(in_tmp / "results"), "--allocations", "2"],
         capture_output=True,

@@ -42,7 +42,7 @@ from typing import Any
 from ...gpu.capacity import Capacity
 from ...gpu.devices import Slot
 from ...gpu.placement import Need
-from ...records.paths import atomic_write_json, read_json
+from ...records.paths import atomic_write_json, open_regular, read_json
 from ...sweep.options import SchedulerOptions
 from .poolfiles import AGENT_BEAT, PoolFiles, token_of
 from .task import Events, supervise
@@ -325,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     files = PoolFiles(args[0])  # the result root
     settings = read_json(files.settings)
-    try:
-        with open(files.options, "rb") as handle:
+    try:  # regular-only, no link followed: a FIFO there would hang the agent (and its node) for good
+        with os.fdopen(open_regular(files.options), "rb") as handle:
             options = pickle.load(handle)
     except (OSError, pickle.UnpicklingError, EOFError) as error:
         print(f"gpu_task_scheduler: this node cannot read the pool's options ({error})", file=sys.stderr)

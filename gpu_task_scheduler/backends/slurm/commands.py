@@ -232,6 +232,15 @@ def partition_nodes(partition: str | None) -> list[str]:
     return sorted(set(call(argv, what="sinfo").split()))
 
 
+def partition_node_count(partition: str | None) -> int:
+    """How many nodes the partition has (by node name: several may share a host); 0 when Slurm's
+    sinfo is missing or says none."""
+    if shutil.which("sinfo") is None:
+        return 0
+    argv = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
+    return len(set(call(argv, what="sinfo").split()))
+
+
 # File systems whose files only this machine sees: a result root there cannot serve other nodes.
 LOCAL_FILE_SYSTEMS = frozenset(
     {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay", "f2fs", "vfat", "exfat", "zfs", "devtmpfs"}

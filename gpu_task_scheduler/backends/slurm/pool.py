@@ -59,7 +59,7 @@ from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...recordclass import Record
 from ...records.lease import LeaseTerms, wait_all_over, wait_over
-from ...records.paths import atomic_write, atomic_write_json, read_json
+from ...records.paths import UnsafePathError, atomic_write, atomic_write_json, open_regular, read_json
 from ...sweep.options import SchedulerOptions
 from ...sweep.slurm import PoolOptions, SlurmOptions
 from ..local.prepare import TaskFactory
@@ -114,6 +114,8 @@ class PoolLauncher(Following):
         self._allocations: dict[str, TaskState] = {}
         self._seq = 0
         self._asked = self._p.allocations  # the size gts pool asked for, as last logged
+        self._most = MAX_ALLOCATIONS  # allocations the partition can hold at once (open())
+        self._said_target: str | None = None  # why the size file could not be read, as last logged
         self._running_since: dict[str, float] = {}  # allocations RUNNING with no agent's beat yet
         self._name = ""
         self._script = ""
@@ -157,8 +159,11 @@ class PoolLauncher(Following):
         pool = settings.get("pool") if isinstance(settings, dict) else None
         pool = pool if isinstance(pool, str) and pool.isalnum() else uuid.uuid4().hex[:10]
         self._name = f"{self._s.job_name}.pool.{pool}"
+        nodes = commands.partition_node_count(self._s.partition)
+        self._most = max(1, nodes // self._p.nodes) if nodes else MAX_ALLOCATIONS
         record = {
             "pool": pool,
+            "max_allocations": self._most,  # what `gts pool --allocations` may ask (its nodes' count)
             "lease_every": self._o.lease_interval,
             "idle_exit": self._p.idle_exit,
             "gpus_per_node": self._p.gpus_per_node,
@@ -167,10 +172,7 @@ class PoolLauncher(Following):
         }
         # The sweep's options as the agents read them (this user's only: they may hold a notify_email
         # password, and an agent runs what it unpickles).
-        fd = os.open(self._files.options + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            pickle.dump(self._o, handle)
-        os.replace(self._files.options + ".tmp", self._files.options)
+        atomic_write(self._files.options, pickle.dumps(self._o))  # a new file of mode 0600, renamed over
         atomic_write_json(self._files.settings, record)
         for stale in (self._files.closed, self._files.target):  # a new start: the config's size again
             with contextlib.suppress(FileNotFoundError):
@@ -638,18 +640,35 @@ class PoolLauncher(Following):
             logger.info("Slurm pool: submitted allocation %s (%d node(s))", job, self._p.nodes)
 
     def _target(self) -> int:
-        """How many allocations to keep: what ``gts pool --allocations`` last asked, else the config's."""
+        """How many allocations to keep: what ``gts pool --allocations`` last asked, else the config's.
+        The file is opened regular-only, never following a link: a FIFO put there would block a
+        plain open() for good, and the driver with it (runs would end unheard, signals unheeded)."""
         try:
-            with open(self._files.target, encoding="ascii") as handle:
-                text = handle.read(32).strip()
-        except (OSError, UnicodeDecodeError):
+            fd = open_regular(self._files.target)
+        except FileNotFoundError:
             return self._p.allocations
+        except OSError as error:
+            return self._target_unread(error)
+        try:
+            text = os.read(fd, 32).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            return self._target_unread(error)
+        finally:
+            os.close(fd)
         number = ascii_int(text)
-        asked = number if number is not None and 1 <= number <= 10_000 else self._p.allocations
-        if asked != self._asked:
-            logger.info("Slurm pool: keeping %d allocation(s) while runs wait (gts pool)", asked)
-            self._asked = asked
-        return asked
+        if number is None or not 1 <= number <= self._most:
+            return self._target_unread(ValueError(f"{text!r} is no number of allocations from 1 to {self._most}"))
+        if number != self._asked:
+            logger.info("Slurm pool: keeping %d allocation(s) while runs wait (gts pool)", number)
+            self._asked = number
+        return number
+
+    def _target_unread(self, error: Exception) -> int:
+        words = str(error) if isinstance(error, UnsafePathError) else f"{self._files.target}: {error}"
+        if words != self._said_target:
+            logger.warning("Slurm pool: the asked size is not read (%s); keeping the config's", words)
+            self._said_target = words
+        return self._p.allocations
 
     def _write_state(self, *, final: bool = False) -> None:
         """The pool as ``gts status`` shows it: each allocation, its agents, their slots and runs."""
@@ -722,6 +741,10 @@ def pool_slots(options: SchedulerOptions) -> int:
     if pool.gpus_per_node:
         per_node = max(1, pool.gpus_per_node // max(1, Resources(options).gpus_per_run())) * options.max_runs_per_gpu
     return per_node * pool.nodes * pool.allocations
+
+
+# The most allocations a pool keeps at once where Slurm does not say how many nodes its partition has.
+MAX_ALLOCATIONS = 10_000
 
 
 def job_args(options: SchedulerOptions) -> list[str]:

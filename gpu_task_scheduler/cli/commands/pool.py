@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from ...finite import ascii_int
@@ -14,15 +13,22 @@ def run(args: argparse.Namespace) -> int:
     from ...backends.slurm.poolfiles import PoolFiles
     from ...errors import GTSError
     from ...records.ledger.lock import scheduler_state
-    from ...records.paths import atomic_write
+    from ...records.paths import atomic_write, read_json
 
     root = root_of(args.root)
     files = PoolFiles(root)
     running, holder = scheduler_state(root)
     if running is False:
         raise GTSError(f"no scheduler is running on {root}; the next gts run takes the pool's size from the config")
-    if not os.path.isfile(files.settings):
+    settings = read_json(files.settings)
+    if not isinstance(settings, dict):
         raise GTSError(f"the sweep on {root} runs no Slurm pool (backend slurm with slurm: {{pool: ...}})")
+    most = settings.get("max_allocations")
+    if isinstance(most, int) and not isinstance(most, bool) and args.allocations > most:
+        raise GTSError(
+            f"--allocations {args.allocations}: the pool can use 1 to {most} allocation(s) at once "
+            "(its partition's nodes over the nodes each allocation takes)"
+        )
     atomic_write(files.target, f"{args.allocations}\n".encode())
     print(f"asked the scheduler of {root} ({holder}) to keep {args.allocations} allocation(s) while runs wait")
     return EXIT_OK

@@ -128,6 +128,121 @@ def test_each_allocation_asks_for_its_nodes_its_gpus_and_the_warning_before_its_
     assert "--partition=cpu" in no_time and not any(arg.startswith(("--signal", "--time", "--gres")) for arg in no_time)
 
 
+def _shape(pool, node_gpus=None, gpu=("cpu",), **slurm):
+    """The allocation's shape and sbatch arguments, on a partition of 2 nodes of 8 CPUs and
+    ``node_gpus`` GPUs (None: sinfo is not here to say); whether sinfo was asked."""
+    from gpu_task_scheduler.backends.slurm.commands import Partition
+    from gpu_task_scheduler.backends.slurm.shape import allocation_args, pool_shape
+
+    options = parse_scheduler_config(
+        {
+            "gpu": "all" if list(gpu) == ["all"] else list(gpu),
+            "result_root_folder": "/tmp/r",
+            "backend": "slurm",
+            "slurm": {"pool": pool, **slurm},
+        }
+    )
+    asked = []
+
+    def partition():
+        asked.append(True)
+        return None if node_gpus is None else Partition(nodes=2, cpus=8, gpus=node_gpus)
+
+    shape = pool_shape(options, partition)
+    return shape, allocation_args(options, shape), bool(asked)
+
+
+WHOLE = ["--cpus-per-task=8", "--mem=0"]  # every CPU and all the memory of a node of 8 CPUs
+
+
+@pytest.mark.parametrize(
+    ("pool", "gpu", "node_gpus", "slurm", "held", "runs", "sinfo"),
+    [
+        # R3: an allocation asked for 1 CPU and ran 8 runs. Whole nodes by default: every CPU, all memory.
+        ({"slots_per_node": 8}, ["cpu"], 0, {}, WHOLE, 8, True),
+        ({"slots_per_node": 8}, ["cpu"], 0, {"mem": "16G"}, WHOLE, 8, True),
+        (
+            {"slots_per_node": 8},
+            ["cpu"],
+            None,
+            {},
+            ["--cpus-per-task=<each node's CPUs, from sinfo at the start>"],
+            8,
+            True,
+        ),
+        # Shared nodes: the CPUs and memory of the slots it fills.
+        ({"slots_per_node": 8, "exclusive": False}, ["cpu"], None, {}, ["--cpus-per-task=8"], 8, False),
+        (
+            {"slots_per_node": 4, "exclusive": False},
+            ["cpu"],
+            None,
+            {"cpus_per_run": 3, "mem": "16G"},
+            ["--cpus-per-task=12", "--mem=64G"],
+            4,
+            True,  # cpus_per_run: checked against the nodes' CPUs
+        ),
+        (
+            {"gpus_per_node": 2, "exclusive": False},
+            ["all"],
+            None,
+            {"cpus_per_run": 4, "mem": "20000"},
+            ["--cpus-per-task=8", "--mem=40000", "--gres=gpu:2"],
+            2,
+            True,
+        ),
+        # gpu: all on whole nodes: the GPUs each node of the partition has as GRES (sinfo), not none.
+        ({}, ["all"], 4, {}, [*WHOLE, "--gres=gpu:4"], 4, True),
+        ({}, ["all"], 4, {"gpus_per_run": 2}, [*WHOLE, "--gres=gpu:4"], 2, True),
+        ({}, ["all"], None, {}, ["--gres=gpu:<each node's GPUs, from sinfo at the start>"], None, True),
+        ({"gpus_per_node": 8, "exclusive": False}, ["all"], 4, {}, ["--gres=gpu:8"], 8, False),  # said: not asked
+    ],
+)
+def test_an_allocation_holds_what_its_runs_use(pool, gpu, node_gpus, slurm, held, runs, sinfo):
+    shape, args, asked = _shape(pool, node_gpus, gpu, **slurm)
+    assert set(held) <= set(args), args
+    assert shape.runs_per_node == runs and asked == sinfo
+    assert ("--mem=0" in args) == pool.get("exclusive", True)
+    assert "--exclusive" not in args  # Slurm 22.05 never again gives a shrunk exclusive job's nodes to one (shape.py)
+    assert (
+        sum(arg.startswith("--cpus-per-task") for arg in args) == 1
+        and sum(arg.startswith("--mem") for arg in args) <= 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("pool", "node_gpus", "slurm", "words"),
+    [
+        ({}, 0, {}, "the default partition has none as GRES"),
+        ({}, 0, {"partition": "cpu"}, "partition cpu has none as GRES"),
+        ({"exclusive": False}, 4, {}, "a GPU sweep on shared nodes"),
+        ({"gpus_per_node": 1}, None, {"gpus_per_run": 2}, "each run takes 2 GPU"),
+        ({"exclusive": "yes"}, None, {}, "true \\(whole nodes\\) or false"),
+        ({}, 4, {"cpus_per_run": 9}, "the partition's nodes have 8 CPUs"),
+        ({"gpus_per_node": 4, "exclusive": False}, 4, {"cpus_per_run": 3}, "4 run\\(s\\) a node x cpus_per_run 3"),
+    ],
+)
+def test_a_gpu_sweep_never_falls_back_to_cpu_slots_in_silence(pool, node_gpus, slurm, words):
+    with pytest.raises(ConfigError, match=words):
+        _shape(pool, node_gpus, ["all"], **slurm)
+
+
+def test_an_agent_uses_the_gpus_slurm_gave_its_job_and_shares_out_its_cpus(monkeypatch, capsys, tmp_path):
+    from gpu_task_scheduler.backends.slurm import agent
+
+    options = parse_scheduler_config({"gpu": "all", "result_root_folder": str(tmp_path)})
+    settings = {"gpus_per_node": 4, "gpus_per_run": 2}
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(agent.NoGPUs, match="does not run on CPU slots instead"):
+        agent._node_options(options, settings)
+    monkeypatch.setenv("SLURM_JOB_GPUS", "4,5,6,7")  # NVML may see 8: only the job's are used
+    slots = agent._node_options(options, settings).slots
+    assert [slot.gpu_ids for slot in slots] == [("4", "5"), ("6", "7")]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the job's own word wins
+    run = agent._with_share({"env": {"MKL_NUM_THREADS": "1"}}, (0, 1))
+    assert run["env"] == {"MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "2"}
+
+
 class _Handle:
     """What the driver's requests touch of an attempt's handle."""
 
@@ -257,8 +372,9 @@ def test_a_dry_run_says_how_many_jobs_a_start_submits_and_what_each_asks_for(in_
 
     pool = write_sweep(in_tmp, 5, 1, 0.1, pool={"time": "1:00:00", "allocations": 2})
     said = dry_run(pool)
-    assert "slurm pool: 2 allocation job(s) of 2 node(s) for the 5 run(s), up to 8 at once" in said, said
-    assert "--nodes=2 --ntasks-per-node=1 --no-kill --time=1:00:00 --signal=B:USR1@60" in said
+    assert "slurm pool: 2 allocation job(s) of 2 whole node(s) for the 5 run(s), up to 8 at once" in said, said
+    assert "each run on an even share of its node's CPUs" in said, said
+    assert "--nodes=2 --ntasks-per-node=1 --no-kill --cpus-per-task=" in said and " --mem=0 --time=1:00:00" in said
     config = yaml.safe_load(pool.read_text())
     del config["scheduler_config"]["slurm"]["pool"]
     pool.write_text(yaml.safe_dump(config))
@@ -364,6 +480,109 @@ def test_gts_pool_grows_the_pool_of_a_running_sweep(slurm_pool, in_tmp, no_leake
     found, _ = check_exactly_once(in_tmp, 12, 4)
     assert output.count("Slurm pool: submitted allocation") == 2, output
     assert len(set(re.findall(r"\(pool job (\d+)\)", output))) == 2, output  # runs ran in both
+
+
+def test_a_run_waiting_for_a_machine_counts_as_queued_and_its_clock_starts_on_its_node(tmp_path, capsys):
+    """R4: gts status counted runs still in a pool's queue as running (6 running on 4 slots, in
+    slots with no node, their duration ticking), and every duration held the wait in the queue.
+    An attempt a cluster launcher takes is recorded queued (its node '') until it is placed: it
+    counts as queued, its wait is shown apart, and its duration and slot time start on its node."""
+    from gpu_task_scheduler.cli.main import main as gts_main
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.ledger.lock import SweepLock
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.records.status import RunStatus
+    from gpu_task_scheduler.reports.status import status
+
+    root = str(tmp_path / "results")
+    clock = [1000.0]
+    with SweepLock(RootPaths(root)), Ledger(RootPaths(root)) as ledger:  # a scheduler holds the root
+        ledger._clock = lambda: clock[0]
+        for index in range(3):
+            ledger.mark_running(
+                name=f"i-{index},", run_index=index, config_hash="h", slot=f"pool{index}", token="t",
+                work_dir=f"i-{index},", queued=True,
+            )  # fmt: skip
+        clock[0] = 1030.0
+        ledger.set_node("i-0,", "gts0", 4242, since=10.0)  # started there 10 s ago, after 20 s in the queue
+        ledger.commit()
+        report = status(root)
+        runs = {run["name"]: run for run in report["runs"]}
+        assert report["counts"]["running"] == 1 and report["counts"]["queued"] == 2, report["counts"]
+        assert runs["i-0,"]["status"] == "running" and runs["i-0,"]["node"] == "gts0"
+        assert runs["i-1,"]["status"] == "queued" and runs["i-1,"]["node"] is None
+        assert runs["i-1,"]["duration"] is None and runs["i-1,"]["queued_for"] > 0
+        assert 0 < runs["i-0,"]["duration"] < runs["i-1,"]["queued_for"]  # its clock started on gts0
+        assert gts_main(["status", root]) == 0
+        out = capsys.readouterr().out
+        assert "1 running, 2 queued" in out and "in queue" in out, out
+        clock[0] = 1040.0
+        ledger.finish("i-0,", RunStatus.SUCCEEDED, exit_code=0, ended_at=1040.0)
+        ledger.commit()
+        (row,) = [run for run in status(root)["runs"] if run["name"] == "i-0,"]
+        assert row["duration"] == pytest.approx(20.0)  # 10 s before the look, 10 s after: not the 20 s queued
+
+
+def _share_sweep(folder, runs, together, gpu, pool, **slurm):
+    config = {
+        "scheduler_config": {
+            "gpu": gpu,
+            "result_root_folder": str(folder / "results"),
+            "backend": "slurm",
+            "grace_period": 2,
+            "lease_interval": 0.5,
+            "slurm": {"poll_interval": 0.5, "pool": {"idle_exit": 2, **pool}, **slurm},
+        },
+        "command": [sys.executable, os.path.join(HERE, "share_command.py"), "{i}", str(folder / "said"), str(together)],
+        "test_config": [{"i": list(range(runs))}],
+    }
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _said(folder):
+    names = [name for name in os.listdir(folder / "said") if name.endswith(".json")]
+    return {name[: -len(".json")]: json.loads((folder / "said" / name).read_text()) for name in names}
+
+
+@pool_only
+def test_an_allocation_holds_its_whole_node_and_each_run_has_cpus_of_its_own(slurm_pool, in_tmp, no_leaked_processes):
+    """R3: an allocation asked Slurm for 1 CPU and ran 8 runs there, all on one core where Slurm
+    binds tasks. Now it holds its node whole (every CPU, all memory), and its
+    agent gives each run CPUs of its own (cpus_per_run), with OMP_NUM_THREADS to match."""
+    cpus = sorted(os.sched_getaffinity(0))
+    per_run = 1
+    runs = min(4, len(cpus))
+    path = _share_sweep(in_tmp, runs, runs, ["cpu"], {"nodes": 1, "slots_per_node": runs}, cpus_per_run=per_run)
+    process = gts("run", path, "--plain")
+    (job,) = wait_until(lambda: allocations(slurm_pool), timeout=60, message="the allocation")
+    shown = slurm_pool.run("scontrol", "show", "job", job).stdout
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    assert "NumCPUs=8 " in shown and "MinMemoryNode=0 " in shown, shown  # every CPU (the test Slurm's 8), all memory
+    said = _said(in_tmp)
+    assert len(said) == runs, said
+    shares = [tuple(entry["cpus"]) for entry in said.values()]
+    assert all(len(share) == per_run for share in shares) and len(set(shares)) == runs, said  # none shared
+    assert {entry["threads"] for entry in said.values()} == {str(per_run)}, said
+
+
+@pool_only
+def test_a_gpu_all_pool_runs_on_the_gpus_slurm_gives_it_one_per_gpu(slurm_pool, in_tmp, no_leaked_processes):
+    """gpu: all without gpus_per_node asked Slurm for no GPU and ran the sweep two at a time on CPU
+    slots, while --dry-run promised 8 at once. Now the allocation asks for each node's GRES GPUs
+    (sinfo: 4 on the test Slurm's nodes) and its agent runs one run on each, as --dry-run says."""
+    path = _share_sweep(in_tmp, 4, 4, "all", {"nodes": 1})
+    dry = subprocess.run(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", str(path), "--dry-run"], capture_output=True, text=True
+    )
+    assert "up to 4 at once" in dry.stdout and "--gres=gpu:4" in dry.stdout, dry.stdout + dry.stderr
+    process = gts("run", path, "--plain")
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    said = _said(in_tmp)
+    assert sorted(entry["gpus"] for entry in said.values()) == ["0", "1", "2", "3"], said  # at once: each waited
 
 
 @pool_only

@@ -72,9 +72,10 @@ def cannot_run(run: Mapping[str, Any], node: str) -> str | None:
     return None
 
 
-def start_run(run: Mapping[str, Any], gpus: str) -> tuple[LocalHandle, threading.Event]:
-    """Start the run's process with ``gpus`` as its ``CUDA_VISIBLE_DEVICES``; the event is set when
-    it has ended. Raises OSError (the caller logs it: the run fails, as locally)."""
+def start_run(run: Mapping[str, Any], gpus: str, cpus: tuple[int, ...] = ()) -> tuple[LocalHandle, threading.Event]:
+    """Start the run's process with ``gpus`` as its ``CUDA_VISIBLE_DEVICES`` (and ``cpus``, where
+    given, as the CPUs it and its children may use); the event is set when it has ended. Raises
+    OSError (the caller logs it: the run fails, as locally)."""
     env = dict(os.environ)
     env.update(run["env"])
     env["CUDA_VISIBLE_DEVICES"] = gpus
@@ -85,6 +86,7 @@ def start_run(run: Mapping[str, Any], gpus: str) -> tuple[LocalHandle, threading
     ended = threading.Event()
     # A command's wrapper is kept by a keeper of its own here (the driver's is on another machine).
     keeper = Keeper() if not run["reports_outcome"] and keeper_available() else None
+    mask = _bound_to(cpus)
     try:
         handle.child = Child(
             argv,
@@ -99,9 +101,25 @@ def start_run(run: Mapping[str, Any], gpus: str) -> tuple[LocalHandle, threading
         if keeper is not None:
             keeper.close()
         raise
+    finally:
+        if mask is not None:  # this thread's own again: only the child keeps the run's CPUs
+            os.sched_setaffinity(0, mask)
     handle.keeper = keeper
     handle.pid = handle.child.pid
     return handle, ended
+
+
+def _bound_to(cpus: tuple[int, ...]) -> set[int] | None:
+    """Bind this thread to ``cpus`` for the child it starts next, which inherits its thread's mask
+    (Linux: affinity is per thread); the mask it had, to restore, or None where nothing changed."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return None
+    mask = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return None
+    return mask
 
 
 def keep_lease(

@@ -221,7 +221,7 @@ class Scheduler:
         token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice
         if live is not None:
             logger.info("%s: following its attempt that is still queued or running on the cluster", spec.name)
-        number = self._records.starting(spec, slot, token)
+        number = self._records.starting(spec, slot, token, queued=self._abilities.cluster_slots)
         key = next(self._keys)
         try:
             handle = self._launcher.start(
@@ -249,7 +249,7 @@ class Scheduler:
         active = self._running.get(key)
         if active is not None:
             self._running.placed(active, since)
-            self._records.ledger.set_node(active.spec.name, node, pid)
+            self._records.ledger.set_node(active.spec.name, node, pid, since)
             logger.info("%s runs on %s (pid %d there)", active.spec.name, node, pid)
 
     def _on_exit(self, key: int) -> None:

@@ -148,9 +148,10 @@ class Records:
 
     # --- a run starting ------------------------------------------------------------
 
-    def starting(self, spec: RunSpec, slot: Slot, token: str) -> int:
+    def starting(self, spec: RunSpec, slot: Slot, token: str, *, queued: bool = False) -> int:
         """Record the attempt before its process exists (a crash now leaves 'running', settled on resume),
-        with what made it (the code, the environment, its seed: :meth:`run_started`)."""
+        with what made it (the code, the environment, its seed: :meth:`run_started`); ``queued``: it
+        waits for a cluster's machine until it is placed."""
         provenance = None
         if self._made_with is None:
             self._unrecorded.append(spec)
@@ -169,6 +170,7 @@ class Records:
             stage=spec.stage,
             program=spec.program,
             provenance=provenance,
+            queued=queued,
         )
 
     def run_started(self, spec: RunSpec, slot: Slot) -> None:

@@ -20,3 +20,8 @@ class RunStatus(enum.StrEnum):
 
     def __str__(self) -> str:
         return self.value
+
+
+# Shown, never recorded: a run recorded running whose attempt waits in a cluster's queue (a Slurm
+# pool's, an array task pending, Ray's) for a machine; its node is '' until it is placed there.
+QUEUED = "queued"

@@ -17,7 +17,7 @@ from ..gpu.devices import format_memory
 from ..layout import META
 from ..records.metrics import describe, latest
 from ..records.paths import RunPaths, log_name_problem, name_problem, read_json
-from ..records.status import RunStatus
+from ..records.status import QUEUED, RunStatus
 from ..results import escape_controls, open_ledger
 from .drawing import plain_text
 
@@ -132,11 +132,12 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     running, holder = scheduler_state(root)
     on_slurm = detached_on_slurm(root) if running is False else 0
     counts = {status.value: 0 for status in RunStatus}
+    counts[QUEUED] = 0  # recorded running, waiting in a cluster's queue for a machine
     counts[STALE] = 0
     stages: dict[str, dict[str, int]] = {}
     for stage, state, count in tally:
-        if state == RunStatus.RUNNING.value and running is False and not on_slurm:
-            state = STALE
+        if state in (RunStatus.RUNNING.value, QUEUED) and running is False:
+            state = RunStatus.RUNNING.value if on_slurm else STALE  # detached: queued or running, unknown here
         counts[state] = counts.get(state, 0) + count
         if stage is not None:  # a sweep with stages: the counts of each too, in the sweep's order
             stages.setdefault(stage, {}).setdefault(state, 0)
@@ -174,7 +175,12 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
         log_file = None  # changed by hand into a path out of the run folders: no log path is shown
     base = root if root == "/" else root.rstrip("/")
     entries = functools.partial(
-        ledger.status_entries, root=base, log_file=log_file, stale=running is False and not on_slurm, now=time.time()
+        ledger.status_entries,
+        root=base,
+        log_file=log_file,
+        stale=running is False and not on_slurm,
+        followed=running is not False,
+        now=time.time(),
     )
     return report, recorded, entries
 
@@ -319,7 +325,10 @@ def format_status(
             f"{counts[STALE]} run(s) recorded as running are stale: their scheduler is gone and nothing "
             "runs them; the next start runs them again"
         )
-    table = [{**run, "duration": duration_text(run["duration"])} for run in report["runs"]]
+    table = [
+        {**run, "duration": duration_text(run["duration"]), "in queue": duration_text(run.get("queued_for"))}
+        for run in report["runs"]
+    ]
     if table:
         for row in table:
             if not verbose:
@@ -341,6 +350,8 @@ def format_status(
                     row["copied"] = _shorten(row.get("copied"), CAUSE_SHOWN)
         if any(run.get("node") for run in report["runs"]):  # the Ray backend: which machine
             names.insert(names.index("slot") + 1, "node")
+        if any(row["in queue"] for row in table):  # a cluster's queue: how long each has waited, apart
+            names.insert(names.index("duration"), "in queue")
         lines.append(_fit(table, names, None if verbose else width, escape=escape))
     listed = report.get("listed", {})
     if listed.get("of", 0) > listed.get("runs", 0):
@@ -349,6 +360,17 @@ def format_status(
             f"{TABLE_OTHERS}; gts status ROOT --json lists every run, gts results ROOT every result)"
         )
     return "\n".join(lines)
+
+
+def shown_status(record: Any, stale: bool) -> str:
+    """A run's status as shown: one recorded running is ``stale`` when nothing runs its root, and
+    ``queued`` while its attempt waits for a cluster's machine (its node '' until placed)."""
+    if record.status is RunStatus.RUNNING:
+        if stale:
+            return STALE
+        if record.node == "":
+            return QUEUED
+    return str(record.status.value)
 
 
 def duration_text(seconds: float | None) -> str | None:
@@ -360,7 +382,7 @@ def eta(report: dict[str, Any]) -> float | None:
     """Seconds until the sweep ends, guessed from the runs that succeeded (None before any did)."""
     mean = report.get("mean_success_seconds")
     running = [run for run in report["runs"] if run["status"] == "running"]
-    left = report["counts"].get("pending", 0) + len(running)
+    left = report["counts"].get("pending", 0) + report["counts"].get(QUEUED, 0) + len(running)
     if not mean or not left:
         return None if not mean else 0.0
     started = sum(min(mean, run["duration"] or 0.0) for run in running)
@@ -388,6 +410,8 @@ def watch_view(report: dict[str, Any], memory: dict[int, int] | None, *, escape:
             f"  {clean(run['slot'] or '?'):<8} {clean(run['name'])}  {clock_text(run['duration'] or 0)}{used}"
             + clean(reported)
         )
+    if counts.get(QUEUED):
+        lines.append(f"  {counts[QUEUED]} queued for a machine of the cluster")
     if report["scheduler"].get("waiting"):
         lines.append(f"  waiting: {clean(report['scheduler']['waiting'])}")
     failed = [run for run in report["runs"] if run["status"] in ("failed", "timed_out")]

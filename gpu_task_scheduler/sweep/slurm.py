@@ -34,6 +34,9 @@ class PoolOptions(Record):
     gpus_per_node: int = 0  # GPUs each allocation asks for on each node (--gres=gpu:N); 0: none
     slots_per_node: int | None = None  # runs at once on a node without GPUs (None: its CPUs' worth, at most 8)
     idle_exit: float = 30.0  # seconds an agent with nothing to run waits for more before its node is let go
+    # Whole nodes (--exclusive, all their memory: backends/slurm/shape.py); False: the CPUs, memory
+    # and GPUs of the slots it fills, on nodes shared with other jobs.
+    exclusive: bool = True
 
 
 class SlurmOptions(Record):
@@ -123,6 +126,8 @@ def _parse_pool(raw: Any) -> PoolOptions:
             problem = None if ok else "an integer >= 1"
         elif key == "gpus_per_node":
             problem = None if _int(value) and value >= 0 else "an integer >= 0"
+        elif key == "exclusive":
+            problem = None if isinstance(value, bool) else "true (whole nodes) or false (shared nodes)"
         elif key == "idle_exit":
             ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= float(value) <= 86400
             problem = None if ok else "seconds between 0 and 86400"

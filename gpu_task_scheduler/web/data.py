@@ -18,8 +18,8 @@ from ..errors import ConfigError
 from ..records.ledger.record import RunRecord
 from ..records.metrics import run_curve
 from ..records.paths import RunPaths, UnsafePathError, open_regular, read_json
-from ..records.status import RunStatus
-from ..reports.status import STALE, eta, pool_lines, running_is_stale, status
+from ..records.status import QUEUED, RunStatus
+from ..reports.status import STALE, eta, pool_lines, running_is_stale, shown_status, status
 from ..results import declared_modes, open_ledger, row_of
 
 PAGE_MOST = 500  # runs one page may ask for
@@ -103,13 +103,12 @@ def _entry(root: str, record: RunRecord, stale: bool, modes: dict[str, str] | No
         mode = (modes or {}).get(name)
         if mode is not None and isinstance(summary, dict):
             row[f"metrics.{name}.{mode}"] = summary.get(mode)
-    if stale and record.status is RunStatus.RUNNING:
-        row["status"] = STALE
+    row["status"] = shown_status(record, stale)
     row.update(
         index=record.run_index,
         attempts=record.attempts,
         slot=record.slot,
-        node=record.node,
+        node=record.node or None,
         started=record.started_at,
         cause=record.cause,
         gpu_peak=record.gpu_memory_peak,
@@ -133,13 +132,15 @@ def runs_page(
     if limit < 0 or limit > PAGE_MOST or offset < 0:
         raise ConfigError(f"a page holds 0 to {PAGE_MOST} runs from an offset of 0 or more")
     states = list(statuses or [])
-    known = {state.value for state in RunStatus} | {STALE}
+    known = {state.value for state in RunStatus} | {STALE, QUEUED}
     unknown = [state for state in states if state not in known]
     if unknown:
         raise ConfigError(f"unknown state {unknown[0]!r}; states: {', '.join(sorted(known))}")
     stale = running_is_stale(root)
     if STALE in states:  # stale runs are recorded as running
         states = [state for state in states if state != STALE] + (["running"] if stale else [])
+    if QUEUED in states:  # so are queued ones (and those running: the page tells them apart)
+        states = [state for state in states if state != QUEUED] + ([] if stale else ["running"])
     ledger = open_ledger(root)
     try:
         total, records = ledger.page(
@@ -403,8 +404,8 @@ def timeline(root: str, *, most: int = TIMELINE_MOST) -> dict[str, Any]:
                 {
                     "name": record.name,
                     "slot": slot,
-                    "node": record.node,
-                    "status": STALE if stale and record.status is RunStatus.RUNNING else record.status.value,
+                    "node": record.node or None,
+                    "status": shown_status(record, stale),
                     "start": start - origin,
                     "end": end - origin,
                 }

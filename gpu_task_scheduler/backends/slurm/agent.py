@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...gpu.capacity import Capacity
@@ -68,6 +69,7 @@ class _Running:
         self.taken = False  # counted by the capacity (once its pid is known)
         self.since = time.monotonic()
         self.thread: threading.Thread | None = None
+        self.share: tuple[int, ...] = ()  # its CPUs
 
 
 class Agent:
@@ -83,6 +85,8 @@ class Agent:
         # beats): a new allocation packs by what earlier ones learned, not from one run per GPU.
         self.peaks: list[int] = []
         self.capacity.learned_before(_peaks_seen(files))
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        self.cpus = CpuShares(cpus, most=self._most_runs(), per_run=settings.get("cpus_per_run"))
         self.draining = threading.Event()
         self._wake = threading.Event()  # a run's thread ended, or a signal came: look now
         self.running: dict[str, _Running] = {}
@@ -156,8 +160,10 @@ class Agent:
     def _has_room(self) -> bool:
         """Whether a slot may take one more run (without NVML's word: at most max_runs_per_gpu a GPU
         slot, one a CPU slot), so that a full node does not list the queue at all."""
-        most = sum(self.options.max_runs_per_gpu if slot.gpu_ids else 1 for slot in self.capacity.slots)
-        return len(self.running) < most
+        return len(self.running) < self._most_runs()
+
+    def _most_runs(self) -> int:
+        return sum(self.options.max_runs_per_gpu if slot.gpu_ids else 1 for slot in self.capacity.slots)
 
     def _claim(self) -> bool:
         """Take what the slots can place now, oldest first; whether anything was taken."""
@@ -186,6 +192,8 @@ class Agent:
     def _start(self, run: dict[str, Any], entry: str, slot_index: int, need: Need) -> None:
         token = str(run["token"])
         attempt = _Running(token, str(run.get("name", "")), entry, slot_index, need)
+        attempt.share = self.cpus.take()
+        run = _with_share(run, attempt.share)
         gpus = self.capacity.slots[slot_index].cuda_visible_devices
         events = Events(self.files.events, token, 0)
         batch = {"lease_every": self.settings["lease_every"]}
@@ -212,6 +220,7 @@ class Agent:
                     job=self.job,
                     gpus=gpus,
                     slot=self.capacity.slots[slot_index].name,
+                    cpus=attempt.share,
                     on_started=started,
                     on_ended=ended,
                 )
@@ -253,6 +262,7 @@ class Agent:
                 os.unlink(os.path.join(self.files.claimed(self.id), attempt.entry))
             with contextlib.suppress(OSError):  # the driver's word that it gave the attempt up, now heard
                 os.unlink(self.files.event(token, "abandoned"))
+            self.cpus.give_back(attempt.share)
             del self.running[token]
         if self.running:
             self.capacity.measure()  # NVML: what the runs use (their peaks teach the next placements)
@@ -283,13 +293,23 @@ class Agent:
         self._beat()
 
 
+class NoGPUs(Exception):
+    """A GPU sweep's agent on a node where Slurm gave the job no GPU."""
+
+
 def _node_options(options: SchedulerOptions, settings: dict[str, Any]) -> SchedulerOptions:
     """The sweep's options with this node's slots: the GPUs Slurm gave the job here, in groups of
-    ``gpus_per_run``; without GPUs, ``slots_per_node`` of them. The GPUs are the allocation's own, so
-    no reservations are shared with other sweeps."""
-    visible = [gpu for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    ``gpus_per_run`` (never others NVML sees: they may be other jobs'); without GPUs,
+    ``slots_per_node`` of them. A GPU sweep with no GPU here never runs on CPU slots (NoGPUs). The
+    GPUs are the allocation's own, so no reservations are shared with other sweeps."""
     per_run = max(1, int(settings.get("gpus_per_run") or 1))
-    if settings.get("gpus_per_node") and visible:
+    if settings.get("gpus_per_node"):
+        visible = slurm_gpus(os.environ)
+        if not visible:
+            raise NoGPUs(
+                "Slurm gave this job no GPU here (CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS and SLURM_JOB_GPUS "
+                "are empty); the sweep uses GPUs, and does not run on CPU slots instead"
+            )
         slots = [
             Slot(f"gpu{','.join(visible[first : first + per_run])}", tuple(visible[first : first + per_run]))
             for first in range(0, len(visible) - per_run + 1, per_run)
@@ -298,6 +318,69 @@ def _node_options(options: SchedulerOptions, settings: dict[str, Any]) -> Schedu
         count = settings.get("slots_per_node") or min(8, os.cpu_count() or 1)
         slots = [Slot(f"cpu{index}", ()) for index in range(int(count))]
     return options._replace(slots=tuple(slots), share_gpu_reservations=False)
+
+
+def slurm_gpus(environ: Mapping[str, str]) -> list[str]:
+    """The GPUs Slurm gave this step (its CUDA_VISIBLE_DEVICES), else the step's or the job's ids.
+
+    >>> slurm_gpus({"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_JOB_GPUS": "0,1,2,3"})
+    ['2', '3']
+    >>> slurm_gpus({"SLURM_JOB_GPUS": "0,1"}), slurm_gpus({})
+    (['0', '1'], [])
+    """
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        ids = [gpu.strip() for gpu in environ.get(name, "").split(",") if gpu.strip()]
+        if ids:
+            return ids
+    return []
+
+
+class CpuShares:
+    """The node's CPUs (those this agent may use: what Slurm bound its step to) shared out among its
+    runs, each its own: ``per_run`` of them (``cpus_per_run``), else an even share for the most runs
+    the node takes at once. The thread that starts a run is bound to its share for the moment of
+    the start (``supervisor.start_run``): the run inherits it, the agent's threads do not. The run
+    gets ``OMP_NUM_THREADS`` and the like to match (unless the job sets them): 8 runs' DataLoader
+    workers do not all land on the same cores.
+
+    >>> shares = CpuShares(range(8), most=4, per_run=None)
+    >>> shares.take(), shares.take()
+    ((0, 1), (2, 3))
+    >>> shares.give_back((0, 1)); shares.take()
+    (0, 1)
+    >>> CpuShares(range(2), most=4, per_run=None).shares  # fewer CPUs than runs: one each, shared
+    [(0,), (1,)]
+    """
+
+    def __init__(self, cpus: Iterable[int], *, most: int, per_run: int | None) -> None:
+        cpus = sorted(cpus)
+        size = per_run or max(1, len(cpus) // max(1, most))
+        self.shares = [tuple(cpus[first : first + size]) for first in range(0, len(cpus) - size + 1, size)] or [
+            tuple(cpus)
+        ]
+        self._used = dict.fromkeys(self.shares, 0)
+
+    def take(self) -> tuple[int, ...]:
+        """The least used share (a free one while there is one)."""
+        share = min(self.shares, key=lambda share: self._used[share])
+        self._used[share] += 1
+        return share
+
+    def give_back(self, share: tuple[int, ...]) -> None:
+        if self._used.get(share):
+            self._used[share] -= 1
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _with_share(run: dict[str, Any], share: tuple[int, ...]) -> dict[str, Any]:
+    """The run with its CPUs' count as its thread pools' sizes, where neither it nor the job says."""
+    env = dict(run.get("env") or {})
+    for name in THREAD_VARIABLES:
+        if name not in env and name not in os.environ:
+            env[name] = str(len(share))
+    return {**run, "env": env}
 
 
 def _peaks_seen(files: PoolFiles) -> list[int]:
@@ -335,7 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_task_scheduler: this node cannot read {files.settings}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    agent = Agent(files, settings, options)
+    try:
+        agent = Agent(files, settings, options)
+    except NoGPUs as error:
+        print(f"gpu_task_scheduler: {socket.gethostname()}: {error}", file=sys.stderr)
+        return 2
 
     def drain(*_: object) -> None:
         agent.draining.set()

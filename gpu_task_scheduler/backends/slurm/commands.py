@@ -232,13 +232,44 @@ def partition_nodes(partition: str | None) -> list[str]:
     return sorted(set(call(argv, what="sinfo").split()))
 
 
-def partition_node_count(partition: str | None) -> int:
-    """How many nodes the partition has (by node name: several may share a host); 0 when Slurm's
-    sinfo is missing or says none."""
+class Partition(Record):
+    """What a partition's nodes have, from one ``sinfo`` (by node name: several may share a host)."""
+
+    nodes: int
+    cpus: int  # CPUs of the node that has the fewest
+    gpus: int  # GRES GPUs of the GPU node that has the fewest; 0: no node has any
+
+
+def partition(name: str | None) -> Partition | None:
+    """The partition's nodes (the default partition's for None); None when Slurm's sinfo is not
+    here to say."""
     if shutil.which("sinfo") is None:
-        return 0
-    argv = ["sinfo", "-h", "-N", "-o", "%N"] + (["-p", partition] if partition else [])
-    return len(set(call(argv, what="sinfo").split()))
+        return None
+    argv = ["sinfo", "-h", "-N", "-o", "%N %c %G"] + (["-p", name] if name else [])
+    nodes: dict[str, tuple[int, int]] = {}
+    for line in call(argv, what="sinfo").splitlines():
+        fields = line.split(None, 2)
+        if len(fields) >= 2:
+            nodes[fields[0]] = (ascii_int(fields[1]) or 0, gres_gpus(fields[2] if len(fields) > 2 else ""))
+    cpus = [count for count, _ in nodes.values() if count]
+    gpus = [count for _, count in nodes.values() if count]
+    return Partition(nodes=len(nodes), cpus=min(cpus, default=0), gpus=min(gpus, default=0))
+
+
+def gres_gpus(gres: str) -> int:
+    """The GPUs in a node's GRES as sinfo's %G prints it, kinds comma-separated.
+
+    >>> gres_gpus("gpu:4"), gres_gpus("gpu:a100:4(S:0-1),gpu:v100:2(S:0)"), gres_gpus("(null)")
+    (4, 6, 0)
+    >>> gres_gpus("gpu:h100:8(S:0-1),shard:2")
+    8
+    """
+    count = 0
+    for kind in re.split(r",(?![^(]*\))", gres.strip()):  # commas outside parentheses
+        fields = kind.split("(", 1)[0].split(":")
+        if fields[0] == "gpu" and len(fields) >= 2:
+            count += ascii_int(fields[-1]) or 0
+    return count
 
 
 # File systems whose files only this machine sees: a result root there cannot serve other nodes.

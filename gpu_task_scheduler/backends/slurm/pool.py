@@ -68,7 +68,7 @@ from . import commands
 from .commands import TaskState
 from .following import Following, SlurmHandle, _running_for
 from .poolfiles import PoolFiles, entry_name, job_of, token_of
-from .resources import Resources
+from .shape import allocation_args, pool_shape
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -107,6 +107,7 @@ class PoolLauncher(Following):
         super().__init__(task, options, detach=detach)
         self._p: PoolOptions = self._s.pool or PoolOptions()
         self._files = PoolFiles(options.result_root_folder)
+        self._shape = pool_shape(options, self._partition_if_known)  # open() asks Slurm again, for good
         self._attempts: dict[str, _Attempt] = {}  # token -> attempt, while the engine follows it
         self._new: list[_Attempt] = []
         self._adoptable: dict[str, tuple[str, dict[str, Any], str]] = {}  # name -> (token, run, entry)
@@ -130,7 +131,7 @@ class PoolLauncher(Following):
     # --- the sweep ------------------------------------------------------------------
 
     def pool_slots(self) -> int:
-        return pool_slots(self._o)
+        return pool_slots(self._o, self._shape.runs_per_node)
 
     def slots(self, options: SchedulerOptions) -> list[Slot]:
         missing = commands.missing_commands()
@@ -139,10 +140,16 @@ class PoolLauncher(Following):
         return [Slot(f"pool{index}", ()) for index in range(self._s.max_queued)]
 
     def slot_gpus(self, slot: Slot) -> float:
-        return float(self._asks.gpus_per_run()) if self._p.gpus_per_node else 0.0
+        return float(self._asks.gpus_per_run()) if self._shape.gpus_per_node else 0.0
 
     def job_args(self) -> list[str]:
-        return job_args(self._o)
+        return allocation_args(self._o, self._shape)
+
+    def _partition_if_known(self) -> commands.Partition | None:
+        try:
+            return commands.partition(self._s.partition)
+        except GTSError:  # asked again at open(), where it is an error
+            return None
 
     def open(self, lock_fd: int) -> None:
         problem = commands.shared_root_problem(
@@ -153,22 +160,27 @@ class PoolLauncher(Following):
         )
         if problem is not None:
             raise GTSError(problem)
+        found = commands.partition(self._s.partition)
+        if found is None or not found.nodes:
+            where = f"partition {self._s.partition}" if self._s.partition else "the default partition"
+            raise GTSError(f"Slurm's sinfo lists no node of {where}: a pool cannot be shaped to its nodes")
+        self._shape = pool_shape(self._o, lambda: found)
         commands.test_submission(self.job_args())
         self._files.make()
         settings = read_json(self._files.settings)
         pool = settings.get("pool") if isinstance(settings, dict) else None
         pool = pool if isinstance(pool, str) and pool.isalnum() else uuid.uuid4().hex[:10]
         self._name = f"{self._s.job_name}.pool.{pool}"
-        nodes = commands.partition_node_count(self._s.partition)
-        self._most = max(1, nodes // self._p.nodes) if nodes else MAX_ALLOCATIONS
+        self._most = max(1, found.nodes // self._p.nodes)
         record = {
             "pool": pool,
             "max_allocations": self._most,  # what `gts pool --allocations` may ask (its nodes' count)
             "lease_every": self._o.lease_interval,
             "idle_exit": self._p.idle_exit,
-            "gpus_per_node": self._p.gpus_per_node,
+            "gpus_per_node": self._shape.gpus_per_node,  # the GPUs Slurm gives each node: GPU slots
             "gpus_per_run": self._asks.gpus_per_run(),
             "slots_per_node": self._p.slots_per_node,
+            "cpus_per_run": self._shape.cpus_per_run,
         }
         # The sweep's options as the agents read them (this user's only: they may hold a notify_email
         # password, and an agent runs what it unpickles).
@@ -197,7 +209,10 @@ class PoolLauncher(Following):
         lock = shlex.quote(self._files.jobs) + '/"$SLURM_JOB_ID".lock'
         entry = "-m gpu_task_scheduler.backends.slurm.agent"
         agent = f"{shlex.quote(sys.executable)} {entry} {shlex.quote(self._files.root)}"
-        gres = f" --gres=gpu:{self._p.gpus_per_node}" if self._p.gpus_per_node else ""
+        # --whole: the agent's step holds every CPU (and GPU) the job holds on its node, not one: it
+        # shares them out among its runs (agent.py). --gres: a step gets no GPU unless it asks.
+        step = '--overlap --whole --nodes=1 --ntasks=1 --nodelist="$1" --kill-on-bad-exit=0'
+        gres = f" --gres=gpu:{self._shape.gpus_per_node}" if self._shape.gpus_per_node else ""
         lines = [
             "#!/bin/bash",
             "# gpu_task_scheduler: a pool allocation; one agent per node runs the sweep's runs.",
@@ -218,7 +233,7 @@ class PoolLauncher(Following):
             "agent() {",
             "  local tries=0",
             f"  while [ ! -e {drain} ]; do",
-            f'    if srun --overlap --nodes=1 --ntasks=1 --nodelist="$1" --kill-on-bad-exit=0{gres} {agent}; then',
+            f"    if srun {step}{gres} {agent}; then",
             '      release "$1"',
             "      return 0",
             "    fi",
@@ -507,7 +522,11 @@ class PoolLauncher(Following):
                 task.missing += 1
                 if task.missing >= MISSING_LOOKS:
                     self._lose(task, "its queue entry and its claim are gone without an end")
-        finished = self._finished(states) + self._silent(states)
+        self._drain_the_gone(states)
+        requeued = self._requeued(states)
+        if requeued:  # its runs were handed back; it would start again only after Slurm's delay
+            logger.info("Slurm pool: allocation(s) %s requeued by Slurm; cancelling (another is asked)", requeued)
+        finished = self._finished(states) + self._silent(states) + requeued
         if finished:
             words = ", ".join(finished)
             logger.info("Slurm pool: allocation(s) %s run no agent (ended, or never started); cancelling", words)
@@ -562,6 +581,25 @@ class PoolLauncher(Following):
                 )
                 found.append(job)
         return found
+
+    def _drain_the_gone(self, states: dict[str, TaskState]) -> None:
+        """Allocations Slurm ended, cancelled or requeued, whose agents may still be up for moments
+        (Slurm signals them within KillWait): their drain file, so that they take no more runs. One
+        that did, after a scancel the driver had seen, ran a run its allocation's end then killed."""
+        for job in {job_of(agent) for agent in self._beats}:
+            state = states.get(job)
+            if state is None or not state.live or state.state in ("PENDING", "REQUEUED"):
+                if not os.path.exists(self._files.drain(job)):
+                    with contextlib.suppress(OSError):
+                        atomic_write(self._files.drain(job), b"", durable=False)
+
+    def _requeued(self, states: dict[str, TaskState]) -> list[str]:
+        """Allocations queued again after their agents ran: Slurm requeued them (a preemption, a
+        node's failure, ``scontrol requeue``). Their runs were handed back or given up when their
+        agents went; kept, one would start again only after Slurm's delay (BeginTime, minutes) and,
+        holding whole nodes, keep the allocation asked in its place from starting until then."""
+        ran = {job_of(agent) for agent in self._beats}
+        return [job for job, state in states.items() if state.state in ("PENDING", "REQUEUED") and job in ran]
 
     def _finished(self, states: dict[str, TaskState]) -> list[str]:
         """Running allocations whose every node's agent ended by itself (nothing left to run, or
@@ -733,33 +771,15 @@ class PoolLauncher(Following):
         handle.on_exit()
 
 
-def pool_slots(options: SchedulerOptions) -> int:
-    """Runs a pool runs at once when every allocation runs (at most ``max_runs_per_gpu`` a GPU; CPU
-    slots: ``slots_per_node``, else up to 8 a node)."""
+def pool_slots(options: SchedulerOptions, runs_per_node: int | None) -> int:
+    """Runs a pool runs at once when every allocation runs: ``runs_per_node`` (``shape.py``; None, a
+    node's GPUs not known here: one a node) on each node of each allocation."""
     pool = (options.slurm or SlurmOptions()).pool or PoolOptions()
-    per_node = pool.slots_per_node or 8
-    if pool.gpus_per_node:
-        per_node = max(1, pool.gpus_per_node // max(1, Resources(options).gpus_per_run())) * options.max_runs_per_gpu
-    return per_node * pool.nodes * pool.allocations
+    return (runs_per_node or 1) * pool.nodes * pool.allocations
 
 
 # The most allocations a pool keeps at once where Slurm does not say how many nodes its partition has.
 MAX_ALLOCATIONS = 10_000
-
-
-def job_args(options: SchedulerOptions) -> list[str]:
-    """What each allocation asks Slurm for (``--dry-run`` shows them): its nodes, one agent each, its
-    GPUs on each, its time limit and the warning before it."""
-    slurm = options.slurm or SlurmOptions()
-    pool, asks = slurm.pool or PoolOptions(), Resources(options)
-    args = [f"--nodes={pool.nodes}", "--ntasks-per-node=1", "--no-kill", *asks.placement_args()]
-    if pool.gpus_per_node:
-        args.append(f"--gres=gpu:{pool.gpus_per_node}")
-    if slurm.cpus_per_run:
-        args.append(f"--cpus-per-task={slurm.cpus_per_run * pool_slots(options) // (pool.nodes * pool.allocations)}")
-    if pool.time:
-        args += [f"--time={pool.time}", f"--signal=B:USR1@{int(asks.signal_lead())}"]
-    return args + list(slurm.extra)
 
 
 def _listdir(folder: str) -> list[str]:

@@ -101,6 +101,7 @@ def supervise(
     job: str | None = None,
     gpus: str | None = None,
     slot: str | None = None,
+    cpus: tuple[int, ...] = (),
     on_started: Callable[[int], None] | None = None,
     on_ended: Callable[[], dict[str, Any]] | None = None,
 ) -> int:
@@ -132,7 +133,7 @@ def supervise(
         return 0
     started = time.monotonic()
     try:
-        handle, ended = start_run(run, os.environ.get("CUDA_VISIBLE_DEVICES", "") if gpus is None else gpus)
+        handle, ended = start_run(run, os.environ.get("CUDA_VISIBLE_DEVICES", "") if gpus is None else gpus, cpus)
     except OSError as error:  # as locally: the run fails, and its log says why
         log_line(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
         lease.release()

@@ -164,12 +164,23 @@ def _say_what_slurm_gets(sweep: Any, runs: int) -> None:
     if slurm is None or not runs:
         return
     if slurm.pool is not None:
-        from ...backends.slurm.pool import job_args, pool_slots
+        from ...backends.slurm import commands
+        from ...backends.slurm.pool import pool_slots
+        from ...backends.slurm.shape import allocation_args, pool_shape
 
+        shape = pool_shape(sweep.options, lambda: _partition_if_known(commands, slurm.partition))
+        at_once = (
+            f"up to {pool_slots(sweep.options, shape.runs_per_node)} at once"
+            if shape.runs_per_node is not None
+            else "as many at once as their nodes have GPUs"
+        )
+        per_run = f"{shape.cpus_per_run} CPU(s)" if shape.cpus_per_run else "an even share of its node's CPUs"
         print(
-            f"slurm pool: {slurm.pool.allocations} allocation job(s) of {slurm.pool.nodes} node(s) for the {runs} "
-            f"run(s), up to {pool_slots(sweep.options)} at once (one more for each that ends while runs wait); "
-            f"each: sbatch {' '.join(job_args(sweep.options))}"
+            f"slurm pool: {slurm.pool.allocations} allocation job(s) of {slurm.pool.nodes} "
+            f"{'whole ' if shape.exclusive else 'shared '}node(s) for the {runs} run(s), {at_once} (one more for "
+            f"each that ends while runs wait), each run on {per_run}"
+            f"{' and its GPUs' if shape.gpus_per_node != 0 else ''}; "
+            f"each: sbatch {' '.join(allocation_args(sweep.options, shape))}"
         )
         return
     from ...backends.slurm.resources import Resources
@@ -179,6 +190,16 @@ def _say_what_slurm_gets(sweep: Any, runs: int) -> None:
         f"slurm: {runs} job array task(s) in at least {arrays} array(s) (up to {slurm.max_queued} queued at once), "
         f"one per run; each: sbatch {' '.join(Resources(sweep.options).sbatch_args())}"
     )
+
+
+def _partition_if_known(commands: Any, name: str | None) -> Any:
+    """What the partition's nodes have, or None where Slurm cannot say (a dry run off the cluster)."""
+    from ...errors import GTSError
+
+    try:
+        return commands.partition(name)
+    except GTSError:
+        return None
 
 
 def _say_order_matters(sweep: Any) -> None:

@@ -43,7 +43,7 @@ class Cost(Store):
         ((seconds,),) = self._tuples(
             f"""SELECT total(COALESCE({self._number("slot_seconds")}, 0)
                  + CASE WHEN status = 'running' AND typeof(started_at) IN ('integer', 'real')
-                   THEN max(0, ? - started_at) ELSE 0 END) FROM runs""",
+                   AND {self._column("node")} IS NOT '' THEN max(0, ? - started_at) ELSE 0 END) FROM runs""",
             (now,),
         )
         return float(seconds)

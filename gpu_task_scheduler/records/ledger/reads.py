@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from ..status import RunStatus
+from ..status import QUEUED, RunStatus
 from .record import _INTEGERS, _NUMBER, _REALS, _STATUSES, _TIMES, RunRecord
 from .schema import _ledger_error
 from .store import Store
@@ -88,23 +88,30 @@ class Reads(Store):
         log_file: str | None,
         stale: bool,
         now: float,
+        followed: bool = True,
         where: str = "",
         limit: int | None = None,
         last: bool = False,
     ) -> Iterator[str]:
         """Each run's entry in ``gts status --json`` (see reports/status.py), as JSON text that
         SQLite writes, in the sweep's order: a root of 300,000 runs in a second, in bounded memory.
-        ``stale``: no scheduler holds the root (runs recorded as running are stale). A value of the
+        ``stale``: no scheduler holds the root (runs recorded as running are stale). ``followed``: a
+        scheduler follows the runs (it hears when a cluster places one: one still waiting shows as
+        queued); a detached sweep's are shown running, as nothing here can tell. A value of the
         wrong type (changed by hand) is shown as null; :meth:`problems` names it."""
         order = "run_index DESC, name DESC" if last else "run_index, name"
+        node = self._column("node")
         sql = f"""SELECT json_object(
             'name', name, 'stage', {self._column("stage")},
-            'status', CASE WHEN status = 'running' AND :stale THEN 'stale' ELSE status END,
-            'node', {self._column("node")}, 'slot', slot,
+            'status', CASE WHEN status = 'running' AND :stale THEN 'stale'
+                WHEN status = 'running' AND {node} = '' AND :followed THEN '{QUEUED}' ELSE status END,
+            'node', NULLIF({self._column("node")}, ''), 'slot', slot,
+            'queued_for', CASE WHEN status = 'running' AND {node} = '' AND :followed AND NOT :stale
+                AND typeof(started_at) IN ('integer', 'real') THEN :now - started_at END,
             'started', CASE WHEN typeof(started_at) IN ('integer', 'real')
                 THEN datetime(CAST(started_at AS INTEGER), 'unixepoch', 'localtime') END,
             'duration', CASE WHEN typeof(started_at) NOT IN ('integer', 'real') OR (status = 'running' AND :stale)
-                THEN NULL
+                OR (status = 'running' AND {node} = '' AND :followed) THEN NULL
                 WHEN {self._number("slot_seconds")} IS NOT NULL THEN {self._number("slot_seconds")}
                     + CASE WHEN status = 'running' THEN :now - started_at ELSE 0 END
                 WHEN typeof(ended_at) IN ('integer', 'real') THEN ended_at - started_at
@@ -125,7 +132,14 @@ class Reads(Store):
             FROM runs {"WHERE " + where if where else ""} ORDER BY {order}"""
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        values = {"stale": stale, "now": now, "root": root, "log": log_file, "stale_cause": STALE_CAUSE}
+        values = {
+            "stale": stale,
+            "followed": followed,
+            "now": now,
+            "root": root,
+            "log": log_file,
+            "stale_cause": STALE_CAUSE,
+        }
         try:
             cursor = self._db.cursor()
             cursor.row_factory = None
@@ -382,16 +396,19 @@ class Reads(Store):
 
     def tally(self) -> tuple[list[tuple[str | None, str, int]], float | None]:
         """(stage, status, how many runs), counted by SQLite in one scan, in the order stages first
-        appear; and how long the runs that succeeded took on average (None before any did)."""
+        appear; and how long the runs that succeeded took on average (None before any did). A run
+        recorded running that waits for a cluster's machine counts as ``queued``."""
         timed = f"status = 'succeeded' AND {_NUMBER.format('started_at')} AND {_NUMBER.format('ended_at')}"
         rows = self._tuples(
-            f"SELECT {self._column('stage')}, status, COUNT(*), MIN(run_index), "
+            f"SELECT {self._column('stage')}, CASE WHEN status = 'running' AND {self._column('node')} = '' "
+            f"THEN '{QUEUED}' "
+            "ELSE status END, COUNT(*), MIN(run_index), "
             f"SUM(CASE WHEN {timed} THEN ended_at - started_at END), SUM(CASE WHEN {timed} THEN 1 ELSE 0 END) "
             f"FROM runs GROUP BY 1, 2 ORDER BY 4",
             (),
         )
         for row in rows:
-            if row[1] not in _STATUSES:  # a newer version's status: the error that says so
+            if row[1] not in _STATUSES and row[1] != QUEUED:  # a newer version's status: the error that says so
                 (name,) = self._tuples("SELECT name FROM runs WHERE status = ? LIMIT 1", (row[1],))[0]
                 self._status(name, row[1])
         seconds = sum(row[4] or 0.0 for row in rows)

@@ -67,7 +67,8 @@ class RunRecord(Record):
 
     def held_seconds(self, now: float) -> float | None:
         """The wall time it held a slot, over all its attempts (a running one's until ``now``)."""
-        running = self.status is RunStatus.RUNNING and self.started_at is not None
+        # (one waiting in a cluster's queue, its node '', holds no slot yet)
+        running = self.status is RunStatus.RUNNING and self.started_at is not None and self.node != ""
         current = max(0.0, now - self.started_at) if running and self.started_at is not None else 0.0
         if isinstance(self.slot_seconds, (int, float)):
             return self.slot_seconds + current

@@ -30,10 +30,12 @@ class Runs(Store):
         stage: str | None = None,
         program: str | None = None,
         provenance: str | None = None,
+        queued: bool = False,
     ) -> int:
         """Record a new attempt before its child starts; return the attempt number. An attempt
         recorded again under its own token (a start following what a cluster still runs) is the
-        same attempt: it is not counted twice.
+        same attempt: it is not counted twice. ``queued``: it waits for a machine of a cluster
+        (its ``node`` is '' until :meth:`set_node`; ``gts status`` shows it queued, not running).
 
         The early_stop rule's verdicts on the run are kept when it resumes after an interruption
         (its sweep was stopped or killed: the rule goes on where it was) or a pause, and dropped when it starts
@@ -45,8 +47,8 @@ class Runs(Store):
         )
         self._write(
             """INSERT INTO runs (name, run_index, config_hash, status, attempts, slot, token, work_dir, started_at,
-                                 params, stage, program, provenance)
-               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?, ?)
+                                 params, stage, program, provenance, node)
+               VALUES (?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT(name) DO UPDATE SET
                  params = excluded.params, stage = excluded.stage, program = excluded.program,
                  provenance = excluded.provenance,
@@ -55,8 +57,21 @@ class Runs(Store):
                  token = excluded.token, pid = NULL,
                  work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
-                 gpu_memory_peak = NULL, gpu_leftover = NULL, node = NULL, metrics = NULL""",
-            (name, run_index, config_hash, slot, token, work_dir, self._clock(), params, stage, program, provenance),
+                 gpu_memory_peak = NULL, gpu_leftover = NULL, node = excluded.node, metrics = NULL""",
+            (
+                name,
+                run_index,
+                config_hash,
+                slot,
+                token,
+                work_dir,
+                self._clock(),
+                params,
+                stage,
+                program,
+                provenance,
+                "" if queued else None,
+            ),
         )
         (attempts,) = self._tuples("SELECT attempts FROM runs WHERE name = ?", (name,))[0]
         self.commit()  # the run's process starts next: its record must exist before it does
@@ -98,9 +113,15 @@ class Runs(Store):
         """The running attempt's process (the leader of its process group)."""
         self._write("UPDATE runs SET pid = ? WHERE name = ?", (pid, name))
 
-    def set_node(self, name: str, node: str, pid: int) -> None:
-        """The machine the running attempt runs on, and its process there."""
-        self._write("UPDATE runs SET node = ?, pid = ? WHERE name = ?", (node, pid, name))
+    def set_node(self, name: str, node: str, pid: int, since: float = 0.0) -> None:
+        """The machine the running attempt runs on, and its process there, which started ``since``
+        seconds ago: an attempt that waited in a cluster's queue counts its time from then (its
+        duration, its slot's seconds), not from when it was handed over."""
+        self._write(
+            "UPDATE runs SET started_at = CASE WHEN node = '' THEN ? ELSE started_at END, node = ?, pid = ? "
+            "WHERE name = ?",
+            (self._clock() - max(0.0, since), node, pid, name),
+        )
 
     def finish(
         self,
@@ -125,7 +146,8 @@ class Runs(Store):
         # The attempt that ends (one recorded running): its time on its slot is added up, and its
         # span kept (the latest MAX_SPANS), so that a run's duration and timeline cover its attempts.
         # One statement: SQLite reads every column of the row as it was before the UPDATE.
-        ends = "status = 'running' AND typeof(started_at) IN ('integer', 'real')"
+        # An attempt that never left a cluster's queue (node '': never placed) held no slot.
+        ends = f"status = 'running' AND typeof(started_at) IN ('integer', 'real') AND {self._column('node')} IS NOT ''"
         spans = f"""CASE WHEN json_valid(spans) AND json_type(spans) = 'array'
                        AND json_array_length(spans) < {MAX_SPANS} THEN spans
                    WHEN json_valid(spans) AND json_type(spans) = 'array' THEN json_remove(spans, '$[0]')

@@ -852,6 +852,8 @@ def test_no_request_value_makes_the_server_fail(in_tmp, served):
         ),
     )
     @example("/api/runs", {"offset": "\u00b2", "limit": "\u0663", "root": "\uff11"})  # digits to str, not to int()
+    @example("/api/parcoords", {"metric": '"'})  # a name no JSON path can hold: was a 503 ("bad JSON path")
+    @example("/api/runs", {"sort": 'a"b', "desc": "1"})
     def check(path, params):
         status, _, body = fetch(at(url, path, **params))
         assert status in (200, 400, 404), (path, params, body[:300])

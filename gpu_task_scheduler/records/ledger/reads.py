@@ -313,8 +313,6 @@ class Reads(Store):
         return sql + "END", values
 
     # Orders of a page of runs that are columns of the table (any other key: a number, as ranked).
-
-    # Orders of a page of runs that are columns of the table (any other key: a number, as ranked).
     _PAGE_ORDERS = {
         "index": "run_index",
         "name": "name",
@@ -369,6 +367,8 @@ class Reads(Store):
             order = f"{column} IS NULL, {column} {way}"
             if key not in self._PAGE_ORDERS:  # no number there: text values (a parameter like 'adam') in order
                 text_value = "CASE WHEN json_type(params, :ppath) = 'text' THEN json_extract(params, :ppath) END"
+                if '"' in key:  # no JSON path can name it (a "bad JSON path" error): json_each, as _value_sql
+                    text_value = "(SELECT value FROM json_each(params) WHERE key = :pkey AND type = 'text')"
                 order += f", {text_value} IS NULL, {text_value} {way}"
             order += ", run_index, name"
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""

@@ -349,6 +349,69 @@ def test_an_agent_refuses_options_that_are_no_regular_file_at_once(tmp_path, cap
     assert "cannot read the pool's options" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("words", [("TERM", "KILL"), ("KILL",)])
+def test_a_stop_or_a_kill_that_comes_while_an_agent_starts_the_run_keeps_it_from_starting(
+    tmp_path, monkeypatch, no_leaked_processes, words
+):
+    """Two Ctrl-C (or gts stop --now) while an agent has claimed an attempt and is starting it: the
+    agent is held between its claim and the run's start (an event), the driver's words are sent
+    there. The agent's loop relayed words only after the run had started (up to 10 s later), so a
+    run that traps SIGTERM started, and ran until the kill came. Now the words reach the attempt
+    while it starts: the run never starts, and the driver records the end it asked for."""
+    import threading
+
+    import gts_test_tasks as tasks
+    from helpers import make_config
+
+    from gpu_task_scheduler.backends.slurm import agent as agent_module
+    from gpu_task_scheduler.engine.launcher import Attempt
+    from gpu_task_scheduler.gpu.devices import Slot
+    from gpu_task_scheduler.records.paths import RunPaths
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    config = make_config(tmp_path / "r", [{"seconds": [30], "trap_term": [True]}], backend="slurm", grace_period=60)
+    config["scheduler_config"]["slurm"] = {"pool": {"nodes": 1, "slots_per_node": 1}}
+    sweep = Sweep(config)
+    options, spec = sweep.options, next(iter(sweep))
+    os.makedirs(options.result_root_folder)
+    launcher = PoolLauncher(tasks.ContractTask, options)
+    files = launcher._files
+    files.make()
+    heard = threading.Event()
+    token = "a" * 32
+    handle = launcher.start(
+        Attempt(spec, Slot("pool0", ()), RunPaths(spec.work_dir, options.log_file), token, 1), heard.set
+    )
+    launcher.flush()
+    settings = {"lease_every": options.lease_interval, "idle_exit": 30, "gpus_per_node": 0, "slots_per_node": 1}
+    agent = agent_module.Agent(files, settings, options)
+    held, release = threading.Event(), threading.Event()
+    real = agent_module.supervise
+
+    def holding(*args, **kwargs):  # between the claim and the run's start
+        held.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(agent_module, "supervise", holding)
+    loop = threading.Thread(target=agent.run, daemon=True)
+    loop.start()
+    try:
+        assert held.wait(30), "the agent never claimed the attempt"
+        for word in words:
+            launcher.request(token, word)
+            launcher._send_requests()
+        wait_until(lambda: agent.running[token].killed.is_set(), timeout=5, message="the kill to reach the attempt")
+    finally:
+        release.set()
+    wait_until(lambda: (launcher._read_events(), heard.is_set())[1], timeout=10, message="the driver to hear the end")
+    assert handle.reap().returncode == -9
+    assert not os.path.exists(os.path.join(spec.work_dir, "ready")), "the run started"
+    agent.draining.set()
+    loop.join(10)
+    assert not loop.is_alive()
+
+
 @pytest.mark.parametrize(
     ("pool", "words"),
     [

@@ -54,6 +54,7 @@ TICK = 0.05  # seconds between two turns of the agent's loop (its runs' ends wak
 # words, the warning of the time limit. On NFS or Lustre each look costs the metadata server a
 # listing or a stat, from every node: a run's end wakes the agent for the next run at once instead.
 LOOK = 0.25
+START_WAIT = 10.0  # seconds the loop waits for a run's process before it places the next one
 PEAKS_KEPT = 100  # the latest GPU memory peaks an agent's beat tells the pool's later agents
 
 
@@ -234,8 +235,13 @@ class Agent:
         self.running[token] = attempt
         attempt.thread.start()
         # The capacity counts the run by its process group, which exists once its process does: the
-        # next placement must see it (a start takes milliseconds; the lease comes first).
-        if attempt.started.wait(10.0) and attempt.pid > 0:
+        # next placement must see it (a start takes milliseconds; the lease comes first, and waits
+        # for an earlier attempt's to expire). Meanwhile the driver's words are relayed: a stop or
+        # a kill for an attempt that is starting reaches it (it then never starts, or is killed).
+        deadline = time.monotonic() + START_WAIT
+        while not attempt.started.wait(LOOK) and time.monotonic() < deadline:
+            self._relay()
+        if attempt.started.is_set() and attempt.pid > 0:
             self.capacity.take(slot_index, attempt.pid, need, attempt.name)
             attempt.taken = True
         self.started += 1

@@ -543,6 +543,10 @@ def test_gts_pool_grows_the_pool_of_a_running_sweep(slurm_pool, in_tmp, no_leake
     found, _ = check_exactly_once(in_tmp, 12, 4)
     assert output.count("Slurm pool: submitted allocation") == 2, output
     assert len(set(re.findall(r"\(pool job (\d+)\)", output))) == 2, output  # runs ran in both
+    nodes = {}  # each allocation holds its node whole: the two never share one
+    for node, job in re.findall(r"runs on (\S+) cpu\d+ \(pool job (\d+)\)", output):
+        nodes.setdefault(job, set()).add(node)
+    assert len(nodes) == 2 and not set.intersection(*nodes.values()), nodes
 
 
 def test_a_run_waiting_for_a_machine_counts_as_queued_and_its_clock_starts_on_its_node(tmp_path, capsys):

@@ -14,9 +14,8 @@ from typing import Any
 
 from ..errors import ConfigError, GTSError, did_you_mean, install_hint
 from ..gpu.devices import format_memory
-from ..layout import META
 from ..records.metrics import describe, latest
-from ..records.paths import RunPaths, log_name_problem, name_problem, read_json
+from ..records.paths import RunPaths, log_name_problem, name_problem
 from ..records.status import QUEUED, RunStatus
 from ..results import escape_controls, open_ledger
 from .drawing import plain_text
@@ -158,9 +157,9 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     if on_slurm:  # gts run --detach: no scheduler, and its runs queued or running on Slurm
         scheduler["on_slurm"] = on_slurm
     report: dict[str, Any] = {"root": os.path.abspath(root), "scheduler": scheduler, "counts": counts}
-    pool = read_json(os.path.join(root, META, "slurm", "pool", "state.json"))
-    if isinstance(pool, dict) and (running or pool.get("over")):
-        report["pool"] = pool  # a Slurm pool's allocations, as its driver last wrote them (or at its end)
+    from ..backends.live import shown
+
+    report.update(shown(root, running=bool(running)))  # a Slurm pool's allocations, say
     notes = ledger.notes()
     if notes:  # what the scheduler saw of runs that the user should know (a resume that ignored its checkpoint)
         report["notes"] = notes
@@ -193,30 +192,12 @@ def running_is_stale(root: str) -> bool:
     return scheduler_state(root)[0] is False and not detached_on_slurm(root)
 
 
-SLURM_ASKED_EVERY = 5.0  # seconds one root's answer from squeue is reused (a web view asks every second)
-_slurm_answers: dict[str, tuple[float, int]] = {}
-
-
 def detached_on_slurm(root: str) -> int:
-    """How many runs of this root a detached sweep left queued or running on Slurm (its tasks,
-    asked of squeue): they are running, not stale."""
-    if not os.path.isdir(os.path.join(root, META, "slurm")):
-        return 0
-    asked = _slurm_answers.get(root)
-    if asked is not None and time.monotonic() - asked[0] < SLURM_ASKED_EVERY:
-        return asked[1]
-    from ..backends.slurm.live import live_tasks
+    """How many runs of this root a detached sweep left queued or running on a cluster (asked
+    through the backends' seam, ``backends/live.py``): they are running, not stale."""
+    from ..backends.live import left_running
 
-    try:
-        live = len(live_tasks(root))
-    except GTSError as error:
-        logger.warning("cannot ask Slurm about the runs of %s: %s", root, error)
-        live = 0
-    from ..backends.slurm.poolfiles import PoolFiles
-
-    live += PoolFiles(root).live_attempts()  # a detached pool's: queued, or run by an agent that beats
-    _slurm_answers[root] = (time.monotonic(), live)
-    return live
+    return left_running(root)
 
 
 def pool_lines(pool: dict[str, Any], width: int = 80) -> list[str]:

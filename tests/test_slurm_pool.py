@@ -683,6 +683,37 @@ def test_small_runs_share_a_gpu_of_a_pool_node_by_memory(slurm_pool, in_tmp, no_
         assert second[0] >= first[1], spans  # alone until what it used was known
 
 
+@pool_only
+def test_a_pools_runs_are_read_from_their_tensorboard_files_through_a_driver_kill(
+    slurm_pool, in_tmp, no_leaked_processes
+):
+    """metrics: {tensorboard: ...} in a pool: the driver reads the runs' event files on the shared
+    file system as they are written on the nodes (the runs report nothing to gts). The driver is
+    SIGKILLed in the middle and started again: it follows the runs still on the nodes, and every
+    run's metrics hold each step once, its last one last."""
+    path = write_sweep(in_tmp, 4, 6, 0.3, node_failure_retries=2)
+    config = yaml.safe_load(path.read_text())
+    config["command"][1] = os.path.join(HERE, "tb_command.py")
+    config["metrics"] = {"tensorboard": "{work_dir}/tb"}
+    path.write_text(yaml.safe_dump(config))
+    process = gts("run", path, "--plain")
+    results = in_tmp / "results"
+    fed = lambda: sum(1 for name in os.listdir(results) if os.path.isfile(results / name / ".gts" / "metrics.jsonl"))  # noqa: E731
+    wait_until(lambda: steps_reported(in_tmp, 2) >= 1 and fed() >= 1, timeout=60, message="a run's scalars fed")
+    process.kill()
+    outputs = [finish(process)]
+    process = gts("run", path, "--plain")
+    outputs.append(finish(process, timeout=120))
+    assert process.returncode == 0, "\n".join(outputs)
+    check_exactly_once(in_tmp, 4, 6)
+    for name, row in ledger_rows(results).items():
+        assert json.loads(row["metrics"])["loss"]["step"] == 6, (name, row["metrics"])
+        steps = [
+            json.loads(line)["step"] for line in (results / name / ".gts" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert steps == sorted(set(steps)) and steps[-1] == 6, (name, steps)
+
+
 FAULTS = ["scancel", "requeue", "node-down", "agent-sigkill", "driver-sigkill"]
 
 

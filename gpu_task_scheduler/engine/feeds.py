@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 
+from ..records.metrics import latest
 from ..records.paths import RunPaths
 from ..records.tensorboard import EventFeed
 from ..sweep.expand import RunSpec
@@ -50,8 +51,14 @@ class Feeds:
             )
             return
         folder = os.path.join(os.getcwd(), folder)  # a relative one, as the run sees it: from the launcher's folder
+        feed = EventFeed(folder, self._source.wants, paths.metrics)
+        # An attempt with metrics already is one a restarted scheduler follows again (a cluster's):
+        # fed up to its last line (its files read from their start would feed those steps twice).
+        fed_before = latest(paths.metrics)
+        if fed_before is not None:
+            feed.resume_after(fed_before[0])
         with self._lock:
-            self._fed[spec.name] = _Fed(EventFeed(folder, self._source.wants, paths.metrics))
+            self._fed[spec.name] = _Fed(feed)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="gts-tensorboard", daemon=True)
                 self._thread.start()

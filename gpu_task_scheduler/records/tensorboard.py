@@ -254,6 +254,13 @@ class EventFeed:
                 )
             found.setdefault(float(event.step), {})[tag] = number
 
+    def resume_after(self, step: float) -> None:
+        """The attempt was fed up to ``step`` already (a cluster's attempt a restarted scheduler
+        follows again: its metrics file goes on): events up to it are not fed again. Its files
+        are read from their start, so that a step written as the scheduler died is not lost; a
+        tag logged at ``step`` after that feed is left out with it."""
+        self._last_step = max(self._last_step, math.nextafter(step, math.inf))
+
     def close(self) -> None:
         self._files.clear()
 

@@ -204,6 +204,26 @@ def test_the_events_step_is_the_step_and_steps_that_are_none_are_left_out(tmp_pa
     assert any("is left out: it is below 0" in words for words in said)
 
 
+def test_an_attempt_followed_again_is_fed_from_its_start_and_never_twice(tmp_path):
+    """A cluster's attempt that a restarted scheduler follows again: its files last written before
+    the feed was made are its own once its start is known (they were left alone as an earlier
+    attempt's), and what its metrics file holds already is not fed again."""
+    import time
+
+    (tmp_path / "tb").mkdir()
+    old = tmp_path / "tb" / "events.out.tfevents.1"
+    _event_file(old, [(1, {"loss": 1.0}), (2, {"loss": 0.5})])
+    os.utime(old, (time.time() - 30, time.time() - 30))  # not written in the 30 s before the restart
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")  # fed by the scheduler that died
+    fed = feed(tmp_path / "tb", metrics)
+    fed.resume_after(1)
+    assert fed.look() == 0  # taken for an earlier attempt's: its start is not known yet
+    fed.started_at(time.time() - 60)  # placed: it started on its node a minute ago
+    assert fed.look() == 1
+    assert lines(metrics) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}]
+
+
 def test_scalars_logged_just_before_a_run_ended_reach_its_metrics_file(tmp_path, monkeypatch):
     """The feed's last look comes with the run's end, not at the thread's next look."""
     from gpu_task_scheduler.engine import feeds as feeds_module

@@ -64,6 +64,17 @@ class Feeds:
                 self._thread.start()
         self._wake.set()
 
+    def placed(self, name: str, started: float) -> None:
+        """``name``'s attempt started on its machine at ``started`` (wall clock): one a restarted
+        scheduler follows again started before the feed was made, and its files written since
+        then are its own (one not written in the second before the restart was left alone)."""
+        with self._lock:
+            fed = self._fed.get(name)
+        if fed is not None:
+            with fed.lock:
+                fed.feed.started_at(started)
+        self._wake.set()
+
     def finish(self, name: str) -> None:
         """``name`` ended: one last look at its event files, then it is fed no more."""
         with self._lock:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -154,6 +155,8 @@ class Running:
         not while it was queued on the cluster, and an attempt a restarted scheduler follows keeps
         the time it ran before."""
         active.started = self._clock() - since
+        if self.feeds is not None:  # its event files are those written since it started there
+            self.feeds.placed(active.spec.name, time.time() - since)
         if self._options.timeout is not None and active.stopped is None:
             active.deadline = active.started + self._options.timeout
 

@@ -254,6 +254,14 @@ class EventFeed:
                 )
             found.setdefault(float(event.step), {})[tag] = number
 
+    def started_at(self, started: float) -> None:
+        """The attempt started at ``started``, earlier than this feed was made (a cluster's attempt
+        followed again): files left alone as an earlier attempt's are looked at again by that."""
+        since = started - 1.0
+        if since < self._since:
+            self._since = since
+            self._files = {path: file for path, file in self._files.items() if file is not None}
+
     def resume_after(self, step: float) -> None:
         """The attempt was fed up to ``step`` already (a cluster's attempt a restarted scheduler
         follows again: its metrics file goes on): events up to it are not fed again. Its files

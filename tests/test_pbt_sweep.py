@@ -251,8 +251,9 @@ def test_a_kill_at_each_point_of_an_exploit_leaves_a_member_that_resumes_from_th
     argv = _example(in_tmp, seconds="0.02", slots=4)
     root, note = in_tmp / "results" / "pbt", in_tmp / "killed.json"
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_kill_driver.py")
-    killed = []
-    for point in KILL_POINTS:
+    killed, points, sweeps = [], list(KILL_POINTS), 0
+    while points:
+        point = points[0]
         process = subprocess.Popen(
             [sys.executable, driver, point, str(note), *argv[3:]],
             cwd=str(in_tmp),
@@ -261,9 +262,22 @@ def test_a_kill_at_each_point_of_an_exploit_leaves_a_member_that_resumes_from_th
         )
         output = finish(process, timeout=120)
         wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10, message="the runs to die")
+        if process.returncode == 0 and killed:  # the sweep ended before another exploit came: checked,
+            _check_kills(in_tmp, argv, root, killed)  # then the next points in a sweep of their own
+            os.rename(in_tmp / "results", in_tmp / f"results-{sweeps}")
+            killed, sweeps = [], sweeps + 1
+            continue
         assert process.returncode == -9, f"the sweep ended before an exploit reached {point}:\n{output}"
         name = json.loads(note.read_text())["name"]
         killed.append((point, name, *_pending_exploit(root, name)))
+        points.pop(0)
+    _check_kills(in_tmp, argv, root, killed)
+    assert sweeps <= 2, sweeps  # the six points come in one sweep, now and then in two or three
+
+
+def _check_kills(in_tmp, argv, root, killed):
+    """The sweep goes on to its end; each kill of ``killed`` left a member that resumed from its
+    exploit's step with its values, its lineage holding the exploit once; no exploit is left unmade."""
     last = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
     assert last.returncode == 0, last.stdout + last.stderr
     rows = ledger_rows(root)
@@ -272,7 +286,11 @@ def test_a_kill_at_each_point_of_an_exploit_leaves_a_member_that_resumes_from_th
     for point, name, index, exploit in killed:
         made = found[name].exploits[index]
         assert (made.donor, made.step, made.values) == (exploit["donor"], exploit["step"], exploit["values"]), point
-        assert sum(1 for s in found[name].exploits if (s.donor, s.step) == (made.donor, made.step)) == 1, point
+        # Recorded once: a member copies the same snapshot again only in another attempt (its donor,
+        # held for its turn under load, may still hold it at the member's next rung).
+        copies = sum(1 for s in found[name].exploits if (s.donor, s.step) == (made.donor, made.step))
+        went_on = sum(1 for first, _ in _first_lines(root, name) if first == exploit["step"] + 1)
+        assert 1 <= copies <= went_on, (point, copies, went_on)
         # an attempt went on from the donor's step with the exploit's values
         assert (exploit["step"] + 1, exploit["values"]["lr"]) in _first_lines(root, name), (point, name, exploit)
     pending = {}

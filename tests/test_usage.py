@@ -309,7 +309,11 @@ def test_a_budget_killed_twice_is_never_overshot_by_more_than_the_runs_running(o
     # recorded GPU-seconds also count each attempt's start (the interpreter, before its first line).
     assert 2.0 <= ran <= 3.0 + 3 * 0.5 + 0.3, attempts
     recorded = sum(row["gpu_seconds"] or 0 for row in ledger_rows(in_tmp / "r").values())
-    assert ran - 2 * 0.6 <= recorded <= ran + 0.2 * len(attempts), attempts
+    # Unrecorded: at most the run running at each kill, as long as a run took here (0.5 s and its
+    # lines' writes: 0.52 s quiet, more on a loaded machine; a fixed 0.6 s failed a loaded CI run
+    # by 17 ms).
+    longest = max(end - start for start, end in attempts if end is not None)
+    assert ran - 2 * (longest + 0.1) <= recorded <= ran + 0.2 * len(attempts), (attempts, recorded)
 
 
 # --- where the cost shows ----------------------------------------------------------------------

@@ -13,7 +13,9 @@ import time
 from gpu_task_scheduler import reporting
 
 
-def main(run, steps, seconds, journal):
+def main(run, steps, seconds, journal, report=None):
+    """``report(step, loss)``: how each step is told (to gts by default; tb_command.py: TensorBoard)."""
+    report = report or (lambda step, loss: reporting.report(step, loss=loss))
     node = os.environ.get("SLURMD_NODENAME", "?")
     resumed = int(float(os.environ.get("GTS_RESUME_STEP") or 0))
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -25,7 +27,7 @@ def main(run, steps, seconds, journal):
         handle.write(f"start {run} {resumed} {time.time()} {gpus or '-'} {node}\n")
     for step in range(resumed + 1, int(steps) + 1):
         time.sleep(float(seconds))
-        reporting.report(step, loss=1.0 / step)
+        report(step, 1.0 / step)
         with open(journal, "a") as handle:
             handle.write(f"step {run} {step} {node}\n")
     with open(journal, "a") as handle:

@@ -1,6 +1,6 @@
 """A pool run that logs to TensorBoard and nothing else: ``python tb_command.py RUN STEPS SECONDS JOURNAL``.
 
-Like ``stepping_command.py`` (it journals its start, each step, its end), but it reports nothing to
+``stepping_command.py`` (it journals its start, each step, its end), but it reports nothing to
 gts: each step is one scalar ``loss`` in an event file of its own attempt under ``$GTS_RUN_DIR/tb``
 (as a ``SummaryWriter`` writes them: TFRecords, flushed as written), which the sweep's
 ``metrics: {tensorboard: ...}`` reads. It goes on from ``GTS_RESUME_STEP``."""
@@ -22,22 +22,18 @@ def record(step, loss):
 
 
 def main(run, steps, seconds, journal):
-    node = os.environ.get("SLURMD_NODENAME", "?")
-    resumed = int(float(os.environ.get("GTS_RESUME_STEP") or 0))
+    import stepping_command
+
     folder = os.path.join(os.environ["GTS_RUN_DIR"], "tb")
     os.makedirs(folder, exist_ok=True)
-    with open(journal, "a") as handle:
-        handle.write(f"start {run} {resumed} {time.time()} - {node}\n")
     path = os.path.join(folder, f"events.out.tfevents.{time.time():.6f}.{os.getpid()}")
     with open(path, "ab") as events:
-        for step in range(resumed + 1, int(steps) + 1):
-            time.sleep(float(seconds))
-            events.write(record(step, 1.0 / step))
+
+        def report(step, loss):
+            events.write(record(step, loss))
             events.flush()
-            with open(journal, "a") as handle:
-                handle.write(f"step {run} {step} {node}\n")
-    with open(journal, "a") as handle:
-        handle.write(f"end {run} {time.time()} {node}\n")
+
+        stepping_command.main(run, steps, seconds, journal, report=report)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ from . import commands
 from .commands import TaskState
 from .following import Following, SlurmHandle, _running_for
 from .poolfiles import PoolFiles, entry_name, job_of, token_of
-from .shape import allocation_args, pool_shape
+from .shape import allocation_args, is_gpu_sweep, pool_shape
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -117,6 +117,7 @@ class PoolLauncher(Following):
         self._asked = self._p.allocations  # the size gts pool asked for, as last logged
         self._most = MAX_ALLOCATIONS  # allocations the partition can hold at once (open())
         self._said_target: str | None = None  # why the size file could not be read, as last logged
+        self._drained: set[str] = set()  # allocations whose drain file the driver wrote
         self._running_since: dict[str, float] = {}  # allocations RUNNING with no agent's beat yet
         self._name = ""
         self._script = ""
@@ -146,6 +147,10 @@ class PoolLauncher(Following):
         return allocation_args(self._o, self._shape)
 
     def _partition_if_known(self) -> commands.Partition | None:
+        """Before open(), which asks Slurm for good: only what the engine reads first (runs at once)
+        needs it, for a GPU sweep whose nodes' GPUs the config does not say."""
+        if self._p.gpus_per_node or not is_gpu_sweep(self._o):
+            return None
         try:
             return commands.partition(self._s.partition)
         except GTSError:  # asked again at open(), where it is an error
@@ -586,12 +591,12 @@ class PoolLauncher(Following):
         """Allocations Slurm ended, cancelled or requeued, whose agents may still be up for moments
         (Slurm signals them within KillWait): their drain file, so that they take no more runs. One
         that did, after a scancel the driver had seen, ran a run its allocation's end then killed."""
-        for job in {job_of(agent) for agent in self._beats}:
+        for job in {job_of(agent) for agent in self._beats} - self._drained:
             state = states.get(job)
             if state is None or not state.live or state.state in ("PENDING", "REQUEUED"):
-                if not os.path.exists(self._files.drain(job)):
-                    with contextlib.suppress(OSError):
-                        atomic_write(self._files.drain(job), b"", durable=False)
+                with contextlib.suppress(OSError):
+                    atomic_write(self._files.drain(job), b"", durable=False)
+                    self._drained.add(job)  # once: not a stat of every allocation ever seen at each look
 
     def _requeued(self, states: dict[str, TaskState]) -> list[str]:
         """Allocations queued again after their agents ran: Slurm requeued them (a preemption, a

@@ -61,14 +61,14 @@ from ...recordclass import Record
 from ...records.lease import LeaseTerms, wait_all_over, wait_over
 from ...records.paths import UnsafePathError, atomic_write, atomic_write_json, open_regular, read_json
 from ...sweep.options import SchedulerOptions
-from ...sweep.slurm import PoolOptions, SlurmOptions
+from ...sweep.slurm import PoolOptions
 from ..local.prepare import TaskFactory
 from ..supervisor import log_line
 from . import commands
 from .commands import TaskState
 from .following import Following, SlurmHandle, _running_for
 from .poolfiles import PoolFiles, entry_name, job_of, token_of
-from .shape import allocation_args, is_gpu_sweep, pool_shape
+from .shape import allocation_args, is_gpu_sweep, pool_shape, pool_slots
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -79,6 +79,8 @@ HOLD = 1.0  # seconds a failed end is held before it counts: was it Slurm's doin
 # script ends a moment after its agents. (With the tests' Slurm 22.05 a step's slurmstepd now and
 # then died after its agent had ended, and srun waited for it for good, keeping the job RUNNING.)
 SETTLE = 5.0
+# The most allocations a pool keeps at once where Slurm does not say how many nodes its partition has.
+MAX_ALLOCATIONS = 10_000
 
 
 class _Attempt(Record, frozen=False):
@@ -290,12 +292,12 @@ class PoolLauncher(Following):
             live = []  # cancelled: their agents hear no more words
         self._read_beats()
         self._write_state(final=True)
-        for agent in _listdir(self._files.agents):  # their allocations are over: their folders go
+        for agent in self._files.listdir(self._files.agents):  # their allocations are over: their folders go
             if job_of(agent) not in live:
-                _remove_agent(self._files, agent)
+                self._files.remove_agent(agent)
         if not live:  # no agent is left to hear a word: the "abandoned" ones of agents that died go too
             for folder in (self._files.events, self._files.drains):
-                for name in _listdir(folder):
+                for name in self._files.listdir(folder):
                     with contextlib.suppress(OSError):
                         os.unlink(os.path.join(folder, name))
 
@@ -320,17 +322,17 @@ class PoolLauncher(Following):
             self._allocations = commands.jobs_named(self._name)
         except GTSError as error:
             raise GTSError(f"cannot read the pool's Slurm jobs: {error}") from error
-        for entry in _listdir(self._files.queue):
+        for entry in self._files.listdir(self._files.queue):
             run = read_json(os.path.join(self._files.queue, entry))
             self._seq = max(self._seq, int(entry.split(".")[0]))
             if token_of(entry) and isinstance(run, dict) and isinstance(run.get("name"), str):
                 self._adoptable[run["name"]] = (str(run["token"]), run, entry)
         stale: list[tuple[str, str]] = []
-        for agent in _listdir(self._files.agents):
+        for agent in self._files.listdir(self._files.agents):
             state = self._allocations.get(job_of(agent))
             alive = state is not None and state.live and state.state not in ("PENDING", "REQUEUED")
             claimed = self._files.claimed(agent)
-            for entry in _listdir(claimed):
+            for entry in self._files.listdir(claimed):
                 run = read_json(os.path.join(claimed, entry))
                 if not (token_of(entry) and isinstance(run, dict) and isinstance(run.get("name"), str)):
                     continue
@@ -342,9 +344,9 @@ class PoolLauncher(Following):
                         atomic_write(self._files.event(str(run["token"]), "abandoned"), b"")
                     stale.append((str(run["lease"]), str(run["token"])))
             if not alive:
-                _remove_agent(self._files, agent)
+                self._files.remove_agent(agent)
         followed = {token for token, _run, _entry in self._adoptable.values()}
-        for name in _listdir(self._files.events):  # words and ends of attempts no one follows now
+        for name in self._files.listdir(self._files.events):  # words and ends of attempts no one follows now
             if name.partition(".")[0] not in followed:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self._files.events, name))
@@ -438,7 +440,7 @@ class PoolLauncher(Following):
     # --- following ----------------------------------------------------------------------
 
     def _read_events(self) -> None:
-        names = _listdir(self._files.events)
+        names = self._files.listdir(self._files.events)
         with self._lock:
             tasks = dict(self._attempts)
         for name in names:
@@ -500,12 +502,12 @@ class PoolLauncher(Following):
         self._read_beats()
         claims: dict[str, str] = {}
         for agent in self._beats:
-            for entry in _listdir(self._files.claimed(agent)):
+            for entry in self._files.listdir(self._files.claimed(agent)):
                 token = token_of(entry)
                 if token:
                     claims[token] = agent
         self._read_events()  # ends written before the listing count first
-        queued = set(_listdir(self._files.queue))
+        queued = set(self._files.listdir(self._files.queue))
         with self._lock:
             tasks = [task for task in self._attempts.values() if task.entry]
         for task in tasks:
@@ -629,7 +631,7 @@ class PoolLauncher(Following):
 
     def _read_beats(self) -> None:
         now = time.monotonic()
-        agents = _listdir(self._files.agents)
+        agents = self._files.listdir(self._files.agents)
         for agent in agents:
             record = read_json(self._files.beat(agent))
             if not isinstance(record, dict):
@@ -774,32 +776,3 @@ class PoolLauncher(Following):
             with contextlib.suppress(OSError):
                 os.unlink(self._files.event(handle.token, kind))
         handle.on_exit()
-
-
-def pool_slots(options: SchedulerOptions, runs_per_node: int | None) -> int:
-    """Runs a pool runs at once when every allocation runs: ``runs_per_node`` (``shape.py``; None, a
-    node's GPUs not known here: one a node) on each node of each allocation."""
-    pool = (options.slurm or SlurmOptions()).pool or PoolOptions()
-    return (runs_per_node or 1) * pool.nodes * pool.allocations
-
-
-# The most allocations a pool keeps at once where Slurm does not say how many nodes its partition has.
-MAX_ALLOCATIONS = 10_000
-
-
-def _listdir(folder: str) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except OSError:
-        return []
-
-
-def _remove_agent(files: PoolFiles, agent: str) -> None:
-    """An agent of an allocation that is over: its folder goes (files stay few)."""
-    folder = os.path.join(files.agents, agent)
-    for entry in _listdir(files.claimed(agent)):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(files.claimed(agent), entry))
-    for path in (files.claimed(agent), files.beat(agent), folder):
-        with contextlib.suppress(OSError):
-            os.rmdir(path) if os.path.isdir(path) else os.unlink(path)

@@ -30,6 +30,7 @@ read the end. A pool of thousands of runs leaves only the run folders' own files
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -69,6 +70,23 @@ class PoolFiles:
 
     def event(self, token: str, kind: str) -> str:
         return os.path.join(self.events, f"{token}.{kind}")
+
+    @staticmethod
+    def listdir(folder: str) -> list[str]:
+        """A folder's names; none where it is gone (an agent's folder removed while read)."""
+        try:
+            return os.listdir(folder)
+        except OSError:
+            return []
+
+    def remove_agent(self, agent: str) -> None:
+        """An agent of an allocation that is over: its folder goes (files stay few)."""
+        for entry in self.listdir(self.claimed(agent)):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.claimed(agent), entry))
+        for path in (self.claimed(agent), self.beat(agent), os.path.join(self.agents, agent)):
+            with contextlib.suppress(OSError):
+                os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
 
     def live_attempts(self, silence: float = 60.0) -> int:
         """Attempts queued, or claimed by an agent that beat within ``silence`` seconds (its node's

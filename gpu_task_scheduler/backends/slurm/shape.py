@@ -132,3 +132,10 @@ def allocation_args(options: SchedulerOptions, shape: PoolShape) -> list[str]:
     if pool.time:
         args += [f"--time={pool.time}", f"--signal=B:USR1@{int(asks.signal_lead())}"]
     return args + list(slurm.extra)
+
+
+def pool_slots(options: SchedulerOptions, runs_per_node: int | None) -> int:
+    """Runs a pool runs at once when every allocation runs: ``runs_per_node`` (None, a node's GPUs
+    not known here: one a node) on each node of each allocation."""
+    pool = (options.slurm or SlurmOptions()).pool or PoolOptions()
+    return (runs_per_node or 1) * pool.nodes * pool.allocations

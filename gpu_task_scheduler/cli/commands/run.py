@@ -165,8 +165,7 @@ def _say_what_slurm_gets(sweep: Any, runs: int) -> None:
         return
     if slurm.pool is not None:
         from ...backends.slurm import commands
-        from ...backends.slurm.pool import pool_slots
-        from ...backends.slurm.shape import allocation_args, pool_shape
+        from ...backends.slurm.shape import allocation_args, pool_shape, pool_slots
 
         shape = pool_shape(sweep.options, lambda: _partition_if_known(commands, slurm.partition))
         at_once = (

@@ -5,6 +5,7 @@ the config key ``journal`` (O_APPEND, one write per line), so tests can count
 exactly how often each run's main() started and completed.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +35,21 @@ def journal(config, event, work_dir):
             os.write(fd, f"{event} {os.path.basename(work_dir)}\n".encode())
         finally:
             os.close(fd)
+
+
+def wait_for_line(config, name, timeout=120.0):
+    """A run named in ``config["after"]`` ({run name: journal line}) reports nothing until another
+    run wrote that line to the journal: the order two runs' reports reach the scheduler in, set by
+    the test rather than by how soon each was placed."""
+    line = (config.get("after") or {}).get(name)
+    deadline = time.monotonic() + timeout
+    while line is not None:
+        with contextlib.suppress(FileNotFoundError), open(config["journal"]) as handle:
+            if line in handle.read().splitlines():
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {line!r} in the journal after {timeout:.0f} s")
+        time.sleep(0.02)
 
 
 def announce(work_dir):
@@ -445,6 +461,7 @@ class ContractTask(GPUTask):
             journal(config, f"resume{int(self.resume_step)}", self._work_dir)
             if first - 1 > self.resume_step:  # the report a kill cut off
                 self.report(first - 1, loss=config.get("loss", 1 / (first - 1)))
+        wait_for_line(config, os.path.basename(self._work_dir))
         for step in range(first, config.get("report", 0) + 1):  # a run that reports as it trains
             journal(config, f"step{step}", self._work_dir)
             if config.get("checkpoint"):  # saved, then reported: the checkpoint protocol

@@ -138,11 +138,15 @@ def test_what_a_run_reports_reaches_the_ledger(backend, tmp_path):
 
 
 def test_a_run_the_early_stop_rule_stops_is_pruned_at_its_next_report(backend, tmp_path):
+    """The 0.9 run reports its step 1 only once the 0.1 run's step 1 is in its metrics file (it
+    wrote its step 2 line): a cluster may place the two runs seconds apart, in either order, and
+    ASHA's verdict depends on which reached the rung first."""
     if backend == "fake":
         pytest.skip("the fake launcher's runs are no processes: they write no file")
-    if backend == "slurm":  # seen: the 0.9 run reached rung 1 first, was promoted, and succeeded
-        pytest.skip("Slurm starts the two runs up to seconds apart under load; ASHA's verdict depends on the order")
-    config = make_config(tmp_path / "r", [{"loss": [0.1, 0.9], "report": [60], "pause": [0.05]}], grace_period=30)
+    journal = str(tmp_path / "journal")
+    after = {"loss-0.9,pause-0.05,report-60,": "step2 loss-0.1,pause-0.05,report-60,"}
+    blocks = [{"loss": [0.1, 0.9], "report": [60], "pause": [0.05]}]
+    config = make_config(tmp_path / "r", blocks, grace_period=30, global_config={"journal": journal, "after": after})
     config["early_stop"] = {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 60}
     summary = run_sweep(backend, config)
     assert summary.ok and summary.exit_code == 0

@@ -3,6 +3,8 @@ uninterrupted run's booster and numbers, no round is trained twice, a pruned run
 ``every`` reports every N rounds and the last, and a forgotten resume is said in the log."""
 
 import importlib
+import os
+import shutil
 
 import pytest
 from run_side import RunSide, framework
@@ -69,3 +71,26 @@ def test_a_forgotten_resume_is_said_in_the_log(case, capfd, monkeypatch):
     assert "was not given the run's checkpoint, so it trains again from the start" in said
     assert "pass **resume(num_boost_round=N)" in said
     assert real(num_boost_round=4)["num_boost_round"] == 0  # the checkpoint holds all 4 rounds now
+
+
+def test_a_member_that_copied_a_booster_trains_its_next_rounds_at_its_own_rate(case):
+    """Population-based training's copy, as the member sees it: its checkpoint folder holds the
+    donor's booster after 5 rounds. The booster file holds no training parameters that win over
+    the script's: resumed at the donor's rate it is the donor's uninterrupted booster; resumed at
+    half that rate, its 7 rounds after the copy are other rounds."""
+    example, _, params, metric, run = case
+    rate = "eta" if "eta" in params else "learning_rate"
+    whole = example.train(**params, rounds=12)
+    run.attempt_at(pause_at=5)
+    example.train(**params, rounds=12)
+    folder = os.path.join(run.folder, "checkpoint")
+    shutil.copytree(folder, folder + ".copy")
+    ended = {}
+    for factor in (1.0, 0.5):
+        shutil.rmtree(folder)
+        shutil.copytree(folder + ".copy", folder)
+        run.attempt_at(resume=5)
+        ended[factor] = example.train(**{**params, rate: params[rate] * factor}, rounds=12)
+        assert run.steps() == list(range(6, 13)) and ended[factor]["rounds"] == 12
+    assert ended[1.0][metric] == pytest.approx(whole[metric], rel=1e-9)  # the copy holds the donor's state
+    assert ended[0.5][metric] != pytest.approx(whole[metric], rel=1e-3)  # and its own rate trained after it

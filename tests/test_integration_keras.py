@@ -3,6 +3,7 @@ the uninterrupted run's numbers, no epoch is trained twice, the checkpoint outli
 and a pruned fit ends cleanly."""
 
 import os
+import shutil
 
 import pytest
 from run_side import RunSide, framework
@@ -38,3 +39,72 @@ def test_a_pruned_fit_ends_cleanly(example, run):
     run.attempt_at(prune_at=1)
     assert example.train(0.1, 32, 6)["epochs"] == 1 and run.steps() == [1]
     assert reporting.pruned_cause() == "pruned at step 1"
+
+
+def _fit_recording(example, lr, schedule, epochs, **callback):
+    """The example's model fit at ``lr`` (a number, a warm-up or a cosine schedule), resumed where
+    the run resumes: the rate the optimizer used at each of its iterations, and the last val_loss."""
+    import keras
+
+    from gpu_task_scheduler.integrations.keras import GTSCallback
+
+    rates = {}
+
+    class Rates(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            optimizer = self.model.optimizer
+            rates[int(optimizer.iterations)] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+    rate = {
+        "constant": lr,
+        "warm-up": keras.optimizers.schedules.CosineDecay(0.0, 48, warmup_target=lr, warmup_steps=6),
+        "cosine": keras.optimizers.schedules.CosineDecay(lr, 48),
+    }[schedule]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=rate, momentum=0.9), loss="mse")
+    (x, y), valid = example.data()
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=epochs,
+        shuffle=False,
+        validation_data=valid,
+        verbose=0,
+        callbacks=[GTSCallback(**callback), Rates()],
+    )
+    return rates, float(history.history["val_loss"][-1])
+
+
+@pytest.mark.parametrize("schedule", ["constant", "warm-up", "cosine"])
+def test_a_member_that_copied_a_checkpoint_trains_at_its_own_rate(example, run, capfd, schedule):
+    """Population-based training's copy, as the member sees it: its checkpoint folder holds the
+    donor's epoch-2 checkpoint (lr 0.1); it resumes with its own lr 0.05. At every step after the
+    copy the rate is the member's own (a number restored with the optimizer's variables is put
+    back; a schedule is the script's own object, and goes on from the restored iterations)."""
+    run.clear()
+    own, _ = _fit_recording(example, 0.05, schedule, 6)
+    ended = {}
+    for reapply in (True, False):
+        shutil.rmtree(os.path.join(run.folder, "checkpoint"), ignore_errors=True)
+        run.attempt_at(pause_at=2)
+        _fit_recording(example, 0.1, schedule, 6)
+        run.attempt_at(resume=2)
+        capfd.readouterr()
+        rates, ended[reapply] = _fit_recording(example, 0.05, schedule, 6, reapply=reapply)
+        said = capfd.readouterr().err
+        assert sorted(rates) == list(range(16, 48))  # the iterations after the copy, each once
+        factor = 2 if schedule == "constant" and not reapply else 1  # a schedule is never restored
+        expected = [own[step] * factor for step in sorted(rates)]
+        assert [rates[step] for step in sorted(rates)] == pytest.approx(expected, rel=1e-6)
+        if schedule != "constant":
+            assert "the learning rate is this run's own schedule" in said and "iteration 16" in said
+        elif reapply:
+            assert "learning_rate 0.1 (restored) -> 0.05 (this run's config)" in said
+        else:
+            assert "reapply=False: the values Keras restored stay" in said
+    if schedule == "constant":
+        assert ended[True] != ended[False]  # one copy, trained on at two rates, ends apart
+    else:
+        assert ended[True] == ended[False]  # a schedule: nothing to put back either way

@@ -4,6 +4,7 @@ resume call is said in the log."""
 
 import logging
 import os
+import shutil
 
 import pytest
 from run_side import RunSide, framework
@@ -95,3 +96,77 @@ def test_the_checkpoint_of_a_step_is_in_place_before_that_step_is_reported(examp
     monkeypatch.setattr(reporting, "report", report)
     example.train(0.1, 8, 3)
     assert seen == [(1, 0), (2, 1), (3, 2)]  # the epoch just trained (Lightning counts from 0)
+
+
+def _schedules(torch):
+    """Per step (``interval: step``): constant, a linear warm-up over 6 steps, a cosine over the fit."""
+    return {
+        "constant": None,
+        "warm-up": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda step: min(1.0, (step + 1) / 6)),
+        "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=48),
+    }
+
+
+def _fit_recording(example, lr, schedule, epochs, **callback):
+    """Fit the example's model at ``lr`` under ``schedule`` (resumed where the run resumes); the rate
+    its optimizer used at each global step, and the final validation loss."""
+    import torch
+
+    from gpu_task_scheduler.integrations.lightning import GTSCallback, resume_from
+
+    make = _schedules(torch)[schedule]
+
+    class Scheduled(example.Regressor):
+        def configure_optimizers(self):
+            optimizer = super().configure_optimizers()
+            if make is None:
+                return optimizer
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": make(optimizer), "interval": "step"}}
+
+    rates = {}
+
+    class Rates(example.L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            rates[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
+
+    example.L.seed_everything(0, verbose=False)
+    trainer = example.L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[GTSCallback(**callback), Rates()],
+    )
+    trainer.fit(Scheduled(lr, 8), *example.loaders(), ckpt_path=resume_from())
+    return rates, trainer.callback_metrics["val_loss"].item()
+
+
+@pytest.mark.parametrize("schedule", ["constant", "warm-up", "cosine"])
+def test_a_member_that_copied_a_checkpoint_trains_at_its_own_rate(example, run, capfd, schedule):
+    """Population-based training's copy, as the member sees it: its checkpoint folder holds the
+    donor's checkpoint (lr 0.1, after 2 epochs); it resumes with its own lr 0.05. At every step
+    after the copy the optimizer's rate is 0.05 times the schedule's factor at that step, as if
+    the member had trained at 0.05 from the start; the log says what was put back. With
+    ``reapply=False`` the member trains at the donor's rate, and the log says so."""
+    run.clear()
+    own, _ = _fit_recording(example, 0.05, schedule, 6)  # by hand: the member's own schedule
+    ended = {}
+    for reapply in (True, False):
+        shutil.rmtree(os.path.join(run.folder, "checkpoint"), ignore_errors=True)
+        run.attempt_at(pause_at=2)
+        _fit_recording(example, 0.1, schedule, 6)  # the donor, paused after epoch 2 (16 steps)
+        run.attempt_at(resume=2)
+        capfd.readouterr()
+        rates, ended[reapply] = _fit_recording(example, 0.05, schedule, 6, reapply=reapply)
+        said = capfd.readouterr().err
+        assert sorted(rates) == list(range(16, 48))  # the steps after the copy, each once
+        factor = 1 if reapply else 2  # the member's rate, or the donor's
+        expected = [own[step] * factor for step in sorted(rates)]
+        assert [rates[step] for step in sorted(rates)] == pytest.approx(expected, rel=1e-9)
+        base = "base lr" if schedule != "constant" else "lr"
+        if reapply:
+            assert f"{base} 0.1 (restored) -> 0.05 (this run's config)" in said
+        else:
+            assert "reapply=False: the values Lightning restored stay" in said
+    assert ended[True] != ended[False]  # one copy, trained on at two rates, ends apart

@@ -4,6 +4,7 @@ pruned run ends cleanly, the output folder is the run's checkpoint folder, a for
 said in the log, and save_strategy="best" is refused."""
 
 import os
+import shutil
 
 import pytest
 from run_side import RunSide, framework
@@ -87,3 +88,80 @@ def test_resume_from_gives_the_newest_whole_checkpoint_of_several(run):
     assert resume_from() == os.path.join(checkpoints, "checkpoint-100")
     run.attempt_at()  # a fresh start: no checkpoint to go on from
     assert resume_from() is None
+
+
+def _train_recording(example, lr, schedule, epochs, out, **callback):
+    """The example's training at ``lr`` under ``schedule`` (``constant``, ``warm-up``: linear over 8
+    steps then linear decay, ``cosine``), resumed where the run resumes: the rate the optimizer
+    used at each global step, and the final evaluation loss."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from gpu_task_scheduler.integrations.transformers import GTSCallback, resume_from
+
+    rates = {}
+
+    class Rates(TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            rates[state.global_step] = optimizer.param_groups[0]["lr"]
+
+    kinds = {"constant": ("constant", 0), "warm-up": ("linear", 8), "cosine": ("cosine", 0)}
+    kind, warmup = kinds[schedule]
+    example.hf_logging.set_verbosity_error()
+    example.torch.manual_seed(0)
+    config = example.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    config.max_position_embeddings, config.intermediate_size = 8, 32
+    args = TrainingArguments(
+        output_dir=out,
+        learning_rate=lr,
+        lr_scheduler_type=kind,
+        warmup_steps=warmup,
+        weight_decay=0.01,
+        num_train_epochs=epochs,
+        per_device_train_batch_size=32,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        save_total_limit=1,
+        logging_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=example.BertForSequenceClassification(config),
+        args=args,
+        train_dataset=example.Sequences(256, seed=0),
+        eval_dataset=example.Sequences(128, seed=1),
+        callbacks=[GTSCallback(**callback), Rates()],
+    )
+    trainer.train(resume_from_checkpoint=resume_from())
+    return rates, trainer.evaluate()["eval_loss"]
+
+
+@pytest.mark.parametrize("schedule", ["constant", "warm-up", "cosine"])
+def test_a_member_that_copied_a_checkpoint_trains_at_its_own_rate(example, run, tmp_path, capfd, schedule):
+    """Population-based training's copy, as the member sees it: its checkpoint folder holds the
+    donor's checkpoint-16 (lr 3e-3, after 2 epochs); it resumes with its own lr 1.5e-3. At every
+    step after the copy the optimizer's rate is the member's own schedule's (not the donor's, as
+    scheduler.pt's base rates would make it), and the log says so; with ``reapply=False`` it is
+    the donor's, and the log says that too."""
+    own, _ = _train_recording(example, 1.5e-3, schedule, 4, str(tmp_path / "by-hand"))
+    ended = {}
+    for reapply in (True, False):
+        shutil.rmtree(os.path.join(run.folder, "checkpoint"), ignore_errors=True)
+        run.attempt_at(pause_at=2)
+        _train_recording(example, 3e-3, schedule, 4, str(tmp_path / "out"))
+        run.attempt_at(resume=2)
+        capfd.readouterr()
+        rates, ended[reapply] = _train_recording(example, 1.5e-3, schedule, 4, str(tmp_path / "out"), reapply=reapply)
+        said = capfd.readouterr().err
+        assert sorted(rates) == list(range(16, 32))  # the steps after the copy, each once
+        factor = 1 if reapply else 2
+        expected = [own[step] * factor for step in sorted(rates)]
+        assert [rates[step] for step in sorted(rates)] == pytest.approx(expected, rel=1e-9)
+        if reapply:
+            base = "base lr" if schedule != "constant" else "lr"
+            assert f"{base} 0.003 (restored) -> 0.0015 (this run's config)" in said
+        else:
+            assert "reapply=False: the values the Trainer restored stay" in said
+    assert ended[True] != ended[False]  # not the donor's rate: the copying member ends elsewhere

@@ -23,6 +23,7 @@ from typing import Any
 
 import keras
 
+from . import reapply as values
 from .common import RunSide, checkpoint_dir, commit, resume_step, saved, say
 
 __all__ = ["GTSCallback"]
@@ -42,11 +43,19 @@ def checkpoints(folder: str) -> dict[int, str]:
 
 class GTSCallback(keras.callbacks.Callback):
     """Save (weights and optimizer), then report, at each epoch's end; stop when the run is paused
-    or pruned; resume the model at ``fit()``'s start when the attempt goes on from a checkpoint."""
+    or pruned; resume the model at ``fit()``'s start when the attempt goes on from a checkpoint.
 
-    def __init__(self) -> None:
+    ``reapply``: the optimizer's variables restored with the weights include its learning rate
+    (when it is a number; a ``LearningRateSchedule`` is the script's own object, not restored, and
+    goes on from the restored ``iterations``): the rate this run's script set wins over the
+    restored one, so a population-based training member that copied another run's checkpoint
+    trains at its own rate. Its other hyperparameters (``weight_decay``, ``beta_1``, ...) are not
+    in the checkpoint. ``reapply=False`` keeps the restored rate. The log says which it is."""
+
+    def __init__(self, reapply: bool = True) -> None:
         super().__init__()
         self.run = RunSide("Keras", "")
+        self.reapply = reapply
         self._resumed = False
 
     def on_train_begin(self, logs: Any = None) -> None:
@@ -64,12 +73,30 @@ class GTSCallback(keras.callbacks.Callback):
             raise ValueError(
                 "GTSCallback resumes the model: build it before fit() (call it on a batch, or give it an Input)"
             )
-        if self.model.optimizer is not None and not self.model.optimizer.built:
-            self.model.optimizer.build(self.model.trainable_variables)  # so that its state loads too
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)  # so that its state loads too
+        fresh = _rate(optimizer)
         self.model.load_weights(saved_epochs[epoch])
+        if fresh is not None:
+            say(self._put_back(optimizer, fresh))
+        elif optimizer is not None:
+            say(
+                "the learning rate is this run's own schedule (a schedule is not in the checkpoint); it goes on "
+                f"from the restored iteration {int(keras.ops.convert_to_numpy(optimizer.iterations))}"
+            )
         self.model._initial_epoch = epoch  # what fit() goes on from (as keras.callbacks.BackupAndRestore sets it)
         self._resumed = True
         say(f"Keras goes on after epoch {epoch}, from {saved_epochs[epoch]}")
+
+    def _put_back(self, optimizer: Any, fresh: float) -> str:
+        if not self.reapply:
+            return values.KEPT.format(framework="Keras")
+        restored = _rate(optimizer)
+        if restored is None or restored == fresh:
+            return values.describe([], "Keras")
+        optimizer.learning_rate = fresh
+        return values.describe([values.Change(name="learning_rate", restored=restored, fresh=fresh)], "Keras")
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         folder = checkpoint_dir()
@@ -93,3 +120,11 @@ class GTSCallback(keras.callbacks.Callback):
     def stopped(self) -> str | None:
         """``"paused"`` or ``"pruned"`` once the scheduler ended this run's training."""
         return self.run.stopped
+
+
+def _rate(optimizer: Any) -> float | None:
+    """The optimizer's learning rate when it is a variable (restored with the weights); None for a
+    schedule or a callable, or no optimizer."""
+    if optimizer is None or not isinstance(getattr(optimizer, "_learning_rate", None), keras.Variable):
+        return None
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))

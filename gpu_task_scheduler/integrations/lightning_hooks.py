@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import RunSide, checkpoint_path, commit, resumable, saved
+from . import reapply as values
+from .common import RunSide, checkpoint_path, commit, resumable, saved, say
 
 CHECKPOINT = "lightning.ckpt"
 UNITS = ("epoch", "step")
@@ -26,18 +27,41 @@ class LightningHooks:
     ``unit``: what a step is, ``"epoch"`` (epochs done, counted from 1, reported at each epoch's
     end, after its validation) or ``"step"`` (the trainer's ``global_step``, reported at each
     validation's end: for validation every N batches). Under DDP
-    rank 0 saves and reports, and every rank stops together."""
+    rank 0 saves and reports, and every rank stops together.
 
-    def __init__(self, unit: str = "epoch") -> None:
+    ``reapply``: when ``fit()`` restores a checkpoint, the optimizers' hyperparameters and the LR
+    schedulers' base rates the script set (from this run's config) win over those the checkpoint
+    brought back, the schedules going on from their restored step (``integrations/reapply.py``):
+    a population-based training member that copied another run's checkpoint trains at its own
+    rate. ``reapply=False`` keeps what the checkpoint holds. Either way the log says what was
+    restored and what the run trains with."""
+
+    def __init__(self, unit: str = "epoch", reapply: bool = True) -> None:
         super().__init__()
         if unit not in UNITS:
             raise ValueError(f"GTSCallback(unit={unit!r}): give one of {', '.join(map(repr, UNITS))}")
-        self.unit = unit
+        self.unit, self.reapply = unit, reapply
         self.run = RunSide("Lightning", HINT)
+        self._fresh: values.Fresh | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        # Here the optimizers and schedulers are those configure_optimizers() built, and the
+        # checkpoint's state is not restored into them yet (it is, before on_train_start).
         if trainer.is_global_zero:
             self.run.check_resumed(trainer.ckpt_path is not None)
+        if self.run.active and trainer.ckpt_path is not None:
+            self._fresh = values.capture(trainer.optimizers, _schedulers(trainer))
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        fresh, self._fresh = self._fresh, None
+        if fresh is None:
+            return
+        if not self.reapply:
+            line = values.KEPT.format(framework="Lightning")
+        else:
+            line = values.describe(values.reapply(fresh, trainer.optimizers, _schedulers(trainer)), "Lightning")
+        if trainer.is_global_zero:
+            say(line)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         # Callbacks hear this before the module's own hook: the epoch's training metrics and its
@@ -68,3 +92,7 @@ class LightningHooks:
     def stopped(self) -> str | None:
         """``"paused"`` or ``"pruned"`` once the scheduler ended this run's training (rank 0)."""
         return self.run.stopped
+
+
+def _schedulers(trainer: Any) -> list[Any]:
+    return [config.scheduler for config in trainer.lr_scheduler_configs]

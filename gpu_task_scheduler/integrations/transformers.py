@@ -25,6 +25,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from . import reapply as values
 from .common import RunSide, checkpoint_dir, resume_step, say
 
 __all__ = ["GTSCallback", "resume_from"]
@@ -54,16 +55,28 @@ def resume_from() -> str | None:
 
 
 class GTSCallback(TrainerCallback):
-    """Save, then report, at each evaluation; stop training when the run is paused or pruned."""
+    """Save, then report, at each evaluation; stop training when the run is paused or pruned.
 
-    def __init__(self) -> None:
+    ``reapply``: when ``train()`` resumes from a checkpoint, the optimizer's hyperparameters and
+    the LR scheduler's base rates of this run (``args.learning_rate``, ``args.weight_decay``,
+    ``adam_beta1``/``adam_beta2``/``adam_epsilon``; or those of the optimizer and scheduler given
+    in ``optimizers=``) win over those restored from ``optimizer.pt`` and ``scheduler.pt``, the
+    schedule going on from its restored step (``integrations/reapply.py``). ``reapply=False``
+    keeps what the checkpoint holds. Either way the log says what the run trains with."""
+
+    def __init__(self, reapply: bool = True) -> None:
         self.run = RunSide("the Trainer", HINT)
+        self.reapply = reapply
         self._pending: tuple[float, dict[str, Any]] | None = None
+        self._given: values.Fresh | None = None  # the optimizer and scheduler given to the Trainer, as built
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = checkpoint_dir()
         if folder is None:
             return
+        optimizer, scheduler = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
+        if optimizer is not None:  # optimizers=(optimizer, scheduler): not built from args
+            self._given = values.capture([optimizer], [scheduler] if scheduler is not None else [])
         if str(getattr(args, "save_strategy", "")).lower().endswith("best"):
             raise ValueError(
                 'GTSCallback saves a checkpoint at each evaluation, before it reports it: save_strategy="best" '
@@ -74,8 +87,21 @@ class GTSCallback(TrainerCallback):
             args.output_dir = folder
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer calls this once optimizer.pt and scheduler.pt are loaded.
+        resumed = state.global_step > 0
         if state.is_world_process_zero:
-            self.run.check_resumed(state.global_step > 0)
+            self.run.check_resumed(resumed)
+        optimizer, scheduler = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
+        if not (self.run.active and resumed and optimizer is not None):
+            return
+        schedulers = [scheduler] if scheduler is not None else []
+        if not self.reapply:
+            line = values.KEPT.format(framework="the Trainer")
+        else:
+            fresh = self._given or _from_args(args, optimizer, schedulers)
+            line = values.describe(values.reapply(fresh, [optimizer], schedulers), "the Trainer")
+        if state.is_world_process_zero:
+            say(line)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         if checkpoint_dir() is None or self.run.stopped is not None:
@@ -112,3 +138,22 @@ def _agreed(go_on: bool) -> bool:
     word = [go_on]
     dist.broadcast_object_list(word, src=0)
     return bool(word[0])
+
+
+def _from_args(args: Any, optimizer: Any, schedulers: list[Any]) -> values.Fresh:
+    """What the Trainer builds from ``args`` (``Trainer.create_optimizer``): every group at
+    ``learning_rate``; the first group (the decayed parameters), and any other whose decay is not
+    0, at ``weight_decay``; Adam's ``betas`` and ``eps`` from ``adam_beta1``, ``adam_beta2`` and
+    ``adam_epsilon``. Other values stay as restored."""
+    from_args = {"betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
+    groups = []
+    for place, group in enumerate(optimizer.param_groups):
+        fresh = values.hyperparameters(group)
+        fresh.update({name: value for name, value in from_args.items() if name in fresh})
+        fresh.update({name: args.learning_rate for name in values.RATE_KEYS if name in fresh})
+        if "weight_decay" in fresh and (place == 0 or fresh["weight_decay"] != 0):
+            fresh["weight_decay"] = args.weight_decay
+        groups.append(fresh)
+    rates = [float(args.learning_rate)] * len(groups)
+    bases = [(0, list(rates)) for scheduler in schedulers if hasattr(scheduler, "base_lrs")]
+    return values.Fresh(groups=[groups], schedulers=bases)

@@ -1,0 +1,147 @@
+"""After a restore, a run's own hyperparameters win (integrations/reapply.py), against real torch
+optimizers and schedulers: a member that loads a donor's optimizer and scheduler state goes on at
+its own rate times the schedule's factor at the restored step, for each kind of schedule."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the integrations extra: pip install -e '.[integrations]'")
+
+from gpu_task_scheduler.integrations.reapply import Change, capture, describe, reapply  # noqa: E402
+
+STEPS, COPIED_AT = 12, 5
+
+
+def warmup(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 4))
+
+
+def cosine(optimizer):
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS)
+
+
+def warmup_then_cosine(optimizer):
+    first = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.25, total_iters=3)
+    then = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS - 3)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, [first, then], milestones=[3])
+
+
+def step_decay(optimizer):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+
+
+SCHEDULES = {
+    "constant": None,
+    "warm-up": warmup,
+    "cosine": cosine,
+    "sequential": warmup_then_cosine,
+    "step": step_decay,
+}
+
+
+def built(lr, schedule, weight_decay=0.01, momentum=0.9):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    decayed, kept = [model.weight], [model.bias]
+    optimizer = torch.optim.SGD(
+        [{"params": decayed, "weight_decay": weight_decay}, {"params": kept, "weight_decay": 0.0}],
+        lr=lr,
+        momentum=momentum,
+    )
+    scheduler = schedule(optimizer) if schedule else None
+    return model, optimizer, scheduler
+
+
+def trained(model, optimizer, scheduler, steps):
+    """The rate of each step, as the optimizer used it."""
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    return rates
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_a_copied_member_trains_at_its_own_rate_times_the_schedules_factor(name):
+    schedule = SCHEDULES[name]
+    donor = built(0.1, schedule)
+    trained(*donor, COPIED_AT)
+    own = trained(*built(0.05, schedule), STEPS)  # the member's own rates, had it trained from the start
+
+    model, optimizer, scheduler = built(0.05, schedule)
+    fresh = capture([optimizer], [scheduler] if scheduler else [])
+    model.load_state_dict(donor[0].state_dict())
+    optimizer.load_state_dict(donor[1].state_dict())
+    if scheduler is not None:
+        scheduler.load_state_dict(donor[2].state_dict())
+    assert optimizer.param_groups[0]["lr"] != pytest.approx(own[COPIED_AT])  # the donor's rate, restored
+    changes = reapply(fresh, [optimizer], [scheduler] if scheduler else [])
+    assert Change(name="lr", restored=0.1, fresh=0.05, scheduled=scheduler is not None) in changes
+    after = trained(model, optimizer, scheduler, STEPS - COPIED_AT)
+    assert after == pytest.approx(own[COPIED_AT:], rel=1e-9)  # the schedule went on from the restored step
+
+
+def test_the_other_hyperparameters_take_the_fresh_values_and_flags_stay():
+    donor = built(0.1, warmup, weight_decay=0.02, momentum=0.5)
+    trained(*donor, 3)
+    _, optimizer, scheduler = built(0.1, warmup, weight_decay=0.01, momentum=0.9)
+    fresh = capture([optimizer], [scheduler])
+    optimizer.load_state_dict(donor[1].state_dict())
+    scheduler.load_state_dict(donor[2].state_dict())
+    changes = reapply(fresh, [optimizer], [scheduler])
+    assert changes == [
+        Change(name="weight_decay", restored=0.02, fresh=0.01),
+        Change(name="momentum", restored=0.5, fresh=0.9),
+    ]  # each said once (two groups), the rate unchanged (the same base): no lr change
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
+    assert all(g["momentum"] == 0.9 and g["nesterov"] is False for g in optimizer.param_groups)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * min(1.0, 4 / 4))
+
+
+def test_a_run_resumed_from_its_own_checkpoint_changes_nothing():
+    first = built(0.1, cosine)
+    trained(*first, 4)
+    _, optimizer, scheduler = built(0.1, cosine)
+    fresh = capture([optimizer], [scheduler])
+    optimizer.load_state_dict(first[1].state_dict())
+    scheduler.load_state_dict(first[2].state_dict())
+    rate = optimizer.param_groups[0]["lr"]
+    assert reapply(fresh, [optimizer], [scheduler]) == []
+    assert optimizer.param_groups[0]["lr"] == rate
+    assert describe([], "Lightning") == "the values Lightning restored are this run's own"
+
+
+def test_adam_betas_are_put_back_and_said():
+    model = torch.nn.Linear(2, 1)
+    donor = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.99))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.999))
+    fresh = capture([optimizer], [])
+    optimizer.load_state_dict(donor.state_dict())
+    changes = reapply(fresh, [optimizer], [])
+    assert optimizer.param_groups[0]["betas"] == (0.9, 0.999) and optimizer.param_groups[0]["lr"] == 5e-4
+    assert describe(changes, "the Trainer") == (
+        "the Trainer restored another run's values; this run's own are put back: betas (0.8, 0.99) (restored) -> "
+        "(0.9, 0.999) (this run's config), lr 0.001 (restored) -> 0.0005 (this run's config)"
+    )
+
+
+def test_a_scheduled_rate_is_said_as_a_base_rate():
+    said = describe([Change(name="lr", restored=0.001, fresh=0.0005, scheduled=True)], "Lightning")
+    assert said == (
+        "Lightning restored another run's values; this run's own are put back: base lr 0.001 (restored) -> "
+        "0.0005 (this run's config); the schedule goes on from the restored step"
+    )
+
+
+def test_optimizers_that_are_not_those_built_are_refused():
+    _, optimizer, _ = built(0.1, None)
+    fresh = capture([optimizer], [])
+    other = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="param groups differ"):
+        reapply(fresh, [other], [])
+    assert math.isclose(optimizer.param_groups[0]["lr"], 0.1)

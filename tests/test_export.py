@@ -3,8 +3,10 @@ reader (TensorBoard's event loader, MLflow's client, the offline run files W&B w
 export adds nothing, and one after more runs adds only them."""
 
 import glob
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -181,7 +183,10 @@ def test_bad_targets_are_refused(sweep, tmp_path):
     assert done.returncode != 0 and "holds the export of another root" in done.stderr
 
 
-def test_a_pbt_members_lineage_is_exported(tmp_path):
+def test_a_pbt_members_lineage_and_values_are_exported(tmp_path):
+    """Each member's params are the values it ended with (its last copy's), its starting ones are
+    ``start.lr``, its lineage tag names the donor, the step and the values, and ``gts/hp/lr`` is the
+    value it trained with at each step; a second export adds nothing."""
     mlflow = pytest.importorskip("mlflow", reason="pip install mlflow")
     from gpu_task_scheduler.records.lineage import lineages
     from gpu_task_scheduler.results import open_ledger
@@ -192,17 +197,37 @@ def test_a_pbt_members_lineage_is_exported(tmp_path):
     gts("export", root, "--to", "mlflow", uri, cwd=tmp_path)
     ledger = open_ledger(root)
     try:
-        copies = {name: lineage.own[1:] for name, lineage in lineages(ledger.trial_events()).items()}
+        found = lineages(ledger.trial_events())
     finally:
         ledger.close()
     mlflow.set_tracking_uri(uri)
     table = mlflow.search_runs(experiment_names=["gts: root"])
     members = table[table["tags.gts.parent"] != "true"]
-    assert len(members) == 8 and any(copies.values())
+    assert len(members) == 8 and any(lineage.exploits for lineage in found.values())
+    client = mlflow.tracking.MlflowClient(uri)
     for _, member in members.iterrows():
-        made = copies.get(member["tags.gts.run"], [])
-        expected = "; ".join(f"step {s.step:g}: copied {s.donor}" for s in made) if made else None
+        lineage = found[member["tags.gts.run"]]
+        made = lineage.exploits
+        expected = "; ".join(f"step {s.step:g}: copied {s.donor}, {s.change_text()}" for s in made) if made else None
         assert (member.get("tags.gts.lineage") if isinstance(member.get("tags.gts.lineage"), str) else None) == expected
+        assert float(member["params.lr"]) == lineage.own[-1].values["lr"]  # what it ended with
+        assert float(member["params.start.lr"]) == lineage.start.values["lr"]
+        if made:
+            assert re.fullmatch(r"step \d+: copied lr-[0-9.]+,, lr [0-9.e-]+ x(0\.5|2) = [0-9.e-]+(; .*)?", expected)
+            history = client.get_metric_history(member["run_id"], "gts/hp/lr")
+            shown = {m.step: m.value for m in history}
+            for step, value in shown.items():
+                at = next(s for s in reversed(lineage.own) if s.step < step or s is lineage.own[0])
+                assert value == pytest.approx(at.values["lr"])
+            assert len(set(shown.values())) > 1  # the schedule changed where it copied
+    said = gts("export", root, "--to", "mlflow", uri, cwd=tmp_path)
+    assert "0 new run(s), 0 new step(s), 0 new state(s)" in said, said
+    if importlib.util.find_spec("wandb") is not None:  # W&B's config: the same values
+        gts("export", root, "--to", "wandb", str(tmp_path / "wb"), cwd=tmp_path)
+        for run in offline_runs(str(tmp_path / "wb")).values():
+            lineage = found[run["name"]]
+            assert run["config"]["lr"] == lineage.own[-1].values["lr"]
+            assert run["config"]["start.lr"] == lineage.start.values["lr"]
 
 
 RAW_METRICS = """import json, os, sys

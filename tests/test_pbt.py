@@ -453,9 +453,45 @@ def test_the_schedule_of_a_member_that_copied_is_its_donors_values_up_to_the_cop
 def test_a_copy_made_again_at_the_same_step_is_listed_once_with_how_often():
     from gpu_task_scheduler.records.lineage import Segment, copies_text
 
-    again = Segment(8.0, {"lr": 2.0}, "lr-1.0,", {"lr": "x2"})
-    other = Segment(12.0, {"lr": 1.0}, "lr-0.5,", {"lr": "x0.5"})
-    assert copies_text([again, again, other]) == "lr-1.0, at 8 (lr x2) twice; lr-0.5, at 12 (lr x0.5)"
+    again = Segment(8.0, {"lr": 2.0}, "lr-1.0,", {"lr": "x2"}, {"lr": 1.0})
+    other = Segment(12.0, {"lr": 1.0}, "lr-0.5,", {"lr": "x0.5"})  # the donor's values not recorded
+    assert copies_text([again, again, other]) == "lr-1.0, at 8 (lr 1 x2 = 2) twice; lr-0.5, at 12 (lr x0.5 = 1)"
+
+
+def test_a_lineage_says_the_values_each_copy_went_on_with():
+    """``--lineage`` and the exports name the donor's value at its snapshot, the change and the
+    value the member trained with after it."""
+    from gpu_task_scheduler.records.ledger.trials import TrialEvent
+    from gpu_task_scheduler.records.lineage import copies_text, lineages
+
+    def event(kind, name, **fields):
+        return TrialEvent(
+            kind, None, name, None, **{"rung": None, "step": None, "value": None, "decision": None, **fields}
+        )
+
+    events = [
+        event("began", "a", detail={"values": {"lr": 0.001, "wd": 0.1}}),
+        event("began", "b", detail={"values": {"lr": 0.004, "wd": 0.0}}),
+        event("rung", "b", rung=6, step=6, value=0.1, decision="snapshot"),
+        event(
+            "rung",
+            "a",
+            rung=6,
+            step=6,
+            value=0.9,
+            decision="exploit",
+            detail={
+                "donor": "b",
+                "step": 6,
+                "values": {"lr": 0.002, "wd": 0.0},
+                "changed": {"lr": "x0.5", "wd": "resampled"},
+            },
+        ),
+        event("resumed", "a"),
+    ]
+    (copy,) = lineages(events)["a"].exploits
+    assert copy.was == {"lr": 0.004, "wd": 0.0}
+    assert copies_text([copy]) == "b at 6 (lr 0.004 x0.5 = 0.002, wd resampled = 0)"
 
 
 def test_a_report_looks_at_a_bounded_number_of_intervals_however_many_there_were():

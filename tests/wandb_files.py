@@ -50,6 +50,9 @@ def offline_runs(folder):
                 run["files"].append(path)
                 for item in record.run.config.update:
                     run["config"][item.key] = json.loads(item.value_json)
+            elif kind == "config" and run is not None:  # config.update() after init
+                for item in record.config.update:
+                    run["config"]["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
             elif kind == "history" and run is not None:
                 run["history"].append(
                     {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}

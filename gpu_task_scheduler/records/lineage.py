@@ -19,12 +19,27 @@ from .ledger.trials import TrialEvent
 
 class Segment(Record):
     """From ``step`` on, the values ``values``; ``donor``: the member whose snapshot of ``step`` it
-    went on from (None: its own start), ``changed``: how each explored value changed then."""
+    went on from (None: its own start), ``changed``: how each explored value changed then, ``was``:
+    the donor's values at that snapshot (what ``changed`` changed; empty where not recorded)."""
 
     step: float
     values: dict[str, Any]
     donor: str | None = None
     changed: dict[str, str] = field(default_factory=dict)
+    was: dict[str, Any] = field(default_factory=dict)
+
+    def change_text(self) -> str:
+        """How each explored value became this segment's: ``lr 0.001 x0.5 = 0.0005``."""
+        said = []
+        for key, how in sorted(self.changed.items()):
+            before = f" {_value(self.was[key])}" if key in self.was and how.startswith("x") else ""
+            after = f" = {_value(self.values[key])}" if key in self.values else ""
+            said.append(f"{key}{before} {how}{after}")
+        return ", ".join(said)
+
+
+def _value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, str) else str(value)
 
 
 class Lineage(Record, frozen=False):
@@ -70,17 +85,21 @@ def lineages(events: Iterable[TrialEvent]) -> dict[str, Lineage]:
         elif event.kind == "resumed" and name in decided:
             segment = decided.pop(name)
             lineage = found[name]
+            snapshot = snapshots.get((segment.donor or "", segment.step))
+            if snapshot:  # the donor's values at that snapshot: what the exploit changed
+                segment = segment._replace(was=dict(snapshot[-1].values))
             lineage.exploits.append(segment)
-            before = snapshots.get((segment.donor or "", segment.step), lineage.schedule)
+            before = snapshot if snapshot is not None else lineage.schedule
             lineage.schedule = [s for s in before if s.step < segment.step] + [segment]
     return found
 
 
 def copies_text(copies: Iterable[Segment]) -> str:
-    """``lr-1.0, at 4 (lr x0.5); lr-0.37, at 16 (lr x2)`` (a lineage's exploits), or ``""``."""
+    """``lr-1.0, at 4 (lr 1 x0.5 = 0.5); lr-0.37, at 16 (lr 0.37 x2 = 0.74)`` (a lineage's
+    exploits: whom it copied, at which step, and the values it went on with), or ``""``."""
     texts: list[list[Any]] = []  # [text, times]: a member sent back to a step it had copied at copies it again
     for s in copies:
-        changed = ", ".join(f"{key} {how}" for key, how in sorted(s.changed.items()))
+        changed = s.change_text()
         text = f"{s.donor} at {s.step:g}" + (f" ({changed})" if changed else "")
         if texts and texts[-1][0] == text:
             texts[-1][1] += 1

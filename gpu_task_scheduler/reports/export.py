@@ -27,7 +27,7 @@ import math
 import os
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..finite import step_problem
@@ -36,6 +36,9 @@ from ..records.metrics import Point, run_points
 from ..records.paths import atomic_write_json, read_json
 from ..records.provenance import short
 from ..records.status import RunStatus
+
+if TYPE_CHECKING:
+    from ..records.lineage import Lineage
 
 STATE_FILE = "gts-export.json"  # in an export folder: what each run was exported with
 
@@ -51,6 +54,38 @@ class ExportedRun(Record):
     curve: list[Point]  # every step it reported, across its attempts
     finals: dict[str, float]  # its result's numbers and its metrics' last values
     tags: dict[str, str]  # what made it, its lineage, its place on the Pareto front, its cost
+    moving: tuple[str, ...] = ()  # params population-based training may still change (its explored keys)
+
+    @property
+    def settled(self) -> bool:
+        """Whether its params are final: it is not running, nor a member paused that may go on
+        with other values."""
+        return not self.running and not (self.moving and self.status == RunStatus.PAUSED.value)
+
+
+def _with_values(params: dict[str, Any], lineage: Lineage | None) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A population-based training member's params: the values it ended with (its last copy's),
+    and its starting ones as ``start.KEY``; and its explored keys."""
+    if lineage is None:
+        return params, ()
+    moving = tuple(sorted(lineage.start.values))
+    ended = {**params, **lineage.own[-1].values}
+    ended.update({f"start.{key}": value for key, value in lineage.start.values.items()})
+    return ended, moving
+
+
+def _with_schedule(curve: list[Point], lineage: Lineage | None) -> list[Point]:
+    """Each point with the values the member trained with at that step (``gts/hp/KEY``), so that a
+    tracker shows a perturbed value's schedule beside the loss."""
+    if lineage is None or not lineage.exploits:
+        return curve
+    own = lineage.own
+    shown = []
+    for step, values in curve:
+        segment = next((s for s in reversed(own) if s.step < step or s is own[0]), own[0])
+        hp = {f"gts/hp/{key}": float(v) for key, v in segment.values.items() if _number(v)}
+        shown.append((step, {**values, **hp}))
+    return shown
 
 
 def gather(root: str) -> list[ExportedRun]:
@@ -82,22 +117,27 @@ def gather(root: str) -> list[ExportedRun]:
             tags["gts.commit"] = commit
         if record.stage is not None:
             tags["gts.stage"] = record.stage
-        if record.name in lineage and lineage[record.name].own[1:]:
+        member = lineage.get(record.name)
+        if member is not None and member.exploits:
             tags["gts.lineage"] = "; ".join(
-                f"step {s.step:g}: copied {s.donor}" for s in lineage[record.name].own[1:] if s.donor is not None
+                f"step {s.step:g}: copied {s.donor}" + (f", {s.change_text()}" if s.changed else "")
+                for s in member.exploits
+                if s.donor is not None
             )
         if front is not None:
             tags["gts.pareto"] = "true" if record.name in front else "false"
+        params, moving = _with_values(record.params_value, member)
         found.append(
             ExportedRun(
                 name=record.name,
                 stage=record.stage,
-                params=record.params_value,
+                params=params,
                 status=record.status.value,
                 running=record.status is RunStatus.RUNNING,
-                curve=curve,
+                curve=_with_schedule(curve, member),
                 finals=finals,
                 tags=tags,
+                moving=moving,
             )
         )
     return found
@@ -274,7 +314,7 @@ def to_tensorboard(root: str, folder: str) -> Counts:
                 write(where, [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()], step)
                 counts.points += 1
             last = done["step"] if done["step"] is not None else 0
-            if not run.running and not done["session"]:
+            if run.settled and not done["session"]:
                 hparams = {
                     k: (v if _number(v) or isinstance(v, (str, bool)) else json.dumps(v)) for k, v in run.params.items()
                 }
@@ -343,11 +383,13 @@ def to_mlflow(root: str, uri: str) -> Counts:
                 child = client.create_run(
                     experiment_id, run_name=run.name, tags={**tags, "mlflow.parentRunId": parent.info.run_id}
                 )
-                params = [Param(mlflow_name(k), _text(v)[:6000]) for k, v in run.params.items()]
-                for at in range(0, len(params), 100):
-                    client.log_batch(child.info.run_id, params=params[at : at + 100])
+                _log_params(client, Param, child.info.run_id, run, settled=False)
                 counts.runs += 1
             run_id, tags_now = child.info.run_id, child.data.tags
+            if run.moving and run.settled and tags_now.get("gts.values") != "final":
+                # MLflow's params never change: a member's explored ones wait until no copy can change them
+                _log_params(client, Param, run_id, run, settled=True)
+                client.set_tag(run_id, "gts.values", "final")
             after = _exported_step(tags_now.get("gts.exported_step"))
             points = new_points(run, after)
             stamp = int(time.time() * 1000)
@@ -378,6 +420,15 @@ def to_mlflow(root: str, uri: str) -> Counts:
             counts.note(f"{run.name}: not exported to MLflow ({str(error).splitlines()[0][:300]})")
     client.set_terminated(parent.info.run_id, status="RUNNING" if any(r.running for r in runs) else "FINISHED")
     return counts
+
+
+def _log_params(client: Any, param: Any, run_id: str, run: ExportedRun, *, settled: bool) -> None:
+    """A run's params (``settled``: its explored ones, now final); a member's explored ones not while
+    population-based training may still change them (``gts.values`` says when they are in)."""
+    chosen = {k: v for k, v in run.params.items() if (k in run.moving) == settled}
+    params = [param(mlflow_name(k), _text(v)[:6000]) for k, v in chosen.items()]
+    for at in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[at : at + 100])
 
 
 def _root_id(absolute: str) -> str:
@@ -472,11 +523,11 @@ def to_wandb(root: str, folder: str) -> Counts:
                 name=run.name,
                 id=done["id"],
                 resume="allow",
-                config=run.params,
                 tags=[run.status],
                 settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
             )
             try:
+                live.config.update(run.params, allow_val_change=True)  # a member's values after a copy too
                 live.define_metric("gts_step")
                 live.define_metric("*", step_metric="gts_step")
                 for step, values in points:

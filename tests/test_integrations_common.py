@@ -92,3 +92,26 @@ def test_every_is_a_whole_number_of_rounds(bad):
     assert common.rounds(5) == 5
     with pytest.raises(ValueError, match="a whole number of rounds"):
         common.rounds(bad)
+
+
+def test_the_checkpoint_a_run_left_is_found_for_each_callback(tmp_path):
+    from gpu_task_scheduler.integrations.common import checkpoint_left
+
+    folder = tmp_path / "checkpoint"
+    assert checkpoint_left(str(folder)) is None  # none made
+    folder.mkdir()
+    assert checkpoint_left(str(folder)) is None  # made, empty
+    for step in (20, 100, 300):  # the Trainer's: the newest whole one (300 has no trainer_state.json)
+        (folder / f"checkpoint-{step}").mkdir()
+        if step != 300:
+            (folder / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    assert checkpoint_left(str(folder)) == str(folder / "checkpoint-100")
+    (folder / "keras-epoch-3.weights.h5").write_bytes(b"")
+    assert checkpoint_left(str(folder)) == str(folder / "checkpoint-100")  # by number: 100 > 3
+    for name in ("lightgbm.txt", "xgboost.ubj", "lightning.ckpt"):  # a callback's file comes first
+        (folder / name).write_bytes(b"")
+        assert checkpoint_left(str(folder)) == str(folder / name)
+    other = tmp_path / "own"
+    other.mkdir()
+    (other / "model.pt").write_bytes(b"")
+    assert checkpoint_left(str(other)) == str(other)  # a script's own files: the folder

@@ -184,6 +184,18 @@ def test_best_says_which_way_it_goes(nested_root, in_tmp, capsys):
     capsys.readouterr()
     assert gts(["results", "declared.yaml", "--best", "acc", "--format", "json"]) == 0
     assert _names(capsys) == ["i-1,"]
+    # --best alone: the metric the config declares; with the run's folder and the checkpoint it left.
+    folder = in_tmp / "declared" / "i-1,"
+    assert gts(["results", "declared.yaml", "--best", "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["name"] == "i-1," and row["folder"] == str(folder) and row["checkpoint"] is None
+    (folder / ".gts" / "checkpoint").mkdir(parents=True, exist_ok=True)  # made for each run, empty
+    (folder / ".gts" / "checkpoint" / "lightning.ckpt").write_bytes(b"weights")
+    assert gts(["results", "declared.yaml", "--best"]) == 0
+    shown = capsys.readouterr().out
+    assert str(folder / ".gts" / "checkpoint" / "lightning.ckpt") in shown and "i-1," in shown
+    assert gts(["results", nested_root, "--best"]) == 2
+    assert "give --best KEY: the sweep's config declares no metric" in capsys.readouterr().err
 
 
 # --- messages in the user's words -------------------------------------------------------

@@ -12,11 +12,43 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import reporting
+
+# Where each callback keeps its checkpoint in the run's checkpoint folder (``<run>/.gts/checkpoint``).
+LIGHTNING = "lightning.ckpt"
+XGBOOST = "xgboost.ubj"
+LIGHTGBM = "lightgbm.txt"
+KERAS = re.compile(r"keras-epoch-(\d+)\.weights\.h5")  # the epochs done; the newest is kept
+TRAINER = re.compile(r"checkpoint-(\d+)")  # the Trainer's folders, by global step
+TRAINER_WHOLE = "trainer_state.json"  # the Trainer writes it last: a folder holding it is whole
+
+
+def checkpoint_left(folder: str) -> str | None:
+    """The checkpoint a run left in its checkpoint folder ``folder``: a callback's file, the newest
+    whole ``checkpoint-N`` of the Trainer, the newest Keras epoch; else the folder itself when it
+    holds anything (a script's own files), None when it is empty or missing."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    for name in (LIGHTNING, XGBOOST, LIGHTGBM):
+        if name in names:
+            return os.path.join(folder, name)
+    numbered = []
+    for name in names:
+        trainer, keras = TRAINER.fullmatch(name), KERAS.fullmatch(name)
+        if trainer and os.path.isfile(os.path.join(folder, name, TRAINER_WHOLE)):
+            numbered.append((int(trainer.group(1)), name))
+        elif keras:
+            numbered.append((int(keras.group(1)), name))
+    if numbered:
+        return os.path.join(folder, max(numbered)[1])
+    return folder if names else None
 
 
 def in_sweep() -> bool:

@@ -18,17 +18,16 @@ must be built (called on a batch, or given an ``Input``) before ``fit()``.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import keras
 
 from . import reapply as values
-from .common import RunSide, checkpoint_dir, commit, resume_step, saved, say
+from .common import KERAS, RunSide, checkpoint_dir, commit, resume_step, saved, say
 
 __all__ = ["GTSCallback"]
 
-NAME = re.compile(r"keras-epoch-(\d+)\.weights\.h5")
+NAME = KERAS
 
 
 def checkpoints(folder: str) -> dict[int, str]:

@@ -20,11 +20,11 @@ from typing import Any
 
 import lightgbm
 
-from .common import RunSide, checkpoint_path, commit, rounds, rounds_left, saved
+from .common import LIGHTGBM, RunSide, checkpoint_path, commit, rounds, rounds_left, saved
 
 __all__ = ["GTSCallback", "resume"]
 
-CHECKPOINT = "lightgbm.txt"
+CHECKPOINT = LIGHTGBM
 HINT = "pass **resume(num_boost_round=N) to lightgbm.train() (from gpu_task_scheduler.integrations.lightgbm)"
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import reapply as values
-from .common import RunSide, checkpoint_path, commit, resumable, saved, say
+from .common import LIGHTNING, RunSide, checkpoint_path, commit, resumable, saved, say
 
-CHECKPOINT = "lightning.ckpt"
+CHECKPOINT = LIGHTNING
 UNITS = ("epoch", "step")
 HINT = "pass ckpt_path=resume_from() to trainer.fit() (from gpu_task_scheduler.integrations.lightning)"
 

@@ -20,21 +20,20 @@ copies one from. Outside a sweep it is left as it is. ``save_total_limit`` bound
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from transformers import TrainerCallback
 
 from . import reapply as values
-from .common import RunSide, checkpoint_dir, resume_step, say
+from .common import TRAINER, TRAINER_WHOLE, RunSide, checkpoint_dir, resume_step, say
 
 __all__ = ["GTSCallback", "resume_from"]
 
 HINT = (
     "pass resume_from_checkpoint=resume_from() to trainer.train() (from gpu_task_scheduler.integrations.transformers)"
 )
-FOLDER = re.compile(r"checkpoint-(\d+)")
-STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint folder holding it is whole
+FOLDER = TRAINER
+STATE = TRAINER_WHOLE
 
 
 def resume_from() -> str | None:

@@ -22,11 +22,11 @@ from typing import Any
 
 import xgboost
 
-from .common import RunSide, checkpoint_path, commit, rounds, rounds_left, saved
+from .common import XGBOOST, RunSide, checkpoint_path, commit, rounds, rounds_left, saved
 
 __all__ = ["GTSCallback", "resume"]
 
-CHECKPOINT = "xgboost.ubj"
+CHECKPOINT = XGBOOST
 HINT = "pass **resume(num_boost_round=N) to xgboost.train() (from gpu_task_scheduler.integrations.xgboost)"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -29,8 +30,40 @@ def _best_maximizes(args: argparse.Namespace) -> bool:
     return mode == "max"
 
 
+def _declared_best(root: str) -> str:
+    """``--best`` with no KEY: the one metric the config declares a mode for (early_stop, search, pbt)."""
+    from ...results import declared_modes
+
+    declared = sorted(declared_modes(root))
+    if len(declared) == 1:
+        return declared[0]
+    if not declared:
+        raise ConfigError(
+            "give --best KEY: the sweep's config declares no metric (an early_stop's, a search's or pbt's metric "
+            "and mode say which one is best)"
+        )
+    raise ConfigError(f"give --best KEY: the sweep's config declares several metrics ({', '.join(declared)})")
+
+
+def _with_checkpoint(root: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The best run's row with its folder and the checkpoint it left (``<run>/.gts/checkpoint/...``;
+    None where it left none)."""
+    from ...integrations.common import checkpoint_left
+    from ...records.paths import RunPaths, UnsafePathError
+
+    try:
+        paths = RunPaths.recorded(root, row["name"])
+    except (UnsafePathError, KeyError, TypeError):
+        return row
+    left = checkpoint_left(paths.checkpoint)
+    return {**row, "folder": os.path.abspath(paths.work_dir), "checkpoint": left and os.path.abspath(left)}
+
+
 def run(args: argparse.Namespace) -> int:
     from ...results import aggregate, best, format_csv, format_table, key_problem, metric, rows, sort_rows, top_rows
+
+    if args.best == "":  # --best alone: the metric the config declares
+        args.best = _declared_best(args.root)
 
     if args.best and (args.sort or args.average_over):
         raise ConfigError("--best gives one run; it does not go with --sort or --average-over")
@@ -59,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         table = pareto(args.root, stage=args.stage)
     elif args.best:
         found = best(args.root, args.best, maximize=_best_maximizes(args), stage=args.stage)
-        table = [] if found is None else [found]
+        table = [] if found is None else [_with_checkpoint(args.root, found)]
         if found is None:
             problem = key_problem(args.root, args.best, stage=args.stage)
             if problem is not None:
@@ -238,8 +271,11 @@ def add(sub: Any) -> None:
     r.add_argument(
         "--best",
         metavar="KEY",
+        nargs="?",
+        const="",
         help="the one succeeded run with the best KEY: --min or --max says which way (else the mode the "
-        "config's early_stop or search declares for it)",
+        "config's early_stop, search or pbt declares for it); KEY left out: the metric the config declares. "
+        "With the run's folder and the checkpoint it left",
     )
     way = r.add_mutually_exclusive_group()
     way.add_argument("--min", action="store_true", help="with --best: the lowest KEY is best (a loss)")

@@ -53,6 +53,13 @@ QUICK = {
 }
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the machine's CPUs. The "clusters" group's chain (Ray, then
+    Slurm: minutes, one worker) mostly waits on daemons and polls, so beside it the others keep
+    every CPU busy. Measured on 2 cores: the whole suite in 609 s with 3 workers, 714 s with 2."""
+    return (os.cpu_count() or 1) + 1
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = str(item.path)

@@ -38,7 +38,12 @@ def main() -> int:
     from gpu_task_scheduler import GPUTaskScheduler
 
     config, when = json.loads(sys.argv[1]), sys.argv[2]
-    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=4, include_dashboard=False))
+    # A lost machine is known once the cluster's health checks of it fail: by default 5 checks 3 s
+    # apart (20 s and more a case); a check each 0.5 s, 3 failed, as a cluster tuned for fast
+    # failover is. What the scheduler does once Ray says so is the same.
+    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 1000}
+    head = dict(num_cpus=1, num_gpus=4, include_dashboard=False, _system_config=health)
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     doomed = cluster.add_node(num_cpus=1, num_gpus=2)
     cluster.wait_for_nodes()
     config["scheduler_config"]["ray_address"] = cluster.address

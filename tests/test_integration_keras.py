@@ -60,21 +60,7 @@ def _fit_recording(example, lr, schedule, epochs, **callback):
         "warm-up": keras.optimizers.schedules.CosineDecay(0.0, 48, warmup_target=lr, warmup_steps=6),
         "cosine": keras.optimizers.schedules.CosineDecay(lr, 48),
     }[schedule]
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate=rate, momentum=0.9), loss="mse")
-    (x, y), valid = example.data()
-    history = model.fit(
-        x,
-        y,
-        batch_size=32,
-        epochs=epochs,
-        shuffle=False,
-        validation_data=valid,
-        verbose=0,
-        callbacks=[GTSCallback(**callback), Rates()],
-    )
-    return rates, float(history.history["val_loss"][-1])
+    return rates, example.train(rate, 8, epochs, callbacks=[GTSCallback(**callback), Rates()])["val_loss"]
 
 
 @pytest.mark.parametrize("schedule", ["constant", "warm-up", "cosine"])

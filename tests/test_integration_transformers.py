@@ -94,7 +94,7 @@ def _train_recording(example, lr, schedule, epochs, out, **callback):
     """The example's training at ``lr`` under ``schedule`` (``constant``, ``warm-up``: linear over 8
     steps then linear decay, ``cosine``), resumed where the run resumes: the rate the optimizer
     used at each global step, and the final evaluation loss."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import TrainerCallback
 
     from gpu_task_scheduler.integrations.transformers import GTSCallback, resume_from
 
@@ -106,33 +106,15 @@ def _train_recording(example, lr, schedule, epochs, out, **callback):
 
     kinds = {"constant": ("constant", 0), "warm-up": ("linear", 8), "cosine": ("cosine", 0)}
     kind, warmup = kinds[schedule]
-    example.hf_logging.set_verbosity_error()
-    example.torch.manual_seed(0)
-    config = example.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
-    config.max_position_embeddings, config.intermediate_size = 8, 32
-    args = TrainingArguments(
-        output_dir=out,
-        learning_rate=lr,
+    trainer = example.make_trainer(
+        lr,
+        16,
+        epochs,
+        out,
+        callbacks=[GTSCallback(**callback), Rates()],
         lr_scheduler_type=kind,
         warmup_steps=warmup,
         weight_decay=0.01,
-        num_train_epochs=epochs,
-        per_device_train_batch_size=32,
-        eval_strategy="epoch",
-        save_strategy="epoch",
-        save_total_limit=1,
-        logging_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
-    )
-    trainer = Trainer(
-        model=example.BertForSequenceClassification(config),
-        args=args,
-        train_dataset=example.Sequences(256, seed=0),
-        eval_dataset=example.Sequences(128, seed=1),
-        callbacks=[GTSCallback(**callback), Rates()],
     )
     trainer.train(resume_from_checkpoint=resume_from())
     return rates, trainer.evaluate()["eval_loss"]

@@ -4,6 +4,7 @@ exploits another, how its values are explored, and that the same events decide t
 import pytest
 
 from gpu_task_scheduler import ConfigError
+from gpu_task_scheduler.records.ledger.trials import TrialEvent
 from gpu_task_scheduler.tuning.base import CONTINUE, Next
 from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOT, SNAPSHOT_YIELD, YIELD, Exploit, Pbt, parse_pbt, pbt_rule
 
@@ -37,6 +38,22 @@ def population(values, **keys):
 def test_a_bad_pbt_is_refused_with_what_to_write(raw, words):
     with pytest.raises(ConfigError, match=words):
         parse_pbt(raw)
+
+
+def event(kind, name, **fields):
+    """A trial event of the ledger (records/ledger/trials.py) with the fields given, None elsewhere."""
+    return TrialEvent(kind, None, name, None, **{"rung": None, "step": None, "value": None, "decision": None, **fields})
+
+
+def a_copies_b(a, b, step, detail):
+    """The ledger's events of member ``a`` (starting values ``a``) copying ``b``'s snapshot of ``step``."""
+    return [
+        event("began", "a", detail={"values": a}),
+        event("began", "b", detail={"values": b}),
+        event("rung", "b", rung=step, step=step, value=0.1, decision="snapshot"),
+        event("rung", "a", rung=step, step=step, value=0.9, decision="exploit", detail=detail),
+        event("resumed", "a"),
+    ]
 
 
 def tell(pbt, member, step, value):
@@ -324,7 +341,6 @@ def test_a_donor_offers_no_snapshot_of_the_weights_it_dropped_when_it_copied():
 def _events_of(pbt, reports):
     """Feed ``reports`` ((member, step, value), in order) to ``pbt`` as the engine does, making each
     exploit at once: the trial events the ledger would hold."""
-    from gpu_task_scheduler.records.ledger.trials import TrialEvent
 
     events = []
     for member, step, value in reports:
@@ -376,7 +392,6 @@ def test_every_copy_in_random_populations_keeps_the_copy_rule(seed):
 
 
 def test_the_audit_finds_a_stale_copy_and_a_copy_worse_than_the_copiers_own():
-    from gpu_task_scheduler.records.ledger.trials import TrialEvent
     from gpu_task_scheduler.records.lineage import copy_faults
 
     def rung(name, step, value, decision, detail=None):
@@ -424,28 +439,9 @@ def test_a_perturbed_value_past_floats_range_is_kept_not_a_crash():
 def test_the_schedule_of_a_member_that_copied_is_its_donors_values_up_to_the_copy():
     """The weights a member ends with were trained with its donor's values up to the step it
     copied at, then its own: --schedule gives those, not the member's own values before the copy."""
-    from gpu_task_scheduler.records.ledger.trials import TrialEvent
     from gpu_task_scheduler.records.lineage import lineages
 
-    def event(kind, name, **more):
-        fields = {"stage": None, "bracket": None, "rung": None, "step": None, "value": None, "decision": None}
-        return TrialEvent(kind, name=name, **{**fields, **more})
-
-    events = [
-        event("began", "a", detail={"values": {"lr": 1.0}}),
-        event("began", "b", detail={"values": {"lr": 2.0}}),
-        event("rung", "b", rung=4, step=4, value=0.1, decision="snapshot"),
-        event(
-            "rung",
-            "a",
-            rung=4,
-            step=4,
-            value=0.9,
-            decision="exploit",
-            detail={"donor": "b", "step": 4, "values": {"lr": 4.0}},
-        ),
-        event("resumed", "a"),
-    ]
+    events = a_copies_b({"lr": 1.0}, {"lr": 2.0}, 4, {"donor": "b", "step": 4, "values": {"lr": 4.0}})
     schedule = lineages(events)["a"].schedule
     assert [(s.step, s.values, s.donor) for s in schedule] == [(0.0, {"lr": 2.0}, None), (4.0, {"lr": 4.0}, "b")]
 
@@ -461,34 +457,11 @@ def test_a_copy_made_again_at_the_same_step_is_listed_once_with_how_often():
 def test_a_lineage_says_the_values_each_copy_went_on_with():
     """``--lineage`` and the exports name the donor's value at its snapshot, the change and the
     value the member trained with after it."""
-    from gpu_task_scheduler.records.ledger.trials import TrialEvent
     from gpu_task_scheduler.records.lineage import copies_text, lineages
 
-    def event(kind, name, **fields):
-        return TrialEvent(
-            kind, None, name, None, **{"rung": None, "step": None, "value": None, "decision": None, **fields}
-        )
-
-    events = [
-        event("began", "a", detail={"values": {"lr": 0.001, "wd": 0.1}}),
-        event("began", "b", detail={"values": {"lr": 0.004, "wd": 0.0}}),
-        event("rung", "b", rung=6, step=6, value=0.1, decision="snapshot"),
-        event(
-            "rung",
-            "a",
-            rung=6,
-            step=6,
-            value=0.9,
-            decision="exploit",
-            detail={
-                "donor": "b",
-                "step": 6,
-                "values": {"lr": 0.002, "wd": 0.0},
-                "changed": {"lr": "x0.5", "wd": "resampled"},
-            },
-        ),
-        event("resumed", "a"),
-    ]
+    detail = {"donor": "b", "step": 6, "values": {"lr": 0.002, "wd": 0.0}}
+    detail["changed"] = {"lr": "x0.5", "wd": "resampled"}
+    events = a_copies_b({"lr": 0.001, "wd": 0.1}, {"lr": 0.004, "wd": 0.0}, 6, detail)
     (copy,) = lineages(events)["a"].exploits
     assert copy.was == {"lr": 0.004, "wd": 0.0}
     assert copies_text([copy]) == "b at 6 (lr 0.004 x0.5 = 0.002, wd resampled = 0)"

@@ -30,7 +30,8 @@ def data(seed=0):
     return (inputs[:256], targets[:256]), (inputs[256:], targets[256:])
 
 
-def train(lr, width, epochs):
+def train(lr, width, epochs, callbacks=None):
+    """``lr``: a number or a ``keras.optimizers.schedules.LearningRateSchedule``."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(width, activation="tanh"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=lr, momentum=0.9), loss="mse")
@@ -43,7 +44,7 @@ def train(lr, width, epochs):
         shuffle=False,
         validation_data=valid,
         verbose=0,
-        callbacks=[GTSCallback()],  # gts
+        callbacks=callbacks if callbacks is not None else [GTSCallback()],  # gts
     )
     return {"val_loss": float(history.history["val_loss"][-1]), "epochs": len(history.history["val_loss"])}
 

@@ -38,7 +38,8 @@ class Sequences(torch.utils.data.Dataset):
         return {"input_ids": self.ids[index], "labels": int(self.ids[index, 0] >= 16)}
 
 
-def train(lr, hidden, epochs, out):
+def make_trainer(lr, hidden, epochs, out, callbacks=None, **arguments):
+    """The tiny BERT and its Trainer; ``arguments``: more TrainingArguments (``lr_scheduler_type``, ...)."""
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
     config = BertConfig(
@@ -58,14 +59,19 @@ def train(lr, hidden, epochs, out):
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
+        **arguments,
     )
-    trainer = Trainer(
+    return Trainer(
         model=BertForSequenceClassification(config),
         args=args,
         train_dataset=Sequences(256, seed=0),
         eval_dataset=Sequences(128, seed=1),
-        callbacks=[GTSCallback()],  # gts
+        callbacks=callbacks if callbacks is not None else [GTSCallback()],  # gts
     )
+
+
+def train(lr, hidden, epochs, out):
+    trainer = make_trainer(lr, hidden, epochs, out)
     trainer.train(resume_from_checkpoint=resume_from())  # gts: resume_from_checkpoint
     return {"eval_loss": trainer.evaluate()["eval_loss"], "epochs": round(trainer.state.epoch or 0)}
 

@@ -27,12 +27,25 @@ def test_a_python_task_reports_and_status_and_results_show_it(in_tmp):
     by_name = {row["name"]: row for row in rows(str(root))}
     assert by_name["lr-0.5,"]["metrics.loss"] == 0.125 and by_name["lr-0.9,"]["metrics.acc"] == pytest.approx(0.999)
     text = format_status(status(str(root), runs="table"))
-    assert "acc 0.875 @ step 3, loss 0.125 @ step 3" in text
+    assert "loss 0.125 @ step 3, acc 0.875 @ step 3" in text  # a loss first
     assert json.loads((root / "lr-0.5," / ".gts" / "metrics.jsonl").read_text().splitlines()[0]) == {
         "step": 1,
         "loss": 0.5,
         "acc": 0.5,
     }
+
+
+def test_status_shows_the_declared_metric_and_the_loss_before_counters_and_timings(in_tmp):
+    """A Hugging Face Trainer's evaluation reports epoch, eval_runtime and eval_samples_per_second
+    beside its loss and accuracy: the short view shows the metric the config declares and the loss."""
+    root = in_tmp / "r"
+    line = "epoch=1.0, eval_runtime=0.5, eval_samples_per_second=100.0, eval_loss=0.3, eval_accuracy=0.9"
+    config = make_config(root, [{"i": [0]}])
+    config["command"] = [sys.executable, "-c", f"from gpu_task_scheduler import report; report(1, {line})"]
+    config["early_stop"] = {"method": "median", "metric": "eval_accuracy", "mode": "max"}
+    assert GPUTaskScheduler(config).start().ok
+    text = format_status(status(str(root), runs="table"))
+    assert "eval_accuracy 0.9 @ step 1, eval_loss 0.3 @ step 1, epoch 1 @ step 1, +2 more" in text, text
 
 
 def test_each_attempt_reports_its_own_curve(in_tmp):

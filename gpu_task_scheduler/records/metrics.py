@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..finite import step_problem
@@ -319,6 +320,29 @@ def _first_after(fd: int, offset: int, size: int) -> Point | None:
         if length >= 2 * MAX_LINE or offset + length >= size:
             return None
         length *= 4  # long lines: fewer than two whole ones in the window yet
+
+
+def shown_first(names: Iterable[str], declared: Sequence[str] = ()) -> list[str]:
+    """Metric names in the order a short view shows them: those the config declares (its
+    early_stop's, search's or pbt's), then losses, then the others; counters and timings (``epoch``,
+    ``*_runtime``, ``*_per_second``, as the Hugging Face ``Trainer`` reports) last. Stable within each.
+
+    >>> shown_first(["epoch", "eval_loss", "eval_runtime", "eval_accuracy"], ["eval_accuracy"])
+    ['eval_accuracy', 'eval_loss', 'epoch', 'eval_runtime']
+    """
+
+    def rank(name: str) -> int:
+        low = name.lower()
+        if name in declared:
+            return 0
+        if "loss" in low:
+            return 1
+        if low in ("epoch", "step", "global_step") or low.endswith(("runtime", "per_second")):
+            return 3
+        return 2
+
+    names = list(names)
+    return sorted(names, key=lambda name: (rank(name), list(declared).index(name) if name in declared else 0))
 
 
 def describe(summary: dict[str, Any], *, at_most: int = 3) -> str:

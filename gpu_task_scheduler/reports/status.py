@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError, GTSError, did_you_mean, install_hint
 from ..gpu.devices import format_memory
-from ..records.metrics import describe, latest
+from ..records.metrics import describe, latest, shown_first
 from ..records.paths import RunPaths, log_name_problem, name_problem
 from ..records.status import QUEUED, RunStatus
 from ..results import escape_controls, open_ledger
@@ -69,6 +69,14 @@ def status(root: str, *, runs: str = "all") -> dict[str, Any]:
                 run["copied"] = copies[run["name"]]
     finally:
         ledger.close()
+    reported = [run["metrics"] for run in report["runs"] if isinstance(run.get("metrics"), dict)]
+    if reported:  # the metrics the config declares and the losses first (a short view shows three)
+        from ..results import declared_modes
+
+        declared = sorted(declared_modes(root))
+        for run in report["runs"]:
+            if isinstance(run.get("metrics"), dict):
+                run["metrics"] = {name: run["metrics"][name] for name in shown_first(run["metrics"], declared)}
     return report
 
 

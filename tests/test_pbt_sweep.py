@@ -399,24 +399,33 @@ def test_a_population_judged_by_two_objectives_copies_by_pareto_rank_and_replays
     config["pbt"]["objectives"] = {"score": "max", "cost": "min"}
     summary = GPUTaskScheduler(config, tasks.ScheduleTask).start()
     assert len(summary.succeeded) == 4 and not summary.failed
-    rungs = [event for event in _events(root) if event[1] == "rung"]
-    values = {}
-    for name, _, rung, _, detail in rungs:
-        objectives = json.loads(detail)["objectives"]
-        assert set(objectives) == {"score", "cost"}
-        values.setdefault(rung, {})[name] = (-objectives["score"], objectives["cost"])  # both minimized
-    exploits = [(name, rung, json.loads(detail)["donor"]) for name, _, rung, how, detail in rungs if how == "exploit"]
-    assert exploits, "no member copied another"
     from gpu_task_scheduler.tuning.pareto import pareto_order
 
-    def ahead(donor, name, level):
-        table = values[level]
+    def ahead(table, donor, name):
         ranked = [sorted(table)[i] for i in pareto_order([table[n] for n in sorted(table)])]
         return ranked.index(donor) < ranked.index(name)
 
-    for name, rung, donor in exploits:  # ranked at an interval up to its own, below its donor there
-        levels = [level for level in values if level <= rung and {name, donor} <= set(values[level])]
-        assert any(ahead(donor, name, level) for level in levels), (name, donor, rung, values)
+    # Each exploit against the values as they stood when it was decided (the events in order; a
+    # member that went on from a copy stands at that interval with its donor's value): ranked at
+    # an interval up to its own, below its donor there.
+    values, pending, exploits = {}, {}, 0
+    for name, kind, rung, how, detail in _events(root):
+        if kind == "resumed" and name in pending:
+            level, donor = pending.pop(name)
+            values[level][name] = values[level][donor]
+        if kind != "rung":
+            continue
+        objectives = json.loads(detail)["objectives"]
+        assert set(objectives) == {"score", "cost"}
+        values.setdefault(rung, {})[name] = (-objectives["score"], objectives["cost"])  # both minimized
+        if how == "exploit":
+            exploits += 1
+            copied = json.loads(detail)
+            donor = copied["donor"]
+            levels = [level for level in values if level <= rung and {name, donor} <= set(values[level])]
+            assert any(ahead(values[level], donor, name) for level in levels), (name, donor, rung, values)
+            pending[name] = (copied["step"] - copied["step"] % config["pbt"]["interval"], donor)
+    assert exploits, "no member copied another"
     caplog.clear()
     again = GPUTaskScheduler(config, tasks.ScheduleTask).start()
     assert again.outcomes == {} and len(again.skipped) == 4

@@ -24,34 +24,13 @@ import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE)]
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+from pbt_bench import INTERVAL, LRS, PBT, STEPS, gain  # noqa: E402 (the bench's problem and PBT config)
 
 from gpu_task_scheduler.records.ledger.trials import TrialEvent  # noqa: E402
 from gpu_task_scheduler.records.lineage import copy_faults  # noqa: E402
 from gpu_task_scheduler.tuning.pbt import EXPLOIT, SNAPSHOTS, Pbt, parse_pbt  # noqa: E402
-
-LRS = [10 ** (-k * 2 / 7) for k in range(8)]  # 1 to 0.01, as bench/pbt_bench.py
-STEPS, INTERVAL = 40, 4
-PBT = {
-    "metric": "score",
-    "mode": "max",
-    "interval": INTERVAL,
-    "quantile": 0.25,
-    "perturb": {"lr": [0.5, 2.0]},
-    "max_step": STEPS,
-}
-
-
-def best_lr(step: int) -> float:
-    """0.03 at step 0, up to 0.3 at step 10, down to 0.003 at step 40 (bench/pbt_bench.py's)."""
-    if step <= 10:
-        return 0.03 * 10 ** (step / 10)
-    return 0.3 * 10 ** (-2 * (step - 10) / 30)
-
-
-def gain(lr: float, step: int) -> float:
-    distance = math.log10(lr / best_lr(step))
-    return math.exp(-distance * distance / (2 * 0.3 * 0.3))
 
 
 def example_gain(lr: float, step: int) -> float:

@@ -489,3 +489,29 @@ def test_a_slurm_sweep_without_gpu_gets_one_gpu_per_run_and_others_are_told_what
     assert sweep.options.slots is None and sweep.options.given["gpu"] == "all"
     with pytest.raises(ConfigError, match='"gpu": "all" \\(every GPU here; on a cluster: one GPU per run\\)'):
         Sweep({"scheduler_config": {"backend": "ray"}, "test_config": [{"a": [1]}]})
+
+
+def test_iter_runs_left_unfinished_may_be_closed_by_another_thread(tmp_path):
+    """A generator of ConfigManager.iter_runs() holds the root's ledger open until it ends; one
+    dropped half-way is closed by whichever thread collects it, and that closes the ledger too,
+    without an error."""
+    import threading
+
+    import gts_test_tasks as tasks
+
+    config = make_config(tmp_path / "r", [{"i": [0, 1, 2]}], global_config={"seconds": 0})
+    assert GPUTaskScheduler(config, tasks.ContractTask).start().ok  # a ledger to read
+    runs = ConfigManager(config).iter_runs()
+    assert next(runs).name == "i-0,"  # the ledger is open now
+    errors = []
+
+    def close():
+        try:
+            runs.close()
+        except Exception as error:  # what a collector's thread would print as "ignored"
+            errors.append(error)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join()
+    assert errors == [] and list(runs) == []

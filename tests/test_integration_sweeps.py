@@ -21,7 +21,10 @@ from run_side import ONE_THREAD, framework
 # The sweeps train real models in every run's process: one at a time (one worker, with the
 # TensorBoard sweep), so that two of them never share the 2 cores of a CI machine with each other
 # as well as with the rest (two groups side by side made the suite slower, not faster).
-pytestmark = pytest.mark.xdist_group("frameworks")
+# One worker runs these one after another. Each attempt imports torch and its framework (seconds of
+# CPU): on 2 cores with the other workers busy and the machine loaded, the DDP case took over 180 s
+# (the suite's bound for a hang), 47 s alone; these get 480 s.
+pytestmark = [pytest.mark.xdist_group("frameworks"), pytest.mark.timeout(480)]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The framework each example needs, and the metric its sweep ranks by.

@@ -335,7 +335,11 @@ class Store:
             import urllib.parse
 
             uri = "file:" + urllib.parse.quote(os.path.abspath(paths.ledger)) + "?mode=ro" + quiet
-            ledger._db = sqlite3.connect(uri, uri=True, timeout=30)
+            # check_same_thread=False: a reader's owner may be closed by another thread (a
+            # ConfigManager.iter_runs() generator left unfinished is closed by whichever thread
+            # collects it: seen under load, an error "ignored" in a generator's finally). It only
+            # reads, and one owner uses it at a time.
+            ledger._db = sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
             ledger._db.row_factory = sqlite3.Row
             ledger._query("SELECT 1 FROM runs LIMIT 1")
             _check_version(paths.ledger, ledger._version())

@@ -4,6 +4,8 @@ type-only imports counted), and no module grows past what one reader can hold.""
 import ast
 import os
 
+import pytest
+
 import gpu_task_scheduler
 
 PACKAGE = os.path.dirname(gpu_task_scheduler.__file__)
@@ -68,3 +70,14 @@ def test_no_module_is_over_800_lines_or_5_percent_of_the_package():
     total = sum(sizes.values())
     large = {module: lines for module, lines in sizes.items() if lines > min(MOST_LINES, total * 0.05)}
     assert not large, f"split these by concern (the package has {total} lines): {large}"
+
+
+@pytest.mark.xdist_group("clusters")
+def test_the_suites_xdist_groups_hold(request):
+    """The Ray and Slurm tests (group "clusters") and the framework sweeps ("frameworks") rely on
+    running one after another in one worker: pytest-xdist puts a test's group in its node id. A
+    pytest that keeps node ids elsewhere (9.2, with pytest-xdist 3.8) spreads every group over the
+    workers without a word; this fails instead."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not in a pytest-xdist worker of --dist loadgroup")
+    assert request.node.nodeid.endswith("@clusters"), request.node.nodeid

@@ -102,6 +102,7 @@ class Inbox:
         self._poller: select.poll | None = None  # once something is watched
         self._wake: tuple[int, int] | None = None  # the pipe that ends a sleep in poll
         self._sleeping = False  # get() is in poll, or about to be: a post must write to the pipe
+        self._old_wakeup: int | None = None  # the signal wake-up fd before ours (watch), put back at close
 
     def put(self, kind: str, value: Any = None) -> None:
         self._queue.put((kind, value))  # SimpleQueue.put is safe in a signal handler
@@ -120,6 +121,14 @@ class Inbox:
                 os.set_blocking(end, False)
             self._poller = select.poll()
             self._poller.register(self._wake[0], select.POLLIN)
+            # A signal the OS hands to another thread of ours (a launcher's, a feed's) does not
+            # interrupt the poll below, and Python runs its handler only once the main thread is
+            # back in the interpreter: with no deadline, a SIGINT then waited for good (seen: `gts
+            # run` ignored SIGHUP for 30 s). The wake-up fd has the C handler write to our pipe.
+            try:
+                self._old_wakeup = signal.set_wakeup_fd(self._wake[1])
+            except ValueError:  # not the main thread: no handler of ours runs here anyway
+                self._old_wakeup = None
         self._poller.register(fd, select.POLLIN)
         self._sources[fd] = on_ready
         return True
@@ -131,6 +140,12 @@ class Inbox:
     def close(self) -> None:
         """Release the wake-up pipe (the loop is over)."""
         if self._wake is not None:
+            if self._old_wakeup is not None:
+                try:
+                    signal.set_wakeup_fd(self._old_wakeup)
+                except ValueError:
+                    pass
+                self._old_wakeup = None
             for end in self._wake:
                 os.close(end)
             self._wake, self._poller = None, None

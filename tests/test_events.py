@@ -66,6 +66,33 @@ def test_a_post_from_another_thread_wakes_a_loop_asleep_on_its_descriptors(watch
         poster.join()
 
 
+def test_a_signal_another_thread_receives_wakes_a_loop_asleep_with_no_deadline(watched_inbox):
+    """The OS hands a process signal to any of its threads. One that lands on another thread does
+    not interrupt the main thread's poll, and Python runs the handler only once that poll returns:
+    the inbox's wake-up fd makes it return (``gts run`` once ignored a SIGHUP for 30 s)."""
+    import signal
+
+    inbox, _ = watched_inbox
+    spy = inbox._poller = PollSpy(inbox._poller)
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: inbox.put("signal", signum))
+    late = threading.Event()
+
+    def elsewhere():
+        spy.entered.wait(30)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # to this thread, not the loop's
+        if not late.wait(10):
+            inbox.put("never woken")  # what the loop would have slept past, forever with no deadline
+
+    sender = threading.Thread(target=elsewhere)
+    sender.start()
+    try:
+        assert inbox.get(None) == ("signal", signal.SIGUSR1)
+    finally:
+        late.set()
+        sender.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_a_watching_inbox_times_out_like_a_plain_one(watched_inbox):
     inbox, _ = watched_inbox
     with pytest.raises(queue.Empty):

@@ -56,7 +56,8 @@ QUICK = {
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker more than the machine's CPUs. The "clusters" group's chain (Ray, then
     Slurm: minutes, one worker) mostly waits on daemons and polls, so beside it the others keep
-    every CPU busy. Measured on 2 cores: the whole suite in 609 s with 3 workers, 714 s with 2."""
+    every CPU busy. Measured on 2 cores, clean clones: 606-609 s with 3 workers and the groups
+    holding (pytest below 9.2); with 2, 679-714 s, measured while pytest 9.2 spread the groups."""
     return (os.cpu_count() or 1) + 1
 
 

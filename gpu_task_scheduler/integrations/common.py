@@ -39,16 +39,24 @@ def checkpoint_left(folder: str) -> str | None:
     for name in (LIGHTNING, XGBOOST, LIGHTGBM):
         if name in names:
             return os.path.join(folder, name)
-    numbered = []
-    for name in names:
-        trainer, keras = TRAINER.fullmatch(name), KERAS.fullmatch(name)
-        if trainer and os.path.isfile(os.path.join(folder, name, TRAINER_WHOLE)):
-            numbered.append((int(trainer.group(1)), name))
-        elif keras:
-            numbered.append((int(keras.group(1)), name))
+    numbered = [(int(m.group(1)), name) for name in names if (m := KERAS.fullmatch(name))]
+    trainer = newest_trainer_checkpoint(folder, names)
+    if trainer is not None:
+        numbered.append(trainer)
     if numbered:
         return os.path.join(folder, max(numbered)[1])
     return folder if names else None
+
+
+def newest_trainer_checkpoint(folder: str, names: list[str]) -> tuple[int, str] | None:
+    """The newest whole ``checkpoint-N`` of the Trainer among ``names`` (in ``folder``): its step
+    and name, or None."""
+    whole = [
+        (int(match.group(1)), name)
+        for name in names
+        if (match := TRAINER.fullmatch(name)) and os.path.isfile(os.path.join(folder, name, TRAINER_WHOLE))
+    ]
+    return max(whole) if whole else None
 
 
 def in_sweep() -> bool:

@@ -25,15 +25,13 @@ from typing import Any
 from transformers import TrainerCallback
 
 from . import reapply as values
-from .common import TRAINER, TRAINER_WHOLE, RunSide, checkpoint_dir, resume_step, say
+from .common import RunSide, checkpoint_dir, newest_trainer_checkpoint, resume_step, say
 
 __all__ = ["GTSCallback", "resume_from"]
 
 HINT = (
     "pass resume_from_checkpoint=resume_from() to trainer.train() (from gpu_task_scheduler.integrations.transformers)"
 )
-FOLDER = TRAINER
-STATE = TRAINER_WHOLE
 
 
 def resume_from() -> str | None:
@@ -42,15 +40,11 @@ def resume_from() -> str | None:
     folder, step = checkpoint_dir(), resume_step()
     if folder is None or step is None:
         return None
-    whole = {
-        int(match.group(1)): os.path.join(folder, name)
-        for name in os.listdir(folder)
-        if (match := FOLDER.fullmatch(name)) and os.path.isfile(os.path.join(folder, name, STATE))
-    }
-    if not whole:
+    newest = newest_trainer_checkpoint(folder, os.listdir(folder))
+    if newest is None:
         say(f"this attempt goes on from step {step:g} but {folder} holds no whole Trainer checkpoint: a fresh start")
         return None
-    return whole[max(whole)]
+    return os.path.join(folder, newest[1])
 
 
 class GTSCallback(TrainerCallback):

@@ -233,7 +233,7 @@ def test_scalars_logged_just_before_a_run_ended_reach_its_metrics_file(tmp_path,
     run_dir = tmp_path / "run"
     (run_dir / ".gts").mkdir(parents=True)
     source = TensorBoardSource("{work_dir}/tb", None)
-    feeds = feeds_module.Feeds(source)
+    feeds = feeds_module.Feeds(source, lambda name: None)
     spec = type("Spec", (), {"config": {}, "work_dir": str(run_dir), "name": "run", "index": 0})()
     paths = RunPaths(str(run_dir), None)
     feeds.watch(spec, paths)
@@ -241,6 +241,40 @@ def test_scalars_logged_just_before_a_run_ended_reach_its_metrics_file(tmp_path,
     _event_file(run_dir / "tb" / "events.out.tfevents.1", [(7, {"loss": 0.5})])
     feeds.finish("run")
     assert lines(paths.metrics) == [{"step": 7, "loss": 0.5}]
+
+
+def test_an_attempt_that_ended_while_no_scheduler_watched_is_fed_whole_at_its_end(tmp_path, monkeypatch):
+    """A pool's attempt that ran to its end while its driver was down: the restarted driver follows
+    it and reads its end before any word of its start. Its files (last written before the restart)
+    are its own, as the ledger's record of its hand-over says, so the last look feeds them."""
+    import time
+
+    from gpu_task_scheduler.engine import feeds as feeds_module
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths, RunPaths
+
+    monkeypatch.setattr(feeds_module, "INTERVAL", 3600.0)  # only the end's last look
+    run_dir = tmp_path / "run"
+    (run_dir / ".gts").mkdir(parents=True)
+    (run_dir / "tb").mkdir()
+    clock = [time.time() - 120]  # handed over two minutes ago, by the driver that died
+    with Ledger(RootPaths(str(tmp_path)), clock=lambda: clock[0]) as ledger:
+        ledger.mark_running(name="run", run_index=0, config_hash="h", slot="pool0", token="t1", work_dir=str(run_dir))
+        events = run_dir / "tb" / "events.out.tfevents.1"
+        _event_file(events, [(step, {"loss": 1.0 / step}) for step in range(1, 7)])
+        os.utime(events, (time.time() - 60, time.time() - 60))  # written while no driver watched
+        paths = RunPaths(str(run_dir), None)
+        paths_metrics = paths.metrics
+        with open(paths_metrics, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({"step": 1, "loss": 1.0}) + "\n")  # fed before the driver died
+        clock[0] = time.time()
+        ledger.mark_running(name="run", run_index=0, config_hash="h", slot="pool0", token="t1", work_dir=str(run_dir))
+        assert ledger.get("run").started_at < time.time() - 100  # the same attempt keeps its hand-over
+        feeds = feeds_module.Feeds(TensorBoardSource("{work_dir}/tb", None), lambda name: ledger.get(name).started_at)
+        spec = type("Spec", (), {"config": {}, "work_dir": str(run_dir), "name": "run", "index": 0})()
+        feeds.watch(spec, paths)
+        feeds.finish("run")
+    assert [line["step"] for line in lines(paths_metrics)] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(

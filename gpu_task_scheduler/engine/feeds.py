@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
+from ..finite import finite_number
 from ..records.metrics import latest
 from ..records.paths import RunPaths
 from ..records.tensorboard import EventFeed
@@ -31,8 +33,10 @@ class _Fed:
 
 
 class Feeds:
-    def __init__(self, source: TensorBoardSource) -> None:
-        self._source = source
+    def __init__(self, source: TensorBoardSource, started_of: Callable[[str], float | None]) -> None:
+        """``started_of(name)``: when the run's attempt was handed over, as the ledger records it (an
+        attempt a restarted scheduler follows again keeps its first moment: Ledger.mark_running)."""
+        self._source, self._started_of = source, started_of
         self._fed: dict[str, _Fed] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -51,7 +55,11 @@ class Feeds:
             )
             return
         folder = os.path.join(os.getcwd(), folder)  # a relative one, as the run sees it: from the launcher's folder
-        feed = EventFeed(folder, self._source.wants, paths.metrics)
+        # Its files are those written since it was handed over: for an attempt a restarted scheduler
+        # follows again, that is before this start, and one that ended while no scheduler watched
+        # (its end read before any word of its start) is still read whole at finish().
+        started = self._started_of(spec.name)
+        feed = EventFeed(folder, self._source.wants, paths.metrics, started=started if finite_number(started) else None)
         # An attempt with metrics already is one a restarted scheduler follows again (a cluster's):
         # fed up to its last line (its files read from their start would feed those steps twice).
         fed_before = latest(paths.metrics)

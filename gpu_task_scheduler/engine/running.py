@@ -108,7 +108,7 @@ class Running:
         if sweep.tensorboard is not None:
             from .feeds import Feeds
 
-            self.feeds = Feeds(sweep.tensorboard)
+            self.feeds = Feeds(sweep.tensorboard, lambda name: getattr(ledger.get(name), "started_at", None))
         capacity.save_usage_to(ledger.add_usage)
         budget = self._options.budget
         if budget is not None and budget.gpu_hours is not None:

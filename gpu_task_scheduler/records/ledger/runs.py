@@ -34,7 +34,8 @@ class Runs(Store):
     ) -> int:
         """Record a new attempt before its child starts; return the attempt number. An attempt
         recorded again under its own token (a start following what a cluster still runs) is the
-        same attempt: it is not counted twice. ``queued``: it waits for a machine of a cluster
+        same attempt: it is not counted twice, and keeps the moment it was first handed over (where
+        the TensorBoard feed starts looking, engine/feeds.py). ``queued``: it waits for a machine of a cluster
         (its ``node`` is '' until :meth:`set_node`; ``gts status`` shows it queued, not running).
 
         The early_stop rule's verdicts on the run are kept when it resumes after an interruption
@@ -55,7 +56,8 @@ class Runs(Store):
                  run_index = excluded.run_index, config_hash = excluded.config_hash, status = 'running',
                  attempts = attempts + (token IS NOT excluded.token), slot = excluded.slot,
                  token = excluded.token, pid = NULL,
-                 work_dir = excluded.work_dir, started_at = excluded.started_at, ended_at = NULL,
+                 work_dir = excluded.work_dir, ended_at = NULL,
+                 started_at = CASE WHEN token IS excluded.token THEN started_at ELSE excluded.started_at END,
                  exit_code = NULL, signal = NULL, cause = NULL, log_tail = NULL, result = NULL,
                  gpu_memory_peak = NULL, gpu_leftover = NULL, node = excluded.node, metrics = NULL""",
             (

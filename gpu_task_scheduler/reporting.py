@@ -52,6 +52,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 
 from .finite import step_problem
 
@@ -103,6 +104,11 @@ def paused_cause() -> str | None:
     return _paused
 
 
+# Called once, after this process's first report (a run forked warm says then what it imported:
+# backends/local/forkserver.py), so that the warm process learns it before the run ends.
+_first_report: Callable[[], None] | None = None
+
+
 def report(step: float, **metrics: float) -> None:
     """Record ``metrics`` at ``step`` for this run (nothing outside a sweep).
 
@@ -125,6 +131,10 @@ def report(step: float, **metrics: float) -> None:
         os.write(fd, line.encode())  # one write of one line: lines of concurrent writers never interleave
     finally:
         os.close(fd)
+    global _first_report
+    if _first_report is not None:
+        told, _first_report = _first_report, None
+        told()
     _wait_at_a_rung(step, metrics)
     _raise_if_told()
 

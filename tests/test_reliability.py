@@ -9,6 +9,7 @@ import random
 import signal
 import sqlite3
 import subprocess
+import sys
 import tempfile
 
 import gts_test_broken_import
@@ -39,7 +40,17 @@ RUNS = 60  # long enough that no launch gets far before the next kill, however f
 KILLS = 25
 
 
-@pytest.mark.parametrize("kind", ["python", "command", "stages"])
+WARM_SCRIPT = """import sys, time
+journal, i = sys.argv[1], sys.argv[2]
+with open(journal, "a") as handle:
+    handle.write(f"start i-{i},\\n")
+time.sleep(0.1)
+with open(journal, "a") as handle:
+    handle.write(f"end i-{i},\\n")
+"""
+
+
+@pytest.mark.parametrize("kind", ["python", "command", "warm-command", "stages"])
 def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_processes, kind):
     rng = random.Random(KILL_SEED)
     root, journal = in_tmp / "r", str(in_tmp / "journal")
@@ -54,6 +65,9 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
     if kind == "command":  # no Python in the run: the command wrapper records the success
         script = 'echo "start i-$1," >> "$0"; sleep 0.1; echo "end i-$1," >> "$0"'
         config["command"], task = ["sh", "-c", script, journal, "{i}"], "-"
+    if kind == "warm-command":  # a Python script: forked from the warm process (backends/local/zygote.py)
+        (in_tmp / "journaled.py").write_text(WARM_SCRIPT)
+        config["command"], task = [sys.executable, str(in_tmp / "journaled.py"), journal, "{i}"], "-"
     names = [f"i-{i}," for i in range(RUNS)]
     if kind == "stages":  # half the runs wait for the other half: no eval run may start before its train run ended
         script = 'echo "start $1" >> "$0"; sleep 0.1; echo "end $1" >> "$0"'

@@ -37,4 +37,6 @@ def launcher_for(
         with RayLauncher(task, options) as launcher:
             yield launcher
     else:
-        yield LocalLauncher(task, grace_period=options.grace_period, prewarm=options.prewarm)
+        yield LocalLauncher(
+            task, grace_period=options.grace_period, prewarm=options.prewarm, warm_imports=options.warm_imports
+        )

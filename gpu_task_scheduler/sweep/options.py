@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import numbers
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,19 @@ if TYPE_CHECKING:
 
 def _bool(value: Any) -> str | None:
     return None if isinstance(value, bool) else "a bool (true or false)"
+
+
+def _prewarm(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, Mapping) and set(value) <= {"imports"}:
+        imports = value.get("imports", [])
+        if isinstance(imports, list) and all(isinstance(name, str) and _MODULE.fullmatch(name) for name in imports):
+            return None
+    return "true, false or {imports: [module, ...]} (what the warm process imports from the start)"
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def _text(value: Any) -> str | None:
@@ -204,7 +218,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "max_retries": (lambda: 0, _int_at_least(0)),
     "timeout": (lambda: None, _optional(_seconds(allow_zero=False))),
     "grace_period": (lambda: 10.0, _seconds(allow_zero=True)),
-    "prewarm": (lambda: True, _bool),
+    "prewarm": (lambda: True, _prewarm),
     "on_config_change": (lambda: "stop", _one_of("stop", "rerun", "keep")),
     # GPU awareness (see gpu/placement.py).
     "max_runs_per_gpu": (lambda: 1, _int_at_least(1)),
@@ -257,7 +271,10 @@ class SchedulerOptions(Record):
     max_retries: int
     timeout: float | None
     grace_period: float
-    prewarm: bool  # start each slot's next Python runner while its run works (backends/local/warm.py)
+    # start each slot's next Python runner while its run works (backends/local/warm.py), and fork Python
+    # commands from a warm process (backends/local/zygote.py); False: every run starts cold
+    prewarm: bool
+    warm_imports: tuple[str, ...]  # what that warm process imports from the start (prewarm: {imports: [...]})
     on_config_change: str  # a succeeded run whose config changed since: "stop", "rerun" or "keep"
     max_runs_per_gpu: int
     gpu_memory: int | None
@@ -334,6 +351,11 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         typed[key] = None if typed[key] is None else parse_memory(typed[key], key)
     for key in _SECONDS:
         typed[key] = None if typed[key] is None else float(typed[key])
+    if isinstance(typed["prewarm"], Mapping):
+        typed["warm_imports"] = tuple(typed["prewarm"].get("imports", ()))
+        typed["prewarm"] = True
+    else:
+        typed["warm_imports"] = ()
     if typed["budget"] is not None:
         typed["budget"] = Budget(**{key: float(limit) for key, limit in typed["budget"].items()})
     if typed["slurm"] is not None or typed["backend"] == "slurm":  # else not imported: 1.5 ms of a start

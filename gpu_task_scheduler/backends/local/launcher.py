@@ -10,6 +10,7 @@ while any run of it lives), and is stopped as a whole (``process.py``).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ...engine.launcher import Abilities, Attempt, BaseLauncher, Ended, LaunchError, OnPlaced
 from ...gpu_task import GPUTask
 from ...proctree import wait_gone
+from ...records.paths import RunPaths
 from .keeper import Keeper
 from .keeper import available as keeper_available
 from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, prepare_attempt
@@ -25,6 +27,7 @@ from .reaper import REAPER, Reaper
 
 if TYPE_CHECKING:  # imported where prewarm starts one: a sweep without prewarm never needs it (socket, 2 ms)
     from .warm import WarmRunner
+    from .zygote import WarmStarts
 
 _DRAIN_SLACK = 60.0  # seconds beyond the grace period a stopped run's processes are waited for
 
@@ -32,14 +35,25 @@ _DRAIN_SLACK = 60.0  # seconds beyond the grace period a stopped run's processes
 class LocalLauncher(BaseLauncher):
     abilities = Abilities(watches=True)  # the loop waits on its runs' pidfds itself (attach)
 
-    def __init__(self, task: type[GPUTask] | TaskFactory, *, grace_period: float = 10.0, prewarm: bool = False) -> None:
+    def __init__(
+        self,
+        task: type[GPUTask] | TaskFactory,
+        *,
+        grace_period: float = 10.0,
+        prewarm: bool = False,
+        warm_imports: tuple[str, ...] = (),
+    ) -> None:
         """``task``: a GPUTask subclass (built as ``task(config, work_dir)`` per run) or a factory of
-        tasks. ``prewarm``: start each slot's next Python runner while its run works (``warm.py``)."""
+        tasks. ``prewarm``: start each slot's next Python runner while its run works (``warm.py``),
+        and fork Python commands from a warm process (``zygote.py``) that imports ``warm_imports``
+        and what the runs are seen to import."""
         self._make_task = class_factory(task) if isinstance(task, type) else task
         self._lock_fd: int | None = None
         self._grace_period = grace_period
         self._prewarm = prewarm
         self._warm: dict[str, WarmRunner] = {}  # slot name -> the runner waiting for its next run
+        self._warm_imports = warm_imports
+        self._warm_starts: WarmStarts | None = None  # the Python commands' warm process, from the first one on
         self._keeper: Keeper | None = None  # the command runs' lifeline, from the first one on
         self._reaper = REAPER  # who hears the runs' ends: the loop itself once attach() was called
         self._inbox: Any = None
@@ -63,6 +77,9 @@ class LocalLauncher(BaseLauncher):
         """Discard the runners still waiting: the sweep is over."""
         while self._warm:
             self._warm.popitem()[1].discard()
+        if self._warm_starts is not None:
+            self._warm_starts.close()
+            self._warm_starts = None
         if self._keeper is not None:
             self._keeper.close()
             self._keeper = None
@@ -86,9 +103,13 @@ class LocalLauncher(BaseLauncher):
                 assert warm is not None
                 warm.discard()
                 raise
+            forked = None if warm is not None else self._forked(launch, attempt, handle.exited_to(on_exit), inherit)
             if adopted:
                 assert warm is not None
                 handle.child = warm.child
+            elif forked is not None:
+                handle.child = forked
+                handle.after_reap = self._learn_from(paths)
             else:
                 if warm is not None:
                     warm.discard()
@@ -116,6 +137,24 @@ class LocalLauncher(BaseLauncher):
                 pass  # no warm runner: the slot's next run starts a fresh process, as without prewarm
         return handle
 
+    def _forked(
+        self, launch: Launch, attempt: Attempt, on_exit: Callable[[], None], inherit: tuple[int, ...]
+    ) -> Child | None:
+        """A Python command's attempt forked from the warm process (None: it starts cold)."""
+        command = launch.command
+        if not self._prewarm or not command or not os.path.basename(command[0]).startswith("python"):
+            return None  # (not imported for another program: a command sweep's start stays small)
+        if self._warm_starts is None:
+            from .zygote import WarmStarts
+
+            self._warm_starts = WarmStarts(self._reaper, inherit, self._warm_imports)
+        return self._warm_starts.start(launch, attempt.paths, attempt.token, on_exit, self._reaper)
+
+    def _learn_from(self, paths: RunPaths) -> Callable[[], None]:
+        warm_starts = self._warm_starts
+        assert warm_starts is not None
+        return lambda: warm_starts.learned(paths)
+
     def _keeper_for(self, launch: Launch) -> Keeper | None:
         """The sweep's keeper, for a command run (none for a Python run: its runner keeps its lifeline)."""
         if not launch.direct or not keeper_available():
@@ -129,6 +168,7 @@ class LocalHandle:
     child: Child
     pid: int
     keeper: Keeper | None = None  # a keeper of this run's own (a remote supervisor's), ended after the reap
+    after_reap: Callable[[], None] | None = None  # a forked run's: the warm starts learn what it imported
 
     def __init__(self, *, reports_outcome: bool, grace_period: float) -> None:
         self.reports_outcome = reports_outcome
@@ -172,4 +212,6 @@ class LocalHandle:
         if self.keeper is not None:
             self.keeper.close()
             self.keeper = None
+        if self.after_reap is not None:
+            self.after_reap()
         return Ended(returncode=returncode, strays=tuple(self.child.strays), unstoppable=tuple(self.child.unstoppable))

@@ -75,6 +75,7 @@ class Launch(NamedTuple):
     direct: bool = False  # a command without a Python runner: exit status 0 is its success (see below)
     spec_file: str | None = None  # a Python run's start record (the runner's argument)
     preload: Preload | None = None
+    command: list[str] | None = None  # a direct launch's own command (what the wrapper starts)
 
 
 # A command run without a Python runner (``gts queue``'s lines, ``command:`` sweeps) runs in one
@@ -426,7 +427,7 @@ def prepare(
         env.update(direct[1])
         env.update(identity)
         env.update(GTS_OUTCOME_FILE=os.path.abspath(paths.outcome), GTS_CONFIG_HASH=spec.config_hash)
-        return Launch(argv=command_argv(direct[0]), env=env, cwd=os.getcwd(), direct=True)
+        return Launch(argv=command_argv(direct[0]), env=env, cwd=os.getcwd(), direct=True, command=list(direct[0]))
     payload = _pickle_task(task)
     main_file = None
     if type(task).__module__ == "__main__" and not by_value(type(task)):  # the script, loaded again there
@@ -470,4 +471,9 @@ def prepare_attempt(attempt: Attempt, make_task: TaskFactory) -> Launch:
 
 def runner_argv(preload: Preload, python: str = sys.executable) -> list[str]:
     """A runner that imports what ``preload`` names, then waits for its run (``warm.py``)."""
-    return [python, "-c", _RUNNER_BOOT, "--warm", json.dumps(preload._asdict())]
+    return runner_argv_for("--warm", json.dumps(preload._asdict()), python)
+
+
+def runner_argv_for(mode: str, info: str, python: str = sys.executable) -> list[str]:
+    """Our runner in ``mode`` (``--warm``: ``warm.py``; ``--fork-server``: ``forkserver.py``)."""
+    return [python, "-c", _RUNNER_BOOT, mode, info]

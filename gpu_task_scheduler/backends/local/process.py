@@ -122,12 +122,14 @@ class Child:
         control: int | None = None,
         keeper: Keeper | None = None,
         reaper: Reaper = REAPER,
+        marked: bool = True,
     ) -> None:
         """``output``: a descriptor for stdout and stderr instead of ``log_path``'s file (ours to
         close); ``control``: a socket the child finds in ``$GTS_CONTROL_FD`` (a pre-warmed runner's);
         ``keeper``: the keeper of a command run's wrapper (keeper.py), which gets the lifeline twice
         (``$GTS_LIFELINE_FD`` and ``$GTS_FORKED_FD``) and the keeper's mark; ``reaper``: who hears
-        its end (the process's own reaper thread by default; the local launcher's loop-driven one)."""
+        its end (the process's own reaper thread by default; the local launcher's loop-driven one);
+        ``marked``: its environment carries its token (proctree's scans find its processes by it)."""
         read_end, self._lifeline = os.pipe()
         env = dict(env)
         # In the child the lifeline (and control socket) get low descriptors: the shell that runs
@@ -146,7 +148,8 @@ class Child:
         if control is not None:
             env[CONTROL_ENV] = str(low[1])
         self.token = token or os.urandom(16).hex()
-        env[TOKEN_ENV] = self.token
+        if marked:  # not a warm process's: its forks (other runs) show its first environment in /proc
+            env[TOKEN_ENV] = self.token
         self.strays: list[int] = []  # processes of the run found outside its group, and stopped
         self.unstoppable: list[int] = []  # ... and those that could not be stopped
         # The run folder was checked; O_NOFOLLOW and a regular-file check close the gap to now.
@@ -187,6 +190,25 @@ class Child:
             if keeper is not None and second is not None:
                 os.close(second)
             os.close(log)
+        self._follow(on_exit, reaper)
+
+    @classmethod
+    def adopted(
+        cls, pid: int, *, lifeline: int, token: str, on_exit: Callable[[], Any], reaper: Reaper = REAPER
+    ) -> Child:
+        """A child started otherwise (a fork of a warm process, made ours: forkserver.py), leader of
+        its own session, holding the read end of ``lifeline`` (whose write end is now ours)."""
+        child = cls.__new__(cls)
+        child.pid, child._lifeline, child.token, child._popen = pid, lifeline, token, None
+        child.strays, child.unstoppable = [], []
+        child.stop_word = True
+        os.set_blocking(lifeline, False)  # the stop word never waits on a full pipe
+        child._follow(on_exit, reaper)
+        return child
+
+    stop_word = False  # tell the run on its lifeline that it is being stopped (a warm run: forkserver.py)
+
+    def _follow(self, on_exit: Callable[[], Any], reaper: Reaper) -> None:
         Child._sessions.add(self.pid)
         # When it started (ticks), read at the first scan for its processes, not here: a scan comes
         # before it is reaped, while /proc still has it, and reading /proc/PID/stat of a child that
@@ -271,7 +293,15 @@ class Child:
         return self._processes()
 
     def terminate(self) -> None:
-        """SIGTERM to the run's group and to its processes outside the group."""
+        """SIGTERM to the run's group and to its processes outside the group (a warm run is told
+        first, so that it does not record a success: its command's wrapper traps the signal)."""
+        if self.stop_word and self._lifeline >= 0:
+            from .forkserver import STOP_WORD
+
+            try:
+                os.write(self._lifeline, STOP_WORD)
+            except OSError:
+                pass  # it has ended: nothing to record any more
         self.signal_group(signal.SIGTERM)
         kill_all(self._outside_group(), signal.SIGTERM)
 

@@ -411,6 +411,18 @@ def _run(spec_path: str) -> int:
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--warm":
         sys.exit(run_warm(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--fork-server":
+        from .forkserver import become_run, serve
+        from .process import CONTROL_ENV, LIFELINE_ENV
+
+        info = json.loads(sys.argv[2])
+        info["sys_path"] = sys.path[1:-1]  # a cold `python script.py`'s, but its first: no "", no our append
+        own = [int(os.environ.pop(LIFELINE_ENV))] if LIFELINE_ENV in os.environ else []
+        request = serve(int(os.environ.pop(CONTROL_ENV)), info, own)
+        if request is None:
+            sys.exit(EXIT_OK)
+        become_run(request)  # a forked run: the script's end, exception or exit is the interpreter's
+        return
     if len(sys.argv) != 2:
         print(
             "usage: python -m gpu_task_scheduler.backends.local.runner SPEC_FILE (started by the scheduler)",

@@ -126,8 +126,28 @@ def _dry_run(sweep: Any) -> int:
     _say_order_matters(sweep)
     _say_what_decides(sweep)
     _say_what_slurm_gets(sweep, counts.get("run", 0))
+    _say_how_runs_start(sweep)
     _say_who_runs(sweep.options.result_root_folder)
     return EXIT_OK
+
+
+def _say_how_runs_start(sweep: Any) -> None:
+    """Whether a local sweep's Python command is forked warm (backends/local/zygote.py), or why not."""
+    command = sweep.command
+    if sweep.options.backend != "local" or not isinstance(command, list) or not command:
+        return
+    if not sweep.options.prewarm:
+        print("warm starts: off (prewarm: false): every run starts a fresh Python")
+        return
+    from ...backends.local.zygote import script_argv
+
+    argv, why = script_argv([str(part) for part in command], dict(os.environ), os.getcwd())
+    if argv is None:
+        print(f"warm starts: the runs start cold: {why}")
+        return
+    given = sweep.options.warm_imports
+    imports = f"{', '.join(given)} and what the runs import" if given else "what the first runs import"
+    print(f"warm starts: each run is forked from a warm process that imports {imports} (prewarm: false: cold)")
 
 
 def _say_what_decides(sweep: Any) -> None:

@@ -1,0 +1,415 @@
+"""The warm process of a sweep's Python commands, and the run it forks (the scheduler's side is
+``zygote.py``).
+
+A ``command: [python, train.py, ...]`` run spends most of its start importing: about 5 s of CPU
+for PyTorch and Lightning on 2 cores, paid again by every attempt (each pause, resume, promotion
+and PBT exploit is one). The warm process pays it once: it imports what the sweep's runs import
+(``imports``), says whether it can be forked from, and then forks each attempt on request. The run
+process is a fork of it that becomes what ``python train.py ...`` would have been:
+
+* the leader of a session and process group of its own, its standard input ``/dev/null``, its
+  output and errors the run's log, its descriptors only the run's lifeline and the root's lock;
+* its environment, working folder, ``sys.argv`` and ``sys.path[0]`` those of the cold start; the
+  signal handlers Python starts with; Python's, NumPy's and PyTorch's global generators seeded
+  afresh from the OS (a script that seeds itself gets its own seed, as before);
+* the script run as ``__main__`` (``runpy``), or ``-m module``; an exception it raises, its
+  ``sys.exit`` and its end are the interpreter's, as in a cold start.
+
+It is forked twice (the warm process forks a helper that forks the run and exits): the scheduler
+adopts the run as a child subreaper for that moment (``zygote.py``), so the run is the scheduler's
+own child, watched, stopped and reaped as a cold one is.
+
+What it keeps of a command run's wrapper (``prepare.py``): it records its success in the run's
+outcome file when the script ends with status 0 and it was not asked to stop (the scheduler writes
+a byte ``S`` on the lifeline before its stop signal), and it kills its whole group when the
+lifeline reads end of file (the scheduler is gone). At its end it writes the modules it imported
+from outside the user's folders to ``.gts/imports.json``, from which the next warm process learns.
+
+What is never forked from (the warm process says why, and the scheduler starts runs cold):
+
+* a process that loaded the CUDA driver or NVML (``libcuda``, ``libnvidia-ml`` in its maps): a
+  fork would share their state;
+* a process with a Python thread besides its main one (named, with the module that defined its
+  target): a fork copies a thread's locks, not the thread.
+
+Threads that native libraries start at import and restart after a fork themselves (NumPy's
+OpenBLAS pool: ``pthread_atfork``, which ``multiprocessing``'s default start relies on too) are
+counted and said, not refused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from ...proctree import descendants, kill_all, signal_on_parent_death
+
+STOP_WORD = b"S"  # written on a warm run's lifeline before its stop signal (process.Child.terminate)
+IMPORTS_FILE = "imports.json"  # in the run's .gts folder: what it imported (the next warm process's list)
+_FORKS_AT_MOST = 16  # descriptors a request carries
+
+
+def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str, Any] | None:
+    """The warm process: import ``info['imports']``, tell the scheduler what it has, then fork a run
+    for each request. Returns (the request) only in a forked run; the warm process itself ends
+    when the scheduler closes the socket."""
+    signal_on_parent_death(signal.SIGKILL)  # it goes with the scheduler, even mid-import (its forks do not)
+    control = socket.socket(fileno=control_fd)
+    base_path = list(info["sys_path"])
+    sys.path[:] = base_path  # as a cold start's, less the script's folder: the user's modules stay theirs
+    told = b""
+    while not told.endswith(b"\n"):
+        chunk = control.recv(1 << 16)
+        if not chunk:
+            return None  # discarded before it was told what to import
+        told += chunk
+    imported, failed = _import_all(json.loads(told).get("imports", ()))
+    refused, native = _unforkable()
+    output = _read_output()
+    ready = {"imported": imported, "failed": failed, "refused": refused, "native_threads": native}
+    control.sendall(json.dumps(ready).encode("utf-8") + b"\n")
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 1 << 20, _FORKS_AT_MOST)
+        except OSError:
+            os._exit(0)
+        if not message:
+            os._exit(0)  # the scheduler closed it: the sweep is over, or it is gone
+        request = json.loads(message.decode("utf-8", "surrogateescape"))
+        if refused:
+            for fd in fds:
+                os.close(fd)
+            control.sendall(json.dumps({"error": refused}).encode("utf-8") + b"\n")
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = _fork_twice()
+        if pid == 0:  # the run
+            control.close()
+            request.update(fds=fds, output=output, sys_path=base_path, close=own_fds)
+            return request
+        for fd in fds:
+            os.close(fd)
+        answer = {"pid": pid} if pid > 0 else {"error": "the warm process could not fork"}
+        control.sendall(json.dumps(answer).encode("utf-8") + b"\n")
+
+
+def _import_all(names: Any) -> tuple[list[str], list[str]]:
+    imported, failed = [], []
+    for name in names if isinstance(names, list) else ():
+        if not isinstance(name, str) or name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:  # a module that fails here is the run's own to import (and fail)
+            sys.modules.pop(name, None)
+            failed.append(name)
+        else:
+            imported.append(name)
+    return imported, failed
+
+
+def _unforkable(maps: str = "/proc/self/maps") -> tuple[str | None, int]:
+    """Why this process must not be forked from (None: it may), and its native threads."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as handle:
+            maps = handle.read()
+    except OSError:
+        maps = ""
+    for library in ("libcuda.so", "libnvidia-ml.so"):
+        if library in maps:
+            return f"it loaded {library} (a GPU driver's state is not to be shared by a fork)", 0
+    others = [thread for thread in threading.enumerate() if thread is not threading.main_thread()]
+    if others:
+        named = ", ".join(f"{thread.name!r} (from {_module_of(thread)})" for thread in others)
+        return f"an import started a Python thread: {named}", 0
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = 1
+    return None, threads - 1
+
+
+def _module_of(thread: threading.Thread) -> str:
+    """The module that defined what ``thread`` runs (its target, or its class's run)."""
+    target = getattr(thread, "_target", None)
+    if target is None and type(thread).run is not threading.Thread.run:
+        target = type(thread).run
+    return getattr(target, "__module__", None) or "an unknown module"
+
+
+def _read_output() -> bytes:
+    """What the imports printed (the warm process's output file): each run's log starts with it, as
+    a cold start's would."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.lseek(1, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(1, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)[-(1 << 20) :]
+    except OSError:
+        return b""
+
+
+def _fork_twice() -> int:
+    """Fork a helper that forks the run and exits: the run's pid here, 0 in the run, -1 on failure."""
+    read_end, write_end = os.pipe()
+    try:
+        helper = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return -1
+    if helper == 0:
+        os.close(read_end)
+        try:
+            run = os.fork()
+        except OSError:
+            os._exit(1)
+        if run == 0:
+            os.close(write_end)
+            return 0
+        os.write(write_end, b"%d" % run)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(helper, 0)
+    with os.fdopen(read_end, "rb") as handle:
+        text = handle.read()
+    return int(text) if text.isdigit() else -1
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+class _Run:
+    lifeline = -1
+    code: Any = 1  # the script's exit status as the interpreter will make it (0: success)
+    stopped = False
+    ended = False  # the script has ended: its success is recorded at exit, whatever the lifeline says
+    imports_file = ""
+    outcome: dict[str, Any] = {}
+    lock = threading.Lock()
+    user_folders: tuple[str, ...] = ()
+    known: frozenset[str] = frozenset()
+
+
+def become_run(request: dict[str, Any]) -> None:
+    """In the forked run: take the cold start's process state, then run the command (``request``:
+    argv, env, cwd, the descriptors' places, the outcome to record). Returns only to raise what the
+    script raised, at the top of the program, so the interpreter ends it as a cold start's."""
+    os.setsid()
+    _place_descriptors(request)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("SIGPIPE", "SIGXFSZ"):  # ignored by Python at its start
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    _reseed()
+    _Run.outcome = request["outcome"]
+    _Run.user_folders = tuple(os.path.realpath(folder) for folder in request["user_folders"])
+    _Run.known = frozenset(sys.modules)
+    _Run.imports_file = request["imports_file"]
+    atexit.register(_at_exit)
+    from ... import reporting
+
+    reporting._first_report = _told_imports  # by then the script has imported what it trains with
+    threading.Thread(target=_watch_lifeline, name="gts-lifeline", daemon=True).start()
+    argv, base = request["argv"], request["sys_path"]
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[:] = [os.getcwd(), *base]
+        _run(lambda: runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
+    else:
+        sys.argv = list(argv)
+        sys.path[:] = [os.path.dirname(os.path.realpath(argv[0])), *base]
+        _run(lambda: _run_script(os.path.abspath(argv[0])))
+
+
+def _run_script(path: str) -> None:
+    """``path`` run as ``python path`` runs it: in a fresh ``__main__`` whose ``__file__`` is its
+    absolute path, with ``sys.argv[0]`` as given."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__dict__.update(__cached__=None, __builtins__=builtins)
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    with open(path, "rb") as handle:  # as the interpreter reads it: bytes, its own coding line
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def _run(start: Any) -> None:
+    try:
+        start()
+    except SystemExit as error:
+        _Run.code = error.code
+        raise
+    except BaseException:
+        _Run.code = 1
+        raise
+    else:
+        _Run.code = 0
+    finally:
+        _Run.ended = True
+
+
+def _place_descriptors(request: dict[str, Any]) -> None:
+    """stdin /dev/null, stdout and stderr the log (after what the imports printed), the lifeline and
+    the root's lock at the numbers they have in a cold start. Descriptors the imports opened are
+    the libraries' (a fork keeps them, as ``multiprocessing``'s does); the warm process's own
+    (its control socket, its lifeline) are closed."""
+    fds = request["fds"]
+    places = request["places"]  # the number each received descriptor takes (the log's: 1)
+    high = [os.dup(fd) for fd in fds]  # copies that no dup2 below can overwrite before they are placed
+    for fd in fds:
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    if null != 0:
+        os.close(null)
+    for fd, place in zip(high, places, strict=True):
+        os.dup2(fd, place)
+        if place == 1:
+            os.dup2(fd, 2)
+    for fd in high:
+        if fd not in places and fd not in (0, 1, 2):
+            os.close(fd)
+    for fd in request["close"]:
+        if fd not in places and fd not in (0, 1, 2):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _Run.lifeline = request["lifeline"]
+    os.set_inheritable(_Run.lifeline, False)
+    os.set_blocking(_Run.lifeline, False)
+    if request.get("output"):
+        os.write(1, request["output"])
+
+
+def _reseed() -> None:
+    """The process's generators seeded from the OS, as a cold start's are."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            numpy.random.seed()
+        except Exception:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.seed()  # the CPU generator now; CUDA's are seeded lazily, when CUDA starts
+        except Exception:
+            pass
+
+
+def _read_lifeline() -> bytes | None:
+    """What the scheduler wrote on the lifeline since the last look (``b""``: it is gone; None:
+    nothing), the stop word remembered. Called with the lock held."""
+    try:
+        data = os.read(_Run.lifeline, 64)
+    except BlockingIOError:
+        return None
+    except OSError:
+        data = b""
+    if STOP_WORD in data:
+        _Run.stopped = True
+    return data
+
+
+def _watch_lifeline() -> None:
+    """Kill the run's whole group when the scheduler goes away, unless its script has ended (its
+    success is then recorded, as the keeper spares a command that ended)."""
+    poller = select.poll()
+    poller.register(_Run.lifeline, select.POLLIN | select.POLLHUP)
+    while True:
+        poller.poll()
+        with _Run.lock:
+            if _read_lifeline() != b"":
+                continue
+            if _Run.ended:
+                return
+            kill_all(descendants(os.getpid()))
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _at_exit() -> None:
+    """The script ended: its success recorded (unless it was asked to stop), and what it imported."""
+    with _Run.lock:
+        _Run.ended = True
+        while _read_lifeline():
+            pass
+        code = _Run.code
+        if (code is None or code == 0) and not _Run.stopped:
+            _record_success()
+    try:
+        _write_imports()
+    except (OSError, ValueError):
+        pass
+
+
+def _record_success() -> None:
+    from ...records.paths import open_regular
+
+    outcome = _Run.outcome
+    path = outcome["file"]
+    folder = os.path.dirname(path)
+    if os.path.islink(path) or os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
+        os.write(2, b"gpu_task_scheduler: the run folder holds a symbolic link where its outcome goes\n")
+        os._exit(4)
+    line = json.dumps({"status": "succeeded", "token": outcome["token"], "config_hash": outcome["config_hash"]})
+    try:
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, line.encode("utf-8") + b"\n")
+        finally:
+            os.close(fd)
+    except OSError:
+        os._exit(4)
+
+
+def _told_imports() -> None:
+    try:
+        _write_imports()
+    except (OSError, ValueError):
+        pass
+
+
+def _write_imports() -> None:
+    from ...records.paths import atomic_write
+
+    names = []
+    for name, module in list(sys.modules.items()):
+        if name in _Run.known or name == "__main__" or module is None:
+            continue
+        where = getattr(module, "__file__", None)
+        if not isinstance(where, str):
+            continue
+        real = os.path.realpath(where)
+        installed = f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real
+        if not installed and any(real.startswith(folder + os.sep) for folder in _Run.user_folders):
+            continue  # the user's own code: imported afresh by every run, so an edit counts
+        names.append(name)
+    atomic_write(_Run.imports_file, json.dumps(names).encode("utf-8"), durable=False)

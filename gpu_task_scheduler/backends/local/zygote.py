@@ -1,0 +1,357 @@
+"""Warm starts of a sweep's Python commands: the scheduler's side (the warm process and the run it
+forks: ``forkserver.py``).
+
+A ``command:`` run whose program is this Python (the ``python`` its ``PATH`` finds is the
+interpreter running the scheduler, in the same folder: the same virtual environment) and whose
+first argument is a script or ``-m module`` is forked from the sweep's warm process instead of
+being started cold. Anything else starts cold, and the scheduler's log says why, once per reason:
+another interpreter, an interpreter option (``python -u``), a run environment that differs from the
+warm process's in something but the run's own variables, a warm process that refused to be forked
+from (a thread, a GPU driver), or one that is not ready yet.
+
+What the warm process imports:
+
+* what ``prewarm: {imports: [...]}`` names, from the start;
+* what the sweep's forked runs imported from outside the user's folders, learned as each ends (its
+  ``.gts/imports.json``). When a run ended having imported modules the warm process lacks, a new
+  warm process with all of them is started beside it; it replaces the old one once it is ready
+  (until then the old one forks). The list is kept in memory for the sweep: a sweep started again
+  learns it again from its first runs, which are forked from a warm process that has imported
+  only the runner.
+
+The modules of the user's folders (the working folder, the script's) are never imported by it: a
+script, or a module beside it, edited during a sweep runs as edited.
+
+Why a fork is made the scheduler's child: the engine's guarantees about a run (its process group
+signalled, never a reused pid, its end heard on a pidfd, what it left behind found by its session)
+rest on the run being the scheduler's child, unreaped until the scheduler has stopped the rest of
+it. The warm process forks a helper, which forks the run and exits; while the scheduler waits for
+the run's pid it is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so the run is re-parented to it.
+It is one only for those milliseconds: a process of another run orphaned then would be adopted
+too (and killed with its run by the token scans, as ever; its exit status is then the scheduler's
+to read, and is left).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...proctree import TOKEN_ENV, _prctl
+from ...records.paths import RunPaths, open_regular
+from .forkserver import IMPORTS_FILE
+from .prepare import Launch, runner_argv_for
+from .process import Child
+from .reaper import Reaper
+
+logger = logging.getLogger("gpu_task_scheduler")
+
+READY_WAIT = 15.0  # seconds the first start waits for the first warm process (the runner's imports)
+FORK_WAIT = 10.0  # seconds a start waits for the warm process's answer (two forks)
+
+
+def script_argv(argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[list[str] | None, str]:
+    """What a forked run's ``sys.argv`` would be for the command ``argv`` (``['-m', module, ...]``
+    for a module), or None and why it starts cold."""
+    if len(argv) < 2:
+        return None, "it is not a Python script with arguments"
+    program = argv[0]
+    found = program if os.sep in program else shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        return None, f"{program!r} is not found on its PATH"
+    here = os.path.abspath(sys.executable)
+    found = os.path.abspath(os.path.join(cwd, found))
+    try:
+        same = os.path.samefile(found, here) and os.path.dirname(found) == os.path.dirname(here)
+    except OSError:
+        same = False
+    if not same:
+        return None, f"its program {program!r} ({found}) is not the Python that runs gts ({here})"
+    first = argv[1]
+    if first == "-m" and len(argv) >= 3:
+        return ["-m", *argv[2:]], ""
+    if first.startswith("-"):
+        return None, f"it gives the interpreter an option ({first})"
+    if not os.path.isfile(os.path.join(cwd, first)):
+        return None, f"its script {first!r} is not a file"
+    return list(argv[1:]), ""
+
+
+def shared_env(env: dict[str, str]) -> dict[str, str]:
+    """What of a run's environment is the scheduler's own (every cold start inherits it): what the
+    warm process is started with, and what a run must share with it to be forked from it. What the
+    scheduler adds per run (its identity, its files, its GPUs, its command's values) is not in it:
+    a forked run sets it before its script starts."""
+    return {key: value for key, value in env.items() if os.environ.get(key) == value}
+
+
+class WarmProcess:
+    """One warm process (a child of ours, like a run: its own session, dies with the scheduler)."""
+
+    def __init__(self, env: dict[str, str], cwd: str, imports: list[str], reaper: Reaper):
+        self.env, self.imports, self.cwd = env, imports, cwd
+        self.refused: str | None = None
+        self.ready = False
+        self.dead = False
+        self._buffer = b""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with tempfile.TemporaryFile() as output:  # what its imports print: each run's log starts with it
+                self.child = Child(
+                    runner_argv_for("--fork-server", "{}"),
+                    env=env,
+                    cwd=cwd,
+                    log_path=None,
+                    on_exit=self._exited,
+                    output=output.fileno(),  # the root's lock it does not hold: each fork is handed it
+                    control=theirs.fileno(),
+                    reaper=reaper,
+                    marked=False,  # its forks carry its first environment in /proc: no token there
+                )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._control = ours
+        self._started = time.monotonic()
+        # What to import goes on the socket, not in its arguments (thousands of names pass one
+        # argument's limit, 128 KiB on Linux).
+        try:
+            ours.sendall(json.dumps({"imports": imports}).encode("utf-8") + b"\n")
+        except OSError:
+            self.dead = True
+
+    def _exited(self) -> None:
+        self.dead = True
+
+    def _line(self, timeout: float) -> dict[str, Any] | None:
+        """Its next message (None: none within ``timeout`` seconds, or it is gone)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([self._control], [], [], left)[0]:
+                return None
+            try:
+                chunk = self._control.recv(1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.dead = True
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return None
+        return message if isinstance(message, dict) else None
+
+    def check(self, wait: float = 0.0) -> bool:
+        """Whether it is ready to fork (its imports done, and forking from it allowed)."""
+        if not self.ready and not self.dead and not self.refused:
+            told = self._line(wait)
+            if told is not None:
+                self.ready = True
+                self.refused = told.get("refused") or None
+                threads = told.get("native_threads") or 0
+                logger.info(
+                    "warm starts: a warm process imported %d module(s) in %.1f s%s%s%s",
+                    len(told.get("imported") or ()),
+                    time.monotonic() - self._started,
+                    f"; {len(told['failed'])} could not be imported ({', '.join(told['failed'][:5])})"
+                    if told.get("failed")
+                    else "",
+                    f"; {threads} thread(s) of native libraries (their pools restart after a fork)" if threads else "",
+                    f"; it is not forked from: {self.refused}" if self.refused else "",
+                )
+        return self.ready and not self.refused and not self.dead
+
+    def fork(self, request: dict[str, Any], fds: list[int]) -> int | None:
+        """The forked run's pid (now our child), or None (the warm process failed: start cold)."""
+        data = json.dumps(request).encode("utf-8", "surrogateescape")
+        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run, orphaned by the helper, becomes our child
+        try:
+            try:
+                socket.send_fds(self._control, [data], fds)
+            except OSError:
+                self.dead = True
+                return None
+            answer = self._line(FORK_WAIT)
+        finally:
+            _prctl(36, 0)
+        pid = answer.get("pid") if answer else None
+        if not isinstance(pid, int) or pid <= 0:
+            if answer is None:
+                self.dead = True
+            return None
+        if _parent_of(pid) != os.getpid():  # not ours after all (no subreaper here): it must not run
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                pass
+            return None
+        return pid
+
+    def discard(self) -> None:
+        self._control.close()
+        self.child.kill()
+        self.child.reap()
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            text = handle.read()
+        return int(text[text.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class WarmStarts:
+    """The sweep's warm processes, and the forks of its Python commands (the local launcher's)."""
+
+    def __init__(self, reaper: Reaper, inherit: Sequence[int], imports: Sequence[str] = ()) -> None:
+        self._reaper, self._inherit = reaper, tuple(inherit)
+        self._imports: list[str] = list(imports)
+        self._current: WarmProcess | None = None
+        self._next: WarmProcess | None = None
+        self._said: set[str] = set()
+        self._first = True
+        self._running: dict[str, RunPaths] = {}  # forked runs not heard from yet: their imports file
+
+    def _say(self, why: str) -> None:
+        if why not in self._said:
+            self._said.add(why)
+            logger.info("warm starts: a run starts cold: %s", why)
+
+    def start(
+        self, launch: Launch, paths: RunPaths, token: str, on_exit: Callable[[], None], reaper: Reaper
+    ) -> Child | None:
+        """``launch``'s command forked warm (a child of ours), or None: it starts cold (said why)."""
+        assert launch.command is not None
+        argv, why = script_argv(launch.command, launch.env, launch.cwd)
+        if argv is None:
+            self._say(why)
+            return None
+        env = shared_env(launch.env)
+        warm = self._warm(env, launch.cwd)
+        if warm is None:
+            return None
+        log = self._open_log(paths)
+        read_end, write_end = os.pipe()
+        lifeline = min(set(range(3, 4 + len(self._inherit))) - set(self._inherit))  # beside the root's lock
+        try:
+            request = {
+                "argv": argv,
+                "env": {**launch.env, TOKEN_ENV: token},
+                "cwd": launch.cwd,
+                "places": [1, lifeline, *self._inherit],
+                "lifeline": lifeline,
+                "outcome": {
+                    "file": launch.env["GTS_OUTCOME_FILE"],
+                    "token": token,
+                    "config_hash": launch.env.get("GTS_CONFIG_HASH", ""),
+                },
+                "user_folders": sorted({launch.cwd, os.path.dirname(os.path.join(launch.cwd, argv[0]))}),
+                "imports_file": os.path.join(paths.meta, IMPORTS_FILE),
+            }
+            pid = warm.fork(request, [log, read_end, *self._inherit])
+        finally:
+            os.close(log)
+            os.close(read_end)
+        if pid is None:
+            os.close(write_end)
+            self._say("the warm process failed to fork (a new one is started)")
+            self._drop(warm)
+            return None
+        os.set_blocking(write_end, False)
+        self._running[paths.meta] = paths
+        return Child.adopted(pid, lifeline=write_end, token=token, on_exit=on_exit, reaper=reaper)
+
+    def _open_log(self, paths: RunPaths) -> int:
+        if paths.log:  # as for a cold start: no link followed, appended to
+            return open_regular(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        return os.open(os.devnull, os.O_WRONLY)
+
+    def _warm(self, env: dict[str, str], cwd: str) -> WarmProcess | None:
+        """The warm process to fork from now (started, or swapped for a readier one, here)."""
+        for paths in list(self._running.values()):  # what runs said they import at their first report
+            self.learned(paths, ended=False)
+        if self._next is not None and self._next.check():
+            self._drop(self._current)
+            self._current, self._next = self._next, None
+            self._refresh()  # modules learned while it warmed
+        elif self._next is not None and (self._next.dead or self._next.refused):
+            self._say(f"a warm process with more imports was refused ({self._next.refused or 'it died'})")
+            self._drop(self._next)
+            self._next = None
+        if self._current is None or self._current.dead:
+            self._drop(self._current)
+            self._current = None
+            try:
+                self._current = WarmProcess(env, cwd, list(self._imports), self._reaper)
+            except OSError as error:
+                self._say(f"no warm process could be started ({error})")
+                return None
+        current = self._current
+        if current.env != env:
+            differs = sorted(set(current.env.items()) ^ set(env.items()))
+            self._say(f"its environment differs from the warm process's in {differs[0][0]}")
+            return None
+        wait, self._first = (READY_WAIT if self._first else 0.0), False
+        if not current.check(wait):
+            self._say(current.refused or "the warm process is not ready yet")
+            return None
+        return current
+
+    def learned(self, paths: RunPaths, *, ended: bool = True) -> None:
+        """A forked run said what it imported (at its first report, or as it ended): the modules the
+        warm process lacks start a new one with them."""
+        if ended:
+            self._running.pop(paths.meta, None)
+        try:
+            fd = open_regular(os.path.join(paths.meta, IMPORTS_FILE))
+            with os.fdopen(fd, "rb") as handle:
+                names = json.loads(handle.read(1 << 22) or b"[]")
+        except (OSError, ValueError):
+            return
+        self._running.pop(paths.meta, None)
+        if not isinstance(names, list):
+            return
+        known = set(self._imports)
+        new = [name for name in names if isinstance(name, str) and name not in known]
+        if not new or self._current is None:
+            return
+        self._imports.extend(new)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """A new warm process with every module learned, unless one is warming already (it is not
+        started again for each run that adds a module: it would never get ready)."""
+        current = self._current
+        if self._next is not None or current is None or len(current.imports) >= len(self._imports):
+            return
+        logger.info("warm starts: a warm process with the %d module(s) the runs import is started", len(self._imports))
+        try:
+            self._next = WarmProcess(current.env, current.cwd, list(self._imports), self._reaper)
+        except OSError as error:
+            self._say(f"no warm process with more imports could be started ({error})")
+
+    def _drop(self, warm: WarmProcess | None) -> None:
+        if warm is not None:
+            warm.discard()
+
+    def close(self) -> None:
+        for warm in (self._current, self._next):
+            self._drop(warm)
+        self._current = self._next = None

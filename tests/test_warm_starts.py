@@ -1,0 +1,187 @@
+"""Warm starts (backends/local/zygote.py, forkserver.py): a sweep's Python commands are forked from
+a warm process that imported what they import, and each forked run is what a cold start would
+have been: its argv, environment, folder, streams, generators and outcome; refusals start cold."""
+
+import json
+import os
+import sys
+
+import pytest
+from conftest import marked_pids
+from helpers import ledger_rows, make_config
+
+from gpu_task_scheduler import GPUTaskScheduler
+from gpu_task_scheduler.backends.local import forkserver
+from gpu_task_scheduler.backends.local.zygote import script_argv
+
+PROBE = r"""
+import json, os, random, sys
+started_with = sorted(name for name in ("fractions", "decimal") if name in sys.modules)  # before any import here
+import fractions
+from gpu_task_scheduler import report
+with open("/proc/self/environ", "rb") as handle:
+    first_environment = handle.read().split(b"\0")
+seen = {
+    "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__, "file": __file__,
+    "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "seen": os.environ.get("GTS_TEST_SEEN"),
+    "metrics": bool(os.environ.get("GTS_METRICS_FILE")), "stdin": sys.stdin.read(), "random": random.random(),
+    "preloaded": started_with, "forked": not any(line.startswith(b"GTS_RUN_TOKEN=") for line in first_environment),
+    "imported_here": "helper_of_probe" in sys.modules,
+}
+import helper_of_probe
+seen["helper"] = helper_of_probe.VALUE
+print("PROBE " + json.dumps(seen), flush=True)
+report(1, loss=float(sys.argv[2]))
+"""
+
+
+def _probe(folder, *, prewarm=None, runs=4, slots=("cpu", "cpu"), command=None):
+    (folder / "probe.py").write_text(PROBE)
+    (folder / "helper_of_probe.py").write_text("VALUE = 1\n")
+    options = {} if prewarm is None else {"prewarm": prewarm}
+    config = make_config(folder / "r", [{"i": list(range(runs))}], slots=slots, **options)
+    config["command"] = command or [sys.executable, "probe.py", "--i", "{i}"]
+    return config
+
+
+def _seen(root):
+    found = {}
+    for name in os.listdir(root):
+        if name.endswith(","):
+            for line in (root / name / "worker.log").read_text().splitlines():
+                if line.startswith("PROBE "):
+                    found[name] = json.loads(line[6:])
+    return found
+
+
+def test_a_forked_run_sees_what_a_cold_start_sees(in_tmp, monkeypatch, no_leaked_processes):
+    monkeypatch.setenv("GTS_TEST_SEEN", "ambient")
+    runs = {}
+    for prewarm in (False, {"imports": ["decimal"]}):
+        folder = in_tmp / ("warm" if prewarm else "cold")
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        assert GPUTaskScheduler(_probe(folder, prewarm=prewarm)).start().ok
+        runs[bool(prewarm)] = _seen(folder / "r")
+    cold, warm = runs[False], runs[True]
+    assert sorted(cold) == sorted(warm) == [f"i-{i}," for i in range(4)]
+    assert all(seen["forked"] for seen in warm.values()) and not any(seen["forked"] for seen in cold.values())
+    assert all(seen["preloaded"] == ["decimal"] for seen in warm.values())  # imported by the warm process
+    assert all(seen["preloaded"] == [] for seen in cold.values())
+    for name in cold:  # the same, but where each was made (its folder) and its random draw
+        same = {key for key in cold[name] if key not in ("cwd", "path0", "file", "random", "forked", "preloaded")}
+        assert {key: cold[name][key] for key in same} == {key: warm[name][key] for key in same}, name
+        assert warm[name]["argv"] == ["probe.py", "--i", name[2:-1]] and warm[name]["name"] == "__main__"
+        assert warm[name]["cwd"] == str(in_tmp / "warm") and warm[name]["path0"] == str(in_tmp / "warm")
+        assert warm[name]["stdin"] == "" and warm[name]["cvd"] == "" and warm[name]["seen"] == "ambient"
+    assert len({seen["random"] for seen in warm.values()}) == 4  # each run its own draw, as cold ones
+    for name in warm:
+        outcome = json.loads((in_tmp / "warm" / "r" / name / ".gts" / "outcome.json").read_text())
+        assert outcome["status"] == "succeeded"
+    log = (in_tmp / "warm" / "r" / "scheduler.log").read_text()
+    assert "warm starts: a warm process imported 1 module(s)" in log
+
+
+def test_what_the_runs_import_is_learned_and_later_runs_start_with_it(in_tmp, monkeypatch):
+    """One slot: the first runs import fractions themselves; they say so at their first report, a
+    warm process with it is started, and the runs forked from it find it imported."""
+    config = _probe(in_tmp, runs=8, slots=("cpu",))
+    assert GPUTaskScheduler(config).start().ok
+    seen = _seen(in_tmp / "r")
+    order = sorted(seen, key=lambda name: int(name[2:-1]))
+    had = [
+        seen[name]["preloaded"] == ["decimal", "fractions"] or "fractions" in seen[name]["preloaded"] for name in order
+    ]
+    assert not had[0] and had[-1], had
+    assert had == sorted(had), had  # once learned, every later run has it
+    log = (in_tmp / "r" / "scheduler.log").read_text()
+    assert "warm starts: a warm process with the" in log
+
+
+def test_a_module_of_the_users_folder_is_never_preloaded_so_an_edit_counts(in_tmp):
+    config = _probe(in_tmp, runs=2, slots=("cpu",), prewarm={"imports": ["helper_of_probe"]})
+    config["test_config"] = [{"i": [0]}]
+    assert GPUTaskScheduler(config).start().ok
+    (in_tmp / "helper_of_probe.py").write_text("VALUE = 2\n")  # edited between two runs of the sweep
+    config["test_config"] = [{"i": [0, 1]}]
+    assert GPUTaskScheduler(config).start().ok
+    seen = _seen(in_tmp / "r")
+    assert seen["i-0,"]["helper"] == 1 and seen["i-1,"]["helper"] == 2
+    assert seen["i-1,"]["forked"] and not seen["i-1,"]["imported_here"]
+    imports = json.loads((in_tmp / "r" / "i-1," / ".gts" / "imports.json").read_text())
+    assert "helper_of_probe" not in imports and "fractions" in imports
+
+
+def test_a_warm_process_that_started_a_thread_is_not_forked_from(in_tmp, monkeypatch):
+    (in_tmp / "lib").mkdir()
+    (in_tmp / "lib" / "threaded_at_import.py").write_text(
+        "import threading, time\n"
+        "def _tick():\n    while True:\n        time.sleep(60)\n"
+        "threading.Thread(target=_tick, name='ticker', daemon=True).start()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(in_tmp / "lib"))
+    config = _probe(in_tmp, runs=2, prewarm={"imports": ["threaded_at_import"]})
+    assert GPUTaskScheduler(config).start().ok
+    seen = _seen(in_tmp / "r")
+    assert not any(run["forked"] for run in seen.values())
+    log = (in_tmp / "r" / "scheduler.log").read_text()
+    assert "an import started a Python thread: 'ticker' (from threaded_at_import)" in log
+
+
+def test_a_warm_process_that_loaded_a_gpu_driver_is_not_forked_from(tmp_path, monkeypatch):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54\n")
+    refused, _ = forkserver._unforkable(str(maps))
+    assert refused is not None and "libcuda.so" in refused
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libopenblas.so\n")
+    assert forkserver._unforkable(str(maps))[0] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["python3.9", "probe.py"], "is not found on its PATH"),
+        (["/bin/sh", "probe.py"], "is not the Python that runs gts"),
+        ([sys.executable, "-u", "probe.py"], "gives the interpreter an option (-u)"),
+        ([sys.executable, "missing.py"], "is not a file"),
+        ([sys.executable], "not a Python script"),
+    ],
+)
+def test_commands_that_start_cold_say_why(in_tmp, argv, why):
+    (in_tmp / "probe.py").write_text("")
+    found, said = script_argv(argv, {"PATH": os.path.dirname(sys.executable)}, str(in_tmp))
+    assert found is None and why in said
+
+
+def test_a_python_script_or_module_of_this_interpreter_is_forked(in_tmp):
+    (in_tmp / "probe.py").write_text("")
+    env = {"PATH": os.path.dirname(sys.executable)}
+    assert script_argv([sys.executable, "probe.py", "--x"], env, str(in_tmp)) == (["probe.py", "--x"], "")
+    assert script_argv([sys.executable, "-m", "json.tool", "-h"], env, str(in_tmp)) == (["-m", "json.tool", "-h"], "")
+    name = os.path.basename(sys.executable)
+    assert script_argv([name, "probe.py"], env, str(in_tmp))[0] == ["probe.py"]
+
+
+def test_a_warm_run_stopped_by_the_scheduler_records_no_success_even_if_it_exits_0(in_tmp, no_leaked_processes):
+    """As the command wrapper does: a run asked to stop (here by its timeout) that traps the signal
+    and exits 0 has not succeeded; its outcome file stays empty."""
+    (in_tmp / "trap.py").write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "print('waiting', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    config = make_config(in_tmp / "r", [{"i": [0]}], timeout=2, grace_period=10)
+    config["command"] = [sys.executable, "trap.py"]
+    summary = GPUTaskScheduler(config).start()
+    assert not summary.ok
+    rows = ledger_rows(in_tmp / "r")
+    assert rows["i-0,"]["status"] == "timed_out"
+    assert not (in_tmp / "r" / "i-0," / ".gts" / "outcome.json").exists()
+    assert "waiting" in (in_tmp / "r" / "i-0," / "worker.log").read_text()
+
+
+def test_prewarm_false_starts_every_run_cold(in_tmp, no_leaked_processes):
+    assert GPUTaskScheduler(_probe(in_tmp, prewarm=False, runs=2)).start().ok
+    assert not any(run["forked"] for run in _seen(in_tmp / "r").values())
+    assert not marked_pids(no_leaked_processes)

@@ -673,7 +673,9 @@ def test_dry_run_says_what_a_real_run_then_does(command_sweep, in_tmp, capsys, c
     open(command_sweep, "w").write(text)
     capsys.readouterr()
     assert gts(["run", command_sweep, "--dry-run"]) == 0
-    lines = capsys.readouterr().out.splitlines()[:-1]
+    shown = capsys.readouterr().out
+    assert "warm starts: each run is forked from a warm process" in shown.splitlines()[-1]  # python -c: warm
+    lines = shown.splitlines()[:-2]
     said = {os.path.basename(line.split()[-1]): line.split()[1] for line in lines}
     summary = GPUTaskScheduler(command_sweep).start()
     done = {**dict.fromkeys(summary.skipped, "skip"), **dict.fromkeys(summary.outcomes, "run")}

@@ -447,7 +447,8 @@ def test_options_are_typed_fields_parsed_once(tmp_path):
 
     from gpu_task_scheduler.sweep.options import SCHEDULER_KEYS, SchedulerOptions
 
-    assert {f.name for f in dataclasses.fields(SchedulerOptions)} == {*SCHEDULER_KEYS, "slots", "given"}
+    derived = {"slots", "given", "warm_imports"}  # warm_imports: prewarm's {imports: [...]}
+    assert {f.name for f in dataclasses.fields(SchedulerOptions)} == {*SCHEDULER_KEYS, *derived}
     sweep = Sweep(
         make_config(
             tmp_path, [{"x": [1]}], gpu_memory="1.5GiB", memory_margin="1GB", min_host_free_memory=2048, timeout=3

@@ -158,6 +158,7 @@ def test_a_python_script_or_module_of_this_interpreter_is_forked(in_tmp):
     env = {"PATH": os.path.dirname(sys.executable)}
     assert script_argv([sys.executable, "probe.py", "--x"], env, str(in_tmp)) == (["probe.py", "--x"], "")
     assert script_argv([sys.executable, "-m", "json.tool", "-h"], env, str(in_tmp)) == (["-m", "json.tool", "-h"], "")
+    assert script_argv([sys.executable, "-c", "pass", "x"], env, str(in_tmp)) == (["-c", "pass", "x"], "")
     name = os.path.basename(sys.executable)
     assert script_argv([name, "probe.py"], env, str(in_tmp))[0] == ["probe.py"]
 
@@ -185,3 +186,29 @@ def test_prewarm_false_starts_every_run_cold(in_tmp, no_leaked_processes):
     assert GPUTaskScheduler(_probe(in_tmp, prewarm=False, runs=2)).start().ok
     assert not any(run["forked"] for run in _seen(in_tmp / "r").values())
     assert not marked_pids(no_leaked_processes)
+
+
+SEEN_CODE = (
+    "import json, sys\n"
+    "main = sys.modules['__main__']\n"
+    "print('PROBE ' + json.dumps({'argv': sys.argv, 'path0': sys.path[0], 'name': __name__, "
+    "'file': getattr(main, '__file__', None), 'spec': str(getattr(main, '__spec__', None)).split(' at ')[0], "
+    "'keys': sorted(name for name in vars(main) if name.startswith('__'))}), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("form", ["-c", "-m"])
+def test_python_c_and_m_forked_see_what_cold_ones_see(in_tmp, monkeypatch, form):
+    (in_tmp / "seen_module.py").write_text(SEEN_CODE)
+    found = {}
+    for prewarm in (False, True):
+        code = SEEN_CODE.replace("{", "{{").replace("}", "}}")  # the template's literal braces
+        command = [sys.executable, form, code if form == "-c" else "seen_module", "x", "{i}"]
+        config = make_config(in_tmp / f"r-{prewarm}", [{"i": [0, 1]}], prewarm=prewarm)
+        config["command"] = command
+        assert GPUTaskScheduler(config).start().ok
+        found[prewarm] = _seen(in_tmp / f"r-{prewarm}")
+    assert found[False] == found[True] and len(found[True]) == 2
+    assert found[True]["i-1,"]["argv"][1:] == ["x", "1"] and found[True]["i-1,"]["name"] == "__main__"
+    log = (in_tmp / "r-True" / "scheduler.log").read_text()
+    assert "warm starts: a warm process imported" in log and "starts cold" not in log

@@ -37,7 +37,7 @@ def _prewarm(value: Any) -> str | None:
         imports = value.get("imports", [])
         if isinstance(imports, list) and all(isinstance(name, str) and _MODULE.fullmatch(name) for name in imports):
             return None
-    return "true, false or {imports: [module, ...]} (what the warm process imports from the start)"
+    return "a bool (true or false) or {imports: [module, ...]} (what the warm process imports from the start)"
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -230,28 +230,52 @@ def become_run(request: dict[str, Any]) -> None:
     reporting._first_report = _told_imports  # by then the script has imported what it trains with
     threading.Thread(target=_watch_lifeline, name="gts-lifeline", daemon=True).start()
     argv, base = request["argv"], request["sys_path"]
-    if argv[0] == "-m":
+    if argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[:] = ["", *base]
+        _run(lambda: _run_code(argv[1]))
+    elif argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path[:] = [os.getcwd(), *base]
-        _run(lambda: runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
+        _fresh_main()
+        # What `python -m` itself calls (runpy's own entry for it), in the fresh __main__.
+        as_main = getattr(runpy, "_run_module_as_main", None)
+        if as_main is None:
+            _run(lambda: runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
+        else:
+            _run(lambda: as_main(argv[1]))
     else:
         sys.argv = list(argv)
         sys.path[:] = [os.path.dirname(os.path.realpath(argv[0])), *base]
         _run(lambda: _run_script(os.path.abspath(argv[0])))
 
 
-def _run_script(path: str) -> None:
-    """``path`` run as ``python path`` runs it: in a fresh ``__main__`` whose ``__file__`` is its
-    absolute path, with ``sys.argv[0]`` as given."""
+def _fresh_main() -> Any:
+    """A new ``__main__`` module, as the interpreter makes it at its start."""
     import builtins
-    import importlib.machinery
     import types
 
     main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__dict__.update(__cached__=None, __builtins__=builtins)
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__dict__.update(__builtins__=builtins, __annotations__={})
     sys.modules["__main__"] = main
+    return main
+
+
+def _run_code(code: str) -> None:
+    """``code`` run as ``python -c code`` runs it, in a fresh ``__main__``."""
+    main = _fresh_main()
+    exec(compile(code, "<string>", "exec", dont_inherit=True), main.__dict__)
+
+
+def _run_script(path: str) -> None:
+    """``path`` run as ``python path`` runs it: in a fresh ``__main__`` whose ``__file__`` is its
+    absolute path, with ``sys.argv[0]`` as given."""
+    import importlib.machinery
+
+    main = _fresh_main()
+    main.__file__ = path
+    main.__dict__.update(__cached__=None)
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     with open(path, "rb") as handle:  # as the interpreter reads it: bytes, its own coding line
         code = compile(handle.read(), path, "exec", dont_inherit=True)
     exec(code, main.__dict__)

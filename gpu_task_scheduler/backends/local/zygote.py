@@ -60,8 +60,8 @@ FORK_WAIT = 10.0  # seconds a start waits for the warm process's answer (two for
 
 
 def script_argv(argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[list[str] | None, str]:
-    """What a forked run's ``sys.argv`` would be for the command ``argv`` (``['-m', module, ...]``
-    for a module), or None and why it starts cold."""
+    """What a forked run runs for the command ``argv``: its script's ``sys.argv``, or ``['-m',
+    module, ...]``, ``['-c', code, ...]``; or None and why it starts cold."""
     if len(argv) < 2:
         return None, "it is not a Python script with arguments"
     program = argv[0]
@@ -77,8 +77,8 @@ def script_argv(argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[lis
     if not same:
         return None, f"its program {program!r} ({found}) is not the Python that runs gts ({here})"
     first = argv[1]
-    if first == "-m" and len(argv) >= 3:
-        return ["-m", *argv[2:]], ""
+    if first in ("-m", "-c") and len(argv) >= 3:
+        return [first, *argv[2:]], ""
     if first.startswith("-"):
         return None, f"it gives the interpreter an option ({first})"
     if not os.path.isfile(os.path.join(cwd, first)):

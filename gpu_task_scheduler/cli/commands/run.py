@@ -136,6 +136,8 @@ def _say_how_runs_start(sweep: Any) -> None:
     command = sweep.command
     if sweep.options.backend != "local" or not isinstance(command, list) or not command:
         return
+    if not os.path.basename(str(command[0])).startswith("python"):
+        return  # another program: there is nothing to warm
     if not sweep.options.prewarm:
         print("warm starts: off (prewarm: false): every run starts a fresh Python")
         return

@@ -271,8 +271,8 @@ class SchedulerOptions(Record):
     max_retries: int
     timeout: float | None
     grace_period: float
-    # start each slot's next Python runner while its run works (backends/local/warm.py), and fork Python
-    # commands from a warm process (backends/local/zygote.py); False: every run starts cold
+    # fork Python runs (GPUTask runs, Python commands) from a warm process (backends/local/zygote.py);
+    # False: every run starts cold
     prewarm: bool
     warm_imports: tuple[str, ...]  # what that warm process imports from the start (prewarm: {imports: [...]})
     on_config_change: str  # a succeeded run whose config changed since: "stop", "rerun" or "keep"

@@ -1,5 +1,6 @@
-"""The warm process of a sweep's Python commands, and the run it forks (the scheduler's side is
-``zygote.py``).
+"""The warm process of a sweep's Python runs, and the run it forks (the scheduler's side is
+``zygote.py``). A GPUTask run forked from it runs our runner (``runner.run``) on its start
+record, as a cold one does; what follows is about commands.
 
 A ``command: [python, train.py, ...]`` run spends most of its start importing: about 5 s of CPU
 for PyTorch and Lightning on 2 cores, paid again by every attempt (each pause, resume, promotion
@@ -49,6 +50,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from ...proctree import descendants, kill_all, signal_on_parent_death
@@ -65,6 +67,7 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
     signal_on_parent_death(signal.SIGKILL)  # it goes with the scheduler, even mid-import (its forks do not)
     control = socket.socket(fileno=control_fd)
     base_path = list(info["sys_path"])
+    runner_path = list(sys.path)  # a cold runner's (python -c: "" first, this package's folder last)
     sys.path[:] = base_path  # as a cold start's, less the script's folder: the user's modules stay theirs
     told = b""
     while not told.endswith(b"\n"):
@@ -95,7 +98,7 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
         pid = _fork_twice()
         if pid == 0:  # the run
             control.close()
-            request.update(fds=fds, output=output, sys_path=base_path, close=own_fds)
+            request.update(fds=fds, output=output, sys_path=base_path, runner_path=runner_path, close=own_fds)
             return request
         for fd in fds:
             os.close(fd)
@@ -201,6 +204,7 @@ class _Run:
     outcome: dict[str, Any] = {}
     lock = threading.Lock()
     user_folders: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()  # modules never learned (a GPUTask's own), with their submodules
     known: frozenset[str] = frozenset()
 
 
@@ -209,7 +213,8 @@ def become_run(request: dict[str, Any]) -> None:
     argv, env, cwd, the descriptors' places, the outcome to record). Returns only to raise what the
     script raised, at the top of the program, so the interpreter ends it as a cold start's."""
     os.setsid()
-    _place_descriptors(request)
+    runner = request.get("runner")  # a GPUTask run's start record: our runner runs it, as in a cold start
+    _place_descriptors(request, blocking=runner is not None)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -220,14 +225,17 @@ def become_run(request: dict[str, Any]) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     _reseed()
-    _Run.outcome = request["outcome"]
+    _Run.outcome = request.get("outcome", {})
     _Run.user_folders = tuple(os.path.realpath(folder) for folder in request["user_folders"])
     _Run.known = frozenset(sys.modules)
+    _Run.exclude = tuple(request.get("exclude", ()))
     _Run.imports_file = request["imports_file"]
-    atexit.register(_at_exit)
     from ... import reporting
 
     reporting._first_report = _told_imports  # by then the script has imported what it trains with
+    if runner is not None:
+        _become_runner(request, runner)
+    atexit.register(_at_exit)
     threading.Thread(target=_watch_lifeline, name="gts-lifeline", daemon=True).start()
     argv, base = request["argv"], request["sys_path"]
     if argv[0] == "-c":
@@ -259,6 +267,23 @@ def _fresh_main() -> Any:
     main.__dict__.update(__builtins__=builtins, __annotations__={})
     sys.modules["__main__"] = main
     return main
+
+
+def _become_runner(request: dict[str, Any], spec_path: str) -> None:
+    """A GPUTask run: the runner's own start (runner.run: its stop signals, its lifeline, its
+    outcome), once the scheduler is this process's parent (the kernel's parent-death signal the
+    runner asks for is about the parent then, not the helper that forked it)."""
+    from .process import LIFELINE_ENV
+    from .runner import run
+
+    deadline = time.monotonic() + 10.0
+    while os.getppid() != request["parent"] and time.monotonic() < deadline:
+        time.sleep(0.001)  # the helper exits right after the fork: a few microseconds
+    os.environ[LIFELINE_ENV] = str(request["lifeline"])
+    sys.argv = ["-c", spec_path]
+    sys.path[:] = request["runner_path"]
+    atexit.register(_told_imports)
+    sys.exit(run(spec_path))
 
 
 def _run_code(code: str) -> None:
@@ -296,7 +321,7 @@ def _run(start: Any) -> None:
         _Run.ended = True
 
 
-def _place_descriptors(request: dict[str, Any]) -> None:
+def _place_descriptors(request: dict[str, Any], *, blocking: bool = False) -> None:
     """stdin /dev/null, stdout and stderr the log (after what the imports printed), the lifeline and
     the root's lock at the numbers they have in a cold start. Descriptors the imports opened are
     the libraries' (a fork keeps them, as ``multiprocessing``'s does); the warm process's own
@@ -325,7 +350,7 @@ def _place_descriptors(request: dict[str, Any]) -> None:
                 pass
     _Run.lifeline = request["lifeline"]
     os.set_inheritable(_Run.lifeline, False)
-    os.set_blocking(_Run.lifeline, False)
+    os.set_blocking(_Run.lifeline, blocking)  # a runner's lifeline thread blocks on it
     if request.get("output"):
         os.write(1, request["output"])
 
@@ -427,6 +452,8 @@ def _write_imports() -> None:
     names = []
     for name, module in list(sys.modules.items()):
         if name in _Run.known or name == "__main__" or module is None:
+            continue
+        if any(name == own or name.startswith(own + ".") for own in _Run.exclude):
             continue
         where = getattr(module, "__file__", None)
         if not isinstance(where, str):

@@ -1,9 +1,10 @@
 """The local launcher: each attempt is a process on this machine.
 
 A Python task runs in ``python -c <runner boot>`` (``runner.py``) with its
-pickled task object, in a fresh process or, with ``prewarm``, in one started
-for it while the slot's previous run worked (``warm.py``); a plain command (``gts queue``) runs in a small POSIX sh
-wrapper that keeps the lifeline. Either way the process leads its own session
+pickled task object, and a command that runs Python (``command: [python, train.py, ...]``) as
+that script; with ``prewarm`` (the default) either is forked from the sweep's warm process, which
+imported what the runs import (``zygote.py``). Any other command (``gts queue``) runs in a small
+POSIX sh wrapper that keeps the lifeline. Either way the process leads its own session
 and process group, holds the root's lock descriptor (so the root stays locked
 while any run of it lives), and is stopped as a whole (``process.py``).
 """
@@ -25,8 +26,7 @@ from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, pre
 from .process import Child
 from .reaper import REAPER, Reaper
 
-if TYPE_CHECKING:  # imported where prewarm starts one: a sweep without prewarm never needs it (socket, 2 ms)
-    from .warm import WarmRunner
+if TYPE_CHECKING:  # imported at the first Python run: a sweep of other commands never needs it (socket, 2 ms)
     from .zygote import WarmStarts
 
 _DRAIN_SLACK = 60.0  # seconds beyond the grace period a stopped run's processes are waited for
@@ -44,14 +44,12 @@ class LocalLauncher(BaseLauncher):
         warm_imports: tuple[str, ...] = (),
     ) -> None:
         """``task``: a GPUTask subclass (built as ``task(config, work_dir)`` per run) or a factory of
-        tasks. ``prewarm``: start each slot's next Python runner while its run works (``warm.py``),
-        and fork Python commands from a warm process (``zygote.py``) that imports ``warm_imports``
-        and what the runs are seen to import."""
+        tasks. ``prewarm``: fork Python runs from a warm process (``zygote.py``) that imports
+        ``warm_imports`` and what the runs are seen to import."""
         self._make_task = class_factory(task) if isinstance(task, type) else task
         self._lock_fd: int | None = None
         self._grace_period = grace_period
         self._prewarm = prewarm
-        self._warm: dict[str, WarmRunner] = {}  # slot name -> the runner waiting for its next run
         self._warm_imports = warm_imports
         self._warm_starts: WarmStarts | None = None  # the Python commands' warm process, from the first one on
         self._keeper: Keeper | None = None  # the command runs' lifeline, from the first one on
@@ -75,8 +73,6 @@ class LocalLauncher(BaseLauncher):
 
     def close(self) -> None:
         """Discard the runners still waiting: the sweep is over."""
-        while self._warm:
-            self._warm.popitem()[1].discard()
         if self._warm_starts is not None:
             self._warm_starts.close()
             self._warm_starts = None
@@ -94,25 +90,11 @@ class LocalLauncher(BaseLauncher):
         try:
             launch = prepare_attempt(attempt, self._make_task)
             handle = LocalHandle(reports_outcome=not launch.direct, grace_period=self._grace_period)
-            warm = self._warm.pop(attempt.slot.name, None)
-            try:
-                adopted = (
-                    warm is not None and warm.fits(launch) and warm.hand_over(launch, paths, handle.exited_to(on_exit))
-                )
-            except OSError:  # the run's log cannot be opened: the run fails, and nothing waits for it
-                assert warm is not None
-                warm.discard()
-                raise
-            forked = None if warm is not None else self._forked(launch, attempt, handle.exited_to(on_exit), inherit)
-            if adopted:
-                assert warm is not None
-                handle.child = warm.child
-            elif forked is not None:
+            forked = self._forked(launch, attempt, handle.exited_to(on_exit), inherit)
+            if forked is not None:
                 handle.child = forked
                 handle.after_reap = self._learn_from(paths)
             else:
-                if warm is not None:
-                    warm.discard()
                 handle.child = Child(
                     launch.argv,
                     env=launch.env,
@@ -128,21 +110,19 @@ class LocalLauncher(BaseLauncher):
             log_launch_failure(paths, error)
             raise
         handle.pid = handle.child.pid
-        if self._prewarm and launch.preload is not None:
-            from .warm import WarmRunner
-
-            try:
-                self._warm[attempt.slot.name] = WarmRunner(attempt.slot, launch, launch.preload, inherit, self._reaper)
-            except OSError:
-                pass  # no warm runner: the slot's next run starts a fresh process, as without prewarm
         return handle
 
     def _forked(
         self, launch: Launch, attempt: Attempt, on_exit: Callable[[], None], inherit: tuple[int, ...]
     ) -> Child | None:
-        """A Python command's attempt forked from the warm process (None: it starts cold)."""
+        """A Python attempt (a GPUTask run, or a command running Python) forked from the warm process
+        (None: it starts cold)."""
         command = launch.command
-        if not self._prewarm or not command or not os.path.basename(command[0]).startswith("python"):
+        if not self._prewarm:
+            return None
+        if command is None and launch.spec_file is None:
+            return None
+        if command is not None and not (command and os.path.basename(command[0]).startswith("python")):
             return None  # (not imported for another program: a command sweep's start stays small)
         if self._warm_starts is None:
             from .zygote import WarmStarts

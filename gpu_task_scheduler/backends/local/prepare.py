@@ -61,7 +61,8 @@ def log_launch_failure(paths: RunPaths, error: BaseException) -> None:
 
 
 class Preload(NamedTuple):
-    """What a pre-warmed runner imports before its run is known (see ``warm.py``)."""
+    """What a Python run's task is: its module, or the script that defines it (``zygote.py`` leaves
+    it to the run to import, with the run's environment)."""
 
     module: str | None  # the task class's module, or None for a class in the user's __main__ script
     main_file: str | None  # that script, loaded under another name (its __main__ block does not run)
@@ -469,11 +470,6 @@ def prepare_attempt(attempt: Attempt, make_task: TaskFactory) -> Launch:
     )
 
 
-def runner_argv(preload: Preload, python: str = sys.executable) -> list[str]:
-    """A runner that imports what ``preload`` names, then waits for its run (``warm.py``)."""
-    return runner_argv_for("--warm", json.dumps(preload._asdict()), python)
-
-
 def runner_argv_for(mode: str, info: str, python: str = sys.executable) -> list[str]:
-    """Our runner in ``mode`` (``--warm``: ``warm.py``; ``--fork-server``: ``forkserver.py``)."""
+    """Our runner in ``mode`` (``--fork-server``: the warm process, ``forkserver.py``)."""
     return [python, "-c", _RUNNER_BOOT, mode, info]

@@ -42,7 +42,7 @@ _KNOWN_LIMIT = 1 << 16  # pids of other runs remembered by the stray scans (see 
 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 CWD_ENV = "GTS_CWD"  # where a command run's wrapper changes to (it is started where we are)
-CONTROL_ENV = "GTS_CONTROL_FD"  # a pre-warmed runner's control socket (runner.run_warm)
+CONTROL_ENV = "GTS_CONTROL_FD"  # the warm process's control socket (forkserver.serve)
 
 
 # Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
@@ -201,7 +201,7 @@ class Child:
         child = cls.__new__(cls)
         child.pid, child._lifeline, child.token, child._popen = pid, lifeline, token, None
         child.strays, child.unstoppable = [], []
-        child.stop_word = True
+        child.stop_word = True  # a command's: its success is recorded by itself, unless stopped
         os.set_blocking(lifeline, False)  # the stop word never waits on a full pipe
         child._follow(on_exit, reaper)
         return child

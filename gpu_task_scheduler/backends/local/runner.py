@@ -304,65 +304,6 @@ def _prepare_process() -> None:
     _watch_lifeline()
 
 
-# --- a pre-warmed runner ---------------------------------------------------------------
-
-
-def run_warm(preload: str) -> int:
-    """A runner started before its run is known: it imports what the run will need, then waits
-    on its control socket for the run's start record and log (``warm.py``). Until then it
-    touches no GPU and writes nothing; if the socket closes without a run, it just ends."""
-    import socket  # here: a cold runner does not pay for it
-
-    from .process import CONTROL_ENV
-
-    control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
-    _prepare_process()
-    _preload(json.loads(preload))
-    try:
-        message, fds, _, _ = socket.recv_fds(control, 65536, 1)
-    except OSError:
-        return EXIT_OK
-    finally:
-        control.close()
-    if not message or len(fds) != 1:
-        return EXIT_OK  # discarded
-    _output_to(fds[0])
-    try:
-        return _run(message.decode("utf-8", "surrogateescape"))
-    finally:
-        _report_leftovers()
-
-
-def _preload(info: dict[str, Any]) -> None:
-    """Import the task's module (or load the script that defines it) now, as the run would."""
-    sys.path[:0] = [entry for entry in info["sys_path"] if entry not in sys.path]
-    try:
-        if info["main_file"]:
-            _load_main_script(info["main_file"])
-        elif info["module"]:
-            importlib.import_module(info["module"])
-    except BaseException:  # the run's own load tries again and reports what goes wrong
-        sys.modules.pop(MAIN_ALIAS, None)
-
-
-def _output_to(log_fd: int) -> None:
-    """From now on stdout and stderr go to the run's log, after what was printed while warming up."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    try:
-        os.lseek(1, 0, os.SEEK_SET)
-        while chunk := os.read(1, 1 << 16):
-            os.write(log_fd, chunk)
-    except OSError:
-        pass  # what was printed before the run is lost, never the run's own output
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-
-
 def _told() -> dict[str, str]:
     """What early stopping told the run, for its outcome: ``{"pruned": cause}``, ``{"paused": cause}``."""
     pruned, paused = pruned_cause(), paused_cause()
@@ -409,8 +350,6 @@ def _run(spec_path: str) -> int:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--warm":
-        sys.exit(run_warm(sys.argv[2]))
     if len(sys.argv) == 3 and sys.argv[1] == "--fork-server":
         from .forkserver import become_run, serve
         from .process import CONTROL_ENV, LIFELINE_ENV

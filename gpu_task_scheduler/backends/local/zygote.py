@@ -1,19 +1,23 @@
-"""Warm starts of a sweep's Python commands: the scheduler's side (the warm process and the run it
+"""Warm starts of a sweep's Python runs: the scheduler's side (the warm process and the run it
 forks: ``forkserver.py``).
 
-A ``command:`` run whose program is this Python (the ``python`` its ``PATH`` finds is the
-interpreter running the scheduler, in the same folder: the same virtual environment) and whose
-first argument is a script or ``-m module`` is forked from the sweep's warm process instead of
-being started cold. Anything else starts cold, and the scheduler's log says why, once per reason:
-another interpreter, an interpreter option (``python -u``), a run environment that differs from the
-warm process's in something but the run's own variables, a warm process that refused to be forked
-from (a thread, a GPU driver), or one that is not ready yet.
+A ``GPUTask`` run, and a ``command:`` run whose program is this Python (the ``python`` its
+``PATH`` finds is the interpreter running the scheduler, in the same folder: the same virtual
+environment) and whose first argument is a script, ``-m module`` or ``-c code``, is forked from
+the sweep's warm process instead of being started cold. (This replaced the pre-started runner per
+slot, which paid the same imports, only earlier: no faster on 2 cores.) A GPUTask run's own
+module is imported by the run, with its environment, never by the warm process.
+
+Anything else starts cold, and the scheduler's log says why, once per reason: another
+interpreter, an interpreter option (``python -u``), a run environment that differs from the warm
+process's in what the scheduler inherited (not the run's own variables), a warm process that
+refused to be forked from (a thread, a GPU driver), or one that is not ready yet.
 
 What the warm process imports:
 
 * what ``prewarm: {imports: [...]}`` names, from the start;
-* what the sweep's forked runs imported from outside the user's folders, learned as each ends (its
-  ``.gts/imports.json``). When a run ended having imported modules the warm process lacks, a new
+* what the sweep's forked runs imported from outside the user's folders, learned at each one's first
+  ``report()`` and at its end (its ``.gts/imports.json``). When a run imported modules the warm process lacks, a new
   warm process with all of them is started beside it; it replaces the old one once it is ready
   (until then the old one forks). The list is kept in memory for the sweep: a sweep started again
   learns it again from its first runs, which are forked from a warm process that has imported
@@ -237,14 +241,32 @@ class WarmStarts:
     def start(
         self, launch: Launch, paths: RunPaths, token: str, on_exit: Callable[[], None], reaper: Reaper
     ) -> Child | None:
-        """``launch``'s command forked warm (a child of ours), or None: it starts cold (said why)."""
-        assert launch.command is not None
-        argv, why = script_argv(launch.command, launch.env, launch.cwd)
-        if argv is None:
-            self._say(why)
-            return None
-        env = shared_env(launch.env)
-        warm = self._warm(env, launch.cwd)
+        """``launch`` forked warm (a child of ours), or None: it starts cold (said why). A command:
+        its script (or ``-m``, ``-c``) runs as ``__main__``; a GPUTask run: our runner runs its
+        start record, as a cold runner would."""
+        if launch.command is not None:
+            argv, why = script_argv(launch.command, launch.env, launch.cwd)
+            if argv is None:
+                self._say(why)
+                return None
+            folders = {launch.cwd, os.path.dirname(os.path.join(launch.cwd, argv[0]))}
+            kind: dict[str, Any] = {
+                "argv": argv,
+                "outcome": {
+                    "file": launch.env["GTS_OUTCOME_FILE"],
+                    "token": token,
+                    "config_hash": launch.env.get("GTS_CONFIG_HASH", ""),
+                },
+            }
+        else:
+            assert launch.spec_file is not None
+            main_file = launch.preload.main_file if launch.preload is not None else None
+            folders = {launch.cwd, *([os.path.dirname(main_file)] if main_file else [])}
+            # The task's own module is never the warm process's: it is imported with the run's
+            # environment (its required_env), as a cold runner imports it.
+            module = launch.preload.module if launch.preload is not None else None
+            kind = {"runner": launch.spec_file, "parent": os.getpid(), "exclude": [module] if module else []}
+        warm = self._warm(shared_env(launch.env), launch.cwd)
         if warm is None:
             return None
         log = self._open_log(paths)
@@ -252,17 +274,12 @@ class WarmStarts:
         lifeline = min(set(range(3, 4 + len(self._inherit))) - set(self._inherit))  # beside the root's lock
         try:
             request = {
-                "argv": argv,
+                **kind,
                 "env": {**launch.env, TOKEN_ENV: token},
                 "cwd": launch.cwd,
                 "places": [1, lifeline, *self._inherit],
                 "lifeline": lifeline,
-                "outcome": {
-                    "file": launch.env["GTS_OUTCOME_FILE"],
-                    "token": token,
-                    "config_hash": launch.env.get("GTS_CONFIG_HASH", ""),
-                },
-                "user_folders": sorted({launch.cwd, os.path.dirname(os.path.join(launch.cwd, argv[0]))}),
+                "user_folders": sorted(folders),
                 "imports_file": os.path.join(paths.meta, IMPORTS_FILE),
             }
             pid = warm.fork(request, [log, read_end, *self._inherit])
@@ -274,9 +291,10 @@ class WarmStarts:
             self._say("the warm process failed to fork (a new one is started)")
             self._drop(warm)
             return None
-        os.set_blocking(write_end, False)
         self._running[paths.meta] = paths
-        return Child.adopted(pid, lifeline=write_end, token=token, on_exit=on_exit, reaper=reaper)
+        child = Child.adopted(pid, lifeline=write_end, token=token, on_exit=on_exit, reaper=reaper)
+        child.stop_word = launch.command is not None  # a runner handles its stop signals itself
+        return child
 
     def _open_log(self, paths: RunPaths) -> int:
         if paths.log:  # as for a cold start: no link followed, appended to

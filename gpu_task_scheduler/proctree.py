@@ -31,6 +31,7 @@ from collections.abc import Container, Iterable
 from .finite import ascii_int
 
 TOKEN_ENV = "GTS_RUN_TOKEN"
+WARM_ENV = "GTS_WARM"  # the mark of a warm process (backends/local/zygote.py), and so of its forks
 _PROC = "/proc"
 
 

@@ -50,7 +50,7 @@ with open(journal, "a") as handle:
 """
 
 
-@pytest.mark.parametrize("kind", ["python", "command", "warm-command", "stages"])
+@pytest.mark.parametrize("kind", ["python", "python-cold", "command", "warm-command", "stages"])
 def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_processes, kind):
     rng = random.Random(KILL_SEED)
     root, journal = in_tmp / "r", str(in_tmp / "journal")
@@ -62,6 +62,8 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(in_tmp, no_leaked_p
         scheduler_log_file_path=None,
     )
     task = "RecordTask"
+    if kind == "python-cold":  # the GPUTask runs started as fresh processes, as without warm starts
+        config["scheduler_config"]["prewarm"] = False
     if kind == "command":  # no Python in the run: the command wrapper records the success
         script = 'echo "start i-$1," >> "$0"; sleep 0.1; echo "end i-$1," >> "$0"'
         config["command"], task = ["sh", "-c", script, journal, "{i}"], "-"

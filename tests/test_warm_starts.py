@@ -131,10 +131,10 @@ def test_a_warm_process_that_started_a_thread_is_not_forked_from(in_tmp, monkeyp
 def test_a_warm_process_that_loaded_a_gpu_driver_is_not_forked_from(tmp_path, monkeypatch):
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54\n")
-    refused, _ = forkserver._unforkable(str(maps))
+    refused = forkserver.gpu_driver_loaded(str(maps))
     assert refused is not None and "libcuda.so" in refused
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libopenblas.so\n")
-    assert forkserver._unforkable(str(maps))[0] is None
+    assert forkserver.gpu_driver_loaded(str(maps)) is None
 
 
 @pytest.mark.parametrize(
@@ -212,3 +212,21 @@ def test_python_c_and_m_forked_see_what_cold_ones_see(in_tmp, monkeypatch, form)
     assert found[True]["i-1,"]["argv"][1:] == ["x", "1"] and found[True]["i-1,"]["name"] == "__main__"
     log = (in_tmp / "r-True" / "scheduler.log").read_text()
     assert "warm starts: a warm process imported" in log and "starts cold" not in log
+
+
+def test_numpy_and_torch_generators_are_seeded_afresh_in_each_fork(in_tmp):
+    """The warm process imported NumPy and PyTorch (and their generators were seeded there once):
+    two unseeded forked runs draw differently, as two cold starts do."""
+    pytest.importorskip("torch")
+    code = (
+        "import json, numpy, torch\n"
+        "print('PROBE ' + json.dumps({'numpy': float(numpy.random.random()), 'torch': torch.initial_seed(), "
+        "'forked': b'GTS_RUN_TOKEN=' not in open('/proc/self/environ', 'rb').read()}), flush=True)\n"
+    )
+    (in_tmp / "draw.py").write_text(code)
+    config = make_config(in_tmp / "r", [{"i": [0, 1]}], prewarm={"imports": ["numpy", "torch"]})
+    config["command"] = [sys.executable, "draw.py", "{i}"]
+    assert GPUTaskScheduler(config).start().ok
+    seen = _seen(in_tmp / "r")
+    assert all(run["forked"] for run in seen.values()) and len(seen) == 2
+    assert seen["i-0,"]["numpy"] != seen["i-1,"]["numpy"] and seen["i-0,"]["torch"] != seen["i-1,"]["torch"]

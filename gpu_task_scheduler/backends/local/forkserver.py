@@ -51,11 +51,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...proctree import descendants, kill_all, signal_on_parent_death
+from .process import LIFELINE_ENV, STOP_WORD
 
-STOP_WORD = b"S"  # written on a warm run's lifeline before its stop signal (process.Child.terminate)
 IMPORTS_FILE = "imports.json"  # in the run's .gts folder: what it imported (the next warm process's list)
 _FORKS_AT_MOST = 16  # descriptors a request carries
 
@@ -121,16 +122,24 @@ def _import_all(names: Any) -> tuple[list[str], list[str]]:
     return imported, failed
 
 
-def _unforkable(maps: str = "/proc/self/maps") -> tuple[str | None, int]:
-    """Why this process must not be forked from (None: it may), and its native threads."""
+def gpu_driver_loaded(maps: str = "/proc/self/maps") -> str | None:
+    """Why a process whose memory map is ``maps`` must not be forked from (a GPU driver), or None."""
     try:
         with open(maps, encoding="utf-8", errors="replace") as handle:
-            maps = handle.read()
+            mapped = handle.read()
     except OSError:
-        maps = ""
+        mapped = ""
     for library in ("libcuda.so", "libnvidia-ml.so"):
-        if library in maps:
-            return f"it loaded {library} (a GPU driver's state is not to be shared by a fork)", 0
+        if library in mapped:
+            return f"it loaded {library} (a GPU driver's state is not to be shared by a fork)"
+    return None
+
+
+def _unforkable() -> tuple[str | None, int]:
+    """Why this process must not be forked from (None: it may), and its native threads."""
+    driver = gpu_driver_loaded()
+    if driver is not None:
+        return driver, 0
     others = [thread for thread in threading.enumerate() if thread is not threading.main_thread()]
     if others:
         named = ", ".join(f"{thread.name!r} (from {_module_of(thread)})" for thread in others)
@@ -176,6 +185,7 @@ def _fork_twice() -> int:
         return -1
     if helper == 0:
         os.close(read_end)
+        _Run.helper = os.getpid()  # what the run's parent is until the scheduler adopts it
         try:
             run = os.fork()
         except OSError:
@@ -199,6 +209,7 @@ class _Run:
     lifeline = -1
     code: Any = 1  # the script's exit status as the interpreter will make it (0: success)
     stopped = False
+    helper = 0  # the process that forked this one (it exits at once; the scheduler adopts us then)
     ended = False  # the script has ended: its success is recorded at exit, whatever the lifeline says
     imports_file = ""
     outcome: dict[str, Any] = {}
@@ -208,10 +219,12 @@ class _Run:
     known: frozenset[str] = frozenset()
 
 
-def become_run(request: dict[str, Any]) -> None:
+def become_run(request: dict[str, Any], run_task: Callable[[str], int]) -> None:
     """In the forked run: take the cold start's process state, then run the command (``request``:
-    argv, env, cwd, the descriptors' places, the outcome to record). Returns only to raise what the
-    script raised, at the top of the program, so the interpreter ends it as a cold start's."""
+    argv, env, cwd, the descriptors' places, the outcome to record), or a GPUTask run's start record
+    through ``run_task`` (``runner.run``, passed in: this module does not import the runner).
+    Returns only to raise what the script raised, at the top of the program, so the interpreter
+    ends it as a cold start's."""
     os.setsid()
     runner = request.get("runner")  # a GPUTask run's start record: our runner runs it, as in a cold start
     _place_descriptors(request, blocking=runner is not None)
@@ -234,7 +247,7 @@ def become_run(request: dict[str, Any]) -> None:
 
     reporting._first_report = _told_imports  # by then the script has imported what it trains with
     if runner is not None:
-        _become_runner(request, runner)
+        _become_runner(request, runner, run_task)
     atexit.register(_at_exit)
     threading.Thread(target=_watch_lifeline, name="gts-lifeline", daemon=True).start()
     argv, base = request["argv"], request["sys_path"]
@@ -269,16 +282,14 @@ def _fresh_main() -> Any:
     return main
 
 
-def _become_runner(request: dict[str, Any], spec_path: str) -> None:
+def _become_runner(request: dict[str, Any], spec_path: str, run: Callable[[str], int]) -> None:
     """A GPUTask run: the runner's own start (runner.run: its stop signals, its lifeline, its
     outcome), once the scheduler is this process's parent (the kernel's parent-death signal the
     runner asks for is about the parent then, not the helper that forked it)."""
-    from .process import LIFELINE_ENV
-    from .runner import run
-
-    deadline = time.monotonic() + 10.0
-    while os.getppid() != request["parent"] and time.monotonic() < deadline:
+    while os.getppid() == _Run.helper:
         time.sleep(0.001)  # the helper exits right after the fork: a few microseconds
+    if os.getppid() != request["parent"]:
+        os._exit(1)  # the scheduler died before it adopted this run: nothing is to run
     os.environ[LIFELINE_ENV] = str(request["lifeline"])
     sys.argv = ["-c", spec_path]
     sys.path[:] = request["runner_path"]
@@ -383,7 +394,7 @@ def _read_lifeline() -> bytes | None:
         return None
     except OSError:
         data = b""
-    if STOP_WORD in data:
+    if STOP_WORD in data:  # written on the lifeline before the stop signal (process.Child.terminate)
         _Run.stopped = True
     return data
 
@@ -448,6 +459,10 @@ def _told_imports() -> None:
 
 def _write_imports() -> None:
     from ...records.paths import atomic_write
+
+    folder = os.path.dirname(_Run.imports_file)
+    if os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
+        return  # the run's records folder is a link it planted: nothing is written through it
 
     names = []
     for name, module in list(sys.modules.items()):

@@ -43,6 +43,7 @@ _KNOWN_LIMIT = 1 << 16  # pids of other runs remembered by the stray scans (see 
 LIFELINE_ENV = "GTS_LIFELINE_FD"
 CWD_ENV = "GTS_CWD"  # where a command run's wrapper changes to (it is started where we are)
 CONTROL_ENV = "GTS_CONTROL_FD"  # the warm process's control socket (forkserver.serve)
+STOP_WORD = b"S"  # written on a warm command run's lifeline before its stop signal (forkserver.py)
 
 
 # Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
@@ -296,8 +297,6 @@ class Child:
         """SIGTERM to the run's group and to its processes outside the group (a warm run is told
         first, so that it does not record a success: its command's wrapper traps the signal)."""
         if self.stop_word and self._lifeline >= 0:
-            from .forkserver import STOP_WORD
-
             try:
                 os.write(self._lifeline, STOP_WORD)
             except OSError:

@@ -360,7 +360,7 @@ def main() -> None:
         request = serve(int(os.environ.pop(CONTROL_ENV)), info, own)
         if request is None:
             sys.exit(EXIT_OK)
-        become_run(request)  # a forked run: the script's end, exception or exit is the interpreter's
+        become_run(request, run)  # a forked run: the script's end, exception or exit is the interpreter's
         return
     if len(sys.argv) != 2:
         print(

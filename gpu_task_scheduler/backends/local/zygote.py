@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...proctree import TOKEN_ENV, _prctl
+from ...proctree import TOKEN_ENV, WARM_ENV, _prctl
 from ...records.paths import RunPaths, open_regular
 from .forkserver import IMPORTS_FILE
 from .prepare import Launch, runner_argv_for
@@ -112,7 +112,7 @@ class WarmProcess:
             with tempfile.TemporaryFile() as output:  # what its imports print: each run's log starts with it
                 self.child = Child(
                     runner_argv_for("--fork-server", "{}"),
-                    env=env,
+                    env={**env, WARM_ENV: "1"},  # what finds its forks in /proc (their token is not there)
                     cwd=cwd,
                     log_path=None,
                     on_exit=self._exited,
@@ -337,6 +337,8 @@ class WarmStarts:
         warm process lacks start a new one with them."""
         if ended:
             self._running.pop(paths.meta, None)
+        if os.path.islink(paths.meta) or os.path.islink(paths.work_dir):
+            return  # a link the run planted: its file is not read through it
         try:
             fd = open_regular(os.path.join(paths.meta, IMPORTS_FILE))
             with os.fdopen(fd, "rb") as handle:

@@ -98,7 +98,7 @@ class SweepLock:
             return "unknown"
 
     def _take_over_from_leftovers(self, fd: int) -> None:
-        from ...proctree import TOKEN_ENV, environ_has, holders, kill_all, wait_gone
+        from ...proctree import TOKEN_ENV, WARM_ENV, environ_has, holders, kill_all, wait_gone
 
         holder = self.holder()
         busy = SchedulerBusyError(
@@ -119,7 +119,8 @@ class SweepLock:
         others: list[int] = []
         for signals, wait in (((signal.SIGCONT, signal.SIGTERM), self._leftover_timeout), ((signal.SIGKILL,), 5.0)):
             processes = holders(self._paths.root)
-            ours = [p for p in processes if environ_has(p, TOKEN_ENV)]
+            # A run forked warm shows its warm process's first environment: its mark, not a token.
+            ours = [p for p in processes if environ_has(p, TOKEN_ENV) or environ_has(p, WARM_ENV)]
             others = [p for p in processes if p not in ours]
             if ours:
                 logger.warning(

@@ -112,8 +112,9 @@ class Runs(Store):
         )
 
     def set_pid(self, name: str, pid: int) -> None:
-        """The running attempt's process (the leader of its process group)."""
-        self._write("UPDATE runs SET pid = ? WHERE name = ?", (pid, name))
+        """The running attempt's process (the leader of its process group), started now: its
+        duration counts from here, not from before a wait for its warm process (zygote.py)."""
+        self._write("UPDATE runs SET pid = ?, started_at = ? WHERE name = ?", (pid, self._clock(), name))
 
     def set_node(self, name: str, node: str, pid: int, since: float = 0.0) -> None:
         """The machine the running attempt runs on, and its process there, which started ``since``

@@ -126,6 +126,11 @@ class Running:
             self.feeds.watch(active.spec, active.paths)
         if self.stopper is not None:
             self.stopper.watch(active.spec, active.paths, active.resume_step)
+            if self.stopper.owes_a_look(active.spec.name):
+                # An earlier attempt's reports not judged yet (its scheduler was killed first): judged
+                # at once, not at the next look, so that what they decide (a late exploit) reaches
+                # the run before it trains on past them (a warm start reports within milliseconds).
+                self._next_look = self._clock()
 
     def exiting(self, active: Active) -> None:
         """``active``'s process ended: what it reported last (its event files' last records, fed now)

@@ -164,6 +164,11 @@ class Stopper:
                     if step <= resume_step and rule.metric in metrics:
                         curve.add(step, metrics[rule.metric], rule)
 
+    def owes_a_look(self, name: str) -> bool:
+        """Whether ``name`` has points of an earlier attempt waiting to be judged (its backlog)."""
+        watched = self._watched.get(name)
+        return watched is not None and bool(watched.backlog)
+
     def look(self, name: str) -> Verdict | None:
         """Read what ``name`` reported since the last look; the verdict that stops it, if one does
         (written to the ledger, not yet committed)."""

@@ -281,9 +281,16 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def become_subreaper() -> bool:
-    """Make this process adopt its orphaned descendants (Linux); False where that is not possible."""
-    return _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+def become_subreaper(on: bool = True) -> bool:
+    """Make this process adopt its orphaned descendants (Linux), or no longer (``on`` False); False
+    where that is not possible."""
+    return _prctl(36, int(on))  # PR_SET_CHILD_SUBREAPER
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent of process ``pid``, or None if it is gone."""
+    info = _stat(pid)
+    return None if info is None else info[0]
 
 
 def signal_on_parent_death(signum: int) -> bool:

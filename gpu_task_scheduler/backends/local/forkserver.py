@@ -50,12 +50,11 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from ...proctree import descendants, kill_all, signal_on_parent_death
-from .process import LIFELINE_ENV, STOP_WORD
+from .process import ADOPTED_WORD, LIFELINE_ENV, STOP_WORD
 
 IMPORTS_FILE = "imports.json"  # in the run's .gts folder: what it imported (the next warm process's list)
 _FORKS_AT_MOST = 16  # descriptors a request carries
@@ -185,7 +184,6 @@ def _fork_twice() -> int:
         return -1
     if helper == 0:
         os.close(read_end)
-        _Run.helper = os.getpid()  # what the run's parent is until the scheduler adopts it
         try:
             run = os.fork()
         except OSError:
@@ -209,7 +207,6 @@ class _Run:
     lifeline = -1
     code: Any = 1  # the script's exit status as the interpreter will make it (0: success)
     stopped = False
-    helper = 0  # the process that forked this one (it exits at once; the scheduler adopts us then)
     ended = False  # the script has ended: its success is recorded at exit, whatever the lifeline says
     imports_file = ""
     outcome: dict[str, Any] = {}
@@ -284,12 +281,8 @@ def _fresh_main() -> Any:
 
 def _become_runner(request: dict[str, Any], spec_path: str, run: Callable[[str], int]) -> None:
     """A GPUTask run: the runner's own start (runner.run: its stop signals, its lifeline, its
-    outcome), once the scheduler is this process's parent (the kernel's parent-death signal the
-    runner asks for is about the parent then, not the helper that forked it)."""
-    while os.getppid() == _Run.helper:
-        time.sleep(0.001)  # the helper exits right after the fork: a few microseconds
-    if os.getppid() != request["parent"]:
-        os._exit(1)  # the scheduler died before it adopted this run: nothing is to run
+    outcome). The scheduler is this process's parent by now (its first byte on the lifeline said
+    so), so the parent-death signal the runner asks for is about the scheduler."""
     os.environ[LIFELINE_ENV] = str(request["lifeline"])
     sys.argv = ["-c", spec_path]
     sys.path[:] = request["runner_path"]
@@ -361,6 +354,10 @@ def _place_descriptors(request: dict[str, Any], *, blocking: bool = False) -> No
                 pass
     _Run.lifeline = request["lifeline"]
     os.set_inheritable(_Run.lifeline, False)
+    # Nothing runs before the scheduler says it made this process its child (its first byte); end
+    # of file instead: it died first, and nothing is to run.
+    if os.read(_Run.lifeline, len(ADOPTED_WORD)) != ADOPTED_WORD:
+        os._exit(1)
     os.set_blocking(_Run.lifeline, blocking)  # a runner's lifeline thread blocks on it
     if request.get("output"):
         os.write(1, request["output"])
@@ -424,10 +421,7 @@ def _at_exit() -> None:
         code = _Run.code
         if (code is None or code == 0) and not _Run.stopped:
             _record_success()
-    try:
-        _write_imports()
-    except (OSError, ValueError):
-        pass
+    _told_imports()
 
 
 def _record_success() -> None:
@@ -463,7 +457,6 @@ def _write_imports() -> None:
     folder = os.path.dirname(_Run.imports_file)
     if os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
         return  # the run's records folder is a link it planted: nothing is written through it
-
     names = []
     for name, module in list(sys.modules.items()):
         if name in _Run.known or name == "__main__" or module is None:

@@ -44,6 +44,14 @@ LIFELINE_ENV = "GTS_LIFELINE_FD"
 CWD_ENV = "GTS_CWD"  # where a command run's wrapper changes to (it is started where we are)
 CONTROL_ENV = "GTS_CONTROL_FD"  # the warm process's control socket (forkserver.serve)
 STOP_WORD = b"S"  # written on a warm command run's lifeline before its stop signal (forkserver.py)
+ADOPTED_WORD = b"A"  # the first byte on a warm run's lifeline: the scheduler has made it its child
+
+
+def open_log(log_path: str | None) -> int:
+    """A run's log opened for its output (appended to; no link followed), or /dev/null for none."""
+    if log_path:
+        return open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
 # Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
@@ -154,12 +162,7 @@ class Child:
         self.strays: list[int] = []  # processes of the run found outside its group, and stopped
         self.unstoppable: list[int] = []  # ... and those that could not be stopped
         # The run folder was checked; O_NOFOLLOW and a regular-file check close the gap to now.
-        if output is not None:
-            log = os.dup(output)
-        elif log_path:
-            log = open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        else:
-            log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        log = os.dup(output) if output is not None else open_log(log_path)
         self._popen: subprocess.Popen | None = None
         try:
             self.pid = _spawn(list(argv), env, cwd, log, placed, inherit_fds)

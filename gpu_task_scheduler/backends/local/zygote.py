@@ -50,11 +50,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...proctree import TOKEN_ENV, WARM_ENV, _prctl
+from ...proctree import TOKEN_ENV, WARM_ENV, become_subreaper, parent_of
 from ...records.paths import RunPaths, open_regular
 from .forkserver import IMPORTS_FILE
 from .prepare import Launch, runner_argv_for
-from .process import Child
+from .process import ADOPTED_WORD, Child, open_log
 from .reaper import Reaper
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -183,7 +183,7 @@ class WarmProcess:
     def fork(self, request: dict[str, Any], fds: list[int]) -> int | None:
         """The forked run's pid (now our child), or None (the warm process failed: start cold)."""
         data = json.dumps(request).encode("utf-8", "surrogateescape")
-        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the run, orphaned by the helper, becomes our child
+        become_subreaper()  # the run, orphaned by the helper, becomes our child
         try:
             try:
                 socket.send_fds(self._control, [data], fds)
@@ -192,13 +192,13 @@ class WarmProcess:
                 return None
             answer = self._line(FORK_WAIT)
         finally:
-            _prctl(36, 0)
+            become_subreaper(False)
         pid = answer.get("pid") if answer else None
         if not isinstance(pid, int) or pid <= 0:
             if answer is None:
                 self.dead = True
             return None
-        if _parent_of(pid) != os.getpid():  # not ours after all (no subreaper here): it must not run
+        if parent_of(pid) != os.getpid():  # not ours after all (no subreaper here): it must not run
             try:
                 os.killpg(pid, 9)
             except OSError:
@@ -210,15 +210,6 @@ class WarmProcess:
         self._control.close()
         self.child.kill()
         self.child.reap()
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            text = handle.read()
-        return int(text[text.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class WarmStarts:
@@ -265,11 +256,11 @@ class WarmStarts:
             # The task's own module is never the warm process's: it is imported with the run's
             # environment (its required_env), as a cold runner imports it.
             module = launch.preload.module if launch.preload is not None else None
-            kind = {"runner": launch.spec_file, "parent": os.getpid(), "exclude": [module] if module else []}
+            kind = {"runner": launch.spec_file, "exclude": [module] if module else []}
         warm = self._warm(shared_env(launch.env), launch.cwd)
         if warm is None:
             return None
-        log = self._open_log(paths)
+        log = open_log(paths.log)
         read_end, write_end = os.pipe()
         lifeline = min(set(range(3, 4 + len(self._inherit))) - set(self._inherit))  # beside the root's lock
         try:
@@ -291,15 +282,11 @@ class WarmStarts:
             self._say("the warm process failed to fork (a new one is started)")
             self._drop(warm)
             return None
+        os.write(write_end, ADOPTED_WORD)  # it runs from here on (a new pipe: the write cannot block)
         self._running[paths.meta] = paths
         child = Child.adopted(pid, lifeline=write_end, token=token, on_exit=on_exit, reaper=reaper)
         child.stop_word = launch.command is not None  # a runner handles its stop signals itself
         return child
-
-    def _open_log(self, paths: RunPaths) -> int:
-        if paths.log:  # as for a cold start: no link followed, appended to
-            return open_regular(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        return os.open(os.devnull, os.O_WRONLY)
 
     def _warm(self, env: dict[str, str], cwd: str) -> WarmProcess | None:
         """The warm process to fork from now (started, or swapped for a readier one, here)."""

@@ -14,6 +14,11 @@ POINT, in the order an exploit goes (engine/pauses.py):
 * ``committed``: the member's new attempt committed with the exploit's ``resumed`` event;
 * ``prepared``: the new attempt's folder prepared (its log rotated), its process about to start.
 
+And for any pausing method (PBT's exploits and turns, promotion ASHA's rungs), on any backend:
+
+* ``pausing``: a pause committed to the ledger, the run not yet told (a pool's run then waits at
+  its report for its word, on its node, while no scheduler runs).
+
 Before it dies it writes ``{"point": ..., "name": ...}`` (the member) to NOTE.
 """
 
@@ -24,11 +29,12 @@ import sys
 
 from gpu_task_scheduler.backends.local import prepare
 from gpu_task_scheduler.cli.main import main
-from gpu_task_scheduler.engine import pauses
+from gpu_task_scheduler.engine import pauses, running
 from gpu_task_scheduler.records import checkpoints
 from gpu_task_scheduler.records.ledger import Ledger
 from gpu_task_scheduler.records.paths import RunPaths
 from gpu_task_scheduler.records.resume import last_step
+from gpu_task_scheduler.records.status import RunStatus
 from gpu_task_scheduler.tuning.pbt import EXPLOIT
 
 POINT = NOTE = ""  # set by main()
@@ -76,6 +82,15 @@ def resuming(self, spec):
     return original_resuming(self, spec)
 
 
+original_halt = running.Running._halt
+
+
+def halt(self, active, status, cause, marker):
+    if POINT == "pausing" and status is RunStatus.PAUSED:
+        die(active.spec.name)
+    return original_halt(self, active, status, cause, marker)
+
+
 def _if_member(name):
     return name if exploiting and name == exploiting[0] else None
 
@@ -85,6 +100,7 @@ if __name__ == "__main__":  # imported (pytest's doctest collection), it changes
     after(pauses.Pauses, "reached", "", _decided)
     after(Ledger, "commit", "decided", lambda args, kwargs, result: decided[0] if decided else None)
     pauses.Pauses.resuming = resuming
+    running.Running._halt = halt
     after(checkpoints, "install", "installed", lambda args, kwargs, result: exploiting[0] if exploiting else None)
     after(pauses, "go_on_from", "set-aside", lambda args, kwargs, result: exploiting[0] if exploiting else None)
     after(Ledger, "mark_running", "committed", lambda args, kwargs, result: _if_member(kwargs["name"]))

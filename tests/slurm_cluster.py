@@ -1,6 +1,7 @@
 """A Slurm cluster of the tests' own: munged, slurmctld and one slurmd per node on this machine,
 each node with four GPUs declared as GRES on dummy character devices (Slurm then sets
-CUDA_VISIBLE_DEVICES per job). Needs Debian's slurm-wlm and root (slurmd runs jobs as their users);
+CUDA_VISIBLE_DEVICES per job) and its tasks bound to the CPUs Slurm gave them (task/affinity).
+Needs Debian's slurm-wlm and root (slurmd runs jobs as their users);
 the Slurm tests skip with the reason where it cannot start.
 
 Several nodes on one machine: each node is a slurmd of its own, started with ``slurmd -N NAME``
@@ -101,7 +102,13 @@ class SlurmCluster:
             f"SlurmctldLogFile={d}/log/slurmctld.log",
             f"SlurmdLogFile={d}/log/slurmd{'-%n' if several else ''}.log",
             "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            # Tasks are bound to the CPUs Slurm allocated them, as on most clusters (task/affinity; a
+            # cluster with task/cgroup confines them the same way): a job that asks for 1 CPU runs on
+            # one core. Of the 8 CPUs a node declares, those this machine has bind for real (a mask
+            # of CPUs it lacks leaves the task on every CPU, as without binding), and a step of one
+            # task asking more CPUs than this machine has cannot be laid out ("Unable to layout
+            # tasks"): the pool's whole-node step is `srun --whole` of one task, which can.
+            "TaskPlugin=task/affinity",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "GresTypes=gpu",

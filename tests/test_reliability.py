@@ -183,6 +183,25 @@ def test_a_run_whose_attempt_a_cluster_still_runs_is_left_to_be_followed(in_tmp)
         )
 
 
+def test_a_followed_attempt_went_on_from_the_step_recorded_at_its_start_not_from_where_it_is(in_tmp):
+    """An attempt a restarted scheduler follows (it still runs on a cluster) went on from the step
+    recorded when it started (``went_on_from``), not from its last report (``last_step``, where the
+    next attempt goes on from): taken for the latter, its earlier reports read as trained again and
+    its report at a PBT interval as a late one, never judged (a pool sweep waited 120 s on it)."""
+    from gpu_task_scheduler.records.paths import RunPaths
+    from gpu_task_scheduler.records.resume import last_step, note_resume, went_on_from
+
+    paths = RunPaths(str(in_tmp / "r" / "lr-1.0,"), None)
+    note_resume(paths, None)
+    os.makedirs(paths.meta)
+    assert went_on_from(paths) is None and last_step(paths) is None  # a first attempt: from step 0
+    with open(paths.metrics, "w") as handle:
+        handle.writelines(json.dumps({"step": step, "loss": 1 / step}) + "\n" for step in range(1, 9))
+    assert went_on_from(paths) is None and last_step(paths) == 8
+    note_resume(paths, 4.0)  # an attempt that went on from step 4 and has reported up to 8 since
+    assert went_on_from(paths) == 4 and last_step(paths) == 8
+
+
 def test_a_new_ledger_is_created_without_syncs_and_then_commits_as_any_other(in_tmp):
     """Creating a ledger syncs nothing (it holds nothing a power loss could take); from then on, and
     when it is opened again, it commits with synchronous=NORMAL like every ledger (1 in SQLite's terms)."""

@@ -8,11 +8,13 @@ nothing is left in Slurm's queue or the pool's folders.
 
 The fault battery runs one seed per fault in the suite; ``GTS_POOL_SEEDS=5`` runs five."""
 
+import contextlib
 import json
 import os
 import random
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 
@@ -614,6 +616,21 @@ def _said(folder):
 
 
 @pool_only
+def test_the_test_slurm_confines_a_job_to_the_cpus_it_was_given(slurm_pool):
+    """The stand-in enforces what a real cluster does (task/affinity): a job of 1 CPU runs on one
+    core, so an allocation that asked for too few CPUs would crowd its runs there and the test
+    below would see it. A job of 2 CPUs runs on two."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU here: no binding can be seen")
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    one = slurm_pool.run("srun", "-N1", "-n1", "-c1", sys.executable, "-c", show).stdout
+    two = slurm_pool.run("srun", "-N1", "-n1", "-c2", sys.executable, "-c", show).stdout
+    assert len(json.loads(one)) == 1, one
+    assert len(json.loads(two)) == 2, two
+
+
+@pool_only
 def test_an_allocation_holds_its_whole_node_and_each_run_has_cpus_of_its_own(slurm_pool, in_tmp, no_leaked_processes):
     """R3: an allocation asked Slurm for 1 CPU and ran 8 runs there, all on one core where Slurm
     binds tasks. Now it holds its node whole (every CPU, all memory), and its
@@ -712,6 +729,97 @@ def test_a_pools_runs_are_read_from_their_tensorboard_files_through_a_driver_kil
             json.loads(line)["step"] for line in (results / name / ".gts" / "metrics.jsonl").read_text().splitlines()
         ]
         assert steps == sorted(set(steps)) and steps[-1] == 6, (name, steps)
+
+
+def _pausing_sweep(folder, method):
+    """The PBT example's stand-in training (examples/pbt_schedule.py: it saves each step and exits
+    with an error when its checkpoint is not of the step it resumes from), 4 configurations of 16
+    steps in a pool of 2 nodes x 2 slots, under PBT or promotion ASHA."""
+    judged = {"metric": "score", "mode": "max"}
+    config = yaml.safe_load(write_sweep(folder, 0, 0, 0, node_failure_retries=2).read_text())
+    script = os.path.join(os.path.dirname(HERE), "examples", "pbt_schedule.py")
+    config["command"] = [sys.executable, script, "--lr", "{lr}", "--steps", "16", "--seconds", "0.1"]
+    config["command"] += ["--out", "{work_dir}"]
+    config["test_config"] = [{"lr": [1.0, 0.37, 0.14, 0.052]}]
+    if method == "pbt":
+        config["pbt"] = {**judged, "interval": 4, "quantile": 0.25, "perturb": {"lr": [0.5, 2.0]}, "max_step": 16}
+    else:
+        asha = {"method": "asha", "promotion": True, "min_step": 4, "max_step": 16, "reduction_factor": 2}
+        config["early_stop"] = {**judged, **asha}
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+PAUSING = ("exploit", "yield", "snapshot+yield", "pause")  # decisions that pause a run (PBT's, ASHA's)
+
+
+def _trial_events(root):
+    if not (root / ".gts" / "ledger.sqlite3").exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{root / '.gts' / 'ledger.sqlite3'}?mode=ro", uri=True)) as db:
+        return db.execute("SELECT name, kind, rung, decision FROM trial_events ORDER BY seq").fetchall()
+
+
+@pool_only
+@pytest.mark.parametrize("method", ["pbt", "promotion-asha"])
+def test_pbt_and_promotion_asha_in_a_pool_go_on_through_a_driver_kill(slurm_pool, in_tmp, no_leaked_processes, method):
+    """Runs that pause and resume (a PBT exploit, an ASHA promotion) as new attempts in a pool: the
+    driver is SIGKILLed once it decided a pause, before it told the run (tests/pbt_kill_driver.py),
+    and started again. Every exploit decided
+    is made once, no copy breaks PBT's rule or is left half-made, a promoted run goes on from the
+    step it paused at (none trained twice), and the script found the checkpoint of the step it
+    resumed from at every start (it fails otherwise)."""
+    from test_pbt_sweep import copy_faults_of
+
+    from gpu_task_scheduler.records.metrics import attempt_files, read_all
+    from gpu_task_scheduler.records.paths import RunPaths
+
+    path = _pausing_sweep(in_tmp, method)
+    root = in_tmp / "results"
+    note = in_tmp / "killed.json"  # the driver dies once a pause is committed, before the run is told
+    driver = [sys.executable, os.path.join(HERE, "pbt_kill_driver.py"), "pausing", str(note), "run", str(path)]
+    process = subprocess.Popen([*driver, "--plain"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    outputs = [finish(process, timeout=120)]
+    assert process.returncode == -signal.SIGKILL, outputs[0]
+    held = json.loads(note.read_text())["name"]
+    process = gts("run", path, "--plain")
+    outputs.append(finish(process, timeout=240))
+    assert process.returncode == 0, "\n".join(outputs)
+    rows = ledger_rows(root)
+    steps = {name: [] for name in rows}
+    for name in rows:
+        for file in attempt_files(RunPaths(str(root / name), None)):
+            steps[name] += [step for step, _ in read_all(file, keep_points=True).points or []]
+    paused = {}  # each resume follows one decision that paused the run
+    for name, kind, rung, decision in _trial_events(root):
+        if decision in PAUSING:
+            assert name not in paused, f"{name}: {decision} at {rung} before it resumed"
+            paused[name] = decision
+        elif kind == "resumed":
+            assert paused.pop(name, None) is not None, f"{name} resumed without a decision"
+    if method == "pbt":
+        assert not paused, f"exploits never made: {paused}"
+        assert {row["status"] for row in rows.values()} == {"succeeded"}, rows
+        assert all(found[-1] == 16 for found in steps.values()), steps
+        assert copy_faults_of(root) == []
+    else:
+        assert all(found == sorted(set(found)) for found in steps.values()), steps  # no step twice
+        for name, row in rows.items():  # the asynchronous promotions' count depends on the order of reports
+            assert (row["status"], steps[name][-1]) in {("paused", 4), ("paused", 8), ("succeeded", 16)}, (rows, steps)
+        assert 16 in [found[-1] for found in steps.values()], steps
+    for name in rows:
+        meta = root / name / ".gts"
+        assert not (meta / "checkpoint.new").exists() and not (meta / "checkpoint.old").exists(), name
+    # An attempt the restarted driver followed went on from the step recorded at its start, not from
+    # where it was at the restart: taken for the latter, it "reported again" every earlier step, and
+    # its report at an interval was taken for a late one, left unjudged while it waited for its word.
+    said = (root / "scheduler.log").read_text()
+    assert "but reported step" not in said
+    # The pause decided before the kill, which the run was never told (it waited at its report for
+    # its word, on its node): carried out on it by the next start, which followed it.
+    assert f"{held} pauses: " in said and "(decided before the scheduler restarted)" in said, said
+    assert slurm_pool.jobs() == []
 
 
 FAULTS = ["scancel", "requeue", "node-down", "agent-sigkill", "driver-sigkill"]

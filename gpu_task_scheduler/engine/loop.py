@@ -34,7 +34,7 @@ from ..records.ledger import Ledger
 from ..records.ledger.lock import SweepLock
 from ..records.paths import RootPaths, RunPaths
 from ..records.prior import settle_running
-from ..records.resume import last_step, note_resume
+from ..records.resume import last_step, note_resume, went_on_from
 from ..records.status import RunStatus
 from ..sweep.expand import Sweep
 from .changes import settle_changes
@@ -215,12 +215,14 @@ class Scheduler:
     def _launch(self, item: Pending, slot_index: int, need: Need) -> None:
         spec, slot = item.spec, self.setup().slots[slot_index]
         paths = RunPaths(spec.work_dir, self.options.log_file)
-        resume_step = resume_from(item, paths)
-        item.tries += 1
         live = self._launcher.live_attempt(spec.name) if self._abilities.adopts else None
         token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice
-        if live is not None:
+        if live is not None:  # it went on from the step recorded at its start, not from where it is now
             logger.info("%s: following its attempt that is still queued or running on the cluster", spec.name)
+            resume_step = went_on_from(paths)
+        else:
+            resume_step = resume_from(item, paths)
+        item.tries += 1
         number = self._records.starting(spec, slot, token, queued=self._abilities.cluster_slots)
         key = next(self._keys)
         try:

@@ -428,8 +428,9 @@ class Pauses:
             self.ended(ended)
         return spec, copying.rung, copying.step, decision, copying.original
 
-    def pause_cause(self, name: str, rung: float, value: float | list[float]) -> str:
-        """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies."""
+    def pause_cause(self, name: str, rung: float, value: float | list[float] | None) -> str:
+        """Why ``name`` pauses at ``rung``: a promotion it waits for, or the member it copies (``value``:
+        its value there; None: not known here, a pause decided before a restart)."""
         stage = self._stage_of[name]
         method = self._methods[stage]
         # several objectives: each one's value there
@@ -443,8 +444,10 @@ class Pauses:
                 "the population trains together)"
             )
         changed = ", ".join(f"{key} {how}" for key, how in sorted(exploit.changed.items())) or "its values kept"
+        shown = value_words(there)
         return (
-            f"exploits {exploit.donor} at step {exploit.step:g} ({value_words(there)} at step {rung:g}, {changed}): "
+            f"exploits {exploit.donor} at step {exploit.step:g} ({shown}{' ' if shown else ''}at step {rung:g}, "
+            f"{changed}): "
             "it resumes from a copy of that member's checkpoint"
         )
 

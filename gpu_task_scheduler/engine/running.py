@@ -126,7 +126,11 @@ class Running:
             self.feeds.watch(active.spec, active.paths)
         if self.stopper is not None:
             self.stopper.watch(active.spec, active.paths, active.resume_step)
-            if self.stopper.owes_a_look(active.spec.name):
+            held = self.stopper.held(active.spec.name)
+            if held is not None:  # a followed attempt its method paused before a restart: paused now
+                logger.info("%s pauses: %s", active.spec.name, held.cause)
+                self._halt(active, RunStatus.PAUSED, held.cause, active.paths.pause)
+            elif self.stopper.owes_a_look(active.spec.name):
                 # An earlier attempt's reports not judged yet (its scheduler was killed first): judged
                 # at once, not at the next look, so that what they decide (a late exploit) reaches
                 # the run before it trains on past them (a warm start reports within milliseconds).

@@ -226,6 +226,11 @@ class Starts:
     def _skipped(self, item: Pending, capacity: Capacity) -> bool:
         spec = item.spec
         if self._pauses is not None and (rung := self._pauses.paused_at(spec.name)) is not None:
+            record = self._records.ledger.get(spec.name)
+            if record is not None and record.status is RunStatus.RUNNING:
+                # An attempt of an earlier start still runs on a cluster (settle_running left it so),
+                # told to pause before that start was killed: followed, and paused (Stopper.held).
+                return False
             reason = f"it is paused at rung {rung:g}; it resumes if it is promoted"
             prior = read_prior(spec, self._known)
             self._records.skipped(spec, prior, Decision("skip", reason, "paused"), capacity.free_slot_name())

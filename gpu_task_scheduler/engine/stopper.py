@@ -164,6 +164,20 @@ class Stopper:
                     if step <= resume_step and rule.metric in metrics:
                         curve.add(step, metrics[rule.metric], rule)
 
+    def held(self, name: str) -> Verdict | None:
+        """The pause ``name``'s method holds it in, when an attempt of it starts all the same: one of an
+        earlier start that a restarted scheduler follows (it still runs on a cluster), told to pause
+        (a rung, an exploit, a turn) before that scheduler was killed, its end not heard. The pause
+        is carried out on it now; its method resumes it as any paused run once it ended so. Its
+        reports are judged no more (they were, before the kill)."""
+        watched = self._watched.get(name)
+        rung = self.pauses.paused_at(name) if watched is not None and isinstance(watched.rule, Pausing) else None
+        if watched is None or rung is None:
+            return None
+        watched.stopped = True
+        cause = self.pauses.pause_cause(name, rung, None)
+        return Verdict(True, rung, float("nan"), f"{cause} (decided before the scheduler restarted)", rung, True)
+
     def owes_a_look(self, name: str) -> bool:
         """Whether ``name`` has points of an earlier attempt waiting to be judged (its backlog)."""
         watched = self._watched.get(name)

@@ -42,6 +42,17 @@ def last_step(paths: RunPaths) -> float | None:
     return read_step(os.path.join(paths.meta, RESUMED_FROM))
 
 
+def went_on_from(paths: RunPaths) -> float | None:
+    """The step the run's current attempt went on from, as recorded at its start (None: step 0). For
+    an attempt of an earlier start that a restarted scheduler follows (it still runs on a cluster):
+    its metrics file holds what it reported since, so :func:`last_step` would say where it *is*,
+    and an attempt taken to have resumed there reports "again" every step before it, and its
+    reports there are taken for late ones (no judgement; a run waiting for one waits in vain)."""
+    if paths.unsafe() is not None:
+        return None
+    return read_step(os.path.join(paths.meta, RESUMED_FROM))
+
+
 def note_resume(paths: RunPaths, step: float | None) -> None:
     """Record the step the attempt about to start goes on from (none: it starts afresh)."""
     marker = os.path.join(paths.meta, RESUMED_FROM)

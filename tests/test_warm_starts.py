@@ -96,6 +96,22 @@ def test_what_the_runs_import_is_learned_and_later_runs_start_with_it(in_tmp, mo
     assert "warm starts: a warm process with the" in log
 
 
+def test_a_sweep_started_again_recalls_what_its_runs_imported(in_tmp):
+    """What a run imported stays in its folder (.gts/imports.json): started again (here: forced), the
+    sweep's first warm process imports it ahead, so its very first run finds it imported."""
+    config = _probe(in_tmp, runs=2, slots=("cpu",))
+    assert GPUTaskScheduler(config).start().ok
+    assert "fractions" not in _seen(in_tmp / "r")["i-0,"]["preloaded"]  # learned only from this run
+    config["scheduler_config"]["force_rerun"] = True
+    assert GPUTaskScheduler(config).start().ok
+    seen = _seen(in_tmp / "r")
+    assert all("fractions" in seen[name]["preloaded"] and seen[name]["forked"] for name in seen), seen
+    log = (in_tmp / "r" / "scheduler.log").read_text()
+    assert "module(s) the runs imported before are imported ahead" in log
+    # The fork wrote what it imported this time (the file read at its start was removed first).
+    assert "fractions" in json.loads((in_tmp / "r" / "i-0," / ".gts" / "imports.json").read_text())
+
+
 def test_a_module_of_the_users_folder_is_never_preloaded_so_an_edit_counts(in_tmp):
     config = _probe(in_tmp, runs=2, slots=("cpu",), prewarm={"imports": ["helper_of_probe"]})
     config["test_config"] = [{"i": [0]}]

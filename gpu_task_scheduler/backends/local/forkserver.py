@@ -214,6 +214,7 @@ class _Run:
     user_folders: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()  # modules never learned (a GPUTask's own), with their submodules
     known: frozenset[str] = frozenset()
+    preloaded: tuple[str, ...] = ()  # what the warm process was told to import: in the file too
 
 
 def become_run(request: dict[str, Any], run_task: Callable[[str], int]) -> None:
@@ -238,6 +239,7 @@ def become_run(request: dict[str, Any], run_task: Callable[[str], int]) -> None:
     _Run.outcome = request.get("outcome", {})
     _Run.user_folders = tuple(os.path.realpath(folder) for folder in request["user_folders"])
     _Run.known = frozenset(sys.modules)
+    _Run.preloaded = tuple(name for name in request.get("preloaded", ()) if isinstance(name, str))
     _Run.exclude = tuple(request.get("exclude", ()))
     _Run.imports_file = request["imports_file"]
     from ... import reporting
@@ -457,9 +459,12 @@ def _write_imports() -> None:
     folder = os.path.dirname(_Run.imports_file)
     if os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
         return  # the run's records folder is a link it planted: nothing is written through it
+    # What the run imports, whole: those the warm process was told (asked for, learned from earlier
+    # runs) and the run's own; a sweep started again recalls it (zygote.WarmStarts).
+    told = set(_Run.preloaded)
     names = []
     for name, module in list(sys.modules.items()):
-        if name in _Run.known or name == "__main__" or module is None:
+        if (name in _Run.known and name not in told) or name == "__main__" or module is None:
             continue
         if any(name == own or name.startswith(own + ".") for own in _Run.exclude):
             continue

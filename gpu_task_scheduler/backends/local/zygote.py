@@ -19,9 +19,10 @@ What the warm process imports:
 * what the sweep's forked runs imported from outside the user's folders, learned at each one's first
   ``report()`` and at its end (its ``.gts/imports.json``). When a run imported modules the warm process lacks, a new
   warm process with all of them is started beside it; it replaces the old one once it is ready
-  (until then the old one forks). The list is kept in memory for the sweep: a sweep started again
-  learns it again from its first runs, which are forked from a warm process that has imported
-  only the runner.
+  (until then the old one forks). The list is kept in memory for the sweep, and each run's file
+  stays in its folder: a sweep started again (after a kill, a Ctrl-C, to resume paused runs)
+  recalls what a run imported before as it starts it again, so its first warm process already
+  has the modules of the runs it resumes. New runs of a sweep that grew are learned from again.
 
 The modules of the user's folders (the working folder, the script's) are never imported by it: a
 script, or a module beside it, edited during a sweep runs as edited.
@@ -38,6 +39,7 @@ to read, and is left).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -212,6 +214,21 @@ class WarmProcess:
         self.child.reap()
 
 
+def _imports_of(paths: RunPaths) -> list[str] | None:
+    """The modules a forked run of ``paths`` said it imported (its ``.gts/imports.json``); None where
+    there is no such file, or it is no list, or it lies behind a link the run planted (never read
+    through one)."""
+    if os.path.islink(paths.meta) or os.path.islink(paths.work_dir):
+        return None
+    try:
+        fd = open_regular(os.path.join(paths.meta, IMPORTS_FILE))
+        with os.fdopen(fd, "rb") as handle:
+            names = json.loads(handle.read(1 << 22) or b"[]")
+    except (OSError, ValueError):
+        return None
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else None
+
+
 class WarmStarts:
     """The sweep's warm processes, and the forks of its Python commands (the local launcher's)."""
 
@@ -257,6 +274,7 @@ class WarmStarts:
             # environment (its required_env), as a cold runner imports it.
             module = launch.preload.module if launch.preload is not None else None
             kind = {"runner": launch.spec_file, "exclude": [module] if module else []}
+        self._recall(paths)
         warm = self._warm(shared_env(launch.env), launch.cwd)
         if warm is None:
             return None
@@ -272,6 +290,7 @@ class WarmStarts:
                 "lifeline": lifeline,
                 "user_folders": sorted(folders),
                 "imports_file": os.path.join(paths.meta, IMPORTS_FILE),
+                "preloaded": list(warm.imports),
             }
             pid = warm.fork(request, [log, read_end, *self._inherit])
         finally:
@@ -324,23 +343,34 @@ class WarmStarts:
         warm process lacks start a new one with them."""
         if ended:
             self._running.pop(paths.meta, None)
-        if os.path.islink(paths.meta) or os.path.islink(paths.work_dir):
-            return  # a link the run planted: its file is not read through it
-        try:
-            fd = open_regular(os.path.join(paths.meta, IMPORTS_FILE))
-            with os.fdopen(fd, "rb") as handle:
-                names = json.loads(handle.read(1 << 22) or b"[]")
-        except (OSError, ValueError):
+        names = _imports_of(paths)
+        if names is None:
             return
         self._running.pop(paths.meta, None)
-        if not isinstance(names, list):
-            return
         known = set(self._imports)
-        new = [name for name in names if isinstance(name, str) and name not in known]
+        new = [name for name in names if name not in known]
         if not new or self._current is None:
             return
         self._imports.extend(new)
         self._refresh()
+
+    def _recall(self, paths: RunPaths) -> None:
+        """What a run about to start imported in an earlier start (its file stays in its folder): a
+        sweep started again forks it, and the runs after it, from a warm process that has those
+        modules, instead of learning them again from its first runs. The file is then removed: the
+        fork writes what it imports this time (at its first report, which the loop looks for)."""
+        names = _imports_of(paths)
+        if names is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(paths.meta, IMPORTS_FILE))  # not behind a link: _imports_of checked
+        known = set(self._imports)
+        new = [name for name in names if name not in known]
+        if new:
+            if self._current is None:
+                logger.info("warm starts: %d module(s) the runs imported before are imported ahead", len(new))
+            self._imports.extend(new)
+            self._refresh()
 
     def _refresh(self) -> None:
         """A new warm process with every module learned, unless one is warming already (it is not

@@ -277,6 +277,44 @@ def test_an_attempt_that_ended_while_no_scheduler_watched_is_fed_whole_at_its_en
     assert [line["step"] for line in lines(paths_metrics)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_an_attempt_that_ended_unwatched_and_is_settled_at_the_start_is_fed_before_its_end_is_recorded(tmp_path):
+    """A pool's attempt that ran to its end after its driver was killed, whose end the next start
+    reads before it runs anything (settle_running: the run is not followed, it is over): what it
+    logged after the dead driver's last look is fed before its end and summary are recorded. Seen
+    in a loaded run of the suite: every run of a pool sweep was recorded succeeded at step 1 of 6,
+    and its later scalars were never fed, since it ran no more."""
+    from gpu_task_scheduler.engine.loop import unwatched_ends_fed
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.paths import RootPaths, RunPaths
+    from gpu_task_scheduler.records.prior import settle_running
+    from gpu_task_scheduler.records.protocol import Outcome
+
+    run_dir = tmp_path / "i-0,"
+    (run_dir / ".gts").mkdir(parents=True)
+    (run_dir / "tb" / "a").mkdir(parents=True)
+    paths = RunPaths(str(run_dir), None)
+    (run_dir / ".gts" / "config.json").write_text(json.dumps({"i": 0, "tb": "a"}))
+    with Ledger(RootPaths(str(tmp_path))) as ledger:
+        ledger.mark_running(name="i-0,", run_index=0, config_hash="h", slot="pool0", token="t1", work_dir=str(run_dir))
+        events = [(step, {"loss": 1 / step}) for step in range(1, 7)]
+        _event_file(run_dir / "tb" / "a" / "events.out.tfevents.1", events)
+        with open(paths.metrics, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({"step": 1, "loss": 1.0}) + "\n")  # fed before the driver died
+        Outcome("succeeded", token="t1", config_hash="h").write(paths.outcome)
+        config = {
+            "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path)},
+            "global_config": {"tb": "a"},  # the folder's template fills from the run's folder's config
+            "metrics": {"tensorboard": "{work_dir}/tb/{tb}"},
+            "command": ["true"],
+            "test_config": [{"i": [0]}],
+        }
+        settle_running(ledger, None, None, unwatched_ends_fed(Sweep(config)))
+        record = ledger.get("i-0,")
+        assert record.status.value == "succeeded"
+        assert json.loads(record.metrics)["loss"]["step"] == 6
+    assert [line["step"] for line in lines(paths.metrics)] == [1, 2, 3, 4, 5, 6]
+
+
 @pytest.mark.parametrize(
     ("metrics", "error"),
     [

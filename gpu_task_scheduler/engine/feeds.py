@@ -14,10 +14,12 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from ..finite import finite_number
+from ..records.ledger.record import RunRecord
 from ..records.metrics import latest
-from ..records.paths import RunPaths
+from ..records.paths import RunPaths, read_json
 from ..records.tensorboard import EventFeed
 from ..sweep.expand import RunSpec
 from ..sweep.metrics_source import TensorBoardSource
@@ -25,6 +27,49 @@ from ..sweep.metrics_source import TensorBoardSource
 INTERVAL = 0.25  # seconds between looks at the fed runs' event files
 
 logger = logging.getLogger("gpu_task_scheduler")
+
+
+def _feed(
+    source: TensorBoardSource, name: str, values: dict[str, Any], paths: RunPaths, started: float | None
+) -> EventFeed | None:
+    """The feed of run ``name``'s TensorBoard folder (``values`` fill its template) into its metrics
+    file, for its attempt handed over at ``started`` (None: unknown; from now)."""
+    from ..sweep.templates import fill
+
+    try:
+        folder = fill(source.folder, values)
+    except (KeyError, IndexError, AttributeError, ValueError) as error:
+        logger.warning("%s: metrics: tensorboard %r cannot be filled in (%s)", name, source.folder, error)
+        return None
+    folder = os.path.join(os.getcwd(), folder)  # a relative one, as the run sees it: from the launcher's folder
+    feed = EventFeed(folder, source.wants, paths.metrics, started=started if finite_number(started) else None)
+    # An attempt with metrics already is one a restarted scheduler follows again (a cluster's), or
+    # one that ended unwatched: fed up to its last line (read from their start, its files would feed
+    # those steps twice).
+    fed_before = latest(paths.metrics)
+    if fed_before is not None:
+        feed.resume_after(fed_before[0])
+    return feed
+
+
+def feed_unwatched_end(source: TensorBoardSource, record: RunRecord) -> None:
+    """A run's attempt that ended while no scheduler watched it (one on a cluster, settled at the next
+    start: ``records/prior.settle_running``): what it logged since the last look of the scheduler
+    that died is fed into its metrics file before its end is recorded, as a watched run's last
+    look is. Its values come from its folder's config (written at its start)."""
+    if not record.work_dir:
+        return
+    paths = RunPaths(record.work_dir, None)
+    if paths.unsafe(records_only=True) is not None:
+        return
+    config = read_json(paths.config)
+    values = {**(config if isinstance(config, dict) else {}), "work_dir": record.work_dir, "run_name": record.name}
+    values["run_index"] = record.run_index
+    feed = _feed(source, record.name, values, paths, record.started_at)
+    if feed is None:
+        return
+    Feeds._look(record.name, _Fed(feed))
+    feed.close()
 
 
 class _Fed:
@@ -44,27 +89,13 @@ class Feeds:
 
     def watch(self, spec: RunSpec, paths: RunPaths) -> None:
         """``spec``'s attempt started: its TensorBoard folder is fed into its metrics file from now on."""
-        from ..sweep.templates import fill
-
         values = {**spec.config, "work_dir": spec.work_dir, "run_name": spec.name, "run_index": spec.index}
-        try:
-            folder = fill(self._source.folder, values)
-        except (KeyError, IndexError, AttributeError, ValueError) as error:
-            logger.warning(
-                "%s: metrics: tensorboard %r cannot be filled in (%s)", spec.name, self._source.folder, error
-            )
-            return
-        folder = os.path.join(os.getcwd(), folder)  # a relative one, as the run sees it: from the launcher's folder
         # Its files are those written since it was handed over: for an attempt a restarted scheduler
         # follows again, that is before this start, and one that ended while no scheduler watched
         # (its end read before any word of its start) is still read whole at finish().
-        started = self._started_of(spec.name)
-        feed = EventFeed(folder, self._source.wants, paths.metrics, started=started if finite_number(started) else None)
-        # An attempt with metrics already is one a restarted scheduler follows again (a cluster's):
-        # fed up to its last line (its files read from their start would feed those steps twice).
-        fed_before = latest(paths.metrics)
-        if fed_before is not None:
-            feed.resume_after(fed_before[0])
+        feed = _feed(self._source, spec.name, values, paths, self._started_of(spec.name))
+        if feed is None:
+            return
         with self._lock:
             self._fed[spec.name] = _Fed(feed)
             if self._thread is None or not self._thread.is_alive():

@@ -32,6 +32,7 @@ from ..records.known import RootIndex
 from ..records.lease import LeaseTerms
 from ..records.ledger import Ledger
 from ..records.ledger.lock import SweepLock
+from ..records.ledger.record import RunRecord
 from ..records.paths import RootPaths, RunPaths
 from ..records.prior import settle_running
 from ..records.resume import last_step, note_resume, went_on_from
@@ -116,7 +117,7 @@ class Scheduler:
                         # An attempt a cluster still runs is followed; one that holds a lease is over first.
                         terms = LeaseTerms(self.options.lease_interval, self.options.grace_period)
                         live = self._launcher.live_attempt if self._abilities.adopts else None
-                        settle_running(ledger, live, terms)
+                        settle_running(ledger, live, terms, unwatched_ends_fed(self.sweep))
                         # What runs at once: a search asks no more ahead, a larger population takes turns.
                         at_once = self._abilities.runs_at_once
                         self.sweep.parallel = at_once or len(capacity.slots) * max(1, self.options.max_runs_per_gpu)
@@ -303,6 +304,17 @@ class Scheduler:
             self._starts.settle(active.spec, end.status, end.cause)
 
     # --- stopping -----------------------------------------------------------------
+
+
+def unwatched_ends_fed(sweep: Sweep) -> Callable[[RunRecord], None] | None:
+    """For a sweep whose runs' metrics are their TensorBoard files: what an attempt that ended while no
+    scheduler watched logged after the last look is fed before its end is recorded at the start."""
+    if sweep.tensorboard is None:
+        return None
+    from .feeds import feed_unwatched_end
+
+    source = sweep.tensorboard
+    return lambda record: feed_unwatched_end(source, record)
 
 
 def resume_from(item: Pending, paths: RunPaths) -> float | None:

@@ -11,7 +11,7 @@ from ..errors import DamagedRecordError
 from .known import RootIndex
 from .lease import LeaseTerms, wait_all_over
 from .ledger import Ledger
-from .ledger.record import KnownRun
+from .ledger.record import KnownRun, RunRecord
 from .metrics import read_all
 from .paths import RunPaths, name_problem
 from .protocol import Outcome
@@ -88,7 +88,10 @@ def _check_recorded(name: str, work_dir: str | None) -> None:
 
 
 def settle_running(
-    ledger: Ledger, live: Callable[[str], str | None] | None = None, terms: LeaseTerms | None = None
+    ledger: Ledger,
+    live: Callable[[str], str | None] | None = None,
+    terms: LeaseTerms | None = None,
+    before_end: Callable[[RunRecord], None] | None = None,
 ) -> None:
     """Runs a killed scheduler left marked ``running``: succeeded (their folder records it), pruned (the
     early_stop rule had stopped them), paused (a pausing method had paused them), or interrupted.
@@ -101,7 +104,10 @@ def settle_running(
     A run recorded ``interrupted`` is looked at again when its attempt's own record in its folder
     (the outcome file, with that attempt's token) says it succeeded: an attempt on a cluster outlives
     the scheduler that started it, and an earlier start may have settled it while it still ran
-    (then been killed before following it). Its success is its end; run again, it would run twice."""
+    (then been killed before following it). Its success is its end; run again, it would run twice.
+
+    ``before_end(record)``: called before such a run's end is recorded (what it reported is read
+    then): the TensorBoard feed's last look at an attempt that ended while no scheduler watched."""
     records = ledger.unsettled()
     for record in records:
         _check_recorded(record.name, record.work_dir)
@@ -125,6 +131,8 @@ def settle_running(
         outcome = Outcome.read(paths.outcome, token=record.token) if safe and record.token else None
         if not running and (outcome is None or not outcome.succeeded):
             continue  # interrupted, and nothing since says otherwise
+        if safe and before_end is not None:
+            before_end(record)
         metrics = read_all(paths.metrics).summary_json() if safe else None  # what it reported before it ended
         pruned = ledger.stop_verdict(record.name)
         paused = ledger.pause_verdict(record.name)

@@ -66,7 +66,10 @@ def test_a_forked_run_sees_what_a_cold_start_sees(in_tmp, monkeypatch, no_leaked
     cold, warm = runs[False], runs[True]
     assert sorted(cold) == sorted(warm) == [f"i-{i}," for i in range(4)]
     assert all(seen["forked"] for seen in warm.values()) and not any(seen["forked"] for seen in cold.values())
-    assert all(seen["preloaded"] == ["decimal"] for seen in warm.values())  # imported by the warm process
+    # Imported by the warm process; a later run may have `fractions` too: the first runs' imports are
+    # learned, and under load the warm process that has them can be ready before the last run starts.
+    assert all(seen["preloaded"] in (["decimal"], ["decimal", "fractions"]) for seen in warm.values()), warm
+    assert warm["i-0,"]["preloaded"] == ["decimal"]
     assert all(seen["preloaded"] == [] for seen in cold.values())
     for name in cold:  # the same, but where each was made (its folder) and its random draw
         same = {key for key in cold[name] if key not in ("cwd", "path0", "file", "random", "forked", "preloaded")}

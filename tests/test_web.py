@@ -441,6 +441,26 @@ def test_the_page_and_the_report_draw_each_members_values_over_the_steps_and_whe
         page.close()
 
 
+def test_the_runs_table_is_not_built_again_while_nothing_in_it_changes(in_tmp, served, browser):
+    """The page asks for the runs every second. Built anew each time, the table took a keyboard user's
+    focus every second, and under load a click that came as it was replaced landed on a box the
+    page had just made (the markup test below failed so: "clicking the checkbox did not change its
+    state"). A sweep that is over keeps its rows, their focus and their ticks."""
+    root, _ = make_root(in_tmp)
+    url, _ = served([root])
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 6")
+    page.evaluate("document.querySelector('#runs tbody input').dataset.mark = 'the same element'")
+    page.locator("#runs tbody input[type=checkbox]").first.check()
+    page.focus("#runs tbody input")
+    for _ in range(2):  # two more refreshes of the runs
+        with page.expect_response(lambda response: "/api/runs" in response.url, timeout=10_000):
+            pass
+    assert page.evaluate("document.activeElement.dataset.mark") == "the same element"
+    assert page.evaluate("document.querySelector('#runs tbody input').checked") is True
+
+
 def test_values_that_look_like_markup_are_text_in_every_chart(in_tmp, served, browser):
     """Plotly reads pseudo-HTML in its strings: a value <a href=...> was a live link in a legend and
     <b> made text bold. Every string given to it is escaped, so each shows as the text it is."""

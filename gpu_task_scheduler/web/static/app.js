@@ -166,7 +166,15 @@ function columnsOf(runs) {
   return [...FIRST.filter((k) => seen.has(k)), ...middle, ...LAST.filter((k) => seen.has(k))];
 }
 
-function drawRuns(page) {
+// What the table shows: it is built again only when that changes (or the best runs were ticked for
+// the user). Built anew every second, it took a keyboard user's focus, and a click that came as it
+// was replaced landed on a box the page had just made.
+let shownRuns = "";
+
+function drawRuns(page, ticked = false) {
+  const shown = JSON.stringify([state.root, state.sort, state.desc, page]);
+  if (shown === shownRuns && !ticked) return;
+  shownRuns = shown;
   const runs = page.runs;
   const columns = columnsOf(runs);
   state.paramNames = columns.filter((c) => !FIRST.includes(c) && !LAST.includes(c) && !c.startsWith("result") && !c.startsWith("metrics."));
@@ -555,7 +563,7 @@ async function refresh() {
     const page = await get("/api/runs", params);
     drawRuns(page);
     const ticked = await chooseDefaults(overview);
-    if (ticked) drawRuns(page);  // the best runs' boxes, ticked
+    if (ticked) drawRuns(page, true);  // the best runs' boxes, ticked
     await drawLog();
     await drawCharts(ticked);
     if (state.tick % 2 === 0) drawTimeline(await get("/api/timeline"));

@@ -218,11 +218,9 @@ class Scheduler:
         paths = RunPaths(spec.work_dir, self.options.log_file)
         live = self._launcher.live_attempt(spec.name) if self._abilities.adopts else None
         token = live or os.urandom(16).hex()  # a live attempt of an earlier start is followed, not run twice
-        if live is not None:  # it went on from the step recorded at its start, not from where it is now
+        if live is not None:
             logger.info("%s: following its attempt that is still queued or running on the cluster", spec.name)
-            resume_step = went_on_from(paths)
-        else:
-            resume_step = resume_from(item, paths)
+        resume_step = resume_from(item, paths, following=live is not None)
         item.tries += 1
         number = self._records.starting(spec, slot, token, queued=self._abilities.cluster_slots)
         key = next(self._keys)
@@ -317,10 +315,14 @@ def unwatched_ends_fed(sweep: Sweep) -> Callable[[RunRecord], None] | None:
     return lambda record: feed_unwatched_end(source, record)
 
 
-def resume_from(item: Pending, paths: RunPaths) -> float | None:
+def resume_from(item: Pending, paths: RunPaths, *, following: bool = False) -> float | None:
     """The step ``item``'s attempt about to start goes on from, recorded in its folder (None: from
     step 0): an attempt that goes on from an earlier one's checkpoint, the step that one reported
-    last; a population-based training member that copied another's checkpoint, that one's step."""
+    last; a population-based training member that copied another's checkpoint, that one's step.
+    ``following``: the attempt is an earlier start's, still live on a cluster: the step recorded at
+    its start, not where it is now (nothing is recorded again)."""
+    if following:
+        return went_on_from(paths)
     step = item.resume_step
     if step is None and (item.resume or item.tries):
         step = last_step(paths)

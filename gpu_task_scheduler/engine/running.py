@@ -128,8 +128,7 @@ class Running:
             self.stopper.watch(active.spec, active.paths, active.resume_step)
             held = self.stopper.held(active.spec.name)
             if held is not None:  # a followed attempt its method paused before a restart: paused now
-                logger.info("%s pauses: %s", active.spec.name, held.cause)
-                self._halt(active, RunStatus.PAUSED, held.cause, active.paths.pause)
+                self._pause(active, held.cause)
             elif self.stopper.owes_a_look(active.spec.name):
                 # An earlier attempt's reports not judged yet (its scheduler was killed first): judged
                 # at once, not at the next look, so that what they decide (a late exploit) reaches
@@ -190,14 +189,17 @@ class Running:
             _tell(active, active.paths.judged, repr(rung))
         for active, verdict in verdicts:
             if verdict.pause:
-                logger.info("%s pauses: %s", active.spec.name, verdict.cause)
-                self._halt(active, RunStatus.PAUSED, verdict.cause, active.paths.pause)
+                self._pause(active, verdict.cause)
             else:
                 from .stopper import cause_of
 
                 cause = cause_of(verdict)
                 logger.info("%s is stopped early: %s", active.spec.name, cause)
                 self._halt(active, RunStatus.PRUNED, cause, active.paths.pruned)
+
+    def _pause(self, active: Active, cause: str) -> None:
+        logger.info("%s pauses: %s", active.spec.name, cause)
+        self._halt(active, RunStatus.PAUSED, cause, active.paths.pause)
 
     def _halt(self, active: Active, status: RunStatus, cause: str, marker: str) -> None:
         """Stop (``PRUNED``) or pause (``PAUSED``) a run: a Python run's next report() raises Pruned or

@@ -37,9 +37,7 @@ def last_step(paths: RunPaths) -> float | None:
     if paths.unsafe() is not None:
         return None
     found = latest(paths.metrics)
-    if found is not None:
-        return found[0]
-    return read_step(os.path.join(paths.meta, RESUMED_FROM))
+    return found[0] if found is not None else went_on_from(paths)
 
 
 def went_on_from(paths: RunPaths) -> float | None:

@@ -592,9 +592,10 @@ def test_a_run_waiting_for_a_machine_counts_as_queued_and_its_clock_starts_on_it
         assert row["duration"] == pytest.approx(20.0)  # 10 s before the look, 10 s after: not the 20 s queued
 
 
-def _share_sweep(folder, runs, together, gpu, pool, **slurm):
+def _share_sweep(folder, runs, together, gpu, pool, scheduler=None, **slurm):
     config = {
         "scheduler_config": {
+            **(scheduler or {}),
             "gpu": gpu,
             "result_root_folder": str(folder / "results"),
             "backend": "slurm",
@@ -650,6 +651,43 @@ def test_an_allocation_holds_its_whole_node_and_each_run_has_cpus_of_its_own(slu
     shares = [tuple(entry["cpus"]) for entry in said.values()]
     assert all(len(share) == per_run for share in shares) and len(set(shares)) == runs, said  # none shared
     assert {entry["threads"] for entry in said.values()} == {str(per_run)}, said
+
+
+@pool_only
+@pytest.mark.parametrize("prewarm", [{"imports": ["decimal"]}, False], ids=["warm", "cold"])
+def test_a_pools_python_runs_fork_from_a_warm_process_of_their_node_on_cpus_of_their_own(
+    slurm_pool, in_tmp, no_leaked_processes, prewarm
+):
+    """An agent forks each Python run from a warm process of its node (prewarm, as a local sweep
+    does): the run finds what the warm process imported already there, runs as ``__main__`` with its
+    own arguments, is the agent's child, and is bound to its own CPUs with OMP_NUM_THREADS to
+    match, as a cold start is. ``prewarm: false``: every run starts a fresh Python."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU here: no share of its own can be seen")
+    # Runs 0 and 1 at once (each waits for the other's word), run 2 after one of them ended: its
+    # start comes after a run's thread in the agent is gone, which must not take the warm process.
+    path = _share_sweep(
+        in_tmp, 3, 2, ["cpu"], {"nodes": 1, "slots_per_node": 2}, {"prewarm": prewarm}, cpus_per_run=1
+    )
+    process = gts("run", path, "--plain")
+    output = finish(process, timeout=120)
+    assert process.returncode == 0, output
+    said = _said(in_tmp)
+    assert sorted(said) == ["0", "1", "2"], said
+    assert all(entry["argv"][0] == name and entry["main"] == "__main__" for name, entry in said.items()), said
+    assert all(len(entry["cpus"]) == 1 for entry in said.values()), said
+    assert said["0"]["cpus"] != said["1"]["cpus"], said  # at once: none shared
+    assert {entry["threads"] for entry in said.values()} == {"1"}, said
+    files = PoolFiles(str(in_tmp / "results"))
+    outputs = "".join(open(os.path.join(files.jobs, name)).read() for name in os.listdir(files.jobs))
+    if prewarm:
+        assert all(entry["preloaded"] for entry in said.values()), said
+        assert all("backends.slurm.agent" in entry["parent"] for entry in said.values()), said  # the agent's child
+        assert "warm starts: a warm process imported 1 module(s)" in outputs, outputs
+        assert "starts cold" not in outputs, outputs
+    else:
+        assert not any(entry["preloaded"] for entry in said.values()), said
+        assert "warm process" not in outputs, outputs
 
 
 @pool_only

@@ -10,7 +10,7 @@ import pytest
 from conftest import marked_pids
 from helpers import ledger_rows, make_config
 
-from gpu_task_scheduler import GPUTaskScheduler
+from gpu_task_scheduler import GPUTask, GPUTaskScheduler
 from gpu_task_scheduler.backends.local import forkserver
 from gpu_task_scheduler.backends.local.zygote import script_argv
 
@@ -247,3 +247,30 @@ def test_numpy_and_torch_generators_are_seeded_afresh_in_each_fork(in_tmp):
     seen = _seen(in_tmp / "r")
     assert all(run["forked"] for run in seen.values()) and len(seen) == 2
     assert seen["i-0,"]["numpy"] != seen["i-1,"]["numpy"] and seen["i-0,"]["torch"] != seen["i-1,"]["torch"]
+
+
+class _ThreadsTask(GPUTask):
+    """Prints the size of PyTorch's CPU thread pool; its environment asks for one thread."""
+
+    def required_env(self):
+        return {"OMP_NUM_THREADS": "1"}
+
+    def main(self):
+        import torch
+
+        forked = b"GTS_RUN_TOKEN=" not in open("/proc/self/environ", "rb").read()
+        print("PROBE " + json.dumps({"threads": torch.get_num_threads(), "forked": forked}), flush=True)
+
+
+@pytest.mark.parametrize("prewarm", [{"imports": ["torch"]}, False], ids=["warm", "cold"])
+def test_a_forked_runs_torch_uses_the_threads_its_environment_asks_for(in_tmp, prewarm):
+    """PyTorch reads OMP_NUM_THREADS when it is imported: a cold run that asks for one thread (its
+    required_env; a pool's agent sets it to the run's share of CPUs) gets one. The warm process
+    imported torch without it, so a fork sizes torch's pool from the run's environment again."""
+    torch = pytest.importorskip("torch")
+    if torch.get_num_threads() < 2:
+        pytest.skip("one thread here already: the size cannot be seen to change")
+    config = make_config(in_tmp / "r", [{"i": [0]}], prewarm=prewarm)
+    assert GPUTaskScheduler(config, _ThreadsTask).start().ok
+    (seen,) = _seen(in_tmp / "r").values()
+    assert seen == {"threads": 1, "forked": bool(prewarm)}, seen

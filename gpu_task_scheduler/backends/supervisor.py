@@ -8,7 +8,8 @@ does with its run is the same, and is here:
   the directory the sweep was started from);
 * :func:`start_run`: the run's process, as the local backend starts it
   (:class:`~.local.process.Child`: its own session, its log, the lifeline that
-  ends the run if the supervisor dies);
+  ends the run if the supervisor dies), forked from the node's warm process
+  where the supervisor keeps one (:class:`NodeWarmStarts`: a pool's agent);
 * :func:`keep_lease`: the attempt's lease (``records/lease.py``), renewed after
   each word from the scheduler that the attempt is still wanted; the run is
   stopped (SIGTERM, the grace period, SIGKILL) once there has been no such word
@@ -22,15 +23,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..engine.launcher import Attempt
 from ..records.lease import LeaseHolder, LeaseTerms
+from ..records.paths import RunPaths
 from .local.keeper import Keeper
 from .local.keeper import available as keeper_available
 from .local.launcher import LocalHandle
-from .local.prepare import Launch
+from .local.prepare import Launch, Preload, warm_candidate
 from .local.process import Child
+from .local.reaper import REAPER
 
 # The scheduler's word on an attempt: whether it is still wanted (raises when there is no answer;
 # the argument is how many seconds an answer may take).
@@ -53,6 +57,10 @@ def remote_run(attempt: Attempt, launch: Launch, grace_period: float) -> dict[st
         "work_dir": os.path.abspath(attempt.spec.work_dir),
         "config_file": os.path.abspath(paths.config),
         "lease": os.path.abspath(paths.lease),
+        # What a warm start needs (a pool's agent forks Python runs from a warm process of its node).
+        "command": launch.command,
+        "spec_file": launch.spec_file,
+        "preload": None if launch.preload is None else [launch.preload.module, launch.preload.main_file],
     }
 
 
@@ -72,10 +80,45 @@ def cannot_run(run: Mapping[str, Any], node: str) -> str | None:
     return None
 
 
-def start_run(run: Mapping[str, Any], gpus: str, cpus: tuple[int, ...] = ()) -> tuple[LocalHandle, threading.Event]:
+class NodeWarmStarts:
+    """The warm starts of one machine's supervisor that starts many attempts, each from a thread of
+    its own (a pool's agent): the local backend's (``local/zygote.py``: a warm process that has
+    imported what the runs import, never touched a GPU, forked per attempt). An array task starts
+    one attempt and keeps none: a warm process would only pay the imports first.
+
+    Every call runs on one thread of its own, which lives as long as this object: a warm process
+    asks for a signal at its parent's death, and Linux sends it when the *thread* that started it
+    ends (a run's thread would take the warm process with it). Its forks become children of the
+    process (a subreaper's children go to its first thread), as locally."""
+
+    def __init__(self, imports: tuple[str, ...], *, ready_wait: float) -> None:
+        from .local.zygote import WarmStarts
+
+        self._warm = WarmStarts(REAPER, (), imports, ready_wait=ready_wait)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gts-warm")
+
+    def start(
+        self, launch: Launch, paths: RunPaths, token: str, on_exit: Callable[[], None], cpus: tuple[int, ...]
+    ) -> Child | None:
+        """The attempt forked warm (a child of this process), or None: it starts cold (the log says why)."""
+        if not warm_candidate(launch):
+            return None
+        return self._thread.submit(self._warm.start, launch, paths, token, on_exit, REAPER, cpus).result()
+
+    def learned(self, paths: RunPaths) -> None:
+        self._thread.submit(self._warm.learned, paths).result()
+
+    def close(self) -> None:
+        self._thread.submit(self._warm.close).result()
+        self._thread.shutdown()
+
+
+def start_run(
+    run: Mapping[str, Any], gpus: str, cpus: tuple[int, ...] = (), warm: NodeWarmStarts | None = None
+) -> tuple[LocalHandle, threading.Event]:
     """Start the run's process with ``gpus`` as its ``CUDA_VISIBLE_DEVICES`` (and ``cpus``, where
-    given, as the CPUs it and its children may use); the event is set when it has ended. Raises
-    OSError (the caller logs it: the run fails, as locally)."""
+    given, as the CPUs it and its children may use), forked from ``warm`` where it can be; the event
+    is set when it has ended. Raises OSError (the caller logs it: the run fails, as locally)."""
     env = dict(os.environ)
     env.update(run["env"])
     env["CUDA_VISIBLE_DEVICES"] = gpus
@@ -84,6 +127,23 @@ def start_run(run: Mapping[str, Any], gpus: str, cpus: tuple[int, ...] = ()) -> 
         argv[0] = sys.executable
     handle = LocalHandle(reports_outcome=run["reports_outcome"], grace_period=run["grace_period"])
     ended = threading.Event()
+    if warm is not None:
+        preload = run.get("preload")
+        launch = Launch(
+            argv,
+            env,
+            run["cwd"],
+            direct=not run["reports_outcome"],
+            spec_file=run.get("spec_file"),
+            preload=Preload(preload[0], preload[1], ()) if preload else None,
+            command=run.get("command"),
+        )
+        paths = RunPaths(run["work_dir"], run["log"])
+        forked = warm.start(launch, paths, run["token"], handle.exited_to(ended.set), cpus)
+        if forked is not None:
+            handle.child, handle.pid = forked, forked.pid
+            handle.after_reap = lambda: warm.learned(paths)
+            return handle, ended
     # A command's wrapper is kept by a keeper of its own here (the driver's is on another machine).
     keeper = Keeper() if not run["reports_outcome"] and keeper_available() else None
     mask = _bound_to(cpus)

@@ -41,6 +41,7 @@ counted and said, not refused.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import os
@@ -224,6 +225,10 @@ def become_run(request: dict[str, Any], run_task: Callable[[str], int]) -> None:
     Returns only to raise what the script raised, at the top of the program, so the interpreter
     ends it as a cold start's."""
     os.setsid()
+    cpus = request.get("cpus")
+    if cpus and hasattr(os, "sched_setaffinity"):  # a pool's run: its own CPUs, as a cold start inherits them
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            os.sched_setaffinity(0, cpus)  # the only thread here: every thread it starts has them too
     runner = request.get("runner")  # a GPUTask run's start record: our runner runs it, as in a cold start
     _place_descriptors(request, blocking=runner is not None)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
@@ -236,6 +241,7 @@ def become_run(request: dict[str, Any], run_task: Callable[[str], int]) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     _reseed()
+    _size_thread_pools()
     _Run.outcome = request.get("outcome", {})
     _Run.user_folders = tuple(os.path.realpath(folder) for folder in request["user_folders"])
     _Run.known = frozenset(sys.modules)
@@ -382,6 +388,22 @@ def _reseed() -> None:
             torch.seed()  # the CPU generator now; CUDA's are seeded lazily, when CUDA starts
         except Exception:
             pass
+
+
+def _size_thread_pools() -> None:
+    """PyTorch's CPU thread pool sized by the run's ``OMP_NUM_THREADS``, as a cold start's is (torch
+    reads it at its import, which here was the warm process's, without the run's variables: a pool's
+    agent sets it to each run's share of the CPUs). Libraries that sized their pools at load
+    otherwise (OpenBLAS's) keep the warm process's size, bound to the run's CPUs all the same."""
+    torch = sys.modules.get("torch")
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is None or not value.isdigit() or int(value) < 1:
+        return
+    try:
+        if torch.get_num_threads() != int(value):
+            torch.set_num_threads(int(value))
+    except Exception:
+        pass
 
 
 def _read_lifeline() -> bytes | None:

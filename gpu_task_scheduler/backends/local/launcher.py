@@ -11,7 +11,6 @@ while any run of it lives), and is stopped as a whole (``process.py``).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from ...proctree import wait_gone
 from ...records.paths import RunPaths
 from .keeper import Keeper
 from .keeper import available as keeper_available
-from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, prepare_attempt
+from .prepare import Launch, TaskFactory, class_factory, log_launch_failure, prepare_attempt, warm_candidate
 from .process import Child
 from .reaper import REAPER, Reaper
 
@@ -117,13 +116,8 @@ class LocalLauncher(BaseLauncher):
     ) -> Child | None:
         """A Python attempt (a GPUTask run, or a command running Python) forked from the warm process
         (None: it starts cold)."""
-        command = launch.command
-        if not self._prewarm:
+        if not self._prewarm or not warm_candidate(launch):
             return None
-        if command is None and launch.spec_file is None:
-            return None
-        if command is not None and not (command and os.path.basename(command[0]).startswith("python")):
-            return None  # (not imported for another program: a command sweep's start stays small)
         if self._warm_starts is None:
             from .zygote import WarmStarts
 

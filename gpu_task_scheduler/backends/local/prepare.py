@@ -79,6 +79,15 @@ class Launch(NamedTuple):
     command: list[str] | None = None  # a direct launch's own command (what the wrapper starts)
 
 
+def warm_candidate(launch: Launch) -> bool:
+    """Whether a warm start is tried for ``launch`` at all: a GPUTask run, or a command whose program
+    is named ``python...`` (the module is not even imported for other programs: a command sweep's
+    start stays small). Whether it is then forked is ``zygote.WarmStarts.start``'s to say."""
+    if launch.command is None:
+        return launch.spec_file is not None
+    return bool(launch.command) and os.path.basename(launch.command[0]).startswith("python")
+
+
 # A command run without a Python runner (``gts queue``'s lines, ``command:`` sweeps) runs in one
 # POSIX sh, the wrapper: it starts the command in the background and waits for it. A stop signal to
 # the group reaches the command; the wrapper traps it and keeps waiting, so the command gets the

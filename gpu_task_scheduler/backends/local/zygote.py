@@ -232,8 +232,11 @@ def _imports_of(paths: RunPaths) -> list[str] | None:
 class WarmStarts:
     """The sweep's warm processes, and the forks of its Python commands (the local launcher's)."""
 
-    def __init__(self, reaper: Reaper, inherit: Sequence[int], imports: Sequence[str] = ()) -> None:
-        self._reaper, self._inherit = reaper, tuple(inherit)
+    def __init__(
+        self, reaper: Reaper, inherit: Sequence[int], imports: Sequence[str] = (), *, ready_wait: float = READY_WAIT
+    ) -> None:
+        """``ready_wait``: how long the first start waits for the first warm process (then cold)."""
+        self._reaper, self._inherit, self._ready_wait = reaper, tuple(inherit), ready_wait
         self._imports: list[str] = list(imports)
         self._current: WarmProcess | None = None
         self._next: WarmProcess | None = None
@@ -247,11 +250,19 @@ class WarmStarts:
             logger.info("warm starts: a run starts cold: %s", why)
 
     def start(
-        self, launch: Launch, paths: RunPaths, token: str, on_exit: Callable[[], None], reaper: Reaper
+        self,
+        launch: Launch,
+        paths: RunPaths,
+        token: str,
+        on_exit: Callable[[], None],
+        reaper: Reaper,
+        cpus: Sequence[int] = (),
     ) -> Child | None:
         """``launch`` forked warm (a child of ours), or None: it starts cold (said why). A command:
         its script (or ``-m``, ``-c``) runs as ``__main__``; a GPUTask run: our runner runs its
-        start record, as a cold runner would."""
+        start record, as a cold runner would. ``cpus``: the CPUs it may use (a pool's agent gives
+        each run its own; a cold start inherits them from the thread that starts it, a fork from
+        the warm process, so the fork binds itself to them before anything of the run starts)."""
         if launch.command is not None:
             argv, why = script_argv(launch.command, launch.env, launch.cwd)
             if argv is None:
@@ -291,6 +302,7 @@ class WarmStarts:
                 "user_folders": sorted(folders),
                 "imports_file": os.path.join(paths.meta, IMPORTS_FILE),
                 "preloaded": list(warm.imports),
+                "cpus": list(cpus),
             }
             pid = warm.fork(request, [log, read_end, *self._inherit])
         finally:
@@ -332,7 +344,7 @@ class WarmStarts:
             differs = sorted(set(current.env.items()) ^ set(env.items()))
             self._say(f"its environment differs from the warm process's in {differs[0][0]}")
             return None
-        wait, self._first = (READY_WAIT if self._first else 0.0), False
+        wait, self._first = (self._ready_wait if self._first else 0.0), False
         if not current.check(wait):
             self._say(current.refused or "the warm process is not ready yet")
             return None

@@ -12,6 +12,9 @@ allocation's batch script, see ``pool.py``). The agent:
   its entry into ``claimed/`` (one winner per entry, see ``poolfiles.py``);
 * supervises each in a thread of its own, exactly as an array task does
   (``task.supervise``: the lease, the outcome file, the start and end events);
+* forks each Python run (a ``python`` command, a ``GPUTask``) from a warm process of its own
+  node that has imported what the runs import, as a local sweep does (``prewarm``;
+  ``supervisor.NodeWarmStarts``), bound to the run's CPUs;
 * relays the driver's ``stop`` and ``kill`` words to the attempt they name;
 * beats: ``beat.json`` every second says it lives, and what runs where;
 * drains on Slurm's warning of the time limit (``drain/JOB``, or SIGUSR1 or
@@ -45,6 +48,7 @@ from ...gpu.devices import Slot
 from ...gpu.placement import Need
 from ...records.paths import atomic_write_json, open_regular, read_json
 from ...sweep.options import SchedulerOptions
+from ..supervisor import NodeWarmStarts
 from .poolfiles import AGENT_BEAT, PoolFiles, token_of
 from .task import Events, supervise
 
@@ -55,6 +59,7 @@ TICK = 0.05  # seconds between two turns of the agent's loop (its runs' ends wak
 # listing or a stat, from every node: a run's end wakes the agent for the next run at once instead.
 LOOK = 0.25
 START_WAIT = 10.0  # seconds the loop waits for a run's process before it places the next one
+READY_WAIT = 8.0  # seconds the first Python run waits for the node's warm process (then it starts cold)
 PEAKS_KEPT = 100  # the latest GPU memory peaks an agent's beat tells the pool's later agents
 
 
@@ -88,6 +93,8 @@ class Agent:
         self.capacity.learned_before(_peaks_seen(files))
         cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
         self.cpus = CpuShares(cpus, most=self._most_runs(), per_run=settings.get("cpus_per_run"))
+        # Python runs fork from a warm process of this node (prewarm, as locally), started at the first.
+        self.warm = NodeWarmStarts(self.options.warm_imports, ready_wait=READY_WAIT) if self.options.prewarm else None
         self.draining = threading.Event()
         self._wake = threading.Event()  # a run's thread ended, or a signal came: look now
         self.running: dict[str, _Running] = {}
@@ -134,6 +141,8 @@ class Agent:
         finally:
             self._beat(final=True)
             self.capacity.close()
+            if self.warm is not None:
+                self.warm.close()
 
     def _beat(self, *, final: bool = False) -> None:
         self._beats += 1
@@ -224,6 +233,7 @@ class Agent:
                     cpus=attempt.share,
                     on_started=started,
                     on_ended=ended,
+                    warm=self.warm,
                 )
             except Exception as error:  # its end must still be written: the driver waits on it
                 events.write("end", {"lost": f"the agent on {self.node} could not run it: {error!r}"})

@@ -38,7 +38,7 @@ from typing import Any
 from ...records.lease import LeaseHolder, LeaseTerms, lease_state, wait_over
 from ...records.paths import RunPaths, atomic_write
 from ...records.protocol import Outcome
-from ..supervisor import cannot_run, keep_lease, log_line, start_run
+from ..supervisor import NodeWarmStarts, cannot_run, keep_lease, log_line, start_run
 
 # SIGTERM this close to the end of the job's time (beyond the lead the scheduler asked Slurm for)
 # was Slurm's warning of its time limit: Slurm may send it up to a minute early.
@@ -104,12 +104,14 @@ def supervise(
     cpus: tuple[int, ...] = (),
     on_started: Callable[[int], None] | None = None,
     on_ended: Callable[[], dict[str, Any]] | None = None,
+    warm: NodeWarmStarts | None = None,
 ) -> int:
     """Run the attempt ``run`` to its end (or until ``signalled``; ``killed``: at once) and write its
     start and end to ``events``. A pool's agent (``agent.py``) supervises several attempts at once in
     threads of its own: it names the node, the job, the GPUs, and hears of the run's pid
     (``on_started``), and adds what it measured of the run to its end (``on_ended``: its GPU memory
-    peak); an array task takes them from Slurm's environment."""
+    peak) and forks Python runs from its node's warm process (``warm``); an array task takes them
+    from Slurm's environment, and starts its one attempt cold."""
     node = node or socket.gethostname().split(".")[0]
     job = job or f"{os.environ.get('SLURM_ARRAY_JOB_ID', '?')}_{os.environ.get('SLURM_ARRAY_TASK_ID', '?')}"
     problem = cannot_run(run, node)
@@ -133,7 +135,7 @@ def supervise(
         return 0
     started = time.monotonic()
     try:
-        handle, ended = start_run(run, os.environ.get("CUDA_VISIBLE_DEVICES", "") if gpus is None else gpus, cpus)
+        handle, ended = start_run(run, os.environ.get("CUDA_VISIBLE_DEVICES", "") if gpus is None else gpus, cpus, warm)
     except OSError as error:  # as locally: the run fails, and its log says why
         log_line(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
         lease.release()

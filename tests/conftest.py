@@ -1,3 +1,4 @@
+import contextlib
 import os
 import socketserver
 import threading
@@ -294,8 +295,18 @@ def slurm_pool(slurm_pool_cluster, monkeypatch):
     yield from _no_jobs_left(slurm_pool_cluster)
 
 
+def _ending(slurm_cluster):
+    """Whether every job still listed is one that ended and that Slurm is tidying up (COMPLETING:
+    its nodes' epilog). ``srun`` returns when its step ends, before its job leaves the queue."""
+    states = slurm_cluster.run("squeue", "-h", "-r", "-o", "%T", check=False).stdout.split()
+    return not states or set(states) == {"COMPLETING"}
+
+
 def _no_jobs_left(slurm_cluster):
     yield slurm_cluster
+    if _ending(slurm_cluster):  # a job tidied up is gone in moments; one in any other state is left
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not slurm_cluster.jobs(), timeout=30, interval=0.2)
     left = slurm_cluster.jobs()
     if left:  # what they wait for, and the node's state: the reason is in Slurm, not in the test
         queue = slurm_cluster.run("squeue", "-h", "-r", "-o", "%i %T %r", check=False).stdout

@@ -4,11 +4,14 @@ have been: its argv, environment, folder, streams, generators and outcome; refus
 
 import json
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
-from conftest import marked_pids
+from conftest import marked_pids, wait_until
 from helpers import ledger_rows, make_config
+from test_process_control import finish
 
 from gpu_task_scheduler import GPUTask, GPUTaskScheduler
 from gpu_task_scheduler.backends.local import forkserver
@@ -274,3 +277,33 @@ def test_a_forked_runs_torch_uses_the_threads_its_environment_asks_for(in_tmp, p
     assert GPUTaskScheduler(config, _ThreadsTask).start().ok
     (seen,) = _seen(in_tmp / "r").values()
     assert seen == {"threads": 1, "forked": bool(prewarm)}, seen
+
+
+def test_a_stop_signal_while_the_first_warm_process_imports_is_acted_on_at_once(in_tmp, no_leaked_processes):
+    """The first Python run waits (up to 15 s) for the first warm process's imports, on the loop's
+    thread. A Ctrl-C then was acted on only once the wait ended; now it ends the wait (the run
+    starts cold, and is stopped with the sweep), and nothing of the warm process is left."""
+    site = in_tmp / "site"
+    site.mkdir()
+    (site / "slow_to_import.py").write_text(
+        "import os, time\nopen(os.environ['GTS_TEST_IMPORTING'], 'w').close()\ntime.sleep(120)\n"
+    )
+    (in_tmp / "s.yaml").write_text(
+        f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}, prewarm: {{imports: [slow_to_import]}}}}\n"
+        "test_config: [{a: [1]}]\n"
+        f"command: [{sys.executable}, -c, 'import time; time.sleep(120)']\n"
+    )
+    importing = in_tmp / "importing"
+    env = {**os.environ, "PYTHONPATH": str(site), "GTS_TEST_IMPORTING": str(importing)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "s.yaml", "--plain"],
+        cwd=in_tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    wait_until(importing.exists, timeout=60, message="the warm process to be importing")
+    process.send_signal(signal.SIGINT)
+    output = finish(process, timeout=10)  # the import has 120 s to go: the wait was given up
+    assert process.returncode == 130, output
+    assert "warm starts: a run starts cold: the warm process is not ready yet" in output, output

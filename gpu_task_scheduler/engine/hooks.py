@@ -133,6 +133,13 @@ class Inbox:
         self._sources[fd] = on_ready
         return True
 
+    def interrupt_fd(self) -> int | None:
+        """A descriptor that is readable once a signal with a handler of ours came (its wake-up fd)
+        and the loop has not woken since: a launcher that blocks the loop's thread for long (the
+        first warm start) waits on it too, and gives up its wait, so that a Ctrl-C is acted on at
+        once. None where the inbox has no such pipe (nothing is watched)."""
+        return None if self._wake is None else self._wake[0]
+
     def unwatch(self, fd: int) -> None:
         if self._sources.pop(fd, None) is not None and self._poller is not None:
             self._poller.unregister(fd)

@@ -121,7 +121,8 @@ class LocalLauncher(BaseLauncher):
         if self._warm_starts is None:
             from .zygote import WarmStarts
 
-            self._warm_starts = WarmStarts(self._reaper, inherit, self._warm_imports)
+            interrupt = getattr(self._inbox, "interrupt_fd", lambda: None)()  # a Ctrl-C ends the first wait
+            self._warm_starts = WarmStarts(self._reaper, inherit, self._warm_imports, interrupt=interrupt)
         return self._warm_starts.start(launch, attempt.paths, attempt.token, on_exit, self._reaper)
 
     def _learn_from(self, paths: RunPaths) -> Callable[[], None]:

@@ -140,12 +140,15 @@ class WarmProcess:
     def _exited(self) -> None:
         self.dead = True
 
-    def _line(self, timeout: float) -> dict[str, Any] | None:
-        """Its next message (None: none within ``timeout`` seconds, or it is gone)."""
+    def _line(self, timeout: float, interrupt: int | None = None) -> dict[str, Any] | None:
+        """Its next message (None: none within ``timeout`` seconds, or ``interrupt`` became
+        readable first, or it is gone)."""
         deadline = time.monotonic() + timeout
+        control = self._control.fileno()
+        watched = [control] if interrupt is None else [control, interrupt]
         while b"\n" not in self._buffer:
             left = max(0.0, deadline - time.monotonic())
-            if not select.select([self._control], [], [], left)[0]:
+            if control not in select.select(watched, [], [], left)[0]:
                 return None
             try:
                 chunk = self._control.recv(1 << 16)
@@ -162,10 +165,11 @@ class WarmProcess:
             return None
         return message if isinstance(message, dict) else None
 
-    def check(self, wait: float = 0.0) -> bool:
-        """Whether it is ready to fork (its imports done, and forking from it allowed)."""
+    def check(self, wait: float = 0.0, interrupt: int | None = None) -> bool:
+        """Whether it is ready to fork (its imports done, and forking from it allowed), waiting up
+        to ``wait`` seconds for it (or until ``interrupt`` is readable)."""
         if not self.ready and not self.dead and not self.refused:
-            told = self._line(wait)
+            told = self._line(wait, interrupt if wait else None)
             if told is not None:
                 self.ready = True
                 self.refused = told.get("refused") or None
@@ -233,10 +237,19 @@ class WarmStarts:
     """The sweep's warm processes, and the forks of its Python commands (the local launcher's)."""
 
     def __init__(
-        self, reaper: Reaper, inherit: Sequence[int], imports: Sequence[str] = (), *, ready_wait: float = READY_WAIT
+        self,
+        reaper: Reaper,
+        inherit: Sequence[int],
+        imports: Sequence[str] = (),
+        *,
+        ready_wait: float = READY_WAIT,
+        interrupt: int | None = None,
     ) -> None:
-        """``ready_wait``: how long the first start waits for the first warm process (then cold)."""
+        """``ready_wait``: how long the first start waits for the first warm process (then cold);
+        ``interrupt``: a descriptor that ends that wait when readable (the loop's signal wake-up:
+        a Ctrl-C during the first warm process's imports is acted on at once; the run starts cold)."""
         self._reaper, self._inherit, self._ready_wait = reaper, tuple(inherit), ready_wait
+        self._interrupt = interrupt
         self._imports: list[str] = list(imports)
         self._current: WarmProcess | None = None
         self._next: WarmProcess | None = None
@@ -345,7 +358,7 @@ class WarmStarts:
             self._say(f"its environment differs from the warm process's in {differs[0][0]}")
             return None
         wait, self._first = (self._ready_wait if self._first else 0.0), False
-        if not current.check(wait):
+        if not current.check(wait, self._interrupt):
             self._say(current.refused or "the warm process is not ready yet")
             return None
         return current

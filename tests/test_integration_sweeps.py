@@ -196,3 +196,170 @@ def test_the_example_as_a_command_is_paused_and_resumed(name, tmp_path):
     metric = config["early_stop"]["metric"]
     with open(os.path.join(rows[0]["work_dir"], "result.json")) as handle:
         assert json.load(handle)[metric] == pytest.approx(whole[metric], rel=1e-5)
+
+
+PBT_LIGHTNING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_lightning.py")
+PBT_EPOCHS, PBT_STEPS_PER_EPOCH = 6, 8  # tests/pbt_lightning.py: 8 optimizer steps an epoch
+
+
+def _pbt_lightning_sweep(folder):
+    framework("lightning")
+    config = {
+        "scheduler_config": {
+            "gpu": ["cpu", "cpu"],
+            "result_root_folder": str(folder / "results"),
+            "prewarm": {"imports": ["torch", "lightning"]},
+        },
+        "command": [
+            sys.executable,
+            PBT_LIGHTNING,
+            "--lr",
+            "{lr}",
+            "--epochs",
+            str(PBT_EPOCHS),
+            "--out",
+            "{work_dir}",
+        ],
+        "test_config": [{"lr": [0.3, 0.17, 0.1, 0.04]}],  # none a factor of 2 from another
+        "pbt": {
+            "metric": "val_loss",
+            "mode": "min",
+            "interval": 2,
+            "quantile": 0.25,
+            "perturb": {"lr": [0.5, 2.0]},
+            "max_step": PBT_EPOCHS,
+        },
+    }
+    path = folder / "pbt.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _cosine_factors(total):
+    """The factor a cosine schedule over ``total`` steps gives the base rate at each step, as torch
+    computes it (its recursive form), for a base of 1."""
+    import torch
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+    factors = []
+    for _ in range(total):
+        factors.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        cosine.step()
+    return factors
+
+
+def _check_members_trained_at_their_own_rates(root):
+    """Every member succeeded; each attempt trained on from an epoch's checkpoint, one step after
+    another, the last to the end; at every optimizer step of every attempt it trained at its
+    config's rate times the schedule's factor at that step (after a copy too: not the rate it
+    restored); at least one member copied another, trained at a perturbed rate, and its log says
+    what was put back."""
+    rows = ledger_rows(root)
+    assert len(rows) == 4 and {row["status"] for row in rows.values()} == {"succeeded"}, rows
+    total = PBT_EPOCHS * PBT_STEPS_PER_EPOCH
+    factors = _cosine_factors(total)
+    copied = {name for name, kind, *_ in _pbt_events(root) if kind == "resumed"} & {
+        name for name, _, _, decision, _ in _pbt_events(root) if decision == "exploit"
+    }
+    assert copied, "no member copied another"
+    for name in rows:
+        with open(root / name / "rates.jsonl") as handle:
+            lines = [json.loads(line) for line in handle]
+        attempts = []  # the steps each attempt trained, in order
+        for line in lines:
+            if not attempts or attempts[-1][0] != line["pid"]:
+                attempts.append((line["pid"], []))
+            attempts[-1][1].append(line["step"])
+        for _, steps in attempts:  # each from a checkpoint's step (a killed one's too), one after another
+            assert steps == list(range(steps[0], steps[0] + len(steps))), (name, steps)
+        # Each attempt went on from the step of the checkpoint it restored (Lightning's global step),
+        # which is the step gts said it resumes from (after a copy: the donor's).
+        starts = [(lines[index]["step"], lines[index]["resume"]) for index in _first_lines(lines)]
+        assert all(step == int(float(resume or 0)) * PBT_STEPS_PER_EPOCH for step, resume in starts), (name, starts)
+        assert attempts[-1][1][-1] == total - 1, (name, attempts)
+        for line in lines:
+            assert line["lr"] == pytest.approx(line["config"] * factors[line["step"]], rel=1e-7), (name, line)
+        logs = glob.glob(str(root / name / "*.log")) + glob.glob(str(root / name / ".gts" / "logs" / "attempt-*.log"))
+        log = "".join(open(path).read() for path in logs)  # every attempt's
+        if name in copied:
+            assert "(restored) -> " in log and "(this run's config)" in log, log[-3000:]
+    assert {line_config for name in copied for line_config in _configs(root / name)} - {
+        json.loads(rows[name]["params"])["lr"] for name in copied
+    }, "no copied member trained at a perturbed rate"
+
+
+def _first_lines(lines):
+    return [index for index, line in enumerate(lines) if index == 0 or lines[index - 1]["pid"] != line["pid"]]
+
+
+def _copy_faults(root):
+    """The exploits that broke the copy rule (a snapshot of a dropped lineage, or one worse than the
+    copier's own value there), as the PBT battery audits them."""
+    from gpu_task_scheduler.records.ledger import Ledger
+    from gpu_task_scheduler.records.lineage import copy_faults
+    from gpu_task_scheduler.records.paths import RootPaths
+    from gpu_task_scheduler.tuning.base import Ranking
+
+    ledger = Ledger.read_only(RootPaths(str(root)))
+    try:
+        return copy_faults(
+            ledger.trial_events(), interval=2, value_of=lambda event: event.value, worse=Ranking(["min"]).worse
+        )
+    finally:
+        ledger.close()
+
+
+def _configs(folder):
+    with open(folder / "rates.jsonl") as handle:
+        return {json.loads(line)["config"] for line in handle}
+
+
+def _pbt_events(root):
+    import sqlite3
+
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        return db.execute("SELECT name, kind, rung, decision, detail FROM trial_events ORDER BY seq").fetchall()
+
+
+def test_a_lightning_pbt_sweep_trains_each_copied_member_at_its_own_rate(tmp_path):
+    """PBT through `gts run` on a real Lightning script with a cosine LR schedule (issue: the
+    restored scheduler brought back the donor's rate): 4 members, 2 slots, an exploit every 2
+    epochs. At every step after every copy, the optimizer's rate is the member's own (perturbed)
+    rate times the schedule's factor at that step, and the member's log says so."""
+    path = _pbt_lightning_sweep(tmp_path)
+    gts("run", str(path), "--plain", cwd=str(tmp_path))
+    _check_members_trained_at_their_own_rates(tmp_path / "results")
+
+
+def test_a_lightning_pbt_sweep_killed_at_a_pause_and_at_an_exploits_copy_loses_nothing(tmp_path):
+    """The same sweep, its scheduler killed (SIGKILL, tests/pbt_kill_driver.py) once it committed a
+    pause (before the run is told), then once it put a donor's checkpoint in place of a member's
+    (before the member's new attempt is committed; where no such exploit comes before the end, the
+    sweep ends), and run again to its end: every member resumed from the step of the checkpoint it
+    holds, at its own rate, no copy broke the rule, and nothing is trained twice after a report."""
+    path = _pbt_lightning_sweep(tmp_path)
+    root, note = tmp_path / "results", tmp_path / "killed.json"
+    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_kill_driver.py")
+    killed = []
+    for point in ("pausing", "installed"):
+        done = subprocess.run(
+            [sys.executable, driver, point, str(note), "run", str(path), "--plain"],
+            cwd=str(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **ONE_THREAD},
+        )
+        if done.returncode == 0:
+            break  # the sweep ended before an exploit's copy came
+        assert done.returncode == -9, done.stdout + done.stderr
+        killed.append(json.loads(note.read_text())["point"])
+    assert killed[:1] == ["pausing"], killed  # every sweep pauses: the first kill always comes
+    gts("run", str(path), "--plain", cwd=str(tmp_path))
+    _check_members_trained_at_their_own_rates(root)
+    assert _copy_faults(root) == []
+    for name, row in ledger_rows(root).items():  # reported steps: each once, in order
+        steps = [line["step"] for line in reported(row["work_dir"])]
+        assert steps == sorted(set(steps)), (name, steps)

@@ -666,9 +666,7 @@ def test_a_pools_python_runs_fork_from_a_warm_process_of_their_node_on_cpus_of_t
         pytest.skip("one CPU here: no share of its own can be seen")
     # Runs 0 and 1 at once (each waits for the other's word), run 2 after one of them ended: its
     # start comes after a run's thread in the agent is gone, which must not take the warm process.
-    path = _share_sweep(
-        in_tmp, 3, 2, ["cpu"], {"nodes": 1, "slots_per_node": 2}, {"prewarm": prewarm}, cpus_per_run=1
-    )
+    path = _share_sweep(in_tmp, 3, 2, ["cpu"], {"nodes": 1, "slots_per_node": 2}, {"prewarm": prewarm}, cpus_per_run=1)
     process = gts("run", path, "--plain")
     output = finish(process, timeout=120)
     assert process.returncode == 0, output

@@ -288,8 +288,9 @@ def test_a_stop_signal_while_the_first_warm_process_imports_is_acted_on_at_once(
     (site / "slow_to_import.py").write_text(
         "import os, time\nopen(os.environ['GTS_TEST_IMPORTING'], 'w').close()\ntime.sleep(120)\n"
     )
+    scheduler = f"{{gpu: [cpu], result_root_folder: {in_tmp / 'r'}, prewarm: {{imports: [slow_to_import]}}}}"
     (in_tmp / "s.yaml").write_text(
-        f"scheduler_config: {{gpu: [cpu], result_root_folder: {in_tmp / 'r'}, prewarm: {{imports: [slow_to_import]}}}}\n"
+        f"scheduler_config: {scheduler}\n"
         "test_config: [{a: [1]}]\n"
         f"command: [{sys.executable}, -c, 'import time; time.sleep(120)']\n"
     )

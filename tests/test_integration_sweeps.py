@@ -198,21 +198,28 @@ def test_the_example_as_a_command_is_paused_and_resumed(name, tmp_path):
         assert json.load(handle)[metric] == pytest.approx(whole[metric], rel=1e-5)
 
 
-PBT_LIGHTNING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_lightning.py")
-PBT_EPOCHS, PBT_STEPS_PER_EPOCH = 6, 8  # tests/pbt_lightning.py: 8 optimizer steps an epoch
+PBT_EPOCHS, PBT_STEPS_PER_EPOCH = 6, 8  # 256 samples in batches of 32 (both scripts)
+# Per framework: its PBT script (tests/pbt_<name>.py), the package it needs, the metric its callback
+# reports, the schedule the script trains under (the factor of the base rate at each step), and the
+# grid's rates (SGD's and AdamW's; none a factor of 2 from another, so a copy's rate is a new one).
+PBT_FRAMEWORKS = {
+    "lightning": ("pbt_lightning.py", "lightning", "val_loss", "cosine", [0.3, 0.17, 0.1, 0.04]),
+    "transformers": ("pbt_trainer.py", "accelerate", "eval_loss", "linear", [0.01, 0.0051, 0.003, 0.0012]),
+}
 
 
-def _pbt_lightning_sweep(folder):
-    framework("lightning")
+def _pbt_sweep(folder, name):
+    script, needs, metric, _, rates = PBT_FRAMEWORKS[name]
+    framework(name, needs=needs)
     config = {
         "scheduler_config": {
             "gpu": ["cpu", "cpu"],
             "result_root_folder": str(folder / "results"),
-            "prewarm": {"imports": ["torch", "lightning"]},
+            "prewarm": {"imports": ["torch", name]},
         },
         "command": [
             sys.executable,
-            PBT_LIGHTNING,
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), script),
             "--lr",
             "{lr}",
             "--epochs",
@@ -220,9 +227,9 @@ def _pbt_lightning_sweep(folder):
             "--out",
             "{work_dir}",
         ],
-        "test_config": [{"lr": [0.3, 0.17, 0.1, 0.04]}],  # none a factor of 2 from another
+        "test_config": [{"lr": rates}],
         "pbt": {
-            "metric": "val_loss",
+            "metric": metric,
             "mode": "min",
             "interval": 2,
             "quantile": 0.25,
@@ -233,6 +240,14 @@ def _pbt_lightning_sweep(folder):
     path = folder / "pbt.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def _factors(schedule, total):
+    """The factor the schedule gives the base rate at each step, as torch computes it, for a base
+    of 1: a cosine (its recursive form), or the Trainer's linear decay with no warm-up."""
+    if schedule == "linear":
+        return [(total - step) / total for step in range(total)]
+    return _cosine_factors(total)
 
 
 def _cosine_factors(total):
@@ -250,7 +265,7 @@ def _cosine_factors(total):
     return factors
 
 
-def _check_members_trained_at_their_own_rates(root):
+def _check_members_trained_at_their_own_rates(root, schedule):
     """Every member succeeded; each attempt trained on from an epoch's checkpoint, one step after
     another, the last to the end; at every optimizer step of every attempt it trained at its
     config's rate times the schedule's factor at that step (after a copy too: not the rate it
@@ -259,7 +274,7 @@ def _check_members_trained_at_their_own_rates(root):
     rows = ledger_rows(root)
     assert len(rows) == 4 and {row["status"] for row in rows.values()} == {"succeeded"}, rows
     total = PBT_EPOCHS * PBT_STEPS_PER_EPOCH
-    factors = _cosine_factors(total)
+    factors = _factors(schedule, total)
     copied = {name for name, kind, *_ in _pbt_events(root) if kind == "resumed"} & {
         name for name, _, _, decision, _ in _pbt_events(root) if decision == "exploit"
     }
@@ -323,23 +338,19 @@ def _pbt_events(root):
         return db.execute("SELECT name, kind, rung, decision, detail FROM trial_events ORDER BY seq").fetchall()
 
 
-def test_a_lightning_pbt_sweep_trains_each_copied_member_at_its_own_rate(tmp_path):
-    """PBT through `gts run` on a real Lightning script with a cosine LR schedule (issue: the
-    restored scheduler brought back the donor's rate): 4 members, 2 slots, an exploit every 2
-    epochs. At every step after every copy, the optimizer's rate is the member's own (perturbed)
-    rate times the schedule's factor at that step, and the member's log says so."""
-    path = _pbt_lightning_sweep(tmp_path)
-    gts("run", str(path), "--plain", cwd=str(tmp_path))
-    _check_members_trained_at_their_own_rates(tmp_path / "results")
-
-
-def test_a_lightning_pbt_sweep_killed_at_a_pause_and_at_an_exploits_copy_loses_nothing(tmp_path):
-    """The same sweep, its scheduler killed (SIGKILL, tests/pbt_kill_driver.py) once it committed a
-    pause (before the run is told), then once it put a donor's checkpoint in place of a member's
-    (before the member's new attempt is committed; where no such exploit comes before the end, the
-    sweep ends), and run again to its end: every member resumed from the step of the checkpoint it
-    holds, at its own rate, no copy broke the rule, and nothing is trained twice after a report."""
-    path = _pbt_lightning_sweep(tmp_path)
+@pytest.mark.parametrize("name", list(PBT_FRAMEWORKS))
+def test_a_pbt_sweep_killed_at_a_pause_and_at_an_exploits_copy_trains_each_member_at_its_own_rate(tmp_path, name):
+    """PBT through `gts run` on a real Lightning script with a cosine LR schedule, and a ``Trainer``
+    script with its own linear one (the restored scheduler brought back the donor's rate; with the
+    ``Trainer``, PBT perturbed nothing): 4 members, 2 slots, an exploit every 2 epochs. The
+    scheduler is killed (SIGKILL, tests/pbt_kill_driver.py) once it committed a pause (before the
+    run is told), then once it put a donor's checkpoint in place of a member's (before the member's
+    new attempt is committed; where no such exploit comes before the end, the sweep ends), and run
+    again to its end. At every step after every copy, the optimizer's rate is the member's own
+    (perturbed) rate times the schedule's factor at that step, and its log says so; every member
+    resumed from the step of the checkpoint it holds; no copy broke the rule; nothing is trained
+    twice after a report. (One sweep for all of it: each costs half a minute of the suite.)"""
+    path = _pbt_sweep(tmp_path, name)
     root, note = tmp_path / "results", tmp_path / "killed.json"
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_kill_driver.py")
     killed = []
@@ -358,7 +369,7 @@ def test_a_lightning_pbt_sweep_killed_at_a_pause_and_at_an_exploits_copy_loses_n
         killed.append(json.loads(note.read_text())["point"])
     assert killed[:1] == ["pausing"], killed  # every sweep pauses: the first kill always comes
     gts("run", str(path), "--plain", cwd=str(tmp_path))
-    _check_members_trained_at_their_own_rates(root)
+    _check_members_trained_at_their_own_rates(root, PBT_FRAMEWORKS[name][3])
     assert _copy_faults(root) == []
     for name, row in ledger_rows(root).items():  # reported steps: each once, in order
         steps = [line["step"] for line in reported(row["work_dir"])]

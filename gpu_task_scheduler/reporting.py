@@ -1,11 +1,13 @@
 """Reporting metrics as a run trains: ``gpu_task_scheduler.report(step, loss=0.23)``.
 
-Each call appends one line, ``{"step": 12, "loss": 0.23}``, to the file the
-environment variable ``GTS_METRICS_FILE`` names (the scheduler sets it for
-every run: ``<run>/.gts/metrics.jsonl``). Outside a sweep the variable is
+Each call appends one line, ``{"step": 12, "loss": 0.23, "@time": 1764432000.125}``, to the
+file the environment variable ``GTS_METRICS_FILE`` names (the scheduler sets it for
+every run: ``<run>/.gts/metrics.jsonl``); ``@time`` is when it was reported (seconds since
+the epoch: what the exports give the trackers as the step's time), and is optional. Outside a sweep the variable is
 unset and a call does nothing, so a training script runs by hand unchanged.
 Any program in any language can do the same: append one JSON object per
-line, with a numeric ``step`` that never goes back and numeric values.
+line, with a numeric ``step`` that never goes back and numeric values (and, if
+it likes, ``"@time"``: when, in seconds since the epoch).
 
 In a ``GPUTask``, ``self.report(step, **metrics)`` is the same call.
 
@@ -55,6 +57,8 @@ import time
 from collections.abc import Callable
 
 from .finite import step_problem
+
+TIME_KEY = "@time"  # a metrics line's time (seconds since the epoch): not a metric
 
 METRICS_ENV = "GTS_METRICS_FILE"
 PRUNE_ENV = "GTS_PRUNE_FILE"
@@ -124,7 +128,7 @@ def report(step: float, **metrics: float) -> None:
         _check(name, value)
     if not path:
         return
-    line = json.dumps({"step": step, **metrics}) + "\n"
+    line = json.dumps({"step": step, **metrics, TIME_KEY: round(time.time(), 3)}) + "\n"
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, 0o644)
     try:
@@ -230,6 +234,8 @@ def _told(variable: str) -> str | None:
 
 
 def _check(name: str, value: object) -> None:
+    if name == TIME_KEY:
+        raise ValueError(f"report(): {TIME_KEY!r} is when a step was reported, written by report(): give another name")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(
             f"report(): {name}={value!r} is not a finite number (a tensor? pass tensor.item(); a NaN? "

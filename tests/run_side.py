@@ -85,10 +85,10 @@ class RunSide:
         return os.path.join(self.folder, f"metrics-{attempt}.jsonl")
 
     def lines(self, attempt=None):
-        """The lines reported by one attempt (the last by default)."""
+        """The lines reported by one attempt (the last by default), without their times (``@time``)."""
         try:
             with open(self.metrics(attempt or self.attempt)) as handle:
-                return [json.loads(line) for line in handle]
+                return [{k: v for k, v in json.loads(line).items() if k != "@time"} for line in handle]
         except FileNotFoundError:
             return []
 

@@ -5,6 +5,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 
 import gts_test_tasks as tasks
 import pytest
@@ -197,6 +198,23 @@ def test_pruned_is_raised_by_report_and_not_swallowed_by_except_exception(tmp_pa
     assert caught == "pruned at step 1: loss 0.5, rung cutoff 0.2"
     assert issubclass(Pruned, BaseException) and not issubclass(Pruned, Exception)
     assert metrics.read_text().count("\n") == 2  # the step that raised was recorded first
+
+
+def test_each_report_says_when_it_was_made_and_no_metric_may_take_that_name(tmp_path, monkeypatch):
+    """A line's ``@time`` is when ``report()`` wrote it (the exports give it to the trackers); a
+    metric named so is refused, in ``report()`` and in the command-line form (exit 2)."""
+    metrics = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("GTS_METRICS_FILE", str(metrics))
+    before = time.time()
+    report(1, loss=0.5)
+    line = json.loads(metrics.read_text())
+    assert line["step"] == 1 and line["loss"] == 0.5 and before - 0.001 <= line["@time"] <= time.time() + 0.001
+    with pytest.raises(ValueError, match="'@time' is when a step was reported"):
+        report(2, **{"@time": 1.0})
+    from gpu_task_scheduler.reporting import main
+
+    assert main(["3", "@time=1"]) == 2
+    assert metrics.read_text().count("\n") == 1  # neither was written
 
 
 # --- sweeps that prune ----------------------------------------------------------------

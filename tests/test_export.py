@@ -9,13 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 from helpers import ledger_rows
 from wandb_files import offline_runs
 
-from gpu_task_scheduler.records.metrics import run_points
+from gpu_task_scheduler.records.metrics import run_points, run_times
 from gpu_task_scheduler.records.paths import RunPaths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,6 +160,57 @@ def test_wandb_offline_runs_round_trip(sweep):
     merged = {run["name"]: run for run in offline_runs(target).values()}
     for name, points in after.items():  # each step once, across the run's offline folders
         assert [entry["gts_step"] for entry in merged[name]["history"] if "loss" in entry] == [s for s, _ in points]
+
+
+def test_each_exported_step_carries_the_time_it_was_reported(sweep, tmp_path):
+    """Every tracker got the export's time for every step: W&B's history, MLflow's metrics and
+    TensorBoard's events said the run trained when it was exported. ``report()`` now writes each
+    line's time (``@time``), and each export gives it to the tracker for that step."""
+    folder, root, _ = sweep
+    reported = {name: run_times(RunPaths(row["work_dir"], None)) for name, row in ledger_rows(root).items()}
+    exported_at = time.time()
+    assert all(reported.values()) and all(at < exported_at for times in reported.values() for at in times.values())
+    for name, points in curves(root).items():
+        assert sorted(reported[name]) == [step for step, _ in points], name  # every step has its time
+    seen = {}
+    if importlib.util.find_spec("tensorboard"):
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+        gts("export", root, "--to", "tensorboard", str(tmp_path / "tb"), cwd=folder)
+        for name in reported:
+            events = [
+                event
+                for path in glob.glob(str(tmp_path / "tb" / name / "*tfevents*"))
+                for event in EventFileLoader(path).Load()
+                if any(value.tag == "loss" for value in event.summary.value)
+            ]
+            first = {}  # the curve's event of each step (the final numbers come after it, at the last step)
+            for event in events:
+                first.setdefault(event.step, event.wall_time)
+            seen.setdefault("tensorboard", {})[name] = first
+    if importlib.util.find_spec("mlflow"):
+        from mlflow.tracking import MlflowClient
+
+        uri = f"sqlite:///{tmp_path / 'times.db'}"
+        gts("export", root, "--to", "mlflow", uri, cwd=folder)
+        client = MlflowClient(uri)
+        for run in client.search_runs([client.get_experiment_by_name("gts: root").experiment_id]):
+            name = run.data.tags.get("gts.run")
+            if name in reported:
+                history = client.get_metric_history(run.info.run_id, "loss")
+                seen.setdefault("mlflow", {})[name] = {m.step: m.timestamp / 1000 for m in history}
+    if importlib.util.find_spec("wandb"):
+        gts("export", root, "--to", "wandb", str(tmp_path / "wb"), cwd=folder)
+        for run in offline_runs(str(tmp_path / "wb")).values():
+            rows = [entry for entry in run["history"] if "loss" in entry]
+            seen.setdefault("wandb", {})[run["name"]] = {entry["gts_step"]: entry["_timestamp"] for entry in rows}
+    if not seen:
+        pytest.skip("none of TensorBoard, MLflow and W&B is installed")
+    for tracker, runs in seen.items():
+        assert sorted(runs) == sorted(reported), tracker
+        for name, times in runs.items():
+            expected = {step: pytest.approx(at, abs=1e-3) for step, at in reported[name].items()}
+            assert times == expected, (tracker, name)
 
 
 def test_bad_targets_are_refused(sweep, tmp_path):

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from helpers import ledger_rows
@@ -26,9 +27,17 @@ from gpu_task_scheduler.sweep.metrics_source import TensorBoardSource, parse_met
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def lines(path):
+def lines(path, *, times=None):
+    """The fed lines, without their time (``@time``: the step's event time; into ``times`` if given)."""
+    found = []
     with open(path) as handle:
-        return [json.loads(line) for line in handle]
+        for line in handle:
+            record = json.loads(line)
+            at = record.pop("@time", None)
+            if times is not None:
+                times.append(at)
+            found.append(record)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +51,9 @@ def feed(folder, metrics, tags=None, **kwargs):
 
 
 def test_both_forms_of_a_scalar_are_fed_as_the_run_writes_them(torch_tb, tmp_path):
+    """Each form of a scalar is fed, with the time its event was written (exports give the trackers
+    that time for the step)."""
+    began = time.time()
     fed = feed(tmp_path / "tb", tmp_path / "metrics.jsonl")
     assert fed.look() == 0  # no folder yet
     writer = torch_tb.SummaryWriter(str(tmp_path / "tb" / "version_0"))
@@ -55,10 +67,12 @@ def test_both_forms_of_a_scalar_are_fed_as_the_run_writes_them(torch_tb, tmp_pat
     writer.flush()
     assert fed.look() == 1
     writer.close()
-    assert lines(tmp_path / "metrics.jsonl") == [
+    times = []
+    assert lines(tmp_path / "metrics.jsonl", times=times) == [
         {"step": 1, "val_loss": 0.5, "train/loss": 0.75},
         {"step": 2, "val_loss": 0.25},
     ]
+    assert began <= times[0] <= times[1] <= time.time(), times
 
 
 def test_tags_an_earlier_attempts_files_and_steps_that_go_back(torch_tb, tmp_path):
@@ -186,11 +200,12 @@ def test_a_file_read_at_an_offset_goes_on_with_the_records_written_since(tmp_pat
 
 
 def test_the_events_step_is_the_step_and_steps_that_are_none_are_left_out(tmp_path):
-    """A scalar tagged ``step`` is fed as ``step_tag`` (the line's step stays the event's); an event
+    """A scalar tagged ``step`` is fed as ``step_tag`` (the line's step stays the event's), one tagged
+    ``@time`` as ``time_tag``; an event
     whose step is below 0 or above 2**53 is left out; each said once."""
     folder = tmp_path / "tb"
     folder.mkdir()
-    events = [(step, {"step": 100 - step, "loss": 1 / (step + 1)}) for step in range(4)]
+    events = [(step, {"step": 100 - step, "loss": 1 / (step + 1), "@time": 7.0}) for step in range(4)]
     events += [(-1, {"loss": 9.0}), (2**62, {"loss": 9.0}), (4, {"loss": 0.2})]
     _event_file(folder / "events.out.tfevents.1", events)
     fed = feed(folder, tmp_path / "metrics.jsonl")
@@ -198,8 +213,9 @@ def test_the_events_step_is_the_step_and_steps_that_are_none_are_left_out(tmp_pa
     fed_lines = lines(tmp_path / "metrics.jsonl")
     assert [line["step"] for line in fed_lines] == [0, 1, 2, 3, 4]
     assert [line.get("step_tag") for line in fed_lines] == [100, 99, 98, 97, None]
+    assert [line.get("time_tag") for line in fed_lines] == [7.0] * 4 + [None]  # the line's own time: the event's
     said = fed.said()
-    assert len(said) == 2 and fed.bad_steps == 2
+    assert len(said) == 3 and fed.bad_steps == 2
     assert any("'step' is fed as 'step_tag'" in words for words in said)
     assert any("is left out: it is below 0" in words for words in said)
 

@@ -29,11 +29,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..finite import step_problem
+from ..reporting import TIME_KEY
 from .paths import RunPaths, UnsafePathError, open_regular
 
 MAX_LINE = 64 << 10  # bytes of one line; a longer one is skipped
 MAX_READ = 4 << 20  # bytes read in one call
 MAX_METRICS = 100  # metric names kept per run
+MAX_TIME = 1e11  # a line's time beyond this (the year 5138) is none: a step's time is left to the reader
 
 
 def _number(value: Any) -> bool:
@@ -41,9 +43,11 @@ def _number(value: Any) -> bool:
 
 
 def parse_line(line: bytes) -> tuple[float, dict[str, float]] | str:
-    """``(step, metrics)`` of one line, or why it is skipped.
+    """``(step, metrics)`` of one line, or why it is skipped. Its time (``@time``) is no metric.
 
     >>> parse_line(b'{"step": 3, "loss": 0.5}')
+    (3, {'loss': 0.5})
+    >>> parse_line(b'{"step": 3, "loss": 0.5, "@time": 1764432000.5}')
     (3, {'loss': 0.5})
     >>> parse_line(b'{"loss": 0.5}')
     'it has no numeric "step"'
@@ -52,12 +56,27 @@ def parse_line(line: bytes) -> tuple[float, dict[str, float]] | str:
     >>> parse_line(b'{"step": 1e300, "loss": 0.5}')
     'its step is no step: it is above 2**53'
     """
+    parsed = parse_timed(line)
+    return parsed if isinstance(parsed, str) else parsed[:2]
+
+
+def parse_timed(line: bytes) -> tuple[float, dict[str, float], float | None] | str:
+    """:func:`parse_line`, and when the line was reported: its ``@time``, where it is a number of
+    seconds since the epoch (a line without one, or with one that is no such number, is as good a
+    line; its time is None).
+
+    >>> parse_timed(b'{"step": 3, "loss": 0.5, "@time": 1764432000.5}')
+    (3, {'loss': 0.5}, 1764432000.5)
+    >>> parse_timed(b'{"step": 3, "loss": 0.5, "@time": "noon"}')
+    (3, {'loss': 0.5}, None)
+    """
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):
         return "it is not JSON"
     if not isinstance(record, dict):
         return "it is not a JSON object"
+    stamp = record.pop(TIME_KEY, None)
     step = record.pop("step", None)
     if not _number(step):
         return 'it has no numeric "step"'
@@ -67,7 +86,7 @@ def parse_line(line: bytes) -> tuple[float, dict[str, float]] | str:
     for key, value in record.items():
         if not _number(value):
             return f"its value of {key!r} is not a finite number"
-    return step, record
+    return step, record, float(stamp) if _number(stamp) and 0 < stamp < MAX_TIME else None
 
 
 class MetricsReader:
@@ -262,6 +281,28 @@ def run_points(paths: RunPaths) -> list[Point]:
     """Every point the run reported, across its attempts (:func:`stitch`), each file read as
     :func:`read_all` reads it."""
     return stitch([read_all(path, keep_points=True).points or [] for path in attempt_files(paths)])
+
+
+def run_times(paths: RunPaths, *, limit: int = 64 << 20) -> dict[float, float]:
+    """When the run reported each step (the ``@time`` of its lines), across its attempts: a step an
+    attempt after another reported again has the later time, as :func:`stitch` keeps its values. A
+    step with no time is not in it (each file read up to ``limit`` bytes, as :func:`read_all`)."""
+    times: dict[float, float] = {}
+    for path in attempt_files(paths):
+        try:
+            fd = open_regular(path)
+        except OSError:
+            continue
+        try:
+            data = os.read(fd, limit)
+        finally:
+            os.close(fd)
+        for line in data.split(b"\n"):
+            if line.strip() and len(line) <= MAX_LINE:
+                parsed = parse_timed(line)
+                if not isinstance(parsed, str) and parsed[2] is not None:
+                    times[parsed[0]] = parsed[2]
+    return times
 
 
 def run_summary(paths: RunPaths) -> str | None:

@@ -52,6 +52,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..finite import step_problem
+from ..reporting import TIME_KEY
+from .metrics import MAX_TIME
 from .paths import open_regular, write_all
 
 MAX_EVENTS = 20_000  # events of one run read in one look
@@ -59,7 +61,8 @@ MAX_ENTRIES = 10_000  # folder entries walked in one look
 MAX_READ = 4 << 20  # bytes of one file read in one look
 MAX_RECORD = 1 << 20  # a record larger than this is passed over unread (a scalar event takes ~100 bytes)
 EVENTS_NAME = "tfevents"  # every TensorBoard writer puts it in its files' names: events.out.tfevents.<time>.<host>...
-RESERVED = {"step": "step_tag"}  # a tag named as a metrics line's own key is fed under another name
+# A tag named as a metrics line's own key (its step, its time) is fed under another name.
+RESERVED = {"step": "step_tag", TIME_KEY: "time_tag"}
 
 
 def _crc32c_table() -> list[int]:
@@ -252,7 +255,10 @@ class EventFeed:
                 self._note(
                     f"the scalar tagged {value.tag!r} is fed as {tag!r} (a metrics line's {value.tag!r} is its step)"
                 )
-            found.setdefault(float(event.step), {})[tag] = number
+            entry = found.setdefault(float(event.step), {})
+            entry[tag] = number
+            if 0 < event.wall_time < MAX_TIME:  # the step's time: the latest of its scalars' events
+                entry[TIME_KEY] = max(entry.get(TIME_KEY, 0.0), event.wall_time)
 
     def started_at(self, started: float) -> None:
         """The attempt started at ``started``, earlier than this feed was made (a cluster's attempt
@@ -304,7 +310,7 @@ class EventFeed:
         lines = self._unwritten
         for step in sorted(found):
             if step < self._last_step:
-                self.left_out += len(found[step])
+                self.left_out += len(found[step]) - (TIME_KEY in found[step])
                 continue
             self._last_step = step
             shown: float | int = int(step) if step.is_integer() else step

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..finite import step_problem
-from ..recordclass import Record
-from ..records.metrics import Point, run_points
+from ..recordclass import Record, field
+from ..records.metrics import Point, run_points, run_times
 from ..records.paths import atomic_write_json, read_json
 from ..records.provenance import short
 from ..records.status import RunStatus
@@ -55,6 +55,12 @@ class ExportedRun(Record):
     finals: dict[str, float]  # its result's numbers and its metrics' last values
     tags: dict[str, str]  # what made it, its lineage, its place on the Pareto front, its cost
     moving: tuple[str, ...] = ()  # params population-based training may still change (its explored keys)
+    # when it reported each step (seconds since the epoch), where its lines say
+    times: dict[float, float] = field(default_factory=dict)
+
+    def time_of(self, step: float) -> float:
+        """When the run reported ``step``; now where its line does not say (an older line)."""
+        return self.times.get(step) or time.time()
 
     @property
     def settled(self) -> bool:
@@ -102,7 +108,8 @@ def gather(root: str) -> list[ExportedRun]:
     found = []
     for record in records(root):
         paths = run_folder(root, record)
-        curve = run_points(paths) if paths.unsafe(records_only=True) is None else []
+        safe = paths.unsafe(records_only=True) is None
+        curve = run_points(paths) if safe else []
         result = run_result(root, record)
         columns = flatten(result, "result.") if isinstance(result, dict) else {"result": result}
         finals = {key: float(value) for key, value in columns.items() if _number(value) and math.isfinite(value)}
@@ -135,6 +142,7 @@ def gather(root: str) -> list[ExportedRun]:
                 status=record.status.value,
                 running=record.status is RunStatus.RUNNING,
                 curve=_with_schedule(curve, member),
+                times=run_times(paths) if safe else {},
                 finals=finals,
                 tags=tags,
                 moving=moving,
@@ -274,11 +282,12 @@ def to_tensorboard(root: str, folder: str) -> Counts:
         "running": api_pb2.STATUS_RUNNING,
     }
 
-    def write(where: str, values: list[Any], step: float) -> None:
+    def write(where: str, values: list[Any], step: float, at: float | None = None) -> None:
         writer = writers.get(where)
         if writer is None:
             writer = writers[where] = EventFileWriter(where, filename_suffix=".gts")
-        event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values))
+        wall_time = time.time() if at is None else at
+        event = event_pb2.Event(wall_time=wall_time, step=int(step), summary=summary_pb2.Summary(value=values))
         writer.add_event(event)
 
     def text(tag: str, value: str) -> Any:
@@ -311,7 +320,8 @@ def to_tensorboard(root: str, folder: str) -> Counts:
                 if not float(step).is_integer():
                     counts.leave_out("TensorBoard's steps are whole numbers", f"{run.name} at step {step:g}")
                     continue
-                write(where, [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()], step)
+                scalars = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+                write(where, scalars, step, run.time_of(step))
                 counts.points += 1
             last = done["step"] if done["step"] is not None else 0
             if run.settled and not done["session"]:
@@ -392,12 +402,12 @@ def to_mlflow(root: str, uri: str) -> Counts:
                 client.set_tag(run_id, "gts.values", "final")
             after = _exported_step(tags_now.get("gts.exported_step"))
             points = new_points(run, after)
-            stamp = int(time.time() * 1000)
             batch: list[Any] = []
             for step, values in points:
                 if not float(step).is_integer():
                     counts.leave_out("MLflow's steps are whole numbers", f"{run.name} at step {step:g}")
                     continue
+                stamp = int(run.time_of(step) * 1000)  # MLflow's: milliseconds
                 batch.extend(Metric(mlflow_name(k), v, stamp, int(step)) for k, v in values.items())
             for at in range(0, len(batch), 1000):
                 client.log_batch(run_id, metrics=batch[at : at + 1000])
@@ -530,8 +540,8 @@ def to_wandb(root: str, folder: str) -> Counts:
                 live.config.update(run.params, allow_val_change=True)  # a member's values after a copy too
                 live.define_metric("gts_step")
                 live.define_metric("*", step_metric="gts_step")
-                for step, values in points:
-                    live.log({"gts_step": step, **values})
+                for step, values in points:  # W&B's own key for a row's time (else: when it is logged)
+                    live.log({"gts_step": step, **values, "_timestamp": run.time_of(step)})
                 live.summary.update({**run.finals, **run.tags})
             finally:
                 live.finish(exit_code=0 if run.status in ("succeeded", "running", "paused") else 1)

@@ -19,6 +19,7 @@ from ..records.ledger.record import RunRecord
 from ..records.metrics import run_curve
 from ..records.paths import RunPaths, UnsafePathError, open_regular, read_json
 from ..records.status import QUEUED, RunStatus
+from ..reporting import TIME_KEY
 from ..reports.status import STALE, eta, pool_lines, running_is_stale, shown_status, status
 from ..results import declared_modes, open_ledger, row_of
 
@@ -88,7 +89,7 @@ def first_reported(root: str, *, most: int = 20) -> str | None:
             continue
         if isinstance(line, dict):
             for key, value in line.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if key not in ("step", TIME_KEY) and isinstance(value, (int, float)) and not isinstance(value, bool):
                     return str(key)
     return None
 

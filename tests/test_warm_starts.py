@@ -253,10 +253,10 @@ def test_numpy_and_torch_generators_are_seeded_afresh_in_each_fork(in_tmp):
 
 
 class _ThreadsTask(GPUTask):
-    """Prints the size of PyTorch's CPU thread pool; its environment asks for one thread."""
+    """Prints the size of PyTorch's CPU thread pool; its environment asks for ``threads``."""
 
     def required_env(self):
-        return {"OMP_NUM_THREADS": "1"}
+        return {"OMP_NUM_THREADS": str(self.config["threads"])}
 
     def main(self):
         import torch
@@ -267,16 +267,19 @@ class _ThreadsTask(GPUTask):
 
 @pytest.mark.parametrize("prewarm", [{"imports": ["torch"]}, False], ids=["warm", "cold"])
 def test_a_forked_runs_torch_uses_the_threads_its_environment_asks_for(in_tmp, prewarm):
-    """PyTorch reads OMP_NUM_THREADS when it is imported: a cold run that asks for one thread (its
-    required_env; a pool's agent sets it to the run's share of CPUs) gets one. The warm process
-    imported torch without it, so a fork sizes torch's pool from the run's environment again."""
-    torch = pytest.importorskip("torch")
-    if torch.get_num_threads() < 2:
-        pytest.skip("one thread here already: the size cannot be seen to change")
-    config = make_config(in_tmp / "r", [{"i": [0]}], prewarm=prewarm)
+    """PyTorch reads OMP_NUM_THREADS when it is imported: a cold run whose environment asks for a
+    number of threads (its required_env; a pool's agent sets it to the run's share of CPUs) gets
+    them. The warm process imported torch with the scheduler's environment, so a fork sizes torch's
+    pool from the run's again. The run asks for another size than the scheduler's torch has."""
+    pytest.importorskip("torch")
+    fresh = subprocess.run(  # what the warm process's torch has: a fresh import's, in this environment
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True
+    )
+    threads = 2 if int(fresh.stdout) == 1 else 1
+    config = make_config(in_tmp / "r", [{"threads": [threads]}], prewarm=prewarm)
     assert GPUTaskScheduler(config, _ThreadsTask).start().ok
     (seen,) = _seen(in_tmp / "r").values()
-    assert seen == {"threads": 1, "forked": bool(prewarm)}, seen
+    assert seen == {"threads": threads, "forked": bool(prewarm)}, seen
 
 
 def test_a_stop_signal_while_the_first_warm_process_imports_is_acted_on_at_once(in_tmp, no_leaked_processes):

@@ -2,14 +2,21 @@
 lightning.py``, an MLP) as a ``command:``, swept by promotion ASHA with cold starts and warm ones,
 beside the whole grid run as processes, in one invocation and several orders of the grid.
 
-    python bench/warm_start_bench.py [--slots 2] [--orders 3] [--tools grid,cold,warm,warm-imports]
+    python bench/warm_start_bench.py [--slots 2] [--orders 3]
+        [--tools grid,cold,warm,warm-imports,ray-tune,optuna]
 
 * grid: every configuration trained to the last epoch, each a fresh process (``prewarm: false``);
 * cold: promotion ASHA (``min_step 3, max_step 12, reduction_factor 4``), every attempt a fresh
   Python that imports torch and Lightning (``prewarm: false``);
 * warm: the same, every attempt forked from the sweep's warm process (``prewarm: true``, the
   default), which learns what to import from the first runs;
-* warm-imports: the same, with ``prewarm: {imports: [torch, lightning]}``.
+* warm-imports: the same, with ``prewarm: {imports: [torch, lightning]}``;
+* ray-tune, optuna: the peers, each through its own ASHA and its own Lightning callback, in the same
+  order of the grid (``bench/lightning_peers.py`` says how; skipped where not installed: ``pip
+  install 'ray[tune]' optuna optuna-integration``).
+
+Every process trains on one thread (``OMP_NUM_THREADS=1``, as Ray gives a trial of one CPU), so
+that ``--slots`` runs share the cores alike in every tool.
 
 Printed per tool and order: the sweep's wall time and its share of the grid's, the CPU seconds of
 its processes (user + system, every child), the epochs trained over the grid's, the best final
@@ -23,6 +30,7 @@ machine is printed on top.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -50,7 +58,36 @@ TOOLS = {
 }
 
 
+PEERS = {"ray-tune": "ray.tune", "optuna": "optuna_integration"}
+PEER_SCRIPT = os.path.join(HERE, "lightning_peers.py")
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def peer(tool, order, slots, folder):
+    """A peer's sweep (bench/lightning_peers.py), measured as gts's are: wall and CPU of its process."""
+    out = os.path.join(folder, "peer.json")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, PEER_SCRIPT, tool, str(order), str(slots), out],
+        cwd=folder,
+        env={**os.environ, **ONE_THREAD, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{tool} failed:\n{done.stderr[-3000:]}")
+    with open(out) as handle:
+        found = json.load(handle)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": wall, "cpu": cpu, "epochs": found["epochs"], "finals": found["finals"], "ready": []}
+
+
 def one(tool, order, slots, folder):
+    if tool in PEERS:
+        return peer(tool, order, slots, folder)
     stopping, prewarm = TOOLS[tool]
     configs = [{"lr": lr, "width": width} for lr in LRS for width in WIDTHS]
     random.Random(order).shuffle(configs)
@@ -68,7 +105,7 @@ def one(tool, order, slots, folder):
         json.dump(config, handle)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": REPO}
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": REPO}
     done = subprocess.run(
         [sys.executable, "-m", "gpu_task_scheduler", "run", path, "--plain"],
         cwd=folder,
@@ -119,9 +156,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--orders", type=int, default=3)
-    parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--tools", default=",".join([*TOOLS, *PEERS]))
     args = parser.parse_args()
-    tools = args.tools.split(",")
+    tools = []
+    for tool in args.tools.split(","):
+        if tool in PEERS and importlib.util.find_spec(PEERS[tool].split(".")[0]) is None:
+            print(f"{tool}: not installed here ({PEERS[tool]}), left out")
+        elif tool in PEERS and PEERS[tool] == "ray.tune" and importlib.util.find_spec("ray.tune") is None:
+            print(f"{tool}: not installed here (ray[tune]), left out")
+        else:
+            tools.append(tool)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}")
     print(f"{len(LRS) * len(WIDTHS)} configurations x {EPOCHS} epochs, {args.slots} slots; {SCRIPT}")
     grid = {}

@@ -63,26 +63,28 @@ PEER_SCRIPT = os.path.join(HERE, "lightning_peers.py")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def peer(tool, order, slots, folder):
-    """A peer's sweep (bench/lightning_peers.py), measured as gts's are: wall and CPU of its process."""
-    out = os.path.join(folder, "peer.json")
+def measured(argv, folder, what):
+    """Run ``argv`` in ``folder`` (every process on one thread); its wall time and the CPU seconds of
+    its processes (user + system, every child)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, PEER_SCRIPT, tool, str(order), str(slots), out],
-        cwd=folder,
-        env={**os.environ, **ONE_THREAD, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
+        argv, cwd=folder, env={**os.environ, **ONE_THREAD, "PYTHONPATH": REPO}, capture_output=True, text=True
     )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise SystemExit(f"{tool} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    return {"wall": wall, "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+
+
+def peer(tool, order, slots, folder):
+    """A peer's sweep (bench/lightning_peers.py), measured as gts's are."""
+    out = os.path.join(folder, "peer.json")
+    found = measured([sys.executable, PEER_SCRIPT, tool, str(order), str(slots), out], folder, tool)
     with open(out) as handle:
-        found = json.load(handle)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": wall, "cpu": cpu, "epochs": found["epochs"], "finals": found["finals"], "ready": []}
+        told = json.load(handle)
+    return {**found, "epochs": told["epochs"], "finals": told["finals"], "ready": []}
 
 
 def one(tool, order, slots, folder):
@@ -103,22 +105,8 @@ def one(tool, order, slots, folder):
     path = os.path.join(folder, "sweep.json")
     with open(path, "w") as handle:
         json.dump(config, handle)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": REPO}
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_task_scheduler", "run", path, "--plain"],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{tool}: gts run failed:\n{done.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": wall, "cpu": cpu, **_read(root)}
+    found = measured([sys.executable, "-m", "gpu_task_scheduler", "run", path, "--plain"], folder, f"{tool}: gts run")
+    return {**found, **_read(root)}
 
 
 def _read(root):

@@ -9,8 +9,6 @@ optimizer step it journals the rate the optimizer trains at, next to the rate of
 the schedule's factor at that step, not at the rate of the checkpoint it restored. Each line names
 the attempt's process and the step gts said it resumes from (``GTS_RESUME_STEP``)."""
 
-import argparse
-import json
 import os
 import sys
 
@@ -19,6 +17,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
+from pbt_rates import arguments, journal  # noqa: E402
 
 from examples.integrations.lightning import Regressor, loaders  # noqa: E402
 from gpu_task_scheduler.integrations.lightning import GTSCallback, resume_from  # noqa: E402
@@ -38,32 +37,15 @@ class Scheduled(Regressor):
 
 
 class Rates(L.Callback):
-    def __init__(self, path, lr):
-        self.path, self.lr = path, lr
+    def __init__(self, out, lr):
+        self.out, self.lr = out, lr
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        used = trainer.optimizers[0].param_groups[0]["lr"]
-        with open(self.path, "a") as handle:
-            handle.write(
-                json.dumps(
-                    {
-                        "step": trainer.global_step,
-                        "lr": used,
-                        "config": self.lr,
-                        "pid": os.getpid(),
-                        "resume": os.environ.get("GTS_RESUME_STEP"),
-                    }
-                )
-                + "\n"
-            )
+        journal(self.out, trainer.global_step, trainer.optimizers[0].param_groups[0]["lr"], self.lr)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--lr", type=float, required=True)
-    parser.add_argument("--epochs", type=int, required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = arguments()
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(
@@ -73,7 +55,7 @@ def main():
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[GTSCallback(), Rates(os.path.join(args.out, "rates.jsonl"), args.lr)],
+        callbacks=[GTSCallback(), Rates(args.out, args.lr)],
     )
     model = Scheduled(args.lr, 8, args.epochs * STEPS_PER_EPOCH)
     trainer.fit(model, *loaders(), ckpt_path=resume_from())

@@ -8,14 +8,13 @@ The project's ``Trainer`` example (a tiny BERT, nothing downloaded), ``GTSCallba
 rate of its config, its process and the step gts said it resumes from, to ``WORK_DIR/rates.jsonl``
 (tests/pbt_lightning.py says why)."""
 
-import argparse
-import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from pbt_rates import arguments, journal  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from examples.integrations.transformers import make_trainer  # noqa: E402
@@ -23,31 +22,19 @@ from gpu_task_scheduler.integrations.transformers import GTSCallback, resume_fro
 
 
 class Rates(TrainerCallback):
-    def __init__(self, path, lr):
-        self.path, self.lr = path, lr
+    def __init__(self, out, lr):
+        self.out, self.lr = out, lr
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
-        line = {
-            "step": state.global_step,
-            "lr": optimizer.param_groups[0]["lr"],
-            "config": self.lr,
-            "pid": os.getpid(),
-            "resume": os.environ.get("GTS_RESUME_STEP"),
-        }
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
+        journal(self.out, state.global_step, optimizer.param_groups[0]["lr"], self.lr)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--lr", type=float, required=True)
-    parser.add_argument("--epochs", type=int, required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = arguments()
     import torch
 
     torch.set_num_threads(1)
-    rates = Rates(os.path.join(args.out, "rates.jsonl"), args.lr)
+    rates = Rates(args.out, args.lr)
     trainer = make_trainer(args.lr, 16, args.epochs, args.out, callbacks=[GTSCallback(), rates])
     trainer.train(resume_from_checkpoint=resume_from())
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import sys
 
 import gts_test_tasks as tasks
 import pytest
@@ -27,6 +28,7 @@ from gpu_task_scheduler.sweep.expand import Sweep
 pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("clusters")
 NODE = re.compile(r"^\d+\.\d+\.\d+\.\d+/[0-9a-f]{8}$")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def ray_config(root, test_config, **options):
@@ -75,6 +77,23 @@ def test_a_command_sweep_runs_on_ray_with_the_gpus_ray_gave_at_normal_priority(r
     # GPUs for runs at the same time: test_the_slots_are_the_clusters_gpus_...).
     for name in ("i-0,", "i-1,"):
         assert (root / name / "gpus").read_text().strip() in {str(i) for i in range(RAY_GPUS)}
+
+
+@pytest.mark.parametrize("prewarm", [{"imports": ["decimal"]}, False], ids=["warm", "cold"])
+def test_a_python_run_on_ray_is_forked_from_its_workers_warm_process(ray_instance, in_tmp, prewarm):
+    """A Ray worker keeps a warm process for the sweep's Python runs (prewarm, as locally and in a
+    Slurm pool's agents): a run finds what it imported already there, runs as ``__main__`` with its
+    own arguments, and is the worker's child, as a cold start is. ``prewarm: false``: cold."""
+    root, said = in_tmp / "r", in_tmp / "said"
+    config = ray_config(root, [{"i": [0, 1, 2]}], prewarm=prewarm)
+    config["command"] = [sys.executable, os.path.join(HERE, "share_command.py"), "{i}", str(said), "1"]
+    assert GPUTaskScheduler(config).start().ok
+    seen = {name[: -len(".json")]: json.loads((said / name).read_text()) for name in os.listdir(said)}
+    assert sorted(seen) == ["0", "1", "2"], seen
+    assert all(entry["argv"][0] == name and entry["main"] == "__main__" for name, entry in seen.items()), seen
+    assert all(entry["preloaded"] is bool(prewarm) for entry in seen.values()), seen
+    if prewarm:  # forked from the warm process, then made the worker's child (Ray names it "ray::TASK")
+        assert all(entry["parent"].startswith("ray::") for entry in seen.values()), seen
 
 
 def test_the_gpus_placeholder_is_refused_with_ray(tmp_path):

@@ -118,6 +118,22 @@ def test_a_sweep_started_again_recalls_what_its_runs_imported(in_tmp):
     assert "fractions" in json.loads((in_tmp / "r" / "i-0," / ".gts" / "imports.json").read_text())
 
 
+def test_a_request_longer_than_the_socket_hands_over_at_once_is_forked(in_tmp):
+    """The warm process read each request with one receive. A request longer than what the socket
+    hands over at once was cut, and the warm process died on it: a learned imports list of 3,475
+    modules, sent along with every request, made every fork of a Lightning sweep fail, and each run
+    then imported for itself (seen in bench/warm_start_bench.py). Here a run of 5,000 arguments:
+    forked whole, as a cold start would run it."""
+    extra = [f"argument-{index:05d}-" + "x" * 48 for index in range(5000)]  # about 320 KB of request
+    config = _probe(in_tmp, runs=2, slots=("cpu",), prewarm={"imports": ["decimal"]})
+    config["command"] = [sys.executable, "probe.py", "--i", "{i}", *extra]
+    assert GPUTaskScheduler(config).start().ok
+    seen = _seen(in_tmp / "r")
+    assert sorted(seen) == ["i-0,", "i-1,"]
+    assert all(run["forked"] and run["argv"][3:] == extra for run in seen.values())
+    assert "starts cold" not in (in_tmp / "r" / "scheduler.log").read_text()
+
+
 def test_a_module_of_the_users_folder_is_never_preloaded_so_an_edit_counts(in_tmp):
     config = _probe(in_tmp, runs=2, slots=("cpu",), prewarm={"imports": ["helper_of_probe"]})
     config["test_config"] = [{"i": [0]}]

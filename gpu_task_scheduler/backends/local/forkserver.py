@@ -76,19 +76,17 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
         if not chunk:
             return None  # discarded before it was told what to import
         told += chunk
-    imported, failed = _import_all(json.loads(told).get("imports", ()))
+    names = json.loads(told).get("imports", ())
+    imported, failed = _import_all(names)
     refused, native = _unforkable()
     output = _read_output()
     ready = {"imported": imported, "failed": failed, "refused": refused, "native_threads": native}
     control.sendall(json.dumps(ready).encode("utf-8") + b"\n")
     while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(control, 1 << 20, _FORKS_AT_MOST)
-        except OSError:
-            os._exit(0)
-        if not message:
+        request, fds = _request(control)
+        if request is None:
             os._exit(0)  # the scheduler closed it: the sweep is over, or it is gone
-        request = json.loads(message.decode("utf-8", "surrogateescape"))
+        request["preloaded"] = list(names)  # what it was told to import (the fork's imports file names them too)
         if refused:
             for fd in fds:
                 os.close(fd)
@@ -105,6 +103,25 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
             os.close(fd)
         answer = {"pid": pid} if pid > 0 else {"error": "the warm process could not fork"}
         control.sendall(json.dumps(answer).encode("utf-8") + b"\n")
+
+
+def _request(control: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """The scheduler's next request (one JSON object and a newline, its descriptors with its first
+    bytes), or None once the scheduler closed the socket. A stream socket may hand a long request
+    over in pieces: it is read to its newline."""
+    data, fds = b"", []
+    while not data.endswith(b"\n"):
+        try:
+            chunk, more, _, _ = socket.recv_fds(control, 1 << 20, _FORKS_AT_MOST)
+        except OSError:
+            chunk, more = b"", []
+        fds += more
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        data += chunk
+    return json.loads(data.decode("utf-8", "surrogateescape")), fds
 
 
 def _import_all(names: Any) -> tuple[list[str], list[str]]:

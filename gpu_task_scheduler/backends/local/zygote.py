@@ -188,7 +188,7 @@ class WarmProcess:
 
     def fork(self, request: dict[str, Any], fds: list[int]) -> int | None:
         """The forked run's pid (now our child), or None (the warm process failed: start cold)."""
-        data = json.dumps(request).encode("utf-8", "surrogateescape")
+        data = json.dumps(request).encode("utf-8", "surrogateescape") + b"\n"  # read to its newline
         become_subreaper()  # the run, orphaned by the helper, becomes our child
         try:
             try:
@@ -314,7 +314,6 @@ class WarmStarts:
                 "lifeline": lifeline,
                 "user_folders": sorted(folders),
                 "imports_file": os.path.join(paths.meta, IMPORTS_FILE),
-                "preloaded": list(warm.imports),
                 "cpus": list(cpus),
             }
             pid = warm.fork(request, [log, read_end, *self._inherit])

@@ -251,7 +251,12 @@ class RayLauncher(BaseLauncher):
         except (LaunchError, OSError) as error:
             log_launch_failure(paths, error)
             raise
-        run = {**remote_run(attempt, launch, self._o.grace_period), "lease_every": self._o.lease_interval}
+        run = {
+            **remote_run(attempt, launch, self._o.grace_period),
+            "lease_every": self._o.lease_interval,
+            # Forked from the Ray worker's warm process (remote.py), as locally, unless prewarm: false.
+            "warm_imports": list(self._o.warm_imports) if self._o.prewarm else None,
+        }
         task = self._supervise.options(
             num_gpus=self._gpus.get(attempt.slot.name, 0.0),
             num_cpus=self._o.ray_cpus_per_run,

@@ -6,7 +6,10 @@ process as the local backend does (:class:`~..local.process.Child`: its own
 session, its log, the lifeline that ends the run if this supervisor dies) with
 the GPUs Ray gave the task as ``CUDA_VISIBLE_DEVICES``, and waits for it. The
 Ray worker is reused by the next task (``max_calls=0``); each run still gets a
-fresh process.
+process of its own. A Python run (``prewarm``, the default) is forked from the
+worker's warm process (``supervisor.NodeWarmStarts``, kept for the worker's
+life: its imports are paid once per worker, not per attempt); the fork becomes
+the worker's child, as a cold start is.
 
 :class:`Control` is a small async actor of the driver's: a stop or kill the
 engine asks for is posted there and reaches the supervisor, which waits on it
@@ -32,7 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...records.lease import LeaseHolder, LeaseTerms
-from ..supervisor import Word, cannot_run, keep_lease, log_line, start_run
+from ..supervisor import NodeWarmStarts, Word, cannot_run, keep_lease, log_line, start_run
 
 # What a stop request may say; "end": the run is over, the supervisor stops waiting.
 STOP, KILL, END = "stop", "kill", "end"
@@ -81,6 +84,22 @@ class Control:
             condition.notify_all()
 
 
+_WARM: dict[tuple[str, ...], NodeWarmStarts] = {}  # this worker's, by what the sweep names to import
+READY_WAIT = 10.0  # seconds the worker's first Python run waits for its warm process (then it starts cold)
+
+
+def _warm_starts(run: dict[str, Any]) -> NodeWarmStarts | None:
+    """This Ray worker's warm starts for the run's sweep (None: prewarm is off, or a driver of an
+    older gts sent no word of it)."""
+    imports = run.get("warm_imports")
+    if imports is None:
+        return None
+    key = tuple(imports)
+    if key not in _WARM:
+        _WARM[key] = NodeWarmStarts(key, ready_wait=READY_WAIT)
+    return _WARM[key]
+
+
 def node_name() -> str:
     """This machine as the ledger and ``gts status`` show it: ``IP/node id`` (8 hex digits)."""
     import ray
@@ -118,7 +137,7 @@ def supervise(run: dict[str, Any], control: Any) -> Iterator[dict[str, Any]]:
         return
     gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
     try:
-        handle, ended = start_run(run, ",".join(str(gpu) for gpu in gpus))
+        handle, ended = start_run(run, ",".join(str(gpu) for gpu in gpus), warm=_warm_starts(run))
     except OSError as error:  # as locally: the run fails, and its log says why
         log_line(run["log"], f"gpu_task_scheduler: the run could not start on {node}: {error}\n")
         lease.release()

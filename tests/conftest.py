@@ -22,7 +22,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("
 # Imported only by runs on a machine with PyTorch (test_real_gpu.py), or run as scripts by sweeps
 # of the framework tests (test_integration_sweeps.py): not modules to collect (each imports its
 # framework, which an install without the integrations extra lacks).
-collect_ignore = ["gts_torch_module.py", "pbt_lightning.py", "pbt_trainer.py"]
+collect_ignore = ["gts_torch_module.py", "pbt_lightning.py", "pbt_trainer.py", "pbt_keras.py"]
 
 # `pytest -m quick`: a check of an install in under a minute (README, "The test suite"): the
 # configs, naming, the command line, the ledger, the engine's decisions and a few whole sweeps, and

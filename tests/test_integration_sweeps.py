@@ -200,16 +200,26 @@ def test_the_example_as_a_command_is_paused_and_resumed(name, tmp_path):
 
 PBT_EPOCHS, PBT_STEPS_PER_EPOCH = 6, 8  # 256 samples in batches of 32 (both scripts)
 # Per framework: its PBT script (tests/pbt_<name>.py), the package it needs, the metric its callback
-# reports, the schedule the script trains under (the factor of the base rate at each step), and the
-# grid's rates (SGD's and AdamW's; none a factor of 2 from another, so a copy's rate is a new one).
+# reports, the schedule the script trains under (the factor of the base rate at each step), the
+# grid's rates (SGD's and AdamW's; none a factor of 2 from another, so a copy's rate is a new one),
+# and what a copied member's log says of the restored rate (Keras's schedule is the script's own
+# object, built from its config: never restored).
 PBT_FRAMEWORKS = {
-    "lightning": ("pbt_lightning.py", "lightning", "val_loss", "cosine", [0.3, 0.17, 0.1, 0.04]),
-    "transformers": ("pbt_trainer.py", "accelerate", "eval_loss", "linear", [0.01, 0.0051, 0.003, 0.0012]),
+    "lightning": ("pbt_lightning.py", "lightning", "val_loss", "cosine", [0.3, 0.17, 0.1, 0.04], "(this run's config)"),
+    "transformers": (
+        "pbt_trainer.py",
+        "accelerate",
+        "eval_loss",
+        "linear",
+        [0.01, 0.0051, 0.003, 0.0012],
+        "(this run's config)",
+    ),
+    "keras": ("pbt_keras.py", "keras", "val_loss", "cosine", [0.3, 0.17, 0.1, 0.04], "this run's own schedule"),
 }
 
 
 def _pbt_sweep(folder, name):
-    script, needs, metric, _, rates = PBT_FRAMEWORKS[name]
+    script, needs, metric, _, rates, _ = PBT_FRAMEWORKS[name]
     framework(name, needs=needs)
     config = {
         "scheduler_config": {
@@ -265,7 +275,7 @@ def _cosine_factors(total):
     return factors
 
 
-def _check_members_trained_at_their_own_rates(root, schedule):
+def _check_members_trained_at_their_own_rates(root, schedule, said):
     """Every member succeeded; each attempt trained on from an epoch's checkpoint, one step after
     another, the last to the end; at every optimizer step of every attempt it trained at its
     config's rate times the schedule's factor at that step (after a copy too: not the rate it
@@ -295,11 +305,12 @@ def _check_members_trained_at_their_own_rates(root, schedule):
         assert all(step == int(float(resume or 0)) * PBT_STEPS_PER_EPOCH for step, resume in starts), (name, starts)
         assert attempts[-1][1][-1] == total - 1, (name, attempts)
         for line in lines:
-            assert line["lr"] == pytest.approx(line["config"] * factors[line["step"]], rel=1e-7), (name, line)
+            # (rel 1e-5: Keras computes its schedule in float32; a donor's rate is off by 2x)
+            assert line["lr"] == pytest.approx(line["config"] * factors[line["step"]], rel=1e-5), (name, line)
         logs = glob.glob(str(root / name / "*.log")) + glob.glob(str(root / name / ".gts" / "logs" / "attempt-*.log"))
         log = "".join(open(path).read() for path in logs)  # every attempt's
         if name in copied:
-            assert "(restored) -> " in log and "(this run's config)" in log, log[-3000:]
+            assert said in log, log[-3000:]
     assert {line_config for name in copied for line_config in _configs(root / name)} - {
         json.loads(rows[name]["params"])["lr"] for name in copied
     }, "no copied member trained at a perturbed rate"
@@ -340,9 +351,9 @@ def _pbt_events(root):
 
 @pytest.mark.parametrize("name", list(PBT_FRAMEWORKS))
 def test_a_pbt_sweep_killed_at_a_pause_and_at_an_exploits_copy_trains_each_member_at_its_own_rate(tmp_path, name):
-    """PBT through `gts run` on a real Lightning script with a cosine LR schedule, and a ``Trainer``
+    """PBT through `gts run` on a real Lightning script with a cosine LR schedule, a ``Trainer``
     script with its own linear one (the restored scheduler brought back the donor's rate; with the
-    ``Trainer``, PBT perturbed nothing): 4 members, 2 slots, an exploit every 2 epochs. The
+    ``Trainer``, PBT perturbed nothing) and a Keras script with a ``CosineDecay``: 4 members, 2 slots, an exploit every 2 epochs. The
     scheduler is killed (SIGKILL, tests/pbt_kill_driver.py) once it committed a pause (before the
     run is told), then once it put a donor's checkpoint in place of a member's (before the member's
     new attempt is committed; where no such exploit comes before the end, the sweep ends), and run
@@ -369,7 +380,7 @@ def test_a_pbt_sweep_killed_at_a_pause_and_at_an_exploits_copy_trains_each_membe
         killed.append(json.loads(note.read_text())["point"])
     assert killed[:1] == ["pausing"], killed  # every sweep pauses: the first kill always comes
     gts("run", str(path), "--plain", cwd=str(tmp_path))
-    _check_members_trained_at_their_own_rates(root, PBT_FRAMEWORKS[name][3])
+    _check_members_trained_at_their_own_rates(root, PBT_FRAMEWORKS[name][3], PBT_FRAMEWORKS[name][5])
     assert _copy_faults(root) == []
     for name, row in ledger_rows(root).items():  # reported steps: each once, in order
         steps = [line["step"] for line in reported(row["work_dir"])]

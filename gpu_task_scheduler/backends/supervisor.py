@@ -9,7 +9,7 @@ does with its run is the same, and is here:
 * :func:`start_run`: the run's process, as the local backend starts it
   (:class:`~.local.process.Child`: its own session, its log, the lifeline that
   ends the run if the supervisor dies), forked from the node's warm process
-  where the supervisor keeps one (:class:`NodeWarmStarts`: a pool's agent);
+  where the supervisor keeps one (:class:`NodeWarmStarts`: a pool's agent, a Ray worker);
 * :func:`keep_lease`: the attempt's lease (``records/lease.py``), renewed after
   each word from the scheduler that the attempt is still wanted; the run is
   stopped (SIGTERM, the grace period, SIGKILL) once there has been no such word
@@ -82,9 +82,10 @@ def cannot_run(run: Mapping[str, Any], node: str) -> str | None:
 
 class NodeWarmStarts:
     """The warm starts of one machine's supervisor that starts many attempts, each from a thread of
-    its own (a pool's agent): the local backend's (``local/zygote.py``: a warm process that has
-    imported what the runs import, never touched a GPU, forked per attempt). An array task starts
-    one attempt and keeps none: a warm process would only pay the imports first.
+    its own (a pool's agent), or many one after another (a Ray worker): the local backend's
+    (``local/zygote.py``: a warm process that has imported what the runs import, never touched a
+    GPU, forked per attempt). An array task starts one attempt and keeps none: a warm process
+    would only pay the imports first.
 
     Every call runs on one thread of its own, which lives as long as this object: a warm process
     asks for a signal at its parent's death, and Linux sends it when the *thread* that started it

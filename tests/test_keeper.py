@@ -4,6 +4,7 @@ spares a run whose command had already ended, so that its success is recorded (k
 import json
 import os
 import signal
+import sys
 
 import pytest
 from conftest import wait_until
@@ -71,6 +72,11 @@ def test_a_command_that_has_ended_is_spared_so_its_success_is_recorded(tmp_path,
     assert (outcome["status"], outcome["token"]) == ("succeeded", "t0ken")
 
 
+def cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return handle.read().decode().split("\0")
+
+
 def wrapper_at(tmp_path, keeper, script):
     """A process the keeper takes for a wrapper (``$0`` gts-command, its session's leader, the
     keeper's mark and descriptors) that runs ``script`` in the shell itself: it blocks in ``read``
@@ -87,7 +93,17 @@ def test_a_wrapper_frozen_before_it_said_its_command_started_is_spared_once_the_
     command, already ended (a zombie), must not be run again, so the wrapper is spared to record it.
     (Under load this window made test_a_command_that_has_ended_is_spared... fail, 4 runs in 7.)"""
     keeper = Keeper()
-    child = wrapper_at(tmp_path, keeper, "true & :")  # forked, ended, not reaped; GTS_FORKED_FD still open
+    os.mkfifo(tmp_path / "end")
+    # The command (a background job) waits for "end". The shell then becomes a Python that never
+    # reaps it (the shell itself reaps an ended job when it next looks, so its zombie would not
+    # stay), keeping the wrapper's $0 as argv[3] and its descriptors: GTS_FORKED_FD still open.
+    code = "import sys; open(sys.argv[2]).read()"
+    python = f"exec {sys.executable} -c '{code}' gts-command {tmp_path}/go"
+    child = wrapper_at(tmp_path, keeper, f"read -r _ < {tmp_path}/end & {python}")
+    wait_until(lambda: [state(pid) for pid in children(child.pid)] == ["S"], message="the command to start")
+    wait_until(lambda: cmdline(child.pid)[0] == sys.executable, message="the wrapper to become Python")
+    with open(tmp_path / "end", "w") as fifo:
+        fifo.write("\n")
     wait_until(lambda: [state(pid) for pid in children(child.pid)] == ["Z"], message="the command to end")
     keeper.close()
     assert not child.has_exited()  # spared, and let go on

@@ -21,6 +21,7 @@ from helpers import journal_lines, ledger_rows
 from test_process_control import finish
 
 from gpu_task_scheduler.backends.slurm import commands, throttle
+from gpu_task_scheduler.backends.slurm.launcher import END_LAG, HELD_WAIT, held_end_verdict
 from gpu_task_scheduler.errors import ConfigError
 from gpu_task_scheduler.sweep.options import parse_scheduler_config
 from gpu_task_scheduler.sweep.slurm import parse_time
@@ -584,6 +585,45 @@ def test_a_node_that_cannot_read_the_batch_file_says_why(tmp_path):
     task = _task(tmp_path / "elsewhere" / "batch.json")
     output = finish(task)
     assert task.returncode == 2 and "must be on a file system every node sees" in output, output
+
+
+def held_verdicts(answers, every=0.5):
+    """What the launcher makes of an end no signal came before, squeue answering ``answers`` (one a
+    look, ``every`` seconds apart; a state, or None: not listed), up to its first verdict."""
+    for looks, answer in enumerate(answers):
+        state = None if answer is None else commands.TaskState(answer, "vm", "None")
+        verdict = held_end_verdict(state, looks, looks * every)
+        if verdict is not None:
+            return verdict, looks
+    return None, len(answers)
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        (["PENDING"], ("lost", 0)),  # requeued: queued again (BeginTime)
+        (["REQUEUED"], ("lost", 0)),
+        (["REQUEUE_HOLD"], ("lost", 0)),
+        (["PREEMPTED"], ("lost", 0)),
+        (["CANCELLED"], ("lost", 0)),
+        (["COMPLETED"], ("end", 0)),
+        (["FAILED"], ("end", 0)),
+        # A requeued task is COMPLETING for as long as slurmd takes to end its processes.
+        (["COMPLETING"] * 5 + ["PENDING"], ("lost", 5)),
+        (["RUNNING", "COMPLETING", "COMPLETED"], ("end", 2)),
+        (["RUNNING"] * 5, ("end", END_LAG)),  # listed for good (slurmstepd died): see the next test
+        # Not listed for a moment, then its state; not listed for good: it ended (and was purged).
+        ([None, "PENDING"], ("lost", 1)),
+        ([None, None, None], ("end", END_LAG)),
+        # Listed COMPLETING for good: taken as ended, after HELD_WAIT.
+        (["COMPLETING"] * 100, ("end", int(HELD_WAIT / 0.5))),
+    ],
+)
+def test_an_end_no_signal_came_before_waits_for_slurm_to_say_whether_it_took_the_task_down(answers, expected):
+    """A requeue signals every process of the job, the run's now and then before its supervisor's:
+    its end then says no signal came, and Slurm's state decides. A CI run recorded a run requeued
+    0.7 s in as succeeded: a task still live was taken as ended after 2 looks."""
+    assert held_verdicts(answers) == expected
 
 
 @slurm_only

@@ -73,6 +73,47 @@ logger = logging.getLogger("gpu_task_scheduler")
 END_LAG = 2  # squeue looks after a task's end before its missing end file means it is lost (a late NFS view)
 CLOSE_WAIT = 60.0  # seconds the sweep's end waits for Slurm to be done with its tasks
 SETTLE = 5.0  # ... of which a task that ended may stay listed before it is cancelled
+HELD_WAIT = 30.0  # seconds an end no signal came before waits while Slurm lists its task as live
+# Slurm's states of a task it took down: a requeue (PENDING again, or held), a preemption, a cancel
+TAKEN_DOWN = frozenset(
+    {
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "SPECIAL_EXIT",
+        "PREEMPTED",
+        "NODE_FAIL",
+        "CANCELLED",
+        "BOOT_FAIL",
+    }
+)
+
+
+def held_end_verdict(state: TaskState | None, looks: int, held_for: float) -> str | None:
+    """Whether an attempt that ended with no signal its supervisor saw was taken down by Slurm
+    ("lost": a success it recorded is of a run cut short, and it runs again) or ended by itself
+    ("end"), from Slurm's state of its task ``looks`` squeue looks (``held_for`` seconds) after
+    its end was read; None: not known yet, look again.
+
+    A requeue or a preemption signals every process of the job, the run's now and then before
+    its supervisor's (slurmstepd signals them one by one, and may be descheduled between two on a
+    loaded machine). Slurm's state then says it, once it is past COMPLETING: a requeued task passes
+    through COMPLETING as a task that ended does, for as long as slurmd takes to end its
+    processes (seconds, under load), so such a state is waited out (up to ``HELD_WAIT``, for a
+    task Slurm would list for good). RUNNING is not one: slurmctld marks a task it takes down
+    before it signals it. A task not listed may be a moment's gap in squeue's answer: looked at
+    again ``END_LAG`` times, as one still RUNNING. (A success was once taken after 2 looks at a live task:
+    a run requeued 0.7 s in was recorded succeeded.)"""
+    if state is None:
+        return "end" if looks >= END_LAG else None  # purged (MinJobAge) after it ended, or not yet listed
+    if state.state in TAKEN_DOWN:
+        return "lost"
+    if state.state == "RUNNING":  # Slurm took it down: it would have said so before it signalled
+        return "end" if looks >= END_LAG else None  # listed a moment longer, or for good (slurmstepd died)
+    if state.live:
+        return "end" if held_for >= HELD_WAIT else None
+    return "end"  # COMPLETED, FAILED, OUT_OF_MEMORY, TIMEOUT...: Slurm saw it end
 
 
 class _Task(Record, frozen=False):
@@ -88,6 +129,8 @@ class _Task(Record, frozen=False):
     ran: bool = False  # squeue saw it started (a later PENDING is a requeue)
     running_since: float | None = None  # when squeue first said RUNNING (this clock), until its start is read
     held_end: dict[str, Any] | None = None  # an end with no signal seen, until squeue says whether Slurm killed it
+    held_at: float = 0.0  # when it was read (this clock)
+    held_looks: int = 0  # squeue looks since
     asked: str | None = None  # "TERM" or "KILL" once the engine asked
     sent: set[str] = field(default_factory=set)
 
@@ -415,7 +458,7 @@ class SlurmLauncher(Following):
             # again (each look reads the files first: the end was recorded unchecked before). A
             # success was once taken at once: a run requeued 1.2 s in was recorded succeeded.
             if task.held_end is None:
-                task.held_end = record
+                task.held_end, task.held_at = record, time.monotonic()
                 self._next_look = 0.0
             return
         self._end(task, record)
@@ -526,16 +569,19 @@ class SlurmLauncher(Following):
     def _failed_or_lost(self, task: _Task, state: TaskState | None) -> None:
         """A run ended with no signal its supervisor saw: Slurm's state of its task says whether
         Slurm requeued, preempted or cancelled it (lost: it runs again, a success it recorded set
-        aside) or the run ended by itself."""
+        aside) or the run ended by itself (:func:`held_end_verdict`)."""
         assert task.held_end is not None
-        killed = ("PENDING", "REQUEUED", "PREEMPTED", "NODE_FAIL", "CANCELLED", "BOOT_FAIL")
-        if state is not None and state.state in killed:
-            why = "requeued" if state.state in ("PENDING", "REQUEUED") else state.state.lower().replace("_", " ")
+        verdict = held_end_verdict(state, task.held_looks, time.monotonic() - task.held_at)
+        task.held_looks += 1
+        if verdict == "lost":
+            assert state is not None
+            requeued = state.state in ("PENDING", "SPECIAL_EXIT") or state.state.startswith("REQUEUE")
+            why = "requeued" if requeued else state.state.lower().replace("_", " ")
             self._cut_short(task)
             self._lose(task, f"Slurm {why} its job {task.name} while its run ran")
-        elif state is not None and state.live and task.gone_looks < END_LAG:
-            task.gone_looks += 1  # still finishing: look again
-        else:
+        elif verdict == "end":
+            if state is not None and state.live:
+                logger.info("Slurm still lists task %s %s %.0fs after its run ended", task.name, state.state, HELD_WAIT)
             self._end(task, task.held_end)
 
     def _cut_short(self, task: _Task) -> None:

@@ -4,6 +4,7 @@ spares a run whose command had already ended, so that its success is recorded (k
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -70,6 +71,11 @@ def test_a_command_that_has_ended_is_spared_so_its_success_is_recorded(tmp_path,
     assert child.reap() == 0
     outcome = json.loads((tmp_path / "outcome.json").read_text())
     assert (outcome["status"], outcome["token"]) == ("succeeded", "t0ken")
+
+
+def log_text(folder):
+    path = folder / "log"
+    return path.read_text(errors="replace")[-2000:] if path.exists() else None
 
 
 def cmdline(pid):
@@ -186,6 +192,35 @@ def test_a_wrapper_runs_its_command_in_the_runs_directory_wherever_the_scheduler
     assert json.loads((tmp_path / "outcome.json").read_text())["status"] == "succeeded"
 
 
+_LOW_DESCRIPTORS = r"""
+import os, socket, sys, time
+from gpu_task_scheduler.backends.local.process import Child
+out = os.dup(1)
+os.close(0)  # standard input closed (a daemon's, or a test runner's worker's)
+control, other = socket.socketpair()  # descriptor 0, then 1's replacement below
+os.close(1)
+script = 'for fd in $GTS_LIFELINE_FD $GTS_CONTROL_FD; do readlink /proc/$$/fd/$fd; done'
+child = Child(["/bin/sh", "-c", script], env=dict(os.environ), cwd=os.getcwd(), log_path=sys.argv[1],
+              on_exit=lambda: None, control=control.fileno())
+while not child.has_exited():
+    time.sleep(0.01)
+os.write(out, f"{control.fileno()} {child.reap()}".encode())
+"""
+
+
+def test_a_child_gets_its_lifeline_and_control_socket_whatever_descriptors_they_have_here(tmp_path):
+    """Where standard input is closed, the lifeline's pipe (or a control socket) gets descriptor 0
+    here; the child's /dev/null took its place before it was moved, and every run read its
+    lifeline's end at once and died (the watched wrapper's test failed so in a CI worker)."""
+    log = tmp_path / "log"
+    done = subprocess.run(
+        [sys.executable, "-c", _LOW_DESCRIPTORS, str(log)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout == "0 0", done.stderr  # the socket was descriptor 0 here; the child ended well
+    lifeline, control = log.read_text().split()
+    assert lifeline.startswith("pipe:") and control.startswith("socket:")
+
+
 @pytest.mark.parametrize("line", ["true", "sleep 60"])
 def test_without_a_keeper_each_wrapper_watches_the_lifeline_itself(tmp_path, no_leaked_processes, line):
     """Where there is no /proc for a keeper, the wrapper forks a watcher, as before the keeper: a
@@ -198,7 +233,12 @@ def test_without_a_keeper_each_wrapper_watches_the_lifeline_itself(tmp_path, no_
         assert child.reap() == 0
         assert json.loads((tmp_path / "outcome.json").read_text())["token"] == "w"
         return
-    wait_until(lambda: len(children(child.pid)) == 2, message="the command and the watcher to start")
+    try:
+        wait_until(lambda: len(children(child.pid)) == 2, message="the command and the watcher to start")
+    except AssertionError as error:  # say what there was instead (seen once, in a CI worker)
+        kids = {pid: state(pid) for pid in children(child.pid)}
+        seen = f"wrapper {state(child.pid)}, children {kids}, log {log_text(tmp_path)!r}"
+        raise AssertionError(f"{error}: {seen}") from None
     os.close(child._lifeline)  # as the scheduler's death closes it
     child._lifeline = -1
     wait_until(child.has_exited, message="the watcher to kill the run")

@@ -22,6 +22,7 @@ reused by another process while we still signal it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import threading
@@ -55,6 +56,7 @@ def open_log(log_path: str | None) -> int:
 
 
 # Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
+_LOW_END = 10  # the child's descriptors 0-9 are placed by _spawn's actions (dash names only one digit)
 _DEFAULT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
 
 
@@ -73,25 +75,42 @@ def _spawn(
     here = os.getcwd()
     if not hasattr(os, "POSIX_SPAWN_DUP2") or (cwd != here and os.path.realpath(cwd) != here):
         raise NotImplementedError  # posix_spawn cannot change the directory
-    actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_DUP2, log_fd, 1),
-        (os.POSIX_SPAWN_DUP2, log_fd, 2),
-        *((os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in placed),  # dup2 clears close-on-exec
-    ]
-    pass_fds = (*pass_fds, *(ours for ours, theirs in placed if ours == theirs))
-    # Our descriptors are close-on-exec (PEP 446), so the child gets only these. Only the
-    # loop's thread starts runs, so no other start sees them inheritable meanwhile.
-    for fd in pass_fds:
-        os.set_inheritable(fd, True)
+    # The actions run in order, in the child: a descriptor of ours numbered where an earlier action
+    # puts another (0-2, or 3-9 for ``placed``) would be lost before it is moved. With standard
+    # input closed here, the lifeline's pipe got descriptor 0, /dev/null took its place, and every
+    # run read its lifeline's end at once and died. Each is moved out of the way first (above 9).
+    lifted: list[int] = []
+
+    def clear(fd: int) -> int:
+        if fd >= _LOW_END:
+            return fd
+        lifted.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOW_END))
+        return lifted[-1]
+
     try:
-        spawn = os.posix_spawn if os.path.isabs(argv[0]) else os.posix_spawnp
-        return spawn(argv[0], argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
-    except TypeError as error:  # a Python without setsid=
-        raise NotImplementedError from error
-    finally:
+        log_fd = clear(log_fd)
+        placed = [(clear(ours), theirs) for ours, theirs in placed]
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, log_fd, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+            *((os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in placed),  # dup2 clears close-on-exec
+        ]
+        # Our descriptors are close-on-exec (PEP 446), so the child gets only these. Only the
+        # loop's thread starts runs, so no other start sees them inheritable meanwhile.
         for fd in pass_fds:
-            os.set_inheritable(fd, False)
+            os.set_inheritable(fd, True)
+        try:
+            spawn = os.posix_spawn if os.path.isabs(argv[0]) else os.posix_spawnp
+            return spawn(argv[0], argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS)
+        except TypeError as error:  # a Python without setsid=
+            raise NotImplementedError from error
+        finally:
+            for fd in pass_fds:
+                os.set_inheritable(fd, False)
+    finally:
+        for fd in lifted:
+            os.close(fd)
 
 
 def _pgid(pid: int) -> int | None:
@@ -144,7 +163,7 @@ class Child:
         # In the child the lifeline (and control socket) get low descriptors: the shell that runs
         # a command reads the lifeline with a redirection, and dash takes only one digit there (the
         # scheduler's own are often above 9). Where posix_spawn cannot be used, they keep theirs.
-        low = sorted(set(range(3, 10)) - set(inherit_fds))
+        low = sorted(set(range(3, _LOW_END)) - set(inherit_fds))
         second = control
         if keeper is not None:  # a command run's wrapper (prepare.py): started here, it changes directory
             keeper.ensure()

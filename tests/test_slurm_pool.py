@@ -252,6 +252,7 @@ class _Handle:
         import threading
 
         self.token, self.ended, self.over = token, None, threading.Event()
+        self.fencing, self.node, self.on_placed = False, None, None
 
     def has_exited(self):
         return self.ended is not None
@@ -288,6 +289,49 @@ def test_a_kill_asked_while_the_stop_is_written_is_sent_too(tmp_path, monkeypatc
     assert written == ["t0.stop", "t0.kill"]
     launcher._send_requests()
     assert written == ["t0.stop", "t0.kill"]  # each word once
+
+
+@pytest.mark.parametrize(
+    ("state", "succeeded"),
+    [("RUNNING", True), ("CANCELLED", False), ("PENDING", False), ("COMPLETING", False), (None, False)],
+)
+def test_a_success_that_came_with_slurms_end_of_its_allocation_is_set_aside_and_runs_again(tmp_path, state, succeeded):
+    """A cancel, a requeue or a preemption of an allocation signals every process of it, the run's
+    now and then before its agent's: a run that saved on SIGTERM and exited 0 then ends with a
+    success its agent saw no signal before. It is held until a squeue asked after its end was read
+    says whether the allocation still runs: if not, the success is of a run cut short, set aside,
+    and the run runs again (lost). One asked before its end was read may say RUNNING of an
+    allocation Slurm already took down: it decides nothing."""
+    import time
+
+    from gpu_task_scheduler.backends.slurm.commands import TaskState
+    from gpu_task_scheduler.backends.slurm.pool import _Attempt
+    from gpu_task_scheduler.records.paths import RunPaths
+
+    launcher = PoolLauncher(type("T", (), {}), _options({"nodes": 1}, poll_interval=0.5))
+    launcher._files = PoolFiles(str(tmp_path / "pool"))
+    os.makedirs(launcher._files.events)
+    paths = RunPaths(str(tmp_path / "run"), None)
+    os.makedirs(paths.meta)
+    with open(paths.outcome, "w") as handle:
+        json.dump({"status": "succeeded", "token": "t0", "result": 1}, handle)
+    task = _Attempt(_Handle("t0"), {"name": "a,", "work_dir": str(tmp_path / "run"), "log": None}, entry="e")
+    task.placed, task.job = True, "5"
+    task.handle.node = "node1 (pool job 5)"  # as its start record said
+    launcher._attempts["t0"] = task
+    with open(launcher._files.event("t0", "0.end"), "w") as handle:
+        json.dump({"returncode": 0, "strays": [], "unstoppable": [], "node": "node1"}, handle)
+    before = time.monotonic()
+    launcher._read_events()
+    assert task.held is not None and not task.handle.has_exited()  # held, not taken at once
+    states = {} if state is None else {"5": TaskState(state, "node1", "None")}
+    launcher._failed_or_handed_back(task, {"5": TaskState("RUNNING", "node1", "None")}, before)
+    assert not task.handle.has_exited()  # an answer asked before its end was read decides nothing
+    launcher._failed_or_handed_back(task, states, time.monotonic())
+    assert task.handle.has_exited()
+    assert (task.handle.ended.lost is None) == succeeded
+    assert os.path.exists(paths.outcome) == succeeded
+    assert os.path.exists(paths.outcome + ".cut-short") == (not succeeded)
 
 
 def _returns_at_once(call):

@@ -59,12 +59,13 @@ from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...recordclass import Record
 from ...records.lease import LeaseTerms, wait_all_over, wait_over
-from ...records.paths import UnsafePathError, atomic_write, atomic_write_json, open_regular, read_json
+from ...records.paths import RunPaths, UnsafePathError, atomic_write, atomic_write_json, open_regular, read_json
 from ...sweep.options import SchedulerOptions
 from ...sweep.slurm import PoolOptions
 from ..local.prepare import TaskFactory
 from ..supervisor import log_line
 from . import commands
+from . import task as task_module
 from .commands import TaskState
 from .following import Following, SlurmHandle, _running_for
 from .poolfiles import PoolFiles, entry_name, job_of, token_of
@@ -464,11 +465,14 @@ class PoolLauncher(Following):
                 self._lose(task, str(record["lost"]), wait=task.placed or bool(record.get("signalled")))
             elif os.path.exists(self._files.event(token, "drained")) and not task.asked:
                 self._finish(task, self._ended(record, handed_back=True))
-            elif record.get("returncode") != 0 and not task.asked and not record.get("fenced"):
-                # A cancel or a requeue of the allocation signals every process of it: the run's
-                # SIGTERM can come before its agent's drain. Held until the next look says.
+            elif not task.asked and not record.get("fenced"):
+                # A cancel, a requeue or a preemption of the allocation signals every process of
+                # it, the run's now and then before its agent's (which then drains too late): a
+                # run that failed, or that saved on SIGTERM and exited 0 (a success of a run cut
+                # short), is held until a look after its end says whether the allocation still
+                # runs. A success is looked at at once (one squeue); a failure after HOLD.
                 task.held, task.held_at = record, time.monotonic()
-                self._next_look = min(self._next_look, task.held_at + HOLD)
+                self._next_look = min(self._next_look, task.held_at + (HOLD if record.get("returncode") != 0 else 0.0))
             else:
                 self._finish(task, self._ended(record))
 
@@ -490,6 +494,7 @@ class PoolLauncher(Following):
     def _look(self) -> None:
         """One squeue for the pool's jobs and a read of the agents' beats: attempts whose agent is
         gone are given up; allocations are kept as the queue needs them."""
+        asked = time.monotonic()
         try:
             states = commands.jobs_named(self._name)
         except GTSError as error:
@@ -514,7 +519,7 @@ class PoolLauncher(Following):
             if task.handle.has_exited() or task.handle.fencing:
                 continue
             if task.held is not None:
-                self._failed_or_handed_back(task, states)
+                self._failed_or_handed_back(task, states, asked)
                 continue
             claimer = claims.get(task.handle.token)
             if claimer is not None:
@@ -546,11 +551,15 @@ class PoolLauncher(Following):
         self._keep_allocations(states, bool(queued))
         self._write_state()
 
-    def _failed_or_handed_back(self, task: _Attempt, states: dict[str, TaskState]) -> None:
-        """A run that failed without being asked to stop: its own failure, unless its allocation was
-        being drained (handed back) or Slurm cancelled, requeued or lost it (lost: it runs again)."""
+    def _failed_or_handed_back(self, task: _Attempt, states: dict[str, TaskState], asked: float) -> None:
+        """A run that ended without being asked to stop: its own end, unless its allocation was
+        being drained (handed back) or Slurm cancelled, requeued or lost it (lost: it runs again,
+        a success it recorded set aside as one of a run cut short). Decided on Slurm's states
+        ``asked`` for after its end was read: Slurm marks an allocation it takes down before it
+        signals it, so an earlier answer may say RUNNING of one it took down."""
         assert task.held is not None
-        if time.monotonic() - task.held_at < HOLD:
+        failed = task.held.get("returncode") != 0
+        if asked < task.held_at or (failed and time.monotonic() - task.held_at < HOLD):
             return
         job = job_of(task.agent) if task.agent else task.job
         draining = any(
@@ -564,6 +573,9 @@ class PoolLauncher(Following):
         state = states.get(job) if job else None
         if job is not None and (state is None or state.state != "RUNNING"):
             words = "is no longer known to Slurm" if state is None else state.state
+            paths = RunPaths(task.run["work_dir"], None)
+            if task_module.succeeded(paths, task.handle.token):
+                task_module.cut_short(paths, task.run.get("log"))
             self._finish(
                 task, Ended(returncode=int(task.held.get("returncode", -9)), lost=f"its allocation {job} {words}")
             )

@@ -626,6 +626,44 @@ def test_an_end_no_signal_came_before_waits_for_slurm_to_say_whether_it_took_the
     assert held_verdicts(answers) == expected
 
 
+def test_ends_that_each_ask_for_squeue_at_once_get_it_at_most_twice_a_second(tmp_path):
+    """Each end no signal came before asks Slurm at once whether Slurm took its task down; a sweep
+    of many short runs would then ask slurmctld (shared by everyone) many times a second."""
+    import threading
+    import time
+
+    from helpers import make_config
+
+    from gpu_task_scheduler.backends.slurm.following import LOOK_GAP, Following
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    looks, enough = [], threading.Event()
+
+    class EndsAllTheTime(Following):
+        def _send_requests(self):
+            pass
+
+        def _read_events(self):
+            self._next_look = 0.0  # an end asks for a look at once, at every turn
+
+        def _look(self):
+            looks.append(time.monotonic())
+            if len(looks) == 4:
+                enough.set()
+
+    options = Sweep(make_config(tmp_path / "r", [{}], backend="slurm")).options
+    following = EndsAllTheTime(object, options, detach=False)
+    thread = threading.Thread(target=following._follow, daemon=True)
+    thread.start()
+    try:
+        assert enough.wait(30)
+    finally:
+        following._closing = True
+        following._wake.set()
+        thread.join(10)
+    assert min(b - a for a, b in zip(looks, looks[1:], strict=False)) >= LOOK_GAP
+
+
 @slurm_only
 def test_a_run_that_saves_and_exits_0_on_a_requeues_sigterm_runs_again(slurm, in_tmp, no_leaked_processes):
     """A requeue signals every process of the job: a run that saves on SIGTERM and returns recorded a

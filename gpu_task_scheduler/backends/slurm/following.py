@@ -23,6 +23,7 @@ from .resources import Resources
 logger = logging.getLogger("gpu_task_scheduler")
 
 EVENT_EVERY = 0.2  # seconds between two listings of the events folder
+LOOK_GAP = 0.5  # seconds at least between two squeues, also those an end asks for at once (slurmctld is shared)
 REAP_WAIT = 120.0  # seconds a killed attempt's end is waited for when the sweep is given up
 
 
@@ -44,7 +45,8 @@ class Following(BaseLauncher):
         self._wake = threading.Event()
         self._closing = False
         self._follower: threading.Thread | None = None
-        self._next_look = 0.0
+        self._next_look = 0.0  # when the next squeue is due (an end Slurm may have caused sets it to now)
+        self._looked = -LOOK_GAP
         self._said: str | None = None  # the last error squeue gave (said once)
 
     def __exit__(self, *exc: object) -> None:
@@ -104,8 +106,9 @@ class Following(BaseLauncher):
             try:
                 self._send_requests()
                 self._read_events()
-                if time.monotonic() >= self._next_look:
-                    self._next_look = time.monotonic() + self._s.poll_interval
+                now = time.monotonic()
+                if now >= self._next_look and now - self._looked >= LOOK_GAP:
+                    self._next_look, self._looked = now + self._s.poll_interval, now
                     self._look()
             except Exception:  # never let the following thread die: the engine waits on it
                 logger.exception("following %s failed; trying again", self.following)

@@ -83,7 +83,7 @@ def copy_faults_of(root, judged="metric: score, mode: max"):
     from gpu_task_scheduler.tuning.base import Ranking
 
     several = "objectives" in judged
-    ranking = Ranking(["max", "min"] if several else ["max"])
+    ranking = Ranking(["max", "min"] if several else ["min" if "mode: min" in judged else "max"])
 
     def value_of(event):
         if not several:
@@ -263,7 +263,12 @@ def test_a_kill_at_each_point_of_an_exploit_leaves_a_member_that_resumes_from_th
     the sweep having resumed from the donor's step with the exploit's values (the example exits with
     an error when its checkpoint is not of the step it resumes from), and its lineage holds that
     exploit once."""
-    argv = _example(in_tmp, seconds="0.02", slots=4)
+    # The driver kills at exploits from a donor at another step than the member's (where resuming
+    # at the member's own step would be wrong). Whether a sweep makes one depends on when reports
+    # are read: on 4 slots the members train in step, and a loaded CI run saw a whole sweep make
+    # none. A sweep that reached none of the points left is followed by another (at most 4 in all).
+    judged = "metric: score, mode: max"
+    argv = _example(in_tmp, seconds="0.02", slots=4, judged=judged)
     root, note = in_tmp / "results" / "pbt", in_tmp / "killed.json"
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_kill_driver.py")
     killed, points, sweeps = [], list(KILL_POINTS), 0
@@ -277,20 +282,21 @@ def test_a_kill_at_each_point_of_an_exploit_leaves_a_member_that_resumes_from_th
         )
         output = finish(process, timeout=120)
         wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10, message="the runs to die")
-        if process.returncode == 0 and killed:  # the sweep ended before another exploit came: checked,
-            _check_kills(in_tmp, argv, root, killed)  # then the next points in a sweep of their own
+        if process.returncode == 0:  # the sweep ended before another exploit came: checked,
+            _check_kills(in_tmp, argv, root, killed, judged)  # then the next points in a sweep of their own
             os.rename(in_tmp / "results", in_tmp / f"results-{sweeps}")
             killed, sweeps = [], sweeps + 1
+            assert sweeps < 4, f"{sweeps} sweeps ended with points not reached ({points}):\n{output}"
             continue
         assert process.returncode == -9, f"the sweep ended before an exploit reached {point}:\n{output}"
         name = json.loads(note.read_text())["name"]
         killed.append((point, name, *_pending_exploit(root, name)))
         points.pop(0)
-    _check_kills(in_tmp, argv, root, killed)
-    assert sweeps <= 2, sweeps  # the six points come in one sweep, now and then in two or three
+    _check_kills(in_tmp, argv, root, killed, judged)
+    assert sweeps <= 3, sweeps  # the six points come in one sweep, now and then in two or three
 
 
-def _check_kills(in_tmp, argv, root, killed):
+def _check_kills(in_tmp, argv, root, killed, judged):
     """The sweep goes on to its end; each kill of ``killed`` left a member that resumed from its
     exploit's step with its values, its lineage holding the exploit once; no exploit is left unmade."""
     last = subprocess.run(argv, cwd=str(in_tmp), capture_output=True, text=True, timeout=180)
@@ -316,7 +322,7 @@ def _check_kills(in_tmp, argv, root, killed):
         elif kind == "resumed":
             pending.pop(name, None)
     assert not pending, f"exploits never made: {pending}"
-    assert copy_faults_of(root) == []
+    assert copy_faults_of(root, judged) == []
 
 
 def lineages_of(root):

@@ -55,8 +55,8 @@ def open_log(log_path: str | None) -> int:
     return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
 
-# Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
 _LOW_END = 10  # the child's descriptors 0-9 are placed by _spawn's actions (dash names only one digit)
+# Popen resets these to their defaults in the child (Python ignores SIGPIPE); so do we.
 _DEFAULT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
 
 

@@ -57,7 +57,7 @@ from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...recordclass import Record, field
 from ...records.lease import LeaseTerms, wait_over
-from ...records.paths import META, RunPaths, atomic_write, read_json
+from ...records.paths import META, atomic_write, read_json
 from ...records.status import RunStatus
 from ...sweep.options import SchedulerOptions
 from ..local.prepare import TaskFactory
@@ -581,16 +581,12 @@ class SlurmLauncher(Following):
             self._lose(task, f"Slurm {why} its job {task.name} while its run ran")
         elif verdict == "end":
             if state is not None and state.live:
-                logger.info("Slurm still lists task %s %s %.0fs after its run ended", task.name, state.state, HELD_WAIT)
+                waited = time.monotonic() - task.held_at
+                logger.info("Slurm still lists task %s %s %.0fs after its run ended", task.name, state.state, waited)
             self._end(task, task.held_end)
 
     def _cut_short(self, task: _Task) -> None:
-        """Slurm took the job down while its run ran: a success the run recorded is of a run cut
-        short (it saved on SIGTERM and exited 0), set aside so that it runs again. One recorded
-        just before Slurm's signal is set aside too: running it again is the safe side."""
-        paths = RunPaths(task.run["work_dir"], None)
-        if task_module.succeeded(paths, task.handle.token):
-            task_module.cut_short(paths, task.run["log"])
+        task_module.set_aside_success(task.run, task.handle.token)
 
     def _ended_without_end_file(self, task: _Task, state: TaskState | None) -> None:
         words = "is no longer known to Slurm" if state is None else f"ended {state.state}"

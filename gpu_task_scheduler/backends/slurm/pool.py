@@ -59,7 +59,7 @@ from ...gpu.devices import Slot
 from ...gpu_task import GPUTask
 from ...recordclass import Record
 from ...records.lease import LeaseTerms, wait_all_over, wait_over
-from ...records.paths import RunPaths, UnsafePathError, atomic_write, atomic_write_json, open_regular, read_json
+from ...records.paths import UnsafePathError, atomic_write, atomic_write_json, open_regular, read_json
 from ...sweep.options import SchedulerOptions
 from ...sweep.slurm import PoolOptions
 from ..local.prepare import TaskFactory
@@ -573,9 +573,7 @@ class PoolLauncher(Following):
         state = states.get(job) if job else None
         if job is not None and (state is None or state.state != "RUNNING"):
             words = "is no longer known to Slurm" if state is None else state.state
-            paths = RunPaths(task.run["work_dir"], None)
-            if task_module.succeeded(paths, task.handle.token):
-                task_module.cut_short(paths, task.run.get("log"))
+            task_module.set_aside_success(task.run, task.handle.token)
             self._finish(
                 task, Ended(returncode=int(task.held.get("returncode", -9)), lost=f"its allocation {job} {words}")
             )

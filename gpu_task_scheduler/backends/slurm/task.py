@@ -197,6 +197,15 @@ def succeeded(paths: RunPaths, token: str) -> bool:
     return outcome is not None and outcome.succeeded
 
 
+def set_aside_success(run: dict[str, Any], token: str) -> None:
+    """Slurm took the run's job (or allocation) down while it ran: a success the run recorded is of
+    a run cut short (it saved on SIGTERM and exited 0), set aside so that it runs again. One
+    recorded just before Slurm's signal is set aside too: running it again is the safe side."""
+    paths = RunPaths(run["work_dir"], None)
+    if succeeded(paths, token):
+        cut_short(paths, run.get("log"))
+
+
 def cut_short(paths: RunPaths, log: str | None) -> None:
     """The run recorded its success only after Slurm's SIGTERM reached the job: a requeue or a
     preemption signals every process of it, and a run that saves a checkpoint on SIGTERM and exits 0

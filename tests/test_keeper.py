@@ -221,25 +221,62 @@ def test_a_child_gets_its_lifeline_and_control_socket_whatever_descriptors_they_
     assert lifeline.startswith("pipe:") and control.startswith("socket:")
 
 
+# The watched wrapper's test runs its scheduler side in a fresh interpreter: nothing of the tests
+# that ran before it in this worker (their threads, their descriptors) can touch its lifeline.
+# Twice in CI, a Python 3.13 worker's wrapper died by SIGKILL at its start (its watcher had read
+# its lifeline's end); no run of it alone, nor of the quick subset (10 runs, one with every
+# close of a descriptor not open logged: none), did so. It now says what it saw if it does again.
+_WATCHED = r"""
+import json, os, sys, time
+from gpu_task_scheduler.backends.local.prepare import command_argv
+from gpu_task_scheduler.backends.local.process import Child
+
+folder, line = sys.argv[1], sys.argv[2]
+env = dict(os.environ, GTS_OUTCOME_FILE=os.path.join(folder, "outcome.json"), GTS_CONFIG_HASH="h")
+child = Child(command_argv(["/bin/sh", "-c", line], kept=False), env=env, cwd=os.getcwd(),
+              log_path=os.path.join(folder, "log"), on_exit=lambda: None, token="w")
+pipe = os.fstat(child._lifeline).st_ino
+seen = {}
+
+def children():
+    try:
+        with open(f"/proc/{child.pid}/task/{child.pid}/children") as handle:
+            return handle.read().split()
+    except OSError:
+        return None
+
+deadline = time.monotonic() + 20
+if line != "true":
+    while time.monotonic() < deadline and children() is not None and len(children()) != 2:
+        time.sleep(0.01)
+    seen["children"] = children()
+    if seen["children"] is not None and len(seen["children"]) == 2:
+        os.close(child._lifeline)  # as the scheduler's death closes it
+        child._lifeline = -1
+while time.monotonic() < deadline and not child.has_exited():
+    time.sleep(0.01)
+seen["exited"] = child.has_exited()
+seen["same_lifeline"] = child._lifeline < 0 or os.fstat(child._lifeline).st_ino == pipe
+seen["returncode"] = child.reap() if seen["exited"] else None
+print(json.dumps(seen))
+"""
+
+
 @pytest.mark.parametrize("line", ["true", "sleep 60"])
 def test_without_a_keeper_each_wrapper_watches_the_lifeline_itself(tmp_path, no_leaked_processes, line):
     """Where there is no /proc for a keeper, the wrapper forks a watcher, as before the keeper: a
-    run whose command ended records its success, one still running dies with its scheduler."""
-    env = dict(os.environ, GTS_OUTCOME_FILE=str(tmp_path / "outcome.json"), GTS_CONFIG_HASH="h")
-    argv = command_argv(["/bin/sh", "-c", line], kept=False)
-    child = Child(argv, env=env, cwd=os.getcwd(), log_path=str(tmp_path / "log"), on_exit=lambda: None, token="w")
+    run whose command ended records its success, one still running dies with its scheduler (and
+    its log says why)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WATCHED, str(tmp_path), line], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    said = f"{seen}, log {log_text(tmp_path)!r}"
     if line == "true":
-        wait_until(child.has_exited, message="the run to end")
-        assert child.reap() == 0
+        assert seen["returncode"] == 0 and seen["same_lifeline"], said
         assert json.loads((tmp_path / "outcome.json").read_text())["token"] == "w"
         return
-    try:
-        wait_until(lambda: len(children(child.pid)) == 2, message="the command and the watcher to start")
-    except AssertionError as error:  # say what there was instead (seen once, in a CI worker)
-        kids = {pid: state(pid) for pid in children(child.pid)}
-        seen = f"wrapper {state(child.pid)}, children {kids}, log {log_text(tmp_path)!r}"
-        raise AssertionError(f"{error}: {seen}") from None
-    os.close(child._lifeline)  # as the scheduler's death closes it
-    child._lifeline = -1
-    wait_until(child.has_exited, message="the watcher to kill the run")
-    assert child.reap() == -signal.SIGKILL and not (tmp_path / "outcome.json").exists()
+    assert seen["children"] is not None and len(seen["children"]) == 2, said  # the command and the watcher
+    assert seen["returncode"] == -signal.SIGKILL and not (tmp_path / "outcome.json").exists(), said
+    assert "the scheduler is gone" in log_text(tmp_path)

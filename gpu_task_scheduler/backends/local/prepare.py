@@ -129,14 +129,17 @@ _KEPT_ARGV_WRAPPER = _CD + _ARGV_START + _KEPT_WAIT_AND_RECORD
 # Where there is no keeper (no /proc), each wrapper has a watcher that blocks on the lifeline: when
 # the scheduler is gone, it freezes the command (SIGSTOP) and kills the whole group, unless the
 # command had already exited (a zombie, or reaped), whose success is then recorded as it would
-# have been.
+# have been. It says so in the run's log first (and what its read of the lifeline gave: a run
+# killed at its start by a lifeline that was never open would otherwise die without a word).
 _WATCHED_WRAPPER = (
     '"$@" & child=$!; '
-    '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; '
+    '{ trap "" TERM INT HUP; read -r _ <&"$GTS_LIFELINE_FD"; read_status=$?; '
     'if [ -r "/proc/$$/stat" ]; then kill -STOP "$child" 2>/dev/null; '
     'while read -r s 2>/dev/null <"/proc/$child/stat"; do '
     'case "${s##*) }" in Z*) exit 0;; [Tt]*) break;; esac; done; '
     '[ -r "/proc/$child/stat" ] || exit 0; fi; '
+    'echo "gpu_task_scheduler: the scheduler is gone (its lifeline ended, read status $read_status): '
+    'the run is killed" >&2; '
     "kill -KILL 0; } & watcher=$!; " + _WAIT_AND_RECORD.format(after_wait='kill -KILL "$watcher" 2>/dev/null; ')
 )
 

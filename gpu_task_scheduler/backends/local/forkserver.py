@@ -192,7 +192,14 @@ def _read_output() -> bytes:
 
 
 def _fork_twice() -> int:
-    """Fork a helper that forks the run and exits: the run's pid here, 0 in the run, -1 on failure."""
+    """Fork a helper that forks the run and exits: the run's pid here, 0 in the run, -1 on failure.
+
+    The run leads a session of its own before its pid is told here (it says it itself): the
+    scheduler takes the pid for the run's process group at once (its signals, its GPU reservation,
+    which other sweeps count only while that group exists). Told by the helper, the pid came
+    before the run had called setsid() in 13 forks of 300 on a quiet machine, and another sweep
+    that placed a run then saw no such group, took the reservation for a dead one and started a
+    run the GPU had no room for (a loaded CI run saw 4 runs on a GPU that holds 3)."""
     read_end, write_end = os.pipe()
     try:
         helper = os.fork()
@@ -207,10 +214,11 @@ def _fork_twice() -> int:
         except OSError:
             os._exit(1)
         if run == 0:
+            os.setsid()
+            os.write(write_end, b"%d" % os.getpid())
             os.close(write_end)
             return 0
-        os.write(write_end, b"%d" % run)
-        os._exit(0)
+        os._exit(0)  # the run holds the pipe's other end until it has said its pid
     os.close(write_end)
     os.waitpid(helper, 0)
     with os.fdopen(read_end, "rb") as handle:
@@ -241,7 +249,7 @@ def become_run(request: dict[str, Any], run_task: Callable[[str], int]) -> None:
     through ``run_task`` (``runner.run``, passed in: this module does not import the runner).
     Returns only to raise what the script raised, at the top of the program, so the interpreter
     ends it as a cold start's."""
-    os.setsid()
+    # Already the leader of a session of its own (_fork_twice).
     cpus = request.get("cpus")
     if cpus and hasattr(os, "sched_setaffinity"):  # a pool's run: its own CPUs, as a cold start inherits them
         with contextlib.suppress(OSError, ValueError, TypeError):

@@ -142,7 +142,8 @@ def test_a_member_ahead_goes_back_where_it_is_ranked_once_an_interval_and_never_
     assert tell(pbt, "m1", 8, 0.9) == EXPLOIT  # ranked at 4 (m0 has not reached 8): back to m0's step 4
     assert pbt.exploit_of("m1").step == 4
     pbt.resumed("m1")
-    assert tell(pbt, "m1", 8, 0.95) == CONTINUE  # judged at 8 again: no snapshot at 8 or later to copy
+    # Judged at 8 again: no snapshot at 8 or later to copy; the first at 8, it is kept as a donor there.
+    assert tell(pbt, "m1", 8, 0.95) == SNAPSHOT
     step, reports, copies = 9, 0, 1
     while step < 40 and reports < 1000:  # m1 trains on; m0 never does
         reports += 1
@@ -152,6 +153,23 @@ def test_a_member_ahead_goes_back_where_it_is_ranked_once_an_interval_and_never_
             step = int(pbt.members["m1"].last_step)
         step += 1
     assert step == 40 and copies <= 40 // 4  # at most once an interval
+
+
+def test_a_member_first_at_an_interval_is_kept_as_a_donor_there_whatever_it_is_ranked_at():
+    """The first judged at an interval is ranked at an earlier one (too few are at its own); kept as a
+    donor all the same, it is the top member the next one there can copy. (It went on with no
+    snapshot: a lightning sweep whose worst member was judged only after such a member copied none.)"""
+    pbt = population([1.0, 2.0, 3.0, 4.0])
+    assert tell(pbt, "m0", 4, 0.9) == SNAPSHOT  # alone at 4
+    assert tell(pbt, "m1", 4, 0.1) == SNAPSHOT  # the top of two
+    assert tell(pbt, "m2", 4, 0.3) == CONTINUE  # in the middle
+    assert tell(pbt, "m3", 4, 0.4) == CONTINUE
+    assert tell(pbt, "m3", 8, 0.35) == SNAPSHOT  # the first at 8, ranked at 4 (in the middle there)
+    assert pbt.needed_snapshots("m3") == {8}
+    assert tell(pbt, "m0", 8, 0.8) == EXPLOIT  # ranked at 8 against m3, the bottom of two
+    exploit = pbt.exploit_of("m0")
+    assert (exploit.donor, exploit.step) == ("m3", 8)
+    assert tell(pbt, "m2", 8, 0.5) == CONTINUE  # the third at 8: not among the first, in the middle
 
 
 def test_a_member_that_ended_still_ranks_where_it_was_judged_and_is_copied():

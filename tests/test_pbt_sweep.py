@@ -713,3 +713,34 @@ def test_an_end_told_while_another_members_snapshot_is_copied_is_recorded_after_
         caplog.clear()
         Pauses(sweep, ledger, root=str(root))  # a restart replays the same decisions
     assert "differ" not in caplog.text and "do not fit" not in caplog.text
+
+
+def test_a_decision_that_kept_no_snapshot_then_replays_without_one_under_a_rule_that_keeps_it(in_tmp, caplog):
+    """A sweep begun by a version that kept no snapshot of a member first at an interval (ranked at
+    an earlier one, in the middle): replayed now, the rule would keep one, but none was taken. It
+    is offered to no member (a copy of it would find nothing) and the log says the decision differs."""
+    from gpu_task_scheduler.engine.pauses import Pauses
+
+    root = in_tmp / "r"
+    sweep = _three_members(root)
+    first, second, third = (spec.name for spec in sweep)
+    with Ledger(RootPaths(str(root))) as ledger:
+        Pauses(sweep, ledger, root=str(root))  # records the method's keys, as a start does
+        for spec in sweep:
+            ledger.record_trial_event("began", name=spec.name, bracket=0, detail={"values": {"lr": spec.config["lr"]}})
+        for name, step, value, decision in [
+            (first, 4, 0.9, "snapshot"),
+            (second, 4, 0.1, "snapshot"),
+            (third, 4, 0.5, "continue"),
+            (third, 8, 0.4, "continue"),  # the first at 8: kept now, not by the version that decided it
+        ]:
+            ledger.record_trial_event(
+                "rung", name=name, rung=float(step), step=float(step), value=value, decision=decision
+            )
+        ledger.commit()
+        caplog.clear()
+        pauses = Pauses(sweep, ledger, root=str(root))
+        method = pauses._methods[None]
+        assert method.needed_snapshots(third) == set()
+        assert method.needed_snapshots(second) == {4}
+    assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text

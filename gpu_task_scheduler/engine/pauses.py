@@ -204,8 +204,12 @@ class Pauses:
                     elif method.rung_reached(name, event.step) == event.rung:
                         # late, or a snapshot that could not be taken: no snapshot of that step
                         late = bool((event.detail or {}).get("late") or (event.detail or {}).get("unsaved"))
-                        if method.report(name, event.rung, value, event.step, late=late) != event.decision:
+                        decided = method.report(name, event.rung, value, event.step, late=late)
+                        if decided != event.decision:
                             differed += 1  # the same events give the same decisions: changed by hand?
+                            if isinstance(method, Pbt) and decided in SNAPSHOTS and event.decision not in SNAPSHOTS:
+                                # Kept now (a rule of a later version), not then: there is no such snapshot.
+                                method.unsaved(name, decided)
                 elif event.kind == "resumed":
                     if name in method.paused:
                         method.resumed(name)
@@ -217,7 +221,8 @@ class Pauses:
         if differed:
             logger.warning(
                 "%d recorded decision(s) of the early_stop method differ from what its recorded events decide now "
-                "(was the ledger changed by hand?): it goes on from what the events decide",
+                "(was the ledger changed by hand, or was the sweep begun by another version?): it goes on from what "
+                "the events decide",
                 differed,
             )
         if refused:

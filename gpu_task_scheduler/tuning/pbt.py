@@ -21,8 +21,9 @@ rule left the worst member uncopied for the whole sweep.) So ranked:
   each value listed in ``perturb`` multiplied by one of its factors, each listed in ``resample``
   drawn again from its distribution with probability ``resample_probability`` (default 1/4;
   otherwise kept, or perturbed if it is listed in ``perturb`` too);
-* in the top ``quantile``, or judged where too few are to rank it, a snapshot of its checkpoint is
-  kept (the donors' copies are made from these);
+* in the top ``quantile``, or judged where too few are to rank it (among the first at its
+  interval, whatever it is ranked at), a snapshot of its checkpoint is kept (the donors' copies
+  are made from these);
 * otherwise it goes on as it is.
 
 The copy rule: the weights a member copies are weights its donor earned, never worse than its
@@ -205,6 +206,12 @@ def _factors(raw: Any, where: str) -> dict[str, tuple[float, ...]]:
     return factors
 
 
+def _go_on(state: Member, step: float, value: Value) -> str:
+    """It goes on as it is: no snapshot of it is kept."""
+    del state, step, value
+    return CONTINUE
+
+
 class Pbt:
     """A population's state and the decisions on it (see the module's text): one of the engine's
     trial-scheduling methods (``trials.py``), driven by ``engine/pauses.py`` as promotion ASHA is.
@@ -313,9 +320,16 @@ class Pbt:
         level = self._level(rung)
         if level is None:  # too few members there yet to rank it: kept as a donor, in case it is a top one
             return self._keep(state, step, value)
+        # Among the first judged at its own interval, it is ranked at an earlier one; it is kept as a
+        # donor all the same, in case it is a top one at its own, where the next members are ranked
+        # once enough are there. (Without it, a member first at an interval, not top at the earlier
+        # one, was the top of its own with no snapshot: the members ranked there had no donor. A
+        # lightning sweep of four members on two slots whose worst member was judged only at such
+        # intervals made no copy at all.)
+        go_on = self._keep if len(self._at[rung]) < self._need() else _go_on
         table = self._at[level]
         if run not in table:  # it reached this interval by a copy, not at the one it is ranked at
-            return CONTINUE
+            return go_on(state, step, value)
         bottom, top = self._quantiles(table)
         if run in top:
             return self._keep(state, step, value)
@@ -330,11 +344,11 @@ class Pbt:
         else:
             since = min(level, state.furthest - self.config.interval)
         if run not in bottom:
-            return CONTINUE
+            return go_on(state, step, value)
         offers = {name: self._offer(name, run, since) for name in top}
         donors = [name for name in top if offers[name] is not None]
         if not donors:
-            return CONTINUE
+            return go_on(state, step, value)
         # Seeded by the step as a float: a report's step may be 8 (its JSON line), its replay 8.0 (SQLite).
         rng = random.Random(f"{self.config.seed}/{run}/{float(step)!r}")
         donor = donors[rng.randrange(len(donors))]
@@ -442,12 +456,16 @@ class Pbt:
             {name: m.last_value for name, m in members if m.last_value is not None and name not in self._ended}
         )
 
+    def _need(self) -> int:
+        """How many members an interval needs to have been judged at before members are ranked there."""
+        return max(2, math.ceil(len(self.members) / 2))
+
     def _level(self, rung: float) -> float | None:
         """The interval a member judged at ``rung`` is ranked at: the latest, up to ``rung``, that at
         least half the members (and two) have been judged at. Members are ranked by their values at
         one step: a metric that grows as a run trains (an accuracy, a return) would otherwise rank
         a member that runs ahead above better ones that are behind, and never let it copy them."""
-        need = max(2, math.ceil(len(self.members) / 2))
+        need = self._need()
         # From the highest interval down (the latest is nearly always ready): not a scan of every
         # interval at every report, which grew with the square of the intervals.
         for index in range(bisect.bisect_right(self._levels, rung) - 1, -1, -1):

@@ -1,6 +1,7 @@
 import contextlib
 import os
 import socketserver
+import sys
 import threading
 import time
 import uuid
@@ -18,6 +19,12 @@ os.environ["GTS_NVML_MODULE"] = "fake_nvml"
 # test_process_control.py): with this, it prints every thread's stack first, so a hang says where.
 os.environ["PYTHONFAULTHANDLER"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
+# Bytecode is cached, as on a user's machine, whatever the environment says: the suite starts
+# thousands of Python processes (runners, `gts`, warm processes, agents), and each compiled the
+# package's modules from source where PYTHONDONTWRITEBYTECODE was set (as on this project's CI
+# machines): 0.1 s more for each start of the scheduler's modules, minutes over the suite.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Imported only by runs on a machine with PyTorch (test_real_gpu.py), or run as scripts by sweeps
 # of the framework tests (test_integration_sweeps.py): not modules to collect (each imports its

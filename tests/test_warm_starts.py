@@ -138,7 +138,9 @@ def test_a_module_of_the_users_folder_is_never_preloaded_so_an_edit_counts(in_tm
     config = _probe(in_tmp, runs=2, slots=("cpu",), prewarm={"imports": ["helper_of_probe"]})
     config["test_config"] = [{"i": [0]}]
     assert GPUTaskScheduler(config).start().ok
-    (in_tmp / "helper_of_probe.py").write_text("VALUE = 2\n")  # edited between two runs of the sweep
+    # Edited between two runs of the sweep. (Of another size: an edit in the same second to a file of
+    # the same size is one Python's bytecode cache cannot tell from the file it compiled.)
+    (in_tmp / "helper_of_probe.py").write_text("VALUE = 2  # edited\n")
     config["test_config"] = [{"i": [0, 1]}]
     assert GPUTaskScheduler(config).start().ok
     seen = _seen(in_tmp / "r")

@@ -167,6 +167,7 @@ def test_a_lightning_ddp_command_is_paused_and_resumed(tmp_path):
         check=True,
         capture_output=True,
         timeout=300,
+        env={**os.environ, **ONE_THREAD},  # as the sweep's runs: two processes of two threads each spun on 2 cores
     )
     with open(by_hand / "result.json") as handle, open(os.path.join(resumed[0]["work_dir"], "result.json")) as kept:
         assert json.load(kept)["val_loss"] == pytest.approx(json.load(handle)["val_loss"], rel=1e-5)

@@ -108,6 +108,12 @@ def paused_cause() -> str | None:
     return _paused
 
 
+def told() -> dict[str, str]:
+    """What early stopping told this process's run, for its outcome: ``{"pruned": cause}``,
+    ``{"paused": cause}``, or nothing. A run that exits 0 after it was paused is paused, not done."""
+    return {"pruned": _pruned} if _pruned is not None else {"paused": _paused} if _paused is not None else {}
+
+
 # Called once, after this process's first report (a run forked warm says then what it imported:
 # backends/local/forkserver.py), so that the warm process learns it before the run ends.
 _first_report: Callable[[], None] | None = None

@@ -16,6 +16,7 @@ from test_process_control import finish
 from gpu_task_scheduler import GPUTask, GPUTaskScheduler
 from gpu_task_scheduler.backends.local import forkserver
 from gpu_task_scheduler.backends.local.zygote import script_argv
+from gpu_task_scheduler.records.protocol import Outcome
 
 PROBE = r"""
 import json, os, random, sys
@@ -360,3 +361,25 @@ def test_a_forked_runs_pid_is_told_only_once_it_leads_its_own_session(no_leaked_
     done = subprocess.run([sys.executable, "-c", _FORKS, "300"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0"]
+
+
+_PAUSED_THEN_DONE = r"""
+import sys
+from gpu_task_scheduler import reporting
+from gpu_task_scheduler.backends.local import forkserver
+
+forkserver._Run.outcome = {"file": sys.argv[1], "token": "t", "config_hash": "h"}
+reporting._paused = "exploits lr-0.04, at step 4"  # as report() leaves it when it raised Paused
+forkserver._record_success()  # the script caught Paused, saved, and exited 0 before its stop word
+"""
+
+
+def test_a_forked_command_paused_by_report_that_exits_0_is_recorded_paused(tmp_path):
+    """A command forked warm that was paused at its report (a PBT exploit, a rung) saves and exits 0,
+    as the framework callbacks do: its outcome says paused, so a success is not what the scheduler
+    reads if the exit comes before the stop word (a Keras member told to exploit was recorded
+    succeeded under load, its exploit never made, and it never trained to the end)."""
+    path = tmp_path / "outcome.json"
+    subprocess.run([sys.executable, "-c", _PAUSED_THEN_DONE, str(path)], check=True, timeout=60)
+    outcome = Outcome.read(str(path), token="t")
+    assert outcome is not None and outcome.succeeded and outcome.paused == "exploits lr-0.04, at step 4"

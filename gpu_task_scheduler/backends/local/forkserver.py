@@ -482,7 +482,13 @@ def _record_success() -> None:
     if os.path.islink(path) or os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
         os.write(2, b"gpu_task_scheduler: the run folder holds a symbolic link where its outcome goes\n")
         os._exit(4)
-    line = json.dumps({"status": "succeeded", "token": outcome["token"], "config_hash": outcome["config_hash"]})
+    # A script that reported through the module and was paused (or stopped early) there exits 0 once
+    # it saved: it is paused, not done (recorded so, as the runner records a GPUTask's). Its stop
+    # word may come after that exit: a Keras member told to exploit was recorded succeeded.
+    reporting = sys.modules.get("gpu_task_scheduler.reporting")
+    told = reporting.told() if reporting is not None else {}
+    fields = {"status": "succeeded", "token": outcome["token"], "config_hash": outcome["config_hash"], **told}
+    line = json.dumps(fields)
     try:
         fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:

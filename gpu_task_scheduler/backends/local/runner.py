@@ -41,7 +41,7 @@ from typing import Any
 from ...proctree import become_subreaper, descendants, kill_all, signal_on_parent_death, wait_gone
 from ...records.paths import MAX_INLINE_RESULT, atomic_write
 from ...records.protocol import RESULT_FILE, Outcome, RunStart
-from ...reporting import Paused, Pruned, paused_cause, pruned_cause
+from ...reporting import Paused, Pruned, told
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -306,8 +306,7 @@ def _prepare_process() -> None:
 
 def _told() -> dict[str, str]:
     """What early stopping told the run, for its outcome: ``{"pruned": cause}``, ``{"paused": cause}``."""
-    pruned, paused = pruned_cause(), paused_cause()
-    return {"pruned": pruned} if pruned is not None else {"paused": paused} if paused is not None else {}
+    return told()
 
 
 def _run(spec_path: str) -> int:

@@ -220,13 +220,22 @@ def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpo
             if (meta / "snapshots").exists()
             else True
         )
-    pending = {}
-    for name, kind, rung, decision, _ in _events(root):
+    pending, late = {}, set()
+    for name, kind, rung, decision, detail in _events(root):
         if kind == "rung" and decision == "exploit":
             assert name not in pending, f"{name} exploited again before it resumed"
             pending[name] = rung
+            if json.loads(detail or "{}").get("late"):
+                late.add(name)
         elif kind == "resumed":
             assert pending.pop(name, None) is not None, f"{name} resumed without an exploit"
+        elif kind == "ended" and name in late:
+            # Decided on a report read after a restart, of an attempt that had already trained to
+            # the end (the scheduler was killed after its last report, before reading it): dropped
+            # by its end (Pbt.ended), never a copy in its lineage. Seen in a loaded CI run.
+            pending.pop(name, None)
+        if kind in ("resumed", "ended"):
+            late.discard(name)
     assert not pending, f"exploits never made: {pending}"
     assert copy_faults_of(root, judged) == []  # through every kill and replay too
     if "objectives" in judged:  # each judgement recorded with both values

@@ -297,6 +297,12 @@ class FakeGpuTask(GPUTask):
             sharing = sum(
                 1 for p in fake_nvml._find(state, gpu)["processes"] if p["pid"] > 1 and fake_nvml._alive(p["pid"])
             )
+        said = self._config.get("clear_when_said")
+        if said:  # the scheduler has said the GPU is busy (a run waits for it): only then does it leave
+            log = os.path.join(os.path.dirname(self._work_dir.rstrip(os.sep)), "scheduler.log")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (os.path.exists(log) and said in open(log).read()):
+                time.sleep(0.01)
         if self._config.get("clear_foreign") is not None:
             fake_nvml.set_gpu(self._config["clear_foreign"], processes=[])
         if self._config.get("add_foreign") is not None:

@@ -250,12 +250,14 @@ def test_busy_gpus_are_avoided_and_used_once_free(gpus, in_tmp):
     root = in_tmp / "r"
     config = make_config(
         root,
-        [{"i": [0], "clear_foreign": [0]}, {"i": [1, 2, 3]}],
+        # The other user's process leaves once the scheduler said GPU 0 is busy (under load, it left
+        # before the next run was placed, and nothing was busy to say: a loaded CI run).
+        [{"i": [0], "clear_foreign": [0], "clear_when_said": ["gpu0 busy"]}, {"i": [1, 2, 3]}],
         slots=("0", "1"),
         global_config={"alloc_gb": 1, "hold": 0.5},
         busy_memory_fraction=0.5,
         gpu_poll_interval=0.1,
-        ignored_keys_for_folder_name=["clear_foreign"],
+        ignored_keys_for_folder_name=["clear_foreign", "clear_when_said"],
     )
     summary = run(config)
     assert summary.ok

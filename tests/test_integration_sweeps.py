@@ -208,9 +208,10 @@ PBT_EPOCHS, PBT_STEPS_PER_EPOCH = 6, 8  # 256 samples in batches of 32 (both scr
 # Per framework: its PBT script (tests/pbt_<name>.py), the package it needs, the metric its callback
 # reports, the schedule the script trains under (the factor of the base rate at each step), the
 # grid's rates (SGD's and AdamW's; none a factor of 2 from another, so a copy's rate is a new one;
-# the first barely trains: one of the first two members to run, it is the worst wherever it is
-# ranked, so a copy comes in whatever order the reports come; with four rates that all trained, a
-# loaded CI run saw no copy at all),
+# the last barely trains: the worst wherever it is ranked, and behind the others, so that at the
+# intervals it reaches they are judged there before it, with snapshots it can copy (with four rates
+# that all trained, a loaded CI run saw no copy at all; with the bad one first, it was the first
+# judged at each interval, alone or before the others, and copied nothing once in four runs)),
 # and what a copied member's log says of the restored rate (Keras's schedule is the script's own
 # object, built from its config: never restored).
 PBT_FRAMEWORKS = {
@@ -219,7 +220,7 @@ PBT_FRAMEWORKS = {
         "lightning",
         "val_loss",
         "cosine",
-        [0.002, 0.3, 0.17, 0.04],
+        [0.3, 0.17, 0.04, 0.002],
         "(this run's config)",
     ),
     "transformers": (
@@ -227,10 +228,10 @@ PBT_FRAMEWORKS = {
         "accelerate",
         "eval_loss",
         "linear",
-        [0.00002, 0.01, 0.0051, 0.0012],
+        [0.01, 0.0051, 0.0012, 0.00002],
         "(this run's config)",
     ),
-    "keras": ("pbt_keras.py", "keras", "val_loss", "cosine", [0.002, 0.3, 0.17, 0.04], "this run's own schedule"),
+    "keras": ("pbt_keras.py", "keras", "val_loss", "cosine", [0.3, 0.17, 0.04, 0.002], "this run's own schedule"),
 }
 
 

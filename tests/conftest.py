@@ -85,7 +85,8 @@ def pytest_collection_modifyitems(config, items):
 
 def _uses_ray(item):
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return "ray" in item.path.name or "ray" in params.values()
+    fixtures = getattr(item, "fixturenames", ())
+    return "ray" in item.path.name or "ray" in params.values() or any(f.startswith("ray_") for f in fixtures)
 
 
 def marked_pids(mark):

@@ -1,21 +1,25 @@
 """A two-machine Ray cluster on this machine that loses a machine, or is cut off from the scheduler,
-in the middle of a sweep. Run as a script (its own process, as `gts run` would be):
+in the middle of a sweep; several such sweeps, one after another, on one cluster. Run as a script
+(its own process, as `gts run` would be):
 
-    python ray_cluster.py CONFIG_JSON WHEN
+    python ray_cluster.py CASES_JSON
 
-The first machine has 4 GPUs and the second 2. Two of the first machine's GPUs are held by
+``CASES_JSON``: a list of ``[CONFIG, WHEN]``, each a sweep and its disruption. The first machine
+(the head) has 4 GPUs; each sweep gets a second machine of its own, with 2, added before it starts
+(the one before, if it was not lost, is removed first). Two of the head's GPUs are held by
 placeholder tasks while the sweep's 4 slots fill the other four, and freed just before the
 disruption: a run whose machine is lost can then start again at once, the case where an attempt
-that outlives its machine's loss would overlap its retry.
+that outlives its machine's loss would overlap its retry. (One cluster for every case: starting
+one takes 10 to 20 s on 2 cores, more than a case itself.)
 
 ``WHEN``: ``busy`` (the second machine goes away once two runs run on it), ``at:F`` (once a run on
 it is F of its ``sleep`` through: 0.75, or 0.95 for just before it ends), or ``partition`` (every
 run's supervisor loses its channel to the scheduler for a while: the scheduler's stop channel is
 suspended with SIGSTOP, then resumed). (A machine whose raylet freezes is declared dead by the
 cluster, but Ray still takes its running tasks' results from their workers, which live on: for
-the scheduler that machine is not lost, so there is no such case here.) It prints ``LOST <json>``,
-the runs that were on the lost machine (or running when the channel was cut), and exits with the
-sweep's exit code.
+the scheduler that machine is not lost, so there is no such case here.) For each case it prints
+``CASE WHEN`` before the sweep's own output, then ``LOST <json>`` (the runs that were on the lost
+machine, or running when the channel was cut) and ``EXIT <code>`` (the sweep's exit code).
 """
 
 import json
@@ -32,26 +36,44 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 def main() -> int:
     sys.path.insert(0, TESTS)
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    import gts_test_tasks as tasks
     from ray.cluster_utils import Cluster
 
-    from gpu_task_scheduler import GPUTaskScheduler
-
-    config, when = json.loads(sys.argv[1]), sys.argv[2]
+    cases = json.loads(sys.argv[1])
     # A lost machine is known once the cluster's health checks of it fail: by default 5 checks 3 s
     # apart (20 s and more a case); a check each 0.5 s, 3 failed, as a cluster tuned for fast
     # failover is. What the scheduler does once Ray says so is the same.
     health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 1000}
     head = dict(num_cpus=1, num_gpus=4, include_dashboard=False, _system_config=health)
     cluster = Cluster(initialize_head=True, head_node_args=head)
-    doomed = cluster.add_node(num_cpus=1, num_gpus=2)
-    cluster.wait_for_nodes()
-    config["scheduler_config"]["ray_address"] = cluster.address
-    root = config["scheduler_config"]["result_root_folder"]
     import ray
+
+    ray.init(address=cluster.address, log_to_driver=False)  # the sweeps use this connection
+    doomed = None
+    try:
+        for config, when in cases:
+            if doomed is not None and doomed in cluster.worker_nodes:
+                cluster.remove_node(doomed)  # the last case's, not lost (a partition): one machine to lose
+            doomed = cluster.add_node(num_cpus=1, num_gpus=2)
+            cluster.wait_for_nodes()
+            print(f"CASE {when}", flush=True)
+            exit_code, lost = one_case(ray, cluster, doomed, config, when)
+            print("LOST " + json.dumps(lost), flush=True)
+            print(f"EXIT {exit_code}", flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return 0
+
+
+def one_case(ray, cluster, doomed, config, when):
+    """Run one sweep on the cluster, disrupted as ``when`` says: its exit code, and the runs hit."""
+    import gts_test_tasks as tasks
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=cluster.address, log_to_driver=False)  # the sweep uses this connection
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    config["scheduler_config"]["ray_address"] = cluster.address
+    root = config["scheduler_config"]["result_root_folder"]
     release = os.path.join(root + "-release")
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     placeholders = [
@@ -87,12 +109,13 @@ def main() -> int:
         else:
             cluster.remove_node(doomed)
 
-    threading.Thread(target=disrupt, daemon=True).start()
+    disruption = threading.Thread(target=disrupt, daemon=True)
+    disruption.start()
     summary = GPUTaskScheduler(config, tasks.BlockTask).start()
-    print("LOST " + json.dumps(seen.get("lost")), flush=True)
-    ray.shutdown()
-    cluster.shutdown()
-    return summary.exit_code
+    disruption.join(timeout=10)
+    open(release, "a").close()  # whatever happened, the placeholders end before the next case
+    ray.wait(placeholders, num_returns=2, timeout=10)
+    return summary.exit_code, seen.get("lost")
 
 
 def hold(release):

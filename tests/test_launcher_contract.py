@@ -15,10 +15,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import gts_test_tasks as tasks
 import pytest
-from conftest import TESTS, wait_until
+from conftest import MARK, TESTS, marked_pids, wait_until
 from fake_launcher import FakeWorld
 from helpers import journal_lines, ledger_rows, make_config
 from test_process_control import finish
@@ -310,32 +311,62 @@ def test_a_handle_knows_its_run_ended_before_the_loop_hears_of_it(backend, tmp_p
 
 # --- machines that go away (backends whose runs run on machines the scheduler does not own) -----------
 
-CLUSTER_BACKENDS = [pytest.param("ray", marks=[pytest.mark.xdist_group("clusters")])]
+# The partition first: it finds the sweep's stop channel among the script's processes (one, then).
+LOST_MACHINE_CASES = ["partition", "busy", "at:0.75", "at:0.95"]
 
 
-@pytest.mark.parametrize("backend", CLUSTER_BACKENDS)
-@pytest.mark.parametrize("when", ["busy", "at:0.75", "at:0.95", "partition"])
-def test_a_run_whose_machine_is_lost_or_cut_off_runs_exactly_once(in_tmp, no_leaked_processes, backend, when):
+@pytest.fixture(scope="module")
+def ray_cluster_sweeps(tmp_path_factory):
+    """One sweep per case of LOST_MACHINE_CASES, each of 8 runs on 4 slots of a two-machine Ray
+    cluster (tests/ray_cluster.py: one cluster, one process, for all of them): for each case, its
+    root, its journal, the runs hit and the script's output for that sweep. Its processes carry a
+    mark of their own, and none may outlive it."""
+    pytest.importorskip("ray")
+    folder = tmp_path_factory.mktemp("lost-machines")
+    cases, found = [], {}
+    for index, when in enumerate(LOST_MACHINE_CASES):
+        root, journal = folder / f"r{index}", folder / f"journal{index}"
+        config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 2.5})
+        config["scheduler_config"].update(
+            gpu=["0", "1", "2", "3"], backend="ray", lease_interval=0.2, grace_period=0.5, node_failure_retries=10
+        )
+        cases.append([config, when])
+        found[when] = {"root": root, "journal": journal}
+    mark = uuid.uuid4().hex
+    script = os.path.join(TESTS, "ray_cluster.py")
+    process = subprocess.Popen(
+        [sys.executable, script, json.dumps(cases)],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, MARK: mark},
+    )
+    output = finish(process, timeout=400)
+    assert process.returncode == 0, output
+    wait_until(lambda: not marked_pids(mark), timeout=30, message="the Ray cluster's processes to exit")
+    for part in ("\n" + output).split("\nCASE ")[1:]:
+        when, said = part.split("\n", 1)
+        found[when]["output"] = said
+        found[when]["lost"] = json.loads(said.split("LOST ", 1)[1].splitlines()[0])
+        found[when]["exit"] = int(said.split("EXIT ", 1)[1].splitlines()[0])
+    assert all("output" in case for case in found.values()), output
+    return found
+
+
+@pytest.mark.xdist_group("clusters")
+@pytest.mark.timeout(480)  # the cases' module-wide sweeps run in the first one's setup
+@pytest.mark.parametrize("when", LOST_MACHINE_CASES)
+def test_a_run_whose_machine_is_lost_or_cut_off_runs_exactly_once(ray_cluster_sweeps, when):
     """A machine goes away with runs on it (as soon as they run, at 75 % of them, just before they end),
     or every run's supervisor is cut off from the scheduler for a while: each run's side effect (its
     journal's "end") happens once, no two attempts of a run ever overlap, and the sweep succeeds. A
     run is retried only once its old attempt is over (its lease), and one that finished in the
     meantime is recorded as succeeded, not run again."""
-    pytest.importorskip("ray")
-    root, journal = in_tmp / "r", in_tmp / "journal"
-    config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 2.5})
-    config["scheduler_config"].update(
-        gpu=["0", "1", "2", "3"], backend=backend, lease_interval=0.2, grace_period=0.5, node_failure_retries=10
-    )
-    script = os.path.join(TESTS, "ray_cluster.py")
-    process = subprocess.Popen(
-        [sys.executable, script, json.dumps(config), when], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    output = finish(process, timeout=170)
-    assert process.returncode == 0, output
-    lost = json.loads(output.split("LOST ", 1)[1].splitlines()[0])
+    case = ray_cluster_sweeps[when]
+    root, output, lost = case["root"], case["output"], case["lost"]
+    assert case["exit"] == 0, output
     assert len(lost) >= 2, output
-    lines = journal_lines(journal)
+    lines = journal_lines(case["journal"])
     assert "overlap" not in " ".join(lines), output
     assert [lines.count(f"end i-{i},") for i in range(8)] == [1] * 8, output  # each side effect once
     rows = ledger_rows(root)

@@ -2,7 +2,7 @@
 (``digits.py``), 8 learning rates x 27 epochs, run as a grid and with gts's ``pbt``, in one
 invocation; and once more with a Ctrl-C a third of the way in, then the same command again.
 
-    python bench/digits_pbt.py [--slots 2] [--passes 3] [--repeats 3] [--ctrl-c-after 20]
+    python bench/digits_pbt.py [--slots 2] [--passes 3] [--repeats 3] [--ctrl-c-after 20] [--tools grid,gts-pbt,ray-pbt]
 
 Every run trains for real (``partial_fit``, ``passes`` epochs a step) on this machine's CPUs. With
 ``pbt: {metric: loss, mode: min, interval: 3, quantile: 0.25, perturb: {lr: [0.5, 2.0]},
@@ -15,6 +15,13 @@ copies against PBT's copy rule (a snapshot of a lineage its donor dropped, or on
 than the copier's own loss there: records/lineage.copy_faults; each is printed), the wall time,
 and the schedule the winner trained with. scikit-learn is installed into
 ``bench/.peers/`` when it does not import here.
+
+``ray-pbt``: Ray Tune's ``PopulationBasedTraining`` on the same members, in the same invocation
+(``--tools``): ``perturbation_interval=3``, ``quantile_fraction=0.25``, ``resample_probability=0``,
+``perturbation_factors=(2.0, 0.5)``, ``hyperparam_mutations={"lr": tune.loguniform(1e-4, 1)}``
+(with resampling off, Ray multiplies the value by one of the factors, as gts does), the model
+pickled into a checkpoint at every third epoch (as Ray's guide says) and at the end, and
+``max_concurrent_trials`` = slots. Its copies are Ray's own count; it keeps no ledger to audit.
 """
 
 from __future__ import annotations
@@ -34,9 +41,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import digits  # noqa: E402
+from early_stop_bench import peer_path  # noqa: E402
+from pbt_bench import ray_pbt_fit  # noqa: E402
 
 LRS = [0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01]
 WIDTH = 64
+TOOLS = ("grid", "gts-pbt", "gts-pbt+ctrl-c", "ray-pbt")
 PBT = {
     "metric": "loss",
     "mode": "min",
@@ -72,6 +82,8 @@ class DigitsPbtTask(digits.GPUTask):  # type: ignore[misc,valid-type]
 
 
 def one(tool, slots, passes, folder):
+    if tool == "ray-pbt":
+        return one_ray(slots, passes, folder)
     from gpu_task_scheduler import GPUTaskScheduler
 
     journal = os.path.join(folder, "journal")
@@ -123,12 +135,58 @@ def one(tool, slots, passes, folder):
     }
 
 
+def one_ray(slots, passes, folder):
+    """The same members under Ray Tune's PBT (see the module's text)."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import ray
+    from ray import tune
+
+    journal = os.path.join(folder, "journal")
+    open(journal, "w").close()
+    ray.init(address="local", num_cpus=slots, num_gpus=0, include_dashboard=False, log_to_driver=False)
+
+    def trainable(config):
+        model, checkpoint = None, tune.get_checkpoint()
+        if checkpoint is not None:  # an exploit (the donor's model) or a trial resumed: from its model
+            with checkpoint.as_directory() as saved, open(os.path.join(saved, "model.pkl"), "rb") as handle:
+                model = pickle.load(handle)
+            model.learning_rate_init = config["lr"]
+            if hasattr(model, "_optimizer"):
+                model._optimizer.learning_rate = config["lr"]
+        latest = {}
+
+        def save(model):
+            latest["model"] = model
+
+        def report(epoch, value):
+            if epoch % PBT["interval"] and epoch != digits.EPOCHS:
+                tune.report({"loss": value})
+                return
+            with tempfile.TemporaryDirectory() as saved:
+                with open(os.path.join(saved, "model.pkl"), "wb") as handle:
+                    pickle.dump(latest["model"], handle)
+                tune.report({"loss": value}, checkpoint=tune.Checkpoint.from_directory(saved))
+
+        digits.train(config["lr"], WIDTH, model, save, report, journal, passes)
+
+    results, wall, copies = ray_pbt_fit(
+        trainable, ("loss", "min"), LRS, (1e-4, 1.0), PBT["interval"], digits.EPOCHS, slots, folder
+    )
+    losses = [r.metrics["loss"] for r in results if r.metrics and "loss" in r.metrics]
+    ray.shutdown()
+    with open(journal) as handle:
+        epochs = sum(1 for _ in handle)
+    return {"loss": min(losses), "epochs": epochs, "copies": copies, "faults": [], "wall": wall, "schedule": ""}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ctrl-c-after", type=float, default=20.0, help="seconds before the Ctrl-C pass's Ctrl-C")
+    parser.add_argument("--tools", default=",".join(TOOLS), help=f"some of {', '.join(TOOLS)}")
     parser.add_argument("--one", nargs=2, metavar=("TOOL", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -141,7 +199,12 @@ def main():
     head = f"{'tool':<14} {'repeat':>6} {'loss':>7} {'/ grid':>7} {'epochs':>7} {'share':>6} {'copies':>6}"
     print(f"\n{head} {'faults':>6} {'wall s':>7}")
     grid_loss = None
-    for tool in ("grid", "gts-pbt", "gts-pbt+ctrl-c"):
+    for tool in args.tools.split(","):
+        ray_path = peer_path("ray-asha") if tool == "ray-pbt" else ""
+        if ray_path is None:
+            print(f"{tool}: skipped (it does not install here)")
+            continue
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, ray_path, HERE, os.environ.get("PYTHONPATH")) if p)
         for repeat in range(1, (1 if tool == "grid" else args.repeats) + 1):
             with tempfile.TemporaryDirectory(prefix="gts-digits-pbt-") as folder:
                 argv = [sys.executable, __file__, "--slots", str(args.slots), "--passes", str(args.passes)]

@@ -20,7 +20,8 @@ good for long. A step sleeps ``--step-seconds``, so a slot is busy as a GPU woul
 Printed per tool and repeat: the best member's score over the best fixed learning rate's (the
 grid's best), the steps executed (a journal line per step) over the grid's, the exploits made,
 and the wall time of the sweep (``ray.init`` not included); for gts, the steps a second start of
-the same sweep executed (it must be 0). Ray Tune is used where it imports; otherwise it is
+the same sweep executed (it must be 0) and the copies against PBT's copy rule
+(``records/lineage.copy_faults``: each is printed). Ray Tune is used where it imports; otherwise it is
 installed into ``bench/.peers/`` as the suite installs its peers.
 """
 
@@ -126,7 +127,20 @@ def run_gts(journal, slots, step_seconds, pbt):
     assert again.ok and not again.outcomes, again.report()
     with sqlite3.connect(os.path.join(root, ".gts", "ledger.sqlite3")) as db:  # each copy made: a resumption
         exploits = db.execute("SELECT COUNT(*) FROM trial_events WHERE decision = 'exploit'").fetchone()[0]
-    return wall, best, {"exploits": exploits, "again": rerun}
+    faults = []
+    if pbt:  # every copy against the rule (records/lineage.copy_faults): the donor's current weights, no worse
+        from gpu_task_scheduler.records.ledger import Ledger
+        from gpu_task_scheduler.records.lineage import copy_faults
+        from gpu_task_scheduler.records.paths import RootPaths
+
+        ledger = Ledger.read_only(RootPaths(root))
+        try:
+            faults = copy_faults(
+                ledger.trial_events(), interval=INTERVAL, value_of=lambda e: e.value, worse=lambda a, b: a < b
+            )
+        finally:
+            ledger.close()
+    return wall, best, {"exploits": exploits, "again": rerun, "faults": faults}
 
 
 def run_ray(journal, slots, step_seconds):
@@ -134,7 +148,6 @@ def run_ray(journal, slots, step_seconds):
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
     from ray import tune
-    from ray.tune.schedulers import PopulationBasedTraining
 
     ray.init(address="local", num_cpus=slots, num_gpus=0, include_dashboard=False, log_to_driver=False)
 
@@ -156,27 +169,40 @@ def run_ray(journal, slots, step_seconds):
 
         train(config["lr"], first, score, journal, step_seconds, report)
 
+    results, wall, exploits = ray_pbt_fit(
+        trainable, ("score", "max"), LRS, (1e-3, 10.0), INTERVAL, STEPS, slots, os.path.dirname(journal)
+    )
+    best = max(result.metrics.get("score", 0.0) for result in results if result.metrics)
+    ray.shutdown()
+    return wall, best, {"errors": results.num_errors, "exploits": exploits}
+
+
+def ray_pbt_fit(trainable, objective, lrs, lr_range, interval, steps, slots, folder):
+    """Ray Tune's PopulationBasedTraining over the grid ``lrs`` as the benches set it up (the module's
+    text): quantile 0.25, no resampling (so that Ray multiplies the value by 2 or 0.5, as gts does),
+    ``slots`` trials at once, each stopped at ``steps``. ``objective``: ``(metric, mode)``. Returns
+    Tune's results, the fit's wall time and the exploits made (Ray's own count, kept in its scheduler)."""
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    metric, mode = objective
     scheduler = PopulationBasedTraining(
         time_attr="training_iteration",
-        perturbation_interval=INTERVAL,
+        perturbation_interval=interval,
         quantile_fraction=0.25,
         resample_probability=0.0,
         perturbation_factors=(2.0, 0.5),
-        hyperparam_mutations={"lr": tune.loguniform(1e-3, 10)},
+        hyperparam_mutations={"lr": tune.loguniform(*lr_range)},
     )
     tuner = tune.Tuner(
         trainable,
-        param_space={"lr": tune.grid_search(LRS)},
-        tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=scheduler, max_concurrent_trials=slots),
-        run_config=tune.RunConfig(storage_path=os.path.dirname(journal), verbose=0, stop={"training_iteration": STEPS}),
+        param_space={"lr": tune.grid_search(lrs)},
+        tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, max_concurrent_trials=slots),
+        run_config=tune.RunConfig(storage_path=folder, verbose=0, stop={"training_iteration": steps}),
     )
     start = time.perf_counter()
     results = tuner.fit()
-    wall = time.perf_counter() - start
-    best = max(result.metrics.get("score", 0.0) for result in results if result.metrics)
-    exploits = getattr(scheduler, "_num_perturbations", "-")  # Ray's own count, kept in its scheduler
-    ray.shutdown()
-    return wall, best, {"errors": results.num_errors, "exploits": exploits}
+    return results, time.perf_counter() - start, getattr(scheduler, "_num_perturbations", "-")
 
 
 def one(tool, slots, step_seconds, folder):
@@ -209,7 +235,7 @@ def main():
         f"best fixed learning rate's score {BEST_FIXED:.2f}"
     )
     head = f"{'tool':<8} {'repeat':>6} {'best/fixed':>10} {'steps':>6} {'share':>6} {'exploits':>8} {'wall s':>7}"
-    print(f"\n{head} {'again':>6}")
+    print(f"\n{head} {'again':>6} {'faults':>6}")
     for tool in args.tools.split(","):
         path = peer_path("ray-asha") if tool == "ray-pbt" else ""
         if path is None:
@@ -229,9 +255,12 @@ def main():
             r = json.loads(done.stdout.strip().splitlines()[-1])
             print(
                 f"{tool:<8} {repeat:>6} {r['best'] / BEST_FIXED:>10.3f} {r['steps']:>6} {r['steps'] / total:>6.0%} "
-                f"{r.get('exploits', '-')!s:>8} {r['wall']:>7.1f} {r.get('again', '-')!s:>6}",
+                f"{r.get('exploits', '-')!s:>8} {r['wall']:>7.1f} {r.get('again', '-')!s:>6} "
+                f"{len(r['faults']) if 'faults' in r else '-'!s:>6}",
                 flush=True,
             )
+            for fault in r.get("faults", []):
+                print(f"         a copy against the rule: {fault}")
 
 
 if __name__ == "__main__":

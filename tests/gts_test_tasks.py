@@ -301,8 +301,8 @@ class FakeGpuTask(GPUTask):
         if said:  # the scheduler has said the GPU is busy (a run waits for it): only then does it leave
             log = os.path.join(os.path.dirname(self._work_dir.rstrip(os.sep)), "scheduler.log")
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not (os.path.exists(log) and said in open(log).read()):
-                time.sleep(0.01)
+            while time.monotonic() < deadline and not _says(log, said):
+                time.sleep(0.01)  # the scheduler's log is a file: nothing to wait on but its content
         if self._config.get("clear_foreign") is not None:
             fake_nvml.set_gpu(self._config["clear_foreign"], processes=[])
         if self._config.get("add_foreign") is not None:
@@ -769,3 +769,12 @@ class ReportThenSaveTask(GPUTask):
             with open(saved, "w") as handle:
                 handle.write(str(step))
         return {"loss": curve_value(self._config, self._config["steps"])}
+
+
+def _says(path, words):
+    """Whether the file ``path`` exists and holds ``words``."""
+    try:
+        with open(path) as handle:
+            return words in handle.read()
+    except FileNotFoundError:
+        return False

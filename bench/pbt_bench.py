@@ -1,7 +1,7 @@
 """Population-based training against Ray Tune's PopulationBasedTraining, in the same invocation, on
 a problem whose best schedule changes as it trains (warm up, then decay), and the grid run whole.
 
-    python bench/pbt_bench.py [--repeats 3] [--slots 8] [--step-seconds 0.05] [--tools grid,gts-pbt,ray-pbt]
+    python bench/pbt_bench.py [--repeats 3] [--slots 8] [--step-seconds 0.05] [--seed 0] [--tools grid,gts-pbt,ray-pbt]
 
 The workload: 8 learning rates x 40 steps. Each step adds to a run's score a gain of at most 1,
 the largest when its learning rate is the best one for that step, which rises tenfold over the
@@ -16,6 +16,10 @@ good for long. A step sleeps ``--step-seconds``, so a slot is busy as a GPU woul
   hyperparam_mutations={"lr": tune.loguniform(1e-3, 10)})`` (with resampling off, Ray multiplies
   the value by one of the factors, as gts does), a checkpoint at every 4th step (as Ray's guide
   says) and at the end, ``max_concurrent_trials`` = slots.
+
+gts-pbt's ``seed`` is ``--seed`` plus the repeat's number less one: each repeat draws other donors
+and factors, as each of Ray Tune's does (with one seed, the repeats of a sweep whose members take
+turns made the same decisions and printed one figure three times).
 
 Printed per tool and repeat: the best member's score over the best fixed learning rate's (the
 grid's best), the steps executed (a journal line per step) over the grid's, the exploits made,
@@ -103,7 +107,7 @@ class ScheduleTask(GPUTask):
         return {"score": train(c["lr"], first, score, c["journal"], c["step_seconds"], on_step)}
 
 
-def run_gts(journal, slots, step_seconds, pbt):
+def run_gts(journal, slots, step_seconds, pbt, seed=0):
     from gpu_task_scheduler import GPUTaskScheduler
 
     root = os.path.join(os.path.dirname(journal), "root")
@@ -113,7 +117,7 @@ def run_gts(journal, slots, step_seconds, pbt):
         "test_config": [{"lr": LRS}],
     }
     if pbt:
-        config["pbt"] = PBT
+        config["pbt"] = {**PBT, "seed": seed}
     start = time.perf_counter()
     summary = GPUTaskScheduler(config, ScheduleTask, live_status=False).start()
     wall = time.perf_counter() - start
@@ -205,13 +209,13 @@ def ray_pbt_fit(trainable, objective, lrs, lr_range, interval, steps, slots, fol
     return results, time.perf_counter() - start, getattr(scheduler, "_num_perturbations", "-")
 
 
-def one(tool, slots, step_seconds, folder):
+def one(tool, slots, step_seconds, folder, seed=0):
     journal = os.path.join(folder, "journal")
     open(journal, "w").close()
     if tool == "ray-pbt":
         wall, best, extra = run_ray(journal, slots, step_seconds)
     else:
-        wall, best, extra = run_gts(journal, slots, step_seconds, pbt=tool == "gts-pbt")
+        wall, best, extra = run_gts(journal, slots, step_seconds, pbt=tool == "gts-pbt", seed=seed)
     with open(journal) as handle:
         steps = sum(1 for _ in handle)
     return {"wall": wall, "best": best, "steps": steps, **extra}
@@ -224,10 +228,13 @@ def main():
     parser.add_argument("--step-seconds", type=float, default=0.05)
     parser.add_argument("--tools", default=",".join(TOOLS), help=f"some of {', '.join(TOOLS)}")
     parser.add_argument("--row-timeout", type=float, default=600)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="gts-pbt's seed (the first repeat's; each next one's is one more)"
+    )
     parser.add_argument("--one", nargs=2, metavar=("TOOL", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], args.slots, args.step_seconds, args.one[1])))
+        print(json.dumps(one(args.one[0], args.slots, args.step_seconds, args.one[1], args.seed)))
         return
     total = len(LRS) * STEPS
     print(
@@ -245,6 +252,7 @@ def main():
         for repeat in range(1, (1 if tool == "grid" else args.repeats) + 1):
             with tempfile.TemporaryDirectory(prefix="gts-pbt-") as folder:
                 argv = [sys.executable, __file__, "--slots", str(args.slots), "--step-seconds", str(args.step_seconds)]
+                argv += ["--seed", str(args.seed + repeat - 1)]  # each repeat draws other choices, as Ray's does
                 done = run_one([*argv, "--one", tool, folder], folder, env, args.row_timeout)
             if done is None:
                 print(f"{tool:<8} {repeat:>6} did not end within {args.row_timeout:g}s")

@@ -46,7 +46,7 @@ PROBLEMS = {
 }
 
 
-def simulate(slots: int, seed: int, problem: str = "bench") -> dict[str, float]:
+def simulate(slots: int, seed: int, problem: str = "bench", pace: str = "random") -> dict[str, float]:
     lrs, gain = PROBLEMS[problem]
     best_fixed = max(sum(gain(lr, step) for step in range(1, STEPS + 1)) for lr in lrs)
     members = {f"m{i}": {"lr": lr, "step": 0, "score": 0.0} for i, lr in enumerate(lrs)}
@@ -81,8 +81,19 @@ def simulate(slots: int, seed: int, problem: str = "bench") -> dict[str, float]:
 
     while len(running) < slots and start_next():
         pass
+    queue: list[str] = []  # paces "equal" and "staggered": this round's order, each running member once
+    # "staggered": a third of the members start late, by up to 24 steps of the others (a loaded
+    # machine whose processes do not all get going at once)
+    late = {n: order.randint(1, 24) if pace == "staggered" and order.random() < 1 / 3 else 0 for n in members}
     while running:
-        name = order.choice(sorted(running))
+        if pace == "random":
+            name = order.choice(sorted(running))
+        else:
+            queue = [n for n in queue if n in running] or order.sample(sorted(running), len(running))
+            name = queue.pop(0)
+            if late[name]:
+                late[name] -= 1
+                continue
         member = members[name]
         member["step"] += 1
         member["score"] += gain(member["lr"], member["step"])
@@ -134,11 +145,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--slots", default="2,8")
     parser.add_argument("--problem", choices=sorted(PROBLEMS), default="bench")
+    parser.add_argument("--pace", choices=("random", "equal", "staggered"), default="random")
     args = parser.parse_args()
     print(f"8 members x {STEPS} steps, interval {INTERVAL}, quantile 0.25, lr x0.5/x2; median of {args.seeds} seeds")
     print(f"{'slots':>5} {'best/fixed':>10} {'min':>6} {'<1.15x':>7} {'exploits':>8} {'no donor':>8} {'faults':>6}")
     for slots in (int(s) for s in args.slots.split(",")):
-        found = [simulate(slots, seed, args.problem) for seed in range(args.seeds)]
+        found = [simulate(slots, seed, args.problem, args.pace) for seed in range(args.seeds)]
         ratios = [f["ratio"] for f in found]
         print(
             f"{slots:>5} {statistics.median(ratios):10.3f} {min(ratios):6.3f} "

@@ -180,6 +180,41 @@ def test_a_member_that_ended_still_ranks_where_it_was_judged_and_is_copied():
     assert pbt.best() == "m1" and tell(pbt, "m2", 4, 0.9) == EXPLOIT and pbt.exploit_of("m2").donor == "m0"
 
 
+@pytest.mark.parametrize(
+    "ended, bottom",
+    [
+        ([], ["m6", "m7"]),
+        (["m7"], ["m5", "m6"]),  # the worst ended: the next worst that still train copy
+        (["m6", "m7"], ["m4", "m5"]),
+        (["m2", "m3", "m4", "m5", "m6", "m7"], []),  # only the top trains on: no one copies
+        (["m0"], ["m6", "m7"]),  # a top member that ended is still a top member (a donor)
+    ],
+)
+def test_the_bottom_that_copies_is_of_the_members_that_still_train(ended, bottom):
+    pbt = population([1.0] * 8, quantile=0.25)
+    for number in range(8):  # m0 best
+        pbt.members[f"m{number}"].last_value = 0.1 * (number + 1)
+    for name in ended:
+        pbt.ended(name)
+    values = {name: member.last_value for name, member in pbt.members.items()}
+    assert pbt._quantiles(values) == (bottom, ["m0", "m1"])
+
+
+def test_a_member_that_ran_to_its_end_ahead_of_the_others_takes_no_bottom_place_from_them():
+    # Two members ran ahead to the end (a loaded machine started them first) and were the worst at
+    # 4; the two worst of those still training copy there, not the members that ended.
+    pbt = population([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    for name, value in (("m6", 0.95), ("m7", 0.99)):
+        tell(pbt, name, 4, value)
+        tell(pbt, name, 8, value)
+        pbt.ended(name)
+    for name, value in (("m0", 0.1), ("m1", 0.2), ("m2", 0.3), ("m3", 0.4)):
+        tell(pbt, name, 4, value)
+    # 7 ranked at 4: m0 and m1 the top, m6 and m7 the worst; the bottom two that train are m3 and m4
+    assert tell(pbt, "m4", 4, 0.5) == EXPLOIT  # was: it went on, m6 and m7 holding the bottom places
+    assert pbt.exploit_of("m4").donor in ("m0", "m1")
+
+
 def test_the_same_events_give_the_same_decisions_and_other_seeds_others():
     def run(seed, kind=int):
         pbt = population([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], seed=seed)

@@ -753,3 +753,34 @@ def test_a_decision_that_kept_no_snapshot_then_replays_without_one_under_a_rule_
         assert method.needed_snapshots(third) == set()
         assert method.needed_snapshots(second) == {4}
     assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text
+
+
+def test_a_copy_that_a_later_rule_decides_is_not_made_by_a_replay_of_a_member_that_went_on(in_tmp, caplog):
+    """A sweep begun by a version whose bottom quantile held a member that had ended: a member that
+    trains on, the worst of those that do, went on there. Replayed now, the rule sends it to copy
+    the top member; the copy was never made, so nothing waits for it: it goes on as it did."""
+    from gpu_task_scheduler.engine.pauses import Pauses
+
+    root = in_tmp / "r"
+    sweep = _three_members(root)
+    first, second, third = (spec.name for spec in sweep)
+    with Ledger(RootPaths(str(root))) as ledger:
+        Pauses(sweep, ledger, root=str(root))
+        for spec in sweep:
+            ledger.record_trial_event("began", name=spec.name, bracket=0, detail={"values": {"lr": spec.config["lr"]}})
+        for name, step, value, decision in [(first, 4, 0.9, "snapshot"), (first, 8, 0.95, "snapshot")]:
+            ledger.record_trial_event(
+                "rung", name=name, rung=float(step), step=float(step), value=value, decision=decision
+            )
+        ledger.record_trial_event("ended", name=first)  # it ran ahead to its end
+        for name, step, value, decision in [(second, 4, 0.1, "snapshot"), (third, 4, 0.5, "continue")]:
+            ledger.record_trial_event(
+                "rung", name=name, rung=float(step), step=float(step), value=value, decision=decision
+            )
+        ledger.commit()
+        caplog.clear()
+        pauses = Pauses(sweep, ledger, root=str(root))
+        method = pauses._methods[None]
+        assert method.exploit_of(third) is None and not method.paused and pauses.owed() is None
+        assert method.rung_reached(third, 8) == 8  # judged at its next interval, as it went on
+    assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text

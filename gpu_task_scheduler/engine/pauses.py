@@ -210,6 +210,8 @@ class Pauses:
                             if isinstance(method, Pbt) and decided in SNAPSHOTS and event.decision not in SNAPSHOTS:
                                 # Kept now (a rule of a later version), not then: there is no such snapshot.
                                 method.unsaved(name, decided)
+                            elif isinstance(method, Pbt) and decided == EXPLOIT and event.decision != EXPLOIT:
+                                method.unmade(name, str(event.decision))  # a copy a later rule decides, not made then
                 elif event.kind == "resumed":
                     if name in method.paused:
                         method.resumed(name)

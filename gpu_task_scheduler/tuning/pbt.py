@@ -288,6 +288,15 @@ class Pbt:
         self._forget_latest(self.members[run])
         return YIELD if decision == SNAPSHOT_YIELD else CONTINUE
 
+    def unmade(self, run: str, decision: str) -> None:
+        """The exploit decided for ``run`` was never made: its ledger says it went on instead
+        (``decision``; a sweep begun by an earlier version, whose rule sent no member of this rank
+        to copy). It goes on as it did (or waits its turn, as it did)."""
+        self._exploits.pop(run, None)
+        state = self.members[run]
+        if decision in (YIELD, SNAPSHOT_YIELD) and state.last_step is not None:
+            self._turns[run] = state.last_step
+
     def _forget_latest(self, state: Member) -> None:
         dropped = state.snapshots.pop()
         if state.best is dropped:  # the best of those left (rare: only a late or unsaved one goes)
@@ -357,7 +366,6 @@ class Pbt:
         at, there, values = offered
         explored, changed = self._explore(values, rng)
         self._exploits[run] = Exploit(run, donor, at, explored, changed, there)
-        state.went_back = state.furthest if at < state.furthest else None
         return EXPLOIT
 
     def _offer(self, donor: str, copier: str, since: float) -> tuple[float, Value, dict[str, Any]] | None:
@@ -380,6 +388,7 @@ class Pbt:
             return
         exploit = self._exploits.pop(run)
         state = self.members[run]
+        state.went_back = state.furthest if exploit.step < state.furthest else None
         state.snapshots, state.best = [], None  # of the weights it dropped: no member copies them now
         state.values = dict(exploit.values)
         state.last_step = state.judged_at = exploit.step
@@ -481,7 +490,13 @@ class Pbt:
         if len(ranked) < 2:  # the first judged is the top of one: its snapshot is the first donor's
             return [], ranked
         size = min(max(1, math.ceil(len(ranked) * self.config.quantile)), len(ranked) // 2)
-        return ranked[-size:], ranked[:size]
+        # The bottom is of the members that still train: a member that ended still ranks (and may be
+        # a donor), but it copies no one, and the worst of those that do were left to train on as they
+        # were. (Seen on bench/pbt_bench.py with 8 slots on a loaded machine: 3 members started
+        # seconds before the others, ran to the end alone, and then filled the bottom of every
+        # interval: the two worst members that trained on never copied after step 12.)
+        training = [name for name in ranked[size:] if name not in self._ended]
+        return training[-size:], ranked[:size]
 
     def _explore(self, values: Mapping[str, Any], rng: random.Random) -> tuple[dict[str, Any], dict[str, str]]:
         c = self.config

@@ -9,6 +9,14 @@ with open("README.md", encoding="utf-8") as handle:
 with open("gpu_task_scheduler/version.py", encoding="utf-8") as handle:
     version = re.search(r'^__version__ = "([^"]+)"', handle.read(), re.M).group(1)
 
+FRAMEWORKS = {
+    "lightning": ["lightning>=2.0"],
+    "transformers": ["transformers>=4.41", "accelerate>=1.1"],
+    "keras": ["keras>=3.0"],
+    "xgboost": ["xgboost>=2.0"],
+    "lightgbm": ["lightgbm>=4.0"],
+}
+
 setup(
     name="gts-sweep",
     version=version,
@@ -60,17 +68,11 @@ setup(
         "mlflow": ["mlflow>=2.10"],
         "wandb": ["wandb>=0.17"],
         # The frameworks the callbacks of gpu_task_scheduler.integrations (and examples/integrations/)
-        # work with; a script's own framework is what it needs, and nothing here is imported before
-        # its module is. PyTorch comes with Lightning; Keras 3 runs on it (KERAS_BACKEND=torch).
-        "integrations": [
-            "lightning>=2.0",
-            "transformers>=4.41",
-            "accelerate>=1.1",
-            "keras>=3.0",
-            "xgboost>=2.0",
-            "lightgbm>=4.0",
-            "tensorboard>=2.12",
-        ],
+        # work with, one extra each, and all of them: a script's own framework is what it needs, and
+        # nothing here is imported before its module is. PyTorch comes with Lightning; Keras 3 runs
+        # on it (KERAS_BACKEND=torch). Install times: docs/integrations.md.
+        **FRAMEWORKS,
+        "integrations": [*(need for needs in FRAMEWORKS.values() for need in needs), "tensorboard>=2.12"],
         "test": [
             # The lower bounds are the versions the whole suite passed on (and .ci/run, in a fresh
             # virtual environment, on the newest pip resolves).

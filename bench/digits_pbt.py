@@ -2,7 +2,8 @@
 (``digits.py``), 8 learning rates x 27 epochs, run as a grid and with gts's ``pbt``, in one
 invocation; and once more with a Ctrl-C a third of the way in, then the same command again.
 
-    python bench/digits_pbt.py [--slots 2] [--passes 3] [--repeats 3] [--ctrl-c-after 20] [--tools grid,gts-pbt,ray-pbt]
+    python bench/digits_pbt.py [--slots 2] [--passes 3] [--repeats 3] [--seed 0] [--ctrl-c-after 20]
+                               [--tools grid,gts-pbt,ray-pbt]
 
 Every run trains for real (``partial_fit``, ``passes`` epochs a step) on this machine's CPUs. With
 ``pbt: {metric: loss, mode: min, interval: 3, quantile: 0.25, perturb: {lr: [0.5, 2.0]},
@@ -22,6 +23,8 @@ and the schedule the winner trained with. scikit-learn is installed into
 (with resampling off, Ray multiplies the value by one of the factors, as gts does), the model
 pickled into a checkpoint at every third epoch (as Ray's guide says) and at the end, and
 ``max_concurrent_trials`` = slots. Its copies are Ray's own count; it keeps no ledger to audit.
+gts's PBT ``seed`` is ``--seed`` plus the repeat's number less one (each repeat draws other donors
+and factors, as Ray Tune's do); the Ctrl-C pass's two commands share theirs.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class DigitsPbtTask(digits.GPUTask):  # type: ignore[misc,valid-type]
         return {"loss": loss, "lr": c["lr"]}
 
 
-def one(tool, slots, passes, folder):
+def one(tool, slots, passes, folder, seed=0):
     if tool == "ray-pbt":
         return one_ray(slots, passes, folder)
     from gpu_task_scheduler import GPUTaskScheduler
@@ -94,7 +97,7 @@ def one(tool, slots, passes, folder):
         "test_config": [{"lr": LRS}],
     }
     if tool == "gts-pbt":
-        config["pbt"] = PBT
+        config["pbt"] = {**PBT, "seed": seed}
     start = time.perf_counter()
     summary = GPUTaskScheduler(config, DigitsPbtTask, live_status=False).start()
     wall = time.perf_counter() - start
@@ -187,10 +190,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ctrl-c-after", type=float, default=20.0, help="seconds before the Ctrl-C pass's Ctrl-C")
     parser.add_argument("--tools", default=",".join(TOOLS), help=f"some of {', '.join(TOOLS)}")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="gts-pbt's seed (the first repeat's; each next one's is one more)"
+    )
     parser.add_argument("--one", nargs=2, metavar=("TOOL", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], args.slots, args.passes, args.one[1])))
+        print(json.dumps(one(args.one[0], args.slots, args.passes, args.one[1], args.seed)))
         return
     path = sklearn_path()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, HERE, os.environ.get("PYTHONPATH")) if p)}
@@ -208,6 +214,7 @@ def main():
         for repeat in range(1, (1 if tool == "grid" else args.repeats) + 1):
             with tempfile.TemporaryDirectory(prefix="gts-digits-pbt-") as folder:
                 argv = [sys.executable, __file__, "--slots", str(args.slots), "--passes", str(args.passes)]
+                argv += ["--seed", str(args.seed + repeat - 1)]  # each repeat draws other choices, as Ray's does
                 if tool.endswith("+ctrl-c"):  # Ctrl-C a third of the way in, then the same command again
                     first = subprocess.Popen(
                         [*argv, "--one", "gts-pbt", folder],

@@ -728,30 +728,18 @@ def test_a_decision_that_kept_no_snapshot_then_replays_without_one_under_a_rule_
     """A sweep begun by a version that kept no snapshot of a member first at an interval (ranked at
     an earlier one, in the middle): replayed now, the rule would keep one, but none was taken. It
     is offered to no member (a copy of it would find nothing) and the log says the decision differs."""
-    from gpu_task_scheduler.engine.pauses import Pauses
-
-    root = in_tmp / "r"
-    sweep = _three_members(root)
-    first, second, third = (spec.name for spec in sweep)
-    with Ledger(RootPaths(str(root))) as ledger:
-        Pauses(sweep, ledger, root=str(root))  # records the method's keys, as a start does
-        for spec in sweep:
-            ledger.record_trial_event("began", name=spec.name, bracket=0, detail={"values": {"lr": spec.config["lr"]}})
-        for name, step, value, decision in [
-            (first, 4, 0.9, "snapshot"),
-            (second, 4, 0.1, "snapshot"),
-            (third, 4, 0.5, "continue"),
-            (third, 8, 0.4, "continue"),  # the first at 8: kept now, not by the version that decided it
-        ]:
-            ledger.record_trial_event(
-                "rung", name=name, rung=float(step), step=float(step), value=value, decision=decision
-            )
-        ledger.commit()
-        caplog.clear()
-        pauses = Pauses(sweep, ledger, root=str(root))
-        method = pauses._methods[None]
-        assert method.needed_snapshots(third) == set()
-        assert method.needed_snapshots(second) == {4}
+    _, method, (_, second, third) = _replayed(
+        in_tmp,
+        caplog,
+        [
+            (0, 4, 0.9, "snapshot"),
+            (1, 4, 0.1, "snapshot"),
+            (2, 4, 0.5, "continue"),
+            (2, 8, 0.4, "continue"),  # the first at 8: kept now, not by the version that decided it
+        ],
+    )
+    assert method.needed_snapshots(third) == set()
+    assert method.needed_snapshots(second) == {4}
     assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text
 
 
@@ -759,28 +747,44 @@ def test_a_copy_that_a_later_rule_decides_is_not_made_by_a_replay_of_a_member_th
     """A sweep begun by a version whose bottom quantile held a member that had ended: a member that
     trains on, the worst of those that do, went on there. Replayed now, the rule sends it to copy
     the top member; the copy was never made, so nothing waits for it: it goes on as it did."""
+    pauses, method, (_, _, third) = _replayed(
+        in_tmp,
+        caplog,
+        [
+            (0, 4, 0.9, "snapshot"),
+            (0, 8, 0.95, "snapshot"),
+            (0, "ended"),  # it ran ahead to its end
+            (1, 4, 0.1, "snapshot"),
+            (2, 4, 0.5, "continue"),
+        ],
+    )
+    assert method.exploit_of(third) is None and not method.paused and pauses.owed() is None
+    assert method.rung_reached(third, 8) == 8  # judged at its next interval, as it went on
+    assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text
+
+
+def _replayed(in_tmp, caplog, events):
+    """Three members' ledger as an earlier start left it, then replayed by a new start: its Pauses,
+    its method and the members' names. ``events``: (member's index, step, value, decision) for a
+    judgement, (index, "ended") for an end; the log is cleared before the replay."""
     from gpu_task_scheduler.engine.pauses import Pauses
 
     root = in_tmp / "r"
     sweep = _three_members(root)
-    first, second, third = (spec.name for spec in sweep)
+    names = [spec.name for spec in sweep]
     with Ledger(RootPaths(str(root))) as ledger:
-        Pauses(sweep, ledger, root=str(root))
+        Pauses(sweep, ledger, root=str(root))  # records the method's keys, as a start does
         for spec in sweep:
             ledger.record_trial_event("began", name=spec.name, bracket=0, detail={"values": {"lr": spec.config["lr"]}})
-        for name, step, value, decision in [(first, 4, 0.9, "snapshot"), (first, 8, 0.95, "snapshot")]:
+        for index, *event in events:
+            if event == ["ended"]:
+                ledger.record_trial_event("ended", name=names[index])
+                continue
+            step, value, decision = event
             ledger.record_trial_event(
-                "rung", name=name, rung=float(step), step=float(step), value=value, decision=decision
-            )
-        ledger.record_trial_event("ended", name=first)  # it ran ahead to its end
-        for name, step, value, decision in [(second, 4, 0.1, "snapshot"), (third, 4, 0.5, "continue")]:
-            ledger.record_trial_event(
-                "rung", name=name, rung=float(step), step=float(step), value=value, decision=decision
+                "rung", name=names[index], rung=float(step), step=float(step), value=value, decision=decision
             )
         ledger.commit()
         caplog.clear()
         pauses = Pauses(sweep, ledger, root=str(root))
-        method = pauses._methods[None]
-        assert method.exploit_of(third) is None and not method.paused and pauses.owed() is None
-        assert method.rung_reached(third, 8) == 8  # judged at its next interval, as it went on
-    assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text
+    return pauses, pauses._methods[None], names

@@ -15,7 +15,8 @@ better than better ones behind it, and is never made to copy them. Measured on
 ``bench/pbt_bench.py``, where members run at the same pace but start at different moments: that
 rule left the worst member uncopied for the whole sweep.) So ranked:
 
-* in the bottom ``quantile`` (at least one member, at most half of those ranked), it *exploits*:
+* in the bottom ``quantile`` (at least one member, at most half of those ranked; of the members
+  that still train: one that ended ranks, and may be a donor, but copies no one), it *exploits*:
   it is to go on from a copy of a snapshot of a member of the top ``quantile`` (the donor), with
   the donor's values *explored* (which snapshot: the copy rule below):
   each value listed in ``perturb`` multiplied by one of its factors, each listed in ``resample``

@@ -5,7 +5,7 @@ an exploit every 2 epochs, 6 epochs) run by ``gts run`` and SIGKILLed at random 
 again, then run to their end.
 
     python bench/pbt_framework_kills.py [--frameworks lightning,transformers,keras] [--seeds 3]
-                                        [--kills 4] [--within 3,25]
+                                        [--kills 4] [--within 2,10]
 
 The suite kills these sweeps at two held points (a pause committed, a donor's checkpoint put in
 place); this kills them where the clock says, ``--kills`` times a seed, each after a time drawn
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--kills", type=int, default=4)
     parser.add_argument(
-        "--within", default="3,25", help="seconds after a start: the range a kill's moment is drawn from"
+        "--within", default="2,10", help="seconds after a start: the range a kill's moment is drawn from"
     )
     args = parser.parse_args()
     low, high = (float(part) for part in args.within.split(","))

@@ -4,9 +4,14 @@
 earliest step), on ``bench/pbt_bench.py``'s problem (the best learning rate rises tenfold over the
 first 10 steps, then falls a hundredfold by step 40).
 
-    python bench/pbt_slots_sim.py [--seeds 20] [--slots 2,8]
+    python bench/pbt_slots_sim.py [--seeds 20] [--slots 2,8] [--pace random|equal|staggered] [--restart 0]
 
 ``--problem example``: ``examples/pbt_schedule.py``'s problem instead (``configs/pbt.yaml``).
+``--pace``: how the running members move: ``random`` (one drawn at random takes each next step:
+members at random speeds), ``equal`` (each takes a step in turn, in an order drawn each round) or
+``staggered`` (as equal, with a third of the members starting up to 24 steps late); with the last
+two, ``--restart K`` makes every resumed member (a copy, or its turn) sit out K steps, as a process
+that starts again does.
 
 Printed per number of slots: the median over seeds (each a seed of PBT's choices and an order of
 the running members' steps) of the best member's score over the best fixed learning rate's, the
@@ -46,7 +51,7 @@ PROBLEMS = {
 }
 
 
-def simulate(slots: int, seed: int, problem: str = "bench", pace: str = "random") -> dict[str, float]:
+def simulate(slots: int, seed: int, problem: str = "bench", pace: str = "random", restart: int = 0) -> dict[str, float]:
     lrs, gain = PROBLEMS[problem]
     best_fixed = max(sum(gain(lr, step) for step in range(1, STEPS + 1)) for lr in lrs)
     members = {f"m{i}": {"lr": lr, "step": 0, "score": 0.0} for i, lr in enumerate(lrs)}
@@ -57,6 +62,8 @@ def simulate(slots: int, seed: int, problem: str = "bench", pace: str = "random"
     running: set[str] = set()
     order = random.Random(seed)
     exploits = refused = 0
+
+    late: dict[str, int] = {}  # rounds a member sits out before its next step (paces "equal", "staggered")
 
     def start_next() -> bool:
         nonlocal waiting
@@ -73,6 +80,7 @@ def simulate(slots: int, seed: int, problem: str = "bench", pace: str = "random"
             if exploit is not None:
                 members[name].update(exploit.values, step=exploit.step, score=snapshots[exploit.donor, exploit.step])
             pbt.resumed(name)
+            late[name] = late.get(name, 0) + restart  # a new attempt: its process starts again
             events.append(TrialEvent("resumed", None, name, None, None, None, None, None))
         else:
             return False
@@ -84,7 +92,7 @@ def simulate(slots: int, seed: int, problem: str = "bench", pace: str = "random"
     queue: list[str] = []  # paces "equal" and "staggered": this round's order, each running member once
     # "staggered": a third of the members start late, by up to 24 steps of the others (a loaded
     # machine whose processes do not all get going at once)
-    late = {n: order.randint(1, 24) if pace == "staggered" and order.random() < 1 / 3 else 0 for n in members}
+    late.update({n: order.randint(1, 24) if pace == "staggered" and order.random() < 1 / 3 else 0 for n in members})
     while running:
         if pace == "random":
             name = order.choice(sorted(running))
@@ -146,11 +154,14 @@ def main() -> None:
     parser.add_argument("--slots", default="2,8")
     parser.add_argument("--problem", choices=sorted(PROBLEMS), default="bench")
     parser.add_argument("--pace", choices=("random", "equal", "staggered"), default="random")
+    parser.add_argument(
+        "--restart", type=int, default=0, help="paces equal and staggered: the steps a resumed member's restart costs"
+    )
     args = parser.parse_args()
     print(f"8 members x {STEPS} steps, interval {INTERVAL}, quantile 0.25, lr x0.5/x2; median of {args.seeds} seeds")
     print(f"{'slots':>5} {'best/fixed':>10} {'min':>6} {'<1.15x':>7} {'exploits':>8} {'no donor':>8} {'faults':>6}")
     for slots in (int(s) for s in args.slots.split(",")):
-        found = [simulate(slots, seed, args.problem, args.pace) for seed in range(args.seeds)]
+        found = [simulate(slots, seed, args.problem, args.pace, args.restart) for seed in range(args.seeds)]
         ratios = [f["ratio"] for f in found]
         print(
             f"{slots:>5} {statistics.median(ratios):10.3f} {min(ratios):6.3f} "

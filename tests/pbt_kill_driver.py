@@ -17,7 +17,8 @@ POINT, in the order an exploit goes (engine/pauses.py):
 And for any pausing method (PBT's exploits and turns, promotion ASHA's rungs), on any backend:
 
 * ``pausing``: a pause committed to the ledger, the run not yet told (a pool's run then waits at
-  its report for its word, on its node, while no scheduler runs).
+  its report for its word, on its node, while no scheduler runs);
+* ``exploit-pause``: the same, for an exploit's pause only (not a turn's).
 
 Before it dies it writes ``{"point": ..., "name": ...}`` (the member) to NOTE.
 """
@@ -87,6 +88,8 @@ original_halt = running.Running._halt
 
 def halt(self, active, status, cause, marker):
     if POINT == "pausing" and status is RunStatus.PAUSED:
+        die(active.spec.name)
+    if POINT == "exploit-pause" and status is RunStatus.PAUSED and str(cause).startswith("exploits "):
         die(active.spec.name)
     return original_halt(self, active, status, cause, marker)
 

@@ -312,6 +312,57 @@ def test_turns_go_to_new_members_then_to_the_one_furthest_behind():
     assert crowded_again.close() and crowded_again.next(more_new=True) == Next("resume", "m0", 4)  # none will begin
 
 
+@pytest.mark.parametrize(
+    "reports, decision",
+    [
+        ([("m0", 4, 0.1)], SNAPSHOT),  # the first at 4: the others are not an interval behind it
+        ([("m0", 4, 0.1), ("m0", 8, 0.1)], SNAPSHOT_YIELD),  # at 8, the others not yet judged at 4: it waits
+        ([("m1", 4, 0.2), ("m2", 4, 0.3), ("m3", 4, 0.4), ("m0", 4, 0.1), ("m0", 8, 0.1)], SNAPSHOT),  # all at 4
+        ([("m1", 4, 0.2), ("m2", 4, 0.3), ("m0", 4, 0.1), ("m0", 9, 0.1)], SNAPSHOT_YIELD),  # m3 still before 4
+        ([("m1", 4, 0.2), ("m2", 4, 0.3), ("m3", 4, 0.4), ("m0", 4, 0.1), ("m0", 12, 0.1)], SNAPSHOT_YIELD),
+    ],
+)
+def test_with_a_slot_each_a_member_more_than_an_interval_ahead_waits_for_the_others(reports, decision):
+    pbt = Pbt(parse_pbt(PBT), population=4, slots=4)
+    for number in range(4):
+        pbt.began(f"m{number}", 0, {"lr": 1.0})
+    *before, (member, step, value) = reports
+    for name, at, there in before:
+        tell(pbt, name, at, there)
+    assert tell(pbt, member, step, value) == decision
+
+
+def test_a_member_that_waits_for_the_others_takes_its_turn_once_none_is_an_interval_behind_it():
+    pbt = Pbt(parse_pbt(PBT), population=4, slots=4)
+    for number in range(4):
+        pbt.began(f"m{number}", 0, {"lr": 1.0})
+    pbt.close()
+    tell(pbt, "m0", 4, 0.1)
+    assert tell(pbt, "m0", 8, 0.1) == SNAPSHOT_YIELD and pbt.paused == {"m0": 8}
+    assert pbt.next(more_new=False) == Next("none")  # its slot stays free: m1, m2, m3 not judged yet
+    assert tell(pbt, "m1", 4, 0.05) == SNAPSHOT  # the top at 4
+    assert tell(pbt, "m2", 4, 0.07) == CONTINUE
+    assert pbt.next(more_new=False) == Next("none")  # m3 still is
+    assert tell(pbt, "m3", 4, 0.9) == EXPLOIT  # the worst: it goes on from m1's snapshot at 4...
+    assert (pbt.exploit_of("m3").donor, pbt.exploit_of("m3").step) == ("m1", 4)
+    assert pbt.next(more_new=False) == Next("resume", "m3", 4)  # ...first,
+    pbt.resumed("m3")
+    assert pbt.next(more_new=False) == Next("resume", "m0", 8)  # and then no member is behind 4: m0's turn
+
+
+def test_a_member_that_ended_behind_holds_no_one_back():
+    pbt = Pbt(parse_pbt(PBT), population=2, slots=2)
+    pbt.began("m0", 0, {"lr": 1.0})
+    pbt.began("m1", 0, {"lr": 2.0})
+    pbt.close()
+    tell(pbt, "m0", 4, 0.1)
+    assert tell(pbt, "m0", 8, 0.1) == SNAPSHOT_YIELD
+    pbt.ended("m1")  # it failed before its first interval
+    assert pbt.next(more_new=False) == Next("resume", "m0", 8)
+    pbt.resumed("m0")
+    assert tell(pbt, "m0", 12, 0.1) == SNAPSHOT  # nobody trains behind it
+
+
 def test_a_late_report_keeps_no_snapshot_of_a_step_the_run_went_past():
     """After a restart, an earlier attempt's report is told while the run trains on: its checkpoint
     is no longer of that step, so a top member goes on without a snapshot of it."""
@@ -371,7 +422,7 @@ def test_with_several_objectives_the_bottom_by_pareto_rank_copies_the_top():
 def test_a_donor_that_diverged_after_its_good_snapshot_offers_the_good_one_not_its_latest():
     pbt = population([1.0, 2.0, 3.0, 4.0])
     assert tell(pbt, "m0", 4, 0.1) == SNAPSHOT  # too few to rank: kept
-    assert tell(pbt, "m0", 8, 2.4) == SNAPSHOT  # still too few at 8: kept, though it diverged
+    assert tell(pbt, "m0", 8, 2.4) == SNAPSHOT_YIELD  # still too few at 8: kept, though it diverged
     assert pbt.needed_snapshots("m0") == {4, 8}  # its latest, and its best (what it offers)
     assert tell(pbt, "m1", 4, 0.5) == EXPLOIT  # ranked at 4 below m0
     exploit = pbt.exploit_of("m1")

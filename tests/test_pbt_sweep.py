@@ -220,15 +220,18 @@ def test_sigkill_at_random_moments_makes_each_exploit_once_and_copies_no_checkpo
             if (meta / "snapshots").exists()
             else True
         )
-    pending, late = {}, set()
+    pending, late, turns = {}, set(), set()
     for name, kind, rung, decision, detail in _events(root):
         if kind == "rung" and decision == "exploit":
             assert name not in pending, f"{name} exploited again before it resumed"
             pending[name] = rung
             if json.loads(detail or "{}").get("late"):
                 late.add(name)
+        elif kind == "rung" and decision in ("yield", "snapshot+yield"):
+            turns.add(name)  # it waits for the members behind it
         elif kind == "resumed":
-            assert pending.pop(name, None) is not None, f"{name} resumed without an exploit"
+            assert pending.pop(name, None) is not None or name in turns, f"{name} resumed without an exploit or a turn"
+            turns.discard(name)
         elif kind == "ended" and name in late:
             # Decided on a report read after a restart, of an attempt that had already trained to
             # the end (the scheduler was killed after its last report, before reading it): dropped
@@ -397,12 +400,26 @@ def test_a_python_members_values_change_in_its_config_and_its_lineage(in_tmp):
     rows = ledger_rows(root)
     for name, lineage in found.items():
         attempts = [event.split() for event, run in journaled if run == name]
-        # its first attempt with its grid value, then one attempt per copy, with the copy's values
-        wanted = [rows[name]["params"] and json.loads(rows[name]["params"])["lr"]]
-        wanted += [segment.values["lr"] for segment in lineage.exploits]
+        # its first attempt with its grid value, then one attempt per resumption: a copy's with the
+        # copy's values, from the donor's step; a turn's (it waited for members behind it) with its
+        # own, from its own step
+        lr = json.loads(rows[name]["params"])["lr"]
+        wanted, steps = [lr], []
+        copies = iter(lineage.exploits)
+        with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+            events = db.execute("SELECT kind, step, decision FROM trial_events WHERE name = ? ORDER BY seq", (name,))
+            for kind, at, decision in events.fetchall():
+                if kind == "rung" and decision == "exploit":
+                    copy = next(copies)
+                    lr, step = copy.values["lr"], copy.step
+                elif kind == "rung" and decision in ("yield", "snapshot+yield"):
+                    step = at
+                elif kind == "resumed":
+                    wanted.append(lr)
+                    steps.append(step)
         assert [float(words[-1]) for words in attempts] == pytest.approx(wanted), (name, attempts)
-        assert [words[0] for words in attempts] == ["start"] + ["resume"] * len(lineage.exploits)
-        assert [float(words[1]) for words in attempts[1:]] == [segment.step for segment in lineage.exploits]
+        assert [words[0] for words in attempts] == ["start"] + ["resume"] * len(steps)
+        assert [float(words[1]) for words in attempts[1:]] == steps
         assert json.loads(rows[name]["result"])["lr"] == pytest.approx(wanted[-1])
         assert json.loads((root / name / ".gts" / "config.json").read_text())["lr"] == pytest.approx(wanted[-1])
 
@@ -752,8 +769,7 @@ def test_a_copy_that_a_later_rule_decides_is_not_made_by_a_replay_of_a_member_th
         caplog,
         [
             (0, 4, 0.9, "snapshot"),
-            (0, 8, 0.95, "snapshot"),
-            (0, "ended"),  # it ran ahead to its end
+            (0, "ended"),  # it ended there (failed, or ran ahead to its end)
             (1, 4, 0.1, "snapshot"),
             (2, 4, 0.5, "continue"),
         ],
@@ -763,14 +779,28 @@ def test_a_copy_that_a_later_rule_decides_is_not_made_by_a_replay_of_a_member_th
     assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text
 
 
-def _replayed(in_tmp, caplog, events):
-    """Three members' ledger as an earlier start left it, then replayed by a new start: its Pauses,
-    its method and the members' names. ``events``: (member's index, step, value, decision) for a
-    judgement, (index, "ended") for an end; the log is cleared before the replay."""
+def test_a_wait_that_a_later_rule_decides_is_not_made_by_a_replay_of_a_member_that_went_on(in_tmp, caplog):
+    """A sweep begun by a version that held back no member of a population with a slot each: a
+    member judged at 8 before the others reached 4 went on. Replayed now, the rule makes it wait for
+    them; it did not, so it waits for nothing, and it is judged at its next interval."""
+    pauses, method, (first, _, _) = _replayed(
+        in_tmp, caplog, [(0, 4, 0.9, "snapshot"), (0, 8, 0.8, "snapshot")], slots=3
+    )
+    assert not method.paused and pauses.owed() is None
+    assert method.rung_reached(first, 12) == 12 and method.needed_snapshots(first) == {8}
+    assert "1 recorded decision(s)" in caplog.text and "another version" in caplog.text
+
+
+def _replayed(in_tmp, caplog, events, slots=1):
+    """Three members' ledger as an earlier start left it, then replayed by a new start (running
+    ``slots`` at once): its Pauses, its method and the members' names. ``events``: (member's index,
+    step, value, decision) for a judgement, (index, "ended") for an end; the log is cleared before
+    the replay."""
     from gpu_task_scheduler.engine.pauses import Pauses
 
     root = in_tmp / "r"
     sweep = _three_members(root)
+    sweep.parallel = slots  # as the engine sets it
     names = [spec.name for spec in sweep]
     with Ledger(RootPaths(str(root))) as ledger:
         Pauses(sweep, ledger, root=str(root))  # records the method's keys, as a start does

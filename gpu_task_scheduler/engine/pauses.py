@@ -59,7 +59,7 @@ from ..records.resume import go_on_from
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.base import CONTINUE, PAUSE
 from ..tuning.methods import Method, method_for
-from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, Pbt, PbtRule
+from ..tuning.pbt import EXPLOIT, PAUSING, SNAPSHOTS, TURNS, Pbt, PbtRule
 from ..tuning.stopping import Pausing
 from ..tuning.trials import PromotionAsha
 
@@ -212,6 +212,8 @@ class Pauses:
                                 method.unsaved(name, decided)
                             elif isinstance(method, Pbt) and decided == EXPLOIT and event.decision != EXPLOIT:
                                 method.unmade(name, str(event.decision))  # a copy a later rule decides, not made then
+                            elif isinstance(method, Pbt) and decided in TURNS and event.decision not in TURNS:
+                                method.went_on(name)  # a wait a later rule decides, not made then
                 elif event.kind == "resumed":
                     if name in method.paused:
                         method.resumed(name)
@@ -445,9 +447,14 @@ class Pauses:
         if not isinstance(method, Pbt):
             return paused_cause(rung, there)
         exploit = method.exploit_of(name)
-        if exploit is None:
+        if exploit is None and method.population > method.slots:
             return (
                 f"waits for its turn after step {rung:g} ({method.population} members on {method.slots} slots: "
+                "the population trains together)"
+            )
+        if exploit is None:
+            return (
+                f"waits for its turn after step {rung:g} (members more than an interval behind it train first: "
                 "the population trains together)"
             )
         changed = ", ".join(f"{key} {how}" for key, how in sorted(exploit.changed.items())) or "its values kept"

@@ -47,6 +47,7 @@ replays what its ledger recorded). Nothing here reads a clock or a file.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -302,7 +303,7 @@ class Pbt:
         to copy). It goes on as it did (or waits its turn, as it did)."""
         self._exploits.pop(run, None)
         state = self.members[run]
-        if decision in (YIELD, SNAPSHOT_YIELD) and state.last_step is not None:
+        if decision in TURNS and state.last_step is not None:
             self._turns[run] = state.last_step
 
     def _forget_latest(self, state: Member) -> None:
@@ -341,13 +342,18 @@ class Pbt:
         next copies were of snapshots far ahead of them; the median best member fell from 1.60 to
         1.22x the best fixed learning rate, 29 % of sweeps below 1.15x. Held until the others
         catch up: 1.41x, 7 %. (On digits with 8 slots on 2 cores, a restart cost 10 epochs.)"""
+        return self._behind(run, step, self._slowest())
+
+    def _behind(self, run: str, step: float, slowest: list[tuple[float, str]]) -> bool:
+        """:meth:`_ahead`, given the two slowest members that still train (:meth:`_slowest`)."""
         interval = self.config.interval
         rung = math.floor(step / interval) * interval
-        return any(
-            self._progress(other) < rung - interval
-            for other in self.members
-            if other != run and other not in self._ended
-        )
+        return any(progress < rung - interval for progress, other in slowest if other != run)
+
+    def _slowest(self) -> list[tuple[float, str]]:
+        """The two members that still train furthest behind, with their progress (one pass over the
+        population, not one per member that waits: next() is asked at every look)."""
+        return heapq.nsmallest(2, ((self._progress(name), name) for name in self.members if name not in self._ended))
 
     def _progress(self, run: str) -> float:
         """The interval ``run`` was last judged at, or the step it goes on from (an exploit's)."""
@@ -453,7 +459,8 @@ class Pbt:
         if more_new and not self._closed and len(self.members) < self.population:
             return Next("new")
         crowded = self.population > self.slots > 0
-        turns = [name for name, at in self._turns.items() if crowded or not self._ahead(name, at)]
+        slowest = [] if crowded or not self._turns else self._slowest()
+        turns = [name for name, at in self._turns.items() if crowded or not self._behind(name, at, slowest)]
         if turns:
             run = min(turns, key=lambda name: (self._turns[name], name))
             return Next("resume", run, self._turns[run])

@@ -55,6 +55,15 @@ def _processes_under(folder: str) -> list[int]:
     return found
 
 
+def _kill(pids: list[int]) -> None:
+    """SIGKILL these processes (the sweep's own, found by :func:`_processes_under`)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _gts(path: Path, folder: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gpu_task_scheduler", "run", str(path), "--plain"],
@@ -84,13 +93,20 @@ def battery(name: str, seed: int, kills: int, within: tuple[float, float], folde
             made += 1
         deadline = time.monotonic() + 60
         while _processes_under(str(folder)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.2)  # the runs are not this process's children: nothing to wait on but /proc
         left = _processes_under(str(folder))
         if left:
+            _kill(left)  # none left behind, whatever the battery finds
             return made, [f"runs still alive 60 s after the scheduler's kill: {left}"]
     last = _gts(path, folder)
-    if last.wait(timeout=900) != 0:
-        return made, [f"the last gts run exited {last.returncode}"]
+    try:
+        ended = last.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        _kill(_processes_under(str(folder)))
+        last.wait()
+        return made, ["the last gts run did not end within 900 s"]
+    if ended != 0:
+        return made, [f"the last gts run exited {ended}"]
     failed = []
     _, _, _, schedule, _, said = sweeps.PBT_FRAMEWORKS[name]
     checks = [

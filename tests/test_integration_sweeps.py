@@ -371,14 +371,14 @@ def test_a_pbt_sweep_killed_at_a_pause_and_at_an_exploits_copy_trains_each_membe
     """PBT through `gts run` on a real Lightning script with a cosine LR schedule, a ``Trainer``
     script with its own linear one (the restored scheduler brought back the donor's rate; with the
     ``Trainer``, PBT perturbed nothing) and a Keras script with a ``CosineDecay``: 4 members, 2
-    slots, an exploit every 2 epochs. The
-    scheduler is killed (SIGKILL, tests/pbt_kill_driver.py) once it committed an exploit's pause
-    (before the run is told), then once it put a donor's checkpoint in place of a member's (before the member's
-    new attempt is committed; where no such exploit comes before the end, the sweep ends), and run
-    again to its end. At every step after every copy, the optimizer's rate is the member's own
-    (perturbed) rate times the schedule's factor at that step, and its log says so; every member
-    resumed from the step of the checkpoint it holds; no copy broke the rule; no attempt reports a
-    step twice. (One sweep for all of it: each costs half a minute of the suite.)"""
+    slots, an exploit every 2 epochs. The scheduler is killed (SIGKILL, tests/pbt_kill_driver.py)
+    once it committed an exploit's pause (before the run is told), then once it put a donor's
+    checkpoint in place of a member's (before the member's new attempt is committed; where no such
+    exploit comes before the end, the sweep ends), and run again to its end. At every step after
+    every copy, the optimizer's rate is the member's own (perturbed) rate times the schedule's
+    factor at that step, and its log says so; every member resumed from the step of the checkpoint
+    it holds; no copy broke the rule; no attempt reports a step twice. (One sweep for all of it:
+    each costs half a minute of the suite.)"""
     path = _pbt_sweep(tmp_path, name)
     root, note = tmp_path / "results", tmp_path / "killed.json"
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pbt_kill_driver.py")

@@ -167,6 +167,14 @@ def classify(facts: ExitFacts) -> Classified:
     outcome = facts.outcome
     lost = False
     pruned = facts.stopped is not None and facts.stopped[0] is RunStatus.PRUNED
+    contradicted = None
+    if outcome is not None and outcome.succeeded and facts.returncode > 0:
+        # Its process says otherwise: a success it did not exit with is none (a helper it forked,
+        # inheriting its exit handlers, wrote it; the run itself failed).
+        contradicted, outcome = f"it recorded a success, but its process exited with code {facts.returncode}", None
+    elif outcome is not None and outcome.succeeded and outcome.unheard is not None and facts.stopped is not None:
+        # It could not hear that it was asked to stop (it closed its lifeline): the stop stands.
+        outcome = None
     if outcome is not None and outcome.succeeded and outcome.pruned is not None:
         # main() caught Pruned (to save, say) and returned: stopped early all the same, its result kept
         status, result = RunStatus.PRUNED, outcome.result
@@ -195,7 +203,7 @@ def classify(facts: ExitFacts) -> Classified:
         status, cause = facts.stopped
     else:
         status = RunStatus.FAILED
-        cause = outcome.failure if outcome is not None else None
+        cause = outcome.failure if outcome is not None else contradicted
         if cause is None and facts.unsafe is not None:
             cause = f"the run folder was changed into something unsafe: {facts.unsafe}"
         if cause is None and not facts.folder_exists:

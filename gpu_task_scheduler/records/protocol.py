@@ -59,6 +59,9 @@ class Outcome(Record):
     error: str | None = None  # for a failure: the exception, in one line
     pruned: str | None = None  # report() raised Pruned (early_stop), with this cause
     paused: str | None = None  # report() raised Paused (a pausing early_stop method), with this cause
+    # Why the run could not hear whether it was asked to stop (a warm-forked script that closed its
+    # lifeline): a success it records then stands only if the scheduler did not stop it.
+    unheard: str | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -110,4 +113,5 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "error": (str,),
     "pruned": (str,),
     "paused": (str,),
+    "unheard": (str,),
 }

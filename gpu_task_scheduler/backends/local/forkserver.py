@@ -55,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...proctree import descendants, kill_all, signal_on_parent_death
+from . import isolation
 from .process import ADOPTED_WORD, LIFELINE_ENV, STOP_WORD
 
 IMPORTS_FILE = "imports.json"  # in the run's .gts folder: what it imported (the next warm process's list)
@@ -66,6 +67,7 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
     for each request. Returns (the request) only in a forked run; the warm process itself ends
     when the scheduler closes the socket."""
     signal_on_parent_death(signal.SIGKILL)  # it goes with the scheduler, even mid-import (its forks do not)
+    handlers = isolation.signal_handlers()  # a cold start's, before any import: each fork's
     control = socket.socket(fileno=control_fd)
     base_path = list(info["sys_path"])
     runner_path = list(sys.path)  # a cold runner's (python -c: "" first, this package's folder last)
@@ -76,11 +78,15 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
         if not chunk:
             return None  # discarded before it was told what to import
         told += chunk
-    names = json.loads(told).get("imports", ())
-    imported, failed = _import_all(names)
+    asked = json.loads(told)
+    names = asked.get("imports", ())
+    imported, failed, effects = _import_all(names, set(asked.get("stated", ())))
     refused, native = _unforkable()
+    if refused is None and effects:
+        name, what = next(iter(effects.items()))
+        refused = f"importing {name} changed {', '.join(what)}, which every run forked from it would inherit"
     output = _read_output()
-    ready = {"imported": imported, "failed": failed, "refused": refused, "native_threads": native}
+    ready = {"imported": imported, "failed": failed, "refused": refused, "native_threads": native, "effects": effects}
     control.sendall(json.dumps(ready).encode("utf-8") + b"\n")
     while True:
         request, fds = _request(control)
@@ -97,7 +103,9 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
         pid = _fork_twice()
         if pid == 0:  # the run
             control.close()
-            request.update(fds=fds, output=output, sys_path=base_path, runner_path=runner_path, close=own_fds)
+            request.update(
+                fds=fds, output=output, sys_path=base_path, runner_path=runner_path, close=own_fds, handlers=handlers
+            )
             return request
         for fd in fds:
             os.close(fd)
@@ -124,19 +132,37 @@ def _request(control: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     return json.loads(data.decode("utf-8", "surrogateescape")), fds
 
 
-def _import_all(names: Any) -> tuple[list[str], list[str]]:
-    imported, failed = [], []
+def _import_all(names: Any, stated: set[str]) -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """Import ``names``: those imported, those that failed, and what each import changed of the
+    process-wide configuration every fork would inherit (``isolation.configuration``), or printed
+    (a learned import only: what a stated one prints begins each run's log)."""
+    imported, failed, effects = [], [], {}
     for name in names if isinstance(names, list) else ():
         if not isinstance(name, str) or name in sys.modules:
             continue
+        before, printed = isolation.configuration(), _output_size()
         try:
             importlib.import_module(name)
         except BaseException:  # a module that fails here is the run's own to import (and fail)
             sys.modules.pop(name, None)
             failed.append(name)
-        else:
-            imported.append(name)
-    return imported, failed
+            continue
+        imported.append(name)
+        what = isolation.changed(before, isolation.configuration())
+        if name not in stated and _output_size() != printed:
+            what.append("the run's log (it printed as it was imported)")
+        if what:
+            effects[name] = what
+    return imported, failed, effects
+
+
+def _output_size() -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        return os.lseek(1, 0, os.SEEK_END)
+    except OSError:
+        return 0
 
 
 def gpu_driver_loaded(maps: str = "/proc/self/maps") -> str | None:
@@ -230,14 +256,16 @@ def _fork_twice() -> int:
 
 
 class _Run:
+    pid = 0  # the run's own process: a process it forks inherits its exit handlers, never its outcome
     lifeline = -1
+    lifeline_lost = ""  # why the lifeline can no longer be read (the script closed it), if it cannot
+    lifeline_id: tuple[int, int] = (0, 0)  # its file's (st_dev, st_ino): a number reused is not it
     code: Any = 1  # the script's exit status as the interpreter will make it (0: success)
     stopped = False
     ended = False  # the script has ended: its success is recorded at exit, whatever the lifeline says
     imports_file = ""
     outcome: dict[str, Any] = {}
     lock = threading.Lock()
-    user_folders: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()  # modules never learned (a GPUTask's own), with their submodules
     known: frozenset[str] = frozenset()
     preloaded: tuple[str, ...] = ()  # what the warm process was told to import: in the file too
@@ -250,25 +278,23 @@ def become_run(request: dict[str, Any], run_task: Callable[[str], int]) -> None:
     Returns only to raise what the script raised, at the top of the program, so the interpreter
     ends it as a cold start's."""
     # Already the leader of a session of its own (_fork_twice).
+    _Run.pid = os.getpid()
     cpus = request.get("cpus")
     if cpus and hasattr(os, "sched_setaffinity"):  # a pool's run: its own CPUs, as a cold start inherits them
         with contextlib.suppress(OSError, ValueError, TypeError):
             os.sched_setaffinity(0, cpus)  # the only thread here: every thread it starts has them too
     runner = request.get("runner")  # a GPUTask run's start record: our runner runs it, as in a cold start
     _place_descriptors(request, blocking=runner is not None)
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for name in ("SIGPIPE", "SIGXFSZ"):  # ignored by Python at its start
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    isolation.restore_signal_handlers(request["handlers"])  # a cold start's
+    if runner is None:  # a command's: its wrapper shell starts it in the background, SIGINT and SIGQUIT ignored
+        isolation.as_a_background_job()
+    isolation.set_command_line(request["command"])
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     _reseed()
     _size_thread_pools()
     _Run.outcome = request.get("outcome", {})
-    _Run.user_folders = tuple(os.path.realpath(folder) for folder in request["user_folders"])
     _Run.known = frozenset(sys.modules)
     _Run.preloaded = tuple(name for name in request.get("preloaded", ()) if isinstance(name, str))
     _Run.exclude = tuple(request.get("exclude", ()))
@@ -387,6 +413,8 @@ def _place_descriptors(request: dict[str, Any], *, blocking: bool = False) -> No
                 pass
     _Run.lifeline = request["lifeline"]
     os.set_inheritable(_Run.lifeline, False)
+    status = os.fstat(_Run.lifeline)
+    _Run.lifeline_id = (status.st_dev, status.st_ino)
     # Nothing runs before the scheduler says it made this process its child (its first byte); end
     # of file instead: it died first, and nothing is to run.
     if os.read(_Run.lifeline, len(ADOPTED_WORD)) != ADOPTED_WORD:
@@ -431,9 +459,29 @@ def _size_thread_pools() -> None:
         pass
 
 
+def _lifeline_is_ours() -> bool:
+    """Whether the lifeline's number still holds the lifeline. A script may close its inherited
+    descriptors (``os.closerange(3, ...)``, as daemons do) and open others in their place: a closed
+    lifeline is not the scheduler's death (a cold start's wrapper holds its own, out of the script's
+    reach), and a file the script opened there is never read. From then on the run cannot hear a
+    stop word: its outcome says so (``Outcome.unheard``), and a stop the scheduler made stands."""
+    if _Run.lifeline_lost:
+        return False
+    try:
+        status = os.fstat(_Run.lifeline)
+        ours = (status.st_dev, status.st_ino) == _Run.lifeline_id
+    except OSError:
+        ours = False
+    if not ours:
+        _Run.lifeline_lost = f"the script closed descriptor {_Run.lifeline}, its lifeline to the scheduler"
+    return ours
+
+
 def _read_lifeline() -> bytes | None:
     """What the scheduler wrote on the lifeline since the last look (``b""``: it is gone; None:
-    nothing), the stop word remembered. Called with the lock held."""
+    nothing, or the lifeline is lost), the stop word remembered. Called with the lock held."""
+    if not _lifeline_is_ours():
+        return None
     try:
         data = os.read(_Run.lifeline, 64)
     except BlockingIOError:
@@ -453,7 +501,10 @@ def _watch_lifeline() -> None:
     while True:
         poller.poll()
         with _Run.lock:
-            if _read_lifeline() != b"":
+            data = _read_lifeline()
+            if _Run.lifeline_lost:
+                return
+            if data != b"":
                 continue
             if _Run.ended:
                 return
@@ -462,7 +513,11 @@ def _watch_lifeline() -> None:
 
 
 def _at_exit() -> None:
-    """The script ended: its success recorded (unless it was asked to stop), and what it imported."""
+    """The script ended: its success recorded (unless it was asked to stop), and what it imported.
+    Only in the run's own process: a process the script forked (a helper that ends with
+    ``sys.exit(0)``) runs these handlers too, and must not speak for the run."""
+    if os.getpid() != _Run.pid:
+        return
     with _Run.lock:
         _Run.ended = True
         while _read_lifeline():
@@ -488,6 +543,9 @@ def _record_success() -> None:
     reporting = sys.modules.get("gpu_task_scheduler.reporting")
     told = reporting.told() if reporting is not None else {}
     fields = {"status": "succeeded", "token": outcome["token"], "config_hash": outcome["config_hash"], **told}
+    fields["pid"] = os.getpid()
+    if _Run.lifeline_lost:
+        fields["unheard"] = _Run.lifeline_lost
     line = json.dumps(fields)
     try:
         fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -499,7 +557,22 @@ def _record_success() -> None:
         os._exit(4)
 
 
+def _installed(real: str) -> bool:
+    """Whether the module file ``real`` (its real path) is the standard library's or an installed
+    package's: the only modules a warm process learns. The user's own code (the working folder, a
+    library checkout on ``PYTHONPATH``, an editable install) is imported afresh by every run, so
+    an edit made during a sweep reaches the runs after it, as it reaches cold ones. A package
+    installed into a folder of the user's (a virtual environment in the working folder) is
+    installed all the same."""
+    if f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real:
+        return True
+    standard = os.path.realpath(os.path.dirname(os.__file__))  # its extensions' lib-dynload is inside
+    return real.startswith(standard + os.sep)
+
+
 def _told_imports() -> None:
+    if os.getpid() != _Run.pid:  # a process the run forked: what it imported is not the run's to say
+        return
     try:
         _write_imports()
     except (OSError, ValueError):
@@ -522,11 +595,6 @@ def _write_imports() -> None:
         if any(name == own or name.startswith(own + ".") for own in _Run.exclude):
             continue
         where = getattr(module, "__file__", None)
-        if not isinstance(where, str):
-            continue
-        real = os.path.realpath(where)
-        installed = f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real
-        if not installed and any(real.startswith(folder + os.sep) for folder in _Run.user_folders):
-            continue  # the user's own code: imported afresh by every run, so an edit counts
-        names.append(name)
+        if isinstance(where, str) and _installed(os.path.realpath(where)):
+            names.append(name)
     atomic_write(_Run.imports_file, json.dumps(names).encode("utf-8"), durable=False)

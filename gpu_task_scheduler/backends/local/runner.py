@@ -78,6 +78,7 @@ def _watch_lifeline() -> None:
 
 
 class _State:
+    pid = 0  # the run's own process (its outcome is written by it alone; see _record)
     returned = False  # main() returned (or exited with status 0): its outcome must be recorded
     pending: int | None = None  # a stop signal that came after that
 
@@ -248,6 +249,11 @@ def _jsonable_result(spec: RunStart, result: Any) -> dict[str, Any]:
 
 
 def _record(spec: RunStart, outcome: dict[str, Any]) -> None:
+    if os.getpid() != _State.pid:
+        # A process main() forked that returned or called sys.exit through the runner's frames:
+        # it is not the run, and its end is none of the run's (a helper ending with sys.exit(0)
+        # recorded the run's success while the run itself failed).
+        return
     folder = os.path.dirname(spec.outcome_file)
     if os.path.islink(folder) or os.path.islink(os.path.dirname(folder)):
         raise OSError(f"{folder} was replaced by a symbolic link; the outcome is not written through it")
@@ -310,6 +316,7 @@ def _told() -> dict[str, str]:
 
 
 def _run(spec_path: str) -> int:
+    _State.pid = os.getpid()
     spec = RunStart.read(spec_path)
     os.environ.update(spec.run_env)
     try:
@@ -335,6 +342,9 @@ def _run(spec_path: str) -> int:
         else:
             _print_traceback(error)
         return EXIT_FAILED
+    if os.getpid() != _State.pid:  # a process main() forked came back through here: nothing is its to record
+        _RECORDING.release()
+        return EXIT_OK
     try:
         # main() caught Pruned or Paused (to save, say) and returned
         _record(spec, {"status": "succeeded", **_jsonable_result(spec, result), **_told()})
@@ -343,8 +353,11 @@ def _run(spec_path: str) -> int:
         return EXIT_OUTCOME_ERROR
     finally:
         _RECORDING.release()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:  # a log that cannot take the last lines (a full disk) does not undo a recorded success
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        pass
     return EXIT_OK
 
 

@@ -16,7 +16,7 @@ refused to be forked from (a thread, a GPU driver), or one that is not ready yet
 What the warm process imports:
 
 * what ``prewarm: {imports: [...]}`` names, from the start;
-* what the sweep's forked runs imported from outside the user's folders, learned at each one's first
+* what the sweep's forked runs imported of the standard library and installed packages, learned at each one's first
   ``report()`` and at its end (its ``.gts/imports.json``). When a run imported modules the warm process lacks, a new
   warm process with all of them is started beside it; it replaces the old one once it is ready
   (until then the old one forks). The list is kept in memory for the sweep, and each run's file
@@ -24,8 +24,9 @@ What the warm process imports:
   recalls what a run imported before as it starts it again, so its first warm process already
   has the modules of the runs it resumes. New runs of a sweep that grew are learned from again.
 
-The modules of the user's folders (the working folder, the script's) are never imported by it: a
-script, or a module beside it, edited during a sweep runs as edited.
+Only the standard library's and installed packages' modules are learned: the user's own code (the
+working folder, the script's, a library checkout on ``PYTHONPATH``, an editable install) is never
+imported by it, so a script, or a module it imports, edited during a sweep runs as edited.
 
 Why a fork is made the scheduler's child: the engine's guarantees about a run (its process group
 signalled, never a reused pid, its end heard on a pidfd, what it left behind found by its session)
@@ -54,6 +55,7 @@ from typing import Any
 
 from ...proctree import TOKEN_ENV, WARM_ENV, become_subreaper, parent_of
 from ...records.paths import RunPaths, open_regular
+from . import isolation
 from .forkserver import IMPORTS_FILE
 from .prepare import Launch, runner_argv_for
 from .process import ADOPTED_WORD, Child, open_log
@@ -92,20 +94,35 @@ def script_argv(argv: Sequence[str], env: dict[str, str], cwd: str) -> tuple[lis
     return list(argv[1:]), ""
 
 
+# Read by Python as it starts (PYTHONPATH, PYTHONHASHSEED, PYTHONWARNINGS, PYTHONMALLOC, the
+# locale), or by the libraries a warm process imports as they load (thread pools, allocators,
+# backends, their folders): a fork keeps what its warm process started with, so a fork cannot take
+# a run's own value of any of them. These are part of a warm process's identity, whoever set them
+# (a task's required_env(), a pool agent's thread counts): the warm process is started with the
+# first run's values, and a run whose values differ starts cold, said in the log.
+READ_AT_START = (
+    "PYTHON", "LC_", "LANG", "TZ", "LD_", "MALLOC_", "GLIBC_TUNABLES",
+    "OMP_", "MKL_", "OPENBLAS_", "GOTO_", "BLIS_", "VECLIB_", "NUMEXPR_", "KMP_",
+    "TORCH", "PYTORCH_", "KERAS_", "TF_", "JAX_", "XLA_", "HF_", "TRANSFORMERS_", "MPL",
+)  # fmt: skip
+
+
 def shared_env(env: dict[str, str]) -> dict[str, str]:
-    """What of a run's environment is the scheduler's own (every cold start inherits it): what the
-    warm process is started with, and what a run must share with it to be forked from it. What the
-    scheduler adds per run (its identity, its files, its GPUs, its command's values) is not in it:
-    a forked run sets it before its script starts."""
-    return {key: value for key, value in env.items() if os.environ.get(key) == value}
+    """What of a run's environment is the scheduler's own (every cold start inherits it), and what
+    Python and the libraries read as they start (``READ_AT_START``): what the warm process is
+    started with, and what a run must share with it to be forked from it. What the scheduler adds
+    per run (its identity, its files, its GPUs, its command's values) is not in it: a forked run
+    sets it before its script starts."""
+    return {key: value for key, value in env.items() if os.environ.get(key) == value or key.startswith(READ_AT_START)}
 
 
 class WarmProcess:
     """One warm process (a child of ours, like a run: its own session, dies with the scheduler)."""
 
-    def __init__(self, env: dict[str, str], cwd: str, imports: list[str], reaper: Reaper):
-        self.env, self.imports, self.cwd = env, imports, cwd
+    def __init__(self, env: dict[str, str], cwd: str, imports: list[str], reaper: Reaper, stated: Sequence[str] = ()):
+        self.env, self.imports, self.cwd, self.stated = env, imports, cwd, list(stated)
         self.refused: str | None = None
+        self.effects: dict[str, list[str]] = {}  # what each import changed that every fork would inherit
         self.ready = False
         self.dead = False
         self._buffer = b""
@@ -113,7 +130,8 @@ class WarmProcess:
         try:
             with tempfile.TemporaryFile() as output:  # what its imports print: each run's log starts with it
                 self.child = Child(
-                    runner_argv_for("--fork-server", "{}"),
+                    # Room in its command line for a fork's (isolation.set_command_line: what ps shows)
+                    runner_argv_for("--fork-server", json.dumps({"room": " " * isolation.COMMAND_ROOM})),
                     env={**env, WARM_ENV: "1"},  # what finds its forks in /proc (their token is not there)
                     cwd=cwd,
                     log_path=None,
@@ -133,7 +151,7 @@ class WarmProcess:
         # What to import goes on the socket, not in its arguments (thousands of names pass one
         # argument's limit, 128 KiB on Linux).
         try:
-            ours.sendall(json.dumps({"imports": imports}).encode("utf-8") + b"\n")
+            ours.sendall(json.dumps({"imports": imports, "stated": self.stated}).encode("utf-8") + b"\n")
         except OSError:
             self.dead = True
 
@@ -173,6 +191,8 @@ class WarmProcess:
             if told is not None:
                 self.ready = True
                 self.refused = told.get("refused") or None
+                effects = told.get("effects")
+                self.effects = effects if isinstance(effects, dict) else {}
                 threads = told.get("native_threads") or 0
                 logger.info(
                     "warm starts: a warm process imported %d module(s) in %.1f s%s%s%s",
@@ -220,17 +240,35 @@ class WarmProcess:
 
 def _imports_of(paths: RunPaths) -> list[str] | None:
     """The modules a forked run of ``paths`` said it imported (its ``.gts/imports.json``); None where
-    there is no such file, or it is no list, or it lies behind a link the run planted (never read
-    through one)."""
+    there is no such file, or it lies behind a link the run planted (never read through one), or it
+    is damaged. The run writes this file itself, so it is read as any file a run could have written:
+    a file that is no list of names (200,000 ``[`` raised RecursionError through the JSON reader,
+    and every start of the sweep died on it) is ignored, said in the log, and removed."""
     if os.path.islink(paths.meta) or os.path.islink(paths.work_dir):
         return None
+    where = os.path.join(paths.meta, IMPORTS_FILE)
     try:
-        fd = open_regular(os.path.join(paths.meta, IMPORTS_FILE))
+        fd = open_regular(where)
+    except OSError:
+        return None
+    try:
         with os.fdopen(fd, "rb") as handle:
             names = json.loads(handle.read(1 << 22) or b"[]")
-    except (OSError, ValueError):
+        if not isinstance(names, list):
+            raise ValueError("it is no list of module names")
+    except (OSError, ValueError, RecursionError) as error:
+        problem = "its nesting is too deep" if isinstance(error, RecursionError) else str(error)[:200]
+        logger.warning("warm starts: %s is damaged and ignored (%s)", where, problem)
+        with contextlib.suppress(OSError):
+            os.unlink(where)  # not behind a link (checked above): the run writes a new one
         return None
-    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else None
+    return [name for name in names if isinstance(name, str) and _module_name(name)]
+
+
+def _module_name(name: str) -> bool:
+    """Whether ``name`` is a module's dotted name (``a.b_c``), not text the warm process would be
+    asked to import as something else."""
+    return 0 < len(name) <= 512 and all(part.isidentifier() for part in name.split("."))
 
 
 class WarmStarts:
@@ -251,6 +289,8 @@ class WarmStarts:
         self._reaper, self._inherit, self._ready_wait = reaper, tuple(inherit), ready_wait
         self._interrupt = interrupt
         self._imports: list[str] = list(imports)
+        self._stated = tuple(imports)  # prewarm: {imports: [...]}: what they print begins each run's log
+        self._unwanted: set[str] = set()  # packages whose import changes what every fork inherits
         self._current: WarmProcess | None = None
         self._next: WarmProcess | None = None
         self._said: set[str] = set()
@@ -281,9 +321,10 @@ class WarmStarts:
             if argv is None:
                 self._say(why)
                 return None
-            folders = {launch.cwd, os.path.dirname(os.path.join(launch.cwd, argv[0]))}
             kind: dict[str, Any] = {
                 "argv": argv,
+                # As a cold start's wrapper shell leaves them when it changes into the run's folder
+                "shell": {"PWD": launch.cwd, "OLDPWD": launch.cwd},
                 "outcome": {
                     "file": launch.env["GTS_OUTCOME_FILE"],
                     "token": token,
@@ -292,8 +333,6 @@ class WarmStarts:
             }
         else:
             assert launch.spec_file is not None
-            main_file = launch.preload.main_file if launch.preload is not None else None
-            folders = {launch.cwd, *([os.path.dirname(main_file)] if main_file else [])}
             # The task's own module is never the warm process's: it is imported with the run's
             # environment (its required_env), as a cold runner imports it.
             module = launch.preload.module if launch.preload is not None else None
@@ -308,11 +347,11 @@ class WarmStarts:
         try:
             request = {
                 **kind,
-                "env": {**launch.env, TOKEN_ENV: token},
+                "env": {**launch.env, **kind.pop("shell", {}), TOKEN_ENV: token},
                 "cwd": launch.cwd,
+                "command": list(launch.command if launch.command is not None else launch.argv),
                 "places": [1, lifeline, *self._inherit],
                 "lifeline": lifeline,
-                "user_folders": sorted(folders),
                 "imports_file": os.path.join(paths.meta, IMPORTS_FILE),
                 "cpus": list(cpus),
             }
@@ -340,27 +379,62 @@ class WarmStarts:
             self._current, self._next = self._next, None
             self._refresh()  # modules learned while it warmed
         elif self._next is not None and (self._next.dead or self._next.refused):
-            self._say(f"a warm process with more imports was refused ({self._next.refused or 'it died'})")
+            if not self._exclude(self._next):
+                self._say(f"a warm process with more imports was refused ({self._next.refused or 'it died'})")
             self._drop(self._next)
             self._next = None
+            self._refresh()
         if self._current is None or self._current.dead:
             self._drop(self._current)
             self._current = None
             try:
-                self._current = WarmProcess(env, cwd, list(self._imports), self._reaper)
+                self._current = self._started(env, cwd)
             except OSError as error:
                 self._say(f"no warm process could be started ({error})")
                 return None
         current = self._current
         if current.env != env:
-            differs = sorted(set(current.env.items()) ^ set(env.items()))
-            self._say(f"its environment differs from the warm process's in {differs[0][0]}")
+            name = sorted(set(current.env.items()) ^ set(env.items()))[0][0]
+            read = " (read as Python or a library starts: a fork keeps the warm process's)"
+            said = read if name.startswith(READ_AT_START) else ""
+            self._say(f"its environment differs from the warm process's in {name}{said}")
             return None
         wait, self._first = (self._ready_wait if self._first else 0.0), False
         if not current.check(wait, self._interrupt):
             self._say(current.refused or "the warm process is not ready yet")
+            if self._exclude(current):  # one without what changed the process is started now
+                self._drop(current)
+                self._current = None
+                with contextlib.suppress(OSError):
+                    self._current = self._started(env, cwd)
             return None
         return current
+
+    def _started(self, env: dict[str, str], cwd: str) -> WarmProcess:
+        return WarmProcess(env, cwd, list(self._imports), self._reaper, self._stated)
+
+    def _exclude(self, warm: WarmProcess) -> bool:
+        """A warm process refused for what an import changed (``warm.effects``): those modules'
+        packages are never imported by a warm process of this sweep again (each run imports them
+        itself, with their effects, as a cold start does). Whether there were any."""
+        if not warm.effects:
+            return False
+        for name, what in warm.effects.items():
+            package = name.split(".")[0]
+            if package not in self._unwanted:
+                self._unwanted.add(package)
+                logger.info(
+                    "warm starts: importing %s changes %s, which every run forked would inherit: the runs import "
+                    "%s themselves",
+                    name,
+                    ", ".join(what),
+                    package,
+                )
+        self._imports = [name for name in self._imports if self._wanted(name)]
+        return True
+
+    def _wanted(self, name: str) -> bool:
+        return name.split(".")[0] not in self._unwanted
 
     def learned(self, paths: RunPaths, *, ended: bool = True) -> None:
         """A forked run said what it imported (at its first report, or as it ended): the modules the
@@ -372,7 +446,7 @@ class WarmStarts:
             return
         self._running.pop(paths.meta, None)
         known = set(self._imports)
-        new = [name for name in names if name not in known]
+        new = [name for name in names if name not in known and self._wanted(name)]
         if not new or self._current is None:
             return
         self._imports.extend(new)
@@ -389,7 +463,7 @@ class WarmStarts:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(paths.meta, IMPORTS_FILE))  # not behind a link: _imports_of checked
         known = set(self._imports)
-        new = [name for name in names if name not in known]
+        new = [name for name in names if name not in known and self._wanted(name)]
         if new:
             if self._current is None:
                 logger.info("warm starts: %d module(s) the runs imported before are imported ahead", len(new))
@@ -400,11 +474,11 @@ class WarmStarts:
         """A new warm process with every module learned, unless one is warming already (it is not
         started again for each run that adds a module: it would never get ready)."""
         current = self._current
-        if self._next is not None or current is None or len(current.imports) >= len(self._imports):
+        if self._next is not None or current is None or set(current.imports) >= set(self._imports):
             return
         logger.info("warm starts: a warm process with the %d module(s) the runs import is started", len(self._imports))
         try:
-            self._next = WarmProcess(current.env, current.cwd, list(self._imports), self._reaper)
+            self._next = self._started(current.env, current.cwd)
         except OSError as error:
             self._say(f"no warm process with more imports could be started ({error})")
 

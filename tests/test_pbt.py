@@ -655,3 +655,33 @@ def test_only_the_snapshots_still_needed_are_kept():
     assert pbt.needed_snapshots("m1") == {4, 8, 12}
     pbt.resumed("m2")
     assert pbt.needed_snapshots("m1") == {4, 12}
+
+
+def test_a_member_about_to_go_on_from_a_copy_counts_at_the_step_it_goes_on_from():
+    """For the wait that keeps a population with a slot each together, a member that will resume
+    from a donor's snapshot at 8 is at 8, not at 4 where it was judged: a member at 12 is not an
+    interval ahead of it, and goes on."""
+    pbt = Pbt(parse_pbt(PBT), population=4, slots=4)
+    for number in range(4):
+        pbt.began(f"m{number}", 0, {"lr": 1.0})
+    pbt.close()
+    for member, value in (("m0", 0.1), ("m1", 0.05), ("m2", 0.07)):
+        tell(pbt, member, 4, value)
+    for member, value in (("m1", 0.04), ("m2", 0.07), ("m0", 0.1)):
+        tell(pbt, member, 8, value)  # they wait for m3, not judged yet
+    assert tell(pbt, "m3", 4, 0.9) == EXPLOIT
+    assert (pbt.exploit_of("m3").donor, pbt.exploit_of("m3").step) == ("m1", 8)
+    assert tell(pbt, "m2", 12, 0.06) not in (YIELD, SNAPSHOT_YIELD)
+
+
+@pytest.mark.parametrize("kept", ["snapshot", "snapshot+yield"])
+def test_a_snapshot_taken_as_its_member_waits_its_turn_is_in_the_lineage_as_any(kept):
+    """A top member that waits for its turn keeps a snapshot all the same (snapshot+yield): a copy
+    of it is of the donor's lineage, with the donor's schedule, and no fault."""
+    from gpu_task_scheduler.records.lineage import copy_faults, lineages
+
+    events = a_copies_b({"lr": 1.0}, {"lr": 2.0}, 4, {"donor": "b", "step": 4, "values": {"lr": 4.0}})
+    events[2] = events[2]._replace(decision=kept)
+    schedule = lineages(events)["a"].schedule
+    assert [(s.step, s.values, s.donor) for s in schedule] == [(0.0, {"lr": 2.0}, None), (4.0, {"lr": 4.0}, "b")]
+    assert copy_faults(events, interval=4, value_of=lambda e: e.value, worse=lambda one, other: one > other) == []

@@ -145,3 +145,104 @@ def test_optimizers_that_are_not_those_built_are_refused():
     with pytest.raises(ValueError, match="param groups differ"):
         reapply(fresh, [other], [])
     assert math.isclose(optimizer.param_groups[0]["lr"], 0.1)
+
+
+def plateau(optimizer):
+    return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+
+
+def reduced(lr, resumed_from=None):
+    """A model whose ReduceLROnPlateau halved its rate three times (the loss never improves), built
+    with ``lr`` (and its base remembered, as the callbacks do at the start of every attempt); or,
+    given ``resumed_from``, built with ``lr`` and restored from that one's state."""
+    model, optimizer, scheduler = built(lr, plateau)
+    fresh = capture([optimizer], [scheduler])
+    if resumed_from is None:
+        for _ in range(4):
+            scheduler.step(1.0)
+        return model, optimizer, scheduler, fresh
+    optimizer.load_state_dict(resumed_from[1].state_dict())
+    scheduler.load_state_dict(resumed_from[2].state_dict())
+    return model, optimizer, scheduler, reapply(fresh, [optimizer], [scheduler])
+
+
+def test_a_reduce_on_plateau_run_resumed_from_its_own_checkpoint_keeps_its_reductions():
+    """It keeps no base_lrs: re-application took the restored rate (0.0125) for a base and put the
+    config's 0.1 back, on every resume, saying it restored another run's values."""
+    first = reduced(0.1)
+    assert first[1].param_groups[0]["lr"] == pytest.approx(0.0125)
+    _, optimizer, _, changes = reduced(0.1, resumed_from=first)
+    assert changes == [] and optimizer.param_groups[0]["lr"] == pytest.approx(0.0125)
+
+
+def test_a_reduce_on_plateau_member_copying_a_donor_takes_its_own_rate_times_the_reductions():
+    donor = reduced(0.1)
+    _, optimizer, scheduler, changes = reduced(0.04, resumed_from=donor)
+    assert Change(name="lr", restored=0.1, fresh=0.04, scheduled=True) in changes
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.04 / 8)
+
+
+def test_a_restored_scheduler_with_no_base_keeps_the_restored_rate():
+    """A checkpoint saved before its scheduler had a base: the restored rate is the schedule's
+    position, and stays."""
+    _, old_optimizer, old_scheduler = built(0.1, plateau)
+    for _ in range(4):
+        old_scheduler.step(1.0)  # never given a base (an older version of the callbacks)
+    _, optimizer, scheduler = built(0.1, plateau)
+    fresh = capture([optimizer], [scheduler])
+    optimizer.load_state_dict(old_optimizer.state_dict())
+    state = old_scheduler.state_dict()
+    scheduler.load_state_dict(state)
+    delattr(scheduler, "_gts_base_lrs")  # as restored from such a checkpoint into an older callback's
+    assert reapply(fresh, [optimizer], [scheduler]) == []
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0125)
+
+
+def test_betas_restored_as_a_list_are_no_change():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    fresh = capture([optimizer], [])
+    state = optimizer.state_dict()
+    state["param_groups"][0]["betas"] = [0.9, 0.999]  # as a JSON or YAML round trip gives them back
+    optimizer.load_state_dict(state)
+    assert reapply(fresh, [optimizer], []) == []
+
+
+def test_the_schedulers_inside_a_sequential_lr_get_the_members_base_also_before_the_milestone():
+    donor = built(0.1, warmup_then_cosine)
+    trained(*donor, 2)  # copied during the warm-up, before the milestone (3)
+    _, optimizer, scheduler = built(0.05, warmup_then_cosine)
+    fresh = capture([optimizer], [scheduler])
+    optimizer.load_state_dict(donor[1].state_dict())
+    scheduler.load_state_dict(donor[2].state_dict())
+    reapply(fresh, [optimizer], [scheduler])
+    for inner in scheduler._schedulers:
+        assert inner.base_lrs == [0.05, 0.05], type(inner).__name__
+
+
+@pytest.mark.parametrize("name", ["warm-up", "cosine", "step"])
+def test_after_the_values_are_put_back_get_last_lr_gives_the_members_rate(name):
+    donor = built(0.1, SCHEDULES[name])
+    trained(*donor, COPIED_AT)
+    _, optimizer, scheduler = built(0.05, SCHEDULES[name])
+    fresh = capture([optimizer], [scheduler])
+    optimizer.load_state_dict(donor[1].state_dict())
+    scheduler.load_state_dict(donor[2].state_dict())
+    reapply(fresh, [optimizer], [scheduler])
+    assert scheduler.get_last_lr() == [group["lr"] for group in optimizer.param_groups]
+    assert scheduler.get_last_lr()[0] == pytest.approx(donor[1].param_groups[0]["lr"] / 2)
+
+
+def test_a_trainer_group_with_no_weight_decay_still_has_none_after_a_copy():
+    """The Trainer puts biases and norms in a group of their own with weight_decay 0: its
+    args' weight_decay is the first group's, not theirs."""
+    from types import SimpleNamespace
+
+    from gpu_task_scheduler.integrations.transformers import _from_args
+
+    donor = built(0.1, None, weight_decay=0.05)
+    _, optimizer, _ = built(0.1, None, weight_decay=0.01)
+    optimizer.load_state_dict(donor[1].state_dict())
+    args = SimpleNamespace(learning_rate=0.1, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
+    reapply(_from_args(args, optimizer, []), [optimizer], [])
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.01, 0.0]

@@ -245,6 +245,67 @@ def test_an_agent_uses_the_gpus_slurm_gave_its_job_and_shares_out_its_cpus(monke
     assert run["env"] == {"MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "2"}
 
 
+@pytest.mark.parametrize(
+    ("environ", "gpus"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "2,3"}, ("2", "3")),  # a GRES without device files
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, None),  # CUDA's word for no device: no GPU id
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, ("0", "1")),
+    ],
+)
+def test_an_agent_takes_no_word_for_a_gpu_id(monkeypatch, tmp_path, environ, gpus):
+    from gpu_task_scheduler.backends.slurm import agent
+
+    options = parse_scheduler_config({"gpu": "all", "result_root_folder": str(tmp_path)})
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    if gpus is None:
+        with pytest.raises(agent.NoGPUs):
+            agent._node_options(options, {"gpus_per_node": 2, "gpus_per_run": 2})
+    else:
+        (slot,) = agent._node_options(options, {"gpus_per_node": 2, "gpus_per_run": 2}).slots
+        assert slot.gpu_ids == gpus
+
+
+def test_an_agents_thread_is_not_left_bound_to_the_cpus_of_the_run_it_started(tmp_path, no_leaked_processes):
+    """A run inherits the CPUs of the thread that starts it: the thread is bound to them for that
+    moment, and its own again afterwards (or the agent's next work runs on one run's CPUs)."""
+    from gpu_task_scheduler.backends.supervisor import start_run
+
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        pytest.skip("needs two CPUs")
+    one = min(mine)
+    out = tmp_path / "affinity"
+    run = {
+        "argv": [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(str(sorted(os.sched_getaffinity(0))))"],
+        "env": {}, "python": sys.executable, "reports_outcome": False, "grace_period": 1.0, "cwd": str(tmp_path),
+        "log": str(tmp_path / "log"), "token": "t" * 24, "work_dir": str(tmp_path),
+    }  # fmt: skip
+    handle, ended = start_run(run, "", (one,))
+    assert os.sched_getaffinity(0) == mine
+    assert ended.wait(30)
+    assert out.read_text() == str([one])
+    handle.child.reap()
+    if handle.keeper is not None:
+        handle.keeper.close()
+
+
+def test_a_partitions_cpus_per_node_are_its_smallest_nodes(tmp_path, monkeypatch):
+    """sinfo lists each node (%N %c %G): a pool shaped to the largest node's CPUs would ask the
+    smaller ones for more than they have."""
+    from gpu_task_scheduler.backends.slurm.commands import partition
+
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\nprintf 'big 64 gpu:8\\nsmall 16 gpu:4\\nmid 32 (null)\\n'\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    found = partition(None)
+    assert (found.nodes, found.cpus, found.gpus) == (3, 16, 4)
+
+
 class _Handle:
     """What the driver's requests touch of an attempt's handle."""
 

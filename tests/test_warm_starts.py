@@ -167,11 +167,13 @@ def test_a_warm_process_that_started_a_thread_is_not_forked_from(in_tmp, monkeyp
     assert "an import started a Python thread: 'ticker' (from threaded_at_import)" in log
 
 
-def test_a_warm_process_that_loaded_a_gpu_driver_is_not_forked_from(tmp_path, monkeypatch):
+@pytest.mark.parametrize("library", ["libcuda.so.550.54", "libnvidia-ml.so.1"])
+def test_a_warm_process_that_loaded_a_gpu_driver_is_not_forked_from(tmp_path, monkeypatch, library):
+    """CUDA's driver, and NVML's alone (a library that asks NVML for the GPUs at import)."""
     maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54\n")
+    maps.write_text(f"7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/{library}\n")
     refused = forkserver.gpu_driver_loaded(str(maps))
-    assert refused is not None and "libcuda.so" in refused
+    assert refused is not None and library.split(".so")[0] + ".so" in refused
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libopenblas.so\n")
     assert forkserver.gpu_driver_loaded(str(maps)) is None
 
@@ -190,6 +192,60 @@ def test_commands_that_start_cold_say_why(in_tmp, argv, why):
     (in_tmp / "probe.py").write_text("")
     found, said = script_argv(argv, {"PATH": os.path.dirname(sys.executable)}, str(in_tmp))
     assert found is None and why in said
+
+
+def test_a_python_of_another_folder_starts_cold(in_tmp):
+    """Another virtual environment's `python` is a link to the same interpreter, with other
+    packages: it is not the Python that runs gts."""
+    (in_tmp / "probe.py").write_text("")
+    other = in_tmp / "other-venv" / "bin"
+    other.mkdir(parents=True)
+    (other / "python").symlink_to(sys.executable)
+    found, said = script_argv([str(other / "python"), "probe.py"], {"PATH": str(other)}, str(in_tmp))
+    assert found is None and "is not the Python that runs gts" in said
+    found, said = script_argv(["python", "probe.py"], {"PATH": str(other)}, str(in_tmp))
+    assert found is None and str(other) in said
+
+
+def test_a_sweep_of_commands_that_are_not_python_never_goes_through_warm_starts(in_tmp, no_leaked_processes):
+    config = make_config(in_tmp / "r", [{"i": [0, 1, 2]}])
+    config["command"] = ["sh", "-c", "echo run {i}"]
+    assert GPUTaskScheduler(config).start().ok
+    assert "warm starts" not in (in_tmp / "r" / "scheduler.log").read_text()
+    assert all((in_tmp / "r" / f"i-{i}," / "worker.log").read_text() == f"run {i}\n" for i in range(3))
+
+
+def test_a_forked_runs_log_starts_with_what_its_warm_processs_imports_printed(in_tmp, monkeypatch):
+    """A stated import (prewarm: {imports: [...]}) that prints: each forked run's log begins with it,
+    as a cold run's would if it imported the module first."""
+    lib = in_tmp / "lib"
+    lib.mkdir()
+    (lib / "says_hello.py").write_text("print('hello from the import', flush=True)\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    config = _probe(in_tmp, runs=2, prewarm={"imports": ["says_hello"]})
+    assert GPUTaskScheduler(config).start().ok
+    for name, run in _seen(in_tmp / "r").items():
+        assert run["forked"], name
+        assert (in_tmp / "r" / name / "worker.log").read_text().startswith("hello from the import\n"), name
+
+
+def test_a_run_whose_inherited_environment_changed_is_not_forked_and_the_log_says_why(in_tmp, monkeypatch):
+    """The scheduler's own environment changed during the sweep (a callback set a variable): the
+    runs after it would inherit it cold, so they are not forked from the warm process that lacks it."""
+    monkeypatch.delenv("GTS_TEST_CHANGED", raising=False)
+
+    def changed(outcome):
+        os.environ["GTS_TEST_CHANGED"] = "1"
+
+    try:
+        config = _probe(in_tmp, runs=3, slots=("cpu",), prewarm={"imports": ["decimal"]})
+        assert GPUTaskScheduler(config, on_run_end=changed).start().ok
+    finally:
+        os.environ.pop("GTS_TEST_CHANGED", None)
+    seen = _seen(in_tmp / "r")
+    assert seen["i-0,"]["forked"] and not seen["i-1,"]["forked"] and not seen["i-2,"]["forked"]
+    log = (in_tmp / "r" / "scheduler.log").read_text()
+    assert "warm starts: a run starts cold: its environment differs from the warm process's in GTS_TEST_CHANGED" in log
 
 
 def test_a_python_script_or_module_of_this_interpreter_is_forked(in_tmp):

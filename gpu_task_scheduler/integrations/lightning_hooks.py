@@ -51,6 +51,8 @@ class LightningHooks:
             self.run.check_resumed(trainer.ckpt_path is not None)
         if self.run.active and trainer.ckpt_path is not None:
             self._fresh = values.capture(trainer.optimizers, _schedulers(trainer))
+        elif self.run.active:  # a first attempt: its checkpoints carry what a restore needs to know
+            values.remember_bases(_schedulers(trainer))
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         fresh, self._fresh = self._fresh, None

@@ -18,6 +18,13 @@ and schedulers) and, once the framework restored the checkpoint, puts those valu
   warm-up and cosine schedules, ``StepLR``, ``ExponentialLR``, ``CosineAnnealingLR`` to a floor
   of 0); a schedule with an additive floor (``eta_min``) goes on from the scaled rate.
 
+A scheduler that keeps no base rate (``ReduceLROnPlateau``: its reductions are in the rate itself)
+is given one (:func:`remember_bases`, ``_gts_base_lrs``), which its ``state_dict()`` then saves
+with the checkpoint: a restore brings back the base of the run that saved it, so the factor is
+known. Where a restored checkpoint holds none (saved before it had one), the restored rate is the
+schedule's position and stays: before, the config's rate was put back on every resume, and a
+``ReduceLROnPlateau`` lost its reductions at each pause, promotion and preemption.
+
 Nothing changes when the restored values are the fresh ones (a run resumed from its own
 checkpoint). Every change is said in the run's log, by :func:`describe`.
 """
@@ -31,6 +38,7 @@ from typing import Any
 from ..recordclass import Record
 
 RATE_KEYS = ("lr", "initial_lr")  # the rate is kept at its schedule's position, not copied
+BASE_ATTRIBUTE = "_gts_base_lrs"  # the base rates of a scheduler that keeps none, saved in its state_dict()
 
 
 class Fresh(Record):
@@ -77,13 +85,33 @@ def chained(scheduler: Any) -> list[Any]:
     return found
 
 
+def remember_bases(schedulers: Iterable[Any]) -> None:
+    """Give each scheduler that keeps no base rate (``ReduceLROnPlateau``) its optimizer's rates as
+    they are now (as built, before any step), where it has none yet: saved with its state from
+    then on, they tell a later restore what the rate was a factor of."""
+    for scheduler in (one for given in schedulers for one in chained(given)):
+        optimizer = getattr(scheduler, "optimizer", None)
+        if _bases(scheduler) is None and optimizer is not None:
+            setattr(scheduler, BASE_ATTRIBUTE, [float(group["lr"]) for group in optimizer.param_groups])
+
+
+def _bases(scheduler: Any) -> list[float] | None:
+    base = getattr(scheduler, "base_lrs", None)
+    held = getattr(scheduler, "_schedulers", None)
+    if base is None and held:  # a SequentialLR or ChainedScheduler: its schedulers' bases
+        return _bases(held[0])
+    return base if base is not None else getattr(scheduler, BASE_ATTRIBUTE, None)
+
+
 def capture(optimizers: Sequence[Any], schedulers: Iterable[Any]) -> Fresh:
     """The fresh values of ``optimizers`` and of the ``schedulers`` driving them (torch objects)."""
+    schedulers = list(schedulers)
+    remember_bases(schedulers)
     groups = [[hyperparameters(group) for group in optimizer.param_groups] for optimizer in optimizers]
     driven = []
     for scheduler in schedulers:
         index = next((i for i, o in enumerate(optimizers) if o is getattr(scheduler, "optimizer", None)), None)
-        base = getattr(scheduler, "base_lrs", None)
+        base = _bases(scheduler)
         if index is not None and base is not None:
             driven.append((index, [float(b) for b in base]))
     return Fresh(groups=groups, schedulers=driven)
@@ -102,7 +130,7 @@ def reapply(fresh: Fresh, optimizers: Sequence[Any], schedulers: Sequence[Any]) 
         driving = [s for s in schedulers if getattr(s, "optimizer", None) is optimizer]
         for place, (was, group) in enumerate(zip(fresh.groups[index], optimizer.param_groups, strict=True)):
             for name, value in was.items():
-                if name not in RATE_KEYS and name in group and group[name] != value:
+                if name not in RATE_KEYS and name in group and not _same(group[name], value):
                     changes.append(Change(name=name, restored=group[name], fresh=value))
                     group[name] = value
             base = bases.get(index)
@@ -127,7 +155,7 @@ def _rate(
         return
     restored_base = _base(group, schedulers, place)
     new_base = fresh_base if fresh_base is not None else was.get("initial_lr", was["lr"])
-    if restored_base == new_base:
+    if restored_base is None or restored_base == new_base:
         return
     scheduled = bool(schedulers) or "initial_lr" in group
     factor = group["lr"] / restored_base if restored_base else 1.0
@@ -138,7 +166,7 @@ def _rate(
         group["initial_lr"] = new_base
     for scheduler in schedulers:
         for one in chained(scheduler):
-            base = getattr(one, "base_lrs", None)
+            base = _bases(one)
             if base is not None and place < len(base):
                 base[place] = new_base
             last = getattr(one, "_last_lr", None)
@@ -146,10 +174,22 @@ def _rate(
                 last[place] = rate
 
 
-def _base(group: dict[str, Any], schedulers: list[Any], place: int) -> float:
+def _same(restored: Any, fresh: Any) -> bool:
+    """Equal values, a restored list equal to a fresh tuple too (``betas`` come back from a saved
+    state as a list)."""
+    if isinstance(restored, list) and isinstance(fresh, tuple):
+        restored = tuple(restored)
+    return bool(restored == fresh)
+
+
+def _base(group: dict[str, Any], schedulers: list[Any], place: int) -> float | None:
+    """The base the restored rate is a factor of; None where a scheduler keeps none and the
+    checkpoint brought none back: the restored rate is then the schedule's position."""
     for scheduler in schedulers:
-        base = getattr(scheduler, "base_lrs", None)
-        if base is not None and place < len(base):
+        base = _bases(scheduler)
+        if base is None:
+            return None
+        if place < len(base):
             return float(base[place])
     return float(group.get("initial_lr", group["lr"]))
 

@@ -85,6 +85,8 @@ class GTSCallback(TrainerCallback):
         if state.is_world_process_zero:
             self.run.check_resumed(resumed)
         optimizer, scheduler = kwargs.get("optimizer"), kwargs.get("lr_scheduler")
+        if self.run.active and not resumed and scheduler is not None:  # its checkpoints carry its base
+            values.remember_bases([scheduler])
         if not (self.run.active and resumed and optimizer is not None):
             return
         schedulers = [scheduler] if scheduler is not None else []

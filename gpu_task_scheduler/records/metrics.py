@@ -35,7 +35,18 @@ from .paths import RunPaths, UnsafePathError, open_regular
 MAX_LINE = 64 << 10  # bytes of one line; a longer one is skipped
 MAX_READ = 4 << 20  # bytes read in one call
 MAX_METRICS = 100  # metric names kept per run
-MAX_TIME = 1e11  # a line's time beyond this (the year 5138) is none: a step's time is left to the reader
+# A line's time outside these (2000-01-01 and 2200-01-01 UTC) is none: a step's time is then left to
+# the reader. 1e-300 was taken for 1970 and 99999999999.9 for the year 5138, in the exports too.
+MIN_TIME, MAX_TIME = 946684800.0, 7258118400.0
+
+
+def plausible_time(stamp: float) -> bool:
+    """Whether ``stamp`` (seconds since the epoch) can be when a step was reported.
+
+    >>> [plausible_time(t) for t in (1764432000.5, 0, -5, 1e-300, 99999999999.9)]
+    [True, False, False, False, False]
+    """
+    return MIN_TIME < stamp < MAX_TIME
 
 
 def _number(value: Any) -> bool:
@@ -86,7 +97,7 @@ def parse_timed(line: bytes) -> tuple[float, dict[str, float], float | None] | s
     for key, value in record.items():
         if not _number(value):
             return f"its value of {key!r} is not a finite number"
-    return step, record, float(stamp) if _number(stamp) and 0 < stamp < MAX_TIME else None
+    return step, record, float(stamp) if _number(stamp) and plausible_time(stamp) else None
 
 
 class MetricsReader:

@@ -53,7 +53,7 @@ from typing import Any
 
 from ..finite import step_problem
 from ..reporting import TIME_KEY
-from .metrics import MAX_TIME
+from .metrics import plausible_time
 from .paths import open_regular, write_all
 
 MAX_EVENTS = 20_000  # events of one run read in one look
@@ -257,7 +257,7 @@ class EventFeed:
                 )
             entry = found.setdefault(float(event.step), {})
             entry[tag] = number
-            if 0 < event.wall_time < MAX_TIME:  # the step's time: the latest of its scalars' events
+            if plausible_time(event.wall_time):  # the step's time: the latest of its scalars' events
                 entry[TIME_KEY] = max(entry.get(TIME_KEY, 0.0), event.wall_time)
 
     def started_at(self, started: float) -> None:

@@ -68,6 +68,7 @@ def serve(control_fd: int, info: dict[str, Any], own_fds: list[int]) -> dict[str
     when the scheduler closes the socket."""
     signal_on_parent_death(signal.SIGKILL)  # it goes with the scheduler, even mid-import (its forks do not)
     handlers = isolation.signal_handlers()  # a cold start's, before any import: each fork's
+    isolation.set_command_line([*sys.orig_argv[:-1], "{}"])  # its room for a fork's kept, not shown by ps
     control = socket.socket(fileno=control_fd)
     base_path = list(info["sys_path"])
     runner_path = list(sys.path)  # a cold runner's (python -c: "" first, this package's folder last)

@@ -343,10 +343,18 @@ def slurm_gpus(environ: Mapping[str, str]) -> list[str]:
     ['2', '3']
     >>> slurm_gpus({"SLURM_JOB_GPUS": "0,1"}), slurm_gpus({})
     (['0', '1'], [])
+
+    What names no GPU is no id: Slurm's ``NoDevFiles`` (a GRES without device files), CUDA's
+    ``-1`` (hide every device), a word. The next variable is read instead.
+
+    >>> slurm_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "1"}), slurm_gpus({"CUDA_VISIBLE_DEVICES": "-1"})
+    (['1'], [])
+    >>> slurm_gpus({"CUDA_VISIBLE_DEVICES": "GPU-5c2b1e04,MIG-a1b2"})
+    ['GPU-5c2b1e04', 'MIG-a1b2']
     """
     for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         ids = [gpu.strip() for gpu in environ.get(name, "").split(",") if gpu.strip()]
-        if ids:
+        if ids and all(gpu.isdigit() or gpu.startswith(("GPU-", "MIG-")) for gpu in ids):
             return ids
     return []
 

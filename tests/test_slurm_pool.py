@@ -280,7 +280,7 @@ def test_an_agents_thread_is_not_left_bound_to_the_cpus_of_the_run_it_started(tm
     one = min(mine)
     out = tmp_path / "affinity"
     run = {
-        "argv": [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(str(sorted(os.sched_getaffinity(0))))"],
+        "argv": [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(str(sorted(os.sched_getaffinity(0))))"],  # noqa: E501
         "env": {}, "python": sys.executable, "reports_outcome": False, "grace_period": 1.0, "cwd": str(tmp_path),
         "log": str(tmp_path / "log"), "token": "t" * 24, "work_dir": str(tmp_path),
     }  # fmt: skip

@@ -347,8 +347,10 @@ def slurm_gpus(environ: Mapping[str, str]) -> list[str]:
     What names no GPU is no id: Slurm's ``NoDevFiles`` (a GRES without device files), CUDA's
     ``-1`` (hide every device), a word. The next variable is read instead.
 
-    >>> slurm_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "1"}), slurm_gpus({"CUDA_VISIBLE_DEVICES": "-1"})
-    (['1'], [])
+    >>> slurm_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_JOB_GPUS": "1"})
+    ['1']
+    >>> slurm_gpus({"CUDA_VISIBLE_DEVICES": "-1"})
+    []
     >>> slurm_gpus({"CUDA_VISIBLE_DEVICES": "GPU-5c2b1e04,MIG-a1b2"})
     ['GPU-5c2b1e04', 'MIG-a1b2']
     """

@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -1023,3 +1024,39 @@ def test_a_detached_pool_runs_on_and_a_later_start_follows_it(slurm_pool, in_tmp
     assert again.returncode == 0, first + output
     check_exactly_once(in_tmp, 6, 4)
     assert slurm_pool.jobs() == []
+
+
+def test_a_detached_pools_queued_runs_are_counted_queued_not_running(in_tmp):
+    """A detached pool (no scheduler on the root): the ledger records its runs as they were when
+    queued, so gts status counted every one of them running (2 slots showed 6 running). What the
+    pool's files say waits in its queue is counted queued; what its agents claimed, running."""
+    import sqlite3
+    import time
+
+    from gpu_task_scheduler.backends import live
+    from gpu_task_scheduler.backends.slurm.poolfiles import PoolFiles, entry_name
+    from gpu_task_scheduler.reports.status import status
+
+    root = in_tmp / "r"
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(root)},
+        "test_config": [{"i": list(range(6))}],
+        "command": ["true"],
+    }
+    from gpu_task_scheduler import GPUTaskScheduler
+
+    assert GPUTaskScheduler(config).start().ok
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        db.execute("UPDATE runs SET status = 'running', node = 'node1 cpu0 (pool job 7)'")
+    files = PoolFiles(str(root))
+    for folder in (files.queue, files.claimed("node1.7"), files.events):
+        os.makedirs(folder, exist_ok=True)
+    for seq in range(4):
+        (Path(files.queue) / entry_name(seq, f"t{seq}")).write_text("{}")
+    for seq in range(4, 6):
+        (Path(files.claimed("node1.7")) / entry_name(seq, f"t{seq}")).write_text("{}")
+    Path(files.beat("node1.7")).write_text(json.dumps({"at": time.time()}))
+    live._answers.clear()
+    assert live.left_on_cluster(str(root)) == live.Left(queued=4, running=2)
+    counts = status(str(root))["counts"]
+    assert counts["queued"] == 4 and counts["running"] == 2 and counts["stale"] == 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import GTSError
 from ..records.paths import META, read_json
@@ -20,14 +20,29 @@ from ..records.paths import META, read_json
 logger = logging.getLogger("gpu_task_scheduler")
 
 ASKED_EVERY = 5.0  # seconds one root's answer is reused (a web view asks every second; squeue is shared)
-_answers: dict[str, tuple[float, int]] = {}
 
 
-def left_running(root: str) -> int:
-    """How many runs of this root a detached start left queued or running on a cluster: a job
-    array's tasks (asked of squeue), and a pool's attempts queued or run by an agent that beats."""
+class Left(NamedTuple):
+    """What a detached start left on a cluster: runs that wait for a machine, and runs on one."""
+
+    queued: int = 0
+    running: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.queued + self.running
+
+
+_answers: dict[str, tuple[float, Left]] = {}
+
+
+def left_on_cluster(root: str) -> Left:
+    """The runs of this root a detached start left queued or running on a cluster: a job array's
+    tasks (asked of squeue: pending, or running), and a pool's attempts (in its queue, or claimed by
+    an agent that beats). Without a scheduler, the ledger cannot tell the two apart (a run placed
+    after the driver left is recorded as it was queued): ``gts status`` splits its counts by this."""
     if not os.path.isdir(os.path.join(root, META, "slurm")):
-        return 0
+        return Left()
     asked = _answers.get(root)
     if asked is not None and time.monotonic() - asked[0] < ASKED_EVERY:
         return asked[1]
@@ -35,13 +50,15 @@ def left_running(root: str) -> int:
     from .slurm.poolfiles import PoolFiles
 
     try:
-        live = len(live_tasks(root))
+        states = [state.state for _, state in live_tasks(root)]
     except GTSError as error:
         logger.warning("cannot ask Slurm about the runs of %s: %s", root, error)
-        live = 0
-    live += PoolFiles(root).live_attempts()
-    _answers[root] = (time.monotonic(), live)
-    return live
+        states = []
+    pending = sum(1 for state in states if state == "PENDING")
+    queued, claimed = PoolFiles(root).live_attempts()
+    left = Left(queued=pending + queued, running=len(states) - pending + claimed)
+    _answers[root] = (time.monotonic(), left)
+    return left
 
 
 def shown(root: str, *, running: bool) -> dict[str, Any]:

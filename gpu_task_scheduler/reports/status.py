@@ -136,8 +136,11 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     log_file = ledger.get_meta("log_file") or None
     waiting = ledger.get_meta("waiting") or None
     ledger.warn_problems(json_fields=False)  # status shows no result or parameters
+    from ..backends.live import left_on_cluster
+
     running, holder = scheduler_state(root)
-    on_slurm = detached_on_slurm(root) if running is False else 0
+    left = left_on_cluster(root) if running is False else None
+    on_slurm = left.total if left is not None else 0
     counts = {status.value: 0 for status in RunStatus}
     counts[QUEUED] = 0  # recorded running, waiting in a cluster's queue for a machine
     counts[STALE] = 0
@@ -149,6 +152,12 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
         if stage is not None:  # a sweep with stages: the counts of each too, in the sweep's order
             stages.setdefault(stage, {}).setdefault(state, 0)
             stages[stage][state] += count
+    if left is not None and left.queued:
+        # Detached: what the cluster says waits for a machine is queued, the rest running. (The ledger
+        # cannot say: a run placed after the driver left is recorded as it was when queued.)
+        queued = min(left.queued, counts[RunStatus.RUNNING.value])
+        counts[RunStatus.RUNNING.value] -= queued
+        counts[QUEUED] += queued
     recorded = sum(count for _, _, count in tally)
     if total_text:
         try:
@@ -203,9 +212,9 @@ def running_is_stale(root: str) -> bool:
 def detached_on_slurm(root: str) -> int:
     """How many runs of this root a detached sweep left queued or running on a cluster (asked
     through the backends' seam, ``backends/live.py``): they are running, not stale."""
-    from ..backends.live import left_running
+    from ..backends.live import left_on_cluster
 
-    return left_running(root)
+    return left_on_cluster(root).total
 
 
 def pool_lines(pool: dict[str, Any], width: int = 80) -> list[str]:

@@ -88,22 +88,23 @@ class PoolFiles:
             with contextlib.suppress(OSError):
                 os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
 
-    def live_attempts(self, silence: float = 60.0) -> int:
-        """Attempts queued, or claimed by an agent that beat within ``silence`` seconds (its node's
+    def live_attempts(self, silence: float = 60.0) -> tuple[int, int]:
+        """Attempts queued, and claimed by an agent that beat within ``silence`` seconds (its node's
         clock): what a detached pool still runs, without asking Slurm."""
         try:
-            count = sum(1 for name in os.listdir(self.queue) if token_of(name))
+            queued = sum(1 for name in os.listdir(self.queue) if token_of(name))
             agents = os.listdir(self.agents)
         except OSError:
-            return 0
+            return 0, 0
+        claimed = 0
         for agent in agents:
             beat = read_json(self.beat(agent))
             if isinstance(beat, dict) and not beat.get("over") and time.time() - float(beat.get("at") or 0) < silence:
                 try:
-                    count += sum(1 for name in os.listdir(self.claimed(agent)) if token_of(name))
+                    claimed += sum(1 for name in os.listdir(self.claimed(agent)) if token_of(name))
                 except OSError:
                     pass
-        return count
+        return queued, claimed
 
 
 def entry_name(seq: int, token: str) -> str:

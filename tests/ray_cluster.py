@@ -105,7 +105,7 @@ def one_case(ray, cluster, doomed, config, when):
         open(release, "w").close()
         ray.wait(placeholders, num_returns=2, timeout=10)
         if when == "partition":
-            cut_off(seconds_cut=1.5)
+            cut_off(seconds_cut=3.5)  # past the supervisors' 1.5 s without a word (lease_interval 0.5)
         else:
             cluster.remove_node(doomed)
 

@@ -334,9 +334,15 @@ def ray_cluster_sweeps(tmp_path_factory):
     cases, found = [], {}
     for index, when in enumerate(LOST_MACHINE_CASES):
         root, journal = folder / f"r{index}", folder / f"journal{index}"
-        config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": 2.5})
+        # The lease is renewed every 0.5 s, so a supervisor stops its run after 1.5 s with no word
+        # from the scheduler. With 0.2 s (0.6 s), a loaded CI machine (the suite beside two
+        # spinning processes) kept the scheduler's words back that long outside any cut: runs
+        # were stopped again and again, and the partition's sweep failed. The partition cuts the
+        # scheduler off for 3.5 s, through its runs' first 1.5 s and more: they run 5 s.
+        sleep = 5.0 if when == "partition" else 2.5
+        config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": sleep})
         config["scheduler_config"].update(
-            gpu=["0", "1", "2", "3"], backend="ray", lease_interval=0.2, grace_period=0.5, node_failure_retries=10
+            gpu=["0", "1", "2", "3"], backend="ray", lease_interval=0.5, grace_period=0.5, node_failure_retries=10
         )
         cases.append([config, when])
         found[when] = {"root": root, "journal": journal}

@@ -369,3 +369,34 @@ def test_a_chatty_run_neither_holds_up_the_others_ends_nor_lengthens_their_durat
     assert quiet["ended_at"] < chatty["ended_at"]  # recorded while the chatty run's lines were read
     summary_of = json.loads(chatty["metrics"])["loss"]
     assert summary_of["step"] == 499_999 and summary_of["max"] == 1.0
+
+
+def test_a_steps_time_is_a_plausible_one_and_a_later_attempts(tmp_path):
+    """When each step was reported (what the exports give the trackers): a line's @time of 0, a
+    negative one, 1e-300 (1970) or one far ahead (the year 5138) is no time; a step an attempt
+    reported again has the later attempt's time."""
+    from gpu_task_scheduler.records.metrics import run_times
+    from gpu_task_scheduler.records.paths import RunPaths
+
+    paths = RunPaths(str(tmp_path), None)
+    os.makedirs(paths.old_logs)
+    now = 1764432000.0
+
+    def lines(*records):
+        return "".join(json.dumps(record) + "\n" for record in records)
+
+    with open(os.path.join(paths.old_logs, "attempt-1-metrics.jsonl"), "w") as handle:
+        handle.write(lines({"step": 1, "loss": 1.0, "@time": now}, {"step": 2, "loss": 0.9, "@time": now + 1}))
+    os.makedirs(os.path.dirname(paths.metrics), exist_ok=True)
+    with open(paths.metrics, "w") as handle:
+        handle.write(
+            lines(
+                {"step": 2, "loss": 0.8, "@time": now + 50},  # again, by the second attempt
+                {"step": 3, "loss": 0.7, "@time": 0},
+                {"step": 4, "loss": 0.6, "@time": -5},
+                {"step": 5, "loss": 0.5, "@time": 1e-300},
+                {"step": 6, "loss": 0.4, "@time": 99999999999.9},
+                {"step": 7, "loss": 0.3, "@time": now + 60},
+            )
+        )
+    assert run_times(paths) == {1: now, 2: now + 50, 7: now + 60}

@@ -102,6 +102,7 @@ def test_a_look_is_bounded_and_links_and_fifos_are_left_alone(torch_tb, tmp_path
     outside = tmp_path / "outside"
     writer = torch_tb.SummaryWriter(str(outside))
     writer.add_scalar("secret", 1.0, 1)
+    writer.add_scalar("secret", 1.0, 1000)  # ahead of the run's own steps: not read all the same
     writer.close()
     (tmp_path / "tb").mkdir()
     os.symlink(outside, tmp_path / "tb" / "linked")  # a folder link: not walked

@@ -246,3 +246,24 @@ def test_a_trainer_group_with_no_weight_decay_still_has_none_after_a_copy():
     args = SimpleNamespace(learning_rate=0.1, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
     reapply(_from_args(args, optimizer, []), [optimizer], [])
     assert [group["weight_decay"] for group in optimizer.param_groups] == [0.01, 0.0]
+
+
+def test_a_schedules_own_settings_are_the_members_after_a_copy():
+    """A cosine schedule's floor (eta_min) set from the config: the donor's came back with its
+    state and stayed; the member's own is put back, and said."""
+
+    def floor(eta_min):
+        return lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS, eta_min=eta_min)
+
+    donor = built(0.1, floor(0.01))
+    trained(*donor, COPIED_AT)
+    _, optimizer, scheduler = built(0.05, floor(0.001))
+    fresh = capture([optimizer], [scheduler])
+    optimizer.load_state_dict(donor[1].state_dict())
+    scheduler.load_state_dict(donor[2].state_dict())
+    assert scheduler.eta_min == 0.01
+    changes = reapply(fresh, [optimizer], [scheduler])
+    assert scheduler.eta_min == 0.001 and Change(name="eta_min", restored=0.01, fresh=0.001) in changes
+    own = built(0.05, floor(0.001))
+    trained(*own, COPIED_AT)
+    assert reapply(capture([own[1]], [own[2]]), [own[1]], [own[2]]) == []  # its own: nothing changes

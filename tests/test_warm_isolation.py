@@ -401,3 +401,51 @@ def test_a_run_that_closes_its_inherited_descriptors_ends_on_its_own_or_saves_wh
     assert rows["how-stop,"]["status"] == "timed_out", rows["how-stop,"]
     assert (in_tmp / "saved").exists()  # its working folder: the sweep's
     assert "waiting" in (in_tmp / "r" / "how-stop," / "worker.log").read_text()
+
+
+def _warm_process_of(mark):
+    """The pid of the warm process of this test's sweep (its environment carries GTS_WARM and the
+    test's mark), or None."""
+    from conftest import marked_pids
+
+    for pid in marked_pids(mark):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if b"GTS_WARM=1" in handle.read().split(b"\0"):
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return None
+
+
+def test_a_warm_process_killed_with_sigkill_is_reaped_at_once_not_left_a_zombie(in_tmp, no_leaked_processes):
+    """It stayed a zombie until the next start dropped it; a sweep that started nothing more kept
+    it so to its end. The run it forked goes on and succeeds."""
+    import signal
+    import threading
+
+    from conftest import wait_until
+
+    _script(in_tmp, "waits.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n")
+    config = make_config(in_tmp / "r", [{"i": [0]}], prewarm={"imports": ["decimal"]})
+    config["command"] = [sys.executable, "waits.py"]
+    summary = {}
+    sweep = threading.Thread(target=lambda: summary.setdefault("ok", GPUTaskScheduler(config).start().ok))
+    sweep.start()
+    try:
+        pid = wait_until(lambda: _warm_process_of(no_leaked_processes), message="the warm process")
+        wait_until(lambda: (in_tmp / "r" / "i-0," / "worker.log").exists(), message="the run to start")
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: _state(pid) is None, message="the killed warm process to be reaped (no zombie)")
+    finally:
+        (in_tmp / "go").touch()
+        sweep.join(60)
+    assert summary["ok"] and ledger_rows(in_tmp / "r")["i-0,"]["status"] == "succeeded"

@@ -35,7 +35,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..recordclass import Record
+from ..recordclass import Record, field
 
 RATE_KEYS = ("lr", "initial_lr")  # the rate is kept at its schedule's position, not copied
 BASE_ATTRIBUTE = "_gts_base_lrs"  # the base rates of a scheduler that keeps none, saved in its state_dict()
@@ -47,6 +47,15 @@ class Fresh(Record):
 
     groups: list[list[dict[str, Any]]]
     schedulers: list[tuple[int, list[float]]]
+    # Each scheduler's own settings (those a script sets from its config: eta_min, gamma, ...), by
+    # its place among the schedulers given and those they hold (chained()).
+    settings: list[dict[str, Any]] = field(default_factory=list)
+
+
+# A scheduler's settings a script sets (its config's), which a restore brings back as the saved
+# run's: put back as a param group's values are. Its position (last_epoch, _step_count, the
+# rates it computed) stays as restored.
+SETTINGS = ("eta_min", "gamma", "step_size", "T_max", "T_0", "T_mult", "factor", "patience", "threshold", "cooldown")
 
 
 class Change(Record):
@@ -114,7 +123,12 @@ def capture(optimizers: Sequence[Any], schedulers: Iterable[Any]) -> Fresh:
         base = _bases(scheduler)
         if index is not None and base is not None:
             driven.append((index, [float(b) for b in base]))
-    return Fresh(groups=groups, schedulers=driven)
+    settings = [_settings(one) for given in schedulers for one in chained(given)]
+    return Fresh(groups=groups, schedulers=driven, settings=settings)
+
+
+def _settings(scheduler: Any) -> dict[str, Any]:
+    return {name: value for name in SETTINGS if _number(value := getattr(scheduler, name, None))}
 
 
 def reapply(fresh: Fresh, optimizers: Sequence[Any], schedulers: Sequence[Any]) -> list[Change]:
@@ -135,6 +149,14 @@ def reapply(fresh: Fresh, optimizers: Sequence[Any], schedulers: Sequence[Any]) 
                     group[name] = value
             base = bases.get(index)
             _rate(group, was, base[place] if base and place < len(base) else None, place, driving, changes)
+    if fresh.settings:
+        held = [one for given in schedulers for one in chained(given)]
+        if len(held) == len(fresh.settings):
+            for one, was in zip(held, fresh.settings, strict=True):
+                for name, value in was.items():
+                    if getattr(one, name, value) != value:
+                        changes.append(Change(name=name, restored=getattr(one, name), fresh=value))
+                        setattr(one, name, value)
     unique: list[Change] = []
     for change in changes:
         if change not in unique:

@@ -48,6 +48,11 @@ class Reaper:
             self._epoll = select.epoll()  # close-on-exec: no run inherits it
         return self._epoll
 
+    @property
+    def driven(self) -> bool:
+        """Whether ends are heard on its owner's thread (:meth:`dispatch`), not on a thread of its own."""
+        return self._driven
+
     def fileno(self) -> int:
         """A descriptor that is readable while a watched process has ended (for a driven reaper's owner)."""
         with self._lock:

@@ -122,6 +122,8 @@ class WarmProcess:
     def __init__(self, env: dict[str, str], cwd: str, imports: list[str], reaper: Reaper, stated: Sequence[str] = ()):
         self.env, self.imports, self.cwd, self.stated = env, imports, cwd, list(stated)
         self.refused: str | None = None
+        self.reaped = False
+        self._reaper = reaper
         self.effects: dict[str, list[str]] = {}  # what each import changed that every fork would inherit
         self.ready = False
         self.dead = False
@@ -157,6 +159,12 @@ class WarmProcess:
 
     def _exited(self) -> None:
         self.dead = True
+        if self._reaper.driven and not self.reaped:
+            # Heard on the loop's own thread: reaped now, not left a zombie until the next start
+            # drops it (a warm process killed with SIGKILL stayed one for the rest of a sweep that
+            # started nothing more). A threaded reaper's thread leaves that to discard().
+            self.reaped = True
+            self.child.reap()
 
     def _line(self, timeout: float, interrupt: int | None = None) -> dict[str, Any] | None:
         """Its next message (None: none within ``timeout`` seconds, or ``interrupt`` became
@@ -234,8 +242,10 @@ class WarmProcess:
 
     def discard(self) -> None:
         self._control.close()
-        self.child.kill()
-        self.child.reap()
+        if not self.reaped:
+            self.reaped = True
+            self.child.kill()
+            self.child.reap()
 
 
 def _imports_of(paths: RunPaths) -> list[str] | None:

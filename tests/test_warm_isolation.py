@@ -449,3 +449,39 @@ def test_a_warm_process_killed_with_sigkill_is_reaped_at_once_not_left_a_zombie(
         (in_tmp / "go").touch()
         sweep.join(60)
     assert summary["ok"] and ledger_rows(in_tmp / "r")["i-0,"]["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("prewarm", [True, False], ids=["warm", "cold"])
+def test_a_run_that_closed_its_descriptors_still_ends_with_its_killed_scheduler(in_tmp, prewarm, no_leaked_processes):
+    """Its lifeline closed, a forked run watches its scheduler (its parent) instead: the scheduler
+    killed with SIGKILL, the run goes with it, as a cold one goes with its wrapper's keeper."""
+    import signal
+    import subprocess
+
+    from conftest import wait_until
+
+    _script(
+        in_tmp,
+        "closes.py",
+        "import os, time\nos.closerange(3, 1024)\nopen('pid', 'w').write(str(os.getpid()))\n"
+        "while not os.path.exists('go'):\n    time.sleep(0.05)\n",
+    )
+    config = make_config(in_tmp / "r", [{"i": [0]}], prewarm=prewarm)
+    config["command"] = [sys.executable, "closes.py"]
+    (in_tmp / "sweep.json").write_text(json.dumps(config))
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "gpu_task_scheduler", "run", "sweep.json", "--plain"],
+        cwd=in_tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: (in_tmp / "pid").exists() and (in_tmp / "pid").read_text(), message="the run to start")
+        run = int((in_tmp / "pid").read_text())
+    finally:
+        scheduler.kill()
+        scheduler.wait()
+    try:
+        wait_until(lambda: _state(run) in (None, "Z"), timeout=20, message="the run to end with its scheduler")
+    finally:
+        (in_tmp / "go").touch()

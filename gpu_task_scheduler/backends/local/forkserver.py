@@ -261,6 +261,7 @@ class _Run:
     lifeline = -1
     lifeline_lost = ""  # why the lifeline can no longer be read (the script closed it), if it cannot
     lifeline_id: tuple[int, int] = (0, 0)  # its file's (st_dev, st_ino): a number reused is not it
+    parent = 0  # the scheduler's pid (its parent, once adopted)
     code: Any = 1  # the script's exit status as the interpreter will make it (0: success)
     stopped = False
     ended = False  # the script has ended: its success is recorded at exit, whatever the lifeline says
@@ -420,6 +421,7 @@ def _place_descriptors(request: dict[str, Any], *, blocking: bool = False) -> No
     # of file instead: it died first, and nothing is to run.
     if os.read(_Run.lifeline, len(ADOPTED_WORD)) != ADOPTED_WORD:
         os._exit(1)
+    _Run.parent = os.getppid()  # the scheduler, which has adopted it
     os.set_blocking(_Run.lifeline, blocking)  # a runner's lifeline thread blocks on it
     if request.get("output"):
         os.write(1, request["output"])
@@ -504,13 +506,31 @@ def _watch_lifeline() -> None:
         with _Run.lock:
             data = _read_lifeline()
             if _Run.lifeline_lost:
-                return
+                break
             if data != b"":
                 continue
-            if _Run.ended:
-                return
-            kill_all(descendants(os.getpid()))
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+            _end_unless_ended()
+            return
+    # The script closed its lifeline: the scheduler (its parent, which adopted it) is watched
+    # instead, through a pidfd of its own (a script that closes that too runs on, as a cold one
+    # whose wrapper was killed: the next start of the sweep stops it).
+    try:
+        parent = os.pidfd_open(_Run.parent) if os.getppid() == _Run.parent else -1
+    except (OSError, AttributeError):
+        return
+    if parent >= 0:
+        select.select([parent], [], [])
+    with _Run.lock:
+        _end_unless_ended()
+
+
+def _end_unless_ended() -> None:
+    """The scheduler is gone: the run's whole group is killed, unless its script has ended (its
+    success is then recorded, as the keeper spares a command that ended). Called with the lock held."""
+    if _Run.ended:
+        return
+    kill_all(descendants(os.getpid()))
+    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def _at_exit() -> None:

@@ -455,7 +455,6 @@ def test_a_warm_process_killed_with_sigkill_is_reaped_at_once_not_left_a_zombie(
 def test_a_run_that_closed_its_descriptors_still_ends_with_its_killed_scheduler(in_tmp, prewarm, no_leaked_processes):
     """Its lifeline closed, a forked run watches its scheduler (its parent) instead: the scheduler
     killed with SIGKILL, the run goes with it, as a cold one goes with its wrapper's keeper."""
-    import signal
     import subprocess
 
     from conftest import wait_until

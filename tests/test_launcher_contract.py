@@ -338,8 +338,10 @@ def ray_cluster_sweeps(tmp_path_factory):
         # from the scheduler. With 0.2 s (0.6 s), a loaded CI machine (the suite beside two
         # spinning processes) kept the scheduler's words back that long outside any cut: runs
         # were stopped again and again, and the partition's sweep failed. The partition cuts the
-        # scheduler off for 3.5 s, through its runs' first 1.5 s and more: they run 5 s.
-        sleep = 5.0 if when == "partition" else 2.5
+        # scheduler off for 3.5 s, through its runs' first 1.5 s and more: they run 5 s. The other
+        # cases' runs run 4 s: with 2.5 s, under that load the second run on the machine to be lost
+        # started 2 s after the first, which then ended before the machine went ("busy" failed).
+        sleep = 5.0 if when == "partition" else 4.0
         config = make_config(root, [{"i": list(range(8))}], global_config={"journal": str(journal), "sleep": sleep})
         config["scheduler_config"].update(
             gpu=["0", "1", "2", "3"], backend="ray", lease_interval=0.5, grace_period=0.5, node_failure_retries=10

@@ -316,8 +316,13 @@ async function drawCharts(now) {
   const over = $("curve-over").value.trim();
   const names = [...state.ticked];
   if (metric && names.length && (now || state.tick % 5 === 0)) {
+    // Each change (a box ticked, a field edited) asks again, and the answers may come back out of
+    // order: only the latest question's answer is drawn (an earlier one, slower, drew the means of
+    // runs no longer ticked over the ones asked for).
+    const asked = (state.curvesAsked = (state.curvesAsked || 0) + 1);
     try {
       const data = await get("/api/curves", { metric, names: names.join("\n"), over });
+      if (asked !== state.curvesAsked) return;
       if (data.groups) drawGroups(data, by); else drawCurves(data, by);
     } catch (error) { showError(error); }
   } else if (!names.length) {

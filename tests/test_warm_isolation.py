@@ -484,3 +484,23 @@ def test_a_run_that_closed_its_descriptors_still_ends_with_its_killed_scheduler(
         wait_until(lambda: _state(run) in (None, "Z"), timeout=20, message="the run to end with its scheduler")
     finally:
         (in_tmp / "go").touch()
+
+
+def test_a_warm_process_that_dies_of_its_imports_is_not_started_again_at_every_start(in_tmp, monkeypatch):
+    """A learned module that takes the warm process down as it is imported (here: only there): the
+    warm process with it dies, and is not started again for each later run (each would die too)."""
+    site = in_tmp / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "kills_warm.py").write_text("import os\nif os.environ.get('GTS_WARM'):\n    os._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    _script(
+        in_tmp,
+        "imports.py",
+        "import sys\nfrom gpu_task_scheduler import report\nimport kills_warm\nreport(1, loss=1.0)\n",
+    )
+    config = make_config(in_tmp / "r", [{"i": list(range(6))}], prewarm={"imports": ["decimal"]})
+    config["command"] = [sys.executable, "imports.py", "{i}"]
+    assert GPUTaskScheduler(config).start().ok
+    log = (in_tmp / "r" / "scheduler.log").read_text()
+    assert log.count("warm starts: a warm process with the") == 1, log
+    assert "a warm process with more imports was refused (it died)" in log

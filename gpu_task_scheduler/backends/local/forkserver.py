@@ -519,7 +519,9 @@ def _watch_lifeline() -> None:
     except (OSError, AttributeError):
         return
     if parent >= 0:
-        select.select([parent], [], [])
+        watch = select.poll()  # not select(): a descriptor above 1023 is beyond it
+        watch.register(parent, select.POLLIN)
+        watch.poll()
     with _Run.lock:
         _end_unless_ended()
 

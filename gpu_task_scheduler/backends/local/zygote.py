@@ -389,11 +389,13 @@ class WarmStarts:
             self._current, self._next = self._next, None
             self._refresh()  # modules learned while it warmed
         elif self._next is not None and (self._next.dead or self._next.refused):
-            if not self._exclude(self._next):
+            excluded = self._exclude(self._next)
+            if not excluded:
                 self._say(f"a warm process with more imports was refused ({self._next.refused or 'it died'})")
             self._drop(self._next)
             self._next = None
-            self._refresh()
+            if excluded:  # one without what changed the process (not again one that died: it would again)
+                self._refresh()
         if self._current is None or self._current.dead:
             self._drop(self._current)
             self._current = None

@@ -812,18 +812,26 @@ def test_a_run_stopped_at_slurms_time_limit_is_recorded_timed_out(tmp_path, monk
     assert classify(facts).status is RunStatus.TIMED_OUT
 
 
+@pytest.mark.parametrize("returncode", [1, 0])
 @pytest.mark.parametrize(
     "state, lost",
     [("PREEMPTED", True), ("REQUEUED", True), ("NODE_FAIL", True), ("FAILED", False), (None, False)],
 )
-def test_a_failed_end_is_checked_against_squeue_before_it_is_recorded(tmp_path, monkeypatch, state, lost):
-    """A run that failed while its supervisor saw no signal: Slurm may have killed it (a requeue
-    reaches the run before its supervisor). Its end is held until squeue says: Slurm's doing is a
-    loss (the run runs again), anything else the run's own failure."""
+def test_an_end_with_no_signal_seen_is_checked_against_squeue_before_it_is_recorded(
+    tmp_path, monkeypatch, state, lost, returncode
+):
+    """A run that ended while its supervisor saw no signal: Slurm may have taken it down (a requeue
+    reaches the run before its supervisor). A failure may be of Slurm's kill, and a success of a run
+    that saved on SIGTERM and exited 0. Its end is held until squeue says: Slurm's doing is a loss
+    (the run runs again, a success it recorded set aside), anything else the run's own end."""
     squeue = {"7_0": commands.TaskState("RUNNING", "n1", "None")}
     launcher, handle, ended, events = _followed(tmp_path, monkeypatch, squeue)
+    outcome = os.path.join(tmp_path, "r", "seconds-1,", ".gts", "outcome.json")
+    if returncode == 0:
+        with open(outcome, "w") as out:
+            json.dump({"status": "succeeded", "token": "token0", "result": 1}, out)
     (events / "token0.0.end").write_text(
-        json.dumps({"returncode": 1, "strays": [], "unstoppable": [], "incarnation": 0})
+        json.dumps({"returncode": returncode, "strays": [], "unstoppable": [], "incarnation": 0})
     )
     launcher._read_events()
     assert not ended.is_set()  # held: squeue has not been asked since
@@ -834,7 +842,9 @@ def test_a_failed_end_is_checked_against_squeue_before_it_is_recorded(tmp_path, 
         launcher._look()
     assert ended.wait(10)
     result = handle.reap()
-    assert (result.lost is not None) is lost and (result.returncode == 1) is (not lost)
+    assert (result.lost is not None) is lost and (result.returncode == returncode) is (not lost)
+    if returncode == 0:
+        assert os.path.exists(outcome) is not lost and os.path.exists(outcome + ".cut-short") is lost
 
 
 def test_a_given_up_attempt_ends_only_once_its_lease_is_over(tmp_path, monkeypatch):

@@ -588,12 +588,32 @@ class ResumingCurveTask(GPUTask):
                 with open(saved + ".new", "w") as handle:
                     handle.write(str(step))
                 os.replace(saved + ".new", saved)
+                self._freeze_the_scheduler(step)
                 self.report(step, **self.metrics(step))
         except Paused:
             journal(self._config, "paused", self._work_dir)
             raise
         journal(self._config, "end", self._work_dir)
         return {"loss": curve_value(self._config, self._config["steps"])}
+
+    def _freeze_the_scheduler(self, step):
+        """``config["freeze_at"]``: the sweep's first run to reach that step (on its first attempt)
+        stops the scheduler (SIGSTOP; its pid in the file ``config["scheduler_pid"]``, waited for)
+        before it reports there, and names itself in ``<that file>.frozen``: a test kills the
+        scheduler between a report at a rung and its decision."""
+        if self._config.get("freeze_at") != step or self.resume_step is not None:
+            return
+        pid_file = self._config["scheduler_pid"]
+        try:
+            fd = os.open(pid_file + ".frozen", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return  # another run (or an earlier start) did
+        os.write(fd, os.path.basename(self._work_dir).encode())
+        os.close(fd)
+        while not os.path.exists(pid_file):
+            time.sleep(0.01)
+        with open(pid_file) as handle:
+            os.kill(int(handle.read()), signal.SIGSTOP)
 
 
 class CatchPausedTask(GPUTask):

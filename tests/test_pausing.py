@@ -557,6 +557,65 @@ def test_sigkill_at_random_moments_repeats_no_reported_step_and_tells_each_rung_
     assert "Sweep summary: 0 succeeded, 0 failed, 9 skipped" in finish(again, timeout=60)
 
 
+@pytest.mark.parametrize("prewarm", [True, False], ids=["warm", "cold"])
+def test_a_report_at_a_rung_its_scheduler_was_killed_before_judging_is_judged_before_the_run_starts_again(
+    in_tmp, no_leaked_processes, prewarm
+):
+    """The scheduler is killed between a run's report at a rung and its decision there (the run
+    waits in report() for it). The next start resumes the run from that step, where report() waits
+    at no rung: were the report judged once the run started again, the pause would come after the
+    run had trained on past it (a LightGBM run trains its next 30 rounds in less than a second; seen
+    under load, a run paused at round 10 trained to 40). It is judged before the run starts: paused
+    there, it does not start, and the sweep ends as one never killed does, step for step."""
+    early_stop = {**PROMOTION, "min_step": 3, "max_step": 9}
+    grid = [{"start": [1.0], "floor": [0.1, 0.3, 0.5], "decay": [0.8]}]
+
+    def config(root):
+        extra = {"steps": 9, "pause": 0, "freeze_at": 3, "scheduler_pid": f"{root}.pid"}
+        swept = {**_sweep(root, early_stop, slots=("cpu",), **extra), "test_config": grid}
+        swept["scheduler_config"]["prewarm"] = prewarm
+        return swept
+
+    once = in_tmp / "once"
+    open(f"{once}.pid.frozen", "w").close()  # never frozen
+    scheduler = launch(config(once), "ResumingCurveTask")
+    assert scheduler.wait(timeout=120) == 0, finish(scheduler)
+    finish(scheduler)
+    expected = {name: row["status"] for name, row in ledger_rows(once).items()}
+    assert sorted(expected.values()) == ["paused", "paused", "succeeded"]
+
+    root = in_tmp / "r"
+    scheduler = launch(config(root), "ResumingCurveTask")
+    try:
+        with open(f"{root}.pid.new", "w") as handle:
+            handle.write(str(scheduler.pid))
+        os.replace(f"{root}.pid.new", f"{root}.pid")
+
+        def reported_at_the_rung():
+            if not os.path.exists(f"{root}.pid.frozen"):
+                return None
+            metrics = root / open(f"{root}.pid.frozen").read() / ".gts" / "metrics.jsonl"
+            return metrics.exists() and '"step": 3,' in metrics.read_text()
+
+        wait_until(reported_at_the_rung, timeout=60, message="the first run to report at its rung")
+    finally:
+        scheduler.kill()  # stopped (SIGSTOP) since before that report: it never judged it
+        finish(scheduler)
+    wait_until(lambda: not marked_pids(no_leaked_processes), timeout=10, message="the run to end with its scheduler")
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:
+        assert not db.execute("SELECT 1 FROM trial_events WHERE kind = 'rung'").fetchall()  # never judged
+    again = launch(config(root), "ResumingCurveTask")
+    output = finish(again, timeout=120)
+    assert again.returncode == 0, output
+    assert {name: row["status"] for name, row in ledger_rows(root).items()} == expected, output
+
+    def trained(journal):  # each run's steps and where each attempt went on from
+        return {run: [e for e in events if e.startswith(("step", "resume"))] for run, events in _steps(journal).items()}
+
+    assert trained(root) == trained(once), output
+    assert f"{open(f'{root}.pid.frozen').read()}: its report at step 3 was never judged" in output, output
+
+
 def test_damaged_trial_events_a_huge_bracket_or_a_name_out_of_the_root_are_left_out_with_a_message(in_tmp, caplog):
     """A ``began`` event with a bracket of 10**12 once made brackets for ever at every start (and in
     ``--dry-run``), deaf to Ctrl-C; an event naming ``../victim`` made the methods treat a folder

@@ -11,6 +11,8 @@ so that a start after a kill -9 goes on with the decisions the one before it mad
 * ``ended`` is written with the run's end; a run the ledger says is done is told ended again at the
   next start, so an end lost to a kill is not lost to the method;
 * ``closed``: the sweep had no more new configurations, which Hyperband's brackets wait for.
+* a report at a rung that a kill left unjudged (the run waited in ``report()`` for the decision) is
+  told when the next start begins, before anything runs (:meth:`Pauses._catch_up`).
 
 A paused run holds no slot: its process ended, its checkpoint folder stays. The engine asks
 :meth:`Pauses.owed` whenever a slot is free, and resumes what it names before it starts anything
@@ -54,8 +56,10 @@ from typing import Any, NamedTuple
 from ..records import checkpoints
 from ..records.ledger import Ledger
 from ..records.ledger.trials import TrialEvent, paused_cause, value_words
+from ..records.metrics import run_points
 from ..records.paths import RunPaths, UnsafePathError, name_problem
 from ..records.resume import go_on_from
+from ..records.status import RunStatus
 from ..sweep.expand import RunSpec, Sweep
 from ..tuning.base import CONTINUE, PAUSE
 from ..tuning.methods import Method, method_for
@@ -70,6 +74,17 @@ KEYS_META = "trial_method_keys"  # the ledger's meta key for the keys of the met
 
 
 COPYING = "copying"  # a top member's snapshot is being copied: its decision is recorded once it is whole
+
+
+class _Told(NamedTuple):
+    """A value told to a run's method at a rung: the method, the rung, its decision there, the value
+    the ledger's column records (the first objective's) and the event's detail."""
+
+    method: Method
+    rung: float
+    decision: str
+    first: float
+    detail: dict[str, Any]
 
 
 class _Copying(NamedTuple):
@@ -141,6 +156,8 @@ class Pauses:
             ledger.forget_trials()
         if not afresh:
             self._replay()
+            if root and not read_only:
+                self._catch_up()
         if self._methods and not read_only and recorded != keys:
             ledger.set_meta(KEYS_META, keys)
         if root and not read_only:
@@ -317,20 +334,12 @@ class Pauses:
         written to the ledger, not committed), or None when the step is at no new rung of it.
         ``late``: an earlier attempt's report, told after the run went on past it (recorded so: a
         replay decides the same)."""
-        method = self._methods.get(spec.stage)
-        if method is None or spec.name not in self._stage_of or spec.name in self._ended:
+        told = self._tell(spec.stage, spec.name, step, value, late=late)
+        if told is None:
             return None
-        rung = method.rung_reached(spec.name, step)
-        if rung is None:
-            return None
-        decision = method.report(spec.name, rung, tuple(value) if isinstance(value, list) else value, step, late=late)
-        detail: dict[str, Any] = {}
-        told = value
-        if isinstance(value, list):  # several objectives: each one's (the value column holds the first)
-            detail["objectives"] = dict(zip(self._rules[spec.stage].metrics, value, strict=True))
-            value = value[0]
+        method, rung, decision, first, detail = told
         if isinstance(method, Pbt) and decision in SNAPSHOTS and not self._read_only:
-            self._copy(spec, method, rung, step, (value, told), decision, detail)
+            self._copy(spec, method, rung, step, (first, value), decision, detail)
             return rung, COPYING
         if isinstance(method, Pbt):
             exploit = method.exploit_of(spec.name)
@@ -338,16 +347,87 @@ class Pauses:
                 detail.update(donor=exploit.donor, step=exploit.step, values=exploit.values, changed=exploit.changed)
             if late:
                 detail["late"] = True
-        self._record_rung(spec, rung, step, value, decision, detail)
+        self._record_rung(spec.stage, spec.name, rung, step, first, decision, detail)
         return rung, decision
 
+    def _tell(
+        self, stage: str | None, name: str, step: float, value: float | list[float], *, late: bool
+    ) -> _Told | None:
+        """``value`` at ``step`` told to ``name``'s method, if it is at a new rung of it."""
+        method = self._methods.get(stage)
+        if method is None or name not in self._stage_of or name in self._ended:
+            return None
+        rung = method.rung_reached(name, step)
+        if rung is None:
+            return None
+        decision = method.report(name, rung, tuple(value) if isinstance(value, list) else value, step, late=late)
+        if not isinstance(value, list):
+            return _Told(method, rung, decision, value, {})
+        # several objectives: each one's (the value column holds the first)
+        return _Told(
+            method, rung, decision, value[0], {"objectives": dict(zip(self._rules[stage].metrics, value, strict=True))}
+        )
+
+    def _catch_up(self) -> None:
+        """The runs a killed scheduler left interrupted while they waited at a rung for its decision
+        (it was killed between their report there and the decision): their reports are told now, in
+        the order the runs began, before anything starts. Told once a run started again, the decision
+        would come after it trained on past the rung (a resumed attempt waits at no rung it goes on
+        from: a LightGBM run trains its next 30 rounds in less than a second; seen under load, a run
+        to be paused at round 10 trained to 40). A run paused so is recorded paused, committed.
+        Population-based training is not caught up here: its decisions at an interval (a snapshot
+        of the member's checkpoint, an exploit) are made once the member runs again, told late."""
+        caught = False
+        for name, stage in list(self._stage_of.items()):
+            method = self._methods[stage]
+            if isinstance(method, Pbt) or name in self._ended or name in method.paused:
+                continue
+            record = self._ledger.get(name)
+            if record is None or record.status is not RunStatus.INTERRUPTED:
+                continue
+            try:
+                paths = RunPaths.recorded(self._root, name)
+            except UnsafePathError:
+                continue
+            if paths.unsafe(records_only=True) is not None:
+                continue
+            rule = self._rules[stage]
+            for step, metrics in run_points(paths):
+                value = rule.value_in(metrics)
+                told = None if value is None else self._tell(stage, name, step, value, late=False)
+                if told is None:
+                    continue
+                _, rung, decision, first, detail = told
+                self._record_rung(stage, name, rung, step, first, decision, detail)
+                caught = True
+                went_on = decision == CONTINUE
+                logger.info(
+                    "%s: its report at step %g was never judged (its scheduler stopped first): judged now, %s",
+                    name,
+                    step,
+                    "it goes on from there" if went_on else "it is paused there, and resumes if it is promoted",
+                )
+                if not went_on:
+                    cause = self.pause_cause(name, rung, value)
+                    self._ledger.finish(name, RunStatus.PAUSED, cause=cause, ended_at=record.ended_at)
+                    break
+        if caught:
+            self._ledger.commit()
+
     def _record_rung(
-        self, spec: RunSpec, rung: float, step: float, value: float, decision: str, detail: dict[str, Any]
+        self,
+        stage: str | None,
+        name: str,
+        rung: float,
+        step: float,
+        value: float,
+        decision: str,
+        detail: dict[str, Any],
     ) -> None:
         self._ledger.record_trial_event(
             "rung",
-            stage=spec.stage,
-            name=spec.name,
+            stage=stage,
+            name=name,
             rung=rung,
             step=step,
             value=value,
@@ -431,7 +511,7 @@ class Pauses:
                 checkpoints.collect(paths, copying.method.needed_snapshots(name))
             except OSError as error:
                 logger.warning("%s: could not remove its older snapshots (%s)", name, error)
-        self._record_rung(spec, copying.rung, copying.step, copying.value, decision, detail)
+        self._record_rung(spec.stage, spec.name, copying.rung, copying.step, copying.value, decision, detail)
         ends, self._ends_after_copy = self._ends_after_copy, []
         for ended in ends:
             self.ended(ended)

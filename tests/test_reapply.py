@@ -264,6 +264,12 @@ def test_a_schedules_own_settings_are_the_members_after_a_copy():
     assert scheduler.eta_min == 0.01
     changes = reapply(fresh, [optimizer], [scheduler])
     assert scheduler.eta_min == 0.001 and Change(name="eta_min", restored=0.01, fresh=0.001) in changes
-    own = built(0.05, floor(0.001))
+    own = built(0.05, floor(0.001))  # the member resumed from its own checkpoint: nothing changes
     trained(*own, COPIED_AT)
-    assert reapply(capture([own[1]], [own[2]]), [own[1]], [own[2]]) == []  # its own: nothing changes
+    _, optimizer, scheduler = built(0.05, floor(0.001))
+    fresh = capture([optimizer], [scheduler])
+    optimizer.load_state_dict(own[1].state_dict())
+    scheduler.load_state_dict(own[2].state_dict())
+    rate = optimizer.param_groups[0]["lr"]
+    assert reapply(fresh, [optimizer], [scheduler]) == []
+    assert scheduler.eta_min == 0.001 and optimizer.param_groups[0]["lr"] == rate == own[1].param_groups[0]["lr"]

@@ -143,6 +143,39 @@ def test_a_helper_the_run_forks_never_records_the_runs_success(in_tmp, no_leaked
         assert not (root / "i-0," / ".gts" / "outcome.json").exists(), prewarm
 
 
+@pytest.mark.parametrize(
+    "how",
+    [["fails.py"], ["-m", "fails"], ["-c", "import fails"], ["hooked.py"]],
+    ids=["script", "module", "code", "own-hook"],
+)
+def test_a_script_that_fails_logs_the_traceback_a_cold_start_logs(in_tmp, how, no_leaked_processes):
+    """An exception nothing caught: the run's log holds what a cold start's holds, its traceback
+    from the script's first frame (``-m``: runpy's), or what the script's own excepthook printed;
+    exit status 1. (Warm, six of the warm process's frames came first, as if gts had crashed.)"""
+    _script(in_tmp, "fails.py", "import os\n\ndef load():\n    import no_such_module_anywhere\n\nload()\n")
+    _script(
+        in_tmp,
+        "hooked.py",
+        "import sys\n"
+        "sys.excepthook = lambda kind, error, tb: print('hook', kind.__name__, tb.tb_frame.f_code.co_filename)\n"
+        "raise OSError(2)\n",
+    )
+    logs = {}
+    for prewarm in (False, True):
+        root = in_tmp / f"r-{prewarm}"
+        config = make_config(root, [{"i": [0]}], prewarm=prewarm)
+        config["command"] = [sys.executable, *how]
+        assert not GPUTaskScheduler(config).start().ok
+        row = ledger_rows(root)["i-0,"]
+        assert row["status"] == "failed" and row["exit_code"] == 1, (prewarm, row)
+        logs[prewarm] = (root / "i-0," / "worker.log").read_text()
+    assert logs[True] == logs[False]
+    assert "gpu_task_scheduler" not in logs[True] and ("hook OSError" in logs[True]) == (how == ["hooked.py"])
+    if how != ["hooked.py"]:  # from the script's first frame (-m: runpy's, as a cold start's)
+        first = logs[True].splitlines()[1]
+        assert first.startswith('  File "<frozen runpy>"' if how[0] == "-m" else "  File"), logs[True]
+
+
 class _ForkingTask(GPUTask):
     """main() forks a helper that returns from main() too (through the runner), then fails."""
 

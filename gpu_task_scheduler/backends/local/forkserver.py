@@ -377,13 +377,53 @@ def _run(start: Any) -> None:
     except SystemExit as error:
         _Run.code = error.code
         raise
-    except BaseException:
+    except KeyboardInterrupt:  # the interpreter ends the process by SIGINT after it printed it
         _Run.code = 1
         raise
+    except BaseException as error:
+        # What the interpreter does with an exception nothing caught, with the run's frames only: a
+        # cold start's traceback begins at the script (before, six of the warm process's frames
+        # came first, and the log read as if gts had crashed). Then exit status 1, as there.
+        _Run.code = 1
+        _print_uncaught(error)
+        raise SystemExit(1) from None
     else:
         _Run.code = 0
     finally:
         _Run.ended = True
+
+
+# The files of the warm process's own frames above a forked run's: its ``-c`` bootstrap's first
+# frame, the runner's main and this module.
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "runner.py"))
+
+
+def run_frames(traceback: Any) -> Any:
+    """``traceback`` without the warm process's frames that precede the run's: from the script's
+    first frame (``-m``: runpy's, as in a cold start; ``-c``: the code's own ``<string>``)."""
+    entry, first = traceback, True
+    while entry is not None:
+        filename = entry.tb_frame.f_code.co_filename
+        if filename not in _OWN_FILES and not (first and filename == "<string>"):
+            return entry
+        entry, first = entry.tb_next, False
+    return traceback
+
+
+def _print_uncaught(error: BaseException) -> None:
+    """``error`` given to ``sys.excepthook`` (the script's, if it set one) as the interpreter gives
+    an uncaught exception; a hook that fails is said, and the exception printed, as there."""
+    kind, traceback = type(error), run_frames(error.__traceback__)
+    error.with_traceback(traceback)  # what the hook prints (the interpreter's prints the exception's own)
+    try:
+        sys.excepthook(kind, error, traceback)
+    except BaseException as failed:  # noqa: BLE001 - the interpreter says any failure of the hook
+        print("Error in sys.excepthook:", file=sys.stderr)
+        sys.__excepthook__(type(failed), failed, failed.__traceback__)
+        print("\nOriginal exception was:", file=sys.stderr)
+        sys.__excepthook__(kind, error, traceback)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
 
 
 def _place_descriptors(request: dict[str, Any], *, blocking: bool = False) -> None:

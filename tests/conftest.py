@@ -55,6 +55,7 @@ QUICK = {
     "test_retry_command.py",
     "test_scheduler.py",
     "test_shell_template.py",
+    "test_source_imports.py",
     "test_stages.py",
     "test_stop_command.py",
     "test_stopping_and_output.py",

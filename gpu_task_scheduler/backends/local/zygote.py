@@ -16,6 +16,10 @@ refused to be forked from (a thread, a GPU driver), or one that is not ready yet
 What the warm process imports:
 
 * what ``prewarm: {imports: [...]}`` names, from the start;
+* what the run's script (``-m`` module, ``-c`` code, GPUTask module) imports whenever it runs, read
+  from its source without running it (``sourceimports.py``), at its first start: the first warm
+  process has the libraries the first run trains with, and the first run waits for it (a cold
+  start would import the same, no sooner);
 * what the sweep's forked runs imported of the standard library and installed packages, learned at each one's first
   ``report()`` and at its end (its ``.gts/imports.json``). When a run imported modules the warm process lacks, a new
   warm process with all of them is started beside it; it replaces the old one once it is ready
@@ -63,7 +67,12 @@ from .reaper import Reaper
 
 logger = logging.getLogger("gpu_task_scheduler")
 
-READY_WAIT = 15.0  # seconds the first start waits for the first warm process (the runner's imports)
+# Seconds the first start waits for the first warm process, at most. It imports what the runs
+# import (their scripts' own imports, read from their source, those learned before, prewarm's), which
+# a cold start would import as well, and no slower: waiting is sooner than starting cold (measured,
+# torch and Lightning took 17 s to import on a busy machine, past the 15 s this was, and the first
+# runs then started cold and imported them again, beside it).
+READY_WAIT = 120.0
 FORK_WAIT = 10.0  # seconds a start waits for the warm process's answer (two forks)
 
 
@@ -306,6 +315,7 @@ class WarmStarts:
         self._said: set[str] = set()
         self._first = True
         self._running: dict[str, RunPaths] = {}  # forked runs not heard from yet: their imports file
+        self._read: set[str] = set()  # the scripts (with their mtime) and -c codes whose imports were read
 
     def _say(self, why: str) -> None:
         if why not in self._said:
@@ -347,6 +357,7 @@ class WarmStarts:
             # environment (its required_env), as a cold runner imports it.
             module = launch.preload.module if launch.preload is not None else None
             kind = {"runner": launch.spec_file, "exclude": [module] if module else []}
+        self._read_source(launch, kind.get("argv"))
         self._recall(paths)
         warm = self._warm(shared_env(launch.env), launch.cwd)
         if warm is None:
@@ -412,6 +423,12 @@ class WarmStarts:
             self._say(f"its environment differs from the warm process's in {name}{said}")
             return None
         wait, self._first = (self._ready_wait if self._first else 0.0), False
+        if wait and not current.check():
+            logger.info(
+                "warm starts: the first run waits for the warm process, which imports %d module(s) it would import "
+                "itself if it started cold",
+                len(current.imports),
+            )
         if not current.check(wait, self._interrupt):
             self._say(current.refused or "the warm process is not ready yet")
             if self._exclude(current):  # one without what changed the process is started now
@@ -461,6 +478,49 @@ class WarmStarts:
         new = [name for name in names if name not in known and self._wanted(name)]
         if not new or self._current is None:
             return
+        self._imports.extend(new)
+        self._refresh()
+
+    def _read_source(self, launch: Launch, argv: list[str] | None) -> None:
+        """What the run's script (a GPUTask's module) imports, read from its source without running
+        it (``sourceimports.py``), once per file: the warm process imports it before any run has
+        ended, so that the first runs are forked warm too (they started cold, or imported their
+        libraries themselves, while the warm process learned them from their ends)."""
+        from . import sourceimports
+
+        base = [folder for folder in sys.path[1:] if folder]  # the warm process's (a cold start's, less its first)
+        code = file = None
+        search = [launch.cwd, *base]
+        if argv is not None and argv[0] == "-c":
+            code = argv[1]
+        elif argv is not None and argv[0] == "-m":
+            file = sourceimports.module_file(argv[1], search)
+        elif argv is not None:
+            file = os.path.join(launch.cwd, argv[0])
+            search = [os.path.dirname(os.path.abspath(file)), *base]
+        elif launch.preload is not None:
+            search = [folder or launch.cwd for folder in launch.preload.sys_path] or search
+            module = launch.preload.module
+            file = launch.preload.main_file or (sourceimports.module_file(module, search) if module else None)
+        try:
+            key = code if code is not None else f"{file}:{os.stat(file).st_mtime_ns}" if file is not None else None
+        except OSError:
+            key = None
+        if key is None or key in self._read:
+            return
+        self._read.add(key)
+        if code is not None:
+            found, what = sourceimports.code_imports(code, search), "the code it runs"
+        else:
+            assert file is not None
+            found, what = sourceimports.imports_of(file, search), os.path.basename(file)
+        known = set(self._imports)
+        new = [name for name in found if name not in known and self._wanted(name)]
+        if not new:
+            return
+        libraries = sorted(new, key=lambda name: name.split(".")[0] in sys.stdlib_module_names)  # the libraries first
+        shown = ", ".join(libraries[:8]) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
+        logger.info("warm starts: %s imports %s (read from its source): the warm process imports them too", what, shown)
         self._imports.extend(new)
         self._refresh()
 

@@ -87,8 +87,11 @@ def _dry_run(sweep: Any) -> int:
     listed_all = size <= DRY_LISTED
     last: collections.deque[str] = collections.deque(maxlen=DRY_ENDS)
     decided = 0
+    to_run: list[Any] = []  # the first ones: how they start (warm or cold) is said below
     for spec, decision in itertools.islice(plan(sweep), DRY_DECIDED):
         decided += 1
+        if decision.action == "run" and len(to_run) < DRY_ENDS * 10:
+            to_run.append(spec)
         kind = decision.label.split(" ")[0]
         counts[kind] = counts.get(kind, 0) + 1
         waits = ""
@@ -126,13 +129,14 @@ def _dry_run(sweep: Any) -> int:
     _say_order_matters(sweep)
     _say_what_decides(sweep)
     _say_what_slurm_gets(sweep, counts.get("run", 0))
-    _say_how_runs_start(sweep)
+    _say_how_runs_start(sweep, to_run)
     _say_who_runs(sweep.options.result_root_folder)
     return EXIT_OK
 
 
-def _say_how_runs_start(sweep: Any) -> None:
-    """Whether a local sweep's Python command is forked warm (backends/local/zygote.py), or why not."""
+def _say_how_runs_start(sweep: Any, to_run: list[Any]) -> None:
+    """Whether a local sweep's Python command is forked warm (backends/local/zygote.py), or why not,
+    for the runs a start would run (``to_run``, their specs), each command as it would be run."""
     command = sweep.command
     if sweep.options.backend != "local" or not isinstance(command, list) or not command:
         return
@@ -141,15 +145,46 @@ def _say_how_runs_start(sweep: Any) -> None:
     if not sweep.options.prewarm:
         print("warm starts: off (prewarm: false): every run starts a fresh Python")
         return
+    from ...backends.local import sourceimports
+    from ...backends.local.tasks import CommandTask
     from ...backends.local.zygote import script_argv
+    from ...sweep.commands import check_template
 
-    argv, why = script_argv([str(part) for part in command], dict(os.environ), os.getcwd())
-    if argv is None:
-        print(f"warm starts: the runs start cold: {why}")
+    parts = check_template(command, sweep.keys(), shell=False)
+    cold: dict[str, int] = {}
+    imports: list[str] = list(sweep.options.warm_imports)
+    read: set[str] = set()
+    base = [folder for folder in sys.path[1:] if folder]
+    for spec in to_run[: DRY_ENDS * 10]:
+        task = CommandTask(spec.config, spec.work_dir, parts=parts, run_name=spec.name, run_index=spec.index)
+        argv, why = script_argv(task.direct_command("")[0], dict(os.environ), os.getcwd())
+        if argv is None:
+            cold[why] = cold.get(why, 0) + 1
+            continue
+        script = argv[1] if argv[0] in ("-m", "-c") else os.path.abspath(argv[0])
+        if script in read:
+            continue
+        read.add(script)
+        if argv[0] == "-c":
+            found = sourceimports.code_imports(argv[1], [os.getcwd(), *base])
+        elif argv[0] == "-m":
+            file = sourceimports.module_file(argv[1], [os.getcwd(), *base])
+            found = sourceimports.imports_of(file, [os.getcwd(), *base]) if file is not None else []
+        else:
+            found = sourceimports.script_imports(script, base)
+        imports += [name for name in found if name not in imports]
+    looked = to_run[: DRY_ENDS * 10]
+    for why, count in cold.items():
+        print(f"warm starts: {count} of the {len(looked)} run(s) looked at start cold: {why}")
+    if looked and sum(cold.values()) == len(looked):
         return
-    given = sweep.options.warm_imports
-    imports = f"{', '.join(given)} and what the runs import" if given else "what the first runs import"
-    print(f"warm starts: each run is forked from a warm process that imports {imports} (prewarm: false: cold)")
+    libraries = sorted(imports, key=lambda name: name.split(".")[0] in sys.stdlib_module_names)  # libraries first
+    shown = ", ".join(libraries[:8]) + (f" and {len(libraries) - 8} more" if len(libraries) > 8 else "")
+    what = f"{shown} (prewarm's, and the scripts' own read from their source), then" if shown else ""
+    print(
+        f"warm starts: {'the other runs are' if cold else 'each run is'} forked from a warm process that imports "
+        f"{what} what the runs are seen to import; the first run waits for it (prewarm: false: every run cold)"
+    )
 
 
 def _say_what_decides(sweep: Any) -> None:

@@ -1,5 +1,6 @@
 import contextlib
 import os
+import signal
 import socketserver
 import sys
 import threading
@@ -25,6 +26,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("
 # machines): 0.1 s more for each start of the scheduler's modules, minutes over the suite.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# The suite runs as from a terminal, whatever started it: under `nohup`, or as a background job of a
+# shell without job control, SIGHUP or SIGINT comes ignored and every process started inherits it;
+# a sweep leaves an ignored signal ignored (engine/hooks.StopSignals), and the tests that stop one
+# with it would fail.
+for _signum in (signal.SIGHUP, signal.SIGQUIT):
+    if signal.getsignal(_signum) is signal.SIG_IGN:
+        signal.signal(_signum, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Imported only by runs on a machine with PyTorch (test_real_gpu.py), or run as scripts by sweeps
 # of the framework tests (test_integration_sweeps.py): not modules to collect (each imports its

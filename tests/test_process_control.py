@@ -26,9 +26,12 @@ SCRIPT = textwrap.dedent(f"""
 """)
 
 
-def launch(config, task="BlockTask"):
+def launch(config, task="BlockTask", **popen):
     return subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, json.dumps(config), task], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-c", SCRIPT, json.dumps(config), task],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **popen,
     )
 
 

@@ -35,6 +35,23 @@ def test_sighup_stops_the_sweep_gracefully(in_tmp, no_leaked_processes):
     assert "interrupted by SIGHUP" in output
 
 
+def test_a_sweep_started_with_sighup_ignored_outlives_it(in_tmp, no_leaked_processes):
+    """``nohup``: SIGHUP comes ignored, and stays so (the sweep took it over, and stopped when the
+    terminal closed); SIGTERM still stops it, gracefully."""
+    root = in_tmp / "r"
+    ignored = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731 - as nohup starts it
+    scheduler = launch(make_config(root, [{"a": [1]}], grace_period=5), "BlockTask", preexec_fn=ignored)
+    wait_until(lambda: started(root, "a-1,"), message="the run to start")
+    scheduler.send_signal(signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        scheduler.wait(timeout=2)  # nothing that could be waited on would say it did not stop
+    assert ledger_rows(root)["a-1,"]["status"] == "running"
+    scheduler.send_signal(signal.SIGTERM)
+    output = finish(scheduler)
+    assert scheduler.returncode == -signal.SIGTERM, output
+    assert ledger_rows(root)["a-1,"]["status"] == "interrupted" and "SIGHUP" not in output, output
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_gts_run_exits_130_when_stopped(in_tmp, signum):
     (in_tmp / "s.yaml").write_text(

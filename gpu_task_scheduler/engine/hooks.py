@@ -197,7 +197,11 @@ class Inbox:
 
 
 class StopSignals:
-    """While active (in the main thread), SIGINT, SIGTERM and SIGHUP (or ``signals``) only post an event."""
+    """While active (in the main thread), SIGINT, SIGTERM and SIGHUP (or ``signals``) only post an event.
+
+    A signal the process was started with ignored stays ignored: ``nohup gts run ...`` (SIGHUP), a
+    background job of a shell without job control (SIGINT). The user asked for the sweep to outlive
+    the terminal; taking SIGHUP over stopped it when the terminal closed."""
 
     def __init__(self, inbox: Inbox, signals: Sequence[int] = STOP_SIGNALS) -> None:
         self._inbox = inbox
@@ -215,7 +219,8 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in self._signals:
-                self._previous[signum] = signal.signal(signum, self._handler)
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._handler)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -176,6 +176,65 @@ def test_a_script_that_fails_logs_the_traceback_a_cold_start_logs(in_tmp, how, n
         assert first.startswith('  File "<frozen runpy>"' if how[0] == "-m" else "  File"), logs[True]
 
 
+ENDS = r"""
+import atexit, os, sys, threading, time
+os.chdir(sys.argv[2])
+unclosed = open("unclosed.txt", "w")  # never closed: flushed at the end
+unclosed.write("all of it")
+
+class Held:  # held by a global: released at the end (what it calls kept, as at a cold end builtins go)
+    def __del__(self, open=open):
+        with open("held.txt", "w") as handle:
+            handle.write("released")
+
+held = Held()
+
+class Cycle:  # garbage in a cycle: collected at the end
+    def __del__(self, open=open):
+        with open("cycle.txt", "w") as handle:
+            handle.write("collected")
+
+loop = Cycle()
+loop.me = loop
+del loop
+atexit.register(lambda: open("atexit.txt", "w").write("ran"))
+
+def late():
+    time.sleep(0.2)
+    open("thread.txt", "w").write("joined")
+
+threading.Thread(target=late).start()  # not a daemon: joined before the end
+print("no newline at the end", end="")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 300])
+def test_a_forked_run_ends_as_a_cold_one_does(in_tmp, code, no_leaked_processes):
+    """A forked run's end skips the teardown of what it inherited (seconds of torch's objects), not
+    what a cold end does for the run: its threads joined, its exit handlers, its unclosed files
+    flushed, what its globals held released, its garbage collected, its output flushed, its status."""
+    _script(in_tmp, "ends.py", ENDS)
+    seen = {}
+    for prewarm in (False, True):
+        root = in_tmp / f"r-{prewarm}"
+        config = make_config(root, [{"i": [0]}], prewarm=prewarm)
+        config["command"] = [sys.executable, str(in_tmp / "ends.py"), str(code), "{work_dir}"]
+        GPUTaskScheduler(config).start()
+        run = root / "i-0,"
+        row = ledger_rows(root)["i-0,"]
+        files = {name: (run / name).read_text() for name in os.listdir(run) if name.endswith(".txt")}
+        seen[prewarm] = (row["status"], row["exit_code"], files, (run / "worker.log").read_text())
+    assert seen[True] == seen[False]
+    status, exit_code, files, log = seen[True]
+    assert (status, exit_code) == (("succeeded", 0) if code == 0 else ("failed", 300 & 0xFF)), seen
+    assert files == {"unclosed.txt": "all of it", "held.txt": "released", "cycle.txt": "collected"} | {
+        "atexit.txt": "ran",
+        "thread.txt": "joined",
+    }
+    assert log.startswith("no newline at the end"), log
+
+
 class _ForkingTask(GPUTask):
     """main() forks a helper that returns from main() too (through the runner), then fails."""
 
@@ -355,13 +414,18 @@ def test_one_runs_import_side_effects_never_reach_runs_that_do_not_import_it(in_
     _script(in_tmp, "sees.py", SEES)
     config = make_config(in_tmp / "r", [{"i": [0, 1, 2, 3, 4, 5]}])
     config["command"] = [sys.executable, "sees.py", "{i}"]
-    assert GPUTaskScheduler(config).start().ok
-    seen = _seen(in_tmp / "r")
-    assert seen["i-0,"] == {**seen["i-0,"], "handlers": 1, "prec": 5}
-    for name in list(seen)[1:]:
-        assert seen[name]["handlers"] == 0 and seen[name]["prec"] == 28, (name, seen[name])
-        assert "Zen of Python" not in (in_tmp / "r" / name / "worker.log").read_text(), name
-    assert "Zen of Python" in (in_tmp / "r" / "i-0," / "worker.log").read_text()
+    # Started twice: the second start's first warm process has what the first start's runs imported
+    # (recalled), so it is refused for what they change whatever the timing (the first start's runs
+    # may all end before a warm process with them is ready).
+    for _ in range(2):
+        assert GPUTaskScheduler(config).start().ok
+        config["scheduler_config"]["force_rerun"] = True
+        seen = _seen(in_tmp / "r")
+        assert seen["i-0,"] == {**seen["i-0,"], "handlers": 1, "prec": 5}
+        for name in list(seen)[1:]:
+            assert seen[name]["handlers"] == 0 and seen[name]["prec"] == 28, (name, seen[name])
+            assert "Zen of Python" not in (in_tmp / "r" / name / "worker.log").read_text(), name
+        assert "Zen of Python" in (in_tmp / "r" / "i-0," / "worker.log").read_text()
     log = (in_tmp / "r" / "scheduler.log").read_text()
     assert "warm starts: importing gts_effects changes the root logger's handlers" in log, log
     assert any(run["forked"] for run in seen.values())
@@ -519,21 +583,27 @@ def test_a_run_that_closed_its_descriptors_still_ends_with_its_killed_scheduler(
         (in_tmp / "go").touch()
 
 
-def test_a_warm_process_that_dies_of_its_imports_is_not_started_again_at_every_start(in_tmp, monkeypatch):
-    """A learned module that takes the warm process down as it is imported (here: only there): the
-    warm process with it dies, and is not started again for each later run (each would die too)."""
+@pytest.mark.parametrize("how", ["learned", "read"])
+def test_a_warm_process_that_dies_of_its_imports_is_not_started_again_at_every_start(in_tmp, monkeypatch, how):
+    """A module that takes the warm process down as it is imported (here: only there), learned from
+    the runs (imported in a function) or read from the script: the warm process with it dies, and
+    is not started again for each later run (each would die too); the runs import it themselves."""
     site = in_tmp / "lib" / "site-packages"
     site.mkdir(parents=True)
     (site / "kills_warm.py").write_text("import os\nif os.environ.get('GTS_WARM'):\n    os._exit(3)\n")
     monkeypatch.setenv("PYTHONPATH", str(site))
+    load = "def load():\n    import kills_warm\nload()\n" if how == "learned" else "import kills_warm\n"
     _script(
-        in_tmp,
-        "imports.py",
-        "import sys\nfrom gpu_task_scheduler import report\nimport kills_warm\nreport(1, loss=1.0)\n",
+        in_tmp, "imports.py", "import sys\nfrom gpu_task_scheduler import report\n" + load + "report(1, loss=1.0)\n"
     )
     config = make_config(in_tmp / "r", [{"i": list(range(6))}], prewarm={"imports": ["decimal"]})
     config["command"] = [sys.executable, "imports.py", "{i}"]
     assert GPUTaskScheduler(config).start().ok
     log = (in_tmp / "r" / "scheduler.log").read_text()
-    assert log.count("warm starts: a warm process with the") == 1, log
-    assert "a warm process with more imports was refused (it died)" in log
+    if how == "learned":
+        assert log.count("warm starts: a warm process with the") == 1, log
+        assert "a warm process with more imports was refused (it died)" in log
+    else:  # the first one dies: from then on prewarm's imports only, and the runs are forked from it
+        assert "a warm process died as it imported the" in log, log
+        assert log.count("warm starts: a warm process imported") == 1, log
+        assert "a run starts cold: the warm process died as it imported" in log, log

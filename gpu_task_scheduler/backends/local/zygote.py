@@ -314,6 +314,8 @@ class WarmStarts:
         self._next: WarmProcess | None = None
         self._said: set[str] = set()
         self._first = True
+        self._learning = True  # what the runs import is added (read from their source, learned from them)
+        self._gave_up = False  # a warm process with prewarm's imports only died as it imported them
         self._running: dict[str, RunPaths] = {}  # forked runs not heard from yet: their imports file
         self._read: set[str] = set()  # the scripts (with their mtime) and -c codes whose imports were read
 
@@ -407,6 +409,11 @@ class WarmStarts:
             self._next = None
             if excluded:  # one without what changed the process (not again one that died: it would again)
                 self._refresh()
+        if self._current is not None and self._current.dead and not self._current.ready:
+            self._died_importing(self._current)
+        if self._gave_up:
+            self._say("a warm process died as it imported what prewarm names")
+            return None
         if self._current is None or self._current.dead:
             self._drop(self._current)
             self._current = None
@@ -430,6 +437,15 @@ class WarmStarts:
                 len(current.imports),
             )
         if not current.check(wait, self._interrupt):
+            if current.dead and not current.ready:  # its imports took it down: the next has prewarm's only
+                self._say("the warm process died as it imported")
+                self._died_importing(current)
+                self._drop(current)
+                self._current = None
+                if not self._gave_up:  # the next one warms while this run starts cold
+                    with contextlib.suppress(OSError):
+                        self._current = self._started(env, cwd)
+                return None
             self._say(current.refused or "the warm process is not ready yet")
             if self._exclude(current):  # one without what changed the process is started now
                 self._drop(current)
@@ -438,6 +454,23 @@ class WarmStarts:
                     self._current = self._started(env, cwd)
             return None
         return current
+
+    def _died_importing(self, warm: WarmProcess) -> None:
+        """A warm process that died before it was ready: what it imported took it down (a module that
+        exits or crashes as it is imported, in a process of ours). From now on the sweep's warm
+        processes import prewarm's modules only, and the runs import the rest themselves; one that
+        dies with prewarm's only is not started again (each would die too): the runs start cold."""
+        if set(warm.imports) <= set(self._stated):
+            self._gave_up = True
+            return
+        if self._learning:
+            self._learning = False
+            logger.info(
+                "warm starts: a warm process died as it imported the %d module(s) the runs import; from now on it "
+                "imports what prewarm names only, and the runs import the rest themselves",
+                len(warm.imports),
+            )
+        self._imports = [name for name in self._imports if name in self._stated]
 
     def _started(self, env: dict[str, str], cwd: str) -> WarmProcess:
         return WarmProcess(env, cwd, list(self._imports), self._reaper, self._stated)
@@ -476,7 +509,7 @@ class WarmStarts:
         self._running.pop(paths.meta, None)
         known = set(self._imports)
         new = [name for name in names if name not in known and self._wanted(name)]
-        if not new or self._current is None:
+        if not new or self._current is None or not self._learning:
             return
         self._imports.extend(new)
         self._refresh()
@@ -486,9 +519,13 @@ class WarmStarts:
         it (``sourceimports.py``), once per file: the warm process imports it before any run has
         ended, so that the first runs are forked warm too (they started cold, or imported their
         libraries themselves, while the warm process learned them from their ends)."""
+        if not self._learning:
+            return
         from . import sourceimports
 
-        base = [folder for folder in sys.path[1:] if folder]  # the warm process's (a cold start's, less its first)
+        # The run's sys.path, less its first: its PYTHONPATH, then the interpreter's own folders
+        given = [folder for folder in launch.env.get("PYTHONPATH", "").split(os.pathsep) if folder]
+        base = [*given, *(folder for folder in sys.path[1:] if folder and folder not in given)]
         code = file = None
         search = [launch.cwd, *base]
         if argv is not None and argv[0] == "-c":
@@ -536,7 +573,7 @@ class WarmStarts:
             os.unlink(os.path.join(paths.meta, IMPORTS_FILE))  # not behind a link: _imports_of checked
         known = set(self._imports)
         new = [name for name in names if name not in known and self._wanted(name)]
-        if new:
+        if new and self._learning:
             if self._current is None:
                 logger.info("warm starts: %d module(s) the runs imported before are imported ahead", len(new))
             self._imports.extend(new)

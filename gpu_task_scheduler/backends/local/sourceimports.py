@@ -21,6 +21,7 @@ import ast
 import importlib.machinery
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from .forkserver import _installed
 
@@ -42,6 +43,53 @@ def script_imports(path: str, search: Sequence[str]) -> list[str]:
 def code_imports(code: str, search: Sequence[str]) -> list[str]:
     """The same for ``python -c code`` (``search``: the run's ``sys.path``, its working folder first)."""
     return _imports_from([("<string>", code)], search)
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a Python command runs, to be read: a source file, or the code of ``-c``, and the run's
+    ``sys.path`` to resolve its imports on."""
+
+    file: str | None
+    code: str | None
+    search: tuple[str, ...]
+
+    @property
+    def key(self) -> str | None:
+        """Names what is read, once: the code, or the file as it is now (its path and mtime); None
+        when there is nothing to read."""
+        if self.code is not None:
+            return self.code
+        try:
+            return f"{self.file}:{os.stat(self.file).st_mtime_ns}" if self.file is not None else None
+        except OSError:
+            return None
+
+    @property
+    def what(self) -> str:
+        """How the log names it."""
+        return "the code it runs" if self.code is not None else os.path.basename(self.file or "")
+
+    def imports(self) -> list[str]:
+        """The installed modules it imports when it runs (``imports_of``, ``code_imports``)."""
+        if self.code is not None:
+            return code_imports(self.code, self.search)
+        return imports_of(self.file, self.search) if self.file is not None else []
+
+
+def command_source(argv: Sequence[str], cwd: str, base: Sequence[str]) -> Source:
+    """What ``python *argv`` run in ``cwd`` runs (``argv``: the interpreter's arguments after its
+    options, ``zygote.script_argv``'s): ``-c code``, ``-m module`` (found on the working folder, then
+    ``base``), or a script (its folder first on ``sys.path``). ``base``: the run's ``sys.path`` after
+    its first entry (its ``PYTHONPATH``, then the interpreter's folders). The one reading of a command
+    the warm process and ``gts run --dry-run`` share."""
+    search = (cwd, *base)
+    if argv and argv[0] == "-c":
+        return Source(None, argv[1], search)
+    if argv and argv[0] == "-m":
+        return Source(module_file(argv[1], search), None, search)
+    file = os.path.join(cwd, argv[0])
+    return Source(file, None, (os.path.dirname(os.path.abspath(file)), *base))
 
 
 def module_file(name: str, search: Sequence[str]) -> str | None:

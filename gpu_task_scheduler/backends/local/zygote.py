@@ -526,31 +526,20 @@ class WarmStarts:
         # The run's sys.path, less its first: its PYTHONPATH, then the interpreter's own folders
         given = [folder for folder in launch.env.get("PYTHONPATH", "").split(os.pathsep) if folder]
         base = [*given, *(folder for folder in sys.path[1:] if folder and folder not in given)]
-        code = file = None
-        search = [launch.cwd, *base]
-        if argv is not None and argv[0] == "-c":
-            code = argv[1]
-        elif argv is not None and argv[0] == "-m":
-            file = sourceimports.module_file(argv[1], search)
-        elif argv is not None:
-            file = os.path.join(launch.cwd, argv[0])
-            search = [os.path.dirname(os.path.abspath(file)), *base]
-        elif launch.preload is not None:
-            search = [folder or launch.cwd for folder in launch.preload.sys_path] or search
+        if argv is not None:
+            source = sourceimports.command_source(argv, launch.cwd, base)
+        elif launch.preload is not None:  # a GPUTask: its module, on the sys.path it is imported on
+            search = tuple(folder or launch.cwd for folder in launch.preload.sys_path) or (launch.cwd, *base)
             module = launch.preload.module
             file = launch.preload.main_file or (sourceimports.module_file(module, search) if module else None)
-        try:
-            key = code if code is not None else f"{file}:{os.stat(file).st_mtime_ns}" if file is not None else None
-        except OSError:
-            key = None
+            source = sourceimports.Source(file, None, search)
+        else:
+            return
+        key = source.key
         if key is None or key in self._read:
             return
         self._read.add(key)
-        if code is not None:
-            found, what = sourceimports.code_imports(code, search), "the code it runs"
-        else:
-            assert file is not None
-            found, what = sourceimports.imports_of(file, search), os.path.basename(file)
+        found, what = source.imports(), source.what
         known = set(self._imports)
         new = [name for name in found if name not in known and self._wanted(name)]
         if not new:

@@ -155,25 +155,18 @@ def _say_how_runs_start(sweep: Any, to_run: list[Any]) -> None:
     imports: list[str] = list(sweep.options.warm_imports)
     read: set[str] = set()
     base = [folder for folder in sys.path[1:] if folder]
-    for spec in to_run[: DRY_ENDS * 10]:
+    looked = to_run[: DRY_ENDS * 10]
+    for spec in looked:
         task = CommandTask(spec.config, spec.work_dir, parts=parts, run_name=spec.name, run_index=spec.index)
         argv, why = script_argv(task.direct_command("")[0], dict(os.environ), os.getcwd())
         if argv is None:
             cold[why] = cold.get(why, 0) + 1
             continue
-        script = argv[1] if argv[0] in ("-m", "-c") else os.path.abspath(argv[0])
-        if script in read:
+        source = sourceimports.command_source(argv, os.getcwd(), base)
+        if source.key is None or source.key in read:
             continue
-        read.add(script)
-        if argv[0] == "-c":
-            found = sourceimports.code_imports(argv[1], [os.getcwd(), *base])
-        elif argv[0] == "-m":
-            file = sourceimports.module_file(argv[1], [os.getcwd(), *base])
-            found = sourceimports.imports_of(file, [os.getcwd(), *base]) if file is not None else []
-        else:
-            found = sourceimports.script_imports(script, base)
-        imports += [name for name in found if name not in imports]
-    looked = to_run[: DRY_ENDS * 10]
+        read.add(source.key)
+        imports += [name for name in source.imports() if name not in imports]
     for why, count in cold.items():
         print(f"warm starts: {count} of the {len(looked)} run(s) looked at start cold: {why}")
     if looked and sum(cold.values()) == len(looked):

@@ -657,6 +657,24 @@ def test_only_the_snapshots_still_needed_are_kept():
     assert pbt.needed_snapshots("m1") == {4, 12}
 
 
+@pytest.mark.parametrize("keep, kept", [(0, {"m0": set(), "m1": set()}), (2, {"m0": {12, 16}, "m1": set()})])
+def test_once_every_member_has_ended_only_keeps_latest_of_the_best_are_needed(keep, kept):
+    """No member copies a snapshot once the population has finished (every member began and ended,
+    no exploit or turn owed): only the ``keep`` latest of the member that ended best are kept."""
+    pbt = Pbt(parse_pbt({**PBT, "keep": keep}), population=2, slots=2)
+    for number in range(2):
+        pbt.began(f"m{number}", 0, {"lr": 1.0})
+    _donor_with(pbt, "m0", [(4, 0.1), (8, 0.3), (12, 0.25), (16, 0.2)])
+    _donor_with(pbt, "m1", [(4, 0.6), (8, 0.7)])
+    pbt.members["m0"].last_value, pbt.members["m1"].last_value = 0.2, 0.8
+    pbt.ended("m0")
+    assert not pbt.finished and pbt.needed_snapshots("m0") >= {4, 16}  # m1 may still copy them
+    pbt._turns["m1"] = 8.0  # m1 waits for its turn: it may still resume, and copy
+    pbt.ended("m1")
+    assert pbt.finished  # its end drops the turn it waited for
+    assert {name: pbt.needed_snapshots(name) for name in ("m0", "m1")} == kept
+
+
 def test_a_member_about_to_go_on_from_a_copy_counts_at_the_step_it_goes_on_from():
     """For the wait that keeps a population with a slot each together, a member that will resume
     from a donor's snapshot at 8 is at 8, not at 4 where it was judged: a member at 12 is not an

@@ -607,19 +607,53 @@ def test_a_dry_run_says_what_a_start_says_of_pbt_promotion_and_a_budget_on_cpu_s
     assert "in a drawn order (the same at every start), not as listed" in capsys.readouterr().out
 
 
+def _snapshots_left(root):
+    """Each member's snapshot folders on disk (a member that has none: left out)."""
+    left = {}
+    for name in sorted(os.listdir(root)):
+        folder = root / name / ".gts" / "snapshots"
+        if folder.is_dir() and os.listdir(folder):
+            left[name] = sorted(os.listdir(folder))
+    return left
+
+
+@pytest.mark.parametrize("keep", [0, 2])
+def test_a_finished_population_leaves_no_snapshot_but_keeps_of_the_best_member(in_tmp, caplog, keep):
+    """Once every member has ended, no member copies a snapshot: each is removed, but the ``keep``
+    latest of the member that ended best (its value at its latest judgement the highest)."""
+    import logging
+
+    root = in_tmp / "r"
+    caplog.set_level(logging.INFO, logger="gpu_task_scheduler")
+    config = _population(root)
+    config["pbt"]["keep"] = keep
+    summary = GPUTaskScheduler(config, tasks.ScheduleTask).start()
+    assert len(summary.succeeded) == 4 and not summary.failed
+    events = _events(root)
+    assert any(kind == "rung" and decision.startswith("snapshot") for _, kind, _, decision, _ in events if decision)
+    with sqlite3.connect(root / ".gts" / "ledger.sqlite3") as db:  # each member's latest judgement
+        last = dict(db.execute("SELECT name, value FROM trial_events WHERE kind = 'rung' ORDER BY seq").fetchall())
+    best = max(last, key=lambda name: last[name])
+    left = _snapshots_left(root)
+    assert set(left) <= {best} and all(len(steps) <= keep for steps in left.values()), left
+    if keep:  # the best member kept a snapshot of its latest weights, at least (its last interval's)
+        assert best in left
+    assert "population-based training ended: its members' snapshots removed" in caplog.text
+
+
 def test_a_snapshot_left_half_copied_by_a_kill_is_cleared_at_the_next_start(in_tmp):
-    """A kill -9 while a member's snapshot was copied leaves ``<step>.new``; the member may take no
-    snapshot after it (the sweep ends), so the next start clears it, and keeps the whole ones."""
+    """A kill -9 while a member's snapshot was copied leaves ``<step>.new``, and a kill after the
+    last member ended leaves the snapshots it had not removed yet: the next start clears both."""
     argv = _example(in_tmp, seconds="0")
     subprocess.run(argv, cwd=str(in_tmp), check=True, capture_output=True, timeout=180)
     root = in_tmp / "results" / "pbt"
-    snapshots = [root / name / ".gts" / "snapshots" for name in sorted(os.listdir(root)) if name.startswith("lr-")]
-    kept = {folder: sorted(os.listdir(folder)) for folder in snapshots if folder.exists()}
-    for folder in snapshots:
-        (folder / "12.new" / "weights").mkdir(parents=True)
+    assert _snapshots_left(root) == {}
+    members = [name for name in sorted(os.listdir(root)) if name.startswith("lr-")]
+    for name in members:
+        (root / name / ".gts" / "snapshots" / "12.new" / "weights").mkdir(parents=True)
+        (root / name / ".gts" / "snapshots" / "8" / "weights").mkdir(parents=True)
     subprocess.run(argv, cwd=str(in_tmp), check=True, capture_output=True, timeout=180)
-    assert all(not (folder / "12.new").exists() for folder in snapshots)
-    assert {folder: sorted(os.listdir(folder)) for folder in kept} == kept
+    assert _snapshots_left(root) == {}
 
 
 def test_a_snapshot_that_failed_is_recorded_unsaved_and_no_member_copies_it_after_a_restart(in_tmp, monkeypatch):
@@ -653,6 +687,45 @@ def test_a_snapshot_that_failed_is_recorded_unsaved_and_no_member_copies_it_afte
     assert any(found.get("unsaved") for found in recorded), recorded
     copied = [json.loads(detail) for _, _, _, decision, detail in _events(root) if decision == "exploit"]
     assert all((found["donor"], float(found["step"])) != (member, step) for found in copied), copied
+
+
+def test_a_member_that_went_on_from_a_copy_has_its_own_snapshots_removed_at_its_first_report(in_tmp):
+    """Its own snapshots are of weights it dropped (no member copies them): they go at its first
+    report after it went on (its attempt committed), not at its next snapshot, which may never come.
+    The donor's snapshot it copied stays while it is the donor's latest (others may copy it)."""
+    from gpu_task_scheduler.engine.pauses import Pauses
+
+    root = in_tmp / "r"
+    sweep = _three_members(root)
+    a, b, c = list(sweep)
+
+    def snapshots():
+        folders = {key: os.path.join(spec.work_dir, ".gts", "snapshots") for key, spec in (("a", a), ("c", c))}
+        return {key: sorted(os.listdir(folder)) if os.path.isdir(folder) else [] for key, folder in folders.items()}
+
+    with Ledger(RootPaths(str(root))) as ledger:
+        pauses = Pauses(sweep, ledger, root=str(root))
+        for spec in sweep:
+            pauses.began(spec)
+
+        def report(spec, step, value):
+            told = pauses.reached(spec, step, value)
+            if told is not None and told[1] == "copying":
+                return pauses.settle(wait=True)[3]
+            if told is not None and told[1] == "exploit":  # it pauses, and goes on from the copy at once
+                pauses.paused(spec)
+                assert pauses.owed() == spec
+                pauses.resuming(spec)
+                pauses.resumed(spec)
+            return None if told is None else told[1]
+
+        for spec, step, value in [(c, 4, 0.05), (a, 4, 0.1), (b, 4, 0.2), (c, 8, 0.02), (a, 8, 0.01), (b, 8, 0.5)]:
+            report(spec, step, value)
+        assert snapshots() == {"a": ["8"], "c": ["8"]}  # each one's latest
+        assert report(c, 12, 0.9) == "exploit"  # c copies a's snapshot of 8
+        assert snapshots() == {"a": ["8"], "c": ["8"]}  # until its attempt is committed
+        assert report(c, 10, 0.5) is None  # its first report: at no interval
+        assert snapshots() == {"a": ["8"], "c": []}
 
 
 def _three_members(root):

@@ -134,6 +134,9 @@ class Pauses:
         self._stage_of: dict[str, str | None] = {}  # the runs the methods know: they began in a bracket
         self._ended: set[str] = set()
         self._specs: dict[str, RunSpec] = {}  # paused runs this start can resume (their specs seen)
+        # Members that went on from a donor's snapshot in this start, and the donor: the snapshots
+        # that made unneeded (the member's own, the one it copied) go once its attempt is committed
+        self._copied_from: dict[str, str] = {}
         # The methods' keys as the history was made with them: another method's history is no replay.
         keys = json.dumps(
             {
@@ -164,7 +167,8 @@ class Pauses:
             self._clear_unfinished_snapshots()
 
     def _clear_unfinished_snapshots(self) -> None:
-        """Population-based training: the snapshots a killed scheduler left half-copied, removed."""
+        """Population-based training: the snapshots a killed scheduler left half-copied, removed,
+        and those of a population that had finished (a kill came before they were removed)."""
         for name, stage in self._stage_of.items():
             if not isinstance(self._rules.get(stage), PbtRule):
                 continue
@@ -172,6 +176,22 @@ class Pauses:
                 checkpoints.clear_unfinished(RunPaths.recorded(self._root, name))
             except OSError as error:  # UnsafePathError too: a link planted where snapshots go
                 logger.warning("%s: could not remove a snapshot left half-copied (%s)", name, error)
+        for method in self._methods.values():
+            if isinstance(method, Pbt) and method.finished:
+                self._collect(method, list(method.members))
+
+    def _collect(self, method: Pbt, names: Iterable[str]) -> None:
+        """Remove each of ``names``' snapshots that no member can copy any more (``Pbt.needed_snapshots``);
+        not of a member whose snapshot is being copied now (its decision collects it)."""
+        if not self._root or self._read_only:
+            return
+        for name in names:
+            if self._copying is not None and self._copying.spec.name == name:
+                continue
+            try:
+                checkpoints.collect(RunPaths.recorded(self._root, name), method.needed_snapshots(name))
+            except OSError as error:  # UnsafePathError too: a link planted where snapshots go
+                logger.warning("%s: could not remove the snapshots no member copies any more (%s)", name, error)
 
     def __bool__(self) -> bool:
         return bool(self._methods)
@@ -320,7 +340,11 @@ class Pauses:
 
     def resumed(self, spec: RunSpec) -> None:
         """``spec`` (named by :meth:`owed`) starts again from its checkpoint."""
-        self._methods[spec.stage].resumed(spec.name)
+        method = self._methods[spec.stage]
+        exploit = method.exploit_of(spec.name) if isinstance(method, Pbt) else None
+        method.resumed(spec.name)
+        if exploit is not None:
+            self._copied_from[spec.name] = exploit.donor
         self._specs.pop(spec.name, None)
         # The donor's snapshot it copied goes with the donor's next one (not now: this is committed
         # with the attempt it starts, and a start after a kill before that copies it again).
@@ -334,6 +358,10 @@ class Pauses:
         written to the ledger, not committed), or None when the step is at no new rung of it.
         ``late``: an earlier attempt's report, told after the run went on past it (recorded so: a
         replay decides the same)."""
+        if spec.name in self._copied_from:  # its attempt is committed: it can go on from nothing else
+            method = self._methods[spec.stage]
+            assert isinstance(method, Pbt)
+            self._collect(method, [spec.name, self._copied_from.pop(spec.name)])
         told = self._tell(spec.stage, spec.name, step, value, late=late)
         if told is None:
             return None
@@ -613,10 +641,18 @@ class Pauses:
             self._ends_after_copy.append(name)
             return
         stage = self._stage_of[name]
-        self._methods[stage].ended(name)
+        method = self._methods[stage]
+        method.ended(name)
         self._ended.add(name)
         self._specs.pop(name, None)
         self._ledger.record_trial_event("ended", stage=stage, name=name)
+        donor = self._copied_from.pop(name, None)
+        if isinstance(method, Pbt) and (method.finished or donor is not None):
+            # The population's end: every snapshot but keep's goes (no member copies one now: a
+            # kill before this end is committed leaves the members ended by their outcomes)
+            self._collect(method, list(method.members) if method.finished else [name, donor or name])
+            if method.finished:
+                logger.info("population-based training ended: its members' snapshots removed%s", _kept_words(method))
 
     def stuck(self) -> list[RunSpec]:
         """The paused runs of this start that no method will promote (nothing runs, nothing is owed),
@@ -624,6 +660,11 @@ class Pauses:
         stuck = list(self._specs.values())
         self._specs.clear()
         return stuck
+
+
+def _kept_words(method: Pbt) -> str:
+    keep = method.config.keep
+    return f" but the {keep} latest of the member that ended best (keep: {keep})" if keep else ""
 
 
 __all__ = ["CONTINUE", "PAUSE", "PAUSING", "Pauses"]

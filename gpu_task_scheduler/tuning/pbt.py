@@ -483,13 +483,30 @@ class Pbt:
         state = self.members.get(run)
         return None if state is None else dict(state.values)
 
+    @property
+    def finished(self) -> bool:
+        """Every member has ended and no more will begin: no member copies a snapshot any more."""
+        return (
+            bool(self.members)
+            and (self._closed or len(self.members) >= self.population)
+            and self._ended.issuperset(self.members)
+            and not self._exploits
+            and not self._turns
+        )
+
     def needed_snapshots(self, run: str) -> set[float]:
         """The steps of ``run``'s snapshots that must be kept: its latest and its best (what it offers
         as a donor), those an exploit not yet made copies, and the ``keep`` before the latest of the
-        best member."""
+        best member. Once the population has :attr:`finished`, only the ``keep`` latest of the
+        member that ended best: no member copies any other."""
         state = self.members.get(run)
         if state is None:
             return set()
+        if self.finished:
+            values = {name: m.last_value for name, m in self.members.items() if m.last_value is not None}
+            ranked = self.ranking.order(values)
+            kept = state.snapshots[-self.config.keep :] if self.config.keep and ranked[:1] == [run] else []
+            return {step for step, _, _ in kept}
         needed = {step for step, _, _ in state.snapshots[-1:] + ([state.best] if state.best else [])}
         needed |= {e.step for e in self._exploits.values() if e.donor == run}
         if self.config.keep and run == self.best():

@@ -221,6 +221,8 @@ PBT = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb"
     [
         ({"scheduler_config": {"budget": {"gpu_hours": HUGE}}}, "budget.*a number > 0"),
         ({"scheduler_config": {"timeout": HUGE}}, "timeout"),
+        ({"scheduler_config": {"gpu_memory": HUGE}}, "gpu_memory"),
+        ({"scheduler_config": {"checkpoints": {"max_disk": HUGE}}}, "checkpoints.*max_disk is a size above 0"),
         (
             {"pbt": {"metric": "loss", "mode": "min", "interval": HUGE, "max_step": 40, "perturb": {"a": [2]}}},
             "interval",

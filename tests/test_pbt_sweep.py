@@ -18,6 +18,7 @@ from helpers import ledger_rows, make_config
 from test_process_control import finish
 
 from gpu_task_scheduler import ConfigError, GPUTaskScheduler
+from gpu_task_scheduler.gpu.devices import format_size
 from gpu_task_scheduler.records.ledger import Ledger
 from gpu_task_scheduler.records.lineage import lineages
 from gpu_task_scheduler.records.metrics import attempt_files, read_all, run_points
@@ -728,8 +729,43 @@ def test_a_member_that_went_on_from_a_copy_has_its_own_snapshots_removed_at_its_
         assert snapshots() == {"a": ["8"], "c": []}
 
 
-def _three_members(root):
-    config = make_config(root, [{"lr": [0.1, 0.2, 0.3]}], slots=("cpu",) * 3)
+def test_a_snapshot_that_would_pass_checkpoints_max_disk_is_not_taken_and_gts_status_says_so(in_tmp, caplog):
+    """``checkpoints: {max_disk}`` bounds what the population's checkpoints and snapshots take: a
+    snapshot that would pass it is not taken (recorded unsaved: the member is offered to no one
+    there), the log says why, and gts status shows the disk used and the snapshots refused."""
+    from gpu_task_scheduler.engine.pauses import Pauses
+    from gpu_task_scheduler.records import checkpoints
+    from gpu_task_scheduler.reports.status import format_status, status
+
+    root = in_tmp / "r"
+    one = _three_members(in_tmp / "measure")  # what a member's checkpoint takes on this file system
+    size = checkpoints.disk_use(RunPaths(next(iter(one)).work_dir, None))
+    assert size > 0
+    sweep = _three_members(root, checkpoints={"max_disk": 4 * size})  # the 3 checkpoints and 1 snapshot
+    a, b, c = list(sweep)
+    with Ledger(RootPaths(str(root))) as ledger:
+        pauses = Pauses(sweep, ledger, root=str(root))
+        for spec in sweep:
+            pauses.began(spec)
+        decided = []
+        for spec, step, value in [(c, 4, 0.05), (a, 4, 0.1), (b, 4, 0.2), (c, 8, 0.02)]:
+            told = pauses.reached(spec, step, value)
+            decided.append(pauses.settle(wait=True)[3] if told is not None and told[1] == "copying" else told[1])
+        ledger.commit()
+        rungs = [(e.name, e.rung, e.decision, e.detail or {}) for e in ledger.trial_events() if e.kind == "rung"]
+    assert decided[0] == "snapshot" and decided[3] == "continue"  # c's second would need 5 checkpoints' room
+    assert rungs[-1][3].get("over_disk") and rungs[-1][3].get("unsaved")
+    assert (
+        "past checkpoints: {max_disk: " in caplog.text and "it is offered to no member at this interval" in caplog.text
+    )
+    assert sorted(os.listdir(os.path.join(c.work_dir, ".gts", "snapshots"))) == ["4"]
+    shown = format_status(status(str(root)))
+    assert f"checkpoints: {format_size(4 * size)} on disk" in shown, shown
+    assert "1 snapshot(s) not taken for it" in shown, shown
+
+
+def _three_members(root, **options):
+    config = make_config(root, [{"lr": [0.1, 0.2, 0.3]}], slots=("cpu",) * 3, **options)
     config["command"] = ["true"]
     config["pbt"] = {"metric": "loss", "mode": "min", "interval": 4, "max_step": 40, "perturb": {"lr": [0.5, 2]}}
     sweep = Sweep(config)

@@ -50,9 +50,11 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from ..gpu.devices import format_size
 from ..records import checkpoints
 from ..records.ledger import Ledger
 from ..records.ledger.trials import TrialEvent, paused_cause, value_words
@@ -123,6 +125,8 @@ class Pauses:
         ``read_only``: to say what a start would do (``--dry-run``), writing nothing. ``root``: the
         result root (population-based training copies checkpoints between its runs' folders)."""
         self._ledger, self._root, self._read_only = ledger, root, read_only
+        limits = sweep.options.checkpoints
+        self._max_disk = None if limits is None else limits.max_disk  # checkpoints: {max_disk}: no snapshot past it
         self._copying: _Copying | None = None  # a top member's snapshot being copied (population-based training)
         self._ends_after_copy: list[str] = []  # members that ended meanwhile: told once its decision is recorded
         rules = {stage: rule for stage, rule in sweep.stopping.items() if isinstance(rule, Pausing)}
@@ -482,9 +486,20 @@ class Pauses:
         paths = RunPaths(spec.work_dir, None)
         found: dict[str, Any] = {}
         cancel = threading.Event()
+        members = [RunPaths.recorded(self._root, name) for name in method.members if name != spec.name]
+        members = [paths, *members] if self._root else [paths]
 
         def copy() -> None:
             try:
+                # What the members' checkpoints and snapshots take now, and what this one would add:
+                # a walk of their folders (read in this thread too: it reads no file's data)
+                seen: set[tuple[int, int]] = set()
+                found["use"] = sum(checkpoints.disk_use(member, seen=seen) for member in members)
+                found["own"] = checkpoints.disk_use(paths)  # its checkpoint and snapshots
+                found["need"] = checkpoints.disk_use(paths, snapshots=False)
+                if self._max_disk is not None and found["use"] + found["need"] > self._max_disk:
+                    found["over"] = True
+                    return
                 found["copied"] = checkpoints.take_snapshot(paths, step, cancelled=cancel.is_set)
             except BaseException as error:  # said, and recorded as no snapshot, by settle()
                 found["error"] = error
@@ -492,6 +507,17 @@ class Pauses:
         thread = threading.Thread(target=copy, name=f"gts-snapshot-{spec.name}", daemon=True)
         thread.start()
         self._copying = _Copying(spec, method, rung, step, value[0], value[1], decision, detail, thread, found, cancel)
+
+    def _record_disk(self, used: int, *, refused: bool = False) -> None:
+        """What the population's checkpoints and snapshots take (for gts status), and how many
+        snapshots checkpoints.max_disk refused so far."""
+        try:
+            before = json.loads(self._ledger.get_meta(checkpoints.DISK_META) or "{}")
+            count = int(before.get("refused", 0)) if isinstance(before, dict) else 0
+        except (ValueError, TypeError):  # changed by hand: counted again from here
+            count = 0
+        disk = {"bytes": used, "max_disk": self._max_disk, "refused": count + refused, "at": time.time()}
+        self._ledger.set_meta(checkpoints.DISK_META, json.dumps(disk))
 
     def abandon(self, name: str) -> None:
         """``name`` ended (stopped, killed) while its snapshot was copied: the copy is given up (it
@@ -522,9 +548,18 @@ class Pauses:
         self._copying = None
         spec, name, decision, detail = copying.spec, copying.spec.name, copying.decision, dict(copying.detail)
         paths = RunPaths(spec.work_dir, None)
-        copied = None if copying.cancel.is_set() else copying.found.get("copied")
+        found = copying.found
+        copied = None if copying.cancel.is_set() else found.get("copied")
         if copied is None:
-            why = "it ended first" if copying.cancel.is_set() else copying.found.get("error")
+            why = "it ended first" if copying.cancel.is_set() else found.get("error")
+            if found.get("over") and not copying.cancel.is_set():
+                assert self._max_disk is not None
+                why = (
+                    f"it would take the checkpoints of the population to {format_size(found['use'] + found['need'])}"
+                    f", past checkpoints: {{max_disk: {format_size(self._max_disk)}}}: it is offered to no "
+                    "member at this interval"
+                )
+                detail["over_disk"] = True
             logger.warning(
                 "%s: could not keep a snapshot of its checkpoint at step %g (%s): no member copies it there",
                 name,
@@ -540,6 +575,9 @@ class Pauses:
             except OSError as error:
                 logger.warning("%s: could not remove its older snapshots (%s)", name, error)
         self._record_rung(spec.stage, spec.name, copying.rung, copying.step, copying.value, decision, detail)
+        if "use" in found:  # what the population's take now: this member's measured again, its older snapshots gone
+            own = checkpoints.disk_use(paths)
+            self._record_disk(found["use"] - found["own"] + own, refused=bool(found.get("over")))
         ends, self._ends_after_copy = self._ends_after_copy, []
         for ended in ends:
             self.ended(ended)
@@ -653,6 +691,10 @@ class Pauses:
             self._collect(method, list(method.members) if method.finished else [name, donor or name])
             if method.finished:
                 logger.info("population-based training ended: its members' snapshots removed%s", _kept_words(method))
+                if self._root and not self._read_only:
+                    seen: set[tuple[int, int]] = set()
+                    members = [RunPaths.recorded(self._root, member) for member in method.members]
+                    self._record_disk(sum(checkpoints.disk_use(member, seen=seen) for member in members))
 
     def stuck(self) -> list[RunSpec]:
         """The paused runs of this start that no method will promote (nothing runs, nothing is owed),

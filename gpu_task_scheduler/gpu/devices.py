@@ -209,7 +209,10 @@ def parse_memory(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f'{where} must be a memory size such as 10000000000, "10GB" or "9.5GiB"; got {value!r}')
     if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+        try:
+            number, unit = float(value), ""
+        except OverflowError:  # an int past a float's range (YAML holds one): no memory is that large
+            raise ConfigError(f"{where} must be a memory size >= 0 within a float's range; got {value!r:.40}") from None
     else:
         match = re.match(_SIZE, value)
         if not match or match.group(2).lower() not in _UNITS:
@@ -218,6 +221,18 @@ def parse_memory(value: object, where: str) -> int:
     if not number >= 0 or number == float("inf"):
         raise ConfigError(f"{where} must be a memory size >= 0; got {value!r}")
     return int(number * _UNITS[unit])
+
+
+def format_size(size: int) -> str:
+    """Bytes for people, in the unit that fits (a disk's use: from bytes to TiB).
+
+    >>> format_size(512), format_size(16384), format_size(3 * 2**30)
+    ('512 B', '16.0 KiB', '3.0 GiB')
+    """
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{size} B"
 
 
 def format_memory(size: int | None) -> str:

@@ -57,6 +57,9 @@ from .paths import RunPaths, UnsafePathError, step_name
 logger = logging.getLogger("gpu_task_scheduler")
 
 SNAPSHOTS = "snapshots"
+# The ledger's meta key for the disk population-based training's checkpoints took at its last
+# snapshot or end, and checkpoints.max_disk (JSON: bytes, max_disk, refused, at): gts status shows it
+DISK_META = "checkpoint_disk"
 CHECKPOINT = "checkpoint"
 _CHUNK = 1 << 30
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -380,6 +383,34 @@ def collect(paths: RunPaths, keep: set[float]) -> None:
                     _remove(entry, folder)
     except FileNotFoundError:
         return
+
+
+def disk_use(paths: RunPaths, *, snapshots: bool = True, seen: set[tuple[int, int]] | None = None) -> int:
+    """Bytes ``paths``' checkpoint folder (and, with ``snapshots``, its snapshots) takes on disk:
+    each file's allocated blocks (holes take none), a file linked twice counted once (``seen``: the
+    files counted already, shared between calls), nothing reached through a link. Read while runs
+    write: a file gone meanwhile counts nothing. A file system that shares a copy's blocks with its
+    source (Btrfs, XFS) cannot be told apart here: each copy counts in full, an upper bound."""
+    seen = set() if seen is None else seen
+    tops = [paths.checkpoint] + ([snapshots_dir(paths)] if snapshots else [])
+    total = 0
+    for top in tops:
+        try:
+            if not stat.S_ISDIR(os.lstat(top).st_mode):
+                continue  # missing, or a link: copies refuse it, and it is not counted
+        except OSError:
+            continue
+        for folder, _, files in os.walk(top, followlinks=False):
+            for name in files:
+                try:
+                    info = os.lstat(os.path.join(folder, name))
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) not in seen:
+                    seen.add((info.st_dev, info.st_ino))
+                    blocks = getattr(info, "st_blocks", None)  # not on Windows: the file's size
+                    total += info.st_size if blocks is None else blocks * 512
+    return total
 
 
 def clear_unfinished(paths: RunPaths) -> None:

@@ -144,6 +144,31 @@ def _budget(value: Any) -> str | None:
     return None
 
 
+CHECKPOINT_KEYS = ("max_disk",)
+
+
+def _checkpoints(value: Any) -> str | None:
+    what = 'null or a dict such as {max_disk: "200GB"} (the disk the sweep\'s checkpoints may use)'
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        return what
+    for key, limit in value.items():
+        if key not in CHECKPOINT_KEYS:
+            guess = did_you_mean(str(key), CHECKPOINT_KEYS)[:-1]
+            return f"{what}: {key!r} is no key of it{guess}"
+        if _memory(limit) is not None or parse_memory(limit, key) <= 0:
+            return f'{what}, whose max_disk is a size above 0 such as 200000000000, "200GB" or "186GiB"'
+    return None
+
+
+class Checkpoints(Record):
+    """``checkpoints``: what the sweep's checkpoints may take. ``max_disk``: bytes of disk that the
+    population's checkpoints and snapshots may take (engine/pauses.py): no snapshot past it."""
+
+    max_disk: int | None = None
+
+
 class Budget(Record):
     """``budget``: what the sweep may spend; it starts no new run once one limit is reached."""
 
@@ -238,6 +263,7 @@ SCHEDULER_KEYS: dict[str, tuple[Callable[[], Any], Callable[[Any], str | None]]]
     "max_host_cpu_percent": (lambda: None, _optional(_percent)),
     "min_host_free_memory": (lambda: None, _optional(_memory)),
     "budget": (lambda: None, _budget),
+    "checkpoints": (lambda: None, _checkpoints),
     # Where runs run (see backends/ray/, backends/slurm/): this machine, a Ray cluster, a Slurm cluster.
     "backend": (lambda: "local", _one_of("local", "ray", "slurm")),
     "ray_address": (lambda: None, _optional(_text)),
@@ -293,6 +319,7 @@ class SchedulerOptions(Record):
     max_host_cpu_percent: float | None
     min_host_free_memory: int | None
     budget: Budget | None  # what the sweep may spend (engine/budget.py); None: no limit
+    checkpoints: Checkpoints | None  # what its checkpoints may take (checkpoints: {max_disk}); None: no limit
     backend: str  # "local" (this machine's GPUs), "ray" or "slurm"
     ray_address: str | None  # an existing cluster ("auto", "HOST:PORT"); None: a Ray instance of our own
     ray_cpus_per_run: float  # CPUs each run's Ray task asks for
@@ -356,6 +383,8 @@ def parse_scheduler_config(raw: Any) -> SchedulerOptions:
         typed["prewarm"] = True
     else:
         typed["warm_imports"] = ()
+    if typed["checkpoints"] is not None:
+        typed["checkpoints"] = Checkpoints(max_disk=parse_memory(typed["checkpoints"]["max_disk"], "max_disk"))
     if typed["budget"] is not None:
         typed["budget"] = Budget(**{key: float(limit) for key, limit in typed["budget"].items()})
     if typed["slurm"] is not None or typed["backend"] == "slurm":  # else not imported: 1.5 ms of a start

@@ -263,3 +263,67 @@ def test_a_snapshot_given_up_after_its_last_file_before_it_is_put_in_place_leave
     with pytest.raises(checkpoints.Cancelled):  # given up again over the snapshot of 8 being taken anew
         checkpoints.take_snapshot(paths, 8, cancelled=lambda: True)
     assert sorted(os.listdir(os.path.join(paths.meta, "snapshots", "8"))) == ["a.pt", "b.pt"]
+
+
+@pytest.fixture
+def file_system_of(tmp_path):
+    """A folder on a file system of the type asked for, of its own (a sparse 300 MiB image on a loop
+    device: nothing else writes there, so its count of used blocks is this test's), unmounted after;
+    skipped, saying why, where this machine cannot make one (root, a loop device and mkfs.TYPE:
+    .ci/run installs xfsprogs)."""
+    import shutil
+    import subprocess
+
+    mounted = []
+
+    def make(kind):
+        if os.geteuid() != 0 or shutil.which(f"mkfs.{kind}") is None or not os.path.exists("/dev/loop-control"):
+            pytest.skip(f"a {kind} image needs root, a loop device and mkfs.{kind} here")
+        image, folder = tmp_path / f"{kind}.img", tmp_path / kind
+        folder.mkdir()
+        with open(image, "wb") as handle:
+            handle.truncate(300 << 20)
+        made = subprocess.run([f"mkfs.{kind}", "-q", str(image)], capture_output=True, text=True, check=False)
+        if made.returncode != 0:
+            pytest.skip(f"a {kind} image could not be made here ({made.stderr.strip()[:200]})")
+        mount = subprocess.run(["mount", "-o", "loop", str(image), str(folder)], capture_output=True, text=True)
+        if mount.returncode != 0:
+            pytest.skip(f"a {kind} image could not be mounted here ({mount.stderr.strip()[:200]})")
+        mounted.append(folder)
+        return folder
+
+    try:
+        yield make
+    finally:
+        for folder in mounted:
+            subprocess.run(["umount", str(folder)], check=True)
+
+
+def _used(folder):
+    os.sync()
+    info = os.statvfs(folder)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+
+@pytest.mark.parametrize("kind, shares", [("xfs", True), ("ext4", False)])
+def test_a_copy_shares_its_blocks_where_the_file_system_clones_and_is_a_full_copy_where_it_does_not(
+    file_system_of, kind, shares
+):
+    """copy_file_range lets XFS (and Btrfs) share a copy's blocks with its source: a snapshot of a
+    64 MiB checkpoint, and an exploit putting it in place of another member's, take no disk there;
+    on ext4 each is a full copy. Either way the copy holds the donor's bytes."""
+    folder = file_system_of(kind)
+    data = os.urandom(64 << 20)
+    donor, copier = _member(folder, "donor", {"weights.pt": data}), _member(folder, "copier")
+    used = _used(folder)
+    checkpoints.take_snapshot(donor, 8)
+    snapshot = _used(folder) - used
+    used = _used(folder)
+    checkpoints.install(copier, donor, 8)
+    exploit = _used(folder) - used
+    with open(os.path.join(copier.checkpoint, "weights.pt"), "rb") as handle:
+        assert handle.read() == data
+    if shares:
+        assert snapshot < (1 << 20) and exploit < (1 << 20), (snapshot, exploit)
+    else:
+        assert snapshot >= (64 << 20) and exploit >= (64 << 20), (snapshot, exploit)

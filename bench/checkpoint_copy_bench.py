@@ -71,11 +71,17 @@ def measure(folder: str, size: int) -> dict[str, float]:
         checkpoints.install(copier, donor, 8)
         exploit_s = time.perf_counter() - began
         exploit_disk = _used(folder) - used
-        with open(os.path.join(copier.checkpoint, "weights.pt"), "rb") as mine, open(
-            os.path.join(donor.checkpoint, "weights.pt"), "rb"
-        ) as theirs:
+        with (
+            open(os.path.join(copier.checkpoint, "weights.pt"), "rb") as mine,
+            open(os.path.join(donor.checkpoint, "weights.pt"), "rb") as theirs,
+        ):
             assert mine.read(1 << 20) == theirs.read(1 << 20), "the copy differs from its source"
-        return {"snapshot_s": snapshot_s, "snapshot_disk": snapshot_disk, "exploit_s": exploit_s, "exploit_disk": exploit_disk}
+        return {
+            "snapshot_s": snapshot_s,
+            "snapshot_disk": snapshot_disk,
+            "exploit_s": exploit_s,
+            "exploit_disk": exploit_disk,
+        }
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -89,7 +95,8 @@ def main() -> None:
     results = [(folder, _file_system(folder), measure(folder, size)) for folder in args.folders]
     base = results[0][2]
     print(f"a checkpoint of {format_size(size)}: its snapshot, then an exploit putting it in place of another's")
-    print(f"{'file system':<12} {'snapshot':>10} {'its disk':>10} {'exploit':>10} {'its disk':>10} {'time / first':>13}")
+    head = ("file system", "snapshot", "its disk", "exploit", "its disk", "time / first")
+    print(f"{head[0]:<12} {head[1]:>10} {head[2]:>10} {head[3]:>10} {head[4]:>10} {head[5]:>13}")
     for _, kind, found in results:
         ratio = (found["snapshot_s"] + found["exploit_s"]) / (base["snapshot_s"] + base["exploit_s"])
         print(

@@ -310,8 +310,9 @@ def test_a_copy_shares_its_blocks_where_the_file_system_clones_and_is_a_full_cop
     file_system_of, kind, shares
 ):
     """copy_file_range lets XFS (and Btrfs) share a copy's blocks with its source: a snapshot of a
-    64 MiB checkpoint, and an exploit putting it in place of another member's, take no disk there;
-    on ext4 each is a full copy. Either way the copy holds the donor's bytes."""
+    64 MiB checkpoint, and an exploit putting it in place of another member's, take no disk there,
+    and the disk counted for them (disk_use, FIEMAP's shared extents) is the checkpoint's once; on
+    ext4 each is a full copy, counted in full. Either way the copy holds the donor's bytes."""
     folder = file_system_of(kind)
     data = os.urandom(64 << 20)
     donor, copier = _member(folder, "donor", {"weights.pt": data}), _member(folder, "copier")
@@ -323,7 +324,12 @@ def test_a_copy_shares_its_blocks_where_the_file_system_clones_and_is_a_full_cop
     exploit = _used(folder) - used
     with open(os.path.join(copier.checkpoint, "weights.pt"), "rb") as handle:
         assert handle.read() == data
+    # What checkpoints: {max_disk} counts: the donor's checkpoint and snapshot, and the copier's, each
+    # block once (three copies of 64 MiB where nothing is shared, one where all is)
+    counted = checkpoints.disk_use_of([donor, copier])
     if shares:
         assert snapshot < (1 << 20) and exploit < (1 << 20), (snapshot, exploit)
+        assert 64 << 20 <= counted < 65 << 20, counted
     else:
         assert snapshot >= (64 << 20) and exploit >= (64 << 20), (snapshot, exploit)
+        assert 3 * 64 << 20 <= counted < 3 * 65 << 20, counted

@@ -493,8 +493,7 @@ class Pauses:
             try:
                 # What the members' checkpoints and snapshots take now, and what this one would add:
                 # a walk of their folders (read in this thread too: it reads no file's data)
-                seen: set[tuple[int, int]] = set()
-                found["use"] = sum(checkpoints.disk_use(member, seen=seen) for member in members)
+                found["use"] = checkpoints.disk_use_of(members)
                 found["own"] = checkpoints.disk_use(paths)  # its checkpoint and snapshots
                 found["need"] = checkpoints.disk_use(paths, snapshots=False)
                 if self._max_disk is not None and found["use"] + found["need"] > self._max_disk:
@@ -692,9 +691,8 @@ class Pauses:
             if method.finished:
                 logger.info("population-based training ended: its members' snapshots removed%s", _kept_words(method))
                 if self._root and not self._read_only:
-                    seen: set[tuple[int, int]] = set()
                     members = [RunPaths.recorded(self._root, member) for member in method.members]
-                    self._record_disk(sum(checkpoints.disk_use(member, seen=seen) for member in members))
+                    self._record_disk(checkpoints.disk_use_of(members))
 
     def stuck(self) -> list[RunSpec]:
         """The paused runs of this start that no method will promote (nothing runs, nothing is owed),

@@ -48,7 +48,8 @@ import errno
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 
 from ..finite import ascii_int
 from ..recordclass import Record, field
@@ -385,12 +386,12 @@ def collect(paths: RunPaths, keep: set[float]) -> None:
         return
 
 
-def disk_use(paths: RunPaths, *, snapshots: bool = True, seen: set[tuple[int, int]] | None = None) -> int:
+def disk_use(paths: RunPaths, *, snapshots: bool = True, seen: set[tuple[int, int, int]] | None = None) -> int:
     """Bytes ``paths``' checkpoint folder (and, with ``snapshots``, its snapshots) takes on disk:
-    each file's allocated blocks (holes take none), a file linked twice counted once (``seen``: the
-    files counted already, shared between calls), nothing reached through a link. Read while runs
-    write: a file gone meanwhile counts nothing. A file system that shares a copy's blocks with its
-    source (Btrfs, XFS) cannot be told apart here: each copy counts in full, an upper bound."""
+    each file's allocated blocks (holes take none), nothing reached through a link, and what is
+    shared counted once (``seen``: what was counted already, shared between calls): a file linked
+    twice, and, where the file system says which blocks a copy shares with its source (Linux's
+    FIEMAP: XFS, Btrfs), those blocks. Read while runs write: a file gone meanwhile counts nothing."""
     seen = set() if seen is None else seen
     tops = [paths.checkpoint] + ([snapshots_dir(paths)] if snapshots else [])
     total = 0
@@ -402,15 +403,82 @@ def disk_use(paths: RunPaths, *, snapshots: bool = True, seen: set[tuple[int, in
             continue
         for folder, _, files in os.walk(top, followlinks=False):
             for name in files:
-                try:
-                    info = os.lstat(os.path.join(folder, name))
-                except OSError:
-                    continue
-                if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) not in seen:
-                    seen.add((info.st_dev, info.st_ino))
-                    blocks = getattr(info, "st_blocks", None)  # not on Windows: the file's size
-                    total += info.st_size if blocks is None else blocks * 512
+                total += _file_disk_use(os.path.join(folder, name), seen)
     return total
+
+
+def disk_use_of(members: Iterable[RunPaths]) -> int:
+    """:func:`disk_use` of several runs' checkpoints and snapshots, what they share counted once."""
+    seen: set[tuple[int, int, int]] = set()
+    return sum(disk_use(paths, seen=seen) for paths in members)
+
+
+_FIEMAP = 0xC020660B  # FS_IOC_FIEMAP: a file's extents (linux/fiemap.h, linux/fs.h)
+_FIEMAP_HEAD, _FIEMAP_EXTENT = "=QQIIII", "=QQQQQIIII"  # struct fiemap, struct fiemap_extent
+_EXTENTS_ASKED = 128
+_EXTENT_LAST, _EXTENT_UNKNOWN, _EXTENT_SHARED = 0x1, 0x2, 0x2000
+
+
+def _file_disk_use(path: str, seen: set[tuple[int, int, int]]) -> int:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return 0
+    if not stat.S_ISREG(info.st_mode) or (0, info.st_dev, info.st_ino) in seen:
+        return 0
+    seen.add((0, info.st_dev, info.st_ino))
+    blocks = getattr(info, "st_blocks", None)  # not on Windows: the file's size
+    whole = info.st_size if blocks is None else blocks * 512
+    extents = _extents(path) if whole else None
+    if extents is None:  # no extent map here (another system, tmpfs): its blocks, shared or not
+        return whole
+    total = 0
+    for physical, length, flags in extents:
+        if flags & _EXTENT_SHARED and not flags & _EXTENT_UNKNOWN:
+            if (1, info.st_dev, physical) in seen:
+                continue  # a block a copy shares, counted with the file it was counted with first
+            seen.add((1, info.st_dev, physical))
+        total += length
+    return total
+
+
+def _extents(path: str) -> list[tuple[int, int, int]] | None:
+    """``path``'s extents as ``(physical, length, flags)``, or None where the file system gives none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import fcntl
+    import struct
+
+    head, extent = struct.calcsize(_FIEMAP_HEAD), struct.calcsize(_FIEMAP_EXTENT)
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return None
+    found: list[tuple[int, int, int]] = []
+    start = 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for a FIFO since it was listed
+            return None
+        while True:
+            asked = bytearray(struct.pack(_FIEMAP_HEAD, start, (1 << 64) - 1 - start, 0, 0, _EXTENTS_ASKED, 0))
+            asked += bytes(extent * _EXTENTS_ASKED)
+            try:
+                fcntl.ioctl(fd, _FIEMAP, asked)
+            except OSError:
+                return None if not found else found
+            mapped = struct.unpack_from(_FIEMAP_HEAD, asked)[3]
+            last = False
+            for index in range(mapped):
+                logical, physical, length, _, _, flags, *_ = struct.unpack_from(
+                    _FIEMAP_EXTENT, asked, head + index * extent
+                )
+                found.append((physical, length, flags))
+                start = logical + length
+                last = bool(flags & _EXTENT_LAST)
+            if last or mapped == 0:
+                return found
+    finally:
+        os.close(fd)
 
 
 def clear_unfinished(paths: RunPaths) -> None:

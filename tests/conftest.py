@@ -141,6 +141,15 @@ def own_reservations_dir(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path_factory, monkeypatch):
+    """Each test's sweeps keep what their warm processes imported (backends/local/importcache.py)
+    to themselves, not in the user's cache."""
+    folder = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("GTS_CACHE_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_processes(monkeypatch):
     """Every process a test starts carries a mark; none may survive the test."""
     mark = uuid.uuid4().hex

@@ -181,6 +181,50 @@ def test_a_sweep_started_again_recalls_what_its_runs_imported(in_tmp):
     assert "fractions" in json.loads((in_tmp / "r" / "i-0," / ".gts" / "imports.json").read_text())
 
 
+def test_a_sweep_in_another_root_forks_its_first_run_with_what_earlier_sweeps_of_the_script_imported(in_tmp):
+    """A warm process that imported what the runs import (here: fractions, in a function, which no
+    read of the source finds) and got ready is kept on this machine for the script as it is: a sweep
+    of it in another root has it imported from its first run. Edited, the script starts afresh."""
+
+    def sweep(root, runs=8):
+        config = _probe(in_tmp, runs=runs, slots=("cpu",))
+        config["scheduler_config"]["result_root_folder"] = str(in_tmp / root)
+        config["scheduler_config"]["scheduler_log_file_path"] = str(in_tmp / f"{root}.log")
+        os.utime(in_tmp / "probe.py", ns=(1, 10**18))  # _probe wrote it again: as it was (the same mtime)
+        assert GPUTaskScheduler(config).start().ok
+        seen = _seen(in_tmp / root)
+        assert all(run["forked"] for run in seen.values()), seen
+        had = [("fractions" in seen[f"i-{i},"]["preloaded"]) for i in range(runs)]
+        return had, (in_tmp / f"{root}.log").read_text()
+
+    first, _ = sweep("r")
+    assert first[0] is False and first[-1] is True, first  # learned from this sweep's first run
+    again, log = sweep("r2", runs=2)
+    assert again == [True, True], again
+    assert "warm processes of earlier sweeps of probe.py imported are imported too" in log
+    config = _probe(in_tmp, runs=1, slots=("cpu",))  # written again, with a new mtime: as if edited
+    config["scheduler_config"]["result_root_folder"] = str(in_tmp / "r3")
+    assert GPUTaskScheduler(config).start().ok
+    assert "fractions" not in _seen(in_tmp / "r3")["i-0,"]["preloaded"]
+
+
+def test_what_is_kept_for_later_sweeps_is_imported_only_where_it_is_an_installed_module(tmp_path):
+    """The kept list is read as untrusted: a name that is the user's own module on the run's path (or
+    no module at all) is never imported ahead; a damaged file gives nothing."""
+    from gpu_task_scheduler.backends.local import importcache
+
+    (tmp_path / "mine.py").write_text("X = 1\n")
+    importcache.remember(["script:1"], ["fractions", "mine", "no_such_module_here", "json.decoder"], {"tkinter"})
+    names, unwanted = importcache.recall("script:1")
+    assert names == ["fractions", "mine", "no_such_module_here", "json.decoder"] and unwanted == ["tkinter"]
+    search = [str(tmp_path), *(folder for folder in sys.path[1:] if folder)]
+    assert importcache.installed(names, search) == ["fractions", "json.decoder"]
+    assert importcache.recall("script:2") == ([], [])
+    with open(importcache._file("script:1"), "w") as handle:
+        handle.write("[" * 200_000)
+    assert importcache.recall("script:1") == ([], [])
+
+
 def test_a_request_longer_than_the_socket_hands_over_at_once_is_forked(in_tmp):
     """The warm process read each request with one receive. A request longer than what the socket
     hands over at once was cut, and the warm process died on it: a learned imports list of 3,475

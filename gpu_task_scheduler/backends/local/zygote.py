@@ -59,7 +59,7 @@ from typing import Any
 
 from ...proctree import TOKEN_ENV, WARM_ENV, become_subreaper, parent_of
 from ...records.paths import RunPaths, open_regular
-from . import isolation
+from . import importcache, isolation
 from .forkserver import IMPORTS_FILE
 from .prepare import Launch, runner_argv_for
 from .process import ADOPTED_WORD, Child, open_log
@@ -318,6 +318,7 @@ class WarmStarts:
         self._gave_up = False  # a warm process with prewarm's imports only died as it imported them
         self._running: dict[str, RunPaths] = {}  # forked runs not heard from yet: their imports file
         self._read: set[str] = set()  # the scripts (with their mtime) and -c codes whose imports were read
+        self._kept: WarmProcess | None = None  # the last ready warm process whose imports were kept (importcache)
 
     def _say(self, why: str) -> None:
         if why not in self._said:
@@ -453,6 +454,7 @@ class WarmStarts:
                 with contextlib.suppress(OSError):
                     self._current = self._started(env, cwd)
             return None
+        self._keep(current)
         return current
 
     def _died_importing(self, warm: WarmProcess) -> None:
@@ -463,6 +465,7 @@ class WarmStarts:
         if set(warm.imports) <= set(self._stated):
             self._gave_up = True
             return
+        importcache.forget(self._read)  # what was kept may be what took it down: learned again, from the runs
         if self._learning:
             self._learning = False
             logger.info(
@@ -540,15 +543,38 @@ class WarmStarts:
             return
         self._read.add(key)
         found, what = source.imports(), source.what
+        cached, unwanted = importcache.recall(key)  # what warm processes of earlier sweeps of it imported
+        self._unwanted.update(unwanted)
         known = set(self._imports)
         new = [name for name in found if name not in known and self._wanted(name)]
-        if not new:
+        recalled = [
+            name
+            for name in importcache.installed(cached, source.search)
+            if name not in known and name not in new and self._wanted(name)
+        ]
+        if new:
+            libraries = sorted(new, key=lambda name: name.split(".")[0] in sys.stdlib_module_names)  # libraries first
+            shown = ", ".join(libraries[:8]) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
+            logger.info(
+                "warm starts: %s imports %s (read from its source): the warm process imports them too", what, shown
+            )
+        if recalled:
+            logger.info(
+                "warm starts: %d more module(s) that warm processes of earlier sweeps of %s imported are imported too",
+                len(recalled),
+                what,
+            )
+        if new or recalled:
+            self._imports.extend(new + recalled)
+            self._refresh()
+
+    def _keep(self, warm: WarmProcess) -> None:
+        """``warm`` is ready: it imported every name and changed nothing a fork inherits, so what it
+        imported (beyond prewarm's) is kept on this machine for later sweeps of the same scripts."""
+        if warm is self._kept or not self._learning or not self._read:
             return
-        libraries = sorted(new, key=lambda name: name.split(".")[0] in sys.stdlib_module_names)  # the libraries first
-        shown = ", ".join(libraries[:8]) + (f" and {len(new) - 8} more" if len(new) > 8 else "")
-        logger.info("warm starts: %s imports %s (read from its source): the warm process imports them too", what, shown)
-        self._imports.extend(new)
-        self._refresh()
+        self._kept = warm
+        importcache.remember(self._read, [name for name in warm.imports if name not in self._stated], self._unwanted)
 
     def _recall(self, paths: RunPaths) -> None:
         """What a run about to start imported in an earlier start (its file stays in its folder): a

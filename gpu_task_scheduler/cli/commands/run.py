@@ -145,7 +145,7 @@ def _say_how_runs_start(sweep: Any, to_run: list[Any]) -> None:
     if not sweep.options.prewarm:
         print("warm starts: off (prewarm: false): every run starts a fresh Python")
         return
-    from ...backends.local import sourceimports
+    from ...backends.local import importcache, sourceimports
     from ...backends.local.tasks import CommandTask
     from ...backends.local.zygote import script_argv
     from ...sweep.commands import check_template
@@ -166,14 +166,15 @@ def _say_how_runs_start(sweep: Any, to_run: list[Any]) -> None:
         if source.key is None or source.key in read:
             continue
         read.add(source.key)
-        imports += [name for name in source.imports() if name not in imports]
+        kept = importcache.installed(importcache.recall(source.key)[0], source.search)  # earlier sweeps' of it
+        imports += [name for name in source.imports() + kept if name not in imports]
     for why, count in cold.items():
         print(f"warm starts: {count} of the {len(looked)} run(s) looked at start cold: {why}")
     if looked and sum(cold.values()) == len(looked):
         return
     libraries = sorted(imports, key=lambda name: name.split(".")[0] in sys.stdlib_module_names)  # libraries first
     shown = ", ".join(libraries[:8]) + (f" and {len(libraries) - 8} more" if len(libraries) > 8 else "")
-    what = f"{shown} (prewarm's, and the scripts' own read from their source), then" if shown else ""
+    what = f"{shown} (prewarm's, the scripts' own read from their source, and earlier sweeps'), then" if shown else ""
     print(
         f"warm starts: {'the other runs are' if cold else 'each run is'} forked from a warm process that imports "
         f"{what} what the runs are seen to import; the first run waits for it (prewarm: false: every run cold)"

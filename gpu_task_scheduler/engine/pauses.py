@@ -486,11 +486,11 @@ class Pauses:
         paths = RunPaths(spec.work_dir, None)
         found: dict[str, Any] = {}
         cancel = threading.Event()
-        members = [RunPaths.recorded(self._root, name) for name in method.members if name != spec.name]
-        members = [paths, *members] if self._root else [paths]
+        others = [name for name in method.members if name != spec.name] if self._root else []
 
         def copy() -> None:
             try:
+                members = [paths, *(RunPaths.recorded(self._root, name) for name in others)]
                 # What the members' checkpoints and snapshots take now, and what this one would add:
                 # a walk of their folders (read in this thread too: it reads no file's data)
                 found["use"] = checkpoints.disk_use_of(members)
@@ -555,8 +555,7 @@ class Pauses:
                 assert self._max_disk is not None
                 why = (
                     f"it would take the checkpoints of the population to {format_size(found['use'] + found['need'])}"
-                    f", past checkpoints: {{max_disk: {format_size(self._max_disk)}}}: it is offered to no "
-                    "member at this interval"
+                    f", past checkpoints: {{max_disk: {format_size(self._max_disk)}}}"
                 )
                 detail["over_disk"] = True
             logger.warning(

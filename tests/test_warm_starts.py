@@ -225,6 +225,22 @@ def test_what_is_kept_for_later_sweeps_is_imported_only_where_it_is_an_installed
     assert importcache.recall("script:1") == ([], [])
 
 
+def test_the_gpus_a_machines_environment_holds_for_its_run_are_no_part_of_the_warm_processs(monkeypatch):
+    """CUDA_VISIBLE_DEVICES is set for each run (its GPUs), never part of a warm process's identity,
+    whatever the supervisor's own environment holds. A Ray worker's environment holds the GPUs of
+    the task it runs now: its second run, on other GPUs, started cold ("its environment differs ...
+    in CUDA_VISIBLE_DEVICES"; 1 in 8 of test_ray_backend's warm test under load, where a worker
+    was given a second run)."""
+    from gpu_task_scheduler.backends.local.zygote import shared_env
+
+    seen = []
+    for gpus in ("0", "2"):  # the worker's environment as Ray sets it for each task, and the run's
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)
+        seen.append(shared_env({**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "GTS_RUN_NAME": f"run-{gpus}"}))
+    assert seen[0] == seen[1] and "CUDA_VISIBLE_DEVICES" not in seen[0]
+    assert "GTS_RUN_NAME" not in seen[0] and seen[0].get("PATH") == os.environ.get("PATH")
+
+
 def test_a_request_longer_than_the_socket_hands_over_at_once_is_forked(in_tmp):
     """The warm process read each request with one receive. A request longer than what the socket
     hands over at once was cut, and the warm process died on it: a learned imports list of 3,475

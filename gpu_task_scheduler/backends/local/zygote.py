@@ -116,13 +116,27 @@ READ_AT_START = (
 )  # fmt: skip
 
 
+# Set for each run by the scheduler (or by the machine's supervisor: a Ray worker's own environment
+# holds the GPUs of the task it runs now), whatever the scheduler's own environment holds: never
+# part of a warm process's identity. A forked run sets it before its script starts; a warm process
+# never touches a GPU (isolation.py), so nothing read it before. Counted as shared, a Ray worker's
+# second run on other GPUs, or a local run on another GPU than the shell's CUDA_VISIBLE_DEVICES,
+# started cold ("its environment differs ... in CUDA_VISIBLE_DEVICES": a fresh-clone CI run, 1 in 8
+# of the Ray test's runs under load).
+PER_RUN = ("CUDA_VISIBLE_DEVICES",)
+
+
 def shared_env(env: dict[str, str]) -> dict[str, str]:
     """What of a run's environment is the scheduler's own (every cold start inherits it), and what
     Python and the libraries read as they start (``READ_AT_START``): what the warm process is
     started with, and what a run must share with it to be forked from it. What the scheduler adds
-    per run (its identity, its files, its GPUs, its command's values) is not in it: a forked run
-    sets it before its script starts."""
-    return {key: value for key, value in env.items() if os.environ.get(key) == value or key.startswith(READ_AT_START)}
+    per run (its identity, its files, its GPUs: ``PER_RUN``, its command's values) is not in it: a
+    forked run sets it before its script starts."""
+    return {
+        key: value
+        for key, value in env.items()
+        if key not in PER_RUN and (os.environ.get(key) == value or key.startswith(READ_AT_START))
+    }
 
 
 class WarmProcess:

@@ -92,6 +92,7 @@ def test_scheduler_defaults_match_the_original(in_tmp):
         "max_host_cpu_percent": None,
         "min_host_free_memory": None,
         "budget": None,
+        "checkpoints": None,
         "backend": "local",
         "ray_address": None,
         "ray_cpus_per_run": 0,

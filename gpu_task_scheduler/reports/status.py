@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import ConfigError, GTSError, did_you_mean, install_hint
-from ..finite import finite_number
-from ..gpu.devices import format_memory, format_size
+from ..gpu.devices import format_memory
 from ..records.checkpoints import DISK_META
 from ..records.metrics import describe, latest, shown_first
 from ..records.paths import RunPaths, log_name_problem, name_problem
 from ..records.status import QUEUED, RunStatus
 from ..results import escape_controls, open_ledger
+from .disk import checkpoint_disk, checkpoint_line
 from .drawing import plain_text
 
 _COLORS = {
@@ -185,7 +185,7 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     if stages:
         report["stages"] = stages
     report["mean_success_seconds"] = mean
-    disk = _checkpoint_disk(ledger.get_meta(DISK_META))
+    disk = checkpoint_disk(ledger.get_meta(DISK_META))
     if disk is not None:  # population-based training's checkpoints and snapshots (engine/pauses.py)
         report["checkpoints"] = disk
     seconds, joules = ledger.cost()
@@ -204,34 +204,6 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
         now=time.time(),
     )
     return report, recorded, entries
-
-
-def _checkpoint_disk(text: str | None) -> dict[str, Any] | None:
-    """The ledger's record of the disk a population's checkpoints take (None: none, or changed by
-    hand into something else)."""
-    try:
-        disk = json.loads(text) if text else None
-    except ValueError:
-        return None
-    if not isinstance(disk, dict) or not all(finite_number(disk.get(key)) for key in ("bytes", "refused", "at")):
-        return None
-    limit = disk.get("max_disk")
-    return {
-        "bytes": int(disk["bytes"]),
-        "max_disk": int(limit) if finite_number(limit) else None,
-        "refused": int(disk["refused"]),
-        "at": float(disk["at"]),
-    }
-
-
-def checkpoint_line(disk: dict[str, Any]) -> str:
-    """``gts status``'s line of a population's checkpoint disk use."""
-    line = f"  checkpoints: {format_size(disk['bytes'])} on disk (the population's, at its last snapshot or end)"
-    if disk["max_disk"] is not None:
-        line += f"; max_disk {format_size(disk['max_disk'])}"
-    if disk["refused"]:
-        line += f": {disk['refused']} snapshot(s) not taken for it (those members were offered to no one there)"
-    return line
 
 
 def running_is_stale(root: str) -> bool:

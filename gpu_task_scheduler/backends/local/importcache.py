@@ -56,8 +56,6 @@ def _file(key: str) -> str:
 def recall(key: str) -> tuple[list[str], list[str]]:
     """The modules warm processes of earlier sweeps imported for ``key`` (a script as it is), and
     the packages they found unwanted; nothing where none was kept, or the file is damaged."""
-    from .zygote import _module_name
-
     try:
         with open(_file(key), "rb") as handle:
             data = handle.read(MOST_BYTES + 1)
@@ -70,9 +68,15 @@ def recall(key: str) -> tuple[list[str], list[str]]:
     def names(field: str) -> list[str]:
         found = kept.get(field)
         found = found if isinstance(found, list) else []
-        return [name for name in found[:MOST_NAMES] if isinstance(name, str) and _module_name(name)]
+        return [name for name in found[:MOST_NAMES] if isinstance(name, str) and module_name(name)]
 
     return names("imports"), names("unwanted")
+
+
+def module_name(name: str) -> bool:
+    """Whether ``name`` is a module's dotted name (``a.b_c``), not text a warm process would be
+    asked to import as something else."""
+    return 0 < len(name) <= 512 and all(part.isidentifier() for part in name.split("."))
 
 
 def installed(names: Iterable[str], search: Sequence[str]) -> list[str]:

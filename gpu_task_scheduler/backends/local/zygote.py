@@ -295,13 +295,7 @@ def _imports_of(paths: RunPaths) -> list[str] | None:
         with contextlib.suppress(OSError):
             os.unlink(where)  # not behind a link (checked above): the run writes a new one
         return None
-    return [name for name in names if isinstance(name, str) and _module_name(name)]
-
-
-def _module_name(name: str) -> bool:
-    """Whether ``name`` is a module's dotted name (``a.b_c``), not text the warm process would be
-    asked to import as something else."""
-    return 0 < len(name) <= 512 and all(part.isidentifier() for part in name.split("."))
+    return [name for name in names if isinstance(name, str) and importcache.module_name(name)]
 
 
 class WarmStarts:

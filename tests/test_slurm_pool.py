@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -351,6 +352,56 @@ def test_a_kill_asked_while_the_stop_is_written_is_sent_too(tmp_path, monkeypatc
     assert written == ["t0.stop", "t0.kill"]
     launcher._send_requests()
     assert written == ["t0.stop", "t0.kill"]  # each word once
+
+
+def test_of_two_attempts_of_one_run_an_earlier_start_left_the_newer_is_followed_and_the_older_given_up(
+    tmp_path, monkeypatch
+):
+    """An earlier start left two attempts of run a, (one queued, one claimed by a live agent): a run
+    has one attempt to follow. The older (its entry's number) is withdrawn from the queue, told
+    abandoned and its lease waited for before anything runs; the newer is followed. And an adopted
+    attempt the engine does not follow (its ledger knows another) is given up, and over, before the
+    new one is queued: it was dropped, and an agent ran it beside the new one (a fresh-clone CI run:
+    a run that trained its steps twice at once after the driver was SIGKILLed and started again)."""
+    from gpu_task_scheduler.backends.slurm import commands
+    from gpu_task_scheduler.backends.slurm import pool as pool_module
+    from gpu_task_scheduler.backends.slurm.commands import TaskState
+
+    launcher = PoolLauncher(type("T", (), {}), _options({"nodes": 1}))
+    files = launcher._files = PoolFiles(str(tmp_path))
+    files.make()
+    monkeypatch.setattr(commands, "jobs_named", lambda name: {"7": TaskState(state="RUNNING", node="gts0", reason="")})
+    waited = []
+    monkeypatch.setattr(pool_module, "wait_all_over", lambda stale, terms: waited.append(sorted(stale)))
+
+    def entry(seq, token, where):
+        name = f"{seq:09d}.{token}.json"
+        run = {"name": "a,", "token": token, "lease": str(tmp_path / f"{token}.lease")}
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, name), "w") as handle:
+            json.dump(run, handle)
+        return name
+
+    older = entry(1, "t1", files.claimed("7.0.gts0.a1b2"))  # claimed by the agent of allocation 7, which runs
+    newer = entry(2, "t2", files.queue)
+    launcher._adopt()
+    assert launcher.live_attempt("a,") == "t2"
+    assert os.path.exists(files.event("t1", "abandoned")) and waited == [[(str(tmp_path / "t1.lease"), "t1")]]
+    assert os.path.exists(os.path.join(files.queue, newer)) and not os.path.exists(files.event("t2", "abandoned"))
+    assert os.path.exists(os.path.join(files.claimed("7.0.gts0.a1b2"), older))  # its agent's: the word stops it
+
+    class Started(Exception):
+        pass
+
+    def prepared(attempt):
+        raise Started  # the new attempt is prepared only once the adopted one is given up and over
+
+    monkeypatch.setattr(launcher, "_prepared", prepared)
+    attempt = types.SimpleNamespace(spec=types.SimpleNamespace(name="a,"), token="t3")
+    with pytest.raises(Started):
+        launcher.start(attempt, lambda: None)
+    assert not os.path.exists(os.path.join(files.queue, newer)) and os.path.exists(files.event("t2", "abandoned"))
+    assert waited[-1] == [(str(tmp_path / "t2.lease"), "t2")]
 
 
 @pytest.mark.parametrize(

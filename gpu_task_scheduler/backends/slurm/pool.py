@@ -307,11 +307,8 @@ class PoolLauncher(Following):
         given up where an agent runs them."""
         with self._lock:
             leftovers, self._adoptable = list(self._adoptable.values()), {}
-        for token, _run, entry in leftovers:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self._files.queue, entry))
-            with contextlib.suppress(OSError):
-                atomic_write(self._files.event(token, "abandoned"), b"")
+        for leftover in leftovers:
+            self._give_up(leftover, [])
 
     # --- adopting ---------------------------------------------------------------------
 
@@ -323,12 +320,12 @@ class PoolLauncher(Following):
             self._allocations = commands.jobs_named(self._name)
         except GTSError as error:
             raise GTSError(f"cannot read the pool's Slurm jobs: {error}") from error
+        stale: list[tuple[str, str]] = []
         for entry in self._files.listdir(self._files.queue):
             run = read_json(os.path.join(self._files.queue, entry))
             self._seq = max(self._seq, int(entry.split(".")[0]))
             if token_of(entry) and isinstance(run, dict) and isinstance(run.get("name"), str):
-                self._adoptable[run["name"]] = (str(run["token"]), run, entry)
-        stale: list[tuple[str, str]] = []
+                self._adoptable_found((str(run["token"]), run, entry), stale)
         for agent in self._files.listdir(self._files.agents):
             state = self._allocations.get(job_of(agent))
             alive = state is not None and state.live and state.state not in ("PENDING", "REQUEUED")
@@ -339,7 +336,7 @@ class PoolLauncher(Following):
                     continue
                 self._seq = max(self._seq, int(entry.split(".")[0]))
                 if alive:
-                    self._adoptable[run["name"]] = (str(run["token"]), run, entry)
+                    self._adoptable_found((str(run["token"]), run, entry), stale)
                 else:
                     with contextlib.suppress(OSError):
                         atomic_write(self._files.event(str(run["token"]), "abandoned"), b"")
@@ -347,23 +344,53 @@ class PoolLauncher(Following):
             if not alive:
                 self._files.remove_agent(agent)
         followed = {token for token, _run, _entry in self._adoptable.values()}
+        followed |= {token for _lease, token in stale}  # given up: their agents must still hear the word
         for name in self._files.listdir(self._files.events):  # words and ends of attempts no one follows now
             if name.partition(".")[0] not in followed:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self._files.events, name))
         if stale:
-            logger.info("Slurm pool: waiting for %d attempt(s) of ended allocations to be over", len(stale))
+            logger.info("Slurm pool: waiting for %d attempt(s) no start follows to be over", len(stale))
             wait_all_over(stale, LeaseTerms(self._o.lease_interval, self._o.grace_period))
         if self._adoptable:
             found = len(self._adoptable)
             logger.info("Slurm pool: %d run(s) of an earlier start are still queued or running: followed", found)
+
+    def _adoptable_found(self, found: tuple[str, dict[str, Any], str], stale: list[tuple[str, str]]) -> None:
+        """An attempt an earlier start left, queued or claimed by a live agent. A run has one attempt
+        to follow: of two of the same run (their entries listed one after the other), the newer (its
+        entry's number) is followed, the older given up (``stale``: its lease waited for)."""
+        name = found[1]["name"]
+        earlier = self._adoptable.get(name)
+        if earlier is not None and earlier[0] != found[0]:
+            older, found = sorted((earlier, found), key=lambda item: int(item[2].split(".")[0]))
+            self._give_up(older, stale)
+        self._adoptable[name] = found
+
+    def _give_up(self, attempt: tuple[str, dict[str, Any], str], stale: list[tuple[str, str]]) -> None:
+        """An earlier start's attempt that no start follows: withdrawn from the queue (an agent's claim
+        of it then fails), told abandoned (an agent that took it stops it, or never starts it: it
+        looks after it took the run's lease), and its lease added to ``stale``, to be waited for."""
+        token, run, entry = attempt
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self._files.queue, entry))
+        with contextlib.suppress(OSError):
+            atomic_write(self._files.event(token, "abandoned"), b"")
+        stale.append((str(run["lease"]), token))
 
     # --- starting ---------------------------------------------------------------------
 
     def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> SlurmHandle:
         with self._lock:
             adopted = self._adoptable.pop(attempt.spec.name, None)
-        if adopted is not None and adopted[0] == attempt.token:
+        if adopted is not None and adopted[0] != attempt.token:
+            # The engine runs the run again (its ledger knows another attempt): the one an earlier
+            # start left is given up and over before the new one is queued, never beside it.
+            stale: list[tuple[str, str]] = []
+            self._give_up(adopted, stale)
+            logger.info("%s: its attempt of an earlier start is given up before it runs again", attempt.spec.name)
+            wait_all_over(stale, LeaseTerms(self._o.lease_interval, self._o.grace_period))
+        elif adopted is not None:
             handle = self._handle(attempt, adopted[1], on_exit, on_placed)
             with self._lock:
                 self._attempts[attempt.token] = _Attempt(handle, adopted[1], entry=adopted[2])

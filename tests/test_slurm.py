@@ -243,6 +243,43 @@ def test_a_task_slurm_still_lists_after_its_run_ended_is_cancelled(tmp_path, mon
 
 
 @slurm_only
+def test_an_adopted_task_the_engine_does_not_follow_is_given_up_and_over_before_the_run_is_submitted(
+    tmp_path, monkeypatch
+):
+    """An earlier start's Slurm task of a run the engine runs again (its ledger knows another
+    attempt) was dropped, and Slurm ran it beside the new one: it is told abandoned, cancelled and
+    its lease waited for, before the new attempt is prepared."""
+    import types
+
+    import gts_test_tasks as tasks
+    from helpers import make_config
+
+    from gpu_task_scheduler.backends.slurm import launcher as slurm_launcher
+    from gpu_task_scheduler.sweep.expand import Sweep
+
+    sweep = Sweep(make_config(tmp_path / "r", [{"seconds": [1]}], backend="slurm"))
+    launcher = slurm_launcher.SlurmLauncher(tasks.ContractTask, sweep.options)
+    events = tmp_path / "r" / ".gts" / "slurm" / "events"
+    os.makedirs(events)
+    happened = []
+    monkeypatch.setattr(commands, "cancel", lambda names, signal_name=None, **kw: happened.append(("cancel", names)))
+    monkeypatch.setattr(slurm_launcher, "wait_over", lambda lease, token, terms: happened.append(("over", token)))
+    launcher._adoptable["seconds-1,"] = ("t1", {"job": "7", "index": 3, "lease": str(tmp_path / "lease")}, None)
+
+    class Prepared(Exception):
+        pass
+
+    def prepared(attempt):
+        happened.append(("prepared", attempt.token))
+        raise Prepared
+
+    monkeypatch.setattr(launcher, "_prepared", prepared)
+    with pytest.raises(Prepared):
+        launcher.start(types.SimpleNamespace(spec=types.SimpleNamespace(name="seconds-1,"), token="t2"), lambda: None)
+    assert happened == [("cancel", ["7_3"]), ("over", "t1"), ("prepared", "t2")]
+    assert (events / "t1.abandoned").exists()
+
+
 def test_detach_then_status_then_a_second_run_follows_the_jobs(slurm, in_tmp, no_leaked_processes):
     """--detach submits and exits; gts status shows the runs on their jobs; gts run again follows
     the live jobs (no run twice) and ends when they do."""

@@ -252,7 +252,10 @@ class SlurmLauncher(Following):
     def start(self, attempt: Attempt, on_exit: Callable[[], None], on_placed: OnPlaced | None = None) -> SlurmHandle:
         with self._lock:
             adopted = self._adoptable.pop(attempt.spec.name, None)
-        if adopted is not None and adopted[0] == attempt.token:
+        if adopted is not None and adopted[0] != attempt.token:
+            self._give_up_adopted(attempt.spec.name, adopted[0], adopted[1])
+            adopted = None
+        if adopted is not None:
             run, state = adopted[1], adopted[2]
             handle = self._handle(attempt, run, on_exit, on_placed)
             task = _Task(handle, run, batch=run["batch"], job=run["job"], index=run["index"])
@@ -647,6 +650,19 @@ class SlurmLauncher(Following):
             except GTSError as error:
                 logger.warning("could not share max_parallel across the sweep's arrays: %s", error)
                 return
+
+    def _give_up_adopted(self, name: str, token: str, run: dict[str, Any]) -> None:
+        """The engine runs ``name`` again (its ledger knows another attempt) while an earlier start's
+        Slurm task of it is still queued or running: that task is told abandoned (it never starts,
+        or stops), cancelled, and its lease waited for, before the new attempt is handed to Slurm,
+        never beside it. It was dropped, and Slurm ran it as well."""
+        logger.info("%s: its Slurm task of an earlier start is given up before it runs again", name)
+        try:
+            atomic_write(os.path.join(self._events, f"{token}.abandoned"), b"", durable=True)
+            commands.cancel([f"{run['job']}_{run['index']}"])
+        except (GTSError, OSError) as error:
+            logger.warning("%s: could not cancel its Slurm task of an earlier start: %s", name, error)
+        wait_over(run["lease"], token, LeaseTerms(self._o.lease_interval, self._o.grace_period))
 
     # --- ends ---------------------------------------------------------------------------
 

@@ -404,6 +404,33 @@ def test_of_two_attempts_of_one_run_an_earlier_start_left_the_newer_is_followed_
     assert waited[-1] == [(str(tmp_path / "t2.lease"), "t2")]
 
 
+def test_the_abandoned_word_for_a_claim_of_an_allocation_taken_for_gone_outlives_the_events_cleanup(
+    tmp_path, monkeypatch
+):
+    """A claim whose allocation squeue does not list as running is given up: told abandoned, its
+    lease waited for, then the run runs again. The word was written, then deleted at once with the
+    events of attempts no one follows: an agent that was in fact alive (squeue slow to list it, a
+    node lost under --no-kill) took the lease after the wait and, with no word, ran the attempt
+    beside the run's next one."""
+    from gpu_task_scheduler.backends.slurm import commands
+    from gpu_task_scheduler.backends.slurm import pool as pool_module
+
+    launcher = PoolLauncher(type("T", (), {}), _options({"nodes": 1}))
+    files = launcher._files = PoolFiles(str(tmp_path))
+    files.make()
+    monkeypatch.setattr(commands, "jobs_named", lambda name: {})  # allocation 7 not listed
+    monkeypatch.setattr(pool_module, "wait_all_over", lambda stale, terms: None)
+    claimed = files.claimed("7.0.gts0.a1b2")
+    os.makedirs(claimed)
+    with open(os.path.join(claimed, "000000001.t1.json"), "w") as handle:
+        json.dump({"name": "a,", "token": "t1", "lease": str(tmp_path / "t1.lease")}, handle)
+    with open(files.event("t9", "end"), "w") as handle:  # an end of an attempt no one follows: swept
+        handle.write("{}")
+    launcher._adopt()
+    assert os.path.exists(files.event("t1", "abandoned")) and not os.path.exists(files.event("t9", "end"))
+    assert launcher.live_attempt("a,") is None
+
+
 @pytest.mark.parametrize(
     ("state", "succeeded"),
     [("RUNNING", True), ("CANCELLED", False), ("PENDING", False), ("COMPLETING", False), (None, False)],

@@ -910,7 +910,12 @@ def test_a_task_whose_supervisor_never_starts_is_given_up_after_start_timeout(sl
     """A task Slurm runs whose supervisor never says it started (here its setup line hangs, as when
     slurmd loses a batch step) is given up after `start_timeout`: cancelled, recorded as lost with
     the reason, and nothing is left in Slurm's queue."""
-    path = write_sweep(in_tmp, 1, 0.1, setup=["sleep 600"], start_timeout=5)
+    # `exec`: the hanging line is the batch step's one process. A `sleep` under the script's bash
+    # outlived the cancel once on a machine loaded beyond the suite's own (a fresh-clone CI run:
+    # "processes left running after the test"); likely because the test cluster's proctrack/linuxproc
+    # finds a job's processes by parentage, and a sleep whose bash died of the SIGTERM first is no
+    # one's child by then.
+    path = write_sweep(in_tmp, 1, 0.1, setup=["exec sleep 600"], start_timeout=5)
     config = yaml.safe_load(path.read_text())
     config["scheduler_config"]["node_failure_retries"] = 0
     path.write_text(yaml.safe_dump(config))

@@ -68,7 +68,7 @@ from . import commands
 from . import task as task_module
 from .commands import TaskState
 from .following import Following, SlurmHandle, _running_for
-from .poolfiles import PoolFiles, entry_name, job_of, token_of
+from .poolfiles import PoolFiles, entry_name, give_up, job_of, left_attempts, token_of
 from .shape import allocation_args, is_gpu_sweep, pool_shape, pool_slots
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -308,7 +308,7 @@ class PoolLauncher(Following):
         with self._lock:
             leftovers, self._adoptable = list(self._adoptable.values()), {}
         for leftover in leftovers:
-            self._give_up(leftover, [])
+            give_up(self._files, leftover, [])
 
     # --- adopting ---------------------------------------------------------------------
 
@@ -320,63 +320,16 @@ class PoolLauncher(Following):
             self._allocations = commands.jobs_named(self._name)
         except GTSError as error:
             raise GTSError(f"cannot read the pool's Slurm jobs: {error}") from error
-        stale: list[tuple[str, str]] = []
-        for entry in self._files.listdir(self._files.queue):
-            run = read_json(os.path.join(self._files.queue, entry))
-            self._seq = max(self._seq, int(entry.split(".")[0]))
-            if token_of(entry) and isinstance(run, dict) and isinstance(run.get("name"), str):
-                self._adoptable_found((str(run["token"]), run, entry), stale)
-        for agent in self._files.listdir(self._files.agents):
-            state = self._allocations.get(job_of(agent))
-            alive = state is not None and state.live and state.state not in ("PENDING", "REQUEUED")
-            claimed = self._files.claimed(agent)
-            for entry in self._files.listdir(claimed):
-                run = read_json(os.path.join(claimed, entry))
-                if not (token_of(entry) and isinstance(run, dict) and isinstance(run.get("name"), str)):
-                    continue
-                self._seq = max(self._seq, int(entry.split(".")[0]))
-                if alive:
-                    self._adoptable_found((str(run["token"]), run, entry), stale)
-                else:
-                    with contextlib.suppress(OSError):
-                        atomic_write(self._files.event(str(run["token"]), "abandoned"), b"")
-                    stale.append((str(run["lease"]), str(run["token"])))
-            if not alive:
-                self._files.remove_agent(agent)
-        followed = {token for token, _run, _entry in self._adoptable.values()}
-        followed |= {token for _lease, token in stale}  # given up: their agents must still hear the word
-        for name in self._files.listdir(self._files.events):  # words and ends of attempts no one follows now
-            if name.partition(".")[0] not in followed:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self._files.events, name))
+        alive = {
+            job for job, state in self._allocations.items() if state.live and state.state not in ("PENDING", "REQUEUED")
+        }
+        self._adoptable, stale, self._seq = left_attempts(self._files, alive, self._seq)
         if stale:
             logger.info("Slurm pool: waiting for %d attempt(s) no start follows to be over", len(stale))
             wait_all_over(stale, LeaseTerms(self._o.lease_interval, self._o.grace_period))
         if self._adoptable:
             found = len(self._adoptable)
             logger.info("Slurm pool: %d run(s) of an earlier start are still queued or running: followed", found)
-
-    def _adoptable_found(self, found: tuple[str, dict[str, Any], str], stale: list[tuple[str, str]]) -> None:
-        """An attempt an earlier start left, queued or claimed by a live agent. A run has one attempt
-        to follow: of two of the same run (their entries listed one after the other), the newer (its
-        entry's number) is followed, the older given up (``stale``: its lease waited for)."""
-        name = found[1]["name"]
-        earlier = self._adoptable.get(name)
-        if earlier is not None and earlier[0] != found[0]:
-            older, found = sorted((earlier, found), key=lambda item: int(item[2].split(".")[0]))
-            self._give_up(older, stale)
-        self._adoptable[name] = found
-
-    def _give_up(self, attempt: tuple[str, dict[str, Any], str], stale: list[tuple[str, str]]) -> None:
-        """An earlier start's attempt that no start follows: withdrawn from the queue (an agent's claim
-        of it then fails), told abandoned (an agent that took it stops it, or never starts it: it
-        looks after it took the run's lease), and its lease added to ``stale``, to be waited for."""
-        token, run, entry = attempt
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(self._files.queue, entry))
-        with contextlib.suppress(OSError):
-            atomic_write(self._files.event(token, "abandoned"), b"")
-        stale.append((str(run["lease"]), token))
 
     # --- starting ---------------------------------------------------------------------
 
@@ -387,7 +340,7 @@ class PoolLauncher(Following):
             # The engine runs the run again (its ledger knows another attempt): the one an earlier
             # start left is given up and over before the new one is queued, never beside it.
             stale: list[tuple[str, str]] = []
-            self._give_up(adopted, stale)
+            give_up(self._files, adopted, stale)
             logger.info("%s: its attempt of an earlier start is given up before it runs again", attempt.spec.name)
             wait_all_over(stale, LeaseTerms(self._o.lease_interval, self._o.grace_period))
         elif adopted is not None:

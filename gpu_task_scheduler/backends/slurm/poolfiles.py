@@ -33,9 +33,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import Any
 
 from ...finite import ascii_int
-from ...records.paths import META, read_json
+from ...records.paths import META, atomic_write, read_json
 
 AGENT_BEAT = 1.0  # seconds between two heartbeats of an agent
 
@@ -122,3 +123,69 @@ def token_of(entry: str) -> str | None:
 def job_of(agent: str) -> str:
     """The allocation an agent runs in: its id is ``JOB.RESTARTS.NODE.NONCE``."""
     return agent.split(".", 1)[0]
+
+
+Attempt = tuple[str, dict[str, Any], str]  # an earlier start's attempt: its token, its run, its entry's name
+
+
+def left_attempts(files: PoolFiles, alive: set[str], seq: int) -> tuple[dict[str, Attempt], list[tuple[str, str]], int]:
+    """What an earlier start left, for a later one: the attempts to follow by run name (queued, or
+    claimed by an agent of an allocation in ``alive``), the given up ones' ``(lease, token)`` (to be
+    over before anything runs again), and the highest entry number seen (``seq`` or more).
+
+    A run has one attempt to follow: of two of one run (one given up whose claim lingers, and the
+    retry queued before the kill), the newer by its entry's number; the older is given up. The
+    claims of allocations not in ``alive`` are given up and their agents' folders removed. The events
+    of attempts no one follows are swept, but the words that give attempts up: an agent that was in
+    fact alive (squeue slow to list it) takes the lease after the wait, and must find the word."""
+    adoptable: dict[str, Attempt] = {}
+    stale: list[tuple[str, str]] = []
+
+    def found(attempt: Attempt) -> None:
+        name = attempt[1]["name"]
+        earlier = adoptable.get(name)
+        if earlier is not None and earlier[0] != attempt[0]:
+            older, attempt = sorted((earlier, attempt), key=lambda item: int(item[2].split(".")[0]))
+            give_up(files, older, stale)
+        adoptable[name] = attempt
+
+    def entries(folder: str) -> list[Attempt]:
+        nonlocal seq
+        listed = []
+        for entry in files.listdir(folder):
+            if not token_of(entry):
+                continue
+            seq = max(seq, int(entry.split(".")[0]))
+            run = read_json(os.path.join(folder, entry))
+            if isinstance(run, dict) and isinstance(run.get("name"), str):
+                listed.append((str(run["token"]), run, entry))
+        return listed
+
+    for attempt in entries(files.queue):
+        found(attempt)
+    for agent in files.listdir(files.agents):
+        for attempt in entries(files.claimed(agent)):
+            if job_of(agent) in alive:
+                found(attempt)
+            else:
+                give_up(files, attempt, stale)
+        if job_of(agent) not in alive:
+            files.remove_agent(agent)
+    followed = {token for token, _run, _entry in adoptable.values()} | {token for _lease, token in stale}
+    for name in files.listdir(files.events):
+        if name.partition(".")[0] not in followed:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(files.events, name))
+    return adoptable, stale, seq
+
+
+def give_up(files: PoolFiles, attempt: Attempt, stale: list[tuple[str, str]]) -> None:
+    """An earlier start's attempt that no start follows: withdrawn from the queue (an agent's claim
+    of it then fails), told abandoned (an agent that took it stops it, or never starts it: it looks
+    after it took the run's lease), and its lease added to ``stale``, to be waited for."""
+    token, run, entry = attempt
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(files.queue, entry))
+    with contextlib.suppress(OSError):
+        atomic_write(files.event(token, "abandoned"), b"")
+    stale.append((str(run["lease"]), token))

@@ -120,9 +120,8 @@ READ_AT_START = (
 # holds the GPUs of the task it runs now), whatever the scheduler's own environment holds: never
 # part of a warm process's identity. A forked run sets it before its script starts; a warm process
 # never touches a GPU (isolation.py), so nothing read it before. Counted as shared, a Ray worker's
-# second run on other GPUs, or a local run on another GPU than the shell's CUDA_VISIBLE_DEVICES,
-# started cold ("its environment differs ... in CUDA_VISIBLE_DEVICES": a fresh-clone CI run, 1 in 8
-# of the Ray test's runs under load).
+# second run on other GPUs started cold ("its environment differs ... in CUDA_VISIBLE_DEVICES": a
+# fresh-clone CI run, 1 in 8 of the Ray test's runs under load).
 PER_RUN = ("CUDA_VISIBLE_DEVICES",)
 
 

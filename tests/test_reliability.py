@@ -261,7 +261,10 @@ def test_sigkill_with_early_stopping_repeats_no_pruned_run_and_prunes_the_same_r
             **make_config(
                 root,
                 [{"start": [1.0], "floor": [0.1, 0.2, 0.3, 0.5], "decay": [0.5, 0.8, 0.95]}],
-                global_config={"steps": 27, "pause": 0.01, "journal": f"{root}.journal"},
+                # 0.04 s a step: the kills must come while the sweep still runs. With 0.01, once
+                # verdicts came every 20 ms (0.1 s before), the sweep ran out after 5 of the 25
+                # launches (a fresh-clone CI run: "only 5 of 25 launches were killed").
+                global_config={"steps": 27, "pause": 0.04, "journal": f"{root}.journal"},
                 scheduler_log_file_path=None,
             ),
             "early_stop": {"method": "asha", "metric": "loss", "mode": "min", "min_step": 1, "max_step": 27},

@@ -67,6 +67,10 @@ PRUNE_ENV = "GTS_PRUNE_FILE"
 # checkpoint of first ("save your checkpoint, then report that step").
 CHECKPOINT_ENV = "GTS_CHECKPOINT_DIR"
 RESUME_ENV = "GTS_RESUME_STEP"
+# In the checkpoint folder, from just before a framework callback puts a step's checkpoint in place
+# until its report is written: that report's line, for the scheduler to record if the run was killed
+# between the two (records/resume.py: settle_pending_report).
+PENDING_REPORT = ".gts-report.json"
 # ASHA only: {"metric": "loss", "steps": [1, 3, 9]}, its rungs; and the file in which the scheduler
 # says up to which rung it let the run go on.
 RUNGS_ENV = "GTS_RUNGS"
@@ -134,7 +138,7 @@ def report(step: float, **metrics: float) -> None:
         _check(name, value)
     if not path:
         return
-    line = json.dumps({"step": step, **metrics, TIME_KEY: round(time.time(), 3)}) + "\n"
+    line = metrics_line(step, metrics)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, 0o644)
     try:
@@ -147,6 +151,11 @@ def report(step: float, **metrics: float) -> None:
         told()
     _wait_at_a_rung(step, metrics)
     _raise_if_told()
+
+
+def metrics_line(step: float, metrics: dict[str, float]) -> str:
+    """The line :func:`report` writes to the run's metrics file (values checked before)."""
+    return json.dumps({"step": step, **metrics, TIME_KEY: round(time.time(), 3)}) + "\n"
 
 
 class _Waits:

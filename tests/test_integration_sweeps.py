@@ -141,6 +141,56 @@ def test_the_example_sweep_killed_while_runs_are_paused_ends_as_a_whole_one(name
     assert "0 succeeded, 0 failed" in again and {run: r["attempts"] for run, r in ledger_rows(root).items()} == attempts
 
 
+KILLED_AT_A_REPORT = """
+import json, os, signal, sys
+sys.path.insert(0, {repo!r})
+from gpu_task_scheduler import reporting
+report = reporting.report
+
+def killed_at_the_first(step, **metrics):  # after its checkpoint of that step is in place
+    if step == 2 and not os.path.exists({mark!r}):
+        open({mark!r}, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    report(step, **metrics)
+
+reporting.report = killed_at_the_first
+with open(os.path.join(sys.argv[1], "resumed.txt"), "a") as handle:
+    handle.write(os.environ["GTS_RESUME_STEP"] + "\\n")
+from examples.integrations.{name} import train
+with open(os.path.join(sys.argv[1], "result.json"), "w") as handle:
+    json.dump(train(*{args!r}), handle)
+"""
+
+
+@pytest.mark.parametrize(
+    "name, args, metric", [("lightning", (0.1, 8, 3), "val_loss"), ("xgboost", (0.3, 3, 3), "valid-rmse")]
+)
+def test_a_run_killed_between_its_checkpoint_and_its_report_goes_on_from_the_step_it_holds(
+    tmp_path, name, args, metric
+):
+    """A framework callback's run killed (SIGKILL) once its checkpoint of step 2 is in place and
+    before it reports step 2: its retry goes on from step 2 (gts recorded the report kept beside the
+    checkpoint), not from step 1 with the checkpoint of step 2; every step is reported once, with
+    the numbers of a run never killed."""
+    example = framework(name)
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_AT_A_REPORT.format(repo=REPO, mark=str(tmp_path / "killed"), name=name, args=args))
+    config = {
+        "scheduler_config": {"gpu": ["cpu"], "result_root_folder": str(tmp_path / "root"), "max_retries": 1},
+        "command": [sys.executable, str(script), "{work_dir}"],
+        "test_config": [{"seed": [0]}],
+    }
+    (tmp_path / "killed.yaml").write_text(yaml.safe_dump(config))
+    gts("run", str(tmp_path / "killed.yaml"), "--plain")
+    (row,) = ledger_rows(tmp_path / "root").values()
+    assert (row["status"], row["attempts"]) == ("succeeded", 2) and (tmp_path / "killed").exists()
+    with open(os.path.join(row["work_dir"], "resumed.txt")) as handle:
+        assert handle.read().split("\n") == ["", "2", ""]  # the first afresh, its retry from step 2
+    assert [line["step"] for line in reported(row["work_dir"])] == [1, 2, 3]
+    with open(os.path.join(row["work_dir"], "result.json")) as handle:
+        assert json.load(handle)[metric] == pytest.approx(example.train(*args)[metric], rel=1e-5)
+
+
 def test_a_lightning_ddp_command_is_paused_and_resumed(tmp_path):
     pytest.importorskip("lightning", reason="the integrations extra: pip install -e '.[integrations]'")
     root, by_hand = tmp_path / "root", tmp_path / "by-hand"

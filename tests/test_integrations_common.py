@@ -2,6 +2,7 @@
 framework: which values are reported, what a run outside a sweep does, where checkpoints are written,
 and the checks of a callback's arguments."""
 
+import json
 import math
 import os
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from run_side import RunSide as Scheduler
 
+from gpu_task_scheduler import reporting
 from gpu_task_scheduler.integrations import common
 
 
@@ -78,9 +80,16 @@ def test_checkpoints_are_written_beside_and_put_in_place_whole(tmp_path, monkeyp
     assert "should go on from step 4 but there is no checkpoint" in capfd.readouterr().err
     with open(new, "w") as handle:
         handle.write("weights")
-    common.commit(path)
-    assert not os.path.exists(new) and common.resumable("model.weights.h5") == path
     side = common.RunSide("Tests", "pass resume=... to fit()")
+    side.commit(path, 5, {"loss": 0.25})
+    assert not os.path.exists(new) and common.resumable("model.weights.h5") == path
+    # Until its report is written, the report of the step the checkpoint holds is kept beside it.
+    pending = os.path.join(os.path.dirname(path), reporting.PENDING_REPORT)
+    with open(pending) as handle:
+        kept = json.load(handle)
+    assert kept["checkpoint"] == "model.weights.h5" and json.loads(kept["line"])["step"] == 5
+    assert side.report(5, {"loss": 0.25}) and not os.path.exists(pending)
+    assert run.lines() == [{"step": 5, "loss": 0.25}]
     side.check_resumed(True)
     side.check_resumed(False)
     said = capfd.readouterr().err
@@ -115,3 +124,103 @@ def test_the_checkpoint_a_run_left_is_found_for_each_callback(tmp_path):
     other.mkdir()
     (other / "model.pt").write_bytes(b"")
     assert checkpoint_left(str(other)) == str(other)  # a script's own files: the folder
+
+
+def _pending_run(tmp_path, reported, pending, *, new=False):
+    """A run folder whose metrics file holds ``reported`` steps and whose checkpoint folder holds
+    ``model.ckpt`` (and its ``.new-`` one, ``new``) and the pending report ``pending`` (bytes, or a
+    callable making it at a path)."""
+    from gpu_task_scheduler.records.paths import RunPaths
+
+    paths = RunPaths(str(tmp_path / "run"), None)
+    os.makedirs(paths.checkpoint)
+    with open(paths.metrics, "w") as handle:
+        handle.writelines(json.dumps({"step": step, "loss": 1.0 / step}) + "\n" for step in reported)
+    open(os.path.join(paths.checkpoint, "model.ckpt"), "wb").close()
+    if new:
+        open(os.path.join(paths.checkpoint, ".new-model.ckpt"), "wb").close()
+    where = os.path.join(paths.checkpoint, reporting.PENDING_REPORT)
+    if callable(pending):
+        pending(where)
+    elif pending is not None:
+        with open(where, "wb") as handle:
+            handle.write(pending)
+    return paths
+
+
+def _record(step, name="model.ckpt", **line):
+    return json.dumps({"checkpoint": name, "line": reporting.metrics_line(step, {"loss": 0.125, **line})}).encode()
+
+
+def _link_to_a_good_one(where):
+    with open(where + ".elsewhere", "wb") as handle:
+        handle.write(_record(3))
+    os.symlink(where + ".elsewhere", where)
+
+
+@pytest.mark.parametrize(
+    "reported, pending, new, recorded",
+    [
+        ([1, 2], _record(3), False, 3),  # killed once the checkpoint was in place: its report recorded
+        ([], _record(1), False, 1),  # a first attempt's first step: the same
+        ([1, 2], _record(3), True, None),  # killed before it was put in place: the old one holds step 2
+        ([1, 2, 3], _record(3), False, None),  # killed after its report was written
+        ([1, 2], None, False, None),  # nothing pending
+        ([1, 2], _record(3)[:-9], False, None),  # half written (killed while it was written)
+        ([1, 2], b"[" * 200_000, False, None),  # hostile: no record
+        ([1, 2], _record(3, name="../model.ckpt"), False, None),  # hostile: a name outside the folder
+        ([1, 2], _record(3, name="gone.ckpt"), False, None),  # names no checkpoint there
+        ([1, 2], b'{"checkpoint": "model.ckpt", "line": "{\\"step\\": 3}\\n{\\"step\\": 4}\\n"}', False, None),
+        ([1, 2], _record(3) + b" " * (1 << 17), False, None),  # too long to be one
+        ([1, 2], _link_to_a_good_one, False, None),  # a link: not followed
+        ([1, 2], os.mkfifo, False, None),  # a FIFO: never opened (that would block)
+    ],
+    ids=[
+        "in-place",
+        "first-step",
+        "not-in-place",
+        "reported",
+        "none",
+        "half-written",
+        "no-record",
+        "outside",
+        "no-such-checkpoint",
+        "two-lines",
+        "too-long",
+        "a-link",
+        "a-fifo",
+    ],
+)
+def test_a_checkpoint_put_in_place_as_its_run_was_killed_has_its_report_recorded(
+    tmp_path, reported, pending, new, recorded
+):
+    """A callback's attempt killed after it put a step's checkpoint in place and before it reported
+    that step: before the next attempt goes on from the checkpoint, the scheduler records the report
+    kept beside it, so that the attempt goes on from the step the checkpoint holds, and that step's
+    report is the one the run made. Nothing else is recorded, hostile or not; what is pending goes."""
+    from gpu_task_scheduler.records.metrics import run_points
+    from gpu_task_scheduler.records.resume import last_step, settle_pending_report
+
+    paths = _pending_run(tmp_path, reported, pending, new=new)
+    assert settle_pending_report(paths) == recorded
+    steps = [step for step, _ in run_points(paths)]
+    assert steps == (reported + [recorded] if recorded is not None else reported)
+    assert last_step(paths) == (recorded if recorded is not None else reported[-1] if reported else None)
+    if recorded is not None:
+        assert run_points(paths)[-1][1] == {"loss": 0.125}  # the run's own values
+    assert not os.path.lexists(os.path.join(paths.checkpoint, reporting.PENDING_REPORT))
+
+
+def test_no_pending_report_is_trusted_in_a_checkpoint_folder_that_is_a_link(tmp_path):
+    from gpu_task_scheduler.records.paths import RunPaths
+    from gpu_task_scheduler.records.resume import settle_pending_report
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.ckpt").write_bytes(b"")
+    (elsewhere / reporting.PENDING_REPORT).write_bytes(_record(3))
+    paths = RunPaths(str(tmp_path / "run"), None)
+    os.makedirs(paths.meta)
+    os.symlink(elsewhere, paths.checkpoint)
+    assert settle_pending_report(paths) is None and not os.path.exists(paths.metrics)
+    assert (elsewhere / reporting.PENDING_REPORT).exists()  # nothing outside the run is touched

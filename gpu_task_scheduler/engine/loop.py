@@ -35,7 +35,7 @@ from ..records.ledger.lock import SweepLock
 from ..records.ledger.record import RunRecord
 from ..records.paths import RootPaths, RunPaths
 from ..records.prior import settle_running
-from ..records.resume import last_step, note_resume, went_on_from
+from ..records.resume import last_step, note_resume, settle_pending_report, went_on_from
 from ..records.status import RunStatus
 from ..sweep.expand import Sweep
 from .changes import settle_changes
@@ -325,6 +325,7 @@ def resume_from(item: Pending, paths: RunPaths, *, following: bool = False) -> f
         return went_on_from(paths)
     step = item.resume_step
     if step is None and (item.resume or item.tries):
+        settle_pending_report(paths)  # a checkpoint put in place as its attempt was killed: its report
         step = last_step(paths)
     item.resume_step = None  # a later attempt of it goes on from its own last step
     note_resume(paths, step)

@@ -10,6 +10,8 @@ training loop cleanly: ``main()`` returns (or the command exits) and the schedul
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import re
@@ -125,6 +127,7 @@ class RunSide:
         self.stopped: str | None = None  # "paused" or "pruned", once report() said so
         self.cause: str | None = None
         self._last = -math.inf
+        self._pending: str | None = None  # the pending report written by commit(), until report()
 
     def check_resumed(self, resumed: bool) -> None:
         """Say so in the run's log when the scheduler gave a step to go on from and the framework
@@ -140,6 +143,47 @@ class RunSide:
     def report(self, step: float, metrics: Mapping[str, Any]) -> bool:
         """Report ``metrics`` at ``step`` (after saving its checkpoint): True to train on, False when the
         scheduler paused or stopped the run (its cause is in :attr:`cause`, and in the run's log)."""
+        pending, self._pending = self._pending, None
+        try:
+            return self._report(step, metrics)
+        finally:  # the report is written (or it never will be): nothing pends
+            if pending is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(pending)
+
+    def commit(self, path: str, step: float, metrics: Mapping[str, Any]) -> None:
+        """Put the checkpoint written whole at ``saved(path)`` in place of ``path``, the checkpoint of
+        ``step`` whose ``metrics`` :meth:`report` reports next. Until it does, the report's line is
+        kept beside the checkpoint (``reporting.PENDING_REPORT``): a run killed between the two
+        leaves a checkpoint ahead of its records, and the scheduler records that line for it before
+        the next attempt goes on from the checkpoint (records/resume.py), which then says the step
+        the checkpoint holds, and no step's report is lost."""
+        self.pend(path, step, metrics)
+        os.replace(saved(path), path)
+
+    def pend(self, path: str, step: float, metrics: Mapping[str, Any]) -> None:
+        """Keep the line :meth:`report` writes next beside the checkpoint ``path`` of ``step``, until
+        it is written (see :meth:`commit`; for a framework that puts its checkpoint in place itself)."""
+        line = self._line(step, metrics)
+        if line is None:
+            return
+        pending = os.path.join(os.path.dirname(path), reporting.PENDING_REPORT)
+        record = json.dumps({"checkpoint": os.path.basename(path), "line": line}).encode()
+        fd = os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            os.write(fd, record)  # one small write; a half-written one is no JSON, and ignored
+        finally:
+            os.close(fd)
+        self._pending = pending
+
+    def _line(self, step: float, metrics: Mapping[str, Any]) -> str | None:
+        """The metrics line :meth:`report` would write for ``step`` (None: it writes none)."""
+        found = numbers(metrics)
+        if not self.active or self.stopped is not None or not found or step <= self._last:
+            return None
+        return reporting.metrics_line(_step(step), found)
+
+    def _report(self, step: float, metrics: Mapping[str, Any]) -> bool:
         if not self.active or self.stopped is not None:
             return self.stopped is None
         found = numbers(metrics)
@@ -147,7 +191,7 @@ class RunSide:
             return True
         self._last = step
         try:
-            reporting.report(int(step) if float(step).is_integer() else step, **found)
+            reporting.report(_step(step), **found)
         except reporting.Paused as told:
             self.stopped, self.cause = "paused", str(told)
         except reporting.Pruned as told:
@@ -159,15 +203,14 @@ class RunSide:
 
 
 def saved(path: str) -> str:
-    """Where to write the checkpoint that :func:`commit` puts at ``path``: beside it, with the same
+    """Where to write the checkpoint that :meth:`RunSide.commit` puts at ``path``: beside it, with the same
     ending (frameworks choose the format by it), so that a kill leaves the old one or the new one."""
     folder, name = os.path.split(path)
     return os.path.join(folder, ".new-" + name)
 
 
-def commit(path: str) -> None:
-    """Put the checkpoint written whole at ``saved(path)`` in place of ``path``."""
-    os.replace(saved(path), path)
+def _step(step: float) -> float:
+    return int(step) if float(step).is_integer() else step
 
 
 def resumable(name: str) -> str | None:

@@ -23,7 +23,7 @@ from typing import Any
 import keras
 
 from . import reapply as values
-from .common import KERAS, RunSide, checkpoint_dir, commit, resume_step, saved, say
+from .common import KERAS, RunSide, checkpoint_dir, resume_step, saved, say
 
 __all__ = ["GTSCallback"]
 
@@ -103,7 +103,7 @@ class GTSCallback(keras.callbacks.Callback):
             return
         path = os.path.join(folder, f"keras-epoch-{epoch + 1}.weights.h5")
         self.model.save_weights(saved(path))
-        commit(path)
+        self.run.commit(path, epoch + 1, logs or {})
         for done, old in checkpoints(folder).items():
             if done != epoch + 1:
                 os.unlink(old)

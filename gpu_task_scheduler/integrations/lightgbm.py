@@ -20,7 +20,7 @@ from typing import Any
 
 import lightgbm
 
-from .common import LIGHTGBM, RunSide, checkpoint_path, commit, rounds, rounds_left, saved
+from .common import LIGHTGBM, RunSide, checkpoint_path, rounds, rounds_left, saved
 
 __all__ = ["GTSCallback", "resume"]
 
@@ -58,9 +58,9 @@ class GTSCallback:
         if path is None or (rounds % self.every and rounds != env.end_iteration):
             return
         env.model.save_model(saved(path))
-        commit(path)
         results = env.evaluation_result_list or []
         metrics = {f"{data}-{name}": value for data, name, value, *_ in results}
+        self.run.commit(path, rounds, metrics)
         if not self.run.report(rounds, metrics):
             raise lightgbm.callback.EarlyStopException(env.iteration, results)
 

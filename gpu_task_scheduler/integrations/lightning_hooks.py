@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import reapply as values
-from .common import LIGHTNING, RunSide, checkpoint_path, commit, resumable, saved, say
+from .common import LIGHTNING, RunSide, checkpoint_path, resumable, saved, say
 
 CHECKPOINT = LIGHTNING
 UNITS = ("epoch", "step")
@@ -84,7 +84,7 @@ class LightningHooks:
         metrics = dict(trainer.callback_metrics)
         go_on = True
         if trainer.is_global_zero:
-            commit(path)
+            self.run.commit(path, step, metrics)
             go_on = self.run.report(step, metrics)
         if not trainer.strategy.broadcast(go_on, src=0):
             trainer.should_stop = True

@@ -110,7 +110,10 @@ class GTSCallback(TrainerCallback):
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        go_on = self.run.report(*pending) if state.is_world_process_zero else True
+        go_on = True
+        if state.is_world_process_zero:  # the Trainer put checkpoint-<global step> in place just now
+            self.run.pend(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), *pending)
+            go_on = self.run.report(*pending)
         if not _agreed(go_on):  # every process stops with the first (it alone reports)
             control.should_training_stop = True
             self.run.stopped = self.run.stopped or "stopped"

@@ -22,7 +22,7 @@ from typing import Any
 
 import xgboost
 
-from .common import XGBOOST, RunSide, checkpoint_path, commit, rounds, rounds_left, saved
+from .common import XGBOOST, RunSide, checkpoint_path, rounds, rounds_left, saved
 
 __all__ = ["GTSCallback", "resume"]
 
@@ -81,8 +81,9 @@ class GTSCallback(xgboost.callback.TrainingCallback):
         if path is None:
             return True
         model.save_model(saved(path))
-        commit(path)
-        return self.run.report(model.num_boosted_rounds(), latest(self._log))
+        step, metrics = model.num_boosted_rounds(), latest(self._log)
+        self.run.commit(path, step, metrics)
+        return self.run.report(step, metrics)
 
     @property
     def stopped(self) -> str | None:

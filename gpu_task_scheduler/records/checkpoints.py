@@ -31,6 +31,8 @@ swap a folder on the way for a link while a copy waits. So:
   writer comes): it is left out of the copy, and the caller is told its name;
 * a checkpoint that nests folders deeper than ``MAX_DEPTH`` (100) is not copied, and the copy says
   so (a copy holds two descriptors a level); removing one works at any depth (a loop, not a recursion);
+* the report a run keeps beside its checkpoint until it is written (``reporting.PENDING_REPORT``:
+  records/resume.py) is the run's own, of that moment: never copied into a snapshot or a member;
 * a file's holes are copied as holes (``SEEK_DATA``/``SEEK_HOLE``): a sparse 512 MiB file that takes
   no disk space takes none in its copies either.
 
@@ -53,6 +55,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from ..finite import ascii_int
 from ..recordclass import Record, field
+from ..reporting import PENDING_REPORT
 from .paths import RunPaths, UnsafePathError, step_name
 
 logger = logging.getLogger("gpu_task_scheduler")
@@ -226,6 +229,8 @@ def _copy_tree(
     with os.scandir(src_dir) as entries:
         listed = [(entry.name, entry.stat(follow_symlinks=False).st_mode) for entry in entries]
     for name, mode in sorted(listed):
+        if depth == 0 and name == PENDING_REPORT:  # the run's own, of the moment (a report it writes)
+            continue
         if cancelled is not None and cancelled():
             raise Cancelled(errno.ECANCELED, "the copy was given up", shown)
         where = os.path.join(shown, name)

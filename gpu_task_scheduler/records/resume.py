@@ -15,15 +15,26 @@ checkpoint then holds the *donor's* step, while its own metrics file still ends 
 exploit moves the member's metrics file aside itself, in the same step as it writes the donor's step
 as the marker (:func:`go_on_from`), after the donor's snapshot is in place and before the member's
 new attempt is committed: from then on nothing but the marker says where the member is.
+
+A framework callback puts a step's checkpoint in place and then reports that step; a run killed
+between the two leaves its checkpoint a step ahead of its metrics file. So the callback keeps that
+report's line beside the checkpoint until it is written, and before an attempt goes on from the
+run's own checkpoint the scheduler adds that line to the metrics file (:func:`settle_pending_report`):
+the attempt then goes on from the step its checkpoint holds, and that step's report is not lost.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import math
 import os
+import stat
 
-from .metrics import latest
-from .paths import RunPaths, atomic_write, read_step
+from ..reporting import PENDING_REPORT
+from .metrics import latest, parse_line
+from .paths import RunPaths, atomic_write, open_regular, read_step
 
 logger = logging.getLogger("gpu_task_scheduler")
 
@@ -80,3 +91,88 @@ def go_on_from(paths: RunPaths, step: float, attempt: int) -> None:
         os.replace(paths.metrics, paths.old_metrics(attempt))
     os.makedirs(paths.meta, exist_ok=True)
     atomic_write(os.path.join(paths.meta, RESUMED_FROM), repr(float(step)).encode(), durable=True)
+
+
+PENDING_BYTES = 1 << 16  # a pending report is one metrics line (a line holds at most MAX_LINE) and a name
+
+
+def settle_pending_report(paths: RunPaths) -> float | None:
+    """Record the report a framework callback's attempt kept beside its checkpoint and was killed
+    before writing (``reporting.PENDING_REPORT``; integrations/common.py ``RunSide.commit``): once
+    the checkpoint it names is in place (no ``.new-`` file of it is left: the callback writes the
+    pending report after the new checkpoint is whole, and before it puts it in place), that
+    checkpoint holds the step the report is of, and when the run's records end before that step,
+    its line is added to the run's metrics file, where the next attempt goes on from it. The pending
+    report is removed either way. Called before an attempt that goes on from the run's checkpoint
+    is started, when no attempt of the run runs: the step recorded, or None."""
+    if paths.unsafe() is not None:
+        return None
+    try:
+        folder = os.open(paths.checkpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None  # no checkpoint folder (or a link planted there: nothing is trusted)
+    try:
+        pending = _read_pending(folder)
+        with contextlib.suppress(OSError):  # whatever it is (a link, a FIFO: unlink follows none)
+            os.unlink(PENDING_REPORT, dir_fd=folder)
+        if pending is None:
+            return None
+        name, line, step = pending
+        recorded = last_step(paths)
+        if not _in_place(name, folder) or step <= (recorded if recorded is not None else -math.inf):
+            return None
+        fd = open_regular(paths.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        logger.info("%s: its checkpoint of step %g was in place, not its report: recorded now", paths.work_dir, step)
+        return step
+    except OSError as error:
+        logger.warning("%s: could not record the report its checkpoint was kept with (%s)", paths.work_dir, error)
+        return None
+    finally:
+        os.close(folder)
+
+
+def _read_pending(folder: int) -> tuple[str, bytes, float] | None:
+    """The checkpoint's name, the line and its step of the pending report in ``folder``; None where
+    there is none, or none that parses (a kill while it was written: its checkpoint was not put in place)."""
+    try:
+        fd = os.open(PENDING_REPORT, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, PENDING_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > PENDING_BYTES:
+        return None
+    try:
+        record = json.loads(data)
+        name, text = record["checkpoint"], record["line"]
+    except (ValueError, RecursionError, TypeError, KeyError):
+        return None
+    if not (isinstance(name, str) and isinstance(text, str)) or not name or "/" in name or name in (".", ".."):
+        return None
+    line = text.encode() if text.endswith("\n") and "\n" not in text[:-1] else b""
+    parsed = parse_line(line.rstrip(b"\n")) if line else "no line"
+    return None if isinstance(parsed, str) else (name, line, parsed[0])
+
+
+def _in_place(name: str, folder: int) -> bool:
+    """Whether the checkpoint ``name`` is in ``folder`` and no ``.new-`` of it (the one the callback
+    had not yet put in place) is left."""
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        return False
+    try:
+        os.stat(".new-" + name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False

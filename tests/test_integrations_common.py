@@ -135,7 +135,8 @@ def _pending_run(tmp_path, reported, pending, *, new=False):
     paths = RunPaths(str(tmp_path / "run"), None)
     os.makedirs(paths.checkpoint)
     with open(paths.metrics, "w") as handle:
-        handle.writelines(json.dumps({"step": step, "loss": 1.0 / step}) + "\n" for step in reported)
+        for step in reported:
+            handle.write('{"step": 2, "lo' if step == "cut" else json.dumps({"step": step, "loss": 1.0 / step}) + "\n")
     open(os.path.join(paths.checkpoint, "model.ckpt"), "wb").close()
     if new:
         open(os.path.join(paths.checkpoint, ".new-model.ckpt"), "wb").close()
@@ -163,6 +164,7 @@ def _link_to_a_good_one(where):
     [
         ([1, 2], _record(3), False, 3),  # killed once the checkpoint was in place: its report recorded
         ([], _record(1), False, 1),  # a first attempt's first step: the same
+        ([1, "cut"], _record(3), False, 3),  # after a line cut short: a line of its own
         ([1, 2], _record(3), True, None),  # killed before it was put in place: the old one holds step 2
         ([1, 2, 3], _record(3), False, None),  # killed after its report was written
         ([1, 2], None, False, None),  # nothing pending
@@ -178,6 +180,7 @@ def _link_to_a_good_one(where):
     ids=[
         "in-place",
         "first-step",
+        "after-a-cut-line",
         "not-in-place",
         "reported",
         "none",
@@ -203,6 +206,7 @@ def test_a_checkpoint_put_in_place_as_its_run_was_killed_has_its_report_recorded
 
     paths = _pending_run(tmp_path, reported, pending, new=new)
     assert settle_pending_report(paths) == recorded
+    reported = [step for step in reported if step != "cut"]
     steps = [step for step, _ in run_points(paths)]
     assert steps == (reported + [recorded] if recorded is not None else reported)
     assert last_step(paths) == (recorded if recorded is not None else reported[-1] if reported else None)

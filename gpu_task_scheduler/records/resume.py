@@ -121,8 +121,11 @@ def settle_pending_report(paths: RunPaths) -> float | None:
         recorded = last_step(paths)
         if not _in_place(name, folder) or step <= (recorded if recorded is not None else -math.inf):
             return None
-        fd = open_regular(paths.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        fd = open_regular(paths.metrics, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # after a line cut short (a full disk): not joined to it
             os.write(fd, line)
         finally:
             os.close(fd)

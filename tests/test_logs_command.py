@@ -79,3 +79,39 @@ def test_logs_without_a_run_or_log_file_are_clear_errors(finished_sweep, capsysb
     GPUTaskScheduler(config).start()
     code, _, err = logs(capsysbinary, root, "a-1,")
     assert code == 1 and "keep no log (log_file is null" in err
+
+
+@pytest.mark.parametrize(
+    "data, whole, last_two",
+    [
+        (b"a\nb\nc\n", b"a\nb\nc\n", b"b\nc\n"),  # nothing rewritten
+        (b"epoch 1\n 10%\r 50%\r100%\ndone\n", b"epoch 1\n100%\ndone\n", b"100%\ndone\n"),  # a progress bar
+        (b"one\r\ntwo\r\n", b"one\ntwo\n", b"one\ntwo\n"),  # CRLF ends a line
+        (b"loading 100%\rok\n", b"okading 100%\n", b"okading 100%\n"),  # a shorter text leaves the rest
+        (b" 1/3\r 2/3\r", b" 2/3", b" 2/3"),  # a bar still running: its state now
+        ("\u00e9t\u00e9 10%\r\u00e9t\u00e9 20%\n".encode(), *["\u00e9t\u00e9 20%\n".encode()] * 2),
+        (b"\xff\xfe 1\r\xff 2\n", b"\xff 21\n", b"\xff 21\n"),  # not UTF-8: byte for byte
+    ],
+    ids=["plain", "tqdm", "crlf", "shorter", "running", "utf-8", "not-utf-8"],
+)
+def test_a_line_rewritten_by_carriage_returns_is_shown_as_a_terminal_leaves_it(data, whole, last_two):
+    from gpu_task_scheduler.records.logtext import last_lines, shown
+
+    assert shown(data) == whole and last_lines(data, 2) == last_two and last_lines(data, 0) == b""
+
+
+def test_logs_show_a_progress_bars_last_state_and_count_the_lines_a_terminal_shows(in_tmp, capsysbinary):
+    """tqdm's updates of one epoch are one line of the terminal: ``gts logs -n 2`` gives the last two
+    lines as they stood, the whole log likewise, and so do the failed runs' tails and the web view."""
+    from gpu_task_scheduler.web.data import run_log
+
+    root = in_tmp / "r"
+    config = make_config(root, [{"code": [3]}])
+    bars = "for e in 1 2 3; do printf 'epoch %s' $e; for p in 10 50 100; do printf '\\r epoch %s %3d%%' $e $p; done"
+    bars += "; echo; done"
+    config["command"] = ["sh", "-c", bars + "; exit $0", "{code}"]
+    GPUTaskScheduler(config).start()
+    assert logs(capsysbinary, root, "code-3,", "-n", "2")[1] == " epoch 2 100%\n epoch 3 100%\n"
+    assert logs(capsysbinary, root, "code-3,")[1].count("\n") == 3 and "10%" not in logs(capsysbinary, root, "0")[1]
+    assert logs(capsysbinary, root, "--failed", "-n", "1")[1].endswith("<==\n epoch 3 100%\n")
+    assert run_log(str(root), "code-3,")["log"].splitlines()[-3:] == [" epoch 1 100%", " epoch 2 100%", " epoch 3 100%"]

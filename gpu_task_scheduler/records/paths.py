@@ -46,6 +46,7 @@ from ..layout import MAX_NAME_BYTES as MAX_NAME_BYTES
 from ..layout import META as META
 from ..layout import log_name_problem as log_name_problem
 from ..recordclass import Record
+from .logtext import last_lines
 
 # Results up to this many bytes of JSON go into the outcome file and the ledger;
 # larger ones into the run's own .gts/result.json, which the ledger refers to.
@@ -436,7 +437,8 @@ class RunPaths(Record):
         return os.path.join(self.old_logs, f"attempt-{attempt}-checkpoint")
 
     def tail(self, lines: int = 20, max_bytes: int = 16384) -> str:
-        """The last ``lines`` lines of the run's log (reads at most ``max_bytes``)."""
+        """The last ``lines`` lines of the run's log (reads at most ``max_bytes``), as a terminal
+        shows them: a progress bar's line rewritten by carriage returns is its last state."""
         if self.log is None:
             return ""
         try:
@@ -447,5 +449,5 @@ class RunPaths(Record):
                 os.close(fd)
         except OSError:
             return ""
-        text = data.decode("utf-8", "replace")
-        return "\n".join(text.splitlines()[-lines:])
+        text = last_lines(data, lines).decode("utf-8", "replace")
+        return text[:-1] if text.endswith("\n") else text

@@ -15,6 +15,7 @@ from typing import BinaryIO
 from ..errors import ConfigError, GTSError
 from ..records.ledger.lock import scheduler_state
 from ..records.ledger.record import RunRecord
+from ..records.logtext import last_lines, shown
 from ..records.paths import RunPaths, UnsafePathError, open_regular
 from ..records.status import RunStatus
 from ..results import open_ledger
@@ -85,8 +86,9 @@ def _log_of(root: str, record: RunRecord, log_file: str) -> str:
 
 
 def _tail(handle: BinaryIO, lines: int | None) -> bytes:
+    """The log's last ``lines`` lines (None: all of it), as a terminal shows them (records/logtext.py)."""
     if lines is None:
-        return handle.read()
+        return shown(handle.read())
     handle.seek(0, os.SEEK_END)
     size, block, data = handle.tell(), 1 << 16, b""
     position = size
@@ -95,8 +97,7 @@ def _tail(handle: BinaryIO, lines: int | None) -> bytes:
         handle.seek(position)
         data = handle.read(size - position)
     handle.seek(size)
-    kept = data.splitlines(keepends=True)[-lines:] if lines else []
-    return b"".join(kept)
+    return last_lines(data, lines)
 
 
 def _open(path: str) -> BinaryIO | None:

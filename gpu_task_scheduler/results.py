@@ -113,6 +113,14 @@ def duration(record: RunRecord) -> float | None:
     return record.held_seconds(time.time())
 
 
+def duration_text(seconds: float | None, last: float | None = None) -> str | None:
+    """A duration as ``gts status`` and ``gts results`` show it; a run's is over all its attempts, and
+    ``last``, its last attempt's, is shown beside it where it is less (a resumed or retried run)."""
+    if seconds is None:
+        return None
+    return f"{seconds:.1f}s" + (f" (last {last:.1f}s)" if last is not None and seconds - last >= 0.05 else "")
+
+
 def rows(root: str, *, stage: str | None = None) -> list[dict[str, Any]]:
     """One dict per run: ``name``, its ``stage`` (a sweep with stages), the swept parameters,
     ``status``, ``duration``, then the result. ``stage``: only that stage's runs."""

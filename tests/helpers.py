@@ -50,3 +50,26 @@ def record_started(ledger, root, index, name, params):
         work_dir=os.path.join(str(root), name),
         params=json.dumps(params),
     )
+
+
+def report_to_free(root):
+    """Seconds from each paused attempt's last report (its metrics line's time, written as it
+    reports) to its end (its span in the ledger: its slot free then)."""
+    found = []
+    db = sqlite3.connect(os.path.join(str(root), ".gts", "ledger.sqlite3"))
+    try:
+        rows = db.execute("SELECT status, work_dir, spans FROM runs").fetchall()
+    finally:
+        db.close()
+    for status, work_dir, spans in rows:
+        times = []
+        for folder, _, files in os.walk(os.path.join(work_dir, ".gts")):
+            for name in files:
+                if name.endswith("metrics.jsonl"):
+                    with open(os.path.join(folder, name)) as handle:
+                        times += [json.loads(line)["@time"] for line in handle if line.strip()]
+        spans = json.loads(spans)
+        for index, (_, start, end) in enumerate(spans):
+            if index < len(spans) - 1 or status == "paused":
+                found.append(end - max(at for at in times if start <= at <= end + 0.01))
+    return sorted(found)

@@ -77,6 +77,31 @@ def test_run_a_command_sweep_then_status_and_results(command_sweep, in_tmp, caps
     assert [r["result.loss"] for r in manager_rows] == [r["result.loss"] for r in rows]
 
 
+def test_status_shows_a_retried_runs_time_over_its_attempts_and_its_last_attempts(in_tmp, capsys):
+    """A run that failed once and succeeded at its retry: its duration in ``gts status`` is its
+    attempts' total, and says its last attempt's beside it; a run of one attempt shows one."""
+    once = "import os, sys, time; m = sys.argv[1] + '/tried'; t = os.path.exists(m); open(m, 'w')"
+    once += "; time.sleep(0 if t else 0.5); sys.exit(0 if t else 1)"
+    config = write_yaml(
+        in_tmp / "retried.yaml",
+        f"""
+scheduler_config: {{gpu: [cpu], max_retries: 1, scheduler_log_file_path: null}}
+command: ["python", "-c", "{once}", "{{work_dir}}", "{{n}}"]
+test_config: [{{n: [1]}}]
+""",
+    )
+    assert gts(["run", config, "--plain"]) == 0
+    capsys.readouterr()
+    assert gts(["status", str(in_tmp / "results"), "--json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["attempts"] == 2 and run["duration"] - run["last_duration"] >= 0.5, run
+    assert gts(["status", str(in_tmp / "results")]) == 0
+    assert f"{run['duration']:.1f}s (last {run['last_duration']:.1f}s)" in capsys.readouterr().out
+    from gpu_task_scheduler.results import duration_text
+
+    assert duration_text(3.0, 3.0) == "3.0s" and duration_text(None, 1.0) is None
+
+
 def test_results_as_a_dataframe(command_sweep, in_tmp):
     from gpu_task_scheduler.results import to_dataframe
 

@@ -19,6 +19,7 @@ from ..gpu.devices import Slot
 from ..jsonable import to_jsonable
 from ..layout import RESULT_FILE
 from ..records.ledger import Ledger
+from ..records.ledger.record import RunRecord
 from ..records.metrics import MetricsReader, attempt_files, read_all, run_summary
 from ..records.paths import MAX_INLINE_RESULT, RunPaths, atomic_write_json, read_json
 from ..records.prior import Prior, adopt
@@ -108,7 +109,11 @@ class Records:
 
     # --- before a run ------------------------------------------------------------
 
-    def skipped(self, spec: RunSpec, prior: Prior, decision: Decision, slot_name: str) -> None:
+    def skipped(
+        self, spec: RunSpec, prior: Prior, decision: Decision, slot_name: str, *, paused: RunRecord | None = None
+    ) -> None:
+        """``spec`` does not run now; ``paused``: its record, where an earlier start paused it and it
+        waits for a promotion (the summary counts it paused, as ``gts status`` does, not skipped)."""
         if decision.action == "adopt" and prior.outcome is not None:
             adopt(self.ledger, spec, prior.outcome, spec.params)
         elif decision.action == "keep":  # from now on its result is this config's
@@ -127,7 +132,12 @@ class Records:
         if len(self._skip_lines) >= 4096:
             self.flush()
         self._skips[decision.reason] = self._skips.get(decision.reason, 0) + 1
-        self.summary.skipped.append(spec.name)
+        if paused is not None:
+            self.summary.record(
+                RunOutcome(name=spec.name, work_dir=spec.work_dir, status=RunStatus.PAUSED, cause=paused.cause)
+            )
+        else:
+            self.summary.skipped.append(spec.name)
         self.call("on_skip", spec)
 
     def flush(self) -> None:

@@ -123,9 +123,9 @@ class Starts:
         logger.info("%s %s", spec.name, words)
         self._pauses.resumed(spec)
         self._current(item)
-        if spec.name in self._paused_skips:  # it runs in this start after all
+        if spec.name in self._paused_skips:  # it runs in this start after all: its attempt's end is its outcome
             self._paused_skips.discard(spec.name)
-            self._records.summary.skipped.remove(spec.name)
+            self._records.summary.outcomes.pop(spec.name, None)
         return item, *placed
 
     def _current(self, item: Pending) -> None:
@@ -233,7 +233,9 @@ class Starts:
                 return False
             reason = f"it is paused at rung {rung:g}; it resumes if it is promoted"
             prior = read_prior(spec, self._known)
-            self._records.skipped(spec, prior, Decision("skip", reason, "paused"), capacity.free_slot_name())
+            self._records.skipped(
+                spec, prior, Decision("skip", reason, "paused"), capacity.free_slot_name(), paused=record
+            )
             self._pauses.paused(spec)
             self._sweep.paused(spec)
             self._paused_skips.add(spec.name)

@@ -18,7 +18,7 @@ from ..records.checkpoints import DISK_META
 from ..records.metrics import describe, latest, shown_first
 from ..records.paths import RunPaths, log_name_problem, name_problem
 from ..records.status import QUEUED, RunStatus
-from ..results import escape_controls, open_ledger
+from ..results import duration_text, escape_controls, open_ledger
 from .disk import checkpoint_disk, checkpoint_line
 from .drawing import plain_text
 
@@ -331,7 +331,8 @@ def format_status(
             "runs them; the next start runs them again"
         )
     table = [
-        {**run, "duration": duration_text(run["duration"]), "in queue": duration_text(run.get("queued_for"))}
+        {**run, "duration": duration_text(run["duration"], run.get("last_duration"))}
+        | {"in queue": duration_text(run.get("queued_for"))}
         for run in report["runs"]
     ]
     if table:
@@ -376,11 +377,6 @@ def shown_status(record: Any, stale: bool) -> str:
         if record.node == "":
             return QUEUED
     return str(record.status.value)
-
-
-def duration_text(seconds: float | None) -> str | None:
-    """A run's duration as ``gts status`` and ``gts results`` show it."""
-    return None if seconds is None else f"{seconds:.1f}s"
 
 
 def eta(report: dict[str, Any]) -> float | None:

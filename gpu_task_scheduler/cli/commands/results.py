@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format in ("markdown", "latex"):
         _print_paper(args.root, table, args)
     else:
-        from ...reports.status import duration_text
+        from ...results import duration_text
 
         shown = [{**row, "duration": duration_text(row["duration"])} if "duration" in row else row for row in table]
         print(format_table(shown, escape=sys.stdout.isatty()) if table else "no runs recorded")

@@ -116,6 +116,10 @@ class Reads(Store):
                     + CASE WHEN status = 'running' THEN :now - started_at ELSE 0 END
                 WHEN typeof(ended_at) IN ('integer', 'real') THEN ended_at - started_at
                 WHEN status = 'running' THEN :now - started_at END,
+            'last_duration', CASE WHEN typeof(started_at) NOT IN ('integer', 'real') OR (status = 'running' AND :stale)
+                OR (status = 'running' AND {node} = '' AND :followed) THEN NULL
+                WHEN status = 'running' THEN :now - started_at
+                WHEN typeof(ended_at) IN ('integer', 'real') THEN ended_at - started_at END,
             'exit', CASE WHEN status = 'paused' THEN NULL ELSE COALESCE(signal, CAST(exit_code AS TEXT)) END,
             'attempts', CASE WHEN typeof(attempts) = 'integer' THEN attempts ELSE 0 END,
             'cause', CASE WHEN status = 'running' AND :stale THEN :stale_cause ELSE cause END,

@@ -50,6 +50,7 @@ def test_run_a_command_sweep_then_status_and_results(command_sweep, in_tmp, caps
     assert gts(["status", str(root)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{root}: 3 succeeded") and "extra-xy,lr-0.3," in out and "worker.log" in out
+    assert "left no result" not in out  # each wrote its result.json
     assert gts(["status", str(root), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["counts"]["succeeded"] == 3 and report["counts"]["pending"] == 0
@@ -254,7 +255,7 @@ def test_a_raising_callback_does_not_stop_the_sweep(in_tmp):
     assert len(GPUTaskScheduler(config, on_run_end=explode).start().succeeded) == 2
 
 
-def test_notify_command_gets_the_summary_on_stdin(in_tmp):
+def test_notify_command_gets_the_summary_on_stdin(in_tmp, capsys):
     config = {
         "scheduler_config": {
             "gpu": ["cpu"],
@@ -264,7 +265,7 @@ def test_notify_command_gets_the_summary_on_stdin(in_tmp):
         "test_config": [{"code": [0, 2]}],
         "command": ["sh", "-c", "exit {code}"],
     }
-    GPUTaskScheduler(config).start()
+    summary = GPUTaskScheduler(config).start()
     report = json.loads((in_tmp / "notified.json").read_text())
     assert report["counts"] == {
         "succeeded": 1,
@@ -276,7 +277,16 @@ def test_notify_command_gets_the_summary_on_stdin(in_tmp):
         "skipped": 0,
         "not_started": 0,
         "detached": 0,
+        "left_nothing": 1,  # it succeeded, and wrote no result.json and reported nothing
     }
+    from gpu_task_scheduler.records.status import NOTHING_LEFT
+
+    said = [line for line in summary.report().splitlines() if "left no result" in line]
+    assert said == [f"  1 succeeded but left no result and reported no metric ({NOTHING_LEFT}): code-0,"]
+    assert gts(["status", str(in_tmp / "results"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["left_nothing"] == 1
+    assert gts(["status", str(in_tmp / "results")]) == 0
+    assert f"\n  1 succeeded but left no result and reported no metric ({NOTHING_LEFT})\n" in capsys.readouterr().out
     assert report["exit_code"] == 1
     assert {run["name"]: run["status"] for run in report["runs"]} == {"code-0,": "succeeded", "code-2,": "failed"}
 

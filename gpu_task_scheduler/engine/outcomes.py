@@ -361,6 +361,7 @@ class Records:
             gpu_leftover=gpu_leftover,
             gpu_seconds=None if usage is None else usage.usage.gpu_seconds,
             energy=None if usage is None else usage.usage.joules,
+            left_nothing=succeeded and result is None and not result_file and metrics is None,
         )
         self.summary.record(record)
         self.call("on_run_end", record)

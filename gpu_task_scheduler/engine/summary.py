@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import RunsFailedError
 from ..recordclass import Record, field
-from ..records.status import RunStatus
+from ..records.status import NOTHING_LEFT, RunStatus
 
 
 class RunOutcome(Record):
@@ -29,6 +29,7 @@ class RunOutcome(Record):
     gpu_leftover: str | None = None  # GPU memory its processes still held after it ended, in words
     gpu_seconds: float | None = None  # this attempt's share of the GPUs' busy time (gpu/usage.py)
     energy: float | None = None  # joules of this attempt's share of the GPUs' energy, where they count it
+    left_nothing: bool = False  # it succeeded with no result (returned, or result.json) and reported no metric
 
     def describe(self) -> str:
         if self.cause:
@@ -63,6 +64,7 @@ class SweepSummary(Record, frozen=False):
     # False (gts queue, an endless stream): succeeded runs are counted, not kept, so memory stays flat.
     keep_succeeded: bool = True
     _succeeded_not_kept: int = 0
+    _left_nothing_not_kept: int = 0
 
     def record(self, outcome: RunOutcome) -> None:
         """Keep the run's outcome (a retry replaces the earlier attempt); the log's
@@ -72,6 +74,7 @@ class SweepSummary(Record, frozen=False):
             if not self.keep_succeeded:
                 self.outcomes.pop(outcome.name, None)
                 self._succeeded_not_kept += 1
+                self._left_nothing_not_kept += outcome.left_nothing
                 return
         self.outcomes[outcome.name] = outcome
 
@@ -85,6 +88,12 @@ class SweepSummary(Record, frozen=False):
     @property
     def succeeded(self) -> list[RunOutcome]:
         return self._with(RunStatus.SUCCEEDED)
+
+    @property
+    def left_nothing(self) -> list[RunOutcome]:
+        """Runs that succeeded with no result (none returned, no result.json) and no metric reported:
+        a result written somewhere else goes unnoticed."""
+        return [o for o in self.succeeded if o.left_nothing]
 
     @property
     def failed(self) -> list[RunOutcome]:
@@ -140,6 +149,7 @@ class SweepSummary(Record, frozen=False):
                 "gpu_leftover": o.gpu_leftover,
                 "gpu_seconds": o.gpu_seconds,
                 "energy": o.energy,
+                "left_nothing": o.left_nothing,
             }
 
         return {
@@ -158,6 +168,7 @@ class SweepSummary(Record, frozen=False):
                 "skipped": len(self.skipped),
                 "not_started": len(self.not_started),
                 "detached": self.detached,
+                "left_nothing": len(self.left_nothing) + self._left_nothing_not_kept,
             },
             "runs": [outcome(o) for o in self.outcomes.values()],
             "skipped": list(self.skipped),
@@ -203,6 +214,13 @@ class SweepSummary(Record, frozen=False):
                 else "the sweep was stopped before their turn"
             )
             lines.append(f"  not started ({why}): {shown}")
+        nothing = [o.name for o in self.left_nothing]
+        if nothing or self._left_nothing_not_kept:
+            shown = ", ".join(nothing[:10]) + (" ..." if len(nothing) > 10 or self._left_nothing_not_kept else "")
+            lines.append(
+                f"  {len(nothing) + self._left_nothing_not_kept} succeeded but left no result and reported no "
+                f"metric ({NOTHING_LEFT}): {shown}"
+            )
         for outcome in self.failed:
             lines.append(f"  {outcome.status}: {outcome.work_dir} ({outcome.describe()})")
             if outcome.log_path:

@@ -25,3 +25,9 @@ class RunStatus(enum.StrEnum):
 # Shown, never recorded: a run recorded running whose attempt waits in a cluster's queue (a Slurm
 # pool's, an array task pending, Ray's) for a machine; its node is '' until it is placed there.
 QUEUED = "queued"
+
+# Where a run's result and metrics are looked for, as a start's summary and `gts status` say it to a
+# run that succeeded and left neither.
+NOTHING_LEFT = (
+    "a result is what main() returns, or a command's result.json in its run folder; a metric is what it reports"
+)

@@ -17,7 +17,7 @@ from ..gpu.devices import format_memory
 from ..records.checkpoints import DISK_META
 from ..records.metrics import describe, latest, shown_first
 from ..records.paths import RunPaths, log_name_problem, name_problem
-from ..records.status import QUEUED, RunStatus
+from ..records.status import NOTHING_LEFT, QUEUED, RunStatus
 from ..results import duration_text, escape_controls, open_ledger
 from .disk import checkpoint_disk, checkpoint_line
 from .drawing import plain_text
@@ -179,6 +179,8 @@ def _head(root: str, ledger: Any) -> tuple[dict[str, Any], int, Callable[..., It
     from ..backends.live import shown
 
     report.update(shown(root, running=bool(running)))  # a Slurm pool's allocations, say
+    if nothing := ledger.left_nothing():  # a result written elsewhere goes unnoticed: said
+        report["left_nothing"] = nothing
     notes = ledger.notes()
     if notes:  # what the scheduler saw of runs that the user should know (a resume that ignored its checkpoint)
         report["notes"] = notes
@@ -323,6 +325,8 @@ def format_status(
         lines += pool_lines(report["pool"])
     if report.get("checkpoints"):
         lines.append(checkpoint_line(report["checkpoints"]))
+    if report.get("left_nothing"):
+        lines.append(f"  {report['left_nothing']} succeeded but left no result and reported no metric ({NOTHING_LEFT})")
     for name, note in report.get("notes", {}).items():
         lines.append(f"  note: {note}" if name in note else f"  note on {name}: {note}")
     if counts.get(STALE):

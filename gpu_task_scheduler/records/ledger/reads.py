@@ -419,6 +419,16 @@ class Reads(Store):
         timed_runs = sum(row[5] or 0 for row in rows)
         return [(row[0], row[1], row[2]) for row in rows], (seconds / timed_runs if timed_runs else None)
 
+    def left_nothing(self) -> int:
+        """How many runs succeeded with no result (none returned, no result.json) and no metric
+        recorded: what such a run wrote elsewhere goes unnoticed (engine/summary.py says so too)."""
+        ((count,),) = self._tuples(
+            f"""SELECT COUNT(*) FROM runs WHERE status = 'succeeded' AND result IS NULL
+                AND {self._column("result_file")} IS NULL AND {self._column("metrics")} IS NULL""",
+            (),
+        )
+        return int(count)
+
     def counts(self) -> dict[RunStatus, int]:
         rows = self._query("SELECT status, COUNT(*) FROM runs GROUP BY status")
         return {RunStatus(status): count for status, count in rows}

@@ -466,7 +466,7 @@ REPORT_LOSS = (
 def test_a_metric_plot_draws_one_line_per_setting_of_the_other_parameters(in_tmp):
     """Not one single-point line per run: reported metrics, results, status and duration are no
     parameters; a reported metric (no result) is plotted by its last value."""
-    from gpu_task_scheduler.reports.status import metric_lines
+    from gpu_task_scheduler.reports.plots import metric_lines
 
     sweep = write_yaml(
         in_tmp / "sweep.yaml",

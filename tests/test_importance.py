@@ -216,7 +216,7 @@ def test_a_dollar_sign_in_names_and_values_is_drawn_as_text_in_every_plot_mode(t
     import matplotlib
 
     from gpu_task_scheduler.reports.importance import plot_contour
-    from gpu_task_scheduler.reports.status import plot_curves, plot_metric, plot_pareto, plot_timeline
+    from gpu_task_scheduler.reports.plots import plot_curves, plot_metric, plot_pareto, plot_timeline
 
     root = tmp_path / "r"
     command = (

@@ -258,7 +258,7 @@ def test_curves_are_a_row_per_run_and_step_and_the_plot_draws_them(in_tmp, capsy
 
 
 def test_runs_over_seeds_are_one_mean_curve_with_its_95_percent_band():
-    from gpu_task_scheduler.reports.status import mean_curves
+    from gpu_task_scheduler.reports.plots import mean_curves
 
     runs = {  # lr 0.1 over seeds 1..3 (one cut short at step 1), lr 0.2 with one seed
         "a": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}],

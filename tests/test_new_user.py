@@ -481,7 +481,7 @@ def test_a_missing_extra_names_the_command_that_works_from_a_clone_too(in_tmp, m
     """Someone who cloned the repository installs with pip install -e '.[extra]'."""
     from gpu_task_scheduler import GTSError, results
     from gpu_task_scheduler.backends.ray.launcher import import_ray
-    from gpu_task_scheduler.reports.status import _pyplot
+    from gpu_task_scheduler.reports.plots import _pyplot
 
     needs = {"plot": _pyplot, "results": lambda: results.to_dataframe(str(in_tmp)), "ray": import_ray}[extra]
     monkeypatch.setitem(sys.modules, module, None)  # an import of it fails as if it were not installed

@@ -147,7 +147,7 @@ def test_the_example_beats_its_best_fixed_learning_rate_in_the_grids_steps(in_tm
     status = subprocess.run(
         [sys.executable, "-m", "gpu_task_scheduler", "status", str(root), "--json"], capture_output=True, text=True
     )
-    from gpu_task_scheduler.reports.status import _copied_steps, plot_curves
+    from gpu_task_scheduler.reports.plots import _copied_steps, plot_curves
 
     assert {name: len(steps) for name, steps in _copied_steps(str(root)).items() if steps} == {
         name: sum(1 for n, *_ in exploits if n == name) for name in {n for n, *_ in exploits}

@@ -364,7 +364,7 @@ def test_the_page_and_the_report_rank_the_parameters_as_gts_importance_does_and_
 
 
 def test_the_page_and_the_report_draw_the_mean_over_a_parameter_with_the_numbers_gts_plot_uses(in_tmp, served, browser):
-    from gpu_task_scheduler.reports.status import mean_curves
+    from gpu_task_scheduler.reports.plots import mean_curves
     from gpu_task_scheduler.results import curve_rows, records
     from gpu_task_scheduler.web.report import report_data, write_report
 

@@ -413,7 +413,7 @@ def plot_contour(
 ) -> str:
     """``gts plot --contour``: the metric over two parameters (the two most important unless named),
     interpolated between the runs (each run a dot), and a slice along each: the metric against it."""
-    from .status import _pyplot, _save
+    from .plots import _pyplot, _save
 
     rows = read_rows(root, metric)  # once, for the ranking and the points
     names = chosen_params(root, metric, params, mode, rows)

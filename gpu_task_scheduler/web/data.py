@@ -215,7 +215,7 @@ def curves(root: str, metric: str, names: list[str], over: str | None = None) ->
     parameters and state: ``{"runs": [{"name", "status", "params", "steps", "values"}]}``, and a
     population-based training member's ``lineage`` (:func:`lineages`: where its curve jumps);
     ``over``: also ``"groups"``, the runs that differ only in that parameter as one mean curve
-    with its 95 % band (``reports.status.mean_curves``, as ``gts plot --over`` draws them)."""
+    with its 95 % band (``reports.plots.mean_curves``, as ``gts plot --over`` draws them)."""
     if len(names) > CURVES_MOST:
         raise ConfigError(f"at most {CURVES_MOST} runs' curves at once")
     found = []
@@ -266,7 +266,7 @@ def record_params(root: str, name: str) -> dict[str, Any]:
 
 def groups_of(runs: list[dict[str, Any]], over: str) -> list[dict[str, Any]]:
     """:func:`curves`' runs as ``mean_curves`` groups over the parameter ``over``."""
-    from ..reports.status import mean_curves
+    from ..reports.plots import mean_curves
 
     points = {
         run["name"]: [{"step": step, "value": value} for step, value in zip(run["steps"], run["values"], strict=True)]

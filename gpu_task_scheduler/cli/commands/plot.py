@@ -10,7 +10,7 @@ from ..shared import EXIT_OK, formatter
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...reports.status import plot_curves, plot_metric, plot_timeline
+    from ...reports.plots import plot_curves, plot_metric, plot_timeline
 
     if [bool(args.timeline), bool(args.metric), bool(args.curves), bool(args.contour), bool(args.pareto)].count(
         True
@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
             "--pareto F1 F2"
         )
     if args.pareto:
-        from ...reports.status import plot_pareto
+        from ...reports.plots import plot_pareto
 
         print(plot_pareto(args.root, args.pareto[0], args.pareto[1], args.output))
         return EXIT_OK

@@ -257,6 +257,33 @@ def test_curves_are_a_row_per_run_and_step_and_the_plot_draws_them(in_tmp, capsy
     assert "no parameter 'l'" in capsys.readouterr().err
 
 
+def test_the_curves_of_a_search_get_a_colour_bar_and_a_grids_a_legend_in_order(in_tmp, monkeypatch):
+    """``gts plot --curves M --by lr``: 20 values of lr (a search) are a colour bar, log-scaled where
+    they span decades (which colour is which lr could not be read: no legend, no bar); 4 values (a
+    grid) are a legend, each value once, by size."""
+    pytest.importorskip("matplotlib")
+    from gpu_task_scheduler.reports import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda figure, output: drawn.append(figure))
+    search = [round(0.9 * 0.6**index, 8) for index in range(20)]  # 0.9 down to 5e-5
+    for root, rates in (("search", search), ("grid", [0.5, 0.1, 0.9, 0.3])):
+        config = make_config(in_tmp / root, [{"lr": rates, "steps": [3]}], slots=("cpu", "cpu"))
+        assert GPUTaskScheduler(config, tasks.ReportingTask).start().ok
+        plots.plot_curves(str(in_tmp / root), "loss", "lr", str(in_tmp / f"{root}.png"))
+    search_figure, grid_figure = drawn
+    curves, bar = search_figure.axes  # the curves, and their colour bar
+    assert curves.get_legend() is None and len(curves.get_lines()) == 20
+    assert (
+        bar.get_ylabel() == "lr" and bar.get_yscale() == "log" and bar.get_ylim() == pytest.approx((min(search), 0.9))
+    )
+    search_figure.canvas.draw()
+    ticks = [label.get_text() for label in bar.get_yticklabels() if label.get_text()]
+    assert "0.001" in ticks and not any("$" in tick for tick in ticks)  # plain numbers, no formulas
+    (axes,) = grid_figure.axes
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["lr=0.1", "lr=0.3", "lr=0.5", "lr=0.9"]
+
+
 def test_runs_over_seeds_are_one_mean_curve_with_its_95_percent_band():
     from gpu_task_scheduler.reports.plots import mean_curves
 

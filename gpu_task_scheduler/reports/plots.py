@@ -189,6 +189,7 @@ def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: st
     if numeric:
         low, high = min(colour_by.values()), max(colour_by.values())
         log = low > 0 and high / low > 50
+    scale = numeric and len(values) > LEGEND_MOST  # a search's many values: a colour bar, not a legend
     labelled: set[str] = set()
     for name, run in runs.items():
         value = colour_by[name]
@@ -201,7 +202,7 @@ def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: st
             color = colormap(position)
         else:
             color = colormap(values.index(json.dumps(value, default=str)) % 10) if by else None
-        label = f"{by}={value}" if by and str(value) not in labelled else None
+        label = f"{by}={value}" if by and str(value) not in labelled and not scale else None
         labelled.add(str(value))
         steps = [row["step"] for row in run]
         axes.plot(steps, [row[metric] for row in run], color=color, linewidth=1.2, label=label)
@@ -213,12 +214,35 @@ def plot_curves(root: str, metric: str, by: str | None, output: str, *, over: st
             axes.plot([r["step"] for r in shown], [r[metric] for r in shown], "o", mfc="none", color=color or "black")
     axes.set_xlabel("step")
     axes.set_ylabel(metric)
-    if by and len(labelled) <= 12:
-        axes.legend(fontsize="small", title=None)
+    if scale:
+        from matplotlib.colors import LogNorm, Normalize
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        shade = pyplot.cm.ScalarMappable(norm=(LogNorm if log else Normalize)(low, high), cmap=colormap)
+        bar = figure.colorbar(shade, ax=axes)
+        bar.set_label(by)
+        if log:  # its ticks as plain numbers (0.001): the figure draws no formulas (drawing.plain_text)
+            bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            bar.ax.yaxis.set_minor_formatter(NullFormatter())
+    elif by and len(labelled) <= 12:  # each value once, in order (numbers by size)
+        handles, labels = axes.get_legend_handles_labels()
+        key = {f"{by}={value}": value for value in colour_by.values()}
+        ordered = sorted(zip(labels, handles, strict=True), key=lambda pair: _order(key.get(pair[0])))
+        axes.legend([h for _, h in ordered], [label for label, _ in ordered], fontsize="small")
     figure.tight_layout()
     _save(figure, output)
     pyplot.close(figure)
     return output
+
+
+LEGEND_MOST = 8  # a numeric --by with more values than this gets a colour bar instead of a legend
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    """A legend's order: numbers by size, then anything else by its text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, json.dumps(value, default=str))
 
 
 def _copied_steps(root: str) -> dict[str, list[float]]:

@@ -24,6 +24,8 @@ _EXPORTS = {
     "report": "reporting",
     "Pruned": "reporting",
     "Paused": "reporting",
+    "random_state": "randomness",
+    "set_random_state": "randomness",
     "Ledger": "records.ledger",
     "RunRecord": "records.ledger.record",
     "RunStatus": "records.status",
@@ -52,7 +54,9 @@ __all__ = [
     "SweepSummary",
     "TaskClassError",
     "lazy_import",
+    "random_state",
     "report",
+    "set_random_state",
 ]  # written out, so that type checkers see what is exported
 
 
@@ -76,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover  (for type checkers and IDEs; at run time 
     from .gpu_task import GPUTask  # noqa: F401
     from .gpu_task_scheduler import GPUTaskScheduler  # noqa: F401
     from .lazy import lazy_import  # noqa: F401
+    from .randomness import random_state, set_random_state  # noqa: F401
     from .records.ledger import Ledger  # noqa: F401
     from .records.ledger.record import RunRecord  # noqa: F401
     from .records.status import RunStatus  # noqa: F401

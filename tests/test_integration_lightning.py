@@ -37,6 +37,53 @@ def test_a_paused_and_resumed_fit_gives_the_uninterrupted_numbers(example, run):
     assert {"val_loss", "train_loss"} <= set(run.lines()[-1])
 
 
+def _shuffled_fit(example, epochs):
+    """The example's model with dropout, its training data shuffled: what a resumed fit draws
+    decides its numbers. The final validation loss."""
+    import torch
+
+    from gpu_task_scheduler.integrations.lightning import GTSCallback, resume_from
+
+    class Dropped(example.Regressor):
+        def __init__(self, lr, width):
+            super().__init__(lr, width)
+            layers = [torch.nn.Linear(4, width), torch.nn.Tanh(), torch.nn.Dropout(0.3), torch.nn.Linear(width, 1)]
+            self.net = torch.nn.Sequential(*layers)
+
+    train, valid = example.loaders()
+    example.L.seed_everything(0, verbose=False)
+    trainer = example.L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[GTSCallback()],
+    )
+    shuffled = torch.utils.data.DataLoader(train.dataset, batch_size=32, shuffle=True)
+    trainer.fit(Dropped(0.1, 8), shuffled, valid, ckpt_path=resume_from())
+    return trainer.callback_metrics["val_loss"].item()
+
+
+def test_a_paused_and_resumed_fit_with_shuffled_data_and_dropout_gives_the_same_numbers_bit_for_bit(
+    example, run, tmp_path, monkeypatch
+):
+    """The generators' state is saved with each checkpoint and put back at the resume, before the
+    next epoch draws its batches: every value the resumed attempts report is the uninterrupted
+    fit's, to the last bit (without it, the resumed fit drew other batches and other masks)."""
+    (tmp_path / "whole").mkdir()
+    whole = RunSide(tmp_path / "whole", monkeypatch)
+    whole.attempt_at()
+    expected = _shuffled_fit(example, 5)
+    uninterrupted = whole.lines()
+    run.attempt_at(pause_at=2)
+    _shuffled_fit(example, 5)
+    assert run.steps() == [1, 2]
+    run.attempt_at(resume=2)
+    assert _shuffled_fit(example, 5) == expected
+    assert run.lines() == uninterrupted[2:]  # epochs 3 to 5, every value equal
+
+
 def test_a_pruned_fit_ends_cleanly(example, run):
     run.attempt_at(prune_at=1)
     result = example.train(0.1, 8, 6)

@@ -228,3 +228,22 @@ def test_no_pending_report_is_trusted_in_a_checkpoint_folder_that_is_a_link(tmp_
     os.symlink(elsewhere, paths.checkpoint)
     assert settle_pending_report(paths) is None and not os.path.exists(paths.metrics)
     assert (elsewhere / reporting.PENDING_REPORT).exists()  # nothing outside the run is touched
+
+
+def test_the_generators_state_is_put_back_exactly_and_loads_with_weights_only(tmp_path):
+    """random_state() / set_random_state(): Python's, NumPy's and torch's generators go on from where
+    they stood when the state was taken, through a torch.save and a torch.load(weights_only=True)."""
+    import random
+
+    torch = pytest.importorskip("torch")
+    from gpu_task_scheduler import random_state, set_random_state
+
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    random.gauss(0, 1), np.random.standard_normal()  # each holds a cached draw now
+    torch.save(random_state(), tmp_path / "random.pt")
+    expected = (random.gauss(0, 1), random.random(), np.random.standard_normal(), torch.rand(3).tolist())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    set_random_state(torch.load(tmp_path / "random.pt", weights_only=True))
+    assert (random.gauss(0, 1), random.random(), np.random.standard_normal(), torch.rand(3).tolist()) == expected
+    with pytest.raises(TypeError, match="takes what random_state"):
+        set_random_state([1, 2])

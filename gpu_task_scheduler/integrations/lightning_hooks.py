@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..randomness import random_state, set_random_state
 from . import reapply as values
 from .common import LIGHTNING, RunSide, checkpoint_path, resumable, saved, say
 
 CHECKPOINT = LIGHTNING
+RANDOM = "gpu_task_scheduler_random"  # in the checkpoint: the generators' state (randomness.py)
 UNITS = ("epoch", "step")
 HINT = "pass ckpt_path=resume_from() to trainer.fit() (from gpu_task_scheduler.integrations.lightning)"
 
@@ -34,7 +36,10 @@ class LightningHooks:
     brought back, the schedules going on from their restored step (``integrations/reapply.py``):
     a population-based training member that copied another run's checkpoint trains at its own
     rate. ``reapply=False`` keeps what the checkpoint holds. Either way the log says what was
-    restored and what the run trains with."""
+    restored and what the run trains with.
+
+    Each checkpoint holds the global generators' state (``randomness.random_state``), put back when
+    ``fit()`` resumes: a resumed fit draws the batches and dropout masks the uninterrupted one draws."""
 
     def __init__(self, unit: str = "epoch", reapply: bool = True) -> None:
         super().__init__()
@@ -43,8 +48,18 @@ class LightningHooks:
         self.unit, self.reapply = unit, reapply
         self.run = RunSide("Lightning", HINT)
         self._fresh: values.Fresh | None = None
+        self._random: Any = None  # the generators' state the restored checkpoint holds
+
+    def _put_back_random(self) -> None:
+        """The generators where the uninterrupted fit's stood when it saved the checkpoint (at an
+        epoch's end): before the loader's iterator for the next epoch is made (it draws its seed
+        then), the sanity check's draws put back by Lightning itself."""
+        saved, self._random = self._random, None
+        if isinstance(saved, dict):
+            set_random_state(saved)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._put_back_random()  # the checkpoint is restored into the callbacks by now
         # Here the optimizers and schedulers are those configure_optimizers() built, and the
         # checkpoint's state is not restored into them yet (it is, before on_train_start).
         if trainer.is_global_zero:
@@ -54,7 +69,18 @@ class LightningHooks:
         elif self.run.active:  # a first attempt: its checkpoints carry what a restore needs to know
             values.remember_bases(_schedulers(trainer))
 
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        # What the next epoch draws (its shuffled batches, its dropout), for a resume. One process
+        # only: under DDP rank 0 writes the checkpoint, and its state would be every rank's (their
+        # DistributedSampler orders by its seed and the epoch: that resumes exactly all the same).
+        if self.run.active and trainer.world_size == 1:
+            checkpoint[RANDOM] = random_state()
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self._random = checkpoint.get(RANDOM) if self.run.active else None
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._put_back_random()  # a strategy that restores the checkpoint after on_fit_start
         fresh, self._fresh = self._fresh, None
         if fresh is None:
             return

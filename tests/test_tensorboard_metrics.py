@@ -153,9 +153,12 @@ def test_a_run_with_1500_event_files_holds_no_descriptor_between_looks_and_loses
 
     folder = tmp_path / "tb"
     folder.mkdir()
+    began = time.time()  # the attempt's start: its files are written after it (on a loaded machine
+    # writing them took over a second, and a feed made after them took the first for an earlier
+    # attempt's, 204 of 1,500 in a CI run)
     for index in range(1500):
         _event_file(folder / f"events.out.tfevents.{index:05d}", [(index, {"loss": index / 1000})])
-    fed = feed(folder, tmp_path / "metrics.jsonl")
+    fed = feed(folder, tmp_path / "metrics.jsonl", started=began)
     real_open, opened = tensorboard.open_regular, []
 
     def open_regular(path):  # the scheduler out of descriptors at the 50th file the feed opens

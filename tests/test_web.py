@@ -30,6 +30,10 @@ while flag != "-" and not os.path.exists(flag):
 json.dump({"loss": value, "val": {"acc": 1 - value}}, open(out + "/result.json", "w"))
 """
 
+# How long a page may take to draw what it was given, in ms: a bound for a hang, never a wait by
+# the clock (a CI run on a loaded 2-core machine passed 10 s before the importance page drew).
+PAGE_WAIT = 60_000
+
 
 def make_root(folder, *, values=(0.3, 0.1, 0.2), tags=("a", PAYLOAD), flag="-", slots=2, wait=True, **more):
     """A command sweep over ``v`` x ``tag``; each run reports a loss curve, then (once ``flag``
@@ -236,7 +240,7 @@ def test_the_page_follows_a_live_sweep_and_shows_values_as_text(in_tmp, served, 
         dialogs = []
         page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
         page.goto(url)
-        page.wait_for_function("document.querySelectorAll('#runs tbody tr.running').length === 4", timeout=20_000)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr.running').length === 4", timeout=PAGE_WAIT)
         assert "a scheduler is running" in page.inner_text("#scheduler")
         # The injected value is text in its cell, and nothing ran.
         cells = page.locator("#runs tbody td.tag").all_inner_texts()
@@ -248,7 +252,7 @@ def test_the_page_follows_a_live_sweep_and_shows_values_as_text(in_tmp, served, 
         page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 2")
         flag.write_text("")
         started = time.monotonic()
-        page.wait_for_function("document.querySelectorAll('#runs tbody tr.succeeded').length === 2", timeout=10_000)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr.succeeded').length === 2", timeout=PAGE_WAIT)
         assert time.monotonic() - started < 3 + 2  # within 3 s of the runs' ends (+ their own exit)
         assert (
             page.locator("#runs th.sorted").get_attribute("data-key") == "v" and page.input_value("#filter") == "tag-a,"
@@ -296,7 +300,7 @@ def test_the_token_reaches_no_other_server_on_the_same_host_in_chromium(in_tmp, 
     try:
         page = browser.new_page()
         page.goto(url)
-        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 1", timeout=20_000)
+        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 1", timeout=PAGE_WAIT)
         assert browser.cookies() == []  # nothing a browser would send elsewhere
         page.goto(f"http://127.0.0.1:{other.server_address[1]}/")
         assert "another user's server" in page.inner_text("body")
@@ -321,11 +325,11 @@ def test_the_curves_and_parallel_coordinates_draw_one_line_per_run(in_tmp, serve
     page.fill("#curve-by", "v")
     for box in page.locator("#runs tbody input[type=checkbox]").all():
         box.check()
-    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 10", timeout=10_000)
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 10", timeout=PAGE_WAIT)
     page.fill("#pc-metric", "loss")
     page.dispatch_event("#pc-metric", "change")
     page.wait_for_function(
-        "document.getElementById('parcoords').data?.[0]?.dimensions?.[0]?.values?.length === 10", timeout=10_000
+        "document.getElementById('parcoords').data?.[0]?.dimensions?.[0]?.values?.length === 10", timeout=PAGE_WAIT
     )
     assert errors == []
     assert page.screenshot(full_page=True)[:8] == b"\x89PNG\r\n\x1a\n"  # (docs/pictures.py: the docs' picture)
@@ -352,9 +356,9 @@ def test_the_page_and_the_report_rank_the_parameters_as_gts_importance_does_and_
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))  # noqa: B023
         page.goto(address)
-        page.wait_for_function("document.getElementById('importance').data?.[0]?.y?.length === 2", timeout=10_000)
-        page.wait_for_function("document.getElementById('contour').data?.[0]?.type === 'contour'", timeout=10_000)
-        page.wait_for_function("document.getElementById('slices').data?.length === 2", timeout=10_000)
+        page.wait_for_function("document.getElementById('importance').data?.[0]?.y?.length === 2", timeout=PAGE_WAIT)
+        page.wait_for_function("document.getElementById('contour').data?.[0]?.type === 'contour'", timeout=PAGE_WAIT)
+        page.wait_for_function("document.getElementById('slices').data?.length === 2", timeout=PAGE_WAIT)
         assert "PED-ANOVA on 12 succeeded runs, loss (min)" in page.inner_text("#importance-note")
         # each bar named on its axis (Plotly once left one of two unlabelled)
         labels = [tick.text_content() for tick in page.locator("#importance .yaxislayer-above .ytick text").all()]
@@ -391,7 +395,7 @@ def test_the_page_and_the_report_draw_the_mean_over_a_parameter_with_the_numbers
         page.fill("#curve-over", "tag")
         page.dispatch_event("#curve-over", "change")
         # three groups: each a mean line and the two edges of its band
-        page.wait_for_function("document.getElementById('curves').data?.length === 9", timeout=10_000)
+        page.wait_for_function("document.getElementById('curves').data?.length === 9", timeout=PAGE_WAIT)
         means = page.evaluate("document.getElementById('curves').data.filter((t, i) => i % 3 === 2).map(t => t.y)")
         assert sorted(means) == sorted(group["mean"] for group in expected)
         page.close()
@@ -429,7 +433,7 @@ def test_the_page_and_the_report_draw_each_members_values_over_the_steps_and_whe
             box.check()
         page.fill("#curve-metric", "score")
         page.dispatch_event("#curve-metric", "change")
-        page.wait_for_function("document.getElementById('schedules').data?.length === 4", timeout=10_000)
+        page.wait_for_function("document.getElementById('schedules').data?.length === 4", timeout=PAGE_WAIT)
         assert page.locator("#schedules").is_visible()
         steps = page.evaluate("document.getElementById('schedules').data.map(t => t.x.length)")
         assert sum(steps) == sum(len(lineage) + 1 for lineage in lineages.values())  # each copy a step of the line
@@ -455,7 +459,7 @@ def test_the_runs_table_is_not_built_again_while_nothing_in_it_changes(in_tmp, s
     page.locator("#runs tbody input[type=checkbox]").first.check()
     page.focus("#runs tbody input")
     for _ in range(2):  # two more refreshes of the runs
-        with page.expect_response(lambda response: "/api/runs" in response.url, timeout=10_000):
+        with page.expect_response(lambda response: "/api/runs" in response.url, timeout=PAGE_WAIT):
             pass
     assert page.evaluate("document.activeElement.dataset.mark") == "the same element"
     assert page.evaluate("document.querySelector('#runs tbody input').checked") is True
@@ -474,11 +478,13 @@ def test_values_that_look_like_markup_are_text_in_every_chart(in_tmp, served, br
     page.fill("#curve-by", "tag")
     for box in page.locator("#runs tbody input[type=checkbox]").all():
         box.check()
-    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=10_000)
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=PAGE_WAIT)
     page.fill("#pc-metric", "loss")
     page.dispatch_event("#pc-metric", "change")
-    page.wait_for_function("document.getElementById('parcoords').data?.[0]?.dimensions?.length === 3", timeout=10_000)
-    page.wait_for_function("document.querySelectorAll('#timeline .trace').length > 0", timeout=10_000)
+    page.wait_for_function(
+        "document.getElementById('parcoords').data?.[0]?.dimensions?.length === 3", timeout=PAGE_WAIT
+    )
+    page.wait_for_function("document.querySelectorAll('#timeline .trace').length > 0", timeout=PAGE_WAIT)
     charts = "#curves, #parcoords, #timeline"
     assert page.evaluate(f"document.querySelectorAll('{charts.replace(', ', ' a, ')} a').length") == 0
     bold_text = page.evaluate(
@@ -709,9 +715,9 @@ def test_the_slots_timeline_and_the_machines_gpus(in_tmp, served, browser, monke
     assert status == 200 and [gpu["name"] for gpu in report["gpus"]] == ["Fake H100 80GB"]
     page = browser.new_page()
     page.goto(url)
-    page.wait_for_function("document.querySelectorAll('#timeline .bars .point').length === 4", timeout=10_000)
+    page.wait_for_function("document.querySelectorAll('#timeline .bars .point').length === 4", timeout=PAGE_WAIT)
     page.wait_for_function(
-        "document.querySelector('#gpus tbody')?.textContent.includes('Fake H100 80GB')", timeout=10_000
+        "document.querySelector('#gpus tbody')?.textContent.includes('Fake H100 80GB')", timeout=PAGE_WAIT
     )
 
 
@@ -736,7 +742,7 @@ def test_a_report_opens_from_a_file_with_no_server_and_no_network(in_tmp, browse
     page.fill("#curve-by", "v")
     for box in page.locator("#runs tbody input[type=checkbox]").all():
         box.check()
-    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=10_000)
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length === 4", timeout=PAGE_WAIT)
     assert dialogs == [] and errors == [] and [url for url in requests if not url.startswith("file:")] == []
 
 
@@ -797,7 +803,7 @@ def test_the_page_and_the_report_draw_a_searchs_pareto_front_and_mark_it_in_the_
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))  # noqa: B023
         page.goto(address)
-        page.wait_for_function("document.getElementById('pareto')?.data?.length === 3", timeout=10_000)
+        page.wait_for_function("document.getElementById('pareto')?.data?.length === 3", timeout=PAGE_WAIT)
         assert page.locator("#pareto-section").is_visible()
         assert page.locator("#runs th[data-key='pareto']").count() == 1
         marked = [cell for cell in page.locator("#runs tbody td.pareto").all_inner_texts() if cell == "front"]
@@ -933,10 +939,10 @@ def test_a_root_that_declares_no_mode_opens_on_the_first_reported_metric_and_tic
     page = browser.new_page()
     page.goto(url)
     page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 7")
-    page.wait_for_function("document.getElementById('pc-metric').value !== ''", timeout=10_000)
+    page.wait_for_function("document.getElementById('pc-metric').value !== ''", timeout=PAGE_WAIT)
     assert page.input_value("#pc-metric") == "loss" and page.input_value("#curve-metric") == "loss"
     seen = page.evaluate("state.tick")
-    page.wait_for_function(f"state.tick >= {seen + 2}", timeout=10_000)  # two refreshes after the choice
+    page.wait_for_function(f"state.tick >= {seen + 2}", timeout=PAGE_WAIT)  # two refreshes after the choice
     assert page.locator("#runs tbody input[type=checkbox]:checked").count() == 0
 
 
@@ -954,12 +960,12 @@ def test_without_webgl_the_page_says_the_parallel_coordinates_need_it(in_tmp, se
     page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 2")
     page.fill("#pc-metric", "loss")
     page.dispatch_event("#pc-metric", "change")
-    page.wait_for_function("!document.getElementById('parcoords-note').hidden", timeout=10_000)
+    page.wait_for_function("!document.getElementById('parcoords-note').hidden", timeout=PAGE_WAIT)
     assert "need WebGL" in page.inner_text("#parcoords-note")
     normal = browser.new_page()  # where WebGL is there, the note stays hidden and the chart draws
     normal.goto(url)
     normal.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 2")
     normal.fill("#pc-metric", "loss")
     normal.dispatch_event("#pc-metric", "change")
-    normal.wait_for_function("document.getElementById('parcoords').data?.[0]?.type === 'parcoords'", timeout=10_000)
+    normal.wait_for_function("document.getElementById('parcoords').data?.[0]?.type === 'parcoords'", timeout=PAGE_WAIT)
     assert normal.locator("#parcoords-note").is_hidden()

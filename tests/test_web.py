@@ -969,3 +969,28 @@ def test_without_webgl_the_page_says_the_parallel_coordinates_need_it(in_tmp, se
     normal.dispatch_event("#pc-metric", "change")
     normal.wait_for_function("document.getElementById('parcoords').data?.[0]?.type === 'parcoords'", timeout=PAGE_WAIT)
     assert normal.locator("#parcoords-note").is_hidden()
+
+
+def test_runs_the_user_ticks_while_the_best_are_asked_for_stand_alone(in_tmp, served, browser):
+    """The page ticks the best runs for a declared metric, once it has asked for them; a run the user
+    ticked while that answer was on its way (a loaded machine answers slowly) stands alone: the
+    answer adds nothing to it (it added the best, and the user's next click then unticked one)."""
+    declared = {"method": "median", "metric": "loss", "mode": "min", "min_runs": 99}  # declares, stops nothing
+    root, _ = make_root(in_tmp, values=(0.1, 0.2), tags=("a", "b"), early_stop=declared)
+    url, _ = served([root])
+    page = browser.new_page()
+    held = []
+    page.route("**/api/parcoords*", lambda route: held.append(route))  # answered once the user ticked
+    page.goto(url)
+    page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 4", timeout=PAGE_WAIT)
+    # (each look asks the page something, so that Playwright hears the request meanwhile)
+    wait_until(lambda: held or page.evaluate("0"), timeout=60, message="the page to ask for the best runs")
+    last = page.locator("#runs tbody input[type=checkbox]").last
+    last.check()
+    for route in held:
+        route.continue_()
+    page.unroute("**/api/parcoords*")
+    page.wait_for_function("document.querySelectorAll('#curves .scatterlayer .trace').length >= 1", timeout=PAGE_WAIT)
+    checked = page.evaluate("[...document.querySelectorAll('#runs tbody input')].map((box) => box.checked)")
+    assert checked == [False, False, False, True]
+    page.close()

@@ -305,6 +305,9 @@ async function chooseDefaults(overview) {
   const way = (overview.declared || []).find((d) => d.metric === $("pc-metric").value.trim());
   if (!way) return false;  // which way is better is not known: nothing is "the best"
   const best = await get("/api/parcoords", { metric: $("pc-metric").value.trim(), desc: $("pc-max").checked ? "1" : "0" });
+  // The user may have ticked runs while it was asked (a loaded machine answers slowly): theirs
+  // stand, and no default is added to them (it was, and a box they then clicked went off).
+  if (state.userTicked || state.ticked.size) return false;
   best.runs.slice(0, BEST_TICKED).forEach((run) => state.ticked.add(run.name));
   return state.ticked.size > 0;
 }

@@ -71,6 +71,7 @@ RESUME_ENV = "GTS_RESUME_STEP"
 # until its report is written: that report's line, for the scheduler to record if the run was killed
 # between the two (records/resume.py: settle_pending_report).
 PENDING_REPORT = ".gts-report.json"
+NEW_PREFIX = ".new-"  # a callback's checkpoint written whole beside its place, before it is put there
 # ASHA only: {"metric": "loss", "steps": [1, 3, 9]}, its rungs; and the file in which the scheduler
 # says up to which rung it let the run go on.
 RUNGS_ENV = "GTS_RUNGS"

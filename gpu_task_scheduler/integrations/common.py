@@ -206,7 +206,7 @@ def saved(path: str) -> str:
     """Where to write the checkpoint that :meth:`RunSide.commit` puts at ``path``: beside it, with the same
     ending (frameworks choose the format by it), so that a kill leaves the old one or the new one."""
     folder, name = os.path.split(path)
-    return os.path.join(folder, ".new-" + name)
+    return os.path.join(folder, reporting.NEW_PREFIX + name)
 
 
 def _step(step: float) -> float:

@@ -32,7 +32,7 @@ import math
 import os
 import stat
 
-from ..reporting import PENDING_REPORT
+from ..reporting import NEW_PREFIX, PENDING_REPORT
 from .metrics import latest, parse_line
 from .paths import RunPaths, atomic_write, open_regular, read_step
 
@@ -173,7 +173,7 @@ def _in_place(name: str, folder: int) -> bool:
     except OSError:
         return False
     try:
-        os.stat(".new-" + name, dir_fd=folder, follow_symlinks=False)
+        os.stat(NEW_PREFIX + name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
         return True
     except OSError:
